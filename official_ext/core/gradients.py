@@ -1,0 +1,51 @@
+"""Training-step helpers shared by the families."""
+import inspect
+from typing import Sequence
+
+import tensorflow as tf, tf_keras
+
+
+def _skip_aggregation_kwargs(optimizer) -> dict:
+  """kwargs of `optimizer.apply_gradients` that skip the cross-replica sum."""
+  params = inspect.signature(optimizer.apply_gradients).parameters
+  if 'experimental_aggregate_gradients' in params:  # legacy optimizers
+    return {'experimental_aggregate_gradients': False}
+  if 'skip_gradients_aggregation' in params:  # tf_keras.optimizers.Optimizer
+    return {'skip_gradients_aggregation': True}
+  return {}
+
+
+def clip_and_apply_gradients(optimizer, grads: Sequence[tf.Tensor],
+                             variables: Sequence[tf.Variable],
+                             clip_norm: float) -> None:
+  """Clips the GLOBAL gradient by its global norm, then applies it.
+
+  Called in a replica context with this replica's (already unscaled)
+  gradients. With several replicas the gradients are first summed across
+  replicas and the sum is clipped, so an N-replica step updates the weights
+  exactly like a 1-replica step on the same global batch. (Clipping each
+  replica's partial gradient before the sum, as Model Garden's YT8M task
+  does, clips a different vector whenever replicas > 1.)
+
+  Args:
+    optimizer: a tf_keras optimizer (legacy or not; a LossScaleOptimizer
+      receives unscaled gradients).
+    grads: this replica's gradients, one per variable (None allowed).
+    variables: the trainable variables.
+    clip_norm: maximum global norm of the summed gradient.
+  """
+  grads = list(grads)
+  replica_context = tf.distribute.get_replica_context()
+  num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+  kwargs = {}
+  if replica_context is not None and num_replicas > 1:
+    kwargs = _skip_aggregation_kwargs(optimizer)
+    if kwargs:
+      present = [i for i, g in enumerate(grads) if g is not None]
+      summed = replica_context.all_reduce(
+          tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
+      for i, g in zip(present, summed):
+        grads[i] = g
+    # An optimizer that cannot skip aggregation gets per-replica clipping.
+  grads, _ = tf.clip_by_global_norm(grads, clip_norm)
+  optimizer.apply_gradients(list(zip(grads, variables)), **kwargs)

@@ -1,0 +1,4 @@
+"""Imports every official_ext family so its experiments and tasks register."""
+# pylint: disable=unused-import
+from official_ext.yt8m import configs as yt8m_configs
+from official_ext.yt8m import task as yt8m_task

@@ -1,0 +1,350 @@
+"""Configuration of the YouTube-8M video classification family.
+
+Field names follow Model Garden's `official.projects.yt8m.configs.yt8m` so that
+YAML files written for Model Garden's YT8M project load here. Two experiments
+are registered:
+
+* `yt8m`: Model Garden's published configuration (DBoF cluster 3000, hidden
+  2000, MoE with 5 mixtures, bfloat16, Adam with linear warmup and exponential
+  decay). It needs `task.train_data.input_path` and
+  `task.validation_data.input_path` pointing at YouTube-8M frame-level
+  TFRecords.
+* `yt8m_demo`: a small model on 100 classes that trains on generated data in
+  the real record format (see `official_ext.yt8m.demo_data`); no download.
+"""
+import dataclasses
+from typing import Optional, Tuple
+
+from official.core import config_definitions as cfg
+from official.core import exp_factory
+from official.modeling import hyperparams
+from official.modeling import optimization
+from official.vision.configs import common
+
+YT8M_TRAIN_EXAMPLES = 3888919
+YT8M_VAL_EXAMPLES = 1112356
+YT8M_NUM_CLASSES = 3862
+# Public location of the frame-level data (not reachable from every machine;
+# copy the files and point `input_path` at them).
+YT8M_PUBLIC_TRAIN_PATH = 'gs://youtube8m-ml/2/frame/train/train*.tfrecord'
+YT8M_PUBLIC_VAL_PATH = 'gs://youtube8m-ml/3/frame/validate/validate*.tfrecord'
+
+POOLING_METHODS = ('average', 'max', 'swap', 'none')
+
+
+@dataclasses.dataclass
+class DataConfig(cfg.DataConfig):
+  """Input pipeline of YouTube-8M frame-level `tf.SequenceExample` records.
+
+  Attributes:
+    name: dataset name, informational.
+    split: 'train' or 'valid', informational.
+    feature_names: sequence features read from each record, in the order they
+      are concatenated along the feature axis.
+    feature_sizes: width of each feature per frame (1024 rgb, 128 audio).
+    feature_dtypes: dtype of each stored feature ('uint8' quantized or
+      'float32').
+    feature_from_bytes: True when a frame is stored as a bytes string
+      (`tf.io.decode_raw`), False when stored as a float/int list.
+    label_field: context feature holding the video-level label ids.
+    max_frames: frames kept per video; longer videos are cut, shorter ones
+      padded with zeros (the true count is returned as `num_frames`).
+    num_sample_frames: in training, number of frames sampled per video (random
+      frames or a random window, see `sample_random_frames`); the model then
+      sees exactly this many valid frames. None: no sampling, videos padded to
+      `max_frames`. Evaluation never samples.
+    sample_random_frames: True samples frames uniformly at random (sorted in
+      time); False samples a random window of consecutive frames.
+    input_per_feature_l2_norm: L2-normalize each feature block of each frame
+      after dequantization.
+    segment_labels: read segment-level labels (`segment_labels`,
+      `segment_start_times`, `segment_scores`); every rated segment becomes one
+      example of `segment_size` frames whose `label_weights` mark the rated
+      classes.
+    segment_size: frames per segment.
+    num_classes: number of classes; a label id >= num_classes is an error.
+    include_video_id: also return the video id (`video_ids`, string) per
+      example.
+    num_examples: number of examples, used to size evaluation; -1 unknown.
+    skip_bad_records: False (default) stops on a truncated/corrupted record
+      with an error naming the file; True skips such records and counts them
+      (logged, and the count is available from the reader).
+  """
+  name: Optional[str] = 'yt8m'
+  split: Optional[str] = 'train'
+  feature_names: Tuple[str, ...] = ('rgb', 'audio')
+  feature_sizes: Tuple[int, ...] = (1024, 128)
+  feature_dtypes: Tuple[str, ...] = ('uint8', 'uint8')
+  feature_from_bytes: Tuple[bool, ...] = (True, True)
+  label_field: str = 'labels'
+  max_frames: int = 300
+  num_sample_frames: Optional[int] = None
+  sample_random_frames: bool = True
+  input_per_feature_l2_norm: bool = False
+  segment_labels: bool = False
+  segment_size: int = 5
+  num_classes: int = YT8M_NUM_CLASSES
+  include_video_id: bool = False
+  num_examples: int = -1
+  skip_bad_records: bool = False
+  shuffle_buffer_size: int = 1000
+  prefetch_buffer_size: Optional[int] = None  # AUTOTUNE.
+
+
+def yt8m_data(is_training: bool) -> DataConfig:
+  return DataConfig(
+      is_training=is_training,
+      split='train' if is_training else 'valid',
+      drop_remainder=is_training,
+      num_sample_frames=300 if is_training else None,
+      num_examples=YT8M_TRAIN_EXAMPLES if is_training else YT8M_VAL_EXAMPLES)
+
+
+@dataclasses.dataclass
+class DbofModel(hyperparams.Config):
+  """Deep Bag of Frames backbone.
+
+  Attributes:
+    cluster_size: width of the per-frame cluster layer (0 skips it).
+    hidden_size: width of the video-level hidden layer.
+    add_batch_norm: batch norm on input, cluster and hidden layers (else
+      biases).
+    pooling_method: 'average' | 'max' | 'swap' | 'none' over the valid frames.
+      'none' keeps frames: the hidden layer and head run per frame and the
+      model averages per-frame probabilities over the valid frames.
+    use_context_gate_cluster_layer: context gating after the cluster layer.
+    context_gate_cluster_bottleneck_size: bottleneck width of that gate (0:
+      full input_size x input_size gate).
+  """
+  cluster_size: int = 3000
+  hidden_size: int = 2000
+  add_batch_norm: bool = True
+  pooling_method: str = 'average'
+  use_context_gate_cluster_layer: bool = False
+  context_gate_cluster_bottleneck_size: int = 0
+
+
+@dataclasses.dataclass
+class Backbone(hyperparams.OneOfConfig):
+  type: Optional[str] = 'dbof'
+  dbof: DbofModel = dataclasses.field(default_factory=DbofModel)
+
+
+@dataclasses.dataclass
+class MoeModel(hyperparams.Config):
+  """Mixture-of-experts head.
+
+  Attributes:
+    num_mixtures: experts per class (a dummy expert predicting 0 is added).
+    use_input_context_gate: context gate on the head's input features.
+    use_output_context_gate: context gate on the output probabilities (applied,
+      unlike Model Garden 2.20 which builds it and drops it).
+    vocab_as_last_dim: lay the gate/expert activations out as
+      [batch, mixtures, classes] (TPU-friendly) instead of
+      [batch * classes, mixtures]; same math.
+  """
+  num_mixtures: int = 5
+  use_input_context_gate: bool = False
+  use_output_context_gate: bool = False
+  vocab_as_last_dim: bool = False
+
+
+@dataclasses.dataclass
+class LogisticModel(hyperparams.Config):
+  """Logistic (one dense layer + sigmoid) head."""
+  return_logits: bool = False
+
+
+@dataclasses.dataclass
+class Head(hyperparams.OneOfConfig):
+  type: Optional[str] = 'moe'
+  moe: MoeModel = dataclasses.field(default_factory=MoeModel)
+  logistic: LogisticModel = dataclasses.field(default_factory=LogisticModel)
+
+
+@dataclasses.dataclass
+class VideoClassificationModel(hyperparams.Config):
+  backbone: Backbone = dataclasses.field(default_factory=Backbone)
+  head: Head = dataclasses.field(default_factory=Head)
+  norm_activation: common.NormActivation = dataclasses.field(
+      default_factory=lambda: common.NormActivation(  # pylint: disable=g-long-lambda
+          activation='relu', use_sync_bn=False))
+
+
+@dataclasses.dataclass
+class Losses(hyperparams.Config):
+  """Sigmoid cross-entropy on the class probabilities.
+
+  Attributes:
+    name: only 'binary_crossentropy'.
+    from_logits: the model outputs logits rather than probabilities.
+    label_smoothing: label smoothing of the binary cross-entropy.
+    l2_weight_decay: L2 weight decay on the kernels (added to the loss).
+  """
+  name: str = 'binary_crossentropy'
+  from_logits: bool = False
+  label_smoothing: float = 0.0
+  l2_weight_decay: float = 1e-5
+
+
+@dataclasses.dataclass
+class AveragePrecisionConfig(hyperparams.Config):
+  """AP metrics: GAP/mAP over each video's top_k predictions."""
+  top_k: int = 20
+  return_per_class_ap: bool = False
+
+
+@dataclasses.dataclass
+class Evaluation(hyperparams.Config):
+  average_precision: Optional[AveragePrecisionConfig] = None
+
+
+@dataclasses.dataclass
+class DemoDataConfig(hyperparams.Config):
+  """Generated data for an experiment without input files.
+
+  Used only when `enabled` and a split's `input_path` is empty: the task then
+  writes (once; cached under `cache_dir`) train and validation shards in the
+  real YouTube-8M format, deterministic by `seed`.
+
+  Attributes:
+    enabled: generate data when `input_path` is empty.
+    cache_dir: where generated shards are kept; '' uses
+      $OFFICIAL_EXT_CACHE or ~/.cache/official_ext.
+    seed: random seed of the generator.
+    num_train_videos: videos in the train split.
+    num_validation_videos: videos in the validation split.
+    num_shards: files per split.
+    segment_fraction: share of videos that carry segment-level labels.
+  """
+  enabled: bool = False
+  cache_dir: str = ''
+  seed: int = 0
+  num_train_videos: int = 4000
+  num_validation_videos: int = 1000
+  num_shards: int = 4
+  segment_fraction: float = 0.3
+
+
+@dataclasses.dataclass
+class YT8MTask(cfg.TaskConfig):
+  """The YouTube-8M task.
+
+  Attributes:
+    gradient_clip_norm: clip gradients by this global norm (<= 0: off).
+    demo_data: generated data used when an `input_path` is empty.
+  """
+  model: VideoClassificationModel = dataclasses.field(
+      default_factory=VideoClassificationModel)
+  train_data: DataConfig = dataclasses.field(
+      default_factory=lambda: yt8m_data(is_training=True))
+  validation_data: DataConfig = dataclasses.field(
+      default_factory=lambda: yt8m_data(is_training=False))
+  losses: Losses = dataclasses.field(default_factory=Losses)
+  evaluation: Evaluation = dataclasses.field(
+      default_factory=lambda: Evaluation(  # pylint: disable=g-long-lambda
+          average_precision=AveragePrecisionConfig()))
+  gradient_clip_norm: float = 1.0
+  demo_data: DemoDataConfig = dataclasses.field(default_factory=DemoDataConfig)
+
+
+_RESTRICTIONS = [
+    'task.train_data.num_classes == task.validation_data.num_classes',
+    'task.train_data.feature_sizes != None',
+    'task.train_data.feature_names != None',
+    'task.validation_data.feature_sizes != None',
+]
+
+
+def _optimizer(learning_rate: float, decay_steps: int,
+               warmup_steps: int) -> optimization.OptimizationConfig:
+  return optimization.OptimizationConfig({
+      'optimizer': {'type': 'adam', 'adam': {}},
+      'learning_rate': {
+          'type': 'exponential',
+          'exponential': {
+              'initial_learning_rate': learning_rate,
+              'decay_rate': 0.95,
+              'decay_steps': decay_steps,
+              'offset': warmup_steps,
+          },
+      },
+      'warmup': {
+          'type': 'linear',
+          'linear': {'warmup_learning_rate': 0, 'warmup_steps': warmup_steps},
+      },
+  })
+
+
+@exp_factory.register_config_factory('yt8m')
+def yt8m() -> cfg.ExperimentConfig:
+  """Model Garden's published YouTube-8M configuration (needs input_path)."""
+  train_batch_size = 1024  # 32 per core on a 32-core TPU v3 pod slice.
+  eval_batch_size = 1024
+  steps_per_epoch = YT8M_TRAIN_EXAMPLES // train_batch_size
+  steps_per_loop = 500
+  config = cfg.ExperimentConfig(
+      runtime=cfg.RuntimeConfig(mixed_precision_dtype='bfloat16'),
+      task=YT8MTask(),
+      trainer=cfg.TrainerConfig(
+          steps_per_loop=steps_per_loop,
+          summary_interval=steps_per_loop,
+          checkpoint_interval=steps_per_loop,
+          train_steps=100 * steps_per_epoch,
+          validation_steps=YT8M_VAL_EXAMPLES // eval_batch_size,
+          validation_interval=steps_per_loop,
+          optimizer_config=_optimizer(
+              learning_rate=0.0001 * train_batch_size / 512,
+              decay_steps=int(steps_per_epoch * 1.5),
+              warmup_steps=500)),
+      restrictions=list(_RESTRICTIONS))
+  config.task.train_data.global_batch_size = train_batch_size
+  config.task.validation_data.global_batch_size = eval_batch_size
+  return config
+
+
+DEMO_NUM_CLASSES = 100
+DEMO_MAX_FRAMES = 64
+
+
+@exp_factory.register_config_factory('yt8m_demo')
+def yt8m_demo() -> cfg.ExperimentConfig:
+  """A small DBoF+MoE on generated YouTube-8M-format data (no download)."""
+  num_train = 4000
+  num_val = 1000
+  train_batch_size = 64
+  eval_batch_size = 100
+  steps_per_epoch = num_train // train_batch_size
+  train_steps = 8 * steps_per_epoch
+  task = YT8MTask(
+      model=VideoClassificationModel(
+          backbone=Backbone(type='dbof', dbof=DbofModel(
+              cluster_size=256, hidden_size=256, pooling_method='average')),
+          head=Head(type='moe', moe=MoeModel(num_mixtures=2))),
+      train_data=DataConfig(
+          is_training=True, split='train', drop_remainder=True,
+          global_batch_size=train_batch_size,
+          num_classes=DEMO_NUM_CLASSES, max_frames=DEMO_MAX_FRAMES,
+          num_sample_frames=32, num_examples=num_train),
+      validation_data=DataConfig(
+          is_training=False, split='valid', drop_remainder=False,
+          global_batch_size=eval_batch_size,
+          num_classes=DEMO_NUM_CLASSES, max_frames=DEMO_MAX_FRAMES,
+          num_sample_frames=None, num_examples=num_val),
+      demo_data=DemoDataConfig(
+          enabled=True, num_train_videos=num_train,
+          num_validation_videos=num_val))
+  return cfg.ExperimentConfig(
+      runtime=cfg.RuntimeConfig(mixed_precision_dtype='float32'),
+      task=task,
+      trainer=cfg.TrainerConfig(
+          steps_per_loop=steps_per_epoch,
+          summary_interval=steps_per_epoch,
+          checkpoint_interval=steps_per_epoch,
+          train_steps=train_steps,
+          validation_steps=-1,
+          validation_interval=2 * steps_per_epoch,
+          optimizer_config=_optimizer(
+              learning_rate=0.002, decay_steps=steps_per_epoch,
+              warmup_steps=steps_per_epoch // 2)),
+      restrictions=list(_RESTRICTIONS))

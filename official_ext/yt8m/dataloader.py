@@ -1,0 +1,878 @@
+"""Input pipeline of YouTube-8M frame-level `tf.train.SequenceExample` records.
+
+Record format (the public YouTube-8M frame-level TFRecords):
+
+* context `id` (bytes): the video id.
+* context `labels` (int64 list; `DataConfig.label_field`): video-level class
+  ids.
+* sequence feature lists `rgb` and `audio` (`DataConfig.feature_names`): one
+  bytes string per frame holding `feature_sizes[i]` quantized uint8 values
+  (1024 for rgb, 128 for audio), or, with `feature_from_bytes` False, one
+  float/int64 list per frame.
+* segment-level data only: context `segment_labels` (int64 list),
+  `segment_start_times` (int64 list, frame index of the rated segment's first
+  frame) and `segment_scores` (float list, 1.0 positive / 0.0 negative), one
+  entry per (segment, class) rating.
+
+Pipeline (`build_dataset`), on `official.core.input_reader.InputReader`:
+
+    files --(per-file reader: (file name, record) pairs, corruption check)-->
+    [train: shuffle] --Decoder.decode--> raw tensors
+    [train with sampling: + per-example seed from Dataset.random(seed)]
+    --Parser.parse_fn--> example dicts [segment mode: unbatch] --> batch.
+
+Detecting corrupted or truncated files scalably. TensorFlow's TFRecord reader
+reports `DataLossError: corrupted record at 140` without the file's name, and
+silently treats a tail shorter than a record header as the end of the file.
+This module therefore reads each file through `ignore_errors()` (TF's reader
+then stops at the first unreadable record of that file), counts the bytes of
+the records it did read (each record takes `16 + len(data)` bytes on disk) and,
+at the end of the file, compares that count with the file's size (one
+`tf.io.gfile.stat` per file when the dataset is built, run in a thread pool).
+A mismatch means the file is corrupted or truncated: with
+`skip_bad_records=False` the iterator fails with an error naming the file and
+the byte offset where its readable records end; with `skip_bad_records=True`
+the rest of that file is skipped, and the event is logged (absl) and counted in
+a `BadRecordLog` (see `bad_record_log()`). Every record before the damage is
+read in both modes; records after the damage in the same file cannot be reached
+by TF's reader (there is no record boundary to resynchronise on) and are
+reported as skipped bytes. The check costs one scan step per record and one
+stat per file, with no second read of the data, so it scales to the full
+dataset (thousands of files on GCS). Skip mode reports through a
+`tf.py_function` called only when a damaged file ends, so a skip-mode pipeline
+cannot be serialized (tf.data service); the default strict mode is pure graph.
+Any read error of a file (not only a bad CRC: also e.g. a permission or network
+error) ends up in this check; TensorFlow's own error text for it is logged as a
+warning (`ignore_errors_dataset_op`) just before.
+"""
+import concurrent.futures
+import dataclasses
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from absl import logging
+import numpy as np
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+
+from official.core import input_reader
+from official_ext.yt8m import configs
+
+# Quantization of the YouTube-8M uint8 features (the starter code's
+# `Dequantize` with max_quantized_value=2, min_quantized_value=-2):
+# x -> x * 4 / 255 + 4 / 512 - 2.
+MAX_QUANTIZED_VALUE = 2.0
+MIN_QUANTIZED_VALUE = -2.0
+QUANTIZATION_SCALE = (MAX_QUANTIZED_VALUE - MIN_QUANTIZED_VALUE) / 255.0
+QUANTIZATION_BIAS = ((MAX_QUANTIZED_VALUE - MIN_QUANTIZED_VALUE) / 512.0 +
+                     MIN_QUANTIZED_VALUE)
+
+# On-disk bytes around each TFRecord payload: uint64 length, uint32 masked CRC
+# of the length, payload, uint32 masked CRC of the payload.
+_TFRECORD_FRAMING_BYTES = 16
+
+_DTYPES = {'uint8': tf.uint8, 'float32': tf.float32}
+
+# Keys of the decoded dict (`Decoder.decode`).
+VIDEO_ID = 'video_id'
+LABELS = 'labels'
+FEATURES = 'features'
+SOURCE = 'source'
+SEGMENT_LABELS = 'segment_labels'
+SEGMENT_START_TIMES = 'segment_start_times'
+SEGMENT_SCORES = 'segment_scores'
+SAMPLE_SEED = 'sample_seed'
+
+
+def dequantize(x: tf.Tensor,
+               max_quantized_value: float = MAX_QUANTIZED_VALUE,
+               min_quantized_value: float = MIN_QUANTIZED_VALUE) -> tf.Tensor:
+  """Maps quantized features back to floats.
+
+  Args:
+    x: quantized features, any shape, uint8 (or any real dtype holding values
+      in [0, 255]).
+    max_quantized_value: value represented by 255 (minus half a step).
+    min_quantized_value: value represented by 0 (minus half a step).
+
+  Returns:
+    float32 tensor of `x`'s shape: `x * range / 255 + range / 512 + min`,
+    with `range = max - min` (0 -> -2 + 4/512, 255 -> 2 + 4/512 by default).
+  """
+  quantized_range = max_quantized_value - min_quantized_value
+  scale = quantized_range / 255.0
+  bias = quantized_range / 512.0 + min_quantized_value
+  return tf.cast(x, tf.float32) * scale + bias
+
+
+# ---------------------------------------------------------------------------
+# Validation helpers.
+# ---------------------------------------------------------------------------
+
+
+def _check_params(params: configs.DataConfig) -> None:
+  """Raises ValueError naming the DataConfig key that is inconsistent."""
+  names = tuple(params.feature_names or ())
+  if not names:
+    raise ValueError('DataConfig.feature_names is empty; expected the sequence '
+                     "features to read, e.g. ('rgb', 'audio').")
+  if len(set(names)) != len(names):
+    raise ValueError(f'DataConfig.feature_names {names} repeats a name.')
+  for key in ('feature_sizes', 'feature_dtypes', 'feature_from_bytes'):
+    value = getattr(params, key)
+    if value is None or len(value) != len(names):
+      raise ValueError(
+          f'DataConfig.{key} is {value!r}: expected one entry per feature of '
+          f'DataConfig.feature_names {names}.')
+  for name, size in zip(names, params.feature_sizes):
+    if size is None or int(size) <= 0:
+      raise ValueError(f'DataConfig.feature_sizes: feature {name!r} has size '
+                       f'{size!r}; expected a positive int.')
+  for name, dtype in zip(names, params.feature_dtypes):
+    if dtype not in _DTYPES:
+      raise ValueError(f'DataConfig.feature_dtypes: feature {name!r} has dtype '
+                       f'{dtype!r}; expected one of {sorted(_DTYPES)}.')
+  for key in ('num_classes', 'max_frames', 'segment_size'):
+    value = getattr(params, key)
+    if value is None or int(value) <= 0:
+      raise ValueError(f'DataConfig.{key} is {value!r}; expected a positive '
+                       'int.')
+  if (params.num_sample_frames is not None and
+      int(params.num_sample_frames) <= 0):
+    raise ValueError(f'DataConfig.num_sample_frames is '
+                     f'{params.num_sample_frames!r}; expected None or a '
+                     'positive int.')
+
+
+def _message(*parts: Union[str, tf.Tensor]) -> tf.Tensor:
+  """Joins python strings and (string or numeric) scalar tensors."""
+  pieces = []
+  for part in parts:
+    if isinstance(part, str):
+      pieces.append(tf.constant(part))
+    elif part.dtype == tf.string:
+      pieces.append(part)
+    else:
+      pieces.append(tf.strings.as_string(part))
+  return tf.strings.join(pieces)
+
+
+def _require(ok: tf.Tensor, message_fn: Callable[[], tf.Tensor]) -> tf.Tensor:
+  """Fails with `message_fn()` (built only on failure) unless `ok`.
+
+  Args:
+    ok: bool scalar.
+    message_fn: returns the error text, a string scalar tensor.
+
+  Returns:
+    A bool scalar (True); make outputs depend on it with
+    `tf.control_dependencies` so the check runs before them.
+  """
+
+  def _fail():
+    with tf.control_dependencies(
+        [tf.debugging.Assert(ok, [message_fn()], summarize=1)]):
+      return tf.identity(ok)
+
+  return tf.cond(ok, lambda: tf.constant(True), _fail)
+
+
+def _first(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+  """The first element of `values` where `mask` (mask must have a True)."""
+  return tf.boolean_mask(values, mask)[0]
+
+
+# ---------------------------------------------------------------------------
+# Decoder.
+# ---------------------------------------------------------------------------
+
+
+class Decoder:
+  """Decodes one serialized SequenceExample into raw tensors.
+
+  Checks, with errors naming the file, video, feature and sizes at fault:
+  every frame of every feature has `feature_sizes[i]` values, all features
+  have the same number of frames, the segment fields have equal lengths, and
+  integer-list uint8 features hold values in [0, 255].
+  """
+
+  def __init__(self, params: configs.DataConfig):
+    """Args: params: the split's `DataConfig`."""
+    _check_params(params)
+    self._params = params
+    self._names = tuple(params.feature_names)
+    self._sizes = tuple(int(s) for s in params.feature_sizes)
+    self._dtypes = tuple(_DTYPES[d] for d in params.feature_dtypes)
+    self._from_bytes = tuple(bool(b) for b in params.feature_from_bytes)
+    self._context_features = {
+        'id': tf.io.FixedLenFeature([], tf.string, default_value=''),
+        params.label_field: tf.io.VarLenFeature(tf.int64),
+    }
+    if params.segment_labels:
+      self._context_features.update({
+          SEGMENT_LABELS: tf.io.VarLenFeature(tf.int64),
+          SEGMENT_START_TIMES: tf.io.VarLenFeature(tf.int64),
+          SEGMENT_SCORES: tf.io.VarLenFeature(tf.float32),
+      })
+    self._sequence_features = {}
+    for name, dtype, from_bytes in zip(self._names, self._dtypes,
+                                       self._from_bytes):
+      if from_bytes:
+        self._sequence_features[name] = tf.io.FixedLenSequenceFeature(
+            [], dtype=tf.string)
+      else:
+        self._sequence_features[name] = tf.io.VarLenFeature(
+            tf.float32 if dtype == tf.float32 else tf.int64)
+
+  def decode(self,
+             serialized: tf.Tensor,
+             source: Optional[tf.Tensor] = None) -> Dict[str, Any]:
+    """Parses one record.
+
+    Args:
+      serialized: string scalar, a serialized `tf.train.SequenceExample`.
+      source: optional string scalar naming where the record comes from (its
+        file); used in error messages and returned as `source`.
+
+    Returns:
+      A dict:
+        `video_id`: string scalar (context `id`, '' if absent).
+        `labels`: int64 [num_labels], the context `label_field` ids as stored.
+        `features`: {feature name: [num_frames, feature_size]} in the stored
+          dtype (uint8 or float32), not dequantized.
+        `source`: string scalar (`source`, or '<unknown file>').
+        segment mode only: `segment_labels` int64 [R], `segment_start_times`
+          int64 [R], `segment_scores` float32 [R], one entry per rating.
+    """
+    if source is None:
+      source = tf.constant('<unknown file>')
+    context, sequence = tf.io.parse_single_sequence_example(
+        serialized,
+        context_features=self._context_features,
+        sequence_features=self._sequence_features,
+        example_name=source)
+    video_id = context['id']
+
+    def where():
+      return (' of video `', video_id, '` in file `', source, '`')
+
+    checks = []
+    features = {}
+    num_frames = {}
+    for name, size, dtype, from_bytes in zip(self._names, self._sizes,
+                                             self._dtypes, self._from_bytes):
+      if from_bytes:
+        raw = sequence[name]  # [T] string.
+        expected = size * dtype.size
+        lengths = tf.strings.length(raw)  # Bytes.
+        bad = tf.not_equal(lengths, expected)
+        frame_ids = tf.range(tf.size(lengths))
+        checks.append(
+            _require(
+                tf.logical_not(tf.reduce_any(bad)),
+                lambda name=name, lengths=lengths, bad=bad, ids=frame_ids,
+                size=size, dtype=dtype, expected=expected: _message(
+                    'Feature `', name, '`', *where(), ': frame ',
+                    _first(ids, bad),
+                    ' has ', _first(lengths, bad), ' bytes, expected ',
+                    str(expected), f' (feature size {size} x {dtype.name}; '
+                    'DataConfig.feature_sizes / feature_dtypes).')))
+        with tf.control_dependencies(checks[-1:]):
+          values = tf.io.decode_raw(raw, dtype)
+        values = tf.reshape(values, [-1, size])
+      else:
+        ragged = tf.RaggedTensor.from_sparse(sequence[name])
+        lengths = ragged.row_lengths()
+        bad = tf.not_equal(lengths, size)
+        frame_ids = tf.range(tf.size(lengths, out_type=tf.int64))
+        checks.append(
+            _require(
+                tf.logical_not(tf.reduce_any(bad)),
+                lambda name=name, lengths=lengths, bad=bad, ids=frame_ids,
+                size=size: _message(
+                    'Feature `', name, '`', *where(), ': frame ',
+                    _first(ids, bad),
+                    ' has ', _first(lengths, bad), ' values, expected ',
+                    str(size), ' (DataConfig.feature_sizes).')))
+        with tf.control_dependencies(checks[-1:]):
+          values = tf.reshape(ragged.values, [-1, size])
+        if dtype == tf.uint8:
+          in_range = tf.logical_and(values >= 0, values <= 255)
+          checks.append(
+              _require(
+                  tf.reduce_all(in_range),
+                  lambda name=name, values=values, in_range=in_range: _message(
+                      "Feature `", name, "`", *where(), ': value ',
+                      _first(tf.reshape(values, [-1]),
+                             tf.logical_not(tf.reshape(in_range, [-1]))),
+                      ' is not a uint8 (0..255) as DataConfig.feature_dtypes '
+                      'says.')))
+          values = tf.cast(values, tf.uint8)
+      values.set_shape([None, size])
+      features[name] = values
+      num_frames[name] = tf.shape(values)[0]
+
+    first = self._names[0]
+    for name in self._names[1:]:
+      checks.append(
+          _require(
+              tf.equal(num_frames[name], num_frames[first]),
+              lambda name=name: _message(
+                  "Feature `", name, "`", *where(), ': has ', num_frames[name],
+                  " frames but feature `", first, "` has ",
+                  num_frames[first], '; every feature needs one entry per '
+                  'frame.')))
+
+    decoded = {
+        VIDEO_ID: video_id,
+        LABELS: context[self._params.label_field].values,
+        SOURCE: source,
+    }
+    if self._params.segment_labels:
+      seg_labels = context[SEGMENT_LABELS].values
+      seg_starts = context[SEGMENT_START_TIMES].values
+      seg_scores = context[SEGMENT_SCORES].values
+      n_labels = tf.size(seg_labels)
+      same = tf.logical_and(
+          tf.equal(n_labels, tf.size(seg_starts)),
+          tf.equal(n_labels, tf.size(seg_scores)))
+      checks.append(
+          _require(
+              same, lambda: _message(
+                  'Segment ratings', *where(), ': segment_labels has ',
+                  tf.size(seg_labels), ', segment_start_times has ',
+                  tf.size(seg_starts), ' and segment_scores has ',
+                  tf.size(seg_scores), ' entries; expected one entry each '
+                  'per rating.')))
+      decoded.update({
+          SEGMENT_LABELS: seg_labels,
+          SEGMENT_START_TIMES: seg_starts,
+          SEGMENT_SCORES: seg_scores,
+      })
+    with tf.control_dependencies(checks):
+      decoded[FEATURES] = {k: tf.identity(v) for k, v in features.items()}
+    return decoded
+
+
+# ---------------------------------------------------------------------------
+# Parser.
+# ---------------------------------------------------------------------------
+
+
+class Parser:
+  """Turns decoded tensors into model inputs (see `parse_fn`)."""
+
+  def __init__(self, params: configs.DataConfig):
+    """Args: params: the split's `DataConfig`."""
+    _check_params(params)
+    self._params = params
+    self._names = tuple(params.feature_names)
+    self._sizes = tuple(int(s) for s in params.feature_sizes)
+    self._dtypes = tuple(_DTYPES[d] for d in params.feature_dtypes)
+    self._num_features = sum(self._sizes)
+    self._num_classes = int(params.num_classes)
+    self._max_frames = int(params.max_frames)
+    self._num_sample_frames = (None if params.num_sample_frames is None else
+                               int(params.num_sample_frames))
+    self._segment_size = int(params.segment_size)
+
+  def parse_fn(self, is_training: bool) -> Callable[[Dict[str, Any]],
+                                                     Dict[str, tf.Tensor]]:
+    """Returns the function decoded dict -> example dict.
+
+    Video level (`segment_labels` False), one example per video:
+      `video_matrix`: float32 [T, sum(feature_sizes)], the features
+        concatenated in `feature_names` order, dequantized when uint8,
+        L2-normalised per feature block if `input_per_feature_l2_norm`.
+        Training with `num_sample_frames` S: T = S frames sampled from the
+        first min(frames, max_frames) frames (random sorted frames, or a
+        random window, repeating frames of videos shorter than S). Otherwise:
+        T = max_frames, the first frames, zero-padded.
+      `num_frames`: int32 scalar, S when sampling, else min(frames,
+        max_frames).
+      `labels`: float32 [num_classes] multi-hot.
+      `video_ids`: string scalar, when `include_video_id`.
+
+    Segment level (`segment_labels` True), one example per distinct segment
+    start time (sorted), with a leading dimension R (unbatched later):
+      `video_matrix`: float32 [R, segment_size, F], frames start..start +
+        segment_size of the whole video (not cut at max_frames), zeros past
+        its end.
+      `num_frames`: int32 [R], min(segment_size, frames - start).
+      `labels`: float32 [R, num_classes], the scores of the segment's rated
+        classes, 0 elsewhere.
+      `label_weights`: float32 [R, num_classes], 1 for rated classes.
+      `segment_start_times`: int32 [R].
+      `video_ids`: string [R], when `include_video_id`.
+
+    Args:
+      is_training: whether frames are sampled (video level only).
+    """
+
+    def parse(decoded: Dict[str, Any]) -> Dict[str, tf.Tensor]:
+      if self._params.segment_labels:
+        return self._parse_segments(decoded)
+      return self._parse_video(decoded, is_training)
+
+    return parse
+
+  # Helpers -------------------------------------------------------------------
+
+  def _where(self, decoded):
+    return (" of video `", decoded[VIDEO_ID], "` in file `",
+            decoded.get(SOURCE, tf.constant('<unknown file>')), "`")
+
+  def _to_float(self, frames: Sequence[tf.Tensor]) -> tf.Tensor:
+    """[..., size_i] stored features -> float32 [..., sum(sizes)]."""
+    blocks = []
+    for values, dtype in zip(frames, self._dtypes):
+      block = dequantize(values) if dtype == tf.uint8 else tf.cast(
+          values, tf.float32)
+      if self._params.input_per_feature_l2_norm:
+        block = tf.math.l2_normalize(block, axis=-1)
+      blocks.append(block)
+    return tf.concat(blocks, axis=-1)
+
+  def _check_frames(self, decoded) -> Tuple[List[tf.Tensor], tf.Tensor]:
+    frames = [decoded[FEATURES][name] for name in self._names]
+    total = tf.shape(frames[0])[0]
+    check = _require(
+        total > 0, lambda: _message(
+            "Video `", decoded[VIDEO_ID], "` in file `",
+            decoded.get(SOURCE, '<unknown file>'), "` has no frames in feature "
+            f"`{self._names[0]}`; expected at least one."))
+    with tf.control_dependencies([check]):
+      total = tf.identity(total)
+    return frames, total
+
+  def _check_class_ids(self, ids: tf.Tensor, decoded, field: str) -> tf.Tensor:
+    bad = tf.logical_or(ids < 0, ids >= self._num_classes)
+    return _require(
+        tf.logical_not(tf.reduce_any(bad)), lambda: _message(
+            'Label id ', _first(ids, bad), f" in context feature `{field}`",
+            *self._where(decoded), f' is outside [0, {self._num_classes}) '
+            f'(DataConfig.num_classes = {self._num_classes}).'))
+
+  def _sample_seed(self, decoded) -> tf.Tensor:
+    if SAMPLE_SEED in decoded:
+      return decoded[SAMPLE_SEED]
+    # Used when the parser runs outside `build_dataset`: deterministic per
+    # video (the same frames every epoch).
+    key = tf.strings.join([decoded[VIDEO_ID], decoded.get(SOURCE, '')])
+    return tf.stack([
+        tf.constant(self._params.seed or 0, tf.int64),
+        tf.strings.to_hash_bucket_fast(key, 2**62)
+    ])
+
+  def _sample_indices(self, n: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """int32 [S] frame indices in [0, n) (n >= 1), sorted in time."""
+    s = self._num_sample_frames
+    seed = tf.cast(seed, tf.int64)
+    if self._params.sample_random_frames:
+
+      def with_replacement():
+        u = tf.random.stateless_uniform([s], seed=seed)
+        idx = tf.cast(tf.floor(u * tf.cast(n, tf.float32)), tf.int32)
+        return tf.sort(tf.minimum(idx, n - 1))
+
+      if s > self._max_frames:  # n <= max_frames < s: always repeats frames.
+        return with_replacement()
+
+      def without_replacement():
+        u = tf.random.stateless_uniform([self._max_frames], seed=seed)
+        u = tf.where(tf.range(self._max_frames) < n, u, -1.0)
+        return tf.sort(tf.math.top_k(u, k=s).indices)
+
+      return tf.cond(n >= s, without_replacement, with_replacement)
+    start = tf.random.stateless_uniform([],
+                                        seed=seed,
+                                        minval=0,
+                                        maxval=tf.maximum(n - s, 0) + 1,
+                                        dtype=tf.int32)
+    return tf.math.floormod(start + tf.range(s), n)
+
+  def _multi_hot(self, ids: tf.Tensor) -> tf.Tensor:
+    one_hot = tf.one_hot(ids, self._num_classes, dtype=tf.float32)
+    return tf.minimum(tf.reduce_sum(one_hot, axis=0), 1.0)
+
+  # Video level ---------------------------------------------------------------
+
+  def _parse_video(self, decoded, is_training: bool) -> Dict[str, tf.Tensor]:
+    frames, total = self._check_frames(decoded)
+    n = tf.minimum(total, self._max_frames)
+    labels = decoded[LABELS]
+    with tf.control_dependencies(
+        [self._check_class_ids(labels, decoded, self._params.label_field)]):
+      labels = self._multi_hot(labels)
+
+    if is_training and self._num_sample_frames is not None:
+      idx = self._sample_indices(n, self._sample_seed(decoded))
+      matrix = self._to_float([tf.gather(f, idx) for f in frames])
+      num_frames = tf.constant(self._num_sample_frames, tf.int32)
+      length = self._num_sample_frames
+    else:
+      matrix = self._to_float([f[:self._max_frames] for f in frames])
+      matrix = tf.pad(matrix, [[0, self._max_frames - n], [0, 0]])
+      num_frames = tf.cast(n, tf.int32)
+      length = self._max_frames
+    matrix = tf.ensure_shape(matrix, [length, self._num_features])
+    out = {'video_matrix': matrix, 'num_frames': num_frames, 'labels': labels}
+    if self._params.include_video_id:
+      out['video_ids'] = decoded[VIDEO_ID]
+    return out
+
+  # Segment level -------------------------------------------------------------
+
+  def _parse_segments(self, decoded) -> Dict[str, tf.Tensor]:
+    frames, total = self._check_frames(decoded)
+    seg_labels = decoded[SEGMENT_LABELS]
+    starts = decoded[SEGMENT_START_TIMES]
+    scores = tf.cast(decoded[SEGMENT_SCORES], tf.float32)
+    bad_start = tf.logical_or(starts < 0, starts >= tf.cast(total, tf.int64))
+    checks = [
+        self._check_class_ids(seg_labels, decoded, SEGMENT_LABELS),
+        _require(
+            tf.logical_not(tf.reduce_any(bad_start)), lambda: _message(
+                'Segment start time ', _first(starts, bad_start),
+                " in context feature `segment_start_times`",
+                *self._where(decoded), ' is outside the video (', total,
+                ' frames).')),
+    ]
+    with tf.control_dependencies(checks):
+      order = tf.argsort(starts, stable=True)
+    starts = tf.cast(tf.gather(starts, order), tf.int32)
+    seg_labels = tf.cast(tf.gather(seg_labels, order), tf.int32)
+    scores = tf.gather(scores, order)
+    unique_starts, segment_of_rating = tf.unique(starts)  # Sorted.
+    num_segments = tf.size(unique_starts)
+
+    size = self._segment_size
+    idx = unique_starts[:, None] + tf.range(size)[None, :]  # [R, size]
+    valid = idx < total
+    clipped = tf.minimum(idx, total - 1)
+    matrix = self._to_float([tf.gather(f, clipped) for f in frames])
+    matrix = matrix * tf.cast(valid, tf.float32)[..., None]
+    matrix = tf.ensure_shape(matrix, [None, size, self._num_features])
+    num_frames = tf.reduce_sum(tf.cast(valid, tf.int32), axis=1)
+
+    scatter_idx = tf.stack([segment_of_rating, seg_labels], axis=1)
+    shape = tf.stack([num_segments, self._num_classes])
+    labels = tf.tensor_scatter_nd_max(
+        tf.zeros(shape, tf.float32), scatter_idx, scores)
+    weights = tf.tensor_scatter_nd_max(
+        tf.zeros(shape, tf.float32), scatter_idx, tf.ones_like(scores))
+    out = {
+        'video_matrix': matrix,
+        'num_frames': num_frames,
+        'labels': tf.ensure_shape(labels, [None, self._num_classes]),
+        'label_weights': tf.ensure_shape(weights, [None, self._num_classes]),
+        'segment_start_times': unique_starts,
+    }
+    if self._params.include_video_id:
+      out['video_ids'] = tf.fill([num_segments], decoded[VIDEO_ID])
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Reading files: (file name, record) pairs with corruption detection.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BadFileEvent:
+  """One damaged file met in skip mode.
+
+  Attributes:
+    filename: the TFRecord file.
+    good_records: records read before the damage.
+    valid_bytes: bytes of those records; the damage starts at this offset.
+    file_size: the file's size in bytes; `file_size - valid_bytes` were
+      skipped (at least one record).
+  """
+  filename: str
+  good_records: int
+  valid_bytes: int
+  file_size: int
+
+
+class BadRecordLog:
+  """Thread-safe count of data skipped with `skip_bad_records=True`.
+
+  A damaged file counts once per pass over it (a repeated training dataset
+  counts it every epoch).
+  """
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._events: List[BadFileEvent] = []
+
+  def add(self, event: BadFileEvent) -> None:
+    with self._lock:
+      self._events.append(event)
+
+  def reset(self) -> None:
+    with self._lock:
+      self._events = []
+
+  @property
+  def events(self) -> List[BadFileEvent]:
+    with self._lock:
+      return list(self._events)
+
+  @property
+  def num_bad_records(self) -> int:
+    """Unreadable records met (one per damaged file pass; the rest of that
+    file is skipped with it)."""
+    return len(self.events)
+
+  @property
+  def skipped_bytes(self) -> int:
+    return sum(e.file_size - e.valid_bytes for e in self.events)
+
+  @property
+  def bad_files(self) -> List[str]:
+    return sorted({e.filename for e in self.events})
+
+
+_DEFAULT_BAD_RECORD_LOG = BadRecordLog()
+
+
+def bad_record_log() -> BadRecordLog:
+  """The process-wide log used when `build_dataset` gets none."""
+  return _DEFAULT_BAD_RECORD_LOG
+
+
+def match_input_files(input_path: Union[str, Sequence[str]]) -> List[str]:
+  """Expands `DataConfig.input_path` into a sorted list of existing files.
+
+  Args:
+    input_path: a file, a glob pattern, comma-separated ones, or a list.
+
+  Returns:
+    The matched files: each pattern's matches sorted, patterns in order.
+
+  Raises:
+    ValueError: naming the pattern that matches nothing (or is empty).
+  """
+  if not input_path or (isinstance(input_path, (list, tuple)) and
+                        not any(p.strip() for p in input_path)):
+    raise ValueError('DataConfig.input_path is empty; expected a TFRecord '
+                     'file, glob pattern or comma-separated list of them.')
+  patterns = [input_path] if isinstance(input_path, str) else list(input_path)
+  files = []
+  for group in patterns:
+    for pattern in group.split(','):
+      pattern = pattern.strip()
+      if not pattern:
+        continue
+      matched = sorted(tf.io.gfile.glob(pattern))
+      if not matched:
+        raise ValueError(
+            f"DataConfig.input_path: '{pattern}' does not match any file.")
+      files.extend(matched)
+  return files
+
+
+def _file_sizes(files: Sequence[str]) -> List[int]:
+  """Sizes in bytes (threaded stat calls); ValueError naming a bad path."""
+
+  def stat(path):
+    try:
+      info = tf.io.gfile.stat(path)
+    except tf.errors.NotFoundError as e:
+      raise ValueError(
+          f"DataConfig.input_path: file '{path}' does not exist.") from e
+    if info.is_directory:
+      raise ValueError(f"DataConfig.input_path: '{path}' is a directory; "
+                       'expected TFRecord files.')
+    return int(info.length)
+
+  if len(files) <= 1:
+    return [stat(f) for f in files]
+  with concurrent.futures.ThreadPoolExecutor(min(32, len(files))) as pool:
+    return list(pool.map(stat, files))
+
+
+def make_file_reader(
+    files: Sequence[str],
+    file_sizes: Sequence[int],
+    skip_bad_records: bool,
+    log: Optional[BadRecordLog] = None,
+) -> Callable[[Any], tf.data.Dataset]:
+  """Returns `dataset_fn(file or files) -> Dataset of (file name, record)`.
+
+  Each file is read with `TFRecordDataset(...).ignore_errors()` and its record
+  bytes are counted; when the file ends, that count must equal its size (see
+  the module docstring). Strict mode fails with an InvalidArgumentError whose
+  text starts "Corrupted or truncated TFRecord file `<file>`"; skip mode keeps
+  the records before the damage and reports the event to `log`.
+
+  Args:
+    files: every file the reader may be given.
+    file_sizes: their sizes in bytes.
+    skip_bad_records: skip (True) or fail on (False) damaged files.
+    log: where skip mode reports (default: `bad_record_log()`).
+
+  Returns:
+    A function of a string scalar tensor (one file) or a python list of files
+    (InputReader passes both) returning a Dataset of (string scalar file name,
+    string scalar serialized record) pairs.
+  """
+  log = log or bad_record_log()
+  files_t = tf.constant(list(files), tf.string)
+  sizes_t = tf.constant(list(file_sizes), tf.int64)
+
+  def report(filename, good, valid, size):
+    event = BadFileEvent(filename.numpy().decode('utf-8', 'replace'),
+                         int(good), int(valid), int(size))
+    log.add(event)
+    logging.warning(
+        'skip_bad_records: TFRecord file %s is corrupted or truncated at byte '
+        '%d of %d; kept the %d records before it and skipped the remaining %d '
+        'bytes.', event.filename, event.valid_bytes, event.file_size,
+        event.good_records, event.file_size - event.valid_bytes)
+    return np.int64(0)
+
+  def read_one(filename: tf.Tensor) -> tf.data.Dataset:
+    match = tf.equal(files_t, filename)
+    file_size = tf.reduce_sum(tf.where(match, sizes_t, 0))
+    records = tf.data.TFRecordDataset(filename).ignore_errors(log_warning=True)
+    records = records.map(lambda r: (r, tf.constant(False)))
+    end = tf.data.Dataset.from_tensors((tf.constant(''), tf.constant(True)))
+
+    def scan_fn(state, element):
+      valid_bytes, count = state
+      record, is_end = element
+      record_bytes = tf.cast(tf.strings.length(record),
+                             tf.int64) + _TFRECORD_FRAMING_BYTES
+      valid_bytes += tf.where(is_end, tf.constant(0, tf.int64), record_bytes)
+      count += tf.where(is_end, tf.constant(0, tf.int64), 1)
+      damaged = tf.logical_and(is_end, tf.not_equal(valid_bytes, file_size))
+      if skip_bad_records:
+        check = tf.cond(
+            damaged, lambda: tf.py_function(
+                report, [filename, count, valid_bytes, file_size], tf.int64),
+            lambda: tf.constant(0, tf.int64))
+      else:
+        check = _require(
+            tf.logical_not(damaged), lambda: _message(
+                "Corrupted or truncated TFRecord file `", filename,
+                "`: its records are readable only up to byte ", valid_bytes,
+                ' of ', file_size, ' (', count, ' good records before it). '
+                'Re-copy or regenerate the file, or set '
+                'DataConfig.skip_bad_records=True to skip the unreadable rest '
+                'of damaged files.'))
+      with tf.control_dependencies([check]):
+        is_end = tf.identity(is_end)
+      return (valid_bytes, count), (record, is_end)
+
+    initial = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+    ds = records.concatenate(end).scan(initial, scan_fn)
+    ds = ds.filter(lambda record, is_end: tf.logical_not(is_end))
+    return ds.map(lambda record, is_end: (filename, record))
+
+  def dataset_fn(file_or_files) -> tf.data.Dataset:
+    if isinstance(file_or_files, (list, tuple)):
+      return tf.data.Dataset.from_tensor_slices(list(file_or_files)).flat_map(
+          read_one)
+    return read_one(file_or_files)
+
+  return dataset_fn
+
+
+# ---------------------------------------------------------------------------
+# build_dataset.
+# ---------------------------------------------------------------------------
+
+
+class _Reader(input_reader.InputReader):
+  """InputReader over an already matched, sorted file list."""
+
+  def __init__(self, files: List[str], *args, **kwargs):
+    self._yt8m_files = files
+    super().__init__(*args, **kwargs)
+
+  def get_files(self, input_path):
+    del input_path
+    return self._yt8m_files
+
+
+def build_dataset(
+    params: configs.DataConfig,
+    input_context: Optional[tf.distribute.InputContext] = None,
+    bad_records: Optional[BadRecordLog] = None,
+) -> tf.data.Dataset:
+  """Builds the batched input pipeline of one split.
+
+  Args:
+    params: the split's DataConfig (`input_path` must be set).
+    input_context: from `tf.distribute`; shards the files (or records) per
+      input pipeline and splits `global_batch_size` per replica.
+    bad_records: where skip mode reports damaged files (default
+      `bad_record_log()`).
+
+  Returns:
+    A Dataset of dicts, batch dimension first (B = per-replica batch size):
+      `video_matrix` float32 [B, T, sum(feature_sizes)] (T: num_sample_frames
+      when sampling in training, max_frames otherwise, segment_size in segment
+      mode), `num_frames` int32 [B], `labels` float32 [B, num_classes],
+      segment mode: `label_weights` float32 [B, num_classes] and
+      `segment_start_times` int32 [B]; `video_ids` string [B] when
+      `include_video_id`. Training: shuffled (seeded by `params.seed`) and
+      repeated; evaluation: one pass in file order.
+
+  Raises:
+    ValueError: a config key is inconsistent, or `input_path` matches no file
+      (the message names the pattern).
+  """
+  _check_params(params)
+  if not params.global_batch_size or params.global_batch_size <= 0:
+    raise ValueError(f'DataConfig.global_batch_size is '
+                     f'{params.global_batch_size!r}; expected a positive int.')
+  files = match_input_files(params.input_path)
+  sizes = _file_sizes(files)
+  decoder = Decoder(params)
+  parser = Parser(params)
+  segment_mode = bool(params.segment_labels)
+  is_training = bool(params.is_training)
+
+  def decoder_fn(filename, record):
+    return decoder.decode(record, source=filename)
+
+  sample_fn = None
+  if is_training and params.num_sample_frames is not None and not segment_mode:
+
+    def sample_fn(ds: tf.data.Dataset) -> tf.data.Dataset:
+      # One [2] int64 stateless seed per example, from a stream seeded by
+      # params.seed: reproducible, and different every epoch.
+      seeds = tf.data.Dataset.random(seed=params.seed).batch(2)
+
+      def add_seed(decoded, seed):
+        decoded = dict(decoded)
+        decoded[SAMPLE_SEED] = seed
+        return decoded
+
+      return tf.data.Dataset.zip((ds, seeds)).map(
+          add_seed, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def transform_and_batch_fn(
+      ds: tf.data.Dataset,
+      context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
+    batch_size = (
+        context.get_per_replica_batch_size(params.global_batch_size)
+        if context else params.global_batch_size)
+    if segment_mode:
+      ds = ds.unbatch()  # One example per rated segment.
+      if is_training:
+        ds = ds.shuffle(params.shuffle_buffer_size, seed=params.seed)
+    return ds.batch(batch_size, drop_remainder=params.drop_remainder)
+
+  reader = _Reader(
+      files,
+      params,
+      dataset_fn=make_file_reader(files, sizes, params.skip_bad_records,
+                                  bad_records),
+      decoder_fn=decoder_fn,
+      sample_fn=sample_fn,
+      parser_fn=parser.parse_fn(is_training),
+      transform_and_batch_fn=transform_and_batch_fn)
+  return reader.read(input_context=input_context)

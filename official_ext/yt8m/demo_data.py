@@ -1,0 +1,409 @@
+"""Generated YouTube-8M-format data, for experiments without a download.
+
+The records are real YouTube-8M frame-level `tf.train.SequenceExample`s (see
+`official_ext.yt8m.dataloader`), with a learnable structure:
+
+* every class has a prototype vector in rgb space and one in audio space;
+* classes have Zipf-like frequencies; each video has 1-5 labels (mostly few);
+* each frame shows one of its video's labels: its features are that label's
+  prototype + a per-video offset + per-frame noise, quantized to uint8 by
+  inverting `dataloader.dequantize` (with clipping to 0..255);
+* video lengths run from 1 frame to 1.5 x max_frames (a few have 1 frame, at
+  least one is longer than max_frames);
+* `segment_fraction` of the videos (among those with >= 5 frames) carry
+  segment ratings: 1-3 segments of 5 frames starting at multiples of 5, each
+  rated positive (score 1.0) for one of the video's labels (the segment's frames
+  then show that label) and usually negative (score 0.0) for one class the
+  video does not have.
+
+The output is a deterministic function of the arguments (same seed, same
+bytes). `ensure_demo_data` caches it per parameter set; the CLI writes it:
+
+    python -m official_ext.yt8m.demo_data --output_dir=/tmp/yt8m_demo
+"""
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+
+from official_ext.yt8m import configs
+from official_ext.yt8m import dataloader
+
+# Bump when the generated data changes for the same arguments.
+FORMAT_VERSION = 1
+
+SEGMENT_SIZE = 5
+MAX_LABELS_PER_VIDEO = 5
+_NUM_LABELS_PROBS = np.array([0.45, 0.25, 0.15, 0.10, 0.05])
+_LENGTH_ONE_FRACTION = 0.03
+# Signal and noise, in dequantized units (the uint8 range covers [-2, 2]).
+_PROTOTYPE_STD = 0.35
+_VIDEO_OFFSET_STD = 0.25
+_FRAME_NOISE_STD = 0.8
+_COMPLETE_MARKER = 'COMPLETE.json'
+_SPLITS = ('train', 'validation')
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+  """Inverse of `dataloader.dequantize`: float array -> uint8 (clipped)."""
+  q = np.rint((x - dataloader.QUANTIZATION_BIAS) /
+              dataloader.QUANTIZATION_SCALE)
+  return np.clip(q, 0, 255).astype(np.uint8)
+
+
+def _bytes_feature_list(frames: np.ndarray) -> tf.train.FeatureList:
+  return tf.train.FeatureList(feature=[
+      tf.train.Feature(bytes_list=tf.train.BytesList(value=[row.tobytes()]))
+      for row in frames
+  ])
+
+
+def make_sequence_example(
+    video_id: str,
+    labels: Sequence[int],
+    rgb: np.ndarray,
+    audio: np.ndarray,
+    segment_labels: Optional[Sequence[int]] = None,
+    segment_start_times: Optional[Sequence[int]] = None,
+    segment_scores: Optional[Sequence[float]] = None,
+) -> tf.train.SequenceExample:
+  """Builds one YouTube-8M frame-level record.
+
+  Args:
+    video_id: context `id`.
+    labels: context `labels`, video-level class ids.
+    rgb: uint8 [T, rgb_size] (1024 in YouTube-8M); one bytes string per frame.
+    audio: uint8 [T, audio_size] (128 in YouTube-8M).
+    segment_labels: optional int class ids, one per segment rating.
+    segment_start_times: optional int frame index of each rating's segment.
+    segment_scores: optional float scores (1.0 positive, 0.0 negative).
+
+  Returns:
+    The `tf.train.SequenceExample`.
+
+  Raises:
+    ValueError: naming the argument with a wrong dtype, rank or length.
+  """
+  rgb = np.asarray(rgb)
+  audio = np.asarray(audio)
+  for name, array in (('rgb', rgb), ('audio', audio)):
+    if array.dtype != np.uint8 or array.ndim != 2:
+      raise ValueError(f'make_sequence_example: {name} must be uint8 '
+                       f'[frames, size]; got {array.dtype} {array.shape}.')
+  if rgb.shape[0] != audio.shape[0]:
+    raise ValueError(f'make_sequence_example: rgb has {rgb.shape[0]} frames '
+                     f'but audio has {audio.shape[0]}.')
+  segment = (segment_labels, segment_start_times, segment_scores)
+  if any(s is not None for s in segment):
+    if any(s is None for s in segment) or len(set(map(len, segment))) != 1:
+      raise ValueError(
+          'make_sequence_example: segment_labels, segment_start_times and '
+          'segment_scores must be given together, with equal lengths.')
+  example = tf.train.SequenceExample()
+  context = example.context.feature
+  context['id'].bytes_list.value.append(video_id.encode('utf-8'))
+  context['labels'].int64_list.value.extend(int(l) for l in labels)
+  if segment_labels is not None:
+    context['segment_labels'].int64_list.value.extend(
+        int(l) for l in segment_labels)
+    context['segment_start_times'].int64_list.value.extend(
+        int(s) for s in segment_start_times)
+    context['segment_scores'].float_list.value.extend(
+        float(s) for s in segment_scores)
+  feature_lists = example.feature_lists.feature_list
+  feature_lists['rgb'].CopyFrom(_bytes_feature_list(rgb))
+  feature_lists['audio'].CopyFrom(_bytes_feature_list(audio))
+  return example
+
+
+def _prototypes(rng: np.random.Generator, num_classes: int,
+                feature_sizes: Sequence[int]) -> List[np.ndarray]:
+  return [
+      rng.standard_normal((num_classes, size), dtype=np.float32) *
+      np.float32(_PROTOTYPE_STD) for size in feature_sizes
+  ]
+
+
+def _split_examples(rng: np.random.Generator, split: str, num_videos: int,
+                    num_classes: int, max_frames: int,
+                    class_log_weights: np.ndarray,
+                    prototypes: List[np.ndarray], segment_fraction: float):
+  """Yields the serialized records of one split, in order."""
+  max_length = max(max_frames + 1, int(1.5 * max_frames))
+  lengths = rng.integers(2, max_length + 1, num_videos)
+  lengths[rng.random(num_videos) < _LENGTH_ONE_FRACTION] = 1
+  if num_videos >= 2:  # Make sure both extremes occur.
+    lengths[0] = 1
+    lengths[1] = max_length
+  max_labels = min(MAX_LABELS_PER_VIDEO, num_classes)
+  probs = _NUM_LABELS_PROBS[:max_labels] / _NUM_LABELS_PROBS[:max_labels].sum()
+  num_labels = rng.choice(np.arange(1, max_labels + 1), num_videos, p=probs)
+  # Weighted sampling without replacement (Gumbel top-k).
+  keys = class_log_weights[None, :] + rng.gumbel(size=(num_videos,
+                                                       num_classes))
+  ranked = np.argsort(-keys, axis=1)[:, :max_labels]
+  has_segments = rng.random(num_videos) < segment_fraction
+  for i in range(num_videos):
+    t = int(lengths[i])
+    labels = np.sort(ranked[i, :num_labels[i]])
+    frame_labels = labels[rng.integers(0, len(labels), t)]
+    seg_labels, seg_starts, seg_scores = None, None, None
+    if has_segments[i] and t >= SEGMENT_SIZE:
+      candidates = np.arange(0, t - SEGMENT_SIZE + 1, SEGMENT_SIZE)
+      num_segments = min(len(candidates), int(rng.integers(1, 4)))
+      starts = np.sort(rng.choice(candidates, num_segments, replace=False))
+      negatives = np.setdiff1d(np.arange(num_classes), labels)
+      seg_labels, seg_starts, seg_scores = [], [], []
+      for start in starts:
+        positive = int(labels[rng.integers(0, len(labels))])
+        frame_labels[start:start + SEGMENT_SIZE] = positive
+        seg_labels.append(positive)
+        seg_starts.append(int(start))
+        seg_scores.append(1.0)
+        if len(negatives) and rng.random() < 0.7:
+          seg_labels.append(int(negatives[rng.integers(0, len(negatives))]))
+          seg_starts.append(int(start))
+          seg_scores.append(0.0)
+    features = []
+    for prototype in prototypes:
+      size = prototype.shape[1]
+      offset = rng.standard_normal(size, dtype=np.float32) * np.float32(
+          _VIDEO_OFFSET_STD)
+      noise = rng.standard_normal((t, size), dtype=np.float32)
+      noise *= np.float32(_FRAME_NOISE_STD)
+      noise += prototype[frame_labels]
+      noise += offset
+      features.append(quantize(noise))
+    example = make_sequence_example(
+        f'{split[:2]}{i:06d}', labels.tolist(), features[0], features[1],
+        seg_labels, seg_starts, seg_scores)
+    yield example.SerializeToString()
+
+
+def _shard_pattern(output_dir: str, split: str, num_shards: int) -> str:
+  return os.path.join(output_dir, f'{split}-*-of-{num_shards:05d}.tfrecord')
+
+
+def write_demo_dataset(output_dir: str,
+                       *,
+                       num_classes: int,
+                       max_frames: int,
+                       num_train_videos: int,
+                       num_validation_videos: int,
+                       num_shards: int,
+                       seed: int,
+                       segment_fraction: float,
+                       feature_sizes: Sequence[int] = (1024, 128)
+                      ) -> Dict[str, str]:
+  """Writes train and validation shards of generated data.
+
+  Args:
+    output_dir: directory (created if needed) for `train-0000i-of-0000n` and
+      `validation-...` `.tfrecord` files.
+    num_classes: number of classes (>= 2).
+    max_frames: the pipeline's max_frames; lengths run 1..1.5 x max_frames.
+    num_train_videos: videos in the train split.
+    num_validation_videos: videos in the validation split.
+    num_shards: files per split (videos split contiguously).
+    seed: random seed; the same arguments give the same bytes.
+    segment_fraction: share of videos (in [0, 1]) with segment ratings.
+    feature_sizes: (rgb, audio) widths.
+
+  Returns:
+    {'train': glob pattern, 'validation': glob pattern}.
+  """
+  feature_sizes = tuple(int(s) for s in feature_sizes)
+  if num_classes < 2:
+    raise ValueError(f'num_classes is {num_classes}; expected >= 2.')
+  if max_frames < 1:
+    raise ValueError(f'max_frames is {max_frames}; expected >= 1.')
+  if num_train_videos < 1 or num_validation_videos < 1:
+    raise ValueError(
+        f'num_train_videos ({num_train_videos}) and num_validation_videos '
+        f'({num_validation_videos}) must be >= 1.')
+  if num_shards < 1:
+    raise ValueError(f'num_shards is {num_shards}; expected >= 1.')
+  if not 0.0 <= segment_fraction <= 1.0:
+    raise ValueError(f'segment_fraction is {segment_fraction}; expected a '
+                     'value in [0, 1].')
+  if len(feature_sizes) != 2 or min(feature_sizes) < 1:
+    raise ValueError(f'feature_sizes is {feature_sizes}; expected positive '
+                     '(rgb, audio) widths.')
+  tf.io.gfile.makedirs(output_dir)
+  base = np.random.default_rng([seed, 0])
+  prototypes = _prototypes(base, num_classes, feature_sizes)
+  class_log_weights = -0.5 * np.log(base.permutation(num_classes) + 1.0)
+  counts = {'train': num_train_videos, 'validation': num_validation_videos}
+  patterns = {}
+  for split_id, split in enumerate(_SPLITS, start=1):
+    rng = np.random.default_rng([seed, split_id])
+    records = _split_examples(rng, split, counts[split], num_classes,
+                              max_frames, class_log_weights, prototypes,
+                              segment_fraction)
+    bounds = np.linspace(0, counts[split], num_shards + 1).astype(int)
+    for shard in range(num_shards):
+      path = os.path.join(
+          output_dir, f'{split}-{shard:05d}-of-{num_shards:05d}.tfrecord')
+      with tf.io.TFRecordWriter(path) as writer:
+        for _ in range(bounds[shard + 1] - bounds[shard]):
+          writer.write(next(records))
+    patterns[split] = _shard_pattern(output_dir, split, num_shards)
+  return patterns
+
+
+def _cache_root(cache_dir: str) -> str:
+  if cache_dir:
+    return cache_dir
+  if os.environ.get('OFFICIAL_EXT_CACHE'):
+    return os.environ['OFFICIAL_EXT_CACHE']
+  return os.path.join(os.path.expanduser('~'), '.cache', 'official_ext')
+
+
+def demo_data_params(task_config: configs.YT8MTask) -> Dict[str, object]:
+  """Every parameter that determines the generated data (and its cache key).
+
+  Raises:
+    ValueError: naming the config key that the generator cannot honour.
+  """
+  train, val = task_config.train_data, task_config.validation_data
+  for key, data in (('task.train_data', train), ('task.validation_data', val)):
+    if tuple(data.feature_names) != ('rgb', 'audio'):
+      raise ValueError(f'{key}.feature_names is {tuple(data.feature_names)}; '
+                       "demo data has ('rgb', 'audio').")
+    if tuple(data.feature_dtypes) != ('uint8', 'uint8') or not all(
+        data.feature_from_bytes):
+      raise ValueError(f'{key}.feature_dtypes / feature_from_bytes: demo data '
+                       'is uint8 stored as bytes.')
+  if tuple(val.feature_sizes) != tuple(train.feature_sizes):
+    raise ValueError(
+        f'task.validation_data.feature_sizes {tuple(val.feature_sizes)} '
+        'differs from task.train_data.feature_sizes '
+        f'{tuple(train.feature_sizes)}.')
+  demo = task_config.demo_data
+  return {
+      'format_version': FORMAT_VERSION,
+      'num_classes': int(train.num_classes),
+      'max_frames': int(train.max_frames),
+      'feature_sizes': [int(s) for s in train.feature_sizes],
+      'num_train_videos': int(demo.num_train_videos),
+      'num_validation_videos': int(demo.num_validation_videos),
+      'num_shards': int(demo.num_shards),
+      'seed': int(demo.seed),
+      'segment_fraction': float(demo.segment_fraction),
+  }
+
+
+def ensure_demo_data(task_config: configs.YT8MTask) -> Tuple[str, str]:
+  """Generates the demo data once (cached) and returns its file patterns.
+
+  The data lives in `<cache>/yt8m_demo/<hash of demo_data_params>`, with
+  `<cache>` = `task.demo_data.cache_dir`, else $OFFICIAL_EXT_CACHE, else
+  ~/.cache/official_ext. It is written to a temporary directory next to it and
+  renamed into place, so concurrent processes never see partial data (the
+  first rename wins; the others discard their copy).
+
+  Args:
+    task_config: the `YT8MTask` config.
+
+  Returns:
+    (train glob pattern, validation glob pattern).
+
+  Raises:
+    ValueError: `task.demo_data.enabled` is False, or a data config key does
+      not fit the generator.
+  """
+  if not task_config.demo_data.enabled:
+    raise ValueError('task.demo_data.enabled is False: demo data is generated '
+                     'only when it is True (or set task.train_data.input_path '
+                     'and task.validation_data.input_path).')
+  params = demo_data_params(task_config)
+  key = hashlib.sha256(
+      json.dumps(params, sort_keys=True).encode('utf-8')).hexdigest()[:16]
+  root = os.path.join(_cache_root(task_config.demo_data.cache_dir),
+                      'yt8m_demo')
+  final_dir = os.path.join(root, key)
+  if not os.path.exists(os.path.join(final_dir, _COMPLETE_MARKER)):
+    os.makedirs(root, exist_ok=True)
+    tmp_dir = tempfile.mkdtemp(prefix=f'.{key}.tmp-', dir=root)
+    try:
+      logging.info('Generating YT8M demo data %s into %s', params, final_dir)
+      write_demo_dataset(
+          tmp_dir,
+          num_classes=params['num_classes'],
+          max_frames=params['max_frames'],
+          num_train_videos=params['num_train_videos'],
+          num_validation_videos=params['num_validation_videos'],
+          num_shards=params['num_shards'],
+          seed=params['seed'],
+          segment_fraction=params['segment_fraction'],
+          feature_sizes=params['feature_sizes'])
+      with open(os.path.join(tmp_dir, _COMPLETE_MARKER), 'w') as f:
+        json.dump(params, f, sort_keys=True)
+      try:
+        os.rename(tmp_dir, final_dir)
+      except OSError:
+        # Another process renamed its copy first (or a stale incomplete
+        # directory is in the way).
+        if not os.path.exists(os.path.join(final_dir, _COMPLETE_MARKER)):
+          shutil.rmtree(final_dir, ignore_errors=True)
+          os.rename(tmp_dir, final_dir)
+    finally:
+      if os.path.exists(tmp_dir):
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+  num_shards = params['num_shards']
+  return (_shard_pattern(final_dir, 'train', num_shards),
+          _shard_pattern(final_dir, 'validation', num_shards))
+
+
+# ---------------------------------------------------------------------------
+# CLI.
+# ---------------------------------------------------------------------------
+
+
+def _define_flags() -> None:
+  task = configs.yt8m_demo().task
+  flags.DEFINE_string('output_dir', None, 'Directory for the shards.')
+  flags.DEFINE_integer('num_classes', task.train_data.num_classes,
+                       'Number of classes.')
+  flags.DEFINE_integer('max_frames', task.train_data.max_frames,
+                       'Pipeline max_frames (lengths go to 1.5x).')
+  flags.DEFINE_integer('num_train_videos', task.demo_data.num_train_videos,
+                       'Train videos.')
+  flags.DEFINE_integer('num_validation_videos',
+                       task.demo_data.num_validation_videos,
+                       'Validation videos.')
+  flags.DEFINE_integer('num_shards', task.demo_data.num_shards,
+                       'Files per split.')
+  flags.DEFINE_integer('seed', task.demo_data.seed, 'Random seed.')
+  flags.DEFINE_float('segment_fraction', task.demo_data.segment_fraction,
+                     'Share of videos with segment ratings.')
+  flags.mark_flag_as_required('output_dir')
+
+
+def main(argv: List[str]) -> None:
+  del argv
+  f = flags.FLAGS
+  patterns = write_demo_dataset(
+      f.output_dir,
+      num_classes=f.num_classes,
+      max_frames=f.max_frames,
+      num_train_videos=f.num_train_videos,
+      num_validation_videos=f.num_validation_videos,
+      num_shards=f.num_shards,
+      seed=f.seed,
+      segment_fraction=f.segment_fraction)
+  print(f"train: {patterns['train']}")
+  print(f"validation: {patterns['validation']}")
+
+
+if __name__ == '__main__':
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,144 @@
+"""Straightforward reference implementation of the YouTube-8M metrics.
+
+Plain Python loops over videos and classes with `sorted`, written to be
+obviously correct rather than fast. It implements exactly the definitions in
+the docstring of `official_ext.yt8m.metrics` and serves as the oracle for the
+vectorized `metrics.evaluate` in tests and benchmarks. Use it only on small
+inputs (it is O(N * C log C) Python operations).
+"""
+import math
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+
+def _average_precision(pairs: List[Tuple[float, bool]],
+                       num_positives: int) -> float:
+  """Tie-aware non-interpolated AP.
+
+  Args:
+    pairs: (score, is_positive) pairs, any order.
+    num_positives: the denominator (all positives in the data, including
+      those that are not among `pairs`).
+
+  Returns:
+    sum over positive pairs of the precision at the end of the pair's tie
+    group (all pairs with equal score), divided by num_positives; 0.0 when
+    num_positives is 0.
+  """
+  if num_positives == 0:
+    return 0.0
+  ranked = sorted(pairs, key=lambda pair: -pair[0])
+  total = 0.0
+  positives_seen = 0
+  i = 0
+  while i < len(ranked):
+    # [i, j) is one tie group.
+    j = i
+    while j < len(ranked) and ranked[j][0] == ranked[i][0]:
+      j += 1
+    group_positives = sum(1 for _, is_pos in ranked[i:j] if is_pos)
+    positives_seen += group_positives
+    precision_at_group_end = positives_seen / j  # j pairs ranked so far
+    total += group_positives * precision_at_group_end
+    i = j
+  return total / num_positives
+
+
+def evaluate_reference(predictions, labels, top_k: int = 20,
+                       label_weights=None) -> Dict[str, object]:
+  """Per-video / per-class reference of `metrics.evaluate`.
+
+  Args:
+    predictions: [N, C] float scores.
+    labels: [N, C] ground truth; a value > 0 is a positive.
+    top_k: predictions per video pooled into gap / map.
+    label_weights: optional [N, C]; weight 0 excludes that (video, class).
+
+  Returns:
+    dict of python floats `hit_at_one`, `perr`, `gap`, `map`,
+    `map_all_classes` and python int `num_videos`.
+
+  Raises:
+    ValueError: on shape mismatch, C == 0, top_k < 1 or NaN predictions.
+  """
+  predictions = np.asarray(predictions, dtype=np.float64)
+  labels = np.asarray(labels)
+  if (predictions.ndim != 2 or labels.ndim != 2 or
+      predictions.shape != labels.shape):
+    raise ValueError(
+        'predictions and labels must both be 2-D [N, C] arrays of equal '
+        f'shape; got predictions shape {predictions.shape} and labels shape '
+        f'{labels.shape}.')
+  num_videos, num_classes = predictions.shape
+  if label_weights is None:
+    label_weights = np.ones(predictions.shape)
+  label_weights = np.asarray(label_weights)
+  if label_weights.shape != predictions.shape:
+    raise ValueError(
+        f'label_weights shape {label_weights.shape} must equal predictions '
+        f'shape {predictions.shape}.')
+  if num_classes < 1:
+    raise ValueError(f'num_classes must be positive, got {num_classes}.')
+  if top_k < 1:
+    raise ValueError(f'top_k must be positive, got {top_k}.')
+
+  class_positives = [0] * num_classes
+  pooled = []  # (score, is_positive, class_id) of every video's top-k
+  hits_at_one = 0
+  perr_sum = 0.0
+  for v in range(num_videos):
+    scores = []
+    positives = set()
+    for c in range(num_classes):
+      score = float(predictions[v, c])
+      if math.isnan(score):
+        raise ValueError('predictions contain NaN.')
+      if label_weights[v, c] == 0:  # not rated: masked out
+        scores.append(-math.inf)
+      else:
+        scores.append(score)
+        if labels[v, c] > 0:
+          positives.add(c)
+    for c in positives:
+      class_positives[c] += 1
+
+    # Best first; ties -> lower class id.
+    ranked = sorted(range(num_classes), key=lambda c: (-scores[c], c))
+
+    if ranked[0] in positives:
+      hits_at_one += 1
+
+    k_v = len(positives)
+    if k_v > 0:
+      hits = sum(1 for c in ranked[:k_v] if scores[c] > 0 and c in positives)
+      perr_sum += hits / k_v
+
+    for c in ranked[:top_k]:
+      if scores[c] != -math.inf:
+        pooled.append((scores[c], c in positives, c))
+
+  total_positives = sum(class_positives)
+  gap = _average_precision([(s, p) for s, p, _ in pooled], total_positives)
+
+  pairs_by_class = {c: [] for c in range(num_classes)}
+  for s, p, c in pooled:
+    pairs_by_class[c].append((s, p))
+  per_class_ap = [
+      _average_precision(pairs_by_class[c], class_positives[c])
+      for c in range(num_classes)
+  ]
+  rated_classes = [c for c in range(num_classes) if class_positives[c] > 0]
+  if rated_classes:
+    mean_ap = sum(per_class_ap[c] for c in rated_classes) / len(rated_classes)
+  else:
+    mean_ap = 0.0
+
+  return {
+      'hit_at_one': hits_at_one / num_videos if num_videos else 0.0,
+      'perr': perr_sum / num_videos if num_videos else 0.0,
+      'gap': float(gap),
+      'map': float(mean_ap),
+      'map_all_classes': float(sum(per_class_ap) / num_classes),
+      'num_videos': int(num_videos),
+  }

@@ -1,0 +1,170 @@
+"""Deep Bag of Frames (DBoF) backbone for YouTube-8M frame features."""
+from typing import Any, Mapping, Optional
+
+import tensorflow as tf, tf_keras
+
+from official_ext.yt8m.modeling import layers as yt8m_layers
+
+POOLING_METHODS = ('average', 'max', 'swap', 'none')
+
+
+class Dbof(tf_keras.layers.Layer):
+  """DBoF: per-frame cluster layer, pooling over valid frames, hidden layer.
+
+  inputs [batch, frames, features] float
+    -> L2 normalize per frame -> (batch norm over valid frames)
+    -> cluster dense [features, cluster_size] -> (batch norm) -> activation
+    -> (context gate) -> pool over the valid frames (`pooling_method`)
+    -> hidden dense [cluster_size, hidden_size] -> (batch norm) -> activation
+  Output: [batch, hidden_size]; with pooling 'none' the frames are kept:
+  [batch, frames, hidden_size].
+
+  Batch-norm statistics and pooling use only the valid frames
+  (`num_frames`), so zero padding never leaks into the model.
+  """
+
+  def __init__(self,
+               cluster_size: int = 3000,
+               hidden_size: int = 2000,
+               add_batch_norm: bool = True,
+               pooling_method: str = 'average',
+               use_context_gate_cluster_layer: bool = False,
+               context_gate_cluster_bottleneck_size: int = 0,
+               activation: str = 'relu',
+               norm_momentum: float = 0.99,
+               norm_epsilon: float = 1e-3,
+               use_sync_bn: bool = False,
+               kernel_regularizer: Optional[Any] = None,
+               **kwargs):
+    """Initializes the backbone.
+
+    Args:
+      cluster_size: width of the per-frame cluster layer; 0 skips it.
+      hidden_size: width of the hidden layer after pooling.
+      add_batch_norm: batch norm on input, cluster and hidden activations
+        (otherwise learned biases).
+      pooling_method: one of 'average', 'max', 'swap', 'none'.
+      use_context_gate_cluster_layer: context gating after the cluster layer.
+      context_gate_cluster_bottleneck_size: bottleneck of that gate.
+      activation: activation name (Model Garden's `tf_utils.get_activation`).
+      norm_momentum: batch norm momentum.
+      norm_epsilon: batch norm epsilon.
+      use_sync_bn: synchronized batch norm across replicas.
+      kernel_regularizer: regularizer of the dense kernels.
+      **kwargs: tf_keras.layers.Layer arguments.
+    """
+    super().__init__(**kwargs)
+    if pooling_method not in POOLING_METHODS:
+      raise ValueError(
+          f'task.model.backbone.dbof.pooling_method={pooling_method!r}; '
+          f'expected one of {POOLING_METHODS}.')
+    self._config = dict(
+        cluster_size=cluster_size,
+        hidden_size=hidden_size,
+        add_batch_norm=add_batch_norm,
+        pooling_method=pooling_method,
+        use_context_gate_cluster_layer=use_context_gate_cluster_layer,
+        context_gate_cluster_bottleneck_size=context_gate_cluster_bottleneck_size,
+        activation=activation,
+        norm_momentum=norm_momentum,
+        norm_epsilon=norm_epsilon,
+        use_sync_bn=use_sync_bn)
+    self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+    self._activation_fn = yt8m_layers.get_activation(activation)
+
+  def _norm(self, name):
+    return tf_keras.layers.BatchNormalization(
+        momentum=self._config['norm_momentum'],
+        epsilon=self._config['norm_epsilon'],
+        synchronized=self._config['use_sync_bn'],
+        name=name)
+
+  def build(self, input_shape):
+    c = self._config
+    feature_size = int(input_shape[-1])
+    self._input_bn = self._cluster_bn = self._hidden_bn = None
+    self._cluster_dense = None
+    if c['add_batch_norm']:
+      self._input_bn = self._norm('input_bn')
+      if c['cluster_size'] > 0:
+        self._cluster_bn = self._norm('cluster_bn')
+      self._hidden_bn = self._norm('hidden_bn')
+    if c['cluster_size'] > 0:
+      self._cluster_dense = tf_keras.layers.Dense(
+          c['cluster_size'],
+          use_bias=not c['add_batch_norm'],
+          kernel_regularizer=self._kernel_regularizer,
+          kernel_initializer=tf_keras.initializers.RandomNormal(
+              stddev=feature_size ** -0.5),
+          name='cluster_dense')
+    pooled_size = c['cluster_size'] if c['cluster_size'] > 0 else feature_size
+    self._context_gate = None
+    if c['use_context_gate_cluster_layer']:
+      self._context_gate = yt8m_layers.ContextGate(
+          bottleneck_size=c['context_gate_cluster_bottleneck_size'],
+          use_batch_norm=c['add_batch_norm'],
+          norm_momentum=c['norm_momentum'],
+          norm_epsilon=c['norm_epsilon'],
+          use_sync_bn=c['use_sync_bn'],
+          kernel_regularizer=self._kernel_regularizer,
+          name='context_gate_cluster')
+    self._hidden_dense = tf_keras.layers.Dense(
+        c['hidden_size'],
+        use_bias=not c['add_batch_norm'],
+        kernel_regularizer=self._kernel_regularizer,
+        kernel_initializer=tf_keras.initializers.RandomNormal(
+            stddev=pooled_size ** -0.5),
+        name='hidden_dense')
+    super().build(input_shape)
+
+  def call(self, inputs: tf.Tensor, num_frames: Optional[tf.Tensor] = None,
+           training=None) -> tf.Tensor:
+    """Runs the backbone.
+
+    Args:
+      inputs: float [batch, frames, features] dequantized frame features.
+      num_frames: optional int [batch] (or [batch, 1]) valid frame counts;
+        None means every frame is valid.
+      training: training mode (batch norm statistics).
+
+    Returns:
+      [batch, hidden_size], or [batch, frames, hidden_size] for pooling
+      'none'.
+    """
+    c = self._config
+    max_frames = tf.shape(inputs)[1]
+    seq_mask = None
+    if num_frames is not None:
+      seq_mask = tf.sequence_mask(
+          tf.reshape(num_frames, [-1]), max_frames, dtype=tf.bool)
+    x = tf.nn.l2_normalize(tf.cast(inputs, tf.float32), axis=-1)
+    if self._input_bn is not None:
+      x = self._input_bn(x, training=training, mask=seq_mask)
+    if self._cluster_dense is not None:
+      x = self._cluster_dense(x)
+      if self._cluster_bn is not None:
+        x = self._cluster_bn(x, training=training, mask=seq_mask)
+    x = self._activation_fn(x)
+    if self._context_gate is not None:
+      x = self._context_gate(x, training=training)
+    if c['pooling_method'] != 'none':
+      mask = None
+      if seq_mask is not None:
+        mask = tf.cast(seq_mask, x.dtype)[:, :, tf.newaxis]
+      x = yt8m_layers.pool_frames(x, c['pooling_method'], mask)
+      x = self._hidden_dense(x)
+      if self._hidden_bn is not None:
+        x = self._hidden_bn(x, training=training)
+    else:
+      x = self._hidden_dense(x)
+      if self._hidden_bn is not None:
+        x = self._hidden_bn(x, training=training, mask=seq_mask)
+    return self._activation_fn(x)
+
+  def get_config(self) -> Mapping[str, Any]:
+    config = super().get_config()
+    config.update(self._config)
+    config['kernel_regularizer'] = (
+        tf_keras.regularizers.serialize(self._kernel_regularizer)
+        if self._kernel_regularizer else None)
+    return config

@@ -1,0 +1,134 @@
+"""Video-level classification heads: mixture of experts and logistic."""
+from typing import Any, Dict, Mapping, Optional
+
+import tensorflow as tf, tf_keras
+
+from official_ext.yt8m.modeling import layers as yt8m_layers
+
+
+class MoeHead(tf_keras.layers.Layer):
+  """A per-class softmax over `num_mixtures` logistic experts (+ a dummy).
+
+  p(class) = sum_m softmax(gate)[m] * sigmoid(expert[m]) over the real
+  experts; the dummy (+1) gate always predicts 0.
+
+  With `use_output_context_gate` the probabilities are gated,
+  p <- p * sigmoid(BN(W p + b)), and the gated value IS the output (Model
+  Garden 2.20 builds this gate but returns the ungated probabilities).
+  """
+
+  def __init__(self,
+               num_classes: int,
+               num_mixtures: int = 5,
+               use_input_context_gate: bool = False,
+               use_output_context_gate: bool = False,
+               vocab_as_last_dim: bool = False,
+               norm_momentum: float = 0.99,
+               norm_epsilon: float = 1e-3,
+               use_sync_bn: bool = False,
+               kernel_regularizer: Optional[Any] = None,
+               **kwargs):
+    """Initializes the head.
+
+    Args:
+      num_classes: number of classes C.
+      num_mixtures: experts per class M.
+      use_input_context_gate: context gate on the input features.
+      use_output_context_gate: context gate on the output probabilities.
+      vocab_as_last_dim: lay activations out as [batch, M, C] (else
+        [batch * C, M]); same math.
+      norm_momentum: batch norm momentum of the context gates.
+      norm_epsilon: batch norm epsilon of the context gates.
+      use_sync_bn: synchronized batch norm in the context gates.
+      kernel_regularizer: regularizer of the dense kernels.
+      **kwargs: tf_keras.layers.Layer arguments.
+    """
+    super().__init__(**kwargs)
+    self._config = dict(
+        num_classes=num_classes, num_mixtures=num_mixtures,
+        use_input_context_gate=use_input_context_gate,
+        use_output_context_gate=use_output_context_gate,
+        vocab_as_last_dim=vocab_as_last_dim, norm_momentum=norm_momentum,
+        norm_epsilon=norm_epsilon, use_sync_bn=use_sync_bn)
+    self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+    gate_kwargs = dict(norm_momentum=norm_momentum, norm_epsilon=norm_epsilon,
+                       use_sync_bn=use_sync_bn,
+                       kernel_regularizer=self._kernel_regularizer)
+    self._input_context_gate = (
+        yt8m_layers.ContextGate(name='input_context_gate', **gate_kwargs)
+        if use_input_context_gate else None)
+    self._output_context_gate = (
+        yt8m_layers.ContextGate(name='output_context_gate', **gate_kwargs)
+        if use_output_context_gate else None)
+    self._gate_dense = tf_keras.layers.Dense(
+        num_classes * (num_mixtures + 1), use_bias=False,
+        kernel_regularizer=self._kernel_regularizer, name='gate')
+    self._expert_dense = tf_keras.layers.Dense(
+        num_classes * num_mixtures,
+        kernel_regularizer=self._kernel_regularizer, name='expert')
+
+  def call(self, inputs: tf.Tensor, training=None) -> Dict[str, tf.Tensor]:
+    """Args: inputs [batch, features]. Returns {'predictions': [batch, C]}."""
+    c = self._config
+    num_classes, num_mixtures = c['num_classes'], c['num_mixtures']
+    if self._input_context_gate is not None:
+      inputs = self._input_context_gate(inputs, training=training)
+    gates = tf.cast(self._gate_dense(inputs), tf.float32)
+    experts = tf.cast(self._expert_dense(inputs), tf.float32)
+    if c['vocab_as_last_dim']:
+      gates = tf.reshape(gates, [-1, num_mixtures + 1, num_classes])
+      experts = tf.reshape(experts, [-1, num_mixtures, num_classes])
+      axis = 1
+    else:
+      gates = tf.reshape(gates, [-1, num_classes, num_mixtures + 1])
+      experts = tf.reshape(experts, [-1, num_classes, num_mixtures])
+      axis = 2
+    gating = tf.nn.softmax(gates, axis=axis)
+    if c['vocab_as_last_dim']:
+      gating = gating[:, :num_mixtures, :]
+    else:
+      gating = gating[:, :, :num_mixtures]
+    probabilities = tf.reduce_sum(gating * tf.sigmoid(experts), axis=axis)
+    probabilities = tf.reshape(probabilities, [-1, num_classes])
+    if self._output_context_gate is not None:
+      probabilities = self._output_context_gate(
+          tf.cast(probabilities, self.compute_dtype), training=training)
+    return {'predictions': tf.cast(probabilities, tf.float32)}
+
+  def get_config(self) -> Mapping[str, Any]:
+    config = super().get_config()
+    config.update(self._config)
+    config['kernel_regularizer'] = (
+        tf_keras.regularizers.serialize(self._kernel_regularizer)
+        if self._kernel_regularizer else None)
+    return config
+
+
+class LogisticHead(tf_keras.layers.Layer):
+  """One dense layer + sigmoid per class."""
+
+  def __init__(self, num_classes: int, return_logits: bool = False,
+               kernel_regularizer: Optional[Any] = None, **kwargs):
+    """Args: num_classes C; return_logits also returns 'logits' [batch, C]."""
+    super().__init__(**kwargs)
+    self._config = dict(num_classes=num_classes, return_logits=return_logits)
+    self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+    self._dense = tf_keras.layers.Dense(
+        num_classes, kernel_regularizer=self._kernel_regularizer,
+        name='logits')
+
+  def call(self, inputs: tf.Tensor, training=None) -> Dict[str, tf.Tensor]:
+    """Args: inputs [batch, features]. Returns {'predictions': [batch, C]}."""
+    logits = tf.cast(self._dense(inputs), tf.float32)
+    outputs = {'predictions': tf.sigmoid(logits)}
+    if self._config['return_logits']:
+      outputs['logits'] = logits
+    return outputs
+
+  def get_config(self) -> Mapping[str, Any]:
+    config = super().get_config()
+    config.update(self._config)
+    config['kernel_regularizer'] = (
+        tf_keras.regularizers.serialize(self._kernel_regularizer)
+        if self._kernel_regularizer else None)
+    return config

@@ -1,0 +1,137 @@
+"""Layers of the YouTube-8M models: context gating and masked frame pooling."""
+from typing import Any, Mapping, Optional
+
+import tensorflow as tf, tf_keras
+
+from official.modeling import tf_utils
+
+
+def frame_mask(num_frames: Optional[tf.Tensor], max_frames: tf.Tensor,
+               dtype: tf.DType) -> Optional[tf.Tensor]:
+  """Returns a [batch, max_frames, 1] mask of valid frames, or None.
+
+  Args:
+    num_frames: int [batch] true frame counts, or None (all frames valid).
+    max_frames: int scalar, the padded frame axis length.
+    dtype: dtype of the returned mask.
+  """
+  if num_frames is None:
+    return None
+  mask = tf.sequence_mask(tf.reshape(num_frames, [-1]), max_frames, dtype=dtype)
+  return mask[:, :, tf.newaxis]
+
+
+def _large_negative(dtype: tf.DType) -> float:
+  return float(dtype.min) if dtype in (tf.float16, tf.bfloat16) else -1e9
+
+
+def pool_frames(frames: tf.Tensor, method: str,
+                mask: Optional[tf.Tensor] = None) -> tf.Tensor:
+  """Pools `frames` [batch, frames, features] over the valid frames.
+
+  Args:
+    frames: [batch, max_frames, features] per-frame activations.
+    method: 'average' (mean of valid frames), 'max' (max of valid frames) or
+      'swap' (self-weighted average: sum x|x| / sum |x| per feature, as in
+      Model Garden's `frame_swap`).
+    mask: optional [batch, max_frames, 1] 0/1 mask of valid frames, same dtype
+      as `frames`. None: all frames are valid.
+
+  Returns:
+    [batch, features].
+  """
+  if method == 'average':
+    if mask is None:
+      return tf.reduce_mean(frames, axis=1)
+    return tf.math.divide_no_nan(
+        tf.reduce_sum(frames * mask, axis=1), tf.reduce_sum(mask, axis=1))
+  if method == 'max':
+    if mask is not None:
+      frames = tf.where(mask > 0, frames,
+                        tf.cast(_large_negative(frames.dtype), frames.dtype))
+    return tf.reduce_max(frames, axis=1)
+  if method == 'swap':
+    weights = tf.abs(frames)
+    if mask is not None:
+      weights *= mask
+    return tf.math.divide_no_nan(
+        tf.reduce_sum(weights * frames, axis=1), tf.reduce_sum(weights, axis=1))
+  raise ValueError(
+      f'Unknown pooling method {method!r}; expected one of average, max, swap '
+      '(or none, handled by the model).')
+
+
+class ContextGate(tf_keras.layers.Layer):
+  """Context gating (Miech et al., 2017): y = x * sigmoid(BN(W x + b)).
+
+  The gate is linear -> (batch norm) -> sigmoid, as in the YouTube-8M
+  starter code's `context_gating`; Model Garden 2.20 normalizes after the
+  sigmoid instead, which lets the "gate" leave [0, 1].
+
+  Input/output: [..., features]; the gate acts on the last axis. With
+  `bottleneck_size >= 2` the gate is factorized as
+  features -> bottleneck (relu6, batch norm) -> features.
+  """
+
+  def __init__(self,
+               bottleneck_size: int = 0,
+               use_batch_norm: bool = True,
+               norm_momentum: float = 0.99,
+               norm_epsilon: float = 1e-3,
+               use_sync_bn: bool = False,
+               kernel_regularizer: Optional[Any] = None,
+               **kwargs):
+    super().__init__(**kwargs)
+    self._bottleneck_size = bottleneck_size
+    self._use_batch_norm = use_batch_norm
+    self._norm_momentum = norm_momentum
+    self._norm_epsilon = norm_epsilon
+    self._use_sync_bn = use_sync_bn
+    self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+
+  def _norm(self, name):
+    return tf_keras.layers.BatchNormalization(
+        momentum=self._norm_momentum, epsilon=self._norm_epsilon,
+        synchronized=self._use_sync_bn, name=name)
+
+  def build(self, input_shape):
+    features = int(input_shape[-1])
+    self._bottleneck = None
+    if self._bottleneck_size >= 2:
+      self._bottleneck = tf_keras.layers.Dense(
+          self._bottleneck_size, activation='relu6',
+          kernel_regularizer=self._kernel_regularizer, name='bottleneck')
+      self._bottleneck_norm = (self._norm('bottleneck_norm')
+                               if self._use_batch_norm else None)
+    self._gates = tf_keras.layers.Dense(
+        features, use_bias=not self._use_batch_norm,
+        kernel_regularizer=self._kernel_regularizer, name='gates')
+    self._gates_norm = self._norm('gates_norm') if self._use_batch_norm else None
+    super().build(input_shape)
+
+  def call(self, inputs, training=None):
+    context = inputs
+    if self._bottleneck is not None:
+      context = self._bottleneck(context)
+      if self._bottleneck_norm is not None:
+        context = self._bottleneck_norm(context, training=training)
+    gates = self._gates(context)
+    if self._gates_norm is not None:
+      gates = self._gates_norm(gates, training=training)
+    return inputs * tf.sigmoid(gates)
+
+  def get_config(self) -> Mapping[str, Any]:
+    config = super().get_config()
+    config.update(
+        bottleneck_size=self._bottleneck_size,
+        use_batch_norm=self._use_batch_norm,
+        norm_momentum=self._norm_momentum,
+        norm_epsilon=self._norm_epsilon,
+        use_sync_bn=self._use_sync_bn,
+        kernel_regularizer=tf_keras.regularizers.serialize(
+            self._kernel_regularizer) if self._kernel_regularizer else None)
+    return config
+
+
+def get_activation(name: str):
+  return tf_utils.get_activation(name)

@@ -1,0 +1,130 @@
+"""The YouTube-8M video classification model: DBoF backbone + head."""
+from typing import Any, Dict, Mapping, Optional, Union
+
+import tensorflow as tf, tf_keras
+
+from official_ext.yt8m import configs
+from official_ext.yt8m.modeling import dbof
+from official_ext.yt8m.modeling import heads
+
+ModelConfig = Union[configs.VideoClassificationModel, Mapping[str, Any]]
+
+
+def _as_config(model_config: ModelConfig) -> configs.VideoClassificationModel:
+  if isinstance(model_config, configs.VideoClassificationModel):
+    return model_config
+  config = configs.VideoClassificationModel()
+  config.override(dict(model_config), is_strict=True)
+  return config
+
+
+class VideoClassificationModel(tf_keras.Model):
+  """Frame features -> video-level class probabilities.
+
+  Call: `model(inputs, num_frames=None, training=None)` with
+    inputs: float32 [batch, frames, features] dequantized frame features;
+    num_frames: int [batch] valid frames per video (None: all valid).
+  Returns {'predictions': float32 [batch, num_classes] probabilities}
+  (the logistic head with `return_logits` adds 'logits').
+
+  With pooling 'none' the hidden layer and head run on every frame and
+  'predictions' is the mean of the per-frame probabilities over the valid
+  frames ('frame_predictions' [batch, frames, num_classes] is returned too).
+
+  Variables are named `backbone/...` and `head/...` (checkpoint items
+  `backbone` and `head`).
+  """
+
+  def __init__(self,
+               model_config: ModelConfig,
+               num_classes: int,
+               input_feature_size: int = 1152,
+               l2_weight_decay: Optional[float] = None,
+               **kwargs):
+    """Builds the model.
+
+    Args:
+      model_config: `configs.VideoClassificationModel` or its dict.
+      num_classes: number of classes.
+      input_feature_size: per-frame feature width (1152 = rgb + audio).
+      l2_weight_decay: L2 weight decay of the dense kernels (added to
+        `model.losses` as decay / 2 * sum(w^2), i.e. tf.nn.l2_loss scaled).
+      **kwargs: tf_keras.Model arguments.
+    """
+    super().__init__(**kwargs)
+    params = _as_config(model_config)
+    self._params = params
+    self._config_dict = dict(
+        model_config=params.as_dict(), num_classes=num_classes,
+        input_feature_size=input_feature_size, l2_weight_decay=l2_weight_decay)
+    regularizer = (tf_keras.regularizers.l2(l2_weight_decay / 2.0)
+                   if l2_weight_decay else None)
+    norm = params.norm_activation
+    norm_kwargs = dict(norm_momentum=norm.norm_momentum,
+                       norm_epsilon=norm.norm_epsilon,
+                       use_sync_bn=norm.use_sync_bn)
+    if params.backbone.type != 'dbof':
+      raise ValueError(
+          f'task.model.backbone.type={params.backbone.type!r}; expected dbof.')
+    backbone_cfg = params.backbone.dbof
+    self._pooling = backbone_cfg.pooling_method
+    self.backbone = dbof.Dbof(
+        activation=norm.activation, kernel_regularizer=regularizer,
+        name='backbone', **backbone_cfg.as_dict(), **norm_kwargs)
+    if params.head.type == 'moe':
+      self.head = heads.MoeHead(
+          num_classes=num_classes, kernel_regularizer=regularizer,
+          name='head', **params.head.moe.as_dict(), **norm_kwargs)
+    elif params.head.type == 'logistic':
+      self.head = heads.LogisticHead(
+          num_classes=num_classes, kernel_regularizer=regularizer,
+          name='head', **params.head.logistic.as_dict())
+    else:
+      raise ValueError(f'task.model.head.type={params.head.type!r}; expected '
+                       'moe or logistic.')
+    self._num_classes = num_classes
+    self._input_feature_size = input_feature_size
+
+  def call(self, inputs: tf.Tensor, num_frames: Optional[tf.Tensor] = None,
+           training=None) -> Dict[str, tf.Tensor]:
+    features = self.backbone(inputs, num_frames=num_frames, training=training)
+    if self._pooling != 'none':
+      return self.head(features, training=training)
+    batch = tf.shape(features)[0]
+    frames = tf.shape(features)[1]
+    flat = tf.reshape(features, [batch * frames, features.shape[-1]])
+    outputs = self.head(flat, training=training)
+    per_frame = tf.reshape(outputs['predictions'],
+                           [batch, frames, self._num_classes])
+    if num_frames is None:
+      pooled = tf.reduce_mean(per_frame, axis=1)
+    else:
+      mask = tf.sequence_mask(tf.reshape(num_frames, [-1]), frames,
+                              dtype=per_frame.dtype)[:, :, tf.newaxis]
+      pooled = tf.math.divide_no_nan(tf.reduce_sum(per_frame * mask, axis=1),
+                                     tf.reduce_sum(mask, axis=1))
+    return {'predictions': pooled, 'frame_predictions': per_frame}
+
+  def get_config(self) -> Dict[str, Any]:
+    return dict(self._config_dict)
+
+  @classmethod
+  def from_config(cls, config, custom_objects=None):
+    return cls(**config)
+
+  @property
+  def checkpoint_items(self) -> Dict[str, Any]:
+    return dict(backbone=self.backbone, head=self.head)
+
+
+def build_model(model_config: ModelConfig, num_classes: int,
+                input_feature_size: int,
+                l2_weight_decay: Optional[float] = None
+                ) -> VideoClassificationModel:
+  """Builds the model and creates its variables with a symbolic call."""
+  model = VideoClassificationModel(
+      model_config, num_classes=num_classes,
+      input_feature_size=input_feature_size, l2_weight_decay=l2_weight_decay)
+  model(tf.zeros([1, 1, input_feature_size], tf.float32),
+        num_frames=tf.ones([1], tf.int32), training=False)
+  return model

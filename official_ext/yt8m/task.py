@@ -1,0 +1,240 @@
+"""The YouTube-8M video classification task (`YT8MTask`)."""
+from typing import Any, Dict, List, Optional
+
+from absl import logging
+import numpy as np
+import tensorflow as tf, tf_keras
+
+from official.core import base_task
+from official.core import task_factory
+from official.modeling import tf_utils
+from official_ext.core import gradients
+from official_ext.yt8m import configs
+from official_ext.yt8m import dataloader
+from official_ext.yt8m import demo_data
+from official_ext.yt8m import metrics as yt8m_metrics
+from official_ext.yt8m.modeling import model as yt8m_model
+
+_AP_KEY = 'average_precision'
+
+
+@task_factory.register_task_cls(configs.YT8MTask)
+class YT8MTask(base_task.Task):
+  """Frame-level YouTube-8M classification: DBoF + MoE/logistic head.
+
+  Inputs (from `dataloader.build_dataset`) are dicts with
+  `video_matrix` float32 [batch, frames, features], `num_frames` int32
+  [batch], `labels` float32 [batch, classes] and, for segment-level data,
+  `label_weights` float32 [batch, classes].
+  """
+
+  # -- model -----------------------------------------------------------------
+  def build_model(self) -> tf_keras.Model:
+    data = self.task_config.train_data
+    model = yt8m_model.build_model(
+        self.task_config.model,
+        num_classes=data.num_classes,
+        input_feature_size=sum(data.feature_sizes),
+        l2_weight_decay=self.task_config.losses.l2_weight_decay)
+    logging.info('YT8M model: %d trainable variables, %d parameters.',
+                 len(model.trainable_variables),
+                 sum(int(np.prod(v.shape)) for v in model.trainable_variables))
+    return model
+
+  # -- data ------------------------------------------------------------------
+  def _resolve_input_path(self, params: configs.DataConfig
+                          ) -> configs.DataConfig:
+    if params.input_path:
+      return params
+    key = ('task.train_data.input_path' if params.is_training else
+           'task.validation_data.input_path')
+    if not self.task_config.demo_data.enabled:
+      raise ValueError(
+          f'{key} is empty: point it at YouTube-8M frame-level TFRecords '
+          f'(e.g. a copy of {configs.YT8M_PUBLIC_TRAIN_PATH}), or set '
+          'task.demo_data.enabled=true to train on generated data.')
+    train_pattern, validation_pattern = demo_data.ensure_demo_data(
+        self.task_config)
+    pattern = train_pattern if params.is_training else validation_pattern
+    logging.info('%s is empty: using generated demo data %s', key, pattern)
+    return params.replace(input_path=pattern)
+
+  def build_inputs(self, params: configs.DataConfig,
+                   input_context: Optional[tf.distribute.InputContext] = None
+                   ) -> tf.data.Dataset:
+    """Builds the batched dataset of one split (see `dataloader`)."""
+    return dataloader.build_dataset(
+        self._resolve_input_path(params), input_context=input_context)
+
+  # -- losses and metrics ------------------------------------------------------
+  def build_losses(self, labels: tf.Tensor, model_outputs: tf.Tensor,
+                   label_weights: Optional[tf.Tensor] = None,
+                   aux_losses: Optional[List[tf.Tensor]] = None
+                   ) -> Dict[str, tf.Tensor]:
+    """Sigmoid cross-entropy (+ regularization).
+
+    Args:
+      labels: float32 [batch, classes] targets in [0, 1].
+      model_outputs: float32 [batch, classes] probabilities (logits when
+        `losses.from_logits`).
+      label_weights: optional float32 [batch, classes]; the loss is then the
+        weighted mean over the rated (weight > 0) entries.
+      aux_losses: regularization losses (`model.losses`), added to the total.
+
+    Returns:
+      {'total_loss': scalar, 'model_loss': scalar}.
+    """
+    losses_config = self.task_config.losses
+    per_entry = tf_keras.losses.binary_crossentropy(
+        labels[..., tf.newaxis], model_outputs[..., tf.newaxis],
+        from_logits=losses_config.from_logits,
+        label_smoothing=losses_config.label_smoothing)
+    if label_weights is None:
+      model_loss = tf_utils.safe_mean(per_entry)
+    else:
+      model_loss = tf.math.divide_no_nan(
+          tf.reduce_sum(per_entry * label_weights),
+          tf.reduce_sum(label_weights))
+    total_loss = model_loss
+    if aux_losses:
+      total_loss += tf.add_n([tf.cast(l, tf.float32) for l in aux_losses])
+    return {'total_loss': total_loss, 'model_loss': model_loss}
+
+  def build_metrics(self, training: bool = True):
+    """Mean losses; in evaluation also the streaming AP accumulator."""
+    metrics = [tf_keras.metrics.Mean(name, dtype=tf.float32)
+               for name in ('total_loss', 'model_loss')]
+    ap_config = self.task_config.evaluation.average_precision
+    if not training and ap_config is not None:
+      self._ap_accumulator = yt8m_metrics.AveragePrecisionAccumulator(
+          num_classes=self.task_config.validation_data.num_classes,
+          top_k=ap_config.top_k)
+    return metrics
+
+  def process_metrics(self, metrics, labels, outputs, model_losses=None,
+                      label_weights=None, training=True, **kwargs):
+    """Updates the loss metrics; in eval passes AP inputs to aggregate_logs."""
+    model_losses = model_losses or {}
+    logs = {}
+    if not training and self.task_config.evaluation.average_precision:
+      ap_inputs = {'labels': labels, 'predictions': outputs}
+      if label_weights is not None:
+        ap_inputs['label_weights'] = label_weights
+      logs[_AP_KEY] = ap_inputs
+    for m in metrics:
+      if m.name in model_losses:
+        m.update_state(model_losses[m.name])
+        logs[m.name] = m.result()
+    return logs
+
+  # -- steps -----------------------------------------------------------------
+  def _model_inputs(self, inputs, data_config: configs.DataConfig,
+                    training: bool):
+    # With frame sampling every frame is valid: skip the mask.
+    sampled = training and data_config.num_sample_frames is not None
+    num_frames = None if sampled else tf.reshape(inputs['num_frames'], [-1])
+    return inputs['video_matrix'], num_frames
+
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    """One training step: forward, loss / replicas, (scaled) gradients, clip.
+
+    Args:
+      inputs: a batch dict from `build_inputs`.
+      model: the model.
+      optimizer: the optimizer (a LossScaleOptimizer under mixed_float16).
+      metrics: metrics from `build_metrics(training=True)`.
+
+    Returns:
+      logs: {'loss': total loss, 'total_loss', 'model_loss'}.
+    """
+    features, num_frames = self._model_inputs(
+        inputs, self.task_config.train_data, training=True)
+    labels = inputs['labels']
+    label_weights = inputs.get('label_weights')
+    num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    with tf.GradientTape() as tape:
+      outputs = model(features, num_frames=num_frames, training=True)
+      predictions = tf.cast(outputs['predictions'], tf.float32)
+      all_losses = self.build_losses(
+          labels=labels, model_outputs=predictions,
+          label_weights=label_weights, aux_losses=model.losses)
+      loss = all_losses['total_loss']
+      # Gradients are summed over replicas: scale to the global-batch mean.
+      scaled_loss = loss / num_replicas
+      if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
+        scaled_loss = optimizer.get_scaled_loss(scaled_loss)
+    tvars = model.trainable_variables
+    grads = tape.gradient(scaled_loss, tvars)
+    if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
+      grads = optimizer.get_unscaled_gradients(grads)
+    clip_norm = self.task_config.gradient_clip_norm
+    if clip_norm > 0:
+      gradients.clip_and_apply_gradients(optimizer, grads, tvars, clip_norm)
+    else:
+      optimizer.apply_gradients(list(zip(grads, tvars)))
+    logs = {self.loss: loss}
+    logs.update(self.process_metrics(
+        metrics, labels=labels, outputs=predictions, model_losses=all_losses,
+        training=True))
+    return logs
+
+  def inference_step(self, inputs, model):
+    features, num_frames = self._model_inputs(
+        inputs, self.task_config.validation_data, training=False)
+    return model(features, num_frames=num_frames, training=False)
+
+  def validation_step(self, inputs, model, metrics=None):
+    """One evaluation step: loss metrics and AP inputs (see aggregate_logs)."""
+    predictions = tf.cast(self.inference_step(inputs, model)['predictions'],
+                          tf.float32)
+    labels = inputs['labels']
+    label_weights = inputs.get('label_weights')
+    all_losses = self.build_losses(
+        labels=labels, model_outputs=predictions, label_weights=label_weights,
+        aux_losses=model.losses)
+    logs = {self.loss: all_losses['total_loss']}
+    logs.update(self.process_metrics(
+        metrics, labels=labels, outputs=predictions, model_losses=all_losses,
+        label_weights=label_weights, training=False))
+    return logs
+
+  # -- AP aggregation on the host ---------------------------------------------
+  def aggregate_logs(self, state=None, step_outputs=None):
+    """Accumulates every replica's predictions into the AP accumulator.
+
+    `step_outputs[_AP_KEY]` holds, per key, a tuple with one tensor per local
+    replica (Orbit applies `strategy.experimental_local_results`); all of
+    them are accumulated, so metrics cover every replica's examples.
+    """
+    if self.task_config.evaluation.average_precision is None:
+      return state
+    if state is None:
+      self._ap_accumulator.reset()
+      state = self._ap_accumulator
+    ap_inputs = step_outputs[_AP_KEY]
+
+    def _concat(values):
+      if isinstance(values, (tuple, list)):
+        return np.concatenate([np.asarray(v) for v in values], axis=0)
+      return np.asarray(values)
+
+    state.accumulate(
+        predictions=_concat(ap_inputs['predictions']),
+        labels=_concat(ap_inputs['labels']),
+        label_weights=(_concat(ap_inputs['label_weights'])
+                       if 'label_weights' in ap_inputs else None))
+    return state
+
+  def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+    ap_config = self.task_config.evaluation.average_precision
+    if ap_config is None or aggregated_logs is None:
+      return {}
+    results = aggregated_logs.result(
+        return_per_class_ap=ap_config.return_per_class_ap)
+    aggregated_logs.reset()
+    per_class_ap = results.pop('per_class_ap', None)
+    if per_class_ap is not None:
+      # Scalars only (summaries): one entry per class.
+      results.update({f'per_class_ap/{i}': float(ap)
+                      for i, ap in enumerate(per_class_ap)})
+    return results

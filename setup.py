@@ -1,0 +1,26 @@
+"""official_ext: YouTube-8M, AssembleNet++lite and multitask readout on TF Model Garden."""
+import setuptools
+
+setuptools.setup(
+    name="official_ext",
+    version="0.1.0",
+    description=(
+        "TF2 Model Garden extension: YouTube-8M video classification, "
+        "AssembleNet++lite and multitask readout tasks."
+    ),
+    packages=setuptools.find_packages(include=["official_ext", "official_ext.*"]),
+    python_requires=">=3.11,<3.12",
+    install_requires=[
+        "tensorflow~=2.20.0",
+        "tf-keras~=2.20.0",
+        "tf-models-official==2.20.0",
+        "tensorflow-datasets",
+        "gin-config",
+        "absl-py",
+        "numpy",
+        "pyyaml",
+    ],
+    extras_require={
+        "test": ["pytest", "pytest-xdist"],
+    },
+)

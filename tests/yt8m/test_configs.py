@@ -1,0 +1,65 @@
+"""YT8M experiment configs: registration, YAML round trip, strict overrides."""
+import glob
+import os
+
+import pytest
+
+from official.core import config_definitions
+from official.core import exp_factory
+from official.core import train_utils
+from official.modeling import hyperparams
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext.yt8m import configs
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+
+
+@pytest.mark.parametrize('name', ['yt8m', 'yt8m_demo'])
+def test_experiments_registered_and_valid(name):
+  config = exp_factory.get_exp_config(name)
+  config.validate()
+  assert isinstance(config.task, configs.YT8MTask)
+
+
+def test_published_config_values():
+  config = exp_factory.get_exp_config('yt8m')
+  dbof = config.task.model.backbone.dbof
+  assert (dbof.cluster_size, dbof.hidden_size) == (3000, 2000)
+  assert config.task.model.head.moe.num_mixtures == 5
+  assert config.runtime.mixed_precision_dtype == 'bfloat16'
+  assert config.trainer.optimizer_config.optimizer.type == 'adam'
+  assert config.trainer.optimizer_config.learning_rate.type == 'exponential'
+  assert config.trainer.optimizer_config.warmup.type == 'linear'
+  assert config.task.train_data.input_path == ''
+  assert config.task.train_data.max_frames == 300
+
+
+def test_yaml_round_trip(tmp_path):
+  config = exp_factory.get_exp_config('yt8m_demo')
+  config.override({'task': {'model': {'backbone': {'dbof': {
+      'pooling_method': 'swap'}}}, 'train_data': {'num_sample_frames': 16}}})
+  train_utils.serialize_config(config, str(tmp_path))
+  path = os.path.join(tmp_path, 'params.yaml')
+  as_read = hyperparams.read_yaml_to_params_dict(path).as_dict()
+  assert as_read['task']['model']['backbone']['dbof']['pooling_method'] == (
+      'swap')
+  restored = exp_factory.get_exp_config('yt8m_demo')
+  restored = hyperparams.override_params_dict(restored, path, is_strict=True)
+  assert restored.as_dict() == config.as_dict()
+
+
+def test_strict_override_names_the_key():
+  config = exp_factory.get_exp_config('yt8m_demo')
+  with pytest.raises(KeyError, match='num_sampled_frames'):
+    hyperparams.override_params_dict(
+        config, 'task.train_data.num_sampled_frames=3', is_strict=True)
+
+
+@pytest.mark.parametrize(
+    'path', sorted(glob.glob(os.path.join(REPO, 'configs', 'yt8m', '*.yaml'))))
+def test_shipped_yaml_files_parse_and_validate(path):
+  experiment = 'yt8m_demo' if 'demo' in os.path.basename(path) else 'yt8m'
+  config = exp_factory.get_exp_config(experiment)
+  config = hyperparams.override_params_dict(config, path, is_strict=True)
+  config.validate()
+  assert isinstance(config, config_definitions.ExperimentConfig)

@@ -1,0 +1,152 @@
+"""YT8M model: shapes, masking, the MoE output gate, config round trips."""
+import numpy as np
+import pytest
+import tensorflow as tf, tf_keras
+
+from official_ext.yt8m import configs
+from official_ext.yt8m.modeling import heads
+from official_ext.yt8m.modeling import model as yt8m_model
+
+FEATURES = 12
+CLASSES = 7
+
+
+def _model_config(pooling='average', **moe):
+  c = configs.VideoClassificationModel()
+  c.backbone.dbof.cluster_size = 16
+  c.backbone.dbof.hidden_size = 8
+  c.backbone.dbof.pooling_method = pooling
+  c.head.moe.num_mixtures = 2
+  c.head.moe.override(moe)
+  return c
+
+
+@pytest.mark.parametrize('pooling', ['average', 'max', 'swap', 'none'])
+@pytest.mark.parametrize('num_sample_frames', [None, 16, 32])
+def test_shapes_every_pooling(pooling, num_sample_frames):
+  frames = num_sample_frames or 40  # None: padded to max_frames (40 here).
+  model = yt8m_model.build_model(_model_config(pooling), CLASSES, FEATURES)
+  inputs = tf.random.uniform([3, frames, FEATURES])
+  num_frames = None if num_sample_frames else tf.constant([1, 40, 17])
+  out = model(inputs, num_frames=num_frames, training=True)
+  assert out['predictions'].shape == (3, CLASSES)
+  assert out['predictions'].dtype == tf.float32
+  p = out['predictions'].numpy()
+  assert np.all((p >= 0) & (p <= 1))
+  if pooling == 'none':
+    assert out['frame_predictions'].shape == (3, frames, CLASSES)
+
+
+@pytest.mark.parametrize('pooling', ['average', 'max', 'swap', 'none'])
+def test_padding_frames_do_not_change_predictions(pooling):
+  model = yt8m_model.build_model(_model_config(pooling), CLASSES, FEATURES)
+  rng = np.random.default_rng(0)
+  valid = rng.normal(size=[2, 5, FEATURES]).astype(np.float32)
+  pad_zero = np.concatenate([valid, np.zeros([2, 3, FEATURES], np.float32)], 1)
+  pad_junk = np.concatenate(
+      [valid, 100 * rng.normal(size=[2, 3, FEATURES]).astype(np.float32)], 1)
+  num_frames = tf.constant([5, 5])
+  a = model(pad_zero, num_frames=num_frames, training=False)['predictions']
+  b = model(pad_junk, num_frames=num_frames, training=False)['predictions']
+  c = model(valid, num_frames=None, training=False)['predictions']
+  np.testing.assert_allclose(a, b, atol=1e-6)
+  np.testing.assert_allclose(a, c, atol=1e-6)
+
+
+def test_masked_batch_norm_statistics_ignore_padding():
+  model = yt8m_model.build_model(_model_config(), CLASSES, FEATURES)
+  rng = np.random.default_rng(1)
+  valid = rng.normal(size=[2, 4, FEATURES]).astype(np.float32)
+  junk = np.concatenate(
+      [valid, 50 * rng.normal(size=[2, 6, FEATURES]).astype(np.float32)], 1)
+  a = model(valid, num_frames=tf.constant([4, 4]), training=True)
+  b = model(junk, num_frames=tf.constant([4, 4]), training=True)
+  np.testing.assert_allclose(a['predictions'], b['predictions'], atol=1e-5)
+
+
+def test_moe_output_context_gate_is_applied():
+  """Regression: Model Garden 2.20 builds the output gate and drops it."""
+  head = heads.MoeHead(num_classes=CLASSES, num_mixtures=2,
+                       use_output_context_gate=True)
+  plain = heads.MoeHead(num_classes=CLASSES, num_mixtures=2)
+  x = tf.random.normal([4, 6], seed=3)
+  gated = head(x, training=False)['predictions']
+  plain(x)
+  for src, dst in zip([head._gate_dense, head._expert_dense],
+                      [plain._gate_dense, plain._expert_dense]):
+    dst.set_weights(src.get_weights())
+  ungated = plain(x, training=False)['predictions'].numpy()
+  gate = head._output_context_gate
+  kernel = gate._gates.kernel.numpy()
+  bn = gate._gates_norm
+  logits = ungated @ kernel
+  logits = ((logits - bn.moving_mean.numpy())
+            / np.sqrt(bn.moving_variance.numpy() + bn.epsilon)
+            * bn.gamma.numpy() + bn.beta.numpy())
+  expected = ungated / (1 + np.exp(-logits))
+  np.testing.assert_allclose(gated, expected, rtol=1e-5, atol=1e-6)
+  assert not np.allclose(gated, ungated, atol=1e-3)
+  # Changing the gate's weights changes the output.
+  gate._gates.kernel.assign(gate._gates.kernel + 1.0)
+  assert not np.allclose(head(x, training=False)['predictions'], gated)
+
+
+def test_moe_vocab_as_last_dim_same_math():
+  a = heads.MoeHead(num_classes=CLASSES, num_mixtures=3)
+  b = heads.MoeHead(num_classes=CLASSES, num_mixtures=3,
+                    vocab_as_last_dim=True)
+  x = tf.random.normal([2, 5], seed=4)
+  a(x)
+  b(x)
+  # Permute the kernels from [C, M] to [M, C] layout.
+  gate, = a._gate_dense.get_weights()
+  kernel, bias = a._expert_dense.get_weights()
+  perm = lambda w, m: w.reshape(w.shape[:-1] + (CLASSES, m)).swapaxes(
+      -1, -2).reshape(w.shape)
+  b._gate_dense.set_weights([perm(gate, 4)])
+  b._expert_dense.set_weights([perm(kernel, 3), perm(bias, 3)])
+  np.testing.assert_allclose(a(x)['predictions'], b(x)['predictions'],
+                             atol=1e-6)
+
+
+def test_logistic_head():
+  c = _model_config()
+  c.head.type = 'logistic'
+  c.head.logistic.return_logits = True
+  model = yt8m_model.build_model(c, CLASSES, FEATURES)
+  out = model(tf.random.uniform([2, 3, FEATURES]))
+  np.testing.assert_allclose(out['predictions'], tf.sigmoid(out['logits']),
+                             atol=1e-6)
+
+
+def test_get_config_from_config_round_trip():
+  c = _model_config('max', use_output_context_gate=True)
+  c.backbone.dbof.use_context_gate_cluster_layer = True
+  c.backbone.dbof.context_gate_cluster_bottleneck_size = 4
+  model = yt8m_model.build_model(c, CLASSES, FEATURES, l2_weight_decay=1e-4)
+  config = model.get_config()
+  clone = yt8m_model.VideoClassificationModel.from_config(config)
+  clone(tf.zeros([1, 1, FEATURES]), num_frames=tf.ones([1], tf.int32))
+  clone.set_weights(model.get_weights())
+  x = tf.random.uniform([2, 4, FEATURES])
+  np.testing.assert_allclose(model(x)['predictions'], clone(x)['predictions'],
+                             atol=1e-6)
+  assert len(clone.losses) == len(model.losses) > 0
+  # Layers serialize too.
+  for layer in (model.backbone, model.head):
+    assert type(layer).from_config(layer.get_config()).get_config() == (
+        layer.get_config())
+
+
+def test_unknown_pooling_names_the_key():
+  with pytest.raises(ValueError, match='pooling_method'):
+    yt8m_model.build_model(_model_config('mean'), CLASSES, FEATURES)
+
+
+def test_variable_names_are_stable():
+  model = yt8m_model.build_model(_model_config(), CLASSES, FEATURES)
+  names = {v.name.split('/', 1)[1] for v in model.trainable_variables}
+  assert 'backbone/cluster_dense/kernel:0' in names
+  assert 'backbone/hidden_dense/kernel:0' in names
+  assert 'head/gate/kernel:0' in names
+  assert 'head/expert/kernel:0' in names
