@@ -315,7 +315,7 @@ def yt8m_demo() -> cfg.ExperimentConfig:
   train_batch_size = 64
   eval_batch_size = 100
   steps_per_epoch = num_train // train_batch_size
-  train_steps = 8 * steps_per_epoch
+  train_steps = 16 * steps_per_epoch
   task = YT8MTask(
       model=VideoClassificationModel(
           backbone=Backbone(type='dbof', dbof=DbofModel(
@@ -343,7 +343,7 @@ def yt8m_demo() -> cfg.ExperimentConfig:
           checkpoint_interval=steps_per_epoch,
           train_steps=train_steps,
           validation_steps=-1,
-          validation_interval=2 * steps_per_epoch,
+          validation_interval=4 * steps_per_epoch,
           optimizer_config=_optimizer(
               learning_rate=0.002, decay_steps=steps_per_epoch,
               warmup_steps=steps_per_epoch // 2)),
