@@ -115,6 +115,11 @@ class DbofModel(hyperparams.Config):
     use_context_gate_cluster_layer: context gating after the cluster layer.
     context_gate_cluster_bottleneck_size: bottleneck width of that gate (0:
       full input_size x input_size gate).
+    input_bn_affine: learn scale/offset in the input batch norm (Model
+      Garden does). Off by default: in front of the batch-normalized cluster
+      layer they are an exact reparametrization (absorbed by the cluster
+      kernel / cancelled by the cluster batch norm), and dropping them spares
+      the training step the gradient w.r.t. the frame features.
   """
   cluster_size: int = 3000
   hidden_size: int = 2000
@@ -122,6 +127,7 @@ class DbofModel(hyperparams.Config):
   pooling_method: str = 'average'
   use_context_gate_cluster_layer: bool = False
   context_gate_cluster_bottleneck_size: int = 0
+  input_bn_affine: bool = False
 
 
 @dataclasses.dataclass
@@ -233,6 +239,10 @@ class YT8MTask(cfg.TaskConfig):
   Attributes:
     gradient_clip_norm: clip gradients by this global norm (<= 0: off).
     demo_data: generated data used when an `input_path` is empty.
+    jit_compile: XLA-compile each training step's forward and backward pass
+      (fuses the per-frame batch norm / activation / pooling work around the
+      cluster matmul; see `python -m official_ext.benchmark yt8m`). Not
+      applied with synchronized batch norm (a collective inside the pass).
   """
   model: VideoClassificationModel = dataclasses.field(
       default_factory=VideoClassificationModel)
@@ -246,6 +256,7 @@ class YT8MTask(cfg.TaskConfig):
           average_precision=AveragePrecisionConfig()))
   gradient_clip_norm: float = 1.0
   demo_data: DemoDataConfig = dataclasses.field(default_factory=DemoDataConfig)
+  jit_compile: bool = True
 
 
 _RESTRICTIONS = [

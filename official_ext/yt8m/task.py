@@ -135,6 +135,37 @@ class YT8MTask(base_task.Task):
     num_frames = None if sampled else tf.reshape(inputs['num_frames'], [-1])
     return inputs['video_matrix'], num_frames
 
+  def _forward_backward(self, model, optimizer, features, num_frames, labels,
+                        label_weights):
+    """Forward pass, losses and this replica's unscaled gradients."""
+    num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    with tf.GradientTape() as tape:
+      outputs = model(features, num_frames=num_frames, training=True)
+      predictions = tf.cast(outputs['predictions'], tf.float32)
+      all_losses = self.build_losses(
+          labels=labels, model_outputs=predictions,
+          label_weights=label_weights, aux_losses=model.losses)
+      # Gradients are summed over replicas: scale to the global-batch mean.
+      scaled_loss = all_losses['total_loss'] / num_replicas
+      if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
+        scaled_loss = optimizer.get_scaled_loss(scaled_loss)
+    grads = tape.gradient(scaled_loss, model.trainable_variables)
+    if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
+      grads = optimizer.get_unscaled_gradients(grads)
+    return predictions, all_losses, grads
+
+  def _use_jit(self) -> bool:
+    # Synchronized batch norm all-reduces inside the forward pass, which XLA
+    # cannot compile on CPU/GPU replicas; TPU programs are XLA anyway.
+    return (self.task_config.jit_compile and
+            not self.task_config.model.norm_activation.use_sync_bn)
+
+  @property
+  def _jit_forward_backward(self):
+    if getattr(self, '_jit_fn', None) is None:
+      self._jit_fn = tf.function(self._forward_backward, jit_compile=True)
+    return self._jit_fn
+
   def train_step(self, inputs, model, optimizer, metrics=None):
     """One training step: forward, loss / replicas, (scaled) gradients, clip.
 
@@ -151,22 +182,13 @@ class YT8MTask(base_task.Task):
         inputs, self.task_config.train_data, training=True)
     labels = inputs['labels']
     label_weights = inputs.get('label_weights')
-    num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    with tf.GradientTape() as tape:
-      outputs = model(features, num_frames=num_frames, training=True)
-      predictions = tf.cast(outputs['predictions'], tf.float32)
-      all_losses = self.build_losses(
-          labels=labels, model_outputs=predictions,
-          label_weights=label_weights, aux_losses=model.losses)
-      loss = all_losses['total_loss']
-      # Gradients are summed over replicas: scale to the global-batch mean.
-      scaled_loss = loss / num_replicas
-      if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
-        scaled_loss = optimizer.get_scaled_loss(scaled_loss)
+    forward_backward = self._forward_backward
+    if self._use_jit():
+      forward_backward = self._jit_forward_backward
+    predictions, all_losses, grads = forward_backward(
+        model, optimizer, features, num_frames, labels, label_weights)
+    loss = all_losses['total_loss']
     tvars = model.trainable_variables
-    grads = tape.gradient(scaled_loss, tvars)
-    if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
-      grads = optimizer.get_unscaled_gradients(grads)
     clip_norm = self.task_config.gradient_clip_norm
     if clip_norm > 0:
       gradients.clip_and_apply_gradients(optimizer, grads, tvars, clip_norm)

@@ -1,0 +1,251 @@
+"""YT8M section of `python -m official_ext.benchmark yt8m`.
+
+Figures (all measured in one process; speeds are interleaved side by side):
+
+* training step examples/sec of our model vs Model Garden's
+  `official.projects.yt8m.modeling.yt8m_model.VideoClassificationModel` (the
+  part of Model Garden's YT8M project that ships in the pip release) at the
+  same sizes, optimizer, dtype and in-memory batch, both driven by the same
+  `YT8MTask.train_step`; Model Garden's model runs as Model Garden runs it on
+  CPU (no XLA; `runtime.enable_xla` only applies with GPUs), and with XLA as
+  an extra reference;
+* analytic FLOPs per example (only work a training step needs: no gradient
+  w.r.t. the frame features), achieved GFLOP/s and fraction of the fp32
+  matmul peak measured in the same run;
+* the input pipeline: examples/sec from TFRecord files to batches;
+* `metrics.evaluate` on 100,000 x 3,862 predictions vs the straightforward
+  reference (`metrics_reference`) on a 2,000-video slice, scaled.
+"""
+import dataclasses
+import os
+import tempfile
+import time
+from typing import Dict, Optional
+
+import numpy as np
+import tensorflow as tf, tf_keras
+
+from official.core import exp_factory
+from official.core import task_factory
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext.core import bench_utils
+from official_ext.yt8m import dataloader
+from official_ext.yt8m import demo_data
+from official_ext.yt8m import metrics
+from official_ext.yt8m import metrics_reference
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+  name: str
+  batch: int
+  frames: int
+  cluster: int
+  hidden: int
+  mixtures: int
+  classes: int
+  features: int = 1152
+
+
+DEMO = Size('demo', batch=64, frames=32, cluster=256, hidden=256, mixtures=2,
+            classes=100)
+PUBLISHED = Size('published', batch=32, frames=300, cluster=3000, hidden=2000,
+                 mixtures=5, classes=3862)
+TINY = Size('tiny', batch=8, frames=8, cluster=32, hidden=32, mixtures=2,
+            classes=20)
+
+
+def train_flops_per_example(size: Size) -> float:
+  """FLOPs one training example needs (multiply-add = 2 FLOPs).
+
+  Forward and weight gradients of the three matmul groups (cluster
+  [F, K] per frame, hidden [K, H], MoE gate + expert [H, C(2M+1)]) plus the
+  input gradients the backward pass needs (into the hidden and MoE layers).
+  Not counted: the gradient w.r.t. the frame features (nothing uses it),
+  batch norm / activations / pooling (O(T·K), < 1 % here), the optimizer.
+  """
+  t, f, k, h = size.frames, size.features, size.cluster, size.hidden
+  moe = h * size.classes * (2 * size.mixtures + 1)
+  cluster = 2 * t * f * k
+  return 2 * cluster + 3 * 2 * k * h + 3 * 2 * moe
+
+
+def _task(size: Size, jit_compile: bool = True):
+  params = exp_factory.get_exp_config('yt8m')
+  params.override({'task': {
+      'model': {'backbone': {'dbof': {'cluster_size': size.cluster,
+                                      'hidden_size': size.hidden}},
+                'head': {'moe': {'num_mixtures': size.mixtures}}},
+      'train_data': {'num_classes': size.classes, 'max_frames': size.frames,
+                     'num_sample_frames': size.frames,
+                     'global_batch_size': size.batch},
+      'validation_data': {'num_classes': size.classes},
+      'jit_compile': jit_compile,
+  }}, is_strict=True)
+  return task_factory.get_task(params.task)
+
+
+def _model_garden_model(size: Size) -> tf_keras.Model:
+  # Imported here: only the benchmark needs Model Garden's YT8M modules.
+  from official.projects.yt8m.configs import yt8m as mg_configs  # pylint: disable=g-import-not-at-top
+  from official.projects.yt8m.modeling import yt8m_model as mg_model  # pylint: disable=g-import-not-at-top
+  config = mg_configs.VideoClassificationModel()
+  config.backbone.dbof.cluster_size = size.cluster
+  config.backbone.dbof.hidden_size = size.hidden
+  config.head.moe.num_mixtures = size.mixtures
+  model = mg_model.VideoClassificationModel(
+      config, num_classes=size.classes,
+      input_specs=tf_keras.layers.InputSpec(shape=[None, None, size.features]),
+      l2_weight_decay=1e-5)
+  model(tf.zeros([1, size.frames, size.features]), num_frames=None)
+  return model
+
+
+def _step_fn(task, model, batch):
+  optimizer = tf_keras.optimizers.legacy.Adam(1e-4)
+  train_metrics = task.build_metrics(training=True)
+
+  @tf.function
+  def step():
+    return task.train_step(batch, model, optimizer, train_metrics)['loss']
+  return step
+
+
+def _batch(size: Size, seed: int = 0) -> Dict[str, tf.Tensor]:
+  rng = np.random.default_rng(seed)
+  x = dataloader.dequantize(tf.constant(rng.integers(
+      0, 256, [size.batch, size.frames, size.features], dtype=np.uint8)))
+  labels = np.zeros([size.batch, size.classes], np.float32)
+  for i in range(size.batch):
+    labels[i, rng.choice(size.classes, size=3, replace=False)] = 1.0
+  return {'video_matrix': x,
+          'num_frames': tf.fill([size.batch], size.frames),
+          'labels': tf.constant(labels)}
+
+
+def bench_train_step(size: Size, peak_gflops: float, rounds: int = 5
+                     ) -> Dict[str, float]:
+  """Examples/sec of ours vs Model Garden's model at `size`."""
+  batch = _batch(size)
+  ours_task = _task(size, jit_compile=True)
+  plain_task = _task(size, jit_compile=False)
+  steps = {
+      'ours': _step_fn(ours_task, ours_task.build_model(), batch),
+      'reference': _step_fn(plain_task, _model_garden_model(size), batch),
+      'reference_xla': _step_fn(ours_task, _model_garden_model(size), batch),
+  }
+  seconds = bench_utils.interleaved_seconds(steps, rounds=rounds)
+  flops = train_flops_per_example(size)
+  ours = size.batch / seconds['ours']
+  achieved = ours * flops / 1e9
+  return {
+      'ours_examples_per_sec': ours,
+      'reference_examples_per_sec': size.batch / seconds['reference'],
+      'reference_xla_examples_per_sec': size.batch / seconds['reference_xla'],
+      'speedup': seconds['reference'] / seconds['ours'],
+      'gflops_per_example': flops / 1e9,
+      'achieved_gflops': achieved,
+      'peak_fraction': achieved / peak_gflops,
+  }
+
+
+def bench_pipeline(size: Size, num_batches: int = 20,
+                   workdir: Optional[str] = None) -> float:
+  """Examples/sec from TFRecord files to training batches at `size`."""
+  workdir = workdir or tempfile.mkdtemp(prefix='yt8m_bench_')
+  num_videos = max(4 * size.batch, 256)
+  patterns = demo_data.write_demo_dataset(
+      workdir, num_classes=size.classes, max_frames=size.frames,
+      num_train_videos=num_videos, num_validation_videos=size.batch,
+      num_shards=4, seed=0, segment_fraction=0.0)
+  params = _task(size).task_config.train_data.replace(
+      input_path=patterns['train'])
+  dataset = dataloader.build_dataset(params)
+  iterator = iter(dataset)
+  for _ in range(3):
+    bench_utils.block(next(iterator))
+  start = time.perf_counter()
+  for _ in range(num_batches):
+    bench_utils.block(next(iterator))
+  return num_batches * size.batch / (time.perf_counter() - start)
+
+
+def bench_metrics(num_videos: int = 100_000, num_classes: int = 3862,
+                  reference_videos: int = 2000) -> Dict[str, float]:
+  """Seconds of `metrics.evaluate` vs the reference (slice, scaled)."""
+  rng = np.random.default_rng(0)
+  predictions = rng.random((num_videos, num_classes), dtype=np.float32)
+  labels = np.zeros((num_videos, num_classes), np.float32)
+  rows = np.repeat(np.arange(num_videos), 3)
+  labels[rows, rng.integers(0, num_classes, rows.size)] = 1.0
+  start = time.perf_counter()
+  metrics.evaluate(predictions, labels, top_k=20)
+  seconds = time.perf_counter() - start
+  sl = slice(0, reference_videos)
+  start = time.perf_counter()
+  ref = metrics_reference.evaluate_reference(predictions[sl], labels[sl], 20)
+  ref_seconds = (time.perf_counter() - start) * num_videos / reference_videos
+  ours = metrics.evaluate(predictions[sl], labels[sl], top_k=20)
+  diff = max(abs(ours[k] - ref[k]) for k in metrics.METRIC_KEYS)
+  return {'metrics_seconds': seconds,
+          'reference_metrics_seconds_scaled': ref_seconds,
+          'metrics_max_abs_diff_vs_reference': diff}
+
+
+def run(quick: bool = False) -> Dict[str, object]:
+  """All YT8M figures; `quick` uses tiny sizes (a smoke test)."""
+  peak = bench_utils.matmul_peak_gflops(
+      sizes=(512,) if quick else (2048, 3072), repeats=3 if quick else 8)
+  sizes = [TINY] if quick else [DEMO, PUBLISHED]
+  rounds = 2 if quick else 5
+  per_size = {s.name: bench_train_step(s, peak, rounds=rounds) for s in sizes}
+  main = per_size[sizes[-1].name]
+  main_size = sizes[-1]
+  pipeline = bench_pipeline(main_size, num_batches=3 if quick else 20)
+  metric_figures = (bench_metrics(2000, 100, 200) if quick else
+                    bench_metrics())
+  figures = {
+      'matmul_peak_gflops': peak,
+      **{k: main[k] for k in (
+          'ours_examples_per_sec', 'reference_examples_per_sec', 'speedup',
+          'achieved_gflops', 'peak_fraction', 'gflops_per_example',
+          'reference_xla_examples_per_sec')},
+      'pipeline_examples_per_sec': pipeline,
+      'pipeline_vs_train_step': pipeline / main['ours_examples_per_sec'],
+      **metric_figures,
+      'sizes': {s.name: dataclasses.asdict(s) for s in sizes},
+      'per_size': per_size,
+  }
+  return figures
+
+
+def table(figures: Dict[str, object]) -> str:
+  rows = [('figure', 'value')]
+  rows.append(('fp32 matmul peak (GFLOP/s)',
+               f"{figures['matmul_peak_gflops']:.1f}"))
+  for name, f in figures['per_size'].items():
+    s = figures['sizes'][name]
+    label = (f"{name}: batch {s['batch']} x {s['frames']} frames, "
+             f"cluster {s['cluster']}, hidden {s['hidden']}, "
+             f"MoE {s['mixtures']}, {s['classes']} classes")
+    rows.append((f'train step, {label}', ''))
+    rows.append(('  ours (examples/sec)', f"{f['ours_examples_per_sec']:.1f}"))
+    rows.append(('  Model Garden (examples/sec)',
+                 f"{f['reference_examples_per_sec']:.1f}"))
+    rows.append(('  speedup', f"{f['speedup']:.2f}x"))
+    rows.append(('  Model Garden + XLA (examples/sec)',
+                 f"{f['reference_xla_examples_per_sec']:.1f}"))
+    rows.append(('  GFLOP per example (analytic)',
+                 f"{f['gflops_per_example']:.3f}"))
+    rows.append(('  achieved GFLOP/s (fraction of peak)',
+                 f"{f['achieved_gflops']:.1f} ({f['peak_fraction']:.0%})"))
+  rows.append(('input pipeline (examples/sec)',
+               f"{figures['pipeline_examples_per_sec']:.1f} "
+               f"({figures['pipeline_vs_train_step']:.1f}x the train step)"))
+  rows.append(('metrics on 100,000 x 3,862 (s)',
+               f"{figures['metrics_seconds']:.2f}"))
+  rows.append(('  reference implementation, scaled (s)',
+               f"{figures['reference_metrics_seconds_scaled']:.1f}"))
+  rows.append(('  max |difference| vs reference',
+               f"{figures['metrics_max_abs_diff_vs_reference']:.1e}"))
+  return bench_utils.format_table(rows)
