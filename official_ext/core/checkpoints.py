@@ -1,0 +1,93 @@
+"""Restoring a model from a training checkpoint, strictly."""
+import os
+import tempfile
+from typing import Dict, List, Tuple
+
+import tensorflow as tf, tf_keras
+
+_SUFFIX = '/.ATTRIBUTES/VARIABLE_VALUE'
+
+
+def resolve_checkpoint(checkpoint_path: str) -> str:
+  """A checkpoint prefix from a prefix or a directory (its latest)."""
+  if tf.io.gfile.isdir(checkpoint_path):
+    latest = tf.train.latest_checkpoint(checkpoint_path)
+    if not latest:
+      raise ValueError(f'--checkpoint_path={checkpoint_path!r} is a directory '
+                       'without a checkpoint.')
+    return latest
+  if not tf.io.gfile.glob(checkpoint_path + '.index'):
+    raise ValueError(f'--checkpoint_path={checkpoint_path!r}: no checkpoint '
+                     f'({checkpoint_path}.index does not exist).')
+  return checkpoint_path
+
+
+def _layouts(model: tf_keras.Model) -> List[Dict[str, object]]:
+  """Object layouts a training checkpoint may store the model under.
+
+  Model Garden's trainer saves `model` and, at the root, the items of
+  `model.checkpoint_items` (e.g. `backbone`, `head`); a variable's key is the
+  first path to it, so the keys start with either.
+  """
+  layouts = []
+  items = getattr(model, 'checkpoint_items', None)
+  if items:
+    layouts.append(dict(items))
+  layouts.append({'model': model})
+  return layouts
+
+
+def _variable_keys(objects: Dict[str, object]) -> Dict[str, Tuple[int, ...]]:
+  """Checkpoint keys (and shapes) of the variables of `objects`."""
+  with tempfile.TemporaryDirectory() as tmp:
+    path = tf.train.Checkpoint(**objects).write(os.path.join(tmp, 'model'))
+    return {name: tuple(shape) for name, shape in tf.train.list_variables(path)
+            if name.endswith(_SUFFIX) and not name.startswith('save_counter')}
+
+
+def _unmatched(expected: Dict[str, Tuple[int, ...]],
+               stored: Dict[str, Tuple[int, ...]]) -> List[str]:
+  unmatched = []
+  for key, shape in sorted(expected.items()):
+    name = key.replace(_SUFFIX, '')
+    if key not in stored:
+      unmatched.append(f'{name} {list(shape)} (missing)')
+    elif stored[key] != shape:
+      unmatched.append(f'{name} {list(shape)} (checkpoint has '
+                       f'{list(stored[key])})')
+  return unmatched
+
+
+def restore_model(model: tf_keras.Model, checkpoint_path: str) -> str:
+  """Restores every variable of `model` from a training checkpoint.
+
+  The checkpoint is one `official_ext.train` writes (Model Garden's trainer
+  checkpoint: the model, its `checkpoint_items`, the optimizer, the step);
+  optimizer slots and other entries are ignored. Every model variable must be
+  present with its shape, otherwise nothing is restored and a ValueError
+  lists the unmatched variables (e.g. a checkpoint of another experiment).
+
+  Args:
+    model: a built model (variables created).
+    checkpoint_path: a checkpoint prefix or a directory (latest checkpoint).
+
+  Returns:
+    The checkpoint prefix restored.
+  """
+  path = resolve_checkpoint(checkpoint_path)
+  stored = {name: tuple(shape) for name, shape in tf.train.list_variables(path)}
+  best = None
+  for objects in _layouts(model):
+    unmatched = _unmatched(_variable_keys(objects), stored)
+    if not unmatched:
+      tf.train.Checkpoint(**objects).read(
+          path).assert_existing_objects_matched().expect_partial()
+      return path
+    if best is None or len(unmatched) < len(best):
+      best = unmatched
+  shown = '\n  '.join(best[:50])
+  more = f'\n  ... and {len(best) - 50} more' if len(best) > 50 else ''
+  raise ValueError(
+      f'Checkpoint {path} does not match the model: {len(best)} model '
+      f'variable(s) unmatched (is it from another experiment or config?):\n'
+      f'  {shown}{more}')

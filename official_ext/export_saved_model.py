@@ -1,0 +1,100 @@
+r"""Exports a trained official_ext model as a SavedModel for serving.
+
+  python -m official_ext.export_saved_model --experiment=yt8m_demo \
+      [--config_file=x.yaml ...] [--params_override=...] \
+      --checkpoint_path=/tmp/yt8m_demo --export_dir=/tmp/yt8m_demo/export
+
+Builds the experiment's model (the same config as training: pass the same
+--config_file/--params_override, or the model_dir's params.yaml), restores the
+checkpoint strictly (every model variable matched, or an error listing the
+unmatched ones) and writes a SavedModel with the family's signatures (see
+`official_ext/<family>/export.py`). The model is exported in float32 whatever
+the training precision (mixed-precision variables are float32 already), so
+serving takes and returns float32.
+"""
+from typing import Dict, Optional, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+import tensorflow as tf, tf_keras
+
+from official.core import config_definitions
+from official.core import exp_factory
+from official.core import export_base
+from official.core import task_factory
+from official.modeling import hyperparams
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext.core import checkpoints
+from official_ext.yt8m import configs as yt8m_configs
+from official_ext.yt8m import export as yt8m_export
+
+
+def _export_module(params: config_definitions.ExperimentConfig,
+                   model: tf_keras.Model, top_k: int):
+  if isinstance(params.task, yt8m_configs.YT8MTask):
+    return yt8m_export.YT8MExportModule(params, model, top_k=top_k), (
+        yt8m_export.SIGNATURES)
+  raise ValueError(f'No export module for task config '
+                   f'{type(params.task).__name__}.')
+
+
+def load_params(experiment: str, config_files: Sequence[str] = (),
+                params_override: str = ''
+                ) -> config_definitions.ExperimentConfig:
+  """The experiment config with files and overrides applied strictly."""
+  params = exp_factory.get_exp_config(experiment)
+  for path in config_files or ():
+    params = hyperparams.override_params_dict(params, path, is_strict=True)
+  if params_override:
+    params = hyperparams.override_params_dict(params, params_override,
+                                              is_strict=True)
+  params.validate()
+  params.lock()
+  return params
+
+
+def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
+           export_dir: str, top_k: int = 20) -> str:
+  """Restores `checkpoint_path` into the task's model and writes a SavedModel.
+
+  Returns:
+    export_dir.
+  """
+  tf_keras.mixed_precision.set_global_policy('float32')
+  task = task_factory.get_task(params.task)
+  model = task.build_model()
+  restored = checkpoints.restore_model(model, checkpoint_path)
+  logging.info('Restored %s', restored)
+  module, signatures = _export_module(params, model, top_k)
+  function_keys: Dict[str, str] = {
+      key: key for key in signatures}
+  export_base.export(module, function_keys=function_keys,
+                     export_savedmodel_dir=export_dir, timestamped=False)
+  return export_dir
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  flags.DEFINE_string('experiment', None, 'Registered experiment name.')
+  flags.DEFINE_multi_string('config_file', None, 'YAML config overrides.')
+  flags.DEFINE_string('params_override', '', 'Comma-separated overrides.')
+  flags.DEFINE_string('checkpoint_path', None,
+                      'Checkpoint prefix or a directory (latest checkpoint).')
+  flags.DEFINE_string('export_dir', None, 'Where to write the SavedModel.')
+  flags.DEFINE_integer('top_k', 20, 'k of the top_k_* serving outputs.')
+
+
+def main(_):
+  params = load_params(FLAGS.experiment, FLAGS.config_file,
+                       FLAGS.params_override)
+  path = export(params, FLAGS.checkpoint_path, FLAGS.export_dir, FLAGS.top_k)
+  print(f'Exported {FLAGS.experiment} to {path}')
+
+
+if __name__ == '__main__':
+  define_flags()
+  flags.mark_flags_as_required(['experiment', 'checkpoint_path', 'export_dir'])
+  app.run(main)

@@ -1,0 +1,258 @@
+"""SavedModel export and YT8M inference outputs.
+
+One tiny model is trained with `python -m official_ext.train`, exported with
+`python -m official_ext.export_saved_model`, and served by TensorFlow's own
+`saved_model_cli` in fresh processes.
+"""
+import glob
+import io
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf, tf_keras
+import yaml
+
+from official_ext import export_saved_model
+from official_ext.core import checkpoints
+from official_ext.yt8m import dataloader
+from official_ext.yt8m import demo_data
+from official_ext.yt8m import predict
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+
+
+def _tiny(cache_dir):
+  return {
+      'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
+      'task': {
+          'model': {'backbone': {'dbof': {'cluster_size': 16,
+                                          'hidden_size': 16}},
+                    'head': {'moe': {'num_mixtures': 2}}},
+          'train_data': {'global_batch_size': 8, 'max_frames': 12,
+                         'num_sample_frames': 6},
+          'validation_data': {'global_batch_size': 8, 'max_frames': 12},
+          'demo_data': {'cache_dir': str(cache_dir), 'num_train_videos': 32,
+                        'num_validation_videos': 16, 'num_shards': 1},
+      },
+      'trainer': {'train_steps': 4, 'steps_per_loop': 4,
+                  'checkpoint_interval': 4, 'summary_interval': 4,
+                  'validation_interval': 4, 'validation_steps': 1},
+  }
+
+
+def _cli(module, *args):
+  result = subprocess.run([sys.executable, '-m', module, *args],
+                          capture_output=True, text=True, env=ENV,
+                          timeout=600, check=False)
+  return result
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  root = tmp_path_factory.mktemp('export')
+  config = root / 'tiny.yaml'
+  config.write_text(yaml.safe_dump(_tiny(root / 'cache')))
+  model_dir = root / 'model'
+  result = _cli('official_ext.train', '--experiment=yt8m_demo', '--mode=train',
+                f'--model_dir={model_dir}', f'--config_file={config}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  export_dir = root / 'saved_model'
+  result = _cli('official_ext.export_saved_model', '--experiment=yt8m_demo',
+                f'--config_file={config}', f'--checkpoint_path={model_dir}',
+                f'--export_dir={export_dir}', '--top_k=5')
+  assert result.returncode == 0, result.stderr[-3000:]
+  params = export_saved_model.load_params('yt8m_demo', [str(config)])
+  return dict(root=root, config=str(config), model_dir=str(model_dir),
+              export_dir=str(export_dir), params=params)
+
+
+def _python_model(trained):
+  from official.core import task_factory  # pylint: disable=g-import-not-at-top
+  model = task_factory.get_task(trained['params'].task).build_model()
+  checkpoints.restore_model(model, trained['model_dir'])
+  return model
+
+
+def _records(trained, n=3):
+  """Serialized validation records and their video ids."""
+  pattern = glob.glob(str(trained['root'] / 'cache' / '*' / '*' /
+                          'validation-*'))
+  records = list(tf.data.TFRecordDataset(pattern).take(n).as_numpy_iterator())
+  return records
+
+
+def _saved_model_cli(*args):
+  return subprocess.run(['saved_model_cli', *args], capture_output=True,
+                        text=True, env=ENV, timeout=300, check=False)
+
+
+def test_saved_model_cli_show_lists_signatures(trained):
+  result = _saved_model_cli('show', '--dir', trained['export_dir'], '--all')
+  assert result.returncode == 0, result.stderr[-2000:]
+  for text in ("signature_def['serving_default']",
+               "signature_def['serve_features']", 'examples', 'features',
+               'num_frames', 'top_k_classes', 'top_k_scores', 'probabilities',
+               'video_id'):
+    assert text in result.stdout, text
+
+
+def test_saved_model_cli_run_matches_python(trained, tmp_path):
+  records = _records(trained)
+  data = trained['params'].task.validation_data
+  decoder = dataloader.Decoder(data.replace(include_video_id=True))
+  parser = dataloader.Parser(data.replace(include_video_id=True)).parse_fn(
+      is_training=False)
+  parsed = [parser(decoder.decode(tf.constant(r))) for r in records]
+  features = np.stack([p['video_matrix'].numpy() for p in parsed])
+  num_frames = np.array([int(p['num_frames']) for p in parsed], np.int32)
+  ids = [p['video_ids'].numpy() for p in parsed]
+  expected = _python_model(trained)(
+      tf.constant(features), num_frames=tf.constant(num_frames),
+      training=False)['predictions'].numpy()
+
+  examples = np.array(records, dtype=object)
+  np.save(tmp_path / 'examples.npy', examples, allow_pickle=True)
+  np.save(tmp_path / 'features.npy', features)
+  np.save(tmp_path / 'num_frames.npy', num_frames)
+  outputs = {}
+  for signature, inputs in (
+      ('serving_default', f'examples={tmp_path / "examples.npy"}'),
+      ('serve_features', f'features={tmp_path / "features.npy"};'
+                         f'num_frames={tmp_path / "num_frames.npy"}')):
+    outdir = tmp_path / signature
+    result = _saved_model_cli('run', '--dir', trained['export_dir'],
+                              '--tag_set', 'serve', '--signature_def',
+                              signature, '--inputs', inputs, '--outdir',
+                              str(outdir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs[signature] = {
+        os.path.basename(f)[:-4]: np.load(f, allow_pickle=True)
+        for f in glob.glob(str(outdir / '*.npy'))}
+  for signature, out in outputs.items():
+    np.testing.assert_allclose(out['probabilities'], expected, atol=1e-5,
+                               err_msg=signature)
+    assert out['probabilities'].dtype == np.float32
+    assert out['top_k_classes'].shape == (len(records), 5)
+    np.testing.assert_allclose(
+        out['top_k_scores'],
+        np.take_along_axis(expected, out['top_k_classes'], 1), atol=1e-5)
+  assert list(outputs['serving_default']['video_id']) == ids
+
+
+def test_serving_is_deterministic_and_features_match_records(trained):
+  loaded = tf.saved_model.load(trained['export_dir'])
+  records = tf.constant(_records(trained, 4))
+  a = loaded.signatures['serving_default'](examples=records)
+  b = loaded.signatures['serving_default'](examples=records)
+  np.testing.assert_array_equal(a['probabilities'], b['probabilities'])
+  # Unpadded first frames through serve_features give the same answer.
+  data = trained['params'].task.validation_data
+  decoder = dataloader.Decoder(data)
+  for i, record in enumerate(records):
+    raw = decoder.decode(record)['features']
+    frames = tf.concat([dataloader.dequantize(raw['rgb']),
+                        dataloader.dequantize(raw['audio'])], -1)
+    frames = frames[:data.max_frames][tf.newaxis]
+    out = loaded.signatures['serve_features'](
+        features=frames, num_frames=tf.constant([frames.shape[1]]))
+    np.testing.assert_allclose(out['probabilities'][0],
+                               a['probabilities'][i], atol=1e-5)
+
+
+def test_bad_inputs_name_the_feature(trained):
+  loaded = tf.saved_model.load(trained['export_dir'])
+  with pytest.raises(tf.errors.InvalidArgumentError, match='features'):
+    loaded.signatures['serve_features'](
+        features=tf.zeros([1, 4, 1000]), num_frames=tf.constant([4]))
+  bad = demo_data.make_sequence_example(
+      'bad', [1], np.zeros([3, 1024], np.uint8), np.zeros([3, 100], np.uint8))
+  with pytest.raises(tf.errors.InvalidArgumentError, match='audio'):
+    loaded.signatures['serving_default'](
+        examples=tf.constant([bad.SerializeToString()]))
+  with pytest.raises(tf.errors.InvalidArgumentError, match='examples'):
+    loaded.signatures['serving_default'](
+        examples=tf.constant([b'not a SequenceExample']))
+
+
+def test_checkpoint_of_another_experiment_is_refused(trained, tmp_path):
+  params = export_saved_model.load_params(
+      'yt8m_demo', [trained['config']],
+      'task.model.backbone.dbof.cluster_size=24')
+  with pytest.raises(ValueError, match='cluster_dense'):
+    export_saved_model.export(params, trained['model_dir'], str(tmp_path))
+
+
+def test_mixed_precision_model_exports_float32(tmp_path, trained):
+  params = export_saved_model.load_params(
+      'yt8m_demo', [trained['config']],
+      'runtime.mixed_precision_dtype=mixed_float16')
+  from official.core import task_factory  # pylint: disable=g-import-not-at-top
+  tf_keras.mixed_precision.set_global_policy('mixed_float16')
+  try:
+    model = task_factory.get_task(params.task).build_model()
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / 'ckpt'))
+  finally:
+    tf_keras.mixed_precision.set_global_policy('float32')
+  export_dir = export_saved_model.export(params, path,
+                                         str(tmp_path / 'export'))
+  fn = tf.saved_model.load(export_dir).signatures['serve_features']
+  assert fn.structured_input_signature[1]['features'].dtype == tf.float32
+  out = fn(features=tf.random.uniform([2, 5, 1152]),
+           num_frames=tf.constant([5, 2]))
+  assert out['probabilities'].dtype == tf.float32
+
+
+def test_predict_writes_submission_csv(trained, tmp_path):
+  pattern = glob.glob(str(trained['root'] / 'cache' / '*' / '*' /
+                          'validation-*'))[0]
+  out_saved = tmp_path / 'saved.csv'
+  out_ckpt = tmp_path / 'ckpt.csv'
+  n = predict.run(trained['params'], pattern, str(out_saved),
+                  saved_model=trained['export_dir'])
+  predict.run(trained['params'], pattern, str(out_ckpt),
+              checkpoint_path=trained['model_dir'])
+  lines = out_saved.read_text().splitlines()
+  assert lines[0] == 'VideoId,LabelConfidencePairs'
+  assert len(lines) == n + 1 == 17
+  assert out_saved.read_text() == out_ckpt.read_text()
+  for line in lines[1:]:
+    vid, pairs = line.split(',')
+    values = pairs.split()
+    assert len(values) == 40  # 20 (label, score) pairs.
+    scores = [float(s) for s in values[1::2]]
+    assert scores == sorted(scores, reverse=True)
+  # Segment level: ids `<video>:<start>`, per class by descending score.
+  seg = tmp_path / 'segments.csv'
+  count = predict.run(trained['params'], pattern, str(seg),
+                      checkpoint_path=trained['model_dir'],
+                      segment_labels=True, segment_max_per_class=3)
+  seg_lines = seg.read_text().splitlines()
+  assert seg_lines[0] == 'Class,Segments'
+  assert len(seg_lines) == 1 + 100
+  assert all(len(l.split(',')[1].split()) == min(3, count)
+             for l in seg_lines[1:])
+
+
+def test_csv_writers_against_hand_written_files():
+  out = io.StringIO()
+  predict.write_video_predictions(
+      [{'video_ids': [b'vidA', b'vidB'],
+        'probabilities': np.array([[0.1, 0.7, 0.7, 0.0],
+                                   [0.9, 0.0, 0.25, 0.5]], np.float32)}],
+      out, top_k=3)
+  assert out.getvalue() == (
+      'VideoId,LabelConfidencePairs\n'
+      'vidA,1 0.700000 2 0.700000 0 0.100000\n'
+      'vidB,0 0.900000 3 0.500000 2 0.250000\n')
+  ranking = predict.SegmentRanking(num_classes=2, cap=2)
+  ranking.add(['v1:0', 'v1:5'], np.array([[0.2, 0.9], [0.6, 0.1]]))
+  ranking.add(['v2:10'], np.array([[0.6, 0.95]]))
+  ranking.add(['v3:0'], np.array([[0.1, 0.3]]))
+  out = io.StringIO()
+  ranking.write(out)
+  assert out.getvalue() == ('Class,Segments\n'
+                            '0,v1:5 v2:10\n'
+                            '1,v2:10 v1:0\n')
