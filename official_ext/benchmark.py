@@ -14,9 +14,25 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
+from official_ext.core import bench_utils
+
 FAMILIES = {
     'yt8m': 'official_ext.yt8m.benchmark',
+    'assemblenet': 'official_ext.assemblenet.benchmark',
+    'readout': 'official_ext.readout.benchmark',
 }
+
+
+def _generic_table(figures) -> str:
+  rows = [('figure', 'value')]
+  for key in sorted(figures):
+    value = figures[key]
+    if isinstance(value, float):
+      value = f'{value:.4g}'
+    elif isinstance(value, (dict, list)):
+      continue
+    rows.append((key, str(value)))
+  return bench_utils.format_table(rows)
 
 flags.DEFINE_string('json', None, 'Write the figures to this JSON file.')
 flags.DEFINE_bool('quick', False, 'Tiny sizes: check the harness runs.')
@@ -44,7 +60,7 @@ def main(argv):
   figures['machine'] = machine()
   print(f'{family} benchmark on {figures["machine"]}'
         f'{" (quick sizes)" if FLAGS.quick else ""}:')
-  print(module.table(figures))
+  print(getattr(module, 'table', _generic_table)(figures))
   if FLAGS.json:
     with open(FLAGS.json, 'w') as f:
       json.dump(figures, f, indent=2, sort_keys=True, default=float)
