@@ -176,7 +176,6 @@ class Dbof(tf_keras.layers.Layer):
   def get_config(self) -> Mapping[str, Any]:
     config = super().get_config()
     config.update(self._config)
-    config['kernel_regularizer'] = (
-        tf_keras.regularizers.serialize(self._kernel_regularizer)
-        if self._kernel_regularizer else None)
+    config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
+        self._kernel_regularizer)
     return config

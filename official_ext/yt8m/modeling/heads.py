@@ -98,9 +98,8 @@ class MoeHead(tf_keras.layers.Layer):
   def get_config(self) -> Mapping[str, Any]:
     config = super().get_config()
     config.update(self._config)
-    config['kernel_regularizer'] = (
-        tf_keras.regularizers.serialize(self._kernel_regularizer)
-        if self._kernel_regularizer else None)
+    config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
+        self._kernel_regularizer)
     return config
 
 
@@ -128,7 +127,6 @@ class LogisticHead(tf_keras.layers.Layer):
   def get_config(self) -> Mapping[str, Any]:
     config = super().get_config()
     config.update(self._config)
-    config['kernel_regularizer'] = (
-        tf_keras.regularizers.serialize(self._kernel_regularizer)
-        if self._kernel_regularizer else None)
+    config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
+        self._kernel_regularizer)
     return config

@@ -128,9 +128,14 @@ class ContextGate(tf_keras.layers.Layer):
         norm_momentum=self._norm_momentum,
         norm_epsilon=self._norm_epsilon,
         use_sync_bn=self._use_sync_bn,
-        kernel_regularizer=tf_keras.regularizers.serialize(
-            self._kernel_regularizer) if self._kernel_regularizer else None)
+        kernel_regularizer=serialize_regularizer(self._kernel_regularizer))
     return config
+
+
+def serialize_regularizer(regularizer) -> Optional[Mapping[str, Any]]:
+  """A regularizer's get_config form for a layer config (None stays None)."""
+  return (tf_keras.regularizers.serialize(regularizer)
+          if regularizer is not None else None)
 
 
 def get_activation(name: str):
