@@ -19,6 +19,7 @@ setuptools.setup(
         "absl-py",
         "numpy",
         "pyyaml",
+        "importlib_resources",  # tensorflow-datasets needs it to prepare builders
     ],
     extras_require={
         "test": ["pytest", "pytest-xdist"],

@@ -1,0 +1,1 @@
+"""AssembleNet++lite video classification (configs, data, model, task)."""

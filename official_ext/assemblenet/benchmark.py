@@ -1,0 +1,227 @@
+"""AssembleNet++lite speed and memory figures (`run()`), for the benchmark CLI.
+
+Figures (full run; `quick=True` uses a tiny structure at tiny sizes so the
+whole thing takes seconds):
+
+* `forward_clips_per_sec`, `train_clips_per_sec`: the published network
+  (Charades experiment: 157 classes, peer attention, published edge weights)
+  at 2 clips x 16 frames x 112^2, float32, one device, a `tf.function` forward
+  (training=False) and a full training step (`AssembleNetTask.train_step`,
+  SGD momentum), after warm-up.
+* `gflops_per_clip`: analytic forward FLOPs of one 32 x 224^2 clip
+  (`modeling.complexity`, 2 x MACs of convs and dense layers); also
+  `gflops_per_clip_original_width` (the TF1 code's fusion) and
+  `gflops_per_clip_bench` (the benchmark's 16 x 112^2 clip).
+* `conv3d_peak_gflops`: GFLOP/s of a large float32 3x3x3 Conv3D
+  (152 -> 152 channels at 16 x 28^2, batch 2, like a level-2 block) measured
+  in the same process; `train_model_gflops` / `forward_model_gflops`: the
+  model's achieved analytic GFLOP/s (training counted as 3 x forward).
+* `reference_original_width_train_clips_per_sec`: the same training step for
+  the original architecture (`fusion_width_as_channels`, the TF1 code's
+  variable shapes), in this run.
+* `tf1_quoted_*`: the TF1 original's figures quoted in the issue for this
+  kind of machine (2.4 s forward, 9.8 s per SGD step at 2 x 16 x 112^2); the
+  TF1 code cannot run here, so `train_speedup_vs_tf1_quoted` compares with
+  those numbers, not with a run in this process.
+* `peak_rss_gb_8x32x224`: peak RSS (GiB) of a separate process that builds the
+  published network with gradient checkpointing (`recompute_grad`) and runs
+  one training step on 8 clips x 32 frames x 224^2 (quick: 2 x 8 x 64^2).
+"""
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+
+
+def _backbone_overrides(quick: bool, **extra) -> Dict[str, Any]:
+  from official_ext.assemblenet import structures  # pylint: disable=g-import-not-at-top
+  b = dict(extra)
+  if quick:
+    b.update(model_structure=json.dumps(structures.TINY_STRUCTURE),
+             model_edge_weights='',
+             blocks_per_level=list(structures.TINY_BLOCKS_PER_LEVEL),
+             stem_filters=8)
+  return b
+
+
+def _task(batch: int, frames: int, size: int, quick: bool, **backbone):
+  """An AssembleNetTask for the Charades experiment at the given clip size."""
+  from official.core import exp_factory  # pylint: disable=g-import-not-at-top
+  from official.core import task_factory  # pylint: disable=g-import-not-at-top
+  from official_ext import registry_imports  # pylint: disable=g-import-not-at-top,unused-import
+  params = exp_factory.get_exp_config('assemblenet_plus_lite_charades')
+  data = {'feature_shape': [frames, size, size, 3], 'global_batch_size': batch}
+  model = {'backbone': {'assemblenet_plus_lite': _backbone_overrides(
+      quick, **backbone)}}
+  if quick:
+    model['head_filters'] = [16, 24]
+  params.override({'task': {'model': model, 'train_data': data,
+                            'validation_data': data}}, is_strict=True)
+  return task_factory.get_task(params.task)
+
+
+def _inputs(task, batch, frames, size, seed=0):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  k = task.task_config.train_data.num_classes
+  x = tf.constant(rng.uniform(0, 1, (batch, frames, size, size, 3)),
+                  tf.float32)
+  y = tf.constant((rng.uniform(size=(batch, k)) < 0.05).astype(np.float32))
+  return {'image': x}, y
+
+
+def _train_fn(task, model):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  optimizer = tf_keras.optimizers.SGD(learning_rate=1e-3, momentum=0.9)
+
+  @tf.function
+  def step(inputs):
+    return task.train_step(inputs, model, optimizer)['loss']
+
+  return step
+
+
+def _time(fn, arg, warmup: int, iters: int, min_seconds: float = 0.0) -> float:
+  """Seconds per call (median of `iters` timed calls after warm-up)."""
+  for _ in range(warmup):
+    np.asarray(fn(arg))
+  times = []
+  start = time.perf_counter()
+  while len(times) < iters or time.perf_counter() - start < min_seconds:
+    t0 = time.perf_counter()
+    np.asarray(fn(arg))
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def conv3d_peak_gflops(quick: bool = False) -> float:
+  """GFLOP/s of a large float32 3x3x3 Conv3D in this process."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  b, t, h, c = (1, 4, 8, 16) if quick else (2, 16, 28, 152)
+  x = tf.random.uniform([b, t, h, h, c])
+  k = tf.random.uniform([3, 3, 3, c, c])
+
+  @tf.function
+  def conv(x):
+    return tf.reduce_sum(tf.nn.conv3d(x, k, [1] * 5, 'SAME'))
+
+  sec = _time(conv, x, warmup=2, iters=3 if quick else 5)
+  return 2 * 27 * c * c * b * t * h * h / sec / 1e9
+
+
+def _speed(quick: bool, **backbone) -> Dict[str, float]:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  batch, frames, size = (1, 4, 32) if quick else (2, 16, 112)
+  task = _task(batch, frames, size, quick, **backbone)
+  model = task.build_model()
+  inputs = _inputs(task, batch, frames, size)
+  forward = tf.function(lambda f: model(f, training=False))
+  iters = 2 if quick else 3
+  fwd = _time(forward, inputs[0], warmup=1, iters=iters)
+  step = _train_fn(task, model)
+  train = _time(step, inputs, warmup=1, iters=iters)
+  return {'forward_sec': fwd, 'train_sec': train, 'batch': batch}
+
+
+def memory_child(batch: int, frames: int, size: int, quick: bool,
+                 recompute: bool) -> Dict[str, Any]:
+  """Runs in the child process: one training step; returns its peak RSS."""
+  task = _task(batch, frames, size, quick, recompute_grad=recompute)
+  model = task.build_model()
+  step = _train_fn(task, model)
+  t0 = time.perf_counter()
+  loss = float(np.asarray(step(_inputs(task, batch, frames, size))))
+  return {'loss': loss, 'step_sec': time.perf_counter() - t0,
+          'peak_rss_gb': resource.getrusage(
+              resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+
+
+def peak_rss_gb(batch: int, frames: int, size: int, quick: bool,
+                recompute: bool = True, timeout: int = 3600) -> Dict[str, Any]:
+  """Peak RSS of a training step, measured in a fresh subprocess."""
+  code = ('import json,sys; from official_ext.assemblenet import benchmark; '
+          f'r = benchmark.memory_child({batch}, {frames}, {size}, {quick}, '
+          f'{recompute}); print("RESULT " + json.dumps(r))')
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  proc = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                        text=True, env=env, timeout=timeout, check=False)
+  children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20
+  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
+  if proc.returncode != 0 or not lines:
+    raise RuntimeError(
+        f'memory child failed (exit {proc.returncode}; a negative code is a '
+        f'signal, -9 usually out of memory):\n{proc.stderr[-3000:]}')
+  result = json.loads(lines[-1][len('RESULT '):])
+  result['children_max_rss_gb'] = children
+  return result
+
+
+def run(quick: bool = False, memory: bool = True,
+        reference: bool = True) -> Dict[str, Any]:
+  """Measures the figures described in the module docstring.
+
+  Args:
+    quick: tiny structure and sizes (seconds), for smoke tests.
+    memory: also run the 8 x 32 x 224^2 peak-RSS subprocess (minutes and
+      about 10 GB of RAM in the full run).
+    reference: also time the original-width architecture.
+
+  Returns:
+    A flat dict of figures (see the module docstring); sizes are included.
+  """
+  from official_ext.assemblenet import structures  # pylint: disable=g-import-not-at-top
+  from official_ext.assemblenet.modeling import complexity  # pylint: disable=g-import-not-at-top
+  out: Dict[str, Any] = {'quick': quick}
+  cx = dict(num_classes=157)
+  if quick:
+    cx.update(structure=structures.TINY_STRUCTURE,
+              blocks_per_level=structures.TINY_BLOCKS_PER_LEVEL,
+              edge_weights_given=False, stem_filters=8, head_filters=(16, 24))
+  out['gflops_per_clip'] = complexity.analyze(**cx).flops / 1e9
+  out['gflops_per_clip_original_width'] = complexity.analyze(
+      fusion_width_as_channels=True, **cx).flops / 1e9
+  frames, size = (4, 32) if quick else (16, 112)
+  bench_flops = complexity.analyze(num_frames=frames, height=size, width=size,
+                                   **cx).flops / 1e9
+  out['gflops_per_clip_bench'] = bench_flops
+  out['bench_size'] = f'{"1x4x32^2" if quick else "2x16x112^2"}'
+  if memory:  # first, while this process holds no model
+    mb, mf, ms = (2, 8, 64) if quick else (8, 32, 224)
+    mem = peak_rss_gb(mb, mf, ms, quick, recompute=True)
+    out['peak_rss_gb_8x32x224'] = mem['peak_rss_gb']
+    out['peak_rss_size'] = f'{mb}x{mf}x{ms}^2' + (' (quick)' if quick else '')
+    out['peak_rss_step_sec'] = mem['step_sec']
+    out['peak_rss_recompute_grad'] = True
+  out['conv3d_peak_gflops'] = conv3d_peak_gflops(quick)
+  speed = _speed(quick)
+  b = speed['batch']
+  out['forward_clips_per_sec'] = b / speed['forward_sec']
+  out['train_clips_per_sec'] = b / speed['train_sec']
+  out['forward_sec_per_batch'] = speed['forward_sec']
+  out['train_sec_per_step'] = speed['train_sec']
+  out['forward_model_gflops'] = bench_flops * b / speed['forward_sec']
+  out['train_model_gflops'] = 3 * bench_flops * b / speed['train_sec']
+  if reference:
+    ref = _speed(quick, fusion_width_as_channels=True)
+    out['reference_original_width_train_clips_per_sec'] = (
+        ref['batch'] / ref['train_sec'])
+    out['reference_original_width_forward_clips_per_sec'] = (
+        ref['batch'] / ref['forward_sec'])
+  if not quick:
+    out['tf1_quoted_forward_clips_per_sec'] = 2 / 2.4
+    out['tf1_quoted_train_clips_per_sec'] = 2 / 9.8
+    out['train_speedup_vs_tf1_quoted'] = out['train_clips_per_sec'] / (2 / 9.8)
+    out['forward_speedup_vs_tf1_quoted'] = (
+        out['forward_clips_per_sec'] / (2 / 2.4))
+  return out
+
+
+if __name__ == '__main__':
+  print(json.dumps(run(quick='--quick' in sys.argv), indent=2))

@@ -1,0 +1,284 @@
+"""Video clip input pipeline: TFRecord `SequenceExample`s (JPEG frames) or TFDS.
+
+TFRecord format (Model Garden's video format, `official.vision.dataloaders.
+video_input`): sequence feature `image/encoded` (one JPEG/PNG string per
+frame), context `clip/label/index` (int64 class ids). TFDS: elements with
+`video` (uint8 [N, H, W, 3]) and `label` (int64) features.
+
+Pipeline (`build_dataset`), on `official.core.input_reader.InputReader`:
+
+    files --> (file name, record) --decode--> {frames, labels, source}
+    --parse--> temporal sampling (num_frames, temporal_stride; training: a
+    random window; evaluation: the middle clip, or `num_test_clips` linearly
+    spaced clips) --> frame decoding (sampled frames only) --> training:
+    random resized crop + random flip; evaluation: short side resized to
+    `min_image_size`, center crop (or `num_test_crops` crops) --> [0, 1] (or
+    [-1, 1]) float32 --> batch --> evaluation views folded into the batch.
+
+Bad input fails loudly: a label outside [0, num_classes), a video without
+a label, or (single-label) with several labels is an InvalidArgumentError
+naming the record's file and its labels; a frame that does not decode is an
+error naming the file and the frame index (`name_file_in_decode_errors`).
+
+Outputs: ({'image': float32 [B * views, T, H, W, 3]}, float32 [B, K] labels,
+one-hot (single-label) or multi-hot (multi-label)); views = num_test_clips x
+num_test_crops in evaluation, 1 in training.
+"""
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+
+from official.core import input_reader
+from official.vision.ops import preprocess_ops_3d
+from official_ext.assemblenet import configs
+
+FRAMES = 'frames'
+LABELS = 'labels'
+SOURCE = 'source'
+
+
+def check_params(params: configs.DataConfig) -> None:
+  """ValueError naming the DataConfig key that is inconsistent."""
+  if len(params.feature_shape) != 4 or params.feature_shape[3] != 3:
+    raise ValueError('DataConfig.feature_shape must be [num_frames, height, '
+                     f'width, 3]; got {list(params.feature_shape)}.')
+  if params.num_classes <= 0:
+    raise ValueError(f'DataConfig.num_classes must be > 0; got '
+                     f'{params.num_classes}.')
+  if params.temporal_stride < 1:
+    raise ValueError('DataConfig.temporal_stride must be >= 1; got '
+                     f'{params.temporal_stride}.')
+  if params.num_test_crops not in (1, 3):
+    raise ValueError('DataConfig.num_test_crops must be 1 or 3; got '
+                     f'{params.num_test_crops}.')
+  if params.num_test_clips < 1:
+    raise ValueError('DataConfig.num_test_clips must be >= 1; got '
+                     f'{params.num_test_clips}.')
+  if bool(params.input_path) == bool(params.tfds_name):
+    raise ValueError('Set exactly one of DataConfig.input_path (TFRecords) and '
+                     'DataConfig.tfds_name (TFDS); got input_path='
+                     f'{params.input_path!r}, tfds_name={params.tfds_name!r}.')
+
+
+def match_input_files(input_path: Union[str, Sequence[str]]) -> List[str]:
+  """Files of a pattern / comma-separated patterns; ValueError if none."""
+  patterns = [input_path] if isinstance(input_path, str) else list(input_path)
+  files = []
+  for group in patterns:
+    for pattern in group.split(','):
+      pattern = pattern.strip()
+      if not pattern:
+        continue
+      matched = sorted(tf.io.gfile.glob(pattern))
+      if not matched:
+        raise ValueError(
+            f"DataConfig.input_path: '{pattern}' does not match any file.")
+      files.extend(matched)
+  if not files:
+    raise ValueError('DataConfig.input_path is empty.')
+  return files
+
+
+def _message(*parts) -> tf.Tensor:
+  return tf.strings.join([
+      p if isinstance(p, tf.Tensor) and p.dtype == tf.string else
+      (tf.strings.as_string(p) if isinstance(p, tf.Tensor) else str(p))
+      for p in parts])
+
+
+def _require(ok: tf.Tensor, message: tf.Tensor) -> tf.Operation:
+  return tf.debugging.Assert(ok, [message], summarize=1)
+
+
+class Decoder:
+  """Record (or TFDS element) -> {frames, labels int64 [L], source string}."""
+
+  def __init__(self, params: configs.DataConfig):
+    self._image_key = params.image_field_key
+    self._label_key = params.label_field_key
+    self._tfds = bool(params.tfds_name)
+    self._source = f'tfds:{params.tfds_name}/{params.tfds_split}'
+
+  def decode_record(self, filename: tf.Tensor, record: tf.Tensor
+                    ) -> Dict[str, tf.Tensor]:
+    context, sequences = tf.io.parse_single_sequence_example(
+        record,
+        context_features={self._label_key: tf.io.VarLenFeature(tf.int64)},
+        sequence_features={
+            self._image_key: tf.io.FixedLenSequenceFeature((), tf.string)})
+    return {FRAMES: sequences[self._image_key],
+            LABELS: tf.sparse.to_dense(context[self._label_key]),
+            SOURCE: filename}
+
+  def decode_tfds(self, features: Dict[str, tf.Tensor]
+                  ) -> Dict[str, tf.Tensor]:
+    return {FRAMES: features['video'],
+            LABELS: tf.reshape(tf.cast(features['label'], tf.int64), [-1]),
+            SOURCE: tf.constant(self._source)}
+
+
+def _decode_frames_py(frames, source):
+  """Decodes JPEG/PNG strings [N] in python; errors name file and frame."""
+  out = []
+  name = source.numpy().decode('utf-8', 'replace')
+  for i, f in enumerate(frames.numpy()):
+    try:
+      img = tf.io.decode_image(f, channels=3, expand_animations=False)
+    except (tf.errors.InvalidArgumentError, ValueError) as e:
+      raise ValueError(
+          f'Corrupt frame in a record of file `{name}`: sampled frame {i} '
+          f'({len(f)} bytes) does not decode as JPEG/PNG: '
+          f'{getattr(e, "message", e)}') from e
+    if out and img.shape != out[0].shape:
+      raise ValueError(
+          f'Frames of a record of file `{name}` differ in size: sampled frame '
+          f'{i} is {tuple(img.shape)}, frame 0 is {tuple(out[0].shape)}.')
+    out.append(img.numpy())
+  return np.stack(out, axis=0)
+
+
+class Parser:
+  """Decoded dict -> ({'image': float32 [views*T, H, W, 3]}, labels [K])."""
+
+  def __init__(self, params: configs.DataConfig):
+    self._p = params
+    self._num_frames, self._height, self._width, _ = params.feature_shape
+
+  def _decode(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
+    if frames.dtype != tf.string:
+      return tf.cast(frames, tf.uint8)
+    if self._p.name_file_in_decode_errors:
+      images = tf.py_function(_decode_frames_py, [frames, source], tf.uint8)
+      return tf.ensure_shape(images, [None, None, None, 3])
+    return preprocess_ops_3d.decode_image(frames, 3)
+
+  def _labels(self, labels: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
+    k = self._p.num_classes
+    n = tf.size(labels)
+    checks = [
+        _require(n > 0, _message('Record of file `', source,
+                                 '` has no label (', self._p.label_field_key,
+                                 ' is empty).')),
+        _require(tf.reduce_all((labels >= 0) & (labels < k)), _message(
+            'Record of file `', source, '` has label(s) [',
+            tf.strings.reduce_join(tf.strings.as_string(labels), separator=','),
+            f'] outside [0, {k}) ({self._p.label_field_key}, num_classes='
+            f'{k}).')),
+    ]
+    if not self._p.is_multilabel:
+      checks.append(_require(n <= 1, _message(
+          'Record of file `', source, '` has ', n, ' labels [',
+          tf.strings.reduce_join(tf.strings.as_string(labels), separator=','),
+          '] but the data is single-label (is_multilabel=False).')))
+    with tf.control_dependencies(checks):
+      hot = tf.reduce_max(tf.one_hot(labels, k, dtype=tf.float32), axis=0)
+    return tf.ensure_shape(hot, [k])
+
+  def parse_fn(self, is_training: bool):
+    p = self._p
+
+    def parse(decoded: Dict[str, tf.Tensor]):
+      frames, source = decoded[FRAMES], decoded[SOURCE]
+      with tf.control_dependencies([_require(tf.shape(frames)[0] > 0, _message(
+          'Record of file `', source, '` has no frames (', p.image_field_key,
+          ' is empty).'))]):
+        frames = tf.identity(frames)
+      t = self._num_frames
+      if is_training:
+        frames = preprocess_ops_3d.sample_sequence(frames, t, True,
+                                                   p.temporal_stride)
+      elif p.num_test_clips > 1:
+        frames = preprocess_ops_3d.sample_linspace_sequence(
+            frames, p.num_test_clips, t, p.temporal_stride)
+      else:
+        frames = preprocess_ops_3d.sample_sequence(frames, t, False,
+                                                   p.temporal_stride)
+      images = self._decode(frames, source)
+      if is_training:
+        images = preprocess_ops_3d.random_crop_resize(
+            images, self._height, self._width, t, 3,
+            (p.aug_min_aspect_ratio, p.aug_max_aspect_ratio),
+            (p.aug_min_area_ratio, p.aug_max_area_ratio))
+        if p.random_flip:
+          images = preprocess_ops_3d.random_flip_left_right(images)
+      else:
+        images = preprocess_ops_3d.resize_smallest(images, p.min_image_size)
+        images = preprocess_ops_3d.crop_image(
+            images, self._height, self._width, False, p.num_test_crops)
+      images = preprocess_ops_3d.normalize_image(images,
+                                                 p.zero_centering_image)
+      views = 1 if is_training else p.num_test_clips * p.num_test_crops
+      images = tf.ensure_shape(
+          images, [views * t, self._height, self._width, 3])
+      return {'image': images}, self._labels(decoded[LABELS], source)
+
+    return parse
+
+
+def _file_reader(files: Sequence[str]):
+  """dataset_fn: a file (or list of files) -> Dataset of (file, record)."""
+
+  def read_one(filename):
+    return tf.data.TFRecordDataset(filename).map(
+        lambda record: (filename, record))
+
+  def dataset_fn(file_or_files):
+    if isinstance(file_or_files, (list, tuple)):
+      return tf.data.Dataset.from_tensor_slices(list(file_or_files)).flat_map(
+          read_one)
+    return read_one(file_or_files)
+
+  del files
+  return dataset_fn
+
+
+class _Reader(input_reader.InputReader):
+
+  def __init__(self, files: Optional[List[str]], *args, **kwargs):
+    self._anet_files = files
+    super().__init__(*args, **kwargs)
+
+  def get_files(self, input_path):
+    return self._anet_files if self._anet_files else super().get_files(
+        input_path)
+
+
+def build_dataset(params: configs.DataConfig,
+                  input_context: Optional[tf.distribute.InputContext] = None
+                  ) -> tf.data.Dataset:
+  """Builds the batched dataset of one split (see the module docstring).
+
+  Args:
+    params: the split's DataConfig (`input_path` or `tfds_name` set).
+    input_context: from tf.distribute; shards files (or TFDS shards) per
+      input pipeline and sets the per-replica batch size.
+
+  Returns:
+    A Dataset of ({'image': float32 [B * views, T, H, W, 3]},
+    float32 [B, num_classes]); training: shuffled and repeated.
+  """
+  check_params(params)
+  decoder = Decoder(params)
+  parser = Parser(params)
+  t = params.feature_shape[0]
+
+  def postprocess(features, labels):
+    # [B, views * T, H, W, 3] -> [B * views, T, H, W, 3].
+    image = features['image']
+    image = tf.reshape(image, [-1, t] + image.shape[2:].as_list())
+    return {'image': image}, labels
+
+  files = None
+  if params.input_path:
+    files = match_input_files(params.input_path)
+    decoder_fn = decoder.decode_record
+    dataset_fn = _file_reader(files)
+  else:
+    decoder_fn = decoder.decode_tfds
+    dataset_fn = None
+  reader = _Reader(files, params, dataset_fn=dataset_fn,
+                   decoder_fn=decoder_fn,
+                   parser_fn=parser.parse_fn(params.is_training),
+                   postprocess_fn=postprocess)
+  return reader.read(input_context=input_context)

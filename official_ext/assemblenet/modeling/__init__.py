@@ -1,0 +1,1 @@
+"""AssembleNet++lite layers, backbone/model builders and complexity counts."""

@@ -1,0 +1,389 @@
+"""AssembleNet++lite [Ryoo et al., ECCV 2020, supplementary] in tf_keras.
+
+A port of the TF1 "lite" AssembleNet++ (inverted-bottleneck 3-D residual
+blocks, 5-D NTHWC tensors, peer attention) with every flag a constructor
+argument / config field. Registered with Model Garden's factories:
+
+* backbone builder 'assemblenet_plus_lite'
+  (`official.vision.modeling.backbones.factory`): `AssembleNetPlusLite`,
+  inputs [B, T, H, W, 3] -> endpoints {'node_<i>': ..., 'output': ...};
+* model builder 'assemblenet_plus_lite' (`official.vision.modeling.factory_3d`):
+  `AssembleNetPlusLiteModel`, inputs {'image': [B, T, H, W, 3]} -> logits
+  [B, num_classes].
+
+Differences from the original, on purpose: the dropout layer takes a drop
+*rate* (the original passed its keep probability `dropout_keep_prob` as Keras'
+rate); fusion projects to the largest channel count (the original's 5-D code
+used the input width, reproducible with `fusion_width_as_channels`, see
+`layers.PeerAttentionFusion`); single-input nodes get attention only when
+attention is on; object-input stems (-3) are rejected (the original had no
+object input either).
+"""
+import contextlib
+import json
+from typing import Any, Dict, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf, tf_keras
+
+from official.vision.modeling import factory_3d
+from official.vision.modeling.backbones import factory as backbone_factory
+from official_ext.assemblenet import structures
+from official_ext.assemblenet.modeling import layers as anet_layers
+
+layers = tf_keras.layers
+
+
+@contextlib.contextmanager
+def _policy(precision: str):
+  """Sets the global Keras dtype policy while layers are created."""
+  if not precision:
+    yield
+    return
+  names = {'float32': 'float32', 'bfloat16': 'mixed_bfloat16',
+           'float16': 'mixed_float16'}
+  if precision not in names:
+    raise ValueError(f"precision must be '', 'float32', 'bfloat16' or "
+                     f"'float16'; got {precision!r}.")
+  old = tf_keras.mixed_precision.global_policy()
+  tf_keras.mixed_precision.set_global_policy(names[precision])
+  try:
+    yield
+  finally:
+    tf_keras.mixed_precision.set_global_policy(old)
+
+
+class LiteStem(layers.Layer):
+  """[1, 3, 3] conv stride 2 (BN, ReLU), then a [3, 1, 1] temporal conv (BN,
+
+  ReLU), `filters` channels each. [B, T, H, W, C] -> [B, T, H/2, W/2, filters].
+  """
+
+  def __init__(self, filters: int, temporal_dilation: int = 1,
+               bn_decay: float = anet_layers.BATCH_NORM_DECAY,
+               bn_epsilon: float = anet_layers.BATCH_NORM_EPSILON,
+               use_sync_bn: bool = False, kernel_regularizer=None, **kwargs):
+    super().__init__(**kwargs)
+    temporal_dilation = max(int(temporal_dilation), 1)
+    self._args = dict(filters=filters, temporal_dilation=temporal_dilation,
+                      bn_decay=bn_decay, bn_epsilon=bn_epsilon,
+                      use_sync_bn=use_sync_bn)
+    bn = dict(bn_decay=bn_decay, bn_epsilon=bn_epsilon,
+              use_sync_bn=use_sync_bn)
+    temporal_init = None
+    if temporal_dilation > 1:
+      temporal_init = tf_keras.initializers.TruncatedNormal(
+          stddev=float(np.sqrt(2.0 / (3 * filters))))
+    self._conv = anet_layers.conv3d_same_padding(
+        filters, 3, 2, do_2d_conv=True, kernel_regularizer=kernel_regularizer,
+        name='conv')
+    self._bn = anet_layers.BatchNormRelu(name='bn', **bn)
+    self._temporal = anet_layers.conv3d_same_padding(
+        filters, [3, 1, 1], 1, temporal_dilation,
+        kernel_initializer=temporal_init,
+        kernel_regularizer=kernel_regularizer, name='conv_temporal')
+    self._temporal_bn = anet_layers.BatchNormRelu(name='bn_temporal', **bn)
+
+  def call(self, inputs, training=None):
+    x = self._bn(self._conv(inputs), training=training)
+    return self._temporal_bn(self._temporal(x), training=training)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(self._args)
+    return config
+
+
+class AssembleNetPlusLite(tf_keras.Model):
+  """The AssembleNet++lite backbone (functional tf_keras.Model).
+
+  Args:
+    model_structure: node list or its JSON (see `structures`).
+    model_edge_weights: per-node edge weights (or JSON); None / '' / '[]'
+      make every fusion's edge weights trainable.
+    blocks_per_level: blocks per block group for levels 0..3.
+    input_specs: InputSpec of [B, T, H, W, 3]; T, H and W must be static.
+    stem_filters: filters of every stem (24 in the original).
+    attention_mode: None, 'self' or 'peer'.
+    fusion_width_as_channels: the original's width-as-channels fusion.
+    bn_decay, bn_epsilon, use_sync_bn: batch norm settings.
+    recompute_grad: gradient checkpointing of the block groups.
+    rep_flow_options: kwargs of `layers.RepresentationFlow` (num_iter,
+      train_feature_grad, train_divergence, train_flow_grad, train_hyper).
+    kernel_regularizer: regularizer of every conv / dense kernel.
+
+  Call: [B, T, H, W, 3] float -> dict of endpoints: 'node_<i>' for every node
+  ([B, T, H_i, W_i, C_i]) and 'output' (the first level-3 node).
+  """
+
+  def __init__(self,
+               model_structure: Any = None,
+               model_edge_weights: Any = None,
+               blocks_per_level: Sequence[int] = (
+                   structures.ASSEMBLENET_PLUS_LITE_BLOCKS_PER_LEVEL),
+               input_specs: Optional[layers.InputSpec] = None,
+               stem_filters: int = 24,
+               attention_mode: Optional[str] = 'peer',
+               fusion_width_as_channels: bool = False,
+               bn_decay: float = anet_layers.BATCH_NORM_DECAY,
+               bn_epsilon: float = anet_layers.BATCH_NORM_EPSILON,
+               use_sync_bn: bool = False,
+               recompute_grad: bool = False,
+               rep_flow_options: Optional[Dict[str, Any]] = None,
+               kernel_regularizer=None,
+               **kwargs):
+    if model_structure is None:
+      model_structure = structures.ASSEMBLENET_PLUS_LITE_STRUCTURE
+    structure = structures.validate_structure(
+        model_structure, model_edge_weights, blocks_per_level)
+    edge_weights = structures.normalize_edge_weights(model_edge_weights)
+    if attention_mode not in anet_layers.ATTENTION_MODES:
+      raise ValueError(f'attention_mode must be None, "self" or "peer"; got '
+                       f'{attention_mode!r}.')
+    for i, node in enumerate(structure):
+      if node[0] == structures.STEM_OBJECT:
+        raise ValueError(
+            f'model structure node {i} ({node!r}) is an object-input stem '
+            '(-3): this model takes only RGB clips (flow is computed from '
+            'them); object segmentation inputs are not supported.')
+    if input_specs is None:
+      input_specs = layers.InputSpec(shape=[None, 32, 224, 224, 3])
+    shape = list(input_specs.shape)
+    if len(shape) != 5 or None in shape[1:]:
+      raise ValueError('AssembleNet++lite needs static input shape '
+                       f'[batch, T, H, W, C]; got {shape}.')
+    rep_flow_options = dict(rep_flow_options or {})
+    bn = dict(bn_decay=bn_decay, bn_epsilon=bn_epsilon,
+              use_sync_bn=use_sync_bn)
+
+    inputs = tf_keras.Input(shape=shape[1:], batch_size=shape[0],
+                            name='image')
+    flow = None
+    if any(n[0] == structures.STEM_FLOW for n in structure):
+      flow = anet_layers.RepresentationFlow(name='rep_flow',
+                                            **rep_flow_options)(inputs)
+      flow = tf.cast(flow, inputs.dtype) if flow.dtype != inputs.dtype else flow
+    streams = []
+    endpoints = {}
+    for i, node in enumerate(structure):
+      name = f'node_{i}'
+      if node[0] < 0:
+        x = flow if node[0] == structures.STEM_FLOW else inputs
+        out = LiteStem(stem_filters, node[1],
+                       kernel_regularizer=kernel_regularizer, name=name,
+                       **bn)(x)
+      else:
+        level, input_ids, filters, dilation, stride = node
+        node_inputs = [streams[j] for j in input_ids]
+        peers = []
+        if attention_mode == 'peer':
+          peers = [streams[k] for k in structures.nodes_below(structure, level)]
+        weights = None
+        if edge_weights is not None and len(input_ids) > 1:
+          weights = edge_weights[i][0]
+        fused = anet_layers.PeerAttentionFusion(
+            num_inputs=len(node_inputs), attention_mode=attention_mode,
+            edge_weights=weights,
+            fusion_width_as_channels=fusion_width_as_channels,
+            kernel_regularizer=kernel_regularizer,
+            name=f'{name}_fusion')(node_inputs + peers)
+        out = anet_layers.BlockGroup(
+            filters, blocks_per_level[level], stride, dilation,
+            recompute_grad=recompute_grad,
+            kernel_regularizer=kernel_regularizer, name=name, **bn)(fused)
+      streams.append(out)
+      endpoints[name] = out
+    first_top = next(i for i, n in enumerate(structure) if n[0] == 3)
+    endpoints['output'] = streams[first_top]
+    super().__init__(inputs=inputs, outputs=endpoints, **kwargs)
+    self._config_dict = dict(
+        model_structure=json.dumps(structure),
+        model_edge_weights=(json.dumps(edge_weights) if edge_weights else ''),
+        blocks_per_level=list(blocks_per_level),
+        input_specs=shape, stem_filters=stem_filters,
+        attention_mode=attention_mode,
+        fusion_width_as_channels=fusion_width_as_channels,
+        bn_decay=bn_decay, bn_epsilon=bn_epsilon, use_sync_bn=use_sync_bn,
+        recompute_grad=recompute_grad, rep_flow_options=rep_flow_options,
+        kernel_regularizer=(tf_keras.regularizers.serialize(
+            tf_keras.regularizers.get(kernel_regularizer))
+                            if kernel_regularizer else None))
+    self._structure = structure
+    self._output_specs = {k: v.shape for k, v in endpoints.items()}
+
+  @property
+  def structure(self):
+    return self._structure
+
+  @property
+  def output_specs(self):
+    return self._output_specs
+
+  def get_config(self):
+    return dict(self._config_dict)
+
+  @classmethod
+  def from_config(cls, config, custom_objects=None):
+    config = dict(config)
+    config['input_specs'] = layers.InputSpec(shape=config['input_specs'])
+    return cls(**config)
+
+
+class LiteHead(layers.Layer):
+  """The lite head: 1x1x1 conv to filters[0] (BN, ReLU), 1x1x1 conv to
+
+  filters[1] (BN, ReLU), pooling, dropout, dense to num_classes (with bias,
+  normal(0.01) init, float32 output).
+
+  Pooling: global average over (T, H, W); with `max_pool_predictions`
+  spatial average only, the dense layer applied per frame ([B, T, classes]),
+  then `sum_t logits_t * softmax_t(logits_t / sqrt(T))`.
+  Input [B, T, H, W, C] -> float32 logits [B, num_classes].
+  """
+
+  def __init__(self, num_classes: int, filters: Sequence[int] = (432, 2048),
+               max_pool_predictions: bool = False, dropout_rate: float = 0.0,
+               bn_decay: float = anet_layers.BATCH_NORM_DECAY,
+               bn_epsilon: float = anet_layers.BATCH_NORM_EPSILON,
+               use_sync_bn: bool = False, kernel_regularizer=None, **kwargs):
+    super().__init__(**kwargs)
+    if not 0.0 <= dropout_rate < 1.0:
+      raise ValueError(f'dropout_rate is a drop rate in [0, 1); got '
+                       f'{dropout_rate}.')
+    if len(filters) != 2:
+      raise ValueError(f'head filters must be 2 ints; got {list(filters)}.')
+    self._args = dict(num_classes=num_classes, filters=list(filters),
+                      max_pool_predictions=max_pool_predictions,
+                      dropout_rate=dropout_rate, bn_decay=bn_decay,
+                      bn_epsilon=bn_epsilon, use_sync_bn=use_sync_bn)
+    bn = dict(bn_decay=bn_decay, bn_epsilon=bn_epsilon,
+              use_sync_bn=use_sync_bn)
+    self._conv1 = anet_layers.conv3d_same_padding(
+        filters[0], 1, kernel_regularizer=kernel_regularizer, name='last_conv')
+    self._bn1 = anet_layers.BatchNormRelu(name='last_conv_bn', **bn)
+    self._conv2 = anet_layers.conv3d_same_padding(
+        filters[1], 1, kernel_regularizer=kernel_regularizer,
+        name='last_conv2')
+    self._bn2 = anet_layers.BatchNormRelu(name='last_conv2_bn', **bn)
+    self._dropout = layers.Dropout(dropout_rate)
+    self._dense = layers.Dense(
+        num_classes, kernel_initializer=tf_keras.initializers.RandomNormal(
+            stddev=0.01), kernel_regularizer=kernel_regularizer,
+        dtype='float32', name='final_dense')
+
+  def call(self, inputs, training=None):
+    x = self._bn1(self._conv1(inputs), training=training)
+    x = self._bn2(self._conv2(x), training=training)
+    if self._args['max_pool_predictions']:
+      x = tf.reduce_mean(x, axis=[2, 3])  # [B, T, C]
+    else:
+      x = tf.reduce_mean(x, axis=[1, 2, 3])  # [B, C]
+    x = self._dropout(x, training=training)
+    logits = self._dense(tf.cast(x, tf.float32))
+    if self._args['max_pool_predictions']:
+      num_frames = tf.cast(tf.shape(logits)[1], tf.float32)
+      acts = tf.nn.softmax(logits / tf.sqrt(num_frames), axis=1)
+      logits = tf.reduce_sum(logits * acts, axis=1)
+    return logits
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(self._args)
+    return config
+
+
+class AssembleNetPlusLiteModel(tf_keras.Model):
+  """Backbone + `LiteHead`: {'image': [B, T, H, W, 3]} -> logits [B, K]."""
+
+  def __init__(self, backbone: AssembleNetPlusLite, num_classes: int,
+               input_specs: Optional[Dict[str, layers.InputSpec]] = None,
+               head_filters: Sequence[int] = (432, 2048),
+               max_pool_predictions: bool = False, dropout_rate: float = 0.0,
+               kernel_regularizer=None, **kwargs):
+    if input_specs is None:
+      input_specs = {'image': layers.InputSpec(
+          shape=[None] + list(backbone.input_shape[1:]))}
+    shape = list(input_specs['image'].shape)
+    inputs = {'image': tf_keras.Input(shape=shape[1:], batch_size=shape[0],
+                                      name='image')}
+    features = backbone(inputs['image'])['output']
+    head = LiteHead(num_classes, head_filters, max_pool_predictions,
+                    dropout_rate, bn_decay=backbone.get_config()['bn_decay'],
+                    bn_epsilon=backbone.get_config()['bn_epsilon'],
+                    use_sync_bn=backbone.get_config()['use_sync_bn'],
+                    kernel_regularizer=kernel_regularizer, name='head')
+    logits = head(features)
+    super().__init__(inputs=inputs, outputs=logits, **kwargs)
+    self._backbone = backbone
+    self._head = head
+    self._config_dict = dict(num_classes=num_classes,
+                             head_filters=list(head_filters),
+                             max_pool_predictions=max_pool_predictions,
+                             dropout_rate=dropout_rate)
+
+  @property
+  def backbone(self):
+    return self._backbone
+
+  @property
+  def checkpoint_items(self):
+    return dict(backbone=self._backbone, head=self._head)
+
+  def get_config(self):
+    return dict(self._config_dict)
+
+
+def build_backbone_from_config(input_specs, backbone_config,
+                               kernel_regularizer=None
+                               ) -> AssembleNetPlusLite:
+  """Builds the backbone from an `AssembleNetPlusLite` config."""
+  c = backbone_config
+  with _policy(c.precision):
+    return AssembleNetPlusLite(
+        model_structure=c.model_structure,
+        model_edge_weights=c.model_edge_weights or None,
+        blocks_per_level=tuple(c.blocks_per_level),
+        input_specs=input_specs,
+        stem_filters=c.stem_filters,
+        attention_mode=c.attention_mode or None,
+        fusion_width_as_channels=c.fusion_width_as_channels,
+        bn_decay=c.bn_decay, bn_epsilon=c.bn_epsilon,
+        use_sync_bn=c.use_sync_bn, recompute_grad=c.recompute_grad,
+        rep_flow_options=c.rep_flow.as_dict(),
+        kernel_regularizer=kernel_regularizer)
+
+
+@backbone_factory.register_backbone_builder('assemblenet_plus_lite')
+def build_assemblenet_plus_lite_backbone(
+    input_specs: layers.InputSpec, backbone_config, norm_activation_config,
+    l2_regularizer=None) -> AssembleNetPlusLite:
+  """Model Garden backbone builder ('assemblenet_plus_lite').
+
+  The batch-norm settings come from the backbone config (`bn_decay`,
+  `bn_epsilon`, `use_sync_bn`), not from `norm_activation_config`.
+  """
+  del norm_activation_config
+  if backbone_config.type != 'assemblenet_plus_lite':
+    raise ValueError(f'backbone type {backbone_config.type!r} is not '
+                     "'assemblenet_plus_lite'.")
+  return build_backbone_from_config(input_specs, backbone_config.get(),
+                                    l2_regularizer)
+
+
+@factory_3d.register_model_builder('assemblenet_plus_lite')
+def build_assemblenet_plus_lite_model(
+    input_specs: layers.InputSpec, model_config, num_classes: int,
+    l2_regularizer=None) -> AssembleNetPlusLiteModel:
+  """Model Garden 3-D model builder ('assemblenet_plus_lite')."""
+  backbone = backbone_factory.build_backbone(
+      input_specs=input_specs, backbone_config=model_config.backbone,
+      norm_activation_config=None, l2_regularizer=l2_regularizer)
+  precision = model_config.backbone.get().precision
+  with _policy(precision):
+    return AssembleNetPlusLiteModel(
+        backbone, num_classes,
+        input_specs={'image': input_specs},
+        head_filters=tuple(model_config.head_filters),
+        max_pool_predictions=model_config.max_pool_predictions,
+        dropout_rate=model_config.dropout_rate,
+        kernel_regularizer=l2_regularizer)

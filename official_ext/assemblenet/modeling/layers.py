@@ -1,0 +1,569 @@
+"""Layers of AssembleNet++lite (5-D `[batch, time, height, width, channels]`).
+
+Each layer has `get_config`; variable names are chosen on purpose (they are the
+checkpoint interface): a node's fusion holds `agg_weights` (edge weights),
+`peer_dense_<k>` (peer candidate vectors), `attention_<i>` /
+`attention_<i>_peer_weights` (per-connection attention) and `project_<c>`
+(1x1x1 projection of the inputs with c channels); a block holds `conv_a`,
+`conv_b` (and `conv_b_temporal` when strided), `conv_c`, `shortcut` and their
+`bn_*`.
+"""
+import math
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf, tf_keras
+
+BATCH_NORM_DECAY = 0.99
+BATCH_NORM_EPSILON = 1e-5
+ATTENTION_MODES = (None, 'self', 'peer')
+
+
+def conv3d_same_padding(filters: int,
+                        kernel_size,
+                        strides: int = 1,
+                        temporal_dilation: int = 1,
+                        do_2d_conv: bool = False,
+                        kernel_initializer=None,
+                        kernel_regularizer=None,
+                        name: Optional[str] = None) -> tf_keras.layers.Conv3D:
+  """A bias-free 'same'-padded Conv3D, as the original `conv3d_same_padding`.
+
+  Args:
+    filters: output channels.
+    kernel_size: int k means [1, k, k] when `do_2d_conv` else [k, k, k]; a
+      3-list is used as is ([time, height, width]).
+    strides: spatial stride (the temporal stride is always 1).
+    temporal_dilation: dilation along time only.
+    do_2d_conv: see `kernel_size`.
+    kernel_initializer: default variance scaling (scale 1, fan_in, truncated
+      normal), as TF1's `tf.variance_scaling_initializer()`.
+    kernel_regularizer: optional regularizer of the kernel.
+    name: layer name.
+
+  Returns:
+    A `tf_keras.layers.Conv3D` mapping [B, T, H, W, C] to
+    [B, T, ceil(H / s), ceil(W / s), filters].
+  """
+  if isinstance(kernel_size, int):
+    kernel_size = ([1, kernel_size, kernel_size] if do_2d_conv else
+                   [kernel_size] * 3)
+  return tf_keras.layers.Conv3D(
+      filters=filters,
+      kernel_size=list(kernel_size),
+      strides=[1, strides, strides],
+      padding='same',
+      dilation_rate=[temporal_dilation, 1, 1],
+      use_bias=False,
+      kernel_initializer=(kernel_initializer or
+                          tf_keras.initializers.VarianceScaling()),
+      kernel_regularizer=kernel_regularizer,
+      name=name)
+
+
+class BatchNormRelu(tf_keras.layers.Layer):
+  """Batch normalization (channels last), then an optional ReLU.
+
+  `init_zero` initializes gamma to 0 (the last BN of a residual branch, so a
+  block starts as its shortcut). `momentum` is the original's `bn_decay`.
+  """
+
+  def __init__(self, relu: bool = True, init_zero: bool = False,
+               bn_decay: float = BATCH_NORM_DECAY,
+               bn_epsilon: float = BATCH_NORM_EPSILON,
+               use_sync_bn: bool = False, **kwargs):
+    super().__init__(**kwargs)
+    self._relu = relu
+    self._init_zero = init_zero
+    self._bn_decay = bn_decay
+    self._bn_epsilon = bn_epsilon
+    self._use_sync_bn = use_sync_bn
+    bn_cls = (tf_keras.layers.experimental.SyncBatchNormalization
+              if use_sync_bn else tf_keras.layers.BatchNormalization)
+    self._bn = bn_cls(
+        axis=-1, momentum=bn_decay, epsilon=bn_epsilon,
+        gamma_initializer='zeros' if init_zero else 'ones', name='bn')
+
+  def call(self, inputs, training=None):
+    x = self._bn(inputs, training=training)
+    return tf.nn.relu(x) if self._relu else x
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(relu=self._relu, init_zero=self._init_zero,
+                  bn_decay=self._bn_decay, bn_epsilon=self._bn_epsilon,
+                  use_sync_bn=self._use_sync_bn)
+    return config
+
+
+def _diff_kernel(taps: Sequence[float], axis: str) -> np.ndarray:
+  """A [kh, kw, 1, 1] conv2d kernel holding `taps` along x or y."""
+  taps = np.asarray(taps, np.float32)
+  shape = (1, len(taps), 1, 1) if axis == 'x' else (len(taps), 1, 1, 1)
+  return taps.reshape(shape)
+
+
+class RepresentationFlow(tf_keras.layers.Layer):
+  """TV-L1-style optical flow of RGB frames ("representation flow").
+
+  As the original `rep_flow` with bottleneck 1: the frames are averaged over
+  channels to grey, rescaled to 0..255 with the min/max of the whole input
+  tensor (as the original; a constant input is left as is instead of
+  dividing by zero), and the flow of each pair (t, t+1) is computed with
+  `num_iter` iterations of the TV-L1 scheme with theta=0.3, lambda=0.15,
+  tau=0.25, the image-gradient kernel [-0.5, 0, 0.5] and the
+  divergence/forward-gradient kernels [-1, 1]. The last flow is repeated so
+  the output keeps T frames. Positive x flow means motion to the right,
+  positive y flow motion down. Always computed in float32.
+
+  Kernels and hyper-parameters are variables, trainable only when asked
+  (`train_feature_grad`: image gradient; `train_divergence`: divergence;
+  `train_flow_grad`: flow forward gradient; `train_hyper`: theta, lambda,
+  tau); by default none is, and the layer has no trainable parameter.
+
+  Input: [B, T, H, W, C] (T >= 2). Output: float32 [B, T, H, W, 2] (x, y).
+  """
+
+  def __init__(self, num_iter: int = 20, train_feature_grad: bool = False,
+               train_divergence: bool = False, train_flow_grad: bool = False,
+               train_hyper: bool = False, **kwargs):
+    kwargs.setdefault('dtype', 'float32')
+    super().__init__(**kwargs)
+    if num_iter < 1:
+      raise ValueError(f'rep_flow num_iter must be >= 1; got {num_iter}.')
+    self._num_iter = num_iter
+    self._train_feature_grad = train_feature_grad
+    self._train_divergence = train_divergence
+    self._train_flow_grad = train_flow_grad
+    self._train_hyper = train_hyper
+
+  def build(self, input_shape):
+    if input_shape[1] is not None and input_shape[1] < 2:
+      raise ValueError('The flow stem needs at least 2 frames; the input has '
+                       f'{input_shape[1]}.')
+
+    def const(name, value, trainable):
+      value = np.asarray(value, np.float32)
+      return self.add_weight(
+          name=name, shape=value.shape,
+          initializer=tf_keras.initializers.Constant(value),
+          trainable=trainable, dtype=tf.float32)
+
+    img_grad = [-0.5, 0.0, 0.5]
+    f_grad = [-1.0, 1.0]
+    self.img_grad_x = const('img_grad_x', _diff_kernel(img_grad, 'x'),
+                            self._train_feature_grad)
+    self.img_grad_y = const('img_grad_y', _diff_kernel(img_grad, 'y'),
+                            self._train_feature_grad)
+    self.f_grad_x = const('f_grad_x', _diff_kernel(f_grad, 'x'),
+                          self._train_divergence)
+    self.f_grad_y = const('f_grad_y', _diff_kernel(f_grad, 'y'),
+                          self._train_divergence)
+    self.f_grad_x2 = const('f_grad_x2', _diff_kernel(f_grad, 'x'),
+                           self._train_flow_grad)
+    self.f_grad_y2 = const('f_grad_y2', _diff_kernel(f_grad, 'y'),
+                           self._train_flow_grad)
+    self.theta = const('theta', 0.3, self._train_hyper)
+    self.lambda_ = const('lambda', 0.15, self._train_hyper)
+    self.tau = const('tau', 0.25, self._train_hyper)
+    super().build(input_shape)
+
+  @staticmethod
+  def _conv(x, kernel):
+    return tf.nn.conv2d(x, kernel, [1, 1, 1, 1], 'SAME')
+
+  def _divergence(self, p1, p2):
+    p1 = tf.pad(p1[:, :, :-1, :], [[0, 0], [0, 0], [1, 0], [0, 0]])
+    p2 = tf.pad(p2[:, :-1, :, :], [[0, 0], [1, 0], [0, 0], [0, 0]])
+    return self._conv(p1, self.f_grad_x) + self._conv(p2, self.f_grad_y)
+
+  def call(self, inputs):
+    x = tf.cast(inputs, tf.float32)
+    static = x.shape
+    shape = tf.shape(x)
+    b, t, h, w = shape[0], shape[1], shape[2], shape[3]
+    grey = tf.reduce_mean(x, axis=-1)  # [B, T, H, W]
+    mx = tf.reduce_max(grey)
+    mn = tf.reduce_min(grey)
+    scale = tf.math.divide_no_nan(tf.constant(255.0), mx - mn)
+    grey = tf.where(mx > mn, (grey - mn) * scale, grey)
+    img1 = tf.reshape(grey[:, :-1], [-1, h, w, 1])
+    img2 = tf.reshape(grey[:, 1:], [-1, h, w, 1])
+
+    theta = tf.abs(self.theta) + 1e-12
+    l_t = self.lambda_ * theta
+    taut = self.tau / theta
+
+    grad2_x = self._conv(img2, self.img_grad_x)
+    grad2_y = self._conv(img2, self.img_grad_y)
+    grad = grad2_x ** 2 + grad2_y ** 2 + 1e-12
+    zeros = tf.zeros_like(img1)
+    u1, u2 = zeros, zeros
+    p11 = p12 = p21 = p22 = zeros
+    rho_c = img2 - img1  # the original's img2 - grad.u - img1 with u = 0.
+    for _ in range(self._num_iter):
+      rho = rho_c + grad2_x * u1 + grad2_y * u2 + 1e-12
+      mask1 = rho < -l_t * grad
+      mask2 = rho > l_t * grad
+      mask3 = tf.logical_and(
+          tf.logical_and(tf.logical_not(mask1), tf.logical_not(mask2)),
+          grad > 1e-12)
+      step = tf.where(mask1, l_t, tf.where(mask2, -l_t, zeros))
+      step = tf.where(mask3, -rho / grad, step)
+      v1 = step * grad2_x + u1
+      v2 = step * grad2_y + u2
+      u1 = v1 + theta * self._divergence(p11, p12)
+      u2 = v2 + theta * self._divergence(p21, p22)
+      u1x, u1y = self._conv(u1, self.f_grad_x2), self._conv(u1, self.f_grad_y2)
+      u2x, u2y = self._conv(u2, self.f_grad_x2), self._conv(u2, self.f_grad_y2)
+      n1 = 1.0 + taut * tf.sqrt(u1x ** 2 + u1y ** 2 + 1e-12)
+      n2 = 1.0 + taut * tf.sqrt(u2x ** 2 + u2y ** 2 + 1e-12)
+      p11 = (p11 + taut * u1x) / n1
+      p12 = (p12 + taut * u1y) / n1
+      p21 = (p21 + taut * u2x) / n2
+      p22 = (p22 + taut * u2y) / n2
+    flow = tf.concat([u1, u2], axis=-1)
+    flow = tf.reshape(flow, [b, t - 1, h, w, 2])
+    flow = tf.concat([flow, flow[:, -1:]], axis=1)
+    return tf.ensure_shape(flow, static[:-1].concatenate([2]))
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(num_iter=self._num_iter,
+                  train_feature_grad=self._train_feature_grad,
+                  train_divergence=self._train_divergence,
+                  train_flow_grad=self._train_flow_grad,
+                  train_hyper=self._train_hyper)
+    return config
+
+
+def original_fusion_width(shapes: Sequence[Sequence[Optional[int]]]) -> int:
+  """The original's 5-D fusion target: `shape[3]` (width), not channels.
+
+  The original loops over its inputs with `if C > lg: lg = shape[3]`, where
+  `shape[3]` of an NTHWC tensor is the width, and then uses `lg` as the
+  channel count of its 1x1x1 projections (and as "the largest channel count"
+  that needs no projection).
+  """
+  lg = 0
+  for s in shapes:
+    if s[-1] > lg:
+      lg = s[3]
+  return lg
+
+
+class PeerAttentionFusion(tf_keras.layers.Layer):
+  """Fuses a node's inputs: edge weights, attention, 1x1x1 projections, sum.
+
+  Called on `inputs + peers` (a list): the node's `num_inputs` input tensors
+  [B, T, H_i, W_i, C_i] (same B and T), then, for attention 'peer', the
+  tensors of every node of a lower level [B, T, H_k, W_k, C_k] (the peers).
+
+  1. Every input is max-pooled spatially ([1, r, r], stride r, 'same',
+     r = (H_i + 1) // H_min) to the smallest input size.
+  2. With several inputs, input i is multiplied by sigmoid(w_i); the logits
+     w are `agg_weights` ([num_inputs] float32): trainable (truncated normal,
+     stddev 0.01; the one-shot connectivity search) when no `edge_weights`
+     are given, else fixed (non-trainable) at logit(edge_weights). A single
+     input passes through unweighted.
+  3. Attention (per frame, per connection), when `attention_mode` is set:
+     'self' uses the connection's own spatial mean [B, T, C_i]; 'peer' a
+     softmax-weighted (`attention_<i>_peer_weights`, trainable, truncated
+     normal 0.01) sum of candidate vectors, one per peer: the peer's spatial
+     mean through a dense layer (`peer_dense_<k>`, with bias, normal(0.01)
+     init) to the largest channel count among the peers. Either vector goes
+     through a dense layer (`attention_<i>`) to C_i, a sigmoid, and scales the
+     connection's channels.
+  4. Inputs with equal channel counts are summed; each group whose channel
+     count is not the fusion width is projected by a bias-free 1x1x1 conv
+     (`project_<c>`) to the fusion width; the groups are summed.
+
+  The fusion width is the largest input channel count (the intended
+  behaviour). With `fusion_width_as_channels`, it is what the original's 5-D
+  code computes (`original_fusion_width`: an input's *width*), which
+  reproduces the original's variable shapes (its parameter count then
+  depends on the input resolution). The original also projected only the
+  first input of a multi-input group whose channel count was not the fusion
+  width (dropping the others); this layer always sums a group before
+  projecting it, in both modes (same variables, so the same shapes).
+
+  The original applied self-attention to single-input nodes even with
+  attention off; here attention is applied only when `attention_mode` is set.
+
+  Output: [B, T, H_min, W_min, fusion width].
+  """
+
+  def __init__(self, num_inputs: int, attention_mode: Optional[str] = None,
+               edge_weights: Optional[Sequence[float]] = None,
+               fusion_width_as_channels: bool = False,
+               kernel_regularizer=None, **kwargs):
+    super().__init__(**kwargs)
+    if attention_mode not in ATTENTION_MODES:
+      raise ValueError(f'attention_mode must be one of {ATTENTION_MODES}; '
+                       f'got {attention_mode!r}.')
+    if edge_weights is not None and len(edge_weights) != num_inputs:
+      raise ValueError(f'{self.name}: {len(edge_weights)} edge weights for '
+                       f'{num_inputs} inputs.')
+    self._num_inputs = num_inputs
+    self._attention_mode = attention_mode
+    self._edge_weights = (None if edge_weights is None else
+                          [float(w) for w in edge_weights])
+    self._fusion_width_as_channels = fusion_width_as_channels
+    self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+
+  def build(self, input_shape):
+    shapes = [tf.TensorShape(s).as_list() for s in input_shape]
+    in_shapes, peer_shapes = shapes[:self._num_inputs], shapes[self._num_inputs:]
+    for s in in_shapes:
+      if None in s[2:]:
+        raise ValueError(f'{self.name}: fusion needs static height, width and '
+                         f'channels; got input shape {s}.')
+    self._sm_h = min(s[2] for s in in_shapes)
+    self._sm_w = min(s[3] for s in in_shapes)
+    self._ratios = []
+    for s in in_shapes:
+      if s[2] != self._sm_h or s[3] != self._sm_w:
+        self._ratios.append((s[2] + 1) // self._sm_h)
+      else:
+        self._ratios.append(1)
+    if self._fusion_width_as_channels:
+      self._width = original_fusion_width(in_shapes)
+    else:
+      self._width = max(s[-1] for s in in_shapes)
+    self._channels = [s[-1] for s in in_shapes]
+    groups: Dict[int, List[int]] = {}
+    for i, c in enumerate(self._channels):
+      groups.setdefault(c, []).append(i)
+    # (channels, input indices) pairs in first-seen order; a tuple so Keras
+    # does not track it.
+    self._groups = tuple((c, tuple(ids)) for c, ids in groups.items())
+
+    if self._num_inputs > 1:
+      if self._edge_weights is None:
+        init = tf_keras.initializers.TruncatedNormal(mean=0.0, stddev=0.01)
+        trainable = True
+      else:
+        w = np.asarray(self._edge_weights, np.float64)
+        init = tf_keras.initializers.Constant(
+            (-np.log(1.0 / w - 1.0)).astype(np.float32))
+        trainable = False
+      self.agg_weights = self.add_weight(
+          name='agg_weights', shape=[self._num_inputs], initializer=init,
+          trainable=trainable, dtype=tf.float32)
+
+    dense = lambda units, name: tf_keras.layers.Dense(  # pylint: disable=g-long-lambda
+        units, kernel_initializer=tf_keras.initializers.RandomNormal(
+            stddev=0.01), kernel_regularizer=self._kernel_regularizer,
+        name=name)
+    self._peer_dense = []
+    self._peer_weights = []
+    self._attention_dense = []
+    if self._attention_mode == 'peer':
+      if not peer_shapes:
+        raise ValueError(f'{self.name}: attention "peer" needs peer inputs.')
+      peer_width = max(s[-1] for s in peer_shapes)
+      self._peer_dense = [dense(peer_width, f'peer_dense_{k}')
+                          for k in range(len(peer_shapes))]
+      for i in range(self._num_inputs):
+        self._peer_weights.append(self.add_weight(
+            name=f'attention_{i}_peer_weights', shape=[len(peer_shapes)],
+            initializer=tf_keras.initializers.TruncatedNormal(stddev=0.01),
+            trainable=True, dtype=tf.float32))
+    if self._attention_mode:
+      for i, c in enumerate(self._channels):
+        self._attention_dense.append(dense(c, f'attention_{i}'))
+    projections = {}
+    for c, _ in self._groups:
+      if c != self._width:
+        conv = conv3d_same_padding(
+            self._width, 1, kernel_regularizer=self._kernel_regularizer,
+            name=f'project_{c}')
+        projections[str(c)] = conv
+    self._projections = projections
+    super().build(input_shape)
+
+  def call(self, inputs):
+    xs = list(inputs[:self._num_inputs])
+    peers = list(inputs[self._num_inputs:])
+    dtype = xs[0].dtype
+    candidates = None
+    if self._attention_mode == 'peer':
+      candidates = [d(tf.reduce_mean(p, axis=[2, 3]))
+                    for d, p in zip(self._peer_dense, peers)]
+    if self._num_inputs > 1:
+      weights = tf.cast(tf.math.sigmoid(self.agg_weights), dtype)
+    for i, x in enumerate(xs):
+      r = self._ratios[i]
+      if r > 1:
+        x = tf.nn.max_pool3d(x, [1, 1, r, r, 1], [1, 1, r, r, 1], 'SAME')
+      if self._num_inputs > 1:
+        x = weights[i] * x
+      if self._attention_mode:
+        if self._attention_mode == 'peer':
+          mix = tf.cast(tf.nn.softmax(self._peer_weights[i]), candidates[0].dtype)
+          vec = tf.add_n([mix[k] * v for k, v in enumerate(candidates)])
+        else:
+          vec = tf.reduce_mean(x, axis=[2, 3])
+        attn = tf.math.sigmoid(self._attention_dense[i](vec))
+        x = x * tf.cast(attn[:, :, tf.newaxis, tf.newaxis, :], x.dtype)
+      xs[i] = x
+    outs = []
+    for c, members in self._groups:
+      y = xs[members[0]] if len(members) == 1 else tf.add_n(
+          [xs[j] for j in members])
+      if c != self._width:
+        y = self._projections[str(c)](y)
+      outs.append(y)
+    return outs[0] if len(outs) == 1 else tf.add_n(outs)
+
+  @property
+  def fusion_width(self) -> int:
+    return self._width
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(
+        num_inputs=self._num_inputs, attention_mode=self._attention_mode,
+        edge_weights=self._edge_weights,
+        fusion_width_as_channels=self._fusion_width_as_channels,
+        kernel_regularizer=tf_keras.regularizers.serialize(
+            self._kernel_regularizer) if self._kernel_regularizer else None)
+    return config
+
+
+class InvertedBottleneckBlock3D(tf_keras.layers.Layer):
+  """The lite inverted-bottleneck 3-D residual block.
+
+  filters [f_a, f_b, f_out]: 1x1x1 conv to f_a (BN, ReLU); then, when
+  strided, a [1, 3, 3] conv with the spatial stride to f_b (BN, ReLU) and a
+  [3, 1, 1] temporal conv (dilated by `temporal_dilation`; truncated-normal
+  init with stddev sqrt(2 / (3 * f_b)) when dilated, as the original) to f_b
+  (BN, ReLU), else a [3, 3, 3] conv dilated in time to f_b (BN, ReLU); then a
+  1x1x1 conv to f_out with BN (gamma initialized to 0, no ReLU). The shortcut
+  is the input, or (`use_projection`) a strided 1x1x1 conv to f_out with BN.
+  Output: ReLU(branch + shortcut), [B, T, ceil(H / s), ceil(W / s), f_out].
+  """
+
+  def __init__(self, filters: Sequence[int], strides: int = 1,
+               use_projection: bool = False, temporal_dilation: int = 1,
+               bn_decay: float = BATCH_NORM_DECAY,
+               bn_epsilon: float = BATCH_NORM_EPSILON,
+               use_sync_bn: bool = False, kernel_regularizer=None, **kwargs):
+    super().__init__(**kwargs)
+    self._filters = list(filters)
+    self._strides = strides
+    self._use_projection = use_projection
+    self._temporal_dilation = temporal_dilation
+    self._bn_decay = bn_decay
+    self._bn_epsilon = bn_epsilon
+    self._use_sync_bn = use_sync_bn
+    self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+    reg = self._kernel_regularizer
+    bn = lambda name, **kw: BatchNormRelu(  # pylint: disable=g-long-lambda
+        bn_decay=bn_decay, bn_epsilon=bn_epsilon, use_sync_bn=use_sync_bn,
+        name=name, **kw)
+    f_a, f_b, f_out = self._filters
+    self._layers = []
+    if use_projection:
+      self._shortcut = conv3d_same_padding(f_out, 1, strides,
+                                           kernel_regularizer=reg,
+                                           name='shortcut')
+      self._shortcut_bn = bn('bn_shortcut', relu=False)
+    elif strides != 1:
+      raise ValueError(f'{self.name}: strides > 1 needs use_projection.')
+    self._layers += [conv3d_same_padding(f_a, 1, kernel_regularizer=reg,
+                                         name='conv_a'), bn('bn_a')]
+    if strides > 1:
+      temporal_init = None
+      if temporal_dilation > 1:
+        temporal_init = tf_keras.initializers.TruncatedNormal(
+            stddev=math.sqrt(2.0 / (3 * f_b)))
+      self._layers += [
+          conv3d_same_padding(f_b, 3, strides, do_2d_conv=True,
+                              kernel_regularizer=reg, name='conv_b'),
+          bn('bn_b'),
+          conv3d_same_padding(f_b, [3, 1, 1], 1, temporal_dilation,
+                              kernel_initializer=temporal_init,
+                              kernel_regularizer=reg, name='conv_b_temporal'),
+          bn('bn_b_temporal')]
+    else:
+      self._layers += [
+          conv3d_same_padding(f_b, [3, 3, 3], 1, temporal_dilation,
+                              kernel_regularizer=reg, name='conv_b'),
+          bn('bn_b')]
+    self._layers += [conv3d_same_padding(f_out, 1, kernel_regularizer=reg,
+                                         name='conv_c'),
+                     bn('bn_c', relu=False, init_zero=True)]
+
+  def call(self, inputs, training=None):
+    shortcut = inputs
+    if self._use_projection:
+      shortcut = self._shortcut_bn(self._shortcut(inputs), training=training)
+    x = inputs
+    for layer in self._layers:
+      if isinstance(layer, BatchNormRelu):
+        x = layer(x, training=training)
+      else:
+        x = layer(x)
+    return tf.nn.relu(x + shortcut)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(
+        filters=self._filters, strides=self._strides,
+        use_projection=self._use_projection,
+        temporal_dilation=self._temporal_dilation, bn_decay=self._bn_decay,
+        bn_epsilon=self._bn_epsilon, use_sync_bn=self._use_sync_bn,
+        kernel_regularizer=tf_keras.regularizers.serialize(
+            self._kernel_regularizer) if self._kernel_regularizer else None)
+    return config
+
+
+class BlockGroup(tf_keras.layers.Layer):
+  """`num_blocks` inverted-bottleneck blocks; the first projects and strides.
+
+  With `recompute_grad`, training calls run through `tf.recompute_grad`: only
+  the group's input is kept for the backward pass and its activations are
+  recomputed there (gradient checkpointing; less memory, about one more
+  forward pass of compute). The recomputation runs the batch norms in
+  training mode again, so their moving averages take a second (identical)
+  update per step.
+  """
+
+  def __init__(self, filters: Sequence[int], num_blocks: int, strides: int,
+               temporal_dilation: int = 1, recompute_grad: bool = False,
+               bn_decay: float = BATCH_NORM_DECAY,
+               bn_epsilon: float = BATCH_NORM_EPSILON,
+               use_sync_bn: bool = False, kernel_regularizer=None, **kwargs):
+    super().__init__(**kwargs)
+    self._config = dict(
+        filters=list(filters), num_blocks=num_blocks, strides=strides,
+        temporal_dilation=temporal_dilation, recompute_grad=recompute_grad,
+        bn_decay=bn_decay, bn_epsilon=bn_epsilon, use_sync_bn=use_sync_bn)
+    self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+    self._blocks = [
+        InvertedBottleneckBlock3D(
+            filters, strides=strides if b == 0 else 1,
+            use_projection=(b == 0), temporal_dilation=temporal_dilation,
+            bn_decay=bn_decay, bn_epsilon=bn_epsilon, use_sync_bn=use_sync_bn,
+            kernel_regularizer=self._kernel_regularizer, name=f'block_{b}')
+        for b in range(num_blocks)]
+
+  def _forward(self, x, training):
+    for block in self._blocks:
+      x = block(x, training=training)
+    return x
+
+  def call(self, inputs, training=None):
+    if self._config['recompute_grad'] and training is True:
+      fn = tf.recompute_grad(lambda x: self._forward(x, True))
+      return fn(inputs)
+    return self._forward(inputs, training)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(self._config)
+    config['kernel_regularizer'] = (
+        tf_keras.regularizers.serialize(self._kernel_regularizer)
+        if self._kernel_regularizer else None)
+    return config

@@ -1,0 +1,225 @@
+"""AssembleNet++lite network structures: the published one, tiny ones, checks.
+
+A structure is a JSON-able list of nodes, in topological order:
+
+* a stem node is `[stem_type, temporal_dilation]`; stem_type -1 is the RGB
+  stem, -2 the optical-flow stem (flow computed from the RGB input by the
+  representation-flow layer), -3 an object-segmentation stem (needs an object
+  input the model does not take: rejected when a model is built);
+* a block node is `[block_level, [input node indices], [f_expand, f_expand,
+  f_out], temporal_dilation, spatial_stride]`. `block_level` is 0..3 (it picks
+  `blocks_per_level[block_level]` inverted-bottleneck blocks), every input
+  index is lower than the node's own index, the filter list is
+  [1x1x1 expansion, 3x3x3 (or 1x3x3 + 3x1x1 when strided), 1x1x1 output].
+  The shipped structures carry a sixth entry (always 0) that nothing reads.
+
+The model's output is the first level-3 node. Edge weights (optional) give one
+entry per node: `[]` for stems and single-input nodes, `[[w_1, ..., w_n]]`
+(post-sigmoid, each in (0, 1)) for a node with n inputs.
+
+The published AssembleNet++lite structure and its connection weights (found by
+the one-shot connectivity search on Charades) are the values published with
+the original code (google-research/assemblenet, `asnp_lite_structure` and
+`asnp_lite_structure_weights`), with blocks per level [3, 5, 11, 7].
+"""
+import json
+from typing import Any, List, Optional, Sequence, Union
+
+STEM_RGB = -1
+STEM_FLOW = -2
+STEM_OBJECT = -3
+STEM_TYPES = (STEM_RGB, STEM_FLOW, STEM_OBJECT)
+BLOCK_LEVELS = (0, 1, 2, 3)
+
+ASSEMBLENET_PLUS_LITE_STRUCTURE = [
+    [-1, 1], [-2, 1],
+    [0, [0, 1], [27, 27, 12], 1, 2, 0],
+    [0, [0, 1], [27, 27, 12], 4, 2, 0],
+    [1, [0, 1, 2, 3], [54, 54, 24], 2, 2, 0],
+    [1, [0, 1, 2, 3], [54, 54, 24], 1, 2, 0],
+    [1, [0, 1, 2, 3], [54, 54, 24], 4, 2, 0],
+    [1, [0, 1, 2, 3], [54, 54, 24], 1, 2, 0],
+    [2, [0, 1, 2, 3, 4, 5, 6, 7], [152, 152, 68], 1, 2, 0],
+    [2, [0, 1, 2, 3, 4, 5, 6, 7], [152, 152, 68], 4, 2, 0],
+    [3, [2, 3, 4, 5, 6, 7, 8, 9], [432, 432, 192], 2, 2, 0],
+]
+
+ASSEMBLENET_PLUS_LITE_EDGE_WEIGHTS = [
+    [], [],
+    [[0.19914183020591736, 0.9278576374053955]],
+    [[0.010816320776939392, 0.888792097568512]],
+    [[0.9473835825920105, 0.6303419470787048, 0.1704932451248169,
+      0.05950307101011276]],
+    [[0.9560931324958801, 0.7898273468017578, 0.36138781905174255,
+      0.07344610244035721]],
+    [[0.9213919043540955, 0.13418640196323395, 0.8371981978416443,
+      0.07936054468154907]],
+    [[0.9441559910774231, 0.9435100555419922, 0.7253988981246948,
+      0.13498817384243011]],
+    [[0.9964852333068848, 0.8427878618240356, 0.8895476460456848,
+      0.11014710366725922, 0.6270533204078674, 0.44782018661499023,
+      0.61344975233078, 0.44898226857185364]],
+    [[0.9970942735671997, 0.7105681896209717, 0.5078442096710205,
+      0.0951600968837738, 0.624282717704773, 0.8527252674102783,
+      0.8105692863464355, 0.7857823967933655]],
+    [[0.6180334091186523, 0.11882413923740387, 0.06102970987558365,
+      0.04484326392412186, 0.05602221190929413, 0.052324872463941574,
+      0.9969874024391174, 0.9987731575965881]],
+]
+
+ASSEMBLENET_PLUS_LITE_BLOCKS_PER_LEVEL = (3, 5, 11, 7)
+
+# A small structure with the same topology rules (two stems, every level,
+# multi-input fusion with differing channel counts and spatial sizes), for
+# tests and the CPU demo.
+TINY_STRUCTURE = [
+    [-1, 1], [-2, 1],
+    [0, [0, 1], [8, 8, 8], 1, 2, 0],
+    [0, [0, 1], [8, 8, 4], 2, 2, 0],
+    [1, [0, 1, 2, 3], [16, 16, 8], 1, 2, 0],
+    [2, [0, 2, 3, 4], [24, 24, 12], 2, 2, 0],
+    [3, [3, 4, 5], [32, 32, 16], 1, 1, 0],
+]
+TINY_BLOCKS_PER_LEVEL = (1, 1, 1, 1)
+
+StructureLike = Union[str, Sequence[Any]]
+
+
+def _loads(value: Any, what: str) -> Any:
+  if isinstance(value, str):
+    try:
+      return json.loads(value)
+    except json.JSONDecodeError as e:
+      raise ValueError(f'{what} is not valid JSON: {e}') from e
+  return value
+
+
+def _is_int(x: Any) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_stem(node: Sequence[Any]) -> bool:
+  return node[0] < 0
+
+
+def validate_structure(structure: StructureLike,
+                       edge_weights: Optional[StructureLike] = None,
+                       blocks_per_level: Optional[Sequence[int]] = None
+                       ) -> List[List[Any]]:
+  """Checks a structure (and edge weights); returns it as python lists.
+
+  Args:
+    structure: the node list, or its JSON text.
+    edge_weights: optional per-node weights (or JSON text; '' / '[]' / None
+      mean "none given": the weights are then learned).
+    blocks_per_level: optional blocks per level; must have 4 positive ints.
+
+  Returns:
+    The structure as a list of lists (block nodes keep only their first five
+    entries).
+
+  Raises:
+    ValueError: naming the offending node (`node i`) and what was expected.
+  """
+  structure = _loads(structure, 'model structure')
+  if not isinstance(structure, (list, tuple)) or not structure:
+    raise ValueError('model structure must be a non-empty list of nodes; got '
+                     f'{structure!r}')
+  if blocks_per_level is not None:
+    if (len(blocks_per_level) != 4 or
+        not all(_is_int(b) and b >= 1 for b in blocks_per_level)):
+      raise ValueError('blocks_per_level must be 4 positive ints (levels 0-3); '
+                       f'got {list(blocks_per_level)!r}')
+  out = []
+  for i, node in enumerate(structure):
+    where = f'model structure node {i} ({node!r})'
+    if not isinstance(node, (list, tuple)) or not node or not _is_int(node[0]):
+      raise ValueError(f'{where}: expected [stem_type, temporal_dilation] or '
+                       '[block_level, [inputs], [f, f, f], temporal_dilation, '
+                       'spatial_stride].')
+    if node[0] < 0:
+      if node[0] not in STEM_TYPES or len(node) != 2 or not _is_int(node[1]):
+        raise ValueError(f'{where}: a stem is [stem_type, temporal_dilation] '
+                         'with stem_type -1 (RGB), -2 (flow) or -3 (object).')
+      out.append([node[0], node[1]])
+      continue
+    if node[0] not in BLOCK_LEVELS:
+      raise ValueError(f'{where}: block_level must be 0..3 (or a stem type '
+                       f'-1/-2/-3); got {node[0]}.')
+    if len(node) not in (5, 6):
+      raise ValueError(f'{where}: a block node has 5 entries (a 6th, ignored, '
+                       f'is allowed); got {len(node)}.')
+    level, inputs, filters, dilation, stride = node[:5]
+    if (not isinstance(inputs, (list, tuple)) or not inputs or
+        not all(_is_int(j) for j in inputs)):
+      raise ValueError(f'{where}: inputs must be a non-empty list of node '
+                       f'indices; got {inputs!r}.')
+    for j in inputs:
+      if not 0 <= j < i:
+        raise ValueError(f'{where}: input index {j} must be >= 0 and lower '
+                         f'than the node\'s own index {i}.')
+    if len(set(inputs)) != len(inputs):
+      raise ValueError(f'{where}: inputs {inputs!r} repeat a node.')
+    if (not isinstance(filters, (list, tuple)) or len(filters) != 3 or
+        not all(_is_int(f) and f >= 1 for f in filters)):
+      raise ValueError(f'{where}: filters must be 3 positive ints '
+                       f'[f_expand, f_expand, f_out]; got {filters!r}.')
+    if not _is_int(dilation) or dilation < 1:
+      raise ValueError(f'{where}: temporal_dilation must be an int >= 1; got '
+                       f'{dilation!r}.')
+    if not _is_int(stride) or stride < 1:
+      raise ValueError(f'{where}: spatial_stride must be an int >= 1; got '
+                       f'{stride!r}.')
+    out.append([level, list(inputs), list(filters), dilation, stride])
+  if not any(n[0] < 0 for n in out):
+    raise ValueError('model structure has no stem node ([-1, d] RGB or '
+                     '[-2, d] flow).')
+  if not any(n[0] == 3 for n in out):
+    raise ValueError('model structure has no level-3 node: the head reads the '
+                     'first level-3 node.')
+  weights = normalize_edge_weights(edge_weights)
+  if weights is not None:
+    if len(weights) != len(out):
+      raise ValueError(f'model edge weights have {len(weights)} entries; the '
+                       f'structure has {len(out)} nodes (one entry per node).')
+    for i, (node, w) in enumerate(zip(out, weights)):
+      where = f'model edge weights of node {i}'
+      n_in = 0 if node[0] < 0 else len(node[1])
+      if n_in <= 1:
+        if w not in ([], ()):
+          raise ValueError(f'{where}: a stem or single-input node takes []; '
+                           f'got {w!r}.')
+        continue
+      if (not isinstance(w, (list, tuple)) or len(w) != 1 or
+          not isinstance(w[0], (list, tuple)) or len(w[0]) != n_in):
+        raise ValueError(f'{where}: expected [[w_1, ..., w_{n_in}]] (one '
+                         f'post-sigmoid weight per input); got {w!r}.')
+      for x in w[0]:
+        if not isinstance(x, (int, float)) or not 0.0 < float(x) < 1.0:
+          raise ValueError(f'{where}: weights are post-sigmoid values in '
+                           f'the open interval (0, 1); got {x!r}.')
+  return out
+
+
+def normalize_edge_weights(edge_weights: Optional[StructureLike]
+                           ) -> Optional[List[Any]]:
+  """None for "no weights given" ('' / '[]' / [] / None), else the list."""
+  edge_weights = _loads(edge_weights, 'model edge weights') if edge_weights else None
+  if edge_weights is None or (isinstance(edge_weights, (list, tuple)) and
+                              len(edge_weights) == 0):
+    return None
+  if not isinstance(edge_weights, (list, tuple)):
+    raise ValueError('model edge weights must be a list with one entry per '
+                     f'node; got {edge_weights!r}')
+  return [list(w) if isinstance(w, (list, tuple)) else w for w in edge_weights]
+
+
+def nodes_below(structure: Sequence[Sequence[Any]], level: int) -> List[int]:
+  """Indices of the nodes whose level is lower than `level` (stems included),
+
+  ordered by level then index, as the original's peer-attention candidates.
+  """
+  out = []
+  for lv in range(-3, level):
+    out.extend(i for i, n in enumerate(structure) if n[0] == lv)
+  return out

@@ -1,0 +1,228 @@
+"""Video classification with AssembleNet++lite (`AssembleNetTask`).
+
+Single-label (softmax cross-entropy; metrics `accuracy` = top-1 and
+`top_5_accuracy`) or multi-label (`train_data.is_multilabel`: sigmoid
+cross-entropy; metric `map`, the mean over classes of the average precision,
+computed on the host over the whole evaluation set). Evaluation averages the
+probabilities of the `num_test_clips x num_test_crops` views of each video.
+"""
+from typing import Any, Dict, List, Optional
+
+from absl import logging
+import numpy as np
+import tensorflow as tf, tf_keras
+
+from official.core import base_task
+from official.core import task_factory
+from official.vision.modeling import factory_3d
+from official_ext.assemblenet import configs
+from official_ext.assemblenet import dataloader
+from official_ext.assemblenet import demo_data
+from official_ext.assemblenet import metrics as anet_metrics
+from official_ext.assemblenet.modeling import assemblenet_plus_lite  # pylint: disable=unused-import  (registers builders)
+from official_ext.core import gradients
+
+_MAP_KEY = 'map_inputs'
+
+
+def count_params(variables) -> int:
+  return int(sum(int(np.prod(v.shape)) for v in variables))
+
+
+@task_factory.register_task_cls(configs.AssembleNetTask)
+class AssembleNetTask(base_task.Task):
+  """AssembleNet++lite video classification.
+
+  Inputs (from `dataloader.build_dataset`): ({'image': float32
+  [B * views, T, H, W, 3]}, labels float32 [B, K] one-/multi-hot). The model
+  maps {'image': ...} to float32 logits [B * views, K].
+  """
+
+  @property
+  def multilabel(self) -> bool:
+    return bool(self.task_config.train_data.is_multilabel)
+
+  # -- model -----------------------------------------------------------------
+  def build_model(self) -> tf_keras.Model:
+    train, val = self.task_config.train_data, self.task_config.validation_data
+    if tuple(train.feature_shape) != tuple(val.feature_shape):
+      raise ValueError(
+          'task.train_data.feature_shape '
+          f'{list(train.feature_shape)} != task.validation_data.feature_shape '
+          f'{list(val.feature_shape)}: AssembleNet++lite fixes its fusion '
+          'shapes when built, so both splits need the same clip shape.')
+    wd = float(self.task_config.losses.l2_weight_decay)
+    # Halved to match tf.nn.l2_loss, as Model Garden's video task.
+    l2 = tf_keras.regularizers.l2(wd / 2.0) if wd else None
+    model = factory_3d.build_model(
+        self.task_config.model.model_type,
+        input_specs=tf_keras.layers.InputSpec(
+            shape=[None] + list(train.feature_shape)),
+        model_config=self.task_config.model,
+        num_classes=train.num_classes,
+        l2_regularizer=l2)
+    logging.info('AssembleNet++lite: %d trainable parameters in %d variables.',
+                 count_params(model.trainable_variables),
+                 len(model.trainable_variables))
+    return model
+
+  def initialize(self, model: tf_keras.Model):
+    """Loads `init_checkpoint` ('all' or 'backbone' modules)."""
+    path = self.task_config.init_checkpoint
+    if not path:
+      return
+    if tf.io.gfile.isdir(path):
+      path = tf.train.latest_checkpoint(path)
+    modules = self.task_config.init_checkpoint_modules
+    if modules == 'all':
+      ckpt = tf.train.Checkpoint(model=model)
+    elif modules == 'backbone':
+      ckpt = tf.train.Checkpoint(backbone=model.backbone)
+    else:
+      raise ValueError("task.init_checkpoint_modules must be 'all' or "
+                       f"'backbone'; got {modules!r}.")
+    ckpt.read(path).expect_partial().assert_existing_objects_matched()
+    logging.info('Loaded %s from %s', modules, path)
+
+  # -- data ------------------------------------------------------------------
+  def _resolve(self, params: configs.DataConfig) -> configs.DataConfig:
+    demo = self.task_config.demo_data
+    name = params.tfds_name
+    if demo.enabled and isinstance(name, str) and name.split('/')[0] == (
+        configs.DEMO_TFDS_NAME):
+      data_dir = demo_data.ensure_prepared(
+          name, params.tfds_data_dir or demo.data_dir)
+      return params.replace(tfds_data_dir=data_dir)
+    return params
+
+  def build_inputs(self, params: configs.DataConfig,
+                   input_context: Optional[tf.distribute.InputContext] = None
+                   ) -> tf.data.Dataset:
+    return dataloader.build_dataset(self._resolve(params), input_context)
+
+  # -- losses and metrics ------------------------------------------------------
+  def build_losses(self, labels: tf.Tensor, model_outputs: tf.Tensor,
+                   aux_losses: Optional[List[tf.Tensor]] = None,
+                   from_logits: bool = True) -> Dict[str, tf.Tensor]:
+    """Cross-entropy (+ regularization).
+
+    Args:
+      labels: float32 [B, K] one-hot / multi-hot.
+      model_outputs: float32 [B, K] logits (probabilities if not
+        `from_logits`).
+      aux_losses: regularization losses, added to the total.
+      from_logits: see `model_outputs`.
+
+    Returns:
+      {'total_loss', 'model_loss'} scalars.
+    """
+    if self.multilabel:
+      per_entry = tf_keras.losses.binary_crossentropy(
+          labels[..., tf.newaxis], model_outputs[..., tf.newaxis],
+          from_logits=from_logits)
+      model_loss = tf.reduce_mean(per_entry)
+    else:
+      model_loss = tf.reduce_mean(tf_keras.losses.categorical_crossentropy(
+          labels, model_outputs, from_logits=from_logits,
+          label_smoothing=self.task_config.losses.label_smoothing))
+    total = model_loss
+    if aux_losses:
+      total += tf.add_n([tf.cast(l, tf.float32) for l in aux_losses])
+    return {'total_loss': total, 'model_loss': model_loss}
+
+  def build_metrics(self, training: bool = True):
+    metrics = [tf_keras.metrics.Mean(n, dtype=tf.float32)
+               for n in ('total_loss', 'model_loss')]
+    if not self.multilabel:
+      k = min(5, self.task_config.train_data.num_classes)
+      metrics += [
+          tf_keras.metrics.CategoricalAccuracy(name='accuracy'),
+          tf_keras.metrics.TopKCategoricalAccuracy(k=k, name='top_5_accuracy')]
+    return metrics
+
+  def process_metrics(self, metrics, labels, outputs, model_losses=None,
+                      **kwargs):
+    """Updates metrics; `outputs` are probabilities [B, K]."""
+    model_losses = model_losses or {}
+    logs = {}
+    for m in metrics:
+      if m.name in model_losses:
+        m.update_state(model_losses[m.name])
+      else:
+        m.update_state(labels, outputs)
+      logs[m.name] = m.result()
+    return logs
+
+  def _probabilities(self, logits: tf.Tensor) -> tf.Tensor:
+    logits = tf.cast(logits, tf.float32)
+    return tf.sigmoid(logits) if self.multilabel else tf.nn.softmax(logits)
+
+  # -- steps -----------------------------------------------------------------
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    """Forward, loss / replicas, (loss-scaled) gradients, optional clipping."""
+    features, labels = inputs
+    num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    with tf.GradientTape() as tape:
+      logits = tf.cast(model(features, training=True), tf.float32)
+      losses = self.build_losses(labels, logits, aux_losses=model.losses)
+      scaled_loss = losses['total_loss'] / num_replicas
+      if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
+        scaled_loss = optimizer.get_scaled_loss(scaled_loss)
+    tvars = model.trainable_variables
+    grads = tape.gradient(scaled_loss, tvars)
+    if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
+      grads = optimizer.get_unscaled_gradients(grads)
+    clip = self.task_config.gradient_clip_norm
+    if clip > 0:
+      gradients.clip_and_apply_gradients(optimizer, grads, tvars, clip)
+    else:
+      optimizer.apply_gradients(list(zip(grads, tvars)))
+    logs = {self.loss: losses['total_loss']}
+    if metrics:
+      logs.update(self.process_metrics(metrics, labels,
+                                       self._probabilities(logits),
+                                       model_losses=losses))
+    return logs
+
+  def inference_step(self, features, model):
+    """Probabilities [B, K], averaged over each video's evaluation views."""
+    probs = self._probabilities(model(features, training=False))
+    data = self.task_config.validation_data
+    views = data.num_test_clips * data.num_test_crops
+    if views > 1:
+      probs = tf.reduce_mean(
+          tf.reshape(probs, [-1, views, probs.shape[-1]]), axis=1)
+    return probs
+
+  def validation_step(self, inputs, model, metrics=None):
+    features, labels = inputs
+    probs = self.inference_step(features, model)
+    losses = self.build_losses(labels, probs, aux_losses=model.losses,
+                               from_logits=False)
+    logs = {self.loss: losses['total_loss']}
+    if metrics:
+      logs.update(self.process_metrics(metrics, labels, probs,
+                                       model_losses=losses))
+    if self.multilabel:
+      logs[_MAP_KEY] = {'labels': labels, 'probabilities': probs}
+    return logs
+
+  def aggregate_logs(self, state=None, step_outputs=None):
+    if not self.multilabel:
+      return state
+    if state is None:
+      state = {'labels': [], 'probabilities': []}
+    for key in state:
+      values = step_outputs[_MAP_KEY][key]
+      if isinstance(values, (tuple, list)):
+        state[key].extend(np.asarray(v) for v in values)
+      else:
+        state[key].append(np.asarray(values))
+    return state
+
+  def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+    if not self.multilabel or not aggregated_logs:
+      return {}
+    labels = np.concatenate(aggregated_logs['labels'], axis=0)
+    probs = np.concatenate(aggregated_logs['probabilities'], axis=0)
+    return {'map': anet_metrics.mean_average_precision(probs, labels)}

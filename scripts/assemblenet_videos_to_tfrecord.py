@@ -1,0 +1,176 @@
+r"""Turns a folder of video files into Model Garden video TFRecords.
+
+Each video becomes one `tf.train.SequenceExample`: sequence feature
+`image/encoded` (one JPEG per kept frame) and context `clip/label/index`
+(int64 class ids), plus `clip/id` (bytes, the file's path relative to the
+folder) -- the format `official_ext.assemblenet.dataloader` (and Model
+Garden's `video_input`) reads.
+
+Labels come either from class sub-folders (`VIDEO_DIR/<class>/<video>`; class
+ids are the sorted folder names' indices, written to OUTPUT.classes.txt) or
+from a CSV (`--labels_csv`: lines `relative/path.mp4,3;17` with
+';'-separated class ids, for multi-label data such as Charades).
+
+    python scripts/assemblenet_videos_to_tfrecord.py --video_dir=/data/videos \
+        --output=/data/tfrecords/train --num_shards=16 --fps=12 --short_side=256
+
+Frames are decoded with OpenCV, optionally resampled to `--fps` and resized so
+their short side is `--short_side`. An unreadable video stops the run with an
+error naming the file (or, with --skip_unreadable, is listed and skipped).
+"""
+import argparse
+import csv
+import os
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+VIDEO_EXTENSIONS = ('.mp4', '.avi', '.mkv', '.webm', '.mov', '.m4v', '.mpg',
+                    '.mpeg')
+
+
+def find_videos(video_dir: str, extensions: Sequence[str] = VIDEO_EXTENSIONS
+                ) -> List[str]:
+  out = []
+  for root, _, files in os.walk(video_dir):
+    for f in files:
+      if f.lower().endswith(tuple(extensions)):
+        out.append(os.path.relpath(os.path.join(root, f), video_dir))
+  return sorted(out)
+
+
+def read_labels_csv(path: str) -> Dict[str, List[int]]:
+  labels = {}
+  with open(path, newline='') as f:
+    for lineno, row in enumerate(csv.reader(f), 1):
+      if not row or row[0].startswith('#'):
+        continue
+      if len(row) != 2:
+        raise ValueError(f'{path}:{lineno}: expected "video,ids"; got {row}')
+      try:
+        ids = [int(x) for x in row[1].split(';') if x.strip()]
+      except ValueError as e:
+        raise ValueError(f'{path}:{lineno}: class ids must be ints separated '
+                         f'by ";"; got {row[1]!r}') from e
+      if not ids:
+        raise ValueError(f'{path}:{lineno}: video {row[0]!r} has no label.')
+      labels[row[0]] = ids
+  return labels
+
+
+def read_frames(path: str, fps: Optional[float] = None,
+                short_side: Optional[int] = None):
+  """RGB uint8 frames [N, H, W, 3] of a video; ValueError naming the file."""
+  import cv2  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  cap = cv2.VideoCapture(path)
+  if not cap.isOpened():
+    raise ValueError(f'cannot open video file {path}')
+  src_fps = cap.get(cv2.CAP_PROP_FPS) or 0.0
+  step = (src_fps / fps) if (fps and src_fps > fps) else 1.0
+  frames, index, next_keep = [], 0, 0.0
+  while True:
+    ok, frame = cap.read()
+    if not ok:
+      break
+    if index >= next_keep - 1e-6:
+      next_keep += step
+      frame = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+      if short_side:
+        h, w = frame.shape[:2]
+        scale = short_side / min(h, w)
+        if scale != 1.0:
+          frame = cv2.resize(frame, (max(1, round(w * scale)),
+                                     max(1, round(h * scale))),
+                             interpolation=cv2.INTER_AREA)
+      frames.append(frame)
+    index += 1
+  cap.release()
+  if not frames:
+    raise ValueError(f'video file {path} has no decodable frame')
+  return np.stack(frames)
+
+
+def make_example(frames, labels: Sequence[int], clip_id: str,
+                 jpeg_quality: int = 90):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  ex = tf.train.SequenceExample()
+  ex.context.feature['clip/label/index'].int64_list.value.extend(labels)
+  ex.context.feature['clip/id'].bytes_list.value.append(clip_id.encode())
+  fl = ex.feature_lists.feature_list['image/encoded']
+  for frame in frames:
+    fl.feature.add().bytes_list.value.append(
+        tf.io.encode_jpeg(frame, quality=jpeg_quality).numpy())
+  return ex
+
+
+def convert(video_dir: str, output: str, labels_csv: Optional[str] = None,
+            num_shards: int = 1, fps: Optional[float] = None,
+            short_side: Optional[int] = None, jpeg_quality: int = 90,
+            skip_unreadable: bool = False) -> Tuple[List[str], List[str]]:
+  """Writes OUTPUT-0000i-of-0000n.tfrecord shards; returns (files, skipped)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  videos = find_videos(video_dir)
+  if not videos:
+    raise ValueError(f'no video file ({", ".join(VIDEO_EXTENSIONS)}) under '
+                     f'{video_dir}')
+  if labels_csv:
+    table = read_labels_csv(labels_csv)
+    missing = [v for v in videos if v not in table]
+    if missing:
+      raise ValueError(f'{labels_csv} has no label for {len(missing)} videos, '
+                       f'e.g. {missing[:3]}')
+    label_of = lambda v: table[v]
+  else:
+    classes = sorted({v.split(os.sep)[0] for v in videos})
+    if any(os.sep not in v for v in videos):
+      raise ValueError('without --labels_csv every video must be in a class '
+                       f'sub-folder of {video_dir}')
+    index = {c: i for i, c in enumerate(classes)}
+    label_of = lambda v: [index[v.split(os.sep)[0]]]
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output + '.classes.txt', 'w') as f:
+      f.write('\n'.join(classes) + '\n')
+  os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+  files = [f'{output}-{i:05d}-of-{num_shards:05d}.tfrecord'
+           for i in range(num_shards)]
+  writers = [tf.io.TFRecordWriter(f) for f in files]
+  skipped = []
+  try:
+    for n, v in enumerate(videos):
+      try:
+        frames = read_frames(os.path.join(video_dir, v), fps, short_side)
+      except ValueError as e:
+        if not skip_unreadable:
+          raise
+        print(f'skipping: {e}', file=sys.stderr)
+        skipped.append(v)
+        continue
+      writers[n % num_shards].write(
+          make_example(frames, label_of(v), v, jpeg_quality)
+          .SerializeToString())
+  finally:
+    for w in writers:
+      w.close()
+  return files, skipped
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p.add_argument('--video_dir', required=True)
+  p.add_argument('--output', required=True, help='output path prefix')
+  p.add_argument('--labels_csv', default=None)
+  p.add_argument('--num_shards', type=int, default=1)
+  p.add_argument('--fps', type=float, default=None)
+  p.add_argument('--short_side', type=int, default=None)
+  p.add_argument('--jpeg_quality', type=int, default=90)
+  p.add_argument('--skip_unreadable', action='store_true')
+  a = p.parse_args(argv)
+  files, skipped = convert(a.video_dir, a.output, a.labels_csv, a.num_shards,
+                           a.fps, a.short_side, a.jpeg_quality,
+                           a.skip_unreadable)
+  print(f'wrote {len(files)} shard(s): {files[0]} ...; skipped '
+        f'{len(skipped)} unreadable video(s)')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,158 @@
+"""Video input: TFRecord SequenceExamples (JPEG frames), TFDS, bad input."""
+import numpy as np
+import pytest
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+
+from official_ext.assemblenet import configs
+from official_ext.assemblenet import dataloader
+from official_ext.assemblenet import demo_data
+
+
+def _write(path, videos, labels):
+  with tf.io.TFRecordWriter(str(path)) as w:
+    for video, label in zip(videos, labels):
+      frames = (demo_data.encode_jpeg_frames(video)
+                if not isinstance(video, list) else video)
+      w.write(demo_data.make_sequence_example(frames, label)
+              .SerializeToString())
+
+
+def _videos(n, frames=6, size=40, seed=0):
+  out = list(demo_data.generate(n, frames, size, seed))
+  return [v for _, v, _ in out], [[l] for _, _, l in out]
+
+
+def _params(path, **kwargs):
+  base = dict(input_path=str(path), feature_shape=(4, 32, 32, 3),
+              num_classes=demo_data.NUM_CLASSES, global_batch_size=2,
+              is_training=False, drop_remainder=False, min_image_size=32)
+  base.update(kwargs)
+  return configs.DataConfig(**base)
+
+
+def test_tfrecord_train_and_eval(tmp_path):
+  videos, labels = _videos(4)
+  _write(tmp_path / 'a.tfrecord', videos[:2], labels[:2])
+  _write(tmp_path / 'b.tfrecord', videos[2:], labels[2:])
+  pattern = str(tmp_path / '*.tfrecord')
+  ds = dataloader.build_dataset(_params(pattern, is_training=True,
+                                        drop_remainder=True))
+  features, y = next(iter(ds))
+  assert features['image'].shape == (2, 4, 32, 32, 3)
+  assert features['image'].dtype == tf.float32
+  assert 0.0 <= float(tf.reduce_min(features['image']))
+  assert float(tf.reduce_max(features['image'])) <= 1.0
+  assert y.shape == (2, demo_data.NUM_CLASSES)
+  np.testing.assert_array_equal(tf.reduce_sum(y, -1), [1.0, 1.0])
+
+  # Evaluation: one pass, file order, middle clip, center crop.
+  ds = dataloader.build_dataset(_params(pattern, min_image_size=40))
+  got = [np.argmax(y, -1) for _, y in ds]
+  np.testing.assert_array_equal(np.concatenate(got), [l[0] for l in labels])
+  x = next(iter(ds))[0]['image'].numpy()
+  # Middle 4 frames (of 6: frames 1-4) of video 0, no resize (short side
+  # already 40), center crop 40 -> 32 pixels.
+  expected = tf.io.decode_jpeg(demo_data.encode_jpeg_frames(videos[0])[1])
+  np.testing.assert_allclose(x[0, 0], expected.numpy()[4:36, 4:36] / 255.0,
+                             atol=1e-6)
+
+
+def test_multi_clip_multi_crop_eval_views(tmp_path):
+  videos, labels = _videos(3, frames=12)
+  _write(tmp_path / 'v.tfrecord', videos, labels)
+  ds = dataloader.build_dataset(_params(tmp_path / 'v.tfrecord',
+                                        num_test_clips=2, num_test_crops=3))
+  features, y = next(iter(ds))
+  # 2 videos x 2 clips x 3 crops folded into the batch.
+  assert features['image'].shape == (12, 4, 32, 32, 3)
+  assert y.shape == (2, demo_data.NUM_CLASSES)
+
+
+def test_multilabel_records(tmp_path):
+  videos, _ = _videos(2)
+  _write(tmp_path / 'm.tfrecord', videos, [[0, 5, 7], [2]])
+  ds = dataloader.build_dataset(_params(tmp_path / 'm.tfrecord',
+                                        is_multilabel=True))
+  _, y = next(iter(ds))
+  np.testing.assert_array_equal(np.nonzero(y[0].numpy())[0], [0, 5, 7])
+  np.testing.assert_array_equal(np.nonzero(y[1].numpy())[0], [2])
+
+
+def test_corrupt_jpeg_names_the_file(tmp_path):
+  videos, labels = _videos(2)
+  frames = demo_data.encode_jpeg_frames(videos[1])
+  frames[2] = frames[2][:40]  # truncated JPEG
+  _write(tmp_path / 'good.tfrecord', videos[:1], labels[:1])
+  _write(tmp_path / 'bad.tfrecord', [frames], labels[1:])
+  ds = dataloader.build_dataset(_params(str(tmp_path / '*.tfrecord'),
+                                        global_batch_size=1))
+  with pytest.raises(tf.errors.OpError, match=r'bad\.tfrecord.*frame'):
+    for _ in ds:
+      pass
+
+
+@pytest.mark.parametrize('labels, message', [
+    ([[3], [99]], r'bad\.tfrecord.*label\(s\) \[99\] outside \[0, 8\)'),
+    ([[3], []], r'bad\.tfrecord.*has no label'),
+    ([[3], [1, 2]], r'bad\.tfrecord.*2 labels \[1,2\].*single-label'),
+])
+def test_wrong_label_names_the_file(tmp_path, labels, message):
+  videos, _ = _videos(2)
+  _write(tmp_path / 'bad.tfrecord', videos, labels)
+  ds = dataloader.build_dataset(_params(tmp_path / 'bad.tfrecord'))
+  with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+    for _ in ds:
+      pass
+
+
+def test_config_errors_name_the_key(tmp_path):
+  with pytest.raises(ValueError, match='does not match any file'):
+    dataloader.build_dataset(_params(tmp_path / 'none*.tfrecord'))
+  with pytest.raises(ValueError, match='num_test_crops'):
+    dataloader.build_dataset(_params(tmp_path / 'x', num_test_crops=2))
+  with pytest.raises(ValueError, match='exactly one of'):
+    dataloader.build_dataset(_params(tmp_path / 'x', tfds_name='mnist'))
+
+
+def test_tfds_moving_shapes(tmp_path):
+  data_dir = demo_data.ensure_prepared('moving_shapes/tiny', str(tmp_path))
+  params = configs.DataConfig(
+      tfds_name='moving_shapes/tiny', tfds_split='validation',
+      tfds_data_dir=data_dir, feature_shape=(4, 32, 32, 3),
+      num_classes=demo_data.NUM_CLASSES, global_batch_size=8,
+      is_training=False, drop_remainder=False, min_image_size=32)
+  batches = list(dataloader.build_dataset(params))
+  labels = np.concatenate([np.argmax(y, -1) for _, y in batches])
+  assert len(labels) == 24
+  # The generator cycles through the classes; TFDS keeps them all.
+  assert sorted(set(labels.tolist())) == list(range(demo_data.NUM_CLASSES))
+  image = batches[0][0]['image']
+  assert image.shape == (8, 4, 32, 32, 3)
+  # Pixels match the generator (PNG is lossless, no resize at 32x32).
+  first = int(labels[0])
+  assert any(np.allclose(image[0].numpy(), v / 255.0, atol=1e-6)
+             for _, v, l in demo_data.generate(24, 4, 32, seed=2)
+             if l == first)
+  train = params.replace(tfds_split='train', is_training=True,
+                         drop_remainder=True, random_flip=False)
+  features, y = next(iter(dataloader.build_dataset(train)))
+  assert features['image'].shape == (8, 4, 32, 32, 3) and y.shape == (8, 8)
+
+
+def test_generator_is_deterministic_and_moves():
+  a = list(demo_data.generate(8, 4, 32, seed=5))
+  b = list(demo_data.generate(8, 4, 32, seed=5))
+  for (_, va, la), (_, vb, lb) in zip(a, b):
+    assert la == lb and np.array_equal(va, vb)
+  assert [l for _, _, l in a] == list(range(8))
+  for _, video, label in a:
+    bright = video.mean(-1) > 130
+    ys, xs = [], []
+    for frame in bright:
+      yy, xx = np.nonzero(frame)
+      ys.append(yy.mean())
+      xs.append(xx.mean())
+    direction = demo_data.DIRECTIONS[label % 4]
+    dx, dy = xs[-1] - xs[0], ys[-1] - ys[0]
+    moved = {'right': dx, 'left': -dx, 'down': dy, 'up': -dy}[direction]
+    assert moved > 3, (label, dx, dy)

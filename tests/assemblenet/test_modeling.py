@@ -1,0 +1,316 @@
+"""AssembleNet++lite backbone: shapes, structure checks, edge weights, flow."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf, tf_keras
+
+from official.core import exp_factory
+from official.core import task_factory
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext.assemblenet import structures
+from official_ext.assemblenet.modeling import assemblenet_plus_lite as anet
+from official_ext.assemblenet.modeling import complexity
+from official_ext.assemblenet.modeling import layers as anet_layers
+
+T, S = 4, 32
+
+
+def _count(variables):
+  return int(sum(int(np.prod(v.shape)) for v in variables))
+
+
+def _tiny(attention_mode='peer', edge_weights=None, **kwargs):
+  return anet.AssembleNetPlusLite(
+      structures.TINY_STRUCTURE, edge_weights, structures.TINY_BLOCKS_PER_LEVEL,
+      input_specs=tf_keras.layers.InputSpec(shape=[None, T, S, S, 3]),
+      stem_filters=8, attention_mode=attention_mode, **kwargs)
+
+
+@pytest.mark.parametrize('attention_mode', [None, 'self', 'peer'])
+def test_output_shapes(attention_mode):
+  backbone = _tiny(attention_mode)
+  clips = tf.random.uniform([2, T, S, S, 3])
+  for max_pool_predictions in (False, True):
+    model = anet.AssembleNetPlusLiteModel(
+        backbone, num_classes=7, head_filters=(16, 24),
+        max_pool_predictions=max_pool_predictions, dropout_rate=0.3)
+    logits = model({'image': clips}, training=True)
+    assert logits.shape == (2, 7) and logits.dtype == tf.float32
+    assert np.all(np.isfinite(logits.numpy()))
+  endpoints = backbone(clips, training=False)
+  # Stems at S/2, then each strided node halves the fused (smallest) size.
+  assert endpoints['node_0'].shape == (2, T, 16, 16, 8)
+  assert endpoints['node_1'].shape == (2, T, 16, 16, 8)
+  assert endpoints['node_2'].shape == (2, T, 8, 8, 8)
+  assert endpoints['node_4'].shape == (2, T, 4, 4, 8)
+  assert endpoints['node_5'].shape == (2, T, 2, 2, 12)
+  assert endpoints['output'].shape == (2, T, 2, 2, 16)
+  names = [v.name for v in backbone.trainable_variables]
+  n_attention = sum('attention_' in n and 'peer_weights' not in n
+                    for n in names)
+  n_peer = sum('peer_dense' in n for n in names)
+  if attention_mode is None:
+    assert n_attention == 0 and n_peer == 0
+  elif attention_mode == 'self':
+    assert n_attention > 0 and n_peer == 0
+  else:
+    assert n_attention > 0 and n_peer > 0
+
+
+def test_max_pool_predictions_is_softmax_over_time():
+  head = anet.LiteHead(3, filters=(4, 5), max_pool_predictions=True)
+  x = tf.random.normal([2, 6, 2, 2, 8])
+  out = head(x, training=False)
+  # Recompute from the head's own per-frame logits.
+  h = head._bn2(head._conv2(head._bn1(head._conv1(x))))
+  per_frame = head._dense(tf.reduce_mean(h, [2, 3]))  # [2, 6, 3]
+  acts = tf.nn.softmax(per_frame / np.sqrt(6.0), axis=1)
+  np.testing.assert_allclose(out, tf.reduce_sum(per_frame * acts, 1),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_rate_is_a_drop_rate():
+  head = anet.LiteHead(3, filters=(4, 5), dropout_rate=0.9)
+  assert head._dropout.rate == 0.9
+  with pytest.raises(ValueError, match='drop rate'):
+    anet.LiteHead(3, dropout_rate=1.0)
+
+
+@pytest.mark.parametrize('structure, message', [
+    ([[-1, 1], [0, [1], [8, 8, 8], 1, 2], [3, [1], [8, 8, 8], 1, 2]],
+     r'node 1 .*input index 1 must be >= 0 and lower'),
+    ([[-1, 1], [4, [0], [8, 8, 8], 1, 2]], r'node 1 .*block_level must be 0..3'),
+    ([[-1, 1], [3, [0], [8, 8], 1, 2]], r'node 1 .*filters must be 3 positive'),
+    ([[-1, 1], [3, [0], [8, 0, 8], 1, 2]], r'node 1 .*filters must be 3'),
+    ([[-1, 1], [3, [], [8, 8, 8], 1, 2]], r'node 1 .*non-empty list'),
+    ([[-1, 1], [3, [0, 0], [8, 8, 8], 1, 2]], r'node 1 .*repeat'),
+    ([[-5, 1], [3, [0], [8, 8, 8], 1, 2]], r'node 0 .*stem_type -1'),
+    ([[-1, 1], [2, [0], [8, 8, 8], 1, 2]], r'no level-3 node'),
+    ([[-1, 1], [3, [0], [8, 8, 8], 0, 2]], r'node 1 .*temporal_dilation'),
+    ('[[-1, 1], [3, [0], [8, 8, 8], 1', r'not valid JSON'),
+])
+def test_structure_validation_names_the_node(structure, message):
+  with pytest.raises(ValueError, match=message):
+    structures.validate_structure(structure)
+
+
+def test_edge_weight_validation_and_object_stem():
+  s = structures.ASSEMBLENET_PLUS_LITE_STRUCTURE
+  w = json.loads(json.dumps(structures.ASSEMBLENET_PLUS_LITE_EDGE_WEIGHTS))
+  structures.validate_structure(s, w)
+  bad = json.loads(json.dumps(w))
+  bad[4] = [[0.5, 0.5, 0.5]]
+  with pytest.raises(ValueError, match='node 4: expected'):
+    structures.validate_structure(s, bad)
+  bad = json.loads(json.dumps(w))
+  bad[3] = [[1.0, 0.5]]
+  with pytest.raises(ValueError, match='node 3: weights are post-sigmoid'):
+    structures.validate_structure(s, bad)
+  with pytest.raises(ValueError, match='one entry per node'):
+    structures.validate_structure(s, w[:-1])
+  with pytest.raises(ValueError, match=r'node 2 .*object-input stem'):
+    anet.AssembleNetPlusLite(
+        [[-1, 1], [-2, 1], [-3, 1], [3, [0, 1], [8, 8, 8], 1, 2]], None,
+        (1, 1, 1, 1), input_specs=tf_keras.layers.InputSpec(
+            shape=[None, T, S, S, 3]), stem_filters=4)
+
+
+def _tiny_edge_weights():
+  weights = []
+  for node in structures.TINY_STRUCTURE:
+    n = 0 if node[0] < 0 else len(node[1])
+    weights.append([] if n <= 1 else [list(np.linspace(0.2, 0.8, n))])
+  return weights
+
+
+def test_fixed_vs_trainable_edge_weights():
+  weights = _tiny_edge_weights()
+  learned = _tiny('peer', None)
+  fixed = _tiny('peer', weights)
+  multi_input = [i for i, n in enumerate(structures.TINY_STRUCTURE)
+                 if n[0] >= 0 and len(n[1]) > 1]
+  agg = lambda m, trainable: [  # pylint: disable=g-long-lambda
+      v for v in (m.trainable_variables if trainable else
+                  m.non_trainable_variables) if 'agg_weights' in v.name]
+  assert len(agg(learned, True)) == len(multi_input)
+  assert len(agg(fixed, True)) == 0
+  assert len(agg(fixed, False)) == len(multi_input)
+  assert (len(learned.trainable_variables) ==
+          len(fixed.trainable_variables) + len(multi_input))
+  # Given weights are stored as logits: sigmoid gives them back.
+  layer = fixed.get_layer('node_5_fusion')
+  np.testing.assert_allclose(tf.sigmoid(layer.agg_weights), weights[5][0],
+                             rtol=1e-6)
+  # Learned weights start near sigmoid(0) = 0.5 (truncated normal 0.01).
+  w = learned.get_layer('node_5_fusion').agg_weights.numpy()
+  assert np.all(np.abs(w) <= 0.02) and np.any(w != 0)
+
+
+def test_single_input_node_passes_through_unweighted():
+  fusion = anet_layers.PeerAttentionFusion(num_inputs=1, attention_mode=None)
+  x = tf.random.normal([2, 3, 4, 4, 5])
+  np.testing.assert_array_equal(fusion([x]), x)
+  assert not fusion.weights
+
+
+def test_fusion_pools_weights_and_projects():
+  a = tf.random.normal([1, 2, 8, 8, 4])  # pooled by 2 to 4x4
+  b = tf.random.normal([1, 2, 4, 4, 6])
+  c = tf.random.normal([1, 2, 4, 4, 6])
+  fusion = anet_layers.PeerAttentionFusion(3, None, [0.25, 0.5, 0.75])
+  out = fusion([a, b, c])
+  assert fusion.fusion_width == 6 and out.shape == (1, 2, 4, 4, 6)
+  pooled = tf.nn.max_pool3d(a, [1, 1, 2, 2, 1], [1, 1, 2, 2, 1], 'SAME')
+  expected = (fusion._projections['4'](0.25 * pooled) + 0.5 * b + 0.75 * c)
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+  # The original's 5-D defect: the fusion width is an input's *width*.
+  orig = anet_layers.PeerAttentionFusion(3, None, [0.25, 0.5, 0.75],
+                                         fusion_width_as_channels=True)
+  assert orig([a, b, c]).shape == (1, 2, 4, 4, 8)  # width of `a`, not 6
+  assert sorted(orig._projections) == ['4', '6']
+
+
+def _charades_model(**backbone_overrides):
+  params = exp_factory.get_exp_config('assemblenet_plus_lite_charades')
+  params.override({'task': {'model': {'backbone': {
+      'assemblenet_plus_lite': backbone_overrides}}}}, is_strict=True)
+  task = task_factory.get_task(params.task)
+  return task.build_model()
+
+
+def test_published_parameter_counts():
+  """The published lite network (Charades: 157 classes, peer attention, the
+  published edge weights, 32 x 224^2 clips) built through task_factory.
+
+  50,042,581 trainable parameters with the intended fusion: most of them in
+  the [3, 3, 3] 432->432 convs of the 7 level-3 blocks (6 x 5.04M) and the
+  152->152 convs of the 22 level-2 blocks (~0.62M each); the head has
+  0.08M + 0.89M (convs) + 0.32M (dense). The edge weights are given, so they
+  are not trainable; peer attention adds per-node candidate dense layers and a
+  softmax weight vector and dense layer per connection.
+
+  With `fusion_width_as_channels` (the original TF1 code's 5-D fusion, which
+  takes its projection width from the input *width*), nodes 2-9 fuse to 112
+  channels (the stems' width at 224^2) and node 10 to 14 channels (the width
+  of node 8): 66,192 more parameters, 50,108,773 -- the original's count at
+  224^2. The same analysis gives the original's 394.1 GFLOP per 32 x 224^2
+  clip quoted for the TF1 code (ours: 376.8).
+  """
+  intended = complexity.analyze(fusion_width_as_channels=False)
+  original = complexity.analyze(fusion_width_as_channels=True)
+  assert intended.params == 50_042_581
+  assert original.params == 50_108_773
+  assert original.fusion_widths[2:] == [112] * 8 + [14]
+  assert round(original.flops / 1e9, 1) == 394.1
+  model = _charades_model()
+  assert _count(model.trainable_variables) == intended.params
+  assert _count(model.backbone.trainable_variables) == (
+      intended.params - (192 * 432 + 2 * 432 + 432 * 2048 + 2 * 2048 +
+                         2048 * 157 + 157))
+  model = _charades_model(fusion_width_as_channels=True)
+  assert _count(model.trainable_variables) == original.params
+  # The original's count depends on the resolution; the intended one not.
+  assert complexity.analyze(fusion_width_as_channels=True, height=112,
+                            width=112).params == 50_042_413
+  assert complexity.analyze(height=112, width=112).params == intended.params
+
+
+@pytest.mark.parametrize('attention_mode, given', [
+    (None, False), ('self', True), ('peer', False), ('peer', True)])
+def test_tiny_model_matches_analytic_count(attention_mode, given):
+  weights = _tiny_edge_weights() if given else None
+  model = anet.AssembleNetPlusLiteModel(_tiny(attention_mode, weights), 5,
+                                        head_filters=(16, 24))
+  expected = complexity.analyze(
+      structures.TINY_STRUCTURE, structures.TINY_BLOCKS_PER_LEVEL,
+      edge_weights_given=given, attention_mode=attention_mode,
+      num_frames=T, height=S, width=S, num_classes=5, stem_filters=8,
+      head_filters=(16, 24))
+  assert _count(model.trainable_variables) == expected.params
+
+
+def test_conv3d_same_padding_kernels():
+  x = tf.zeros([1, 4, 9, 9, 2])
+  conv2d = anet_layers.conv3d_same_padding(3, 3, 2, do_2d_conv=True)
+  assert conv2d(x).shape == (1, 4, 5, 5, 3)
+  assert conv2d.kernel.shape == (1, 3, 3, 2, 3) and not conv2d.use_bias
+  conv3d = anet_layers.conv3d_same_padding(3, 3, 1, temporal_dilation=2)
+  assert conv3d(x).shape == (1, 4, 9, 9, 3)
+  assert conv3d.kernel.shape == (3, 3, 3, 2, 3)
+  assert conv3d.dilation_rate == (2, 1, 1) and conv3d.strides == (1, 1, 1)
+
+
+def test_batch_norm_relu_init_zero():
+  bn = anet_layers.BatchNormRelu(relu=False, init_zero=True)
+  x = tf.random.normal([2, 3, 4])
+  assert np.all(bn(x, training=False).numpy() == 0)
+  bn = anet_layers.BatchNormRelu(relu=True)
+  assert np.all(bn(x, training=True).numpy() >= 0)
+
+
+def _moving_pattern(shift, frames=3, size=24):
+  yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+  out = []
+  for t in range(frames):
+    cx = 10.0 + shift[1] * t
+    cy = 10.0 + shift[0] * t
+    out.append(100 * np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / 18.0))
+  v = np.stack(out)[..., None].repeat(3, -1)
+  return tf.constant(v[None])
+
+
+@pytest.mark.parametrize('shift, axis, sign', [
+    ((0, 1), 0, 1), ((0, -1), 0, -1), ((1, 0), 1, 1), ((-1, 0), 1, -1)])
+def test_rep_flow_known_motion(shift, axis, sign):
+  layer = anet_layers.RepresentationFlow(num_iter=20)
+  flow = layer(_moving_pattern(shift)).numpy()
+  assert flow.shape == (1, 3, 24, 24, 2)
+  np.testing.assert_array_equal(flow[:, -1], flow[:, -2])  # last repeated
+  component = flow[0, 0, :, :, axis]
+  other = flow[0, 0, :, :, 1 - axis]
+  assert sign * component.mean() > 0.05
+  assert abs(sign * component.mean()) > 3 * abs(other.mean())
+  assert not layer.trainable_weights
+
+
+def test_rep_flow_trainable_options_and_still_frames():
+  layer = anet_layers.RepresentationFlow(num_iter=2, train_hyper=True)
+  flow = layer(tf.ones([2, 4, 8, 8, 3])).numpy()  # constant: no motion
+  assert np.all(np.isfinite(flow)) and np.abs(flow).max() < 1e-6
+  assert sorted(v.name.split('/')[-1].split(':')[0]
+                for v in layer.trainable_weights) == ['lambda', 'tau', 'theta']
+  with pytest.raises(ValueError, match='at least 2 frames'):
+    anet_layers.RepresentationFlow()(tf.zeros([1, 1, 8, 8, 3]))
+
+
+def test_recompute_grad_gives_the_same_gradients():
+  clips = tf.random.uniform([2, T, S, S, 3], seed=1)
+  grads = []
+  for recompute in (False, True):
+    tf_keras.utils.set_random_seed(3)
+    model = anet.AssembleNetPlusLiteModel(
+        _tiny('peer', recompute_grad=recompute), 5, head_filters=(16, 24))
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(model({'image': clips}, training=True) ** 2)
+    grads.append(tape.gradient(loss, model.trainable_variables))
+  assert len(grads[0]) == len(grads[1])
+  for g0, g1 in zip(*grads):
+    np.testing.assert_allclose(g0, g1, rtol=1e-4, atol=1e-6)
+
+
+def test_layer_configs_round_trip():
+  for layer in [
+      anet_layers.BatchNormRelu(relu=False, init_zero=True, bn_decay=0.9),
+      anet_layers.RepresentationFlow(num_iter=3, train_hyper=True),
+      anet_layers.PeerAttentionFusion(2, 'self', [0.3, 0.6], True),
+      anet_layers.InvertedBottleneckBlock3D([4, 4, 8], 2, True, 2),
+      anet_layers.BlockGroup([4, 4, 8], 2, 2, recompute_grad=True),
+      anet.LiteStem(8, 2), anet.LiteHead(5, (8, 16), True, 0.2)]:
+    config = layer.get_config()
+    clone = type(layer).from_config(config)
+    assert clone.get_config() == config
+  backbone = _tiny('self')
+  clone = anet.AssembleNetPlusLite.from_config(backbone.get_config())
+  assert _count(clone.trainable_variables) == _count(
+      backbone.trainable_variables)

@@ -1,0 +1,148 @@
+"""The AssembleNet++lite task: experiments, losses, mAP, 2-replica training."""
+import glob
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf, tf_keras
+import yaml
+
+from official.core import exp_factory
+from official.core import task_factory
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext import train
+from official_ext.assemblenet import demo_data
+from official_ext.assemblenet import metrics as anet_metrics
+from official_ext.assemblenet import structures
+
+_ROOT = os.path.join(os.path.dirname(__file__), '..', '..')
+_TINY_BACKBONE = {'assemblenet_plus_lite': {
+    'model_structure': str(structures.TINY_STRUCTURE),
+    'model_edge_weights': '',
+    'blocks_per_level': list(structures.TINY_BLOCKS_PER_LEVEL),
+    'stem_filters': 8, 'rep_flow': {'num_iter': 3}}}
+
+
+@pytest.mark.parametrize('name, multilabel, classes', [
+    ('assemblenet_plus_lite_charades', True, 157),
+    ('assemblenet_plus_lite_kinetics', False, 400),
+    ('assemblenet_plus_lite_demo', False, demo_data.NUM_CLASSES)])
+def test_experiments_are_registered(name, multilabel, classes):
+  params = exp_factory.get_exp_config(name)
+  params.validate()
+  assert params.task.train_data.is_multilabel == multilabel
+  assert params.task.train_data.num_classes == classes
+  if name == 'assemblenet_plus_lite_charades':
+    backbone = params.task.model.backbone.assemblenet_plus_lite
+    assert backbone.attention_mode == 'peer'
+    assert eval(backbone.model_edge_weights) == (  # pylint: disable=eval-used
+        structures.ASSEMBLENET_PLUS_LITE_EDGE_WEIGHTS)
+    assert tuple(params.task.train_data.feature_shape) == (32, 224, 224, 3)
+
+
+@pytest.mark.parametrize('path', sorted(glob.glob(
+    os.path.join(_ROOT, 'configs', 'assemblenet', '*.yaml'))))
+def test_yaml_configs_override_strictly(path):
+  with open(path) as f:
+    overrides = yaml.safe_load(f)
+  name = ('assemblenet_plus_lite_demo' if 'demo' in path else
+          'assemblenet_plus_lite_kinetics' if 'kinetics' in path else
+          'assemblenet_plus_lite_charades')
+  params = exp_factory.get_exp_config(name)
+  params.override(overrides, is_strict=True)
+  params.validate()
+  precision = params.runtime.mixed_precision_dtype
+  if 'gpu' in path:
+    assert precision == 'mixed_float16'
+  if 'tpu' in path:
+    assert precision == 'mixed_bfloat16'
+
+
+def test_mean_average_precision():
+  scores = np.array([[0.9, 0.1, 0.3], [0.8, 0.7, 0.2], [0.1, 0.2, 0.1]])
+  labels = np.array([[1, 0, 0], [0, 1, 0], [1, 0, 0]])
+  per_class = []
+  # Class 0: positives ranked 1 and 3 -> (1/1 + 2/3) / 2; class 1: rank 1;
+  # class 2: no positive, excluded.
+  value = anet_metrics.mean_average_precision(scores, labels, per_class)
+  assert per_class[0] == pytest.approx((1 + 2 / 3) / 2)
+  assert per_class[1] == pytest.approx(1.0)
+  assert np.isnan(per_class[2])
+  assert value == pytest.approx(((1 + 2 / 3) / 2 + 1) / 2)
+
+
+def _multilabel_task(tmp_path):
+  videos = [v for _, v, _ in demo_data.generate(4, 4, 32, seed=0)]
+  path = tmp_path / 'ml.tfrecord'
+  with tf.io.TFRecordWriter(str(path)) as w:
+    for v, labels in zip(videos, [[0, 3], [1], [2, 3], [0]]):
+      w.write(demo_data.make_sequence_example(
+          demo_data.encode_jpeg_frames(v), labels).SerializeToString())
+  params = exp_factory.get_exp_config('assemblenet_plus_lite_charades')
+  data = {'input_path': str(path), 'feature_shape': [4, 32, 32, 3],
+          'num_classes': 4, 'global_batch_size': 2, 'min_image_size': 32}
+  params.override({'task': {
+      'model': {'backbone': _TINY_BACKBONE, 'head_filters': [16, 24]},
+      'train_data': data, 'validation_data': data}}, is_strict=True)
+  return task_factory.get_task(params.task)
+
+
+def test_multilabel_losses_and_map(tmp_path):
+  task = _multilabel_task(tmp_path)
+  model = task.build_model()
+  labels = tf.constant([[1.0, 0.0, 1.0, 0.0]])
+  logits = tf.constant([[2.0, -1.0, 0.5, 0.0]])
+  losses = task.build_losses(labels, logits)
+  expected = np.mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
+  assert float(losses['model_loss']) == pytest.approx(expected, rel=1e-5)
+  metrics = task.build_metrics(training=False)
+  state = None
+  for batch in task.build_inputs(task.task_config.validation_data):
+    logs = task.validation_step(batch, model, metrics)
+    state = task.aggregate_logs(state, logs)
+  result = task.reduce_aggregated_logs(state)
+  assert 0.0 < result['map'] <= 1.0
+  assert len(np.concatenate(state['labels'])) == 4
+
+
+def test_single_label_losses():
+  params = exp_factory.get_exp_config('assemblenet_plus_lite_kinetics')
+  params.override({'task': {'losses': {'label_smoothing': 0.1}}})
+  task = task_factory.get_task(params.task)
+  labels = tf.one_hot([1, 0], 3)
+  logits = tf.constant([[0.1, 2.0, -1.0], [0.3, 0.2, 0.1]])
+  smoothed = labels * 0.9 + 0.1 / 3
+  expected = np.mean(tf.nn.softmax_cross_entropy_with_logits(smoothed, logits))
+  assert float(task.build_losses(labels, logits)['model_loss']) == (
+      pytest.approx(expected, rel=1e-5))
+
+
+def test_train_and_eval_on_two_replicas(tmp_path):
+  """The demo experiment, shrunk, under a 2-replica MirroredStrategy."""
+  params = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
+  data = {'tfds_name': 'moving_shapes/tiny', 'feature_shape': [4, 32, 32, 3],
+          'global_batch_size': 4}
+  params.override({
+      'runtime': {'distribution_strategy': 'mirrored'},
+      'task': {
+          'model': {'backbone': {'assemblenet_plus_lite': {
+              'recompute_grad': True, 'rep_flow': {'num_iter': 3}}},
+                    'head_filters': [16, 24]},
+          'train_data': data,
+          'validation_data': dict(data, global_batch_size=8),
+          'demo_data': {'data_dir': str(tmp_path / 'tfds')},
+          'gradient_clip_norm': 1.0},
+      'trainer': {'train_steps': 4, 'steps_per_loop': 2,
+                  'summary_interval': 2, 'checkpoint_interval': 4,
+                  'validation_interval': 4, 'validation_steps': -1}},
+                  is_strict=True)
+  params.validate()
+  strategy = tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+  model, metrics = train.run(params, 'train_and_eval', str(tmp_path / 'm'),
+                             strategy=strategy)
+  assert set(['accuracy', 'top_5_accuracy', 'total_loss']) <= set(metrics)
+  assert 0.0 <= float(metrics['accuracy']) <= 1.0
+  assert np.isfinite(float(metrics['total_loss']))
+  assert tf.train.latest_checkpoint(str(tmp_path / 'm')).endswith('ckpt-4')
+  names = [v.name for v in model.non_trainable_variables]
+  assert any('agg_weights' not in n for n in names)
