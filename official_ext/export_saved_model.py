@@ -26,6 +26,8 @@ from official.core import task_factory
 from official.modeling import hyperparams
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.core import checkpoints
+from official_ext.readout import configs as readout_configs
+from official_ext.readout import export as readout_export
 from official_ext.yt8m import configs as yt8m_configs
 from official_ext.yt8m import export as yt8m_export
 
@@ -35,6 +37,9 @@ def _export_module(params: config_definitions.ExperimentConfig,
   if isinstance(params.task, yt8m_configs.YT8MTask):
     return yt8m_export.YT8MExportModule(params, model, top_k=top_k), (
         yt8m_export.SIGNATURES)
+  if isinstance(params.task, readout_configs.ReadoutTaskConfig):
+    return readout_export.ReadoutExportModule(params, model), (
+        readout_export.SIGNATURES)
   raise ValueError(f'No export module for task config '
                    f'{type(params.task).__name__}.')
 

@@ -2,4 +2,6 @@
 # pylint: disable=unused-import
 from official_ext.yt8m import configs as yt8m_configs
 from official_ext.yt8m import task as yt8m_task
+from official_ext.readout import task as readout_task
 from official_ext.assemblenet import task as assemblenet_task
+from official_ext.readout import joint as readout_joint

@@ -28,6 +28,7 @@ from official.core import task_factory
 from official.core import train_lib
 from official.core import train_utils
 from official.modeling import performance
+from official.modeling.multitask import configs as multitask_configs
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.core import controller as controller_lib
 
@@ -63,6 +64,11 @@ def run(params: config_definitions.ExperimentConfig,
     The model and the last metrics: evaluation metrics when the mode
     evaluates, otherwise the last training outputs.
   """
+  if isinstance(params, multitask_configs.MultiTaskExperimentConfig):
+    # Several tasks on shared modules (official.modeling.multitask).
+    from official_ext.readout import joint  # pylint: disable=g-import-not-at-top
+    model, logs = joint.run(params, mode, model_dir, strategy=strategy)
+    return model, joint.flatten_logs(logs)
   if 'train' in mode:
     # Pure eval jobs do not write params.yaml: a continuous-eval job would
     # race the train job for it.

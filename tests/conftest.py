@@ -14,3 +14,29 @@ try:
                  tf.config.LogicalDeviceConfiguration()])
 except RuntimeError:  # Already initialized (should not happen under pytest).
   pass
+
+
+import itertools  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+import pytest  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+_KEY_BASES = itertools.count(start=7000, step=1000)
+
+
+def make_mirrored() -> tf.distribute.MirroredStrategy:
+  """A fresh 2-replica MirroredStrategy over the two logical CPUs.
+
+  Every MirroredStrategy in a process starts its collective group and
+  instance keys at the same values, so a second strategy can collide with a
+  first one's collectives ("Shape mismatch in the collective instance").
+  `_collective_key_base` ("only set this in tests", TensorFlow) gives each
+  strategy made here its own key range.
+  """
+  cls = type('MirroredStrategyForTest', (tf.distribute.MirroredStrategy,),
+             {'_collective_key_base': next(_KEY_BASES)})
+  return cls(['/cpu:0', '/cpu:1'])
+
+
+@pytest.fixture
+def mirrored():
+  return make_mirrored()

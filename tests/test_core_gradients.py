@@ -48,8 +48,8 @@ def _step(strategy, clip_norm):
 
 
 @pytest.mark.parametrize('clip_norm', [0.05, 100.0])
-def test_two_replica_update_equals_one_replica(clip_norm):
+def test_two_replica_update_equals_one_replica(clip_norm, mirrored):
   one = _step(tf.distribute.OneDeviceStrategy('/cpu:0'), clip_norm)
-  two = _step(tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1']), clip_norm)
+  two = _step(mirrored, clip_norm)
   np.testing.assert_allclose(two, one, rtol=1e-5)
   assert not np.allclose(one, 0.5)  # The step did update the weights.

@@ -41,6 +41,10 @@ def clip_and_apply_gradients(optimizer, grads: Sequence[tf.Tensor],
   if replica_context is not None and num_replicas > 1:
     kwargs = _skip_aggregation_kwargs(optimizer)
     if kwargs:
+      # Sparse gradients (e.g. of an embedding) can have different row
+      # counts on different replicas, which an all-reduce cannot sum.
+      grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices)
+               else g for g in grads]
       present = [i for i, g in enumerate(grads) if g is not None]
       summed = replica_context.all_reduce(
           tf.distribute.ReduceOp.SUM, [grads[i] for i in present])

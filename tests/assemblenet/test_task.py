@@ -117,7 +117,7 @@ def test_single_label_losses():
       pytest.approx(expected, rel=1e-5))
 
 
-def test_train_and_eval_on_two_replicas(tmp_path):
+def test_train_and_eval_on_two_replicas(tmp_path, mirrored):
   """The demo experiment, shrunk, under a 2-replica MirroredStrategy."""
   params = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
   data = {'tfds_name': 'moving_shapes/tiny', 'feature_shape': [4, 32, 32, 3],
@@ -137,7 +137,7 @@ def test_train_and_eval_on_two_replicas(tmp_path):
                   'validation_interval': 4, 'validation_steps': -1}},
                   is_strict=True)
   params.validate()
-  strategy = tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+  strategy = mirrored
   model, metrics = train.run(params, 'train_and_eval', str(tmp_path / 'm'),
                              strategy=strategy)
   assert set(['accuracy', 'top_5_accuracy', 'total_loss']) <= set(metrics)

@@ -98,7 +98,7 @@ def _train_and_eval(params, model_dir, strategy):
   return metrics
 
 
-def test_mirrored_two_replicas_matches_one_device(tmp_path):
+def test_mirrored_two_replicas_matches_one_device(tmp_path, mirrored):
   params = _params(tmp_path / 'cache')
   # Synchronized batch norm: the 2-replica batch statistics equal the global
   # batch's, so the two runs compute the same updates.
@@ -107,7 +107,7 @@ def test_mirrored_two_replicas_matches_one_device(tmp_path):
   one = _train_and_eval(params, tmp_path / 'one',
                         tf.distribute.OneDeviceStrategy('/cpu:0'))
   two = _train_and_eval(params, tmp_path / 'two',
-                        tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1']))
+                        mirrored)
   for key in ('gap', 'map', 'map_all_classes', 'hit_at_one', 'perr',
               'model_loss'):
     assert key in two, two.keys()

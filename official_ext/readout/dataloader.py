@@ -1,0 +1,504 @@
+"""Readout records: schema, writer and the `tf.data` input pipeline.
+
+Record schema: one `tf.train.Example` per sample (e.g. a trial), features
+
+* `example_id` (bytes, 1 value): names the record in error messages.
+* `input_values` (float list, n_in * input_dim): the input tokens' features,
+  token-major ([n_in, input_dim] flattened); n_in >= 1.
+* `input_timestamps` (float list, n_in): time of each input token (seconds).
+* `output_task_ids` (int64 list, n_q): routing id of each readout query
+  (1 + the task's position in `task.task_vocabulary`; 0 is padding and never
+  stored). n_q may be 0.
+* `output_timestamps` (float list, n_q): time of each query.
+* `output_weights` (float list, n_q): weight of each query in the loss and
+  metrics (>= 0; 0 is legal and contributes nothing).
+* `output_target_sizes` (int64 list, n_q): number of target values of each
+  query: the task's `dim`, or 1 for multinomial (the class id).
+* `output_targets` (float list, sum of sizes): the queries' targets chained.
+  continuous: values; binary / multilabel: labels in [0, 1]; multinomial: the
+  class id in [0, dim); event_rate: counts >= 0.
+
+`make_example` writes one record; `write_records` a file of them.
+
+Validation (per record, failing with an InvalidArgumentError whose message
+names the record, its file, the query, its task and what was expected): list
+lengths agree; every task id has a ReadoutSpec (0 is padding, an id not in the
+vocabulary or whose task has no spec is an error); each target has its task's
+size; targets, weights and timestamps are finite; event_rate counts >= 0;
+binary/multilabel labels in [0, 1]; multinomial class ids are integers in
+[0, dim); weights >= 0; token and query counts within `max_input_tokens` /
+`max_queries` when set.
+
+Batches (`build_dataset`), B = per-replica batch size, n_in / n_out rounded
+up to a multiple of `pad_multiple` (or exactly `max_input_tokens` /
+`max_queries`), T = the largest target size over the readouts:
+
+* `input_values` float32 [B, n_in, input_dim], `input_timestamps` float32
+  [B, n_in], `input_mask` bool [B, n_in] (False: padding).
+* padded batching: `output_readout_index` int32 [B, n_out] (0: padding),
+  `output_timestamps` float32 [B, n_out], `output_weights` float32 [B, n_out]
+  (0 on padding), `output_targets` float32 [B, n_out, T] (zeros past a
+  query's target size).
+* varlen batching: the same query fields chained over the batch, [N] / [N, T]
+  (N = queries in the batch, no padding), plus `output_batch_index` int32 [N].
+"""
+from typing import Callable, Dict, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+
+from official.core import input_reader
+from official_ext.readout import configs
+
+_TYPE_CODES = {t: i for i, t in enumerate(configs.READOUT_TYPES)}
+
+
+# ---------------------------------------------------------------------------
+# Writer.
+# ---------------------------------------------------------------------------
+
+
+def make_example(example_id: str,
+                 input_values: np.ndarray,
+                 input_timestamps: Sequence[float],
+                 output_task_ids: Sequence[int],
+                 output_timestamps: Sequence[float],
+                 output_targets: Sequence[Sequence[float]],
+                 output_weights: Optional[Sequence[float]] = None
+                 ) -> tf.train.Example:
+  """Builds one readout record (see the module docstring).
+
+  Args:
+    example_id: the record's name.
+    input_values: float [n_in, input_dim].
+    input_timestamps: float [n_in].
+    output_task_ids: int [n_q] routing ids.
+    output_timestamps: float [n_q].
+    output_targets: n_q sequences of floats (the target of each query).
+    output_weights: float [n_q]; None: all 1.
+
+  Returns:
+    The `tf.train.Example`.
+
+  Raises:
+    ValueError: naming the argument whose shape or length disagrees.
+  """
+  values = np.asarray(input_values, np.float32)
+  if values.ndim != 2:
+    raise ValueError(f'make_example({example_id!r}): input_values must be '
+                     f'[n_in, input_dim]; got shape {values.shape}.')
+  times = np.asarray(input_timestamps, np.float32).reshape([-1])
+  if times.shape[0] != values.shape[0]:
+    raise ValueError(f'make_example({example_id!r}): {times.shape[0]} '
+                     f'input_timestamps for {values.shape[0]} input tokens.')
+  n_q = len(output_task_ids)
+  weights = np.ones([n_q]) if output_weights is None else output_weights
+  for key, seq in (('output_timestamps', output_timestamps),
+                   ('output_targets', output_targets),
+                   ('output_weights', weights)):
+    if len(seq) != n_q:
+      raise ValueError(f'make_example({example_id!r}): {len(seq)} {key} for '
+                       f'{n_q} output_task_ids.')
+  targets = [np.asarray(t, np.float32).reshape([-1]) for t in output_targets]
+  feature = {
+      'example_id': tf.train.Feature(bytes_list=tf.train.BytesList(
+          value=[example_id.encode('utf-8')])),
+      'input_values': _floats(values.reshape([-1])),
+      'input_timestamps': _floats(times),
+      'output_task_ids': tf.train.Feature(int64_list=tf.train.Int64List(
+          value=[int(i) for i in output_task_ids])),
+      'output_timestamps': _floats(output_timestamps),
+      'output_weights': _floats(weights),
+      'output_target_sizes': tf.train.Feature(int64_list=tf.train.Int64List(
+          value=[t.size for t in targets])),
+      'output_targets': _floats(np.concatenate(targets) if targets else []),
+  }
+  return tf.train.Example(features=tf.train.Features(feature=feature))
+
+
+def _floats(values) -> tf.train.Feature:
+  return tf.train.Feature(float_list=tf.train.FloatList(
+      value=np.asarray(values, np.float32).reshape([-1]).tolist()))
+
+
+def write_records(path: str, examples) -> int:
+  """Writes `tf.train.Example`s (or serialized bytes) to a TFRecord file.
+
+  Returns:
+    The number of records written.
+  """
+  count = 0
+  with tf.io.TFRecordWriter(path) as writer:
+    for example in examples:
+      writer.write(example if isinstance(example, bytes) else
+                   example.SerializeToString())
+      count += 1
+  return count
+
+
+# ---------------------------------------------------------------------------
+# Checks.
+# ---------------------------------------------------------------------------
+
+
+def _join(*parts) -> tf.Tensor:
+  pieces = []
+  for part in parts:
+    if isinstance(part, str):
+      pieces.append(tf.constant(part))
+    elif part.dtype == tf.string:
+      pieces.append(part)
+    else:
+      pieces.append(tf.strings.as_string(part))
+  return tf.strings.join(pieces)
+
+
+def _check(ok: tf.Tensor, message: Callable[[], tf.Tensor]) -> tf.Tensor:
+  """An op failing with `message()` (built only on failure) unless `ok`."""
+
+  def fail():
+    with tf.control_dependencies([tf.debugging.Assert(ok, [message()],
+                                                      summarize=1)]):
+      return tf.identity(ok)
+
+  return tf.cond(ok, lambda: tf.constant(True), fail)
+
+
+def _first(values: tf.Tensor, bad: tf.Tensor) -> tf.Tensor:
+  return tf.boolean_mask(values, bad)[0]
+
+
+def _check_config(params: configs.DataConfig) -> None:
+  if int(params.input_dim) < 1:
+    raise ValueError(f'DataConfig.input_dim is {params.input_dim}; expected '
+                     'a positive int.')
+  if params.batching not in ('padded', 'varlen'):
+    raise ValueError(f"DataConfig.batching is {params.batching!r}; expected "
+                     "'padded' or 'varlen'.")
+  if int(params.pad_multiple) < 1:
+    raise ValueError(f'DataConfig.pad_multiple is {params.pad_multiple}; '
+                     'expected >= 1.')
+  for key in ('max_input_tokens', 'max_queries'):
+    value = getattr(params, key)
+    if value is not None and int(value) < 1:
+      raise ValueError(f'DataConfig.{key} is {value}; expected None or >= 1.')
+  if params.max_queries is not None and params.batching == 'varlen':
+    raise ValueError('DataConfig.max_queries applies to padded batching; '
+                     "batching is 'varlen'.")
+
+
+# ---------------------------------------------------------------------------
+# Decoding and parsing.
+# ---------------------------------------------------------------------------
+
+
+class Parser:
+  """Serialized record -> validated example dict (one sample)."""
+
+  def __init__(self, params: configs.DataConfig,
+               readouts: Sequence[configs.ReadoutSpec],
+               task_vocabulary: Sequence[str]):
+    """Args:
+      params: the split's DataConfig.
+      readouts: the task's ReadoutSpecs.
+      task_vocabulary: task names; id = 1 + position.
+    """
+    _check_config(params)
+    configs.validate_readouts(readouts, task_vocabulary)
+    self._params = params
+    self._input_dim = int(params.input_dim)
+    specs = {s.name: s for s in readouts}
+    vocab = list(task_vocabulary)
+    size = len(vocab) + 1
+    has_spec = np.zeros([size], bool)
+    names = ['<padding>'] + vocab
+    target_sizes = np.zeros([size], np.int64)
+    types = np.full([size], -1, np.int32)
+    dims = np.zeros([size], np.int64)
+    for i, name in enumerate(vocab, start=1):
+      if name in specs:
+        has_spec[i] = True
+        target_sizes[i] = configs.target_size(specs[name])
+        types[i] = _TYPE_CODES[specs[name].type]
+        dims[i] = specs[name].dim
+    self._has_spec = has_spec
+    self._names = names
+    self._target_sizes = target_sizes
+    self._types = types
+    self._dims = dims
+    self._spec_names = [s.name for s in readouts]
+    self.max_target_size = int(target_sizes.max())
+    self._features = {
+        'example_id': tf.io.FixedLenFeature([], tf.string, default_value=''),
+        'input_values': tf.io.RaggedFeature(tf.float32),
+        'input_timestamps': tf.io.RaggedFeature(tf.float32),
+        'output_task_ids': tf.io.RaggedFeature(tf.int64),
+        'output_timestamps': tf.io.RaggedFeature(tf.float32),
+        'output_weights': tf.io.RaggedFeature(tf.float32),
+        'output_target_sizes': tf.io.RaggedFeature(tf.int64),
+        'output_targets': tf.io.RaggedFeature(tf.float32),
+    }
+
+  def parse(self, serialized: tf.Tensor,
+            source: Optional[tf.Tensor] = None) -> Dict[str, tf.Tensor]:
+    """Parses and validates one record.
+
+    Args:
+      serialized: string scalar, a serialized `tf.train.Example`.
+      source: string scalar naming its file (for errors).
+
+    Returns:
+      `input_values` float32 [n_in, input_dim], `input_timestamps` [n_in],
+      `input_mask` bool [n_in] (all True), `output_readout_index` int32
+      [n_q], `output_timestamps` float32 [n_q], `output_weights` float32
+      [n_q], `output_targets` float32 [n_q, T].
+    """
+    if source is None:
+      source = tf.constant('<unknown file>')
+    f = tf.io.parse_single_example(serialized, self._features)
+    rid = f['example_id']
+
+    def where(parts_fn):
+      # Message parts are built lazily: only when the check fails.
+      return lambda: _join('Record `', rid, '` in file `', source, '`: ',
+                           *parts_fn())
+
+    values, times = f['input_values'], f['input_timestamps']
+    ids, q_times = f['output_task_ids'], f['output_timestamps']
+    weights, sizes = f['output_weights'], f['output_target_sizes']
+    targets = f['output_targets']
+    n_in, n_q = tf.size(times), tf.size(ids)
+    checks = [
+        _check(n_in > 0, where(lambda: (
+            'has no input tokens (input_timestamps is empty); expected at '
+            'least one.',))),
+        _check(tf.equal(tf.size(values), n_in * self._input_dim),
+               where(lambda: (
+            'input_values has ', tf.size(values), ' values for ', n_in,
+            ' input tokens; expected n_in * input_dim = ', n_in,
+            f' * {self._input_dim} (DataConfig.input_dim).'))),
+    ]
+    for key, t in (('output_timestamps', q_times), ('output_weights', weights),
+                   ('output_target_sizes', sizes)):
+      checks.append(_check(tf.equal(tf.size(t), n_q), where(lambda: (
+          key, ' has ', tf.size(t), ' entries for ', n_q,
+          ' output_task_ids; expected one per query.'))))
+    for key, t in (('input_values', values), ('input_timestamps', times),
+                   ('output_timestamps', q_times)):
+      checks.append(_check(tf.reduce_all(tf.math.is_finite(t)), where(lambda: (
+          key, ' has a NaN or infinite value.'))))
+    if self._params.max_input_tokens is not None:
+      checks.append(_check(n_in <= self._params.max_input_tokens,
+                           where(lambda: (
+          'has ', n_in, ' input tokens; DataConfig.max_input_tokens is ',
+          str(self._params.max_input_tokens), '.'))))
+    if self._params.max_queries is not None:
+      checks.append(_check(n_q <= self._params.max_queries, where(lambda: (
+          'has ', n_q, ' queries; DataConfig.max_queries is ',
+          str(self._params.max_queries), '.'))))
+    with tf.control_dependencies(checks):
+      ids = tf.identity(ids)
+    qpos = tf.range(n_q)
+
+    # Task ids: known and with a spec.
+    vocab_size = len(self._names)
+    known = tf.logical_and(ids >= 0, ids < vocab_size)
+    safe = tf.where(known, ids, 0)
+    has_spec = tf.logical_and(known, tf.gather(self._has_spec, safe))
+    bad = tf.logical_not(has_spec)
+    name = tf.gather(tf.constant(self._names), safe)
+    check_ids = _check(tf.logical_not(tf.reduce_any(bad)), where(lambda: (
+        'query ', _first(qpos, bad), ' has task id ', _first(ids, bad),
+        ' (', tf.where(_first(known, bad), _first(name, bad),
+                       '<not in task.task_vocabulary>'),
+        '), which has no ReadoutSpec; readouts are '
+        f'{self._spec_names} with ids '
+        f'{[self._names.index(n) for n in self._spec_names]} '
+        '(id 0 is padding, never a query).')))
+    with tf.control_dependencies([check_ids]):
+      expected = tf.gather(self._target_sizes, safe)
+    bad = tf.not_equal(sizes, expected)
+    check_sizes = _check(tf.logical_not(tf.reduce_any(bad)), where(lambda: (
+        'query ', _first(qpos, bad), ' of task `', _first(name, bad),
+        '` has a target of ', _first(sizes, bad), ' values; expected ',
+        _first(expected, bad),
+        ' (the ReadoutSpec dim, or 1 class id for multinomial).')))
+    check_total = _check(tf.equal(tf.reduce_sum(sizes), tf.cast(
+        tf.size(targets), tf.int64)), where(lambda: (
+            'output_targets has ', tf.size(targets),
+            ' values but output_target_sizes add up to ', tf.reduce_sum(sizes),
+            '.')))
+    with tf.control_dependencies([check_sizes, check_total]):
+      ragged = tf.RaggedTensor.from_row_lengths(targets, sizes)
+    query_of_value = ragged.value_rowids()
+    vname = tf.gather(name, query_of_value)
+    vtype = tf.gather(tf.gather(self._types, safe), query_of_value)
+    vdim = tf.gather(tf.gather(self._dims, safe), query_of_value)
+    vq = tf.cast(query_of_value, tf.int32)
+    nan = tf.logical_not(tf.math.is_finite(targets))
+    is_type = lambda t: tf.equal(vtype, _TYPE_CODES[t])
+    negative = tf.logical_and(is_type('event_rate'), targets < 0)
+    not_label = tf.logical_and(
+        tf.logical_or(is_type('binary'), is_type('multilabel')),
+        tf.logical_or(targets < 0, targets > 1))
+    not_class = tf.logical_and(is_type('multinomial'), tf.logical_or(
+        tf.logical_or(targets < 0, targets >= tf.cast(vdim, tf.float32)),
+        tf.not_equal(targets, tf.round(targets))))
+    value_checks = []
+    for bad, what in ((nan, 'a NaN or infinite target value'),
+                      (negative, 'a negative count (event_rate targets are '
+                       'counts >= 0)'),
+                      (not_label, 'a label outside [0, 1]'),
+                      (not_class, 'a class id that is not an integer in '
+                       '[0, dim)')):
+      value_checks.append(_check(
+          tf.logical_not(tf.reduce_any(bad)),
+          lambda bad=bad, what=what: _join(
+              'Record `', rid, '` in file `', source, '`: query ',
+              _first(vq, bad), ' of task `', _first(vname, bad), '` has ',
+              what, ': ', _first(targets, bad), '.')))
+    bad_w = tf.logical_not(tf.logical_and(tf.math.is_finite(weights),
+                                          weights >= 0))
+    value_checks.append(_check(tf.logical_not(tf.reduce_any(bad_w)),
+                               where(lambda: (
+        'query ', _first(qpos, bad_w), ' of task `', _first(name, bad_w),
+        '` has weight ', _first(weights, bad_w), '; expected a finite weight '
+        '>= 0.'))))
+    # Every output waits for every check.
+    with tf.control_dependencies(checks + value_checks +
+                                 [check_ids, check_sizes, check_total]):
+      return {
+          'input_values': tf.reshape(values, [-1, self._input_dim]),
+          'input_timestamps': tf.identity(times),
+          'input_mask': tf.ones([n_in], tf.bool),
+          'output_readout_index': tf.cast(ids, tf.int32),
+          'output_timestamps': tf.identity(q_times),
+          'output_weights': tf.identity(weights),
+          'output_targets': ragged.to_tensor(
+              default_value=0.0, shape=[None, self.max_target_size]),
+      }
+
+
+# ---------------------------------------------------------------------------
+# Batching.
+# ---------------------------------------------------------------------------
+
+_INPUT_KEYS = ('input_values', 'input_timestamps', 'input_mask')
+_QUERY_KEYS = ('output_readout_index', 'output_timestamps', 'output_weights',
+               'output_targets')
+
+
+def _round_up(n: tf.Tensor, multiple: int) -> tf.Tensor:
+  return (n + multiple - 1) // multiple * multiple
+
+
+def _pad_axis1(x: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
+  pad = length - tf.shape(x)[1]
+  paddings = [[0, 0], [0, pad]] + [[0, 0]] * (x.shape.rank - 2)
+  return tf.pad(x, paddings)
+
+
+def batch_examples(ds: tf.data.Dataset, params: configs.DataConfig,
+                   batch_size, max_target_size: int) -> tf.data.Dataset:
+  """Batches parsed examples (layout: module docstring); batch_size: an int
+  or an int64 scalar tensor."""
+  multiple = int(params.pad_multiple)
+
+  def pad_inputs(batch):
+    n = tf.shape(batch['input_timestamps'])[1]
+    length = (tf.constant(params.max_input_tokens) if params.max_input_tokens
+              else _round_up(n, multiple))
+    for k in _INPUT_KEYS:
+      batch[k] = _pad_axis1(batch[k], length)
+    if params.max_input_tokens:
+      batch['input_values'] = tf.ensure_shape(
+          batch['input_values'],
+          [None, params.max_input_tokens, params.input_dim])
+      for k in ('input_timestamps', 'input_mask'):
+        batch[k] = tf.ensure_shape(batch[k], [None, params.max_input_tokens])
+    return batch
+
+  if params.batching == 'padded':
+    ds = ds.padded_batch(batch_size, drop_remainder=params.drop_remainder)
+
+    def finish(batch):
+      batch = pad_inputs(dict(batch))
+      n = tf.shape(batch['output_readout_index'])[1]
+      length = (tf.constant(params.max_queries) if params.max_queries else
+                _round_up(n, multiple))
+      for k in _QUERY_KEYS:
+        batch[k] = _pad_axis1(batch[k], length)
+      if params.max_queries:
+        for k in _QUERY_KEYS:
+          shape = [None, params.max_queries] + (
+              [max_target_size] if k == 'output_targets' else [])
+          batch[k] = tf.ensure_shape(batch[k], shape)
+      return batch
+
+    return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
+
+  ds = ds.ragged_batch(batch_size, drop_remainder=params.drop_remainder)
+
+  def finish_varlen(batch):
+    out = {k: batch[k].to_tensor() for k in _INPUT_KEYS}
+    out = pad_inputs(out)
+    index = batch['output_readout_index']
+    for k in _QUERY_KEYS:
+      out[k] = batch[k].flat_values if k != 'output_targets' else tf.reshape(
+          batch[k].flat_values, [-1, max_target_size])
+    out['output_batch_index'] = tf.cast(index.value_rowids(), tf.int32)
+    return out
+
+  return ds.map(finish_varlen, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _read_with_names(file_or_files) -> tf.data.Dataset:
+  """(file name, serialized record) pairs of a file or a list of files."""
+  if isinstance(file_or_files, (list, tuple)):
+    return tf.data.Dataset.from_tensor_slices(list(file_or_files)).flat_map(
+        _read_with_names)
+  return tf.data.TFRecordDataset(file_or_files).map(
+      lambda record: (file_or_files, record))
+
+
+def build_dataset(params: configs.DataConfig,
+                  readouts: Sequence[configs.ReadoutSpec],
+                  task_vocabulary: Sequence[str],
+                  input_context: Optional[tf.distribute.InputContext] = None
+                  ) -> tf.data.Dataset:
+  """Builds the batched pipeline of one split.
+
+  Args:
+    params: the split's DataConfig (`input_path` set).
+    readouts: the task's ReadoutSpecs.
+    task_vocabulary: task names (ids 1..).
+    input_context: shards files per input pipeline and gives the per-replica
+      batch size.
+
+  Returns:
+    A Dataset of batch dicts (module docstring); training: shuffled and
+    repeated; evaluation: one pass in file order.
+  """
+  _check_config(params)
+  if not params.input_path:
+    raise ValueError('DataConfig.input_path is empty; expected readout '
+                     'TFRecord files.')
+  if not params.global_batch_size or params.global_batch_size <= 0:
+    raise ValueError(f'DataConfig.global_batch_size is '
+                     f'{params.global_batch_size!r}; expected a positive int.')
+  parser = Parser(params, readouts, task_vocabulary)
+
+  def decoder_fn(filename, record):
+    return parser.parse(record, source=filename)
+
+  def transform_and_batch_fn(ds, context):
+    batch_size = (context.get_per_replica_batch_size(params.global_batch_size)
+                  if context else params.global_batch_size)
+    return batch_examples(ds, params, batch_size, parser.max_target_size)
+
+  reader = input_reader.InputReader(
+      params,
+      dataset_fn=_read_with_names,
+      decoder_fn=decoder_fn,
+      transform_and_batch_fn=transform_and_batch_fn)
+  return reader.read(input_context=input_context)

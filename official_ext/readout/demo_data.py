@@ -1,0 +1,273 @@
+"""Generated readout data in the spirit of neural-decoding benchmarks.
+
+Each record is one trial of a simulated behavioural task recorded from
+`input_dim` units. Latent variables drive both the recorded activity (the
+input tokens) and eight readouts of all five types:
+
+* a 5-way stimulus s (shown at t_stim) -> `stimulus` (multinomial, 5);
+* a choice c, more likely 1 for s > 2 (movement at t_move) -> `choice`
+  (binary);
+* a reward r = (choice correct) (feedback at t_fb) -> `reward` (binary);
+* four continuous speeds: wheel speed (a signed movement bump plus a slow
+  drift) -> `wheel_speed` (continuous, 1); left and right paw speed ->
+  `paw_speed` (continuous, 2); whisker motion energy -> `whisker_energy`
+  (continuous, 1);
+* a lick rate rising after a reward -> `lick_rate` (event_rate: Poisson lick
+  counts per 100 ms bin);
+* which trial events are under way -> `trial_events` (multilabel: stimulus on,
+  moving, feedback given).
+
+Input tokens are 100 ms bins (16-24 per trial, so records differ in length);
+a token's features are a fixed random linear mix of the latent state in that
+bin plus Gaussian noise (`noise_std`). Queries: one each for choice, reward
+and stimulus (stimulus left out of ~15% of trials), 2-5 per continuous and
+event_rate readout and 1-3 for trial_events at random bins; ~5% of queries
+have weight 0.
+
+Deterministic in its arguments; `ensure_demo_data` caches the files. CLI:
+
+    python -m official_ext.readout.demo_data --output_dir=/tmp/readout_demo
+"""
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Dict, Iterator, List, Tuple
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+
+from official_ext.readout import configs
+from official_ext.readout import dataloader
+
+FORMAT_VERSION = 1
+BIN_SECONDS = 0.1
+_NUM_LATENTS = 12  # stimulus one-hot (5), choice, reward, wheel, paw (2),
+# whisker, lick log-rate.
+_COMPLETE_MARKER = 'COMPLETE.json'
+_SPLITS = ('train', 'validation')
+
+
+def _smooth(rng: np.random.Generator, times: np.ndarray, scale: float,
+            n_waves: int = 3) -> np.ndarray:
+  """A smooth random signal: a sum of sinusoids of 0.3-2 Hz."""
+  freq = rng.uniform(0.3, 2.0, n_waves)
+  phase = rng.uniform(0, 2 * np.pi, n_waves)
+  amp = rng.normal(0, scale / np.sqrt(n_waves), n_waves)
+  return np.sum(amp[:, None] * np.sin(2 * np.pi * freq[:, None] * times +
+                                      phase[:, None]), 0)
+
+
+def _trial(rng: np.random.Generator, mixing: np.ndarray, noise_std: float,
+           ids: Dict[str, int], example_id: str):
+  """One trial's record."""
+  n_bins = int(rng.integers(16, 25))
+  t = (np.arange(n_bins) + 0.5) * BIN_SECONDS
+  t_stim = rng.uniform(0.2, 0.5)
+  t_move = t_stim + rng.uniform(0.2, 0.4)
+  t_fb = t_move + rng.uniform(0.3, 0.5)
+  s = int(rng.integers(0, 5))
+  c = int(rng.random() < 1 / (1 + np.exp(-2.0 * (s - 2))))
+  r = int(c == (s > 2)) if s != 2 else int(rng.random() < 0.5)
+  stim_on = (t >= t_stim).astype(float)
+  moving = ((t >= t_move) & (t < t_move + 0.4)).astype(float)
+  fb = (t >= t_fb).astype(float)
+  wheel = ((2 * c - 1) * 1.5 * np.exp(-(t - t_move - 0.2) ** 2 / 0.02) +
+           _smooth(rng, t, 0.6))
+  paw = np.stack([_smooth(rng, t, 1.0) + 0.8 * moving for _ in range(2)], 1)
+  whisker = np.log1p(np.exp(_smooth(rng, t, 1.2) + 0.5))
+  lick_log_rate = -1.0 + 2.0 * r * fb + 0.3 * _smooth(rng, t, 1.0)
+  latents = np.concatenate([
+      np.eye(5)[s][None, :] * stim_on[:, None],
+      ((2 * c - 1) * (t >= t_move))[:, None],
+      ((2 * r - 1) * fb)[:, None],
+      wheel[:, None], paw, whisker[:, None], lick_log_rate[:, None]], 1)
+  values = latents @ mixing + rng.normal(0, noise_std,
+                                         [n_bins, mixing.shape[1]])
+  lick_counts = rng.poisson(np.exp(lick_log_rate))
+
+  queries: List[Tuple[str, float, List[float]]] = [
+      ('choice', t_move + 0.3, [c]), ('reward', t_fb + 0.2, [r])]
+  if rng.random() > 0.15:
+    queries.append(('stimulus', t_stim + 0.15, [s]))
+  per_bin = {
+      'wheel_speed': lambda k: [wheel[k]],
+      'paw_speed': lambda k: list(paw[k]),
+      'whisker_energy': lambda k: [whisker[k]],
+      'lick_rate': lambda k: [lick_counts[k]],
+      'trial_events': lambda k: [stim_on[k], moving[k], fb[k]],
+  }
+  for name, fn in per_bin.items():
+    low, high = (1, 4) if name == 'trial_events' else (2, 6)
+    for k in rng.choice(n_bins, int(rng.integers(low, high)), replace=False):
+      queries.append((name, t[k], fn(k)))
+  order = rng.permutation(len(queries))
+  queries = [queries[i] for i in order]
+  weights = np.where(rng.random(len(queries)) < 0.05, 0.0, 1.0)
+  return dataloader.make_example(
+      example_id, values, t,
+      output_task_ids=[ids[q[0]] for q in queries],
+      output_timestamps=[q[1] for q in queries],
+      output_targets=[q[2] for q in queries],
+      output_weights=weights)
+
+
+def generate_trials(num_trials: int, *, seed: int, split_id: int,
+                    input_dim: int = configs.DEMO_INPUT_DIM,
+                    noise_std: float = 0.5,
+                    task_vocabulary=configs.DEMO_VOCABULARY
+                    ) -> Iterator[bytes]:
+  """Yields `num_trials` serialized records (split `split_id` of `seed`).
+
+  The mixing of latents into units depends on `seed` only, so splits of one
+  seed share it.
+  """
+  ids = configs.task_index(task_vocabulary)
+  missing = sorted(set(configs.DEMO_VOCABULARY) - set(ids))
+  if missing:
+    raise ValueError(f'task_vocabulary lacks the demo readouts {missing}.')
+  mixing = np.random.default_rng([seed, 0]).normal(
+      0, 1.0 / np.sqrt(_NUM_LATENTS), [_NUM_LATENTS, input_dim])
+  rng = np.random.default_rng([seed, split_id])
+  for i in range(num_trials):
+    yield _trial(rng, mixing, noise_std, ids,
+                 f'{_SPLITS[split_id - 1][:2]}{i:06d}').SerializeToString()
+
+
+def write_demo_dataset(output_dir: str, *, num_train_trials: int,
+                       num_validation_trials: int, num_shards: int, seed: int,
+                       input_dim: int = configs.DEMO_INPUT_DIM,
+                       noise_std: float = 0.5,
+                       task_vocabulary=configs.DEMO_VOCABULARY
+                       ) -> Dict[str, str]:
+  """Writes `train-0000i-of-0000n.tfrecord` and `validation-...` shards.
+
+  Returns:
+    {'train': glob pattern, 'validation': glob pattern}.
+  """
+  if num_train_trials < 1 or num_validation_trials < 1 or num_shards < 1:
+    raise ValueError('num_train_trials, num_validation_trials and num_shards '
+                     f'must be >= 1; got {num_train_trials}, '
+                     f'{num_validation_trials}, {num_shards}.')
+  os.makedirs(output_dir, exist_ok=True)
+  counts = {'train': num_train_trials, 'validation': num_validation_trials}
+  patterns = {}
+  for split_id, split in enumerate(_SPLITS, start=1):
+    records = generate_trials(counts[split], seed=seed, split_id=split_id,
+                              input_dim=input_dim, noise_std=noise_std,
+                              task_vocabulary=task_vocabulary)
+    bounds = np.linspace(0, counts[split], num_shards + 1).astype(int)
+    for shard in range(num_shards):
+      path = os.path.join(
+          output_dir, f'{split}-{shard:05d}-of-{num_shards:05d}.tfrecord')
+      dataloader.write_records(
+          path, (next(records) for _ in range(bounds[shard + 1] -
+                                              bounds[shard])))
+    patterns[split] = os.path.join(
+        output_dir, f'{split}-*-of-{num_shards:05d}.tfrecord')
+  return patterns
+
+
+def _cache_root(cache_dir: str) -> str:
+  return (cache_dir or os.environ.get('OFFICIAL_EXT_CACHE') or
+          os.path.join(os.path.expanduser('~'), '.cache', 'official_ext'))
+
+
+def demo_data_params(task_config: configs.ReadoutTaskConfig
+                     ) -> Dict[str, object]:
+  """Every parameter that determines the generated data (its cache key)."""
+  demo = task_config.demo_data
+  input_dim = int(task_config.train_data.input_dim)
+  if int(task_config.validation_data.input_dim) != input_dim:
+    raise ValueError('task.validation_data.input_dim differs from '
+                     'task.train_data.input_dim.')
+  return {
+      'format_version': FORMAT_VERSION,
+      'input_dim': input_dim,
+      'task_vocabulary': list(task_config.task_vocabulary),
+      'num_train_trials': int(demo.num_train_trials),
+      'num_validation_trials': int(demo.num_validation_trials),
+      'num_shards': int(demo.num_shards),
+      'seed': int(demo.seed),
+      'noise_std': float(demo.noise_std),
+  }
+
+
+def ensure_demo_data(task_config: configs.ReadoutTaskConfig
+                     ) -> Tuple[str, str]:
+  """Generates the demo data once (cached) and returns its file patterns.
+
+  Data lives in `<cache>/readout_demo/<hash of demo_data_params>`
+  (`<cache>`: `task.demo_data.cache_dir`, else $OFFICIAL_EXT_CACHE, else
+  ~/.cache/official_ext), written to a temporary directory and renamed into
+  place, so concurrent processes never read partial data.
+
+  Returns:
+    (train glob pattern, validation glob pattern).
+  """
+  if not task_config.demo_data.enabled:
+    raise ValueError('task.demo_data.enabled is False: set it, or set '
+                     'task.train_data.input_path and '
+                     'task.validation_data.input_path.')
+  params = demo_data_params(task_config)
+  key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
+  root = os.path.join(_cache_root(task_config.demo_data.cache_dir),
+                      'readout_demo')
+  final_dir = os.path.join(root, key[:16])
+  if not os.path.exists(os.path.join(final_dir, _COMPLETE_MARKER)):
+    os.makedirs(root, exist_ok=True)
+    tmp_dir = tempfile.mkdtemp(prefix=f'.{key[:16]}.tmp-', dir=root)
+    try:
+      logging.info('Generating readout demo data %s into %s', params,
+                   final_dir)
+      write_demo_dataset(
+          tmp_dir, num_train_trials=params['num_train_trials'],
+          num_validation_trials=params['num_validation_trials'],
+          num_shards=params['num_shards'], seed=params['seed'],
+          input_dim=params['input_dim'], noise_std=params['noise_std'],
+          task_vocabulary=params['task_vocabulary'])
+      with open(os.path.join(tmp_dir, _COMPLETE_MARKER), 'w') as f:
+        json.dump(params, f, sort_keys=True)
+      try:
+        os.rename(tmp_dir, final_dir)
+      except OSError:  # Another process won the race, or a stale directory.
+        if not os.path.exists(os.path.join(final_dir, _COMPLETE_MARKER)):
+          shutil.rmtree(final_dir, ignore_errors=True)
+          os.rename(tmp_dir, final_dir)
+    finally:
+      if os.path.exists(tmp_dir):
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+  n = params['num_shards']
+  return tuple(os.path.join(final_dir, f'{split}-*-of-{n:05d}.tfrecord')
+               for split in _SPLITS)
+
+
+def _define_flags() -> None:
+  demo = configs.readout_demo().task.demo_data
+  flags.DEFINE_string('output_dir', None, 'Directory for the shards.')
+  flags.DEFINE_integer('num_train_trials', demo.num_train_trials, 'Trials.')
+  flags.DEFINE_integer('num_validation_trials', demo.num_validation_trials,
+                       'Validation trials.')
+  flags.DEFINE_integer('num_shards', demo.num_shards, 'Files per split.')
+  flags.DEFINE_integer('seed', demo.seed, 'Random seed.')
+  flags.DEFINE_float('noise_std', demo.noise_std, 'Unit noise std.')
+  flags.mark_flag_as_required('output_dir')
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  patterns = write_demo_dataset(
+      f.output_dir, num_train_trials=f.num_train_trials,
+      num_validation_trials=f.num_validation_trials,
+      num_shards=f.num_shards, seed=f.seed, noise_std=f.noise_std)
+  for split, pattern in patterns.items():
+    print(f'{split}: {pattern}')
+
+
+if __name__ == '__main__':
+  _define_flags()
+  app.run(main)

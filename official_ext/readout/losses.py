@@ -1,0 +1,140 @@
+"""Readout losses by type, weighted by per-query weights.
+
+Per query i of a task (predictions p_i = the head's output, targets y_i):
+
+* continuous: mean squared error over the `dim` channels,
+  mean_c (p_ic - y_ic)^2.
+* binary, multilabel: sigmoid cross-entropy of the logits p_i against labels
+  y_i in [0, 1], averaged over the channels.
+* multinomial: softmax cross-entropy of the logits p_i ([dim]) against the
+  class id y_i (stored as one float, an integer in [0, dim)).
+* event_rate: Poisson negative log-likelihood with log-rate input,
+  mean_c (exp(p_ic) - y_ic * p_ic) (the constant log(y!) is left out, as in
+  `torch.nn.PoissonNLLLoss(log_input=True, full=False)`).
+
+Task loss = sum_i w_i l_i / sum_i w_i over the task's queries (0 when the task
+has no query of positive weight); a query of weight 0 contributes nothing,
+even if its loss is not finite. Total loss = sum over tasks of
+`loss_weight * task loss`.
+
+Under a distribution strategy every replica holds part of each task's queries.
+`loss_sums` returns the numerator and denominator per task so the caller can
+sum the denominators over replicas (`global_task_losses`): the replicas'
+losses then add up to the loss of the global batch exactly.
+"""
+from typing import Dict, Mapping, Optional, Tuple
+
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+
+from official_ext.readout import configs
+
+Sums = Dict[str, Tuple[tf.Tensor, tf.Tensor]]
+
+
+def per_query_loss(spec: configs.ReadoutSpec, predictions: tf.Tensor,
+                   targets: tf.Tensor) -> tf.Tensor:
+  """Unweighted loss of each query.
+
+  Args:
+    spec: the task's ReadoutSpec.
+    predictions: float [n, dim] head outputs.
+    targets: float [n, target_size] (target_size = 1 for multinomial).
+
+  Returns:
+    float32 [n].
+  """
+  p = tf.cast(predictions, tf.float32)
+  y = tf.cast(targets, tf.float32)
+  if spec.type == 'continuous':
+    return tf.reduce_mean(tf.math.squared_difference(p, y), axis=-1)
+  if spec.type in ('binary', 'multilabel'):
+    return tf.reduce_mean(
+        tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=p), axis=-1)
+  if spec.type == 'multinomial':
+    labels = tf.cast(tf.round(y[:, 0]), tf.int32)
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.clip_by_value(labels, 0, spec.dim - 1), logits=p)
+  if spec.type == 'event_rate':
+    return tf.reduce_mean(tf.exp(p) - y * p, axis=-1)
+  raise ValueError(f'Readout {spec.name!r}: unknown type {spec.type!r}.')
+
+
+def loss_sums(specs: Mapping[str, configs.ReadoutSpec],
+              predictions: Mapping[str, tf.Tensor],
+              targets: Mapping[str, tf.Tensor],
+              weights: Mapping[str, tf.Tensor]) -> Sums:
+  """{task: (sum_i w_i l_i, sum_i w_i)} over the given queries.
+
+  Args:
+    specs: {task: ReadoutSpec}.
+    predictions: {task: float [n_t, dim]}.
+    targets: {task: float [n_t, >= target_size]}; extra columns (padding to
+      the widest task) are ignored.
+    weights: {task: float [n_t]} (>= 0; 0 for padding rows).
+
+  Returns:
+    {task: (float32 scalar, float32 scalar)}.
+  """
+  sums = {}
+  for name, spec in specs.items():
+    size = configs.target_size(spec)
+    w = tf.cast(weights[name], tf.float32)
+    l = per_query_loss(spec, predictions[name], targets[name][:, :size])
+    wl = tf.where(w > 0, w * l, tf.zeros_like(l))
+    sums[name] = (tf.reduce_sum(wl), tf.reduce_sum(w))
+  return sums
+
+
+def task_losses(specs: Mapping[str, configs.ReadoutSpec], sums: Sums,
+                weight_totals: Optional[Mapping[str, tf.Tensor]] = None
+                ) -> Dict[str, tf.Tensor]:
+  """Task losses and their weighted total.
+
+  Args:
+    specs: {task: ReadoutSpec}.
+    sums: from `loss_sums`.
+    weight_totals: {task: sum of weights over the global batch}; None: the
+      local denominators of `sums` (single replica).
+
+  Returns:
+    {task: loss, ..., 'total_loss': sum_t loss_weight_t * loss_t}, float32
+    scalars.
+  """
+  out = {}
+  total = tf.constant(0.0, tf.float32)
+  for name, spec in specs.items():
+    numerator, denominator = sums[name]
+    if weight_totals is not None:
+      denominator = weight_totals[name]
+    out[name] = tf.math.divide_no_nan(numerator, denominator)
+    total += float(spec.loss_weight) * out[name]
+  out['total_loss'] = total
+  return out
+
+
+def global_task_losses(specs: Mapping[str, configs.ReadoutSpec],
+                       sums: Sums) -> Tuple[Dict[str, tf.Tensor],
+                                            Dict[str, tf.Tensor]]:
+  """This replica's share of the global-batch losses, and the global losses.
+
+  In a replica context with several replicas, the weight sums are all-reduced
+  so that the shares of all replicas add up to the global-batch loss (their
+  gradients, summed by the optimizer, are the global batch's gradient).
+
+  Returns:
+    (share, global): two dicts as `task_losses` returns. With one replica both
+    are the same.
+  """
+  context = tf.distribute.get_replica_context()
+  replicas = tf.distribute.get_strategy().num_replicas_in_sync
+  if context is None or replicas == 1:
+    losses = task_losses(specs, sums)
+    return losses, losses
+  names = list(specs)
+  totals = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                              [sums[n][1] for n in names])
+  share = task_losses(specs, sums, dict(zip(names, totals)))
+  keys = list(share)
+  reduced = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                               [share[k] for k in keys])
+  return share, dict(zip(keys, reduced))

@@ -1,0 +1,210 @@
+"""Building blocks: time embedding, attention blocks, shared encoder, decoder.
+
+The shared module is `TokenEncoder`: it takes already-embedded tokens (each
+family projects its own features to `hidden_size`), adds the time embedding
+and encodes them. Several task models can hold the same `TokenEncoder`
+instance (see `official_ext.readout.joint`): its variables then receive the
+gradients of every task.
+"""
+import math
+from typing import Any, Dict, Optional, Tuple
+
+import tensorflow as tf, tf_keras
+
+
+class TimeEmbedding(tf_keras.layers.Layer):
+  """Timestamps (seconds) -> sinusoidal features -> Dense(hidden_size).
+
+  Periods are geometric between `min_period` and `max_period`; input float
+  [...], output float [..., hidden_size].
+  """
+
+  def __init__(self, hidden_size: int, min_period: float = 0.02,
+               max_period: float = 20.0, **kwargs):
+    super().__init__(**kwargs)
+    if hidden_size < 2 or not 0 < min_period < max_period:
+      raise ValueError(f'TimeEmbedding: hidden_size {hidden_size} (>= 2), '
+                       f'periods {min_period} < {max_period} (> 0) expected.')
+    self._config = dict(hidden_size=hidden_size, min_period=min_period,
+                        max_period=max_period)
+    n = hidden_size // 2
+    periods = [min_period * (max_period / min_period) ** (i / max(n - 1, 1))
+               for i in range(n)]
+    self._frequencies = tf.constant([2 * math.pi / p for p in periods],
+                                    tf.float32)
+    self.projection = tf_keras.layers.Dense(hidden_size, name='projection')
+
+  def call(self, timestamps: tf.Tensor) -> tf.Tensor:
+    angles = tf.cast(timestamps, tf.float32)[..., None] * self._frequencies
+    return self.projection(tf.concat([tf.sin(angles), tf.cos(angles)], -1))
+
+  def get_config(self) -> Dict[str, Any]:
+    return dict(super().get_config(), **self._config)
+
+
+class AttentionBlock(tf_keras.layers.Layer):
+  """Pre-norm attention + feed-forward block with residuals.
+
+  `call(x [B, Tq, H], context [B, Tk, H] or None (self-attention),
+  mask bool [B, Tk] or None) -> [B, Tq, H]`.
+  """
+
+  def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int,
+               dropout_rate: float = 0.0, **kwargs):
+    super().__init__(**kwargs)
+    if hidden_size % num_heads:
+      raise ValueError(f'hidden_size {hidden_size} is not a multiple of '
+                       f'num_heads {num_heads}.')
+    self._config = dict(hidden_size=hidden_size, num_heads=num_heads,
+                        intermediate_size=intermediate_size,
+                        dropout_rate=dropout_rate)
+    self.query_norm = tf_keras.layers.LayerNormalization(
+        epsilon=1e-5, name='query_norm')
+    self.context_norm = tf_keras.layers.LayerNormalization(
+        epsilon=1e-5, name='context_norm')
+    self.attention = tf_keras.layers.MultiHeadAttention(
+        num_heads, hidden_size // num_heads, dropout=dropout_rate,
+        name='attention')
+    self.ffn_norm = tf_keras.layers.LayerNormalization(
+        epsilon=1e-5, name='ffn_norm')
+    self.ffn_in = tf_keras.layers.Dense(intermediate_size, activation='gelu',
+                                        name='ffn_in')
+    self.ffn_out = tf_keras.layers.Dense(hidden_size, name='ffn_out')
+    self.dropout = tf_keras.layers.Dropout(dropout_rate)
+
+  def call(self, x: tf.Tensor, context: Optional[tf.Tensor] = None,
+           mask: Optional[tf.Tensor] = None, training=None) -> tf.Tensor:
+    q = self.query_norm(x)
+    kv = q if context is None else self.context_norm(context)
+    attention_mask = None
+    if mask is not None:
+      attention_mask = tf.logical_and(
+          tf.ones_like(q[..., :1], tf.bool), mask[:, None, :])
+    x = x + self.dropout(self.attention(q, kv, attention_mask=attention_mask,
+                                        training=training), training=training)
+    h = self.ffn_out(self.ffn_in(self.ffn_norm(x)))
+    return x + self.dropout(h, training=training)
+
+  def get_config(self) -> Dict[str, Any]:
+    return dict(super().get_config(), **self._config)
+
+
+class TokenEncoder(tf_keras.layers.Layer):
+  """The shared encoder over timestamped tokens.
+
+  `call(tokens [B, n, H], timestamps [B, n], mask bool [B, n])` returns
+  `(encoded [B, L, H], encoded_mask bool [B, L])`: with `num_latents == 0`
+  the tokens after `num_layers` self-attention blocks (L = n, the input mask);
+  with `num_latents > 0` (Perceiver-style) the learned latents after one
+  cross-attention to the tokens and `num_layers` self-attention blocks
+  (L = num_latents, all valid). Padding tokens (mask False) never influence
+  valid outputs.
+  """
+
+  def __init__(self, hidden_size: int = 64, num_heads: int = 4,
+               num_layers: int = 2, num_latents: int = 0,
+               intermediate_size: int = 128, dropout_rate: float = 0.0,
+               min_time_period: float = 0.02, max_time_period: float = 20.0,
+               **kwargs):
+    super().__init__(**kwargs)
+    self._config = dict(hidden_size=hidden_size, num_heads=num_heads,
+                        num_layers=num_layers, num_latents=num_latents,
+                        intermediate_size=intermediate_size,
+                        dropout_rate=dropout_rate,
+                        min_time_period=min_time_period,
+                        max_time_period=max_time_period)
+    self.hidden_size = hidden_size
+    block = lambda name: AttentionBlock(hidden_size, num_heads,
+                                        intermediate_size, dropout_rate,
+                                        name=name)
+    self.time_embedding = TimeEmbedding(hidden_size, min_time_period,
+                                        max_time_period, name='time_embedding')
+    self._num_latents = num_latents
+    if num_latents:
+      self.latents = self.add_weight(
+          'latents', [num_latents, hidden_size],
+          initializer=tf_keras.initializers.TruncatedNormal(stddev=0.02))
+      self.latent_cross_attention = block('latent_cross_attention')
+    self.blocks = [block(f'block_{i}') for i in range(num_layers)]
+    self.output_norm = tf_keras.layers.LayerNormalization(
+        epsilon=1e-5, name='output_norm')
+
+  def call(self, tokens: tf.Tensor, timestamps: tf.Tensor, mask: tf.Tensor,
+           training=None) -> Tuple[tf.Tensor, tf.Tensor]:
+    mask = tf.cast(mask, tf.bool)
+    x = tokens + self.time_embedding(timestamps)
+    if self._num_latents:
+      batch = tf.shape(x)[0]
+      latents = tf.tile(self.latents[None], [batch, 1, 1])
+      x = self.latent_cross_attention(latents, context=x, mask=mask,
+                                      training=training)
+      mask = tf.ones([batch, self._num_latents], tf.bool)
+    for block in self.blocks:
+      x = block(x, mask=mask, training=training)
+    return self.output_norm(x), mask
+
+  def get_config(self) -> Dict[str, Any]:
+    return dict(super().get_config(), **self._config)
+
+
+class QueryDecoder(tf_keras.layers.Layer):
+  """Readout queries -> output embeddings.
+
+  A query is a routing id (`task_embedding`, one row per id, row 0 for
+  padding) plus the time embedding of its timestamp; `num_layers` blocks of
+  cross-attention to the encoder output (queries never attend to each other)
+  and feed-forward give its output embedding.
+
+  `call(readout_index int [B, n_out], timestamps [B, n_out], encoded
+  [B, L, H], encoded_mask [B, L])` -> [B, n_out, H];
+  `call_varlen(readout_index [N], timestamps [N], batch_index [N], encoded,
+  encoded_mask)` -> [N, H] (each query attends to its own sample).
+  """
+
+  def __init__(self, num_task_ids: int, hidden_size: int = 64,
+               num_heads: int = 4, num_layers: int = 1,
+               intermediate_size: int = 128, dropout_rate: float = 0.0,
+               min_time_period: float = 0.02, max_time_period: float = 20.0,
+               **kwargs):
+    super().__init__(**kwargs)
+    self._config = dict(num_task_ids=num_task_ids, hidden_size=hidden_size,
+                        num_heads=num_heads, num_layers=num_layers,
+                        intermediate_size=intermediate_size,
+                        dropout_rate=dropout_rate,
+                        min_time_period=min_time_period,
+                        max_time_period=max_time_period)
+    self._num_task_ids = num_task_ids
+    self.task_embedding = tf_keras.layers.Embedding(
+        num_task_ids, hidden_size, name='task_embedding')
+    self.time_embedding = TimeEmbedding(hidden_size, min_time_period,
+                                        max_time_period, name='time_embedding')
+    self.blocks = [AttentionBlock(hidden_size, num_heads, intermediate_size,
+                                  dropout_rate, name=f'block_{i}')
+                   for i in range(num_layers)]
+    self.output_norm = tf_keras.layers.LayerNormalization(
+        epsilon=1e-5, name='output_norm')
+
+  def _queries(self, readout_index, timestamps):
+    # Ids without a row (possible only with ids no head reads) use row 0.
+    index = tf.cast(readout_index, tf.int32)
+    index = tf.where((index >= 0) & (index < self._num_task_ids), index, 0)
+    return self.task_embedding(index) + self.time_embedding(timestamps)
+
+  def call(self, readout_index, timestamps, encoded, encoded_mask,
+           training=None) -> tf.Tensor:
+    x = self._queries(readout_index, timestamps)
+    for block in self.blocks:
+      x = block(x, context=encoded, mask=encoded_mask, training=training)
+    return self.output_norm(x)
+
+  def call_varlen(self, readout_index, timestamps, batch_index, encoded,
+                  encoded_mask, training=None) -> tf.Tensor:
+    x = self._queries(readout_index, timestamps)[:, None, :]  # [N, 1, H]
+    context = tf.gather(encoded, batch_index)  # [N, L, H]
+    mask = tf.gather(encoded_mask, batch_index)
+    for block in self.blocks:
+      x = block(x, context=context, mask=mask, training=training)
+    return self.output_norm(x)[:, 0, :]
+
+  def get_config(self) -> Dict[str, Any]:
+    return dict(super().get_config(), **self._config)

@@ -1,0 +1,283 @@
+"""The multitask readout task (`ReadoutTask`)."""
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from absl import logging
+import numpy as np
+import tensorflow as tf, tf_keras
+
+from official.core import base_task
+from official.core import task_factory
+from official_ext.core import gradients
+from official_ext.readout import configs
+from official_ext.readout import dataloader
+from official_ext.readout import demo_data
+from official_ext.readout import losses as readout_losses
+from official_ext.readout import metrics as readout_metrics
+from official_ext.readout.modeling import model as model_lib
+from official_ext.readout.modeling import multitask_readout
+
+_EVAL_KEY = 'readout_eval'
+
+Routed = Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor],
+               Dict[str, tf.Tensor]]
+
+
+def _loss_metric_name(task: str) -> str:
+  return f'{task}_loss'
+
+
+def scale_loss(optimizer, loss: tf.Tensor) -> tf.Tensor:
+  """The loss scaled for a LossScaleOptimizer (mixed_float16), else as is."""
+  if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
+    return optimizer.get_scaled_loss(loss)
+  return loss
+
+
+def apply_gradients(optimizer, tape: tf.GradientTape, scaled_loss: tf.Tensor,
+                    tvars, clip_norm: float) -> None:
+  """Gradients of `scaled_loss` (see `scale_loss`), unscaled, summed over
+  replicas, clipped by global norm (`clip_norm` <= 0: off) and applied.
+
+  Sparse gradients (`tf.IndexedSlices`, e.g. of the task embedding) are made
+  dense first: their row counts differ between replicas (queries per
+  replica), which a cross-replica all-reduce of slices cannot sum.
+  """
+  grads = tape.gradient(scaled_loss, tvars)
+  if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
+    grads = optimizer.get_unscaled_gradients(grads)
+  grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+           for g in grads]
+  if clip_norm > 0:
+    gradients.clip_and_apply_gradients(optimizer, grads, tvars, clip_norm)
+  else:
+    optimizer.apply_gradients(list(zip(grads, tvars)))
+
+
+@task_factory.register_task_cls(configs.ReadoutTaskConfig)
+class ReadoutTask(base_task.Task):
+  """Routed per-task heads on a shared encoder (see `configs`).
+
+  Inputs are batch dicts of `dataloader.build_dataset` (padded or chained
+  queries). Training minimizes sum_t loss_weight_t * loss_t (`losses`), with
+  each task's weighted mean taken over the global batch (exact under a
+  distribution strategy). Evaluation reports the per-task losses,
+  `<task>/<metric>` for every metric of every spec, `average/<metric>` and
+  `average/score` (metrics are computed on the host over every replica's
+  queries), and prints the per-task table.
+  """
+
+  def __init__(self, params: configs.ReadoutTaskConfig, logging_dir=None,
+               name=None):
+    super().__init__(params, logging_dir=logging_dir, name=name)
+    configs.validate_readouts(params.readouts, params.task_vocabulary)
+    self._specs = {s.name: s for s in params.readouts}
+    self._eval_metrics = None
+
+  @property
+  def readout_specs(self) -> Dict[str, configs.ReadoutSpec]:
+    return dict(self._specs)
+
+  # -- model -----------------------------------------------------------------
+  def build_model(self, encoder=None) -> model_lib.ReadoutModel:
+    """The model with every head; `encoder`: a shared TokenEncoder."""
+    model = model_lib.build_model(self.task_config, encoder=encoder)
+    logging.info('Readout model: %d heads, %d parameters.',
+                 len(self._specs),
+                 sum(int(np.prod(v.shape)) for v in model.trainable_variables))
+    return model
+
+  def build_single_task_model(self, task_name: str,
+                              checkpoint_path: str) -> model_lib.ReadoutModel:
+    """A one-head model grafted from a multitask checkpoint (see
+    `model.graft_single_task_head`)."""
+    return model_lib.graft_single_task_head(self.task_config, task_name,
+                                            checkpoint_path)
+
+  # -- data ------------------------------------------------------------------
+  def _resolve_input_path(self, params: configs.DataConfig
+                          ) -> configs.DataConfig:
+    if params.input_path:
+      return params
+    key = ('task.train_data.input_path' if params.is_training else
+           'task.validation_data.input_path')
+    if not self.task_config.demo_data.enabled:
+      raise ValueError(f'{key} is empty: point it at readout TFRecords (see '
+                       'official_ext.readout.dataloader for the schema), or '
+                       'set task.demo_data.enabled=true for generated data.')
+    train, validation = demo_data.ensure_demo_data(self.task_config)
+    pattern = train if params.is_training else validation
+    logging.info('%s is empty: using generated demo data %s', key, pattern)
+    return params.replace(input_path=pattern)
+
+  def build_inputs(self, params: configs.DataConfig,
+                   input_context: Optional[tf.distribute.InputContext] = None
+                   ) -> tf.data.Dataset:
+    return dataloader.build_dataset(
+        self._resolve_input_path(params), self.task_config.readouts,
+        self.task_config.task_vocabulary, input_context=input_context)
+
+  # -- routing targets like predictions --------------------------------------
+  def route(self, model: model_lib.ReadoutModel, inputs: Mapping[str, Any],
+            outputs: Mapping[str, Any]) -> Routed:
+    """(predictions, targets, weights), each {task: rows of that task}.
+
+    Targets [n_t, T] and weights [n_t] are routed like the predictions
+    [n_t, dim]: the same rows in the same order. With static shapes every
+    row is kept and the weights are zeroed outside the task's mask.
+    """
+    index = tf.reshape(inputs['output_readout_index'], [-1])
+    weights = tf.reshape(tf.cast(inputs['output_weights'], tf.float32), [-1])
+    width = inputs['output_targets'].shape[-1]
+    targets = tf.reshape(inputs['output_targets'], [-1, width])
+    if model.static_shapes:
+      predictions, routed_t, routed_w = {}, {}, {}
+      for name, (out, mask) in outputs.items():
+        predictions[name] = tf.reshape(out, [-1, out.shape[-1]])
+        routed_t[name] = targets
+        routed_w[name] = weights * tf.cast(tf.reshape(mask, [-1]), tf.float32)
+      return predictions, routed_t, routed_w
+    return (dict(outputs), model.readout.route(targets, index),
+            model.readout.route(weights, index))
+
+  # -- losses and metrics ----------------------------------------------------
+  def build_losses(self, labels: Mapping[str, Any],
+                   model_outputs: Mapping[str, Any],
+                   aux_losses: Optional[List[tf.Tensor]] = None,
+                   model: Optional[model_lib.ReadoutModel] = None
+                   ) -> tf.Tensor:
+    """Total loss of one (local) batch: sum_t loss_weight_t * loss_t.
+
+    Args:
+      labels: the batch dict (targets, weights, routing ids).
+      model_outputs: the model's outputs for it.
+      aux_losses: regularization losses, added.
+      model: the model (needed for routing; the dynamic routing is rebuilt
+        from the specs when None).
+
+    Returns:
+      float32 scalar.
+    """
+    if model is None:
+      model = _RoutingOnly(self.task_config, model_outputs)
+    p, t, w = self.route(model, labels, model_outputs)
+    total = readout_losses.task_losses(
+        self._specs, readout_losses.loss_sums(self._specs, p, t, w))
+    total = total['total_loss']
+    if aux_losses:
+      total += tf.add_n([tf.cast(l, tf.float32) for l in aux_losses])
+    return total
+
+  def compute_losses(self, inputs, model, training: bool):
+    """Forward pass and losses of one replica's batch.
+
+    Returns:
+      (share, global_losses, routed): `share` {task, 'total_loss'} is this
+      replica's part of the global-batch losses (the replicas' shares add up
+      to them); `global_losses` the global-batch losses; `routed` the
+      (predictions, targets, weights) of `route`.
+    """
+    outputs = model(inputs, training=training)
+    routed = self.route(model, inputs, outputs)
+    sums = readout_losses.loss_sums(self._specs, *routed)
+    share, global_losses = readout_losses.global_task_losses(self._specs, sums)
+    if model.losses:
+      reg = tf.add_n([tf.cast(l, tf.float32) for l in model.losses])
+      replicas = tf.distribute.get_strategy().num_replicas_in_sync
+      share = dict(share, total_loss=share['total_loss'] + reg / replicas)
+      global_losses = dict(global_losses,
+                           total_loss=global_losses['total_loss'] + reg)
+    return share, global_losses, routed
+
+  def build_metrics(self, training: bool = True):
+    """Mean of the total and of each task's loss; eval: host accumulator."""
+    metrics = [tf_keras.metrics.Mean('total_loss', dtype=tf.float32)]
+    metrics += [tf_keras.metrics.Mean(_loss_metric_name(n), dtype=tf.float32)
+                for n in self._specs]
+    if not training:
+      self._eval_metrics = readout_metrics.ReadoutMetrics(self._specs)
+    return metrics
+
+  def process_metrics(self, metrics, labels=None, outputs=None,
+                      model_losses=None, **kwargs):
+    """Updates the loss means with `model_losses` ({task, 'total_loss'})."""
+    logs = {}
+    model_losses = model_losses or {}
+    for m in metrics or []:
+      key = 'total_loss' if m.name == 'total_loss' else m.name[:-len('_loss')]
+      if key in model_losses:
+        m.update_state(model_losses[key])
+        logs[m.name] = m.result()
+    return logs
+
+  # -- steps -----------------------------------------------------------------
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    """Forward, global-batch losses, (scaled) gradients, clipping, update.
+
+    Returns:
+      logs: {'loss': global total loss, and the loss metrics}.
+    """
+    with tf.GradientTape() as tape:
+      share, global_losses, _ = self.compute_losses(inputs, model,
+                                                    training=True)
+      scaled = scale_loss(optimizer, share['total_loss'])
+    apply_gradients(optimizer, tape, scaled, model.trainable_variables,
+                    self.task_config.gradient_clip_norm)
+    logs = {self.loss: global_losses['total_loss']}
+    logs.update(self.process_metrics(metrics, model_losses=global_losses))
+    return logs
+
+  def inference_step(self, inputs, model):
+    return model(inputs, training=False)
+
+  def validation_step(self, inputs, model, metrics=None):
+    """Losses and the routed rows for the host metrics (aggregate_logs)."""
+    _, global_losses, (p, t, w) = self.compute_losses(inputs, model,
+                                                      training=False)
+    logs = {self.loss: global_losses['total_loss']}
+    logs.update(self.process_metrics(metrics, model_losses=global_losses))
+    logs[_EVAL_KEY] = {
+        name: {'predictions': tf.cast(p[name], tf.float32),
+               'targets': t[name], 'weights': w[name]}
+        for name in self._specs
+    }
+    return logs
+
+  def aggregate_logs(self, state=None, step_outputs=None):
+    """Accumulates every local replica's rows into the metric accumulator."""
+    if state is None:
+      if self._eval_metrics is None:
+        self._eval_metrics = readout_metrics.ReadoutMetrics(self._specs)
+      self._eval_metrics.reset()
+      state = self._eval_metrics
+    for name, rows in step_outputs[_EVAL_KEY].items():
+      parts = {k: v if isinstance(v, (tuple, list)) else (v,)
+               for k, v in rows.items()}
+      for p, t, w in zip(parts['predictions'], parts['targets'],
+                         parts['weights']):
+        state.accumulate(name, np.asarray(p), np.asarray(t), np.asarray(w))
+    return state
+
+  def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+    if aggregated_logs is None:
+      return {}
+    results = aggregated_logs.result()
+    counts = {n: aggregated_logs.num_queries(n) for n in self._specs}
+    table = readout_metrics.format_table(results, self._specs, counts)
+    step = ('' if global_step is None else
+            f' at step {int(tf.convert_to_tensor(global_step).numpy())}')
+    logging.info('Readout evaluation%s:\n%s', step, table)
+    if self.task_config.evaluation.print_table:
+      print(f'Readout evaluation{step} ({self.name or "readout"}):\n{table}',
+            flush=True)
+    aggregated_logs.reset()
+    return results
+
+
+class _RoutingOnly:
+  """Stands in for a model in `build_losses` when only routing is needed."""
+
+  def __init__(self, task_config: configs.ReadoutTaskConfig, outputs):
+    first = next(iter(outputs.values()))
+    self.static_shapes = isinstance(first, tuple)
+    self.readout = multitask_readout.MultitaskReadout(
+        task_config.readouts, configs.task_index(task_config.task_vocabulary))

@@ -1,0 +1,36 @@
+"""Readout experiments and YAML files load strictly and validate."""
+import glob
+import os
+
+import pytest
+
+from official.core import exp_factory
+from official.modeling import hyperparams
+from official_ext.readout import configs
+
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'configs',
+                          'readout')
+
+
+@pytest.mark.parametrize('path', sorted(glob.glob(
+    os.path.join(CONFIG_DIR, '*.yaml'))))
+def test_yaml_overrides_readout_demo(path):
+  params = exp_factory.get_exp_config('readout_demo')
+  params = hyperparams.override_params_dict(params, path, is_strict=True)
+  params.validate()
+  configs.validate_readouts(params.task.readouts, params.task.task_vocabulary)
+
+
+def test_demo_has_eight_readouts_of_five_types():
+  task = exp_factory.get_exp_config('readout_demo').task
+  assert len(task.readouts) == 8
+  assert {s.type for s in task.readouts} == set(configs.READOUT_TYPES)
+
+
+def test_bad_specs_name_the_key():
+  spec = configs.ReadoutSpec(name='x', type='gaussian')
+  with pytest.raises(ValueError, match="readouts `x`: type 'gaussian'"):
+    configs.validate_readouts([spec], ['x'])
+  spec = configs.ReadoutSpec(name='x', type='binary', metrics=('r2',))
+  with pytest.raises(ValueError, match=r"metrics \['r2'\] are not defined"):
+    configs.validate_readouts([spec], ['x'])

@@ -1,0 +1,129 @@
+"""The readout task end to end: demo data, train.run, 2-replica parity."""
+import numpy as np
+import pytest
+import tensorflow as tf, tf_keras
+
+from official.core import exp_factory
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext import train
+from official_ext.readout import configs
+from official_ext.readout import dataloader
+from official_ext.readout import demo_data
+from official_ext.readout import task as task_lib
+
+
+def _params(cache_dir, batching='padded', train_steps=6):
+  params = exp_factory.get_exp_config('readout_demo')
+  data = {'global_batch_size': 8, 'batching': batching, 'seed': 5,
+          'shuffle_buffer_size': 16}
+  params.override({
+      'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
+      'task': {
+          'model': {'encoder': {'hidden_size': 8, 'num_heads': 2,
+                                'num_layers': 1, 'intermediate_size': 8}},
+          'train_data': data,
+          'validation_data': dict(data, global_batch_size=16),
+          'demo_data': {'cache_dir': str(cache_dir), 'num_train_trials': 32,
+                        'num_validation_trials': 32},
+          'evaluation': {'print_table': True},
+      },
+      'trainer': {'train_steps': train_steps, 'steps_per_loop': train_steps,
+                  'checkpoint_interval': train_steps,
+                  'summary_interval': train_steps,
+                  'validation_interval': train_steps, 'validation_steps': -1},
+  }, is_strict=True)
+  params.validate()
+  return params
+
+
+def _run(params, model_dir, strategy):
+  tf_keras.utils.set_random_seed(3)
+  return train.run(params, 'train_and_eval', str(model_dir),
+                   strategy=strategy)
+
+
+def test_mirrored_two_replicas_matches_one_device(tmp_path, capsys, mirrored):
+  """train.run (train + eval) under 2 replicas equals one device.
+
+  Training uses chained (varlen) queries, so replicas hold different numbers
+  of queries (and sparse task-embedding gradients of different sizes);
+  evaluation uses padded queries. Clipping is active.
+  """
+  params = _params(tmp_path / 'cache', 'varlen')
+  params.task.validation_data.batching = 'padded'
+  params.task.gradient_clip_norm = 0.5
+  one_model, one = _run(params, tmp_path / 'one',
+                        tf.distribute.OneDeviceStrategy('/cpu:0'))
+  two_model, two = _run(params, tmp_path / 'two',
+                        mirrored)
+  for name in configs.DEMO_VOCABULARY:
+    assert f'{name}_loss' in two
+  keys = [k for k in one if '/' in k] + ['total_loss', 'choice_loss']
+  assert 'wheel_speed/r2' in keys and 'average/score' in keys
+  for key in keys:
+    np.testing.assert_allclose(float(two[key]), float(one[key]), rtol=2e-3,
+                               atol=2e-4, err_msg=key)
+  for a, b in zip(one_model.trainable_variables,
+                  two_model.trainable_variables):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-3, atol=1e-5,
+                               err_msg=a.name)
+  out = capsys.readouterr().out
+  assert 'Readout evaluation at step 6' in out and 'trial_events' in out
+  # A head grafted out of the trainer's checkpoint predicts like the model.
+  single = task_lib.ReadoutTask(params.task).build_single_task_model(
+      'paw_speed', str(tmp_path / 'two'))
+  batch = next(iter(task_lib.ReadoutTask(params.task).build_inputs(
+      params.task.validation_data)))
+  np.testing.assert_allclose(single(batch)['paw_speed'],
+                             one_model(batch)['paw_speed'], rtol=1e-3,
+                             atol=1e-4)
+
+
+def test_demo_data_is_deterministic_and_valid(tmp_path):
+  a = list(demo_data.generate_trials(5, seed=1, split_id=1))
+  b = list(demo_data.generate_trials(5, seed=1, split_id=1))
+  c = list(demo_data.generate_trials(5, seed=1, split_id=2))
+  assert a == b and a != c
+  path = str(tmp_path / 'demo.tfrecord')
+  dataloader.write_records(path, a)
+  data = configs.DataConfig(input_path=path, global_batch_size=5,
+                            input_dim=configs.DEMO_INPUT_DIM)
+  (batch,) = list(dataloader.build_dataset(data, configs.DEMO_READOUTS,
+                                           configs.DEMO_VOCABULARY))
+  index = batch['output_readout_index'].numpy()
+  # Every one of the eight readouts has queries; choice and reward once per
+  # trial.
+  for i, name in enumerate(configs.DEMO_VOCABULARY, start=1):
+    assert (index == i).any(), name
+  assert ((index == 1).sum(1) == 1).all() and ((index == 2).sum(1) == 1).all()
+  assert batch['output_targets'].shape[-1] == 3
+
+
+def test_static_shapes_give_the_same_losses_and_metrics(tmp_path):
+  params = _params(tmp_path / 'cache', 'padded')
+  task = task_lib.ReadoutTask(params.task)
+  dynamic = task.build_model()
+  static_config = params.task.replace(model=params.task.model.replace(
+      static_shapes=True))
+  static_task = task_lib.ReadoutTask(static_config)
+  static = static_task.build_model()
+  static.set_weights(dynamic.get_weights())
+  batch = next(iter(task.build_inputs(params.task.validation_data)))
+  results = []
+  for t, model in ((task, dynamic), (static_task, static)):
+    _, global_losses, _ = t.compute_losses(batch, model, training=False)
+    # The base-task API (labels, outputs) gives the same total, with or
+    # without the model.
+    for m in (model, None):
+      assert float(t.build_losses(batch, model(batch), model=m)) == (
+          pytest.approx(float(global_losses['total_loss']), rel=1e-6))
+    t.build_metrics(training=False)
+    logs = t.validation_step(batch, model)
+    state = t.aggregate_logs(None, {k: v for k, v in logs.items()})
+    results.append(({k: float(v) for k, v in global_losses.items()},
+                    t.reduce_aggregated_logs(state)))
+  (dyn_losses, dyn_metrics), (st_losses, st_metrics) = results
+  assert dyn_losses == pytest.approx(st_losses, rel=1e-5)
+  assert set(dyn_metrics) == set(st_metrics)
+  for key, value in dyn_metrics.items():
+    assert st_metrics[key] == pytest.approx(value, rel=1e-5, nan_ok=True), key
