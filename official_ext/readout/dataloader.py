@@ -48,6 +48,7 @@ import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.core import input_reader
+from official_ext.core import graph_checks
 from official_ext.readout import configs
 
 _TYPE_CODES = {t: i for i, t in enumerate(configs.READOUT_TYPES)}
@@ -141,31 +142,9 @@ def write_records(path: str, examples) -> int:
 # ---------------------------------------------------------------------------
 
 
-def _join(*parts) -> tf.Tensor:
-  pieces = []
-  for part in parts:
-    if isinstance(part, str):
-      pieces.append(tf.constant(part))
-    elif part.dtype == tf.string:
-      pieces.append(part)
-    else:
-      pieces.append(tf.strings.as_string(part))
-  return tf.strings.join(pieces)
-
-
-def _check(ok: tf.Tensor, message: Callable[[], tf.Tensor]) -> tf.Tensor:
-  """An op failing with `message()` (built only on failure) unless `ok`."""
-
-  def fail():
-    with tf.control_dependencies([tf.debugging.Assert(ok, [message()],
-                                                      summarize=1)]):
-      return tf.identity(ok)
-
-  return tf.cond(ok, lambda: tf.constant(True), fail)
-
-
-def _first(values: tf.Tensor, bad: tf.Tensor) -> tf.Tensor:
-  return tf.boolean_mask(values, bad)[0]
+_join = graph_checks.join
+_check = graph_checks.require
+_first = graph_checks.first
 
 
 def _check_config(params: configs.DataConfig) -> None:

@@ -55,6 +55,7 @@ import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.core import input_reader
+from official_ext.core import graph_checks
 from official_ext.yt8m import configs
 
 # Quantization of the YouTube-8M uint8 features (the starter code's
@@ -143,42 +144,10 @@ def _check_params(params: configs.DataConfig) -> None:
                      'positive int.')
 
 
-def _message(*parts: Union[str, tf.Tensor]) -> tf.Tensor:
-  """Joins python strings and (string or numeric) scalar tensors."""
-  pieces = []
-  for part in parts:
-    if isinstance(part, str):
-      pieces.append(tf.constant(part))
-    elif part.dtype == tf.string:
-      pieces.append(part)
-    else:
-      pieces.append(tf.strings.as_string(part))
-  return tf.strings.join(pieces)
-
-
-def _require(ok: tf.Tensor, message_fn: Callable[[], tf.Tensor]) -> tf.Tensor:
-  """Fails with `message_fn()` (built only on failure) unless `ok`.
-
-  Args:
-    ok: bool scalar.
-    message_fn: returns the error text, a string scalar tensor.
-
-  Returns:
-    A bool scalar (True); make outputs depend on it with
-    `tf.control_dependencies` so the check runs before them.
-  """
-
-  def _fail():
-    with tf.control_dependencies(
-        [tf.debugging.Assert(ok, [message_fn()], summarize=1)]):
-      return tf.identity(ok)
-
-  return tf.cond(ok, lambda: tf.constant(True), _fail)
-
-
-def _first(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
-  """The first element of `values` where `mask` (mask must have a True)."""
-  return tf.boolean_mask(values, mask)[0]
+# Graph checks shared with the other families.
+_message = graph_checks.join
+_require = graph_checks.require
+_first = graph_checks.first
 
 
 # ---------------------------------------------------------------------------
