@@ -25,6 +25,8 @@ from official.core import export_base
 from official.core import task_factory
 from official.modeling import hyperparams
 from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext.assemblenet import configs as assemblenet_configs
+from official_ext.assemblenet import export as assemblenet_export
 from official_ext.core import checkpoints
 from official_ext.readout import configs as readout_configs
 from official_ext.readout import export as readout_export
@@ -33,10 +35,13 @@ from official_ext.yt8m import export as yt8m_export
 
 
 def _export_module(params: config_definitions.ExperimentConfig,
-                   model: tf_keras.Model, top_k: int):
+                   model: tf_keras.Model, task, top_k: int):
   if isinstance(params.task, yt8m_configs.YT8MTask):
     return yt8m_export.YT8MExportModule(params, model, top_k=top_k), (
         yt8m_export.SIGNATURES)
+  if isinstance(params.task, assemblenet_configs.AssembleNetTask):
+    return assemblenet_export.AssembleNetExportModule(params, model, task), (
+        assemblenet_export.SIGNATURES)
   if isinstance(params.task, readout_configs.ReadoutTaskConfig):
     return readout_export.ReadoutExportModule(params, model), (
         readout_export.SIGNATURES)
@@ -71,7 +76,7 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
   model = task.build_model()
   restored = checkpoints.restore_model(model, checkpoint_path)
   logging.info('Restored %s', restored)
-  module, signatures = _export_module(params, model, top_k)
+  module, signatures = _export_module(params, model, task, top_k)
   function_keys: Dict[str, str] = {
       key: key for key in signatures}
   export_base.export(module, function_keys=function_keys,

@@ -184,36 +184,54 @@ class Parser:
           'Record of file `', source, '` has no frames (', p.image_field_key,
           ' is empty).'))]):
         frames = tf.identity(frames)
+      if not is_training:
+        images = self.eval_views(frames, source)
+        return {'image': images}, self._labels(decoded[LABELS], source)
       t = self._num_frames
-      if is_training:
-        frames = preprocess_ops_3d.sample_sequence(frames, t, True,
-                                                   p.temporal_stride)
-      elif p.num_test_clips > 1:
-        frames = preprocess_ops_3d.sample_linspace_sequence(
-            frames, p.num_test_clips, t, p.temporal_stride)
-      else:
-        frames = preprocess_ops_3d.sample_sequence(frames, t, False,
-                                                   p.temporal_stride)
+      frames = preprocess_ops_3d.sample_sequence(frames, t, True,
+                                                 p.temporal_stride)
       images = self._decode(frames, source)
-      if is_training:
-        images = preprocess_ops_3d.random_crop_resize(
-            images, self._height, self._width, t, 3,
-            (p.aug_min_aspect_ratio, p.aug_max_aspect_ratio),
-            (p.aug_min_area_ratio, p.aug_max_area_ratio))
-        if p.random_flip:
-          images = preprocess_ops_3d.random_flip_left_right(images)
-      else:
-        images = preprocess_ops_3d.resize_smallest(images, p.min_image_size)
-        images = preprocess_ops_3d.crop_image(
-            images, self._height, self._width, False, p.num_test_crops)
+      images = preprocess_ops_3d.random_crop_resize(
+          images, self._height, self._width, t, 3,
+          (p.aug_min_aspect_ratio, p.aug_max_aspect_ratio),
+          (p.aug_min_area_ratio, p.aug_max_area_ratio))
+      if p.random_flip:
+        images = preprocess_ops_3d.random_flip_left_right(images)
       images = preprocess_ops_3d.normalize_image(images,
                                                  p.zero_centering_image)
-      views = 1 if is_training else p.num_test_clips * p.num_test_crops
-      images = tf.ensure_shape(
-          images, [views * t, self._height, self._width, 3])
+      images = tf.ensure_shape(images, [t, self._height, self._width, 3])
       return {'image': images}, self._labels(decoded[LABELS], source)
 
     return parse
+
+  def eval_views(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
+    """Evaluation views of one video (also the SavedModel's preprocessing).
+
+    Args:
+      frames: [T_video] JPEG strings or uint8 [T_video, H, W, 3] frames.
+      source: string scalar naming the record, for errors.
+
+    Returns:
+      float32 [views * T, height, width, 3], views = num_test_clips x
+      num_test_crops: clips evenly spaced in time (or the first clip),
+      smallest side resized to min_image_size, center (or multi) crops,
+      normalized.
+    """
+    p = self._p
+    t = self._num_frames
+    if p.num_test_clips > 1:
+      frames = preprocess_ops_3d.sample_linspace_sequence(
+          frames, p.num_test_clips, t, p.temporal_stride)
+    else:
+      frames = preprocess_ops_3d.sample_sequence(frames, t, False,
+                                                 p.temporal_stride)
+    images = self._decode(frames, source)
+    images = preprocess_ops_3d.resize_smallest(images, p.min_image_size)
+    images = preprocess_ops_3d.crop_image(
+        images, self._height, self._width, False, p.num_test_crops)
+    images = preprocess_ops_3d.normalize_image(images, p.zero_centering_image)
+    views = p.num_test_clips * p.num_test_crops
+    return tf.ensure_shape(images, [views * t, self._height, self._width, 3])
 
 
 def _file_reader(files: Sequence[str]):
