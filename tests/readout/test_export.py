@@ -1,4 +1,8 @@
 """SavedModel export: both signatures reproduce the model's predictions."""
+import glob
+import os
+import subprocess
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -47,3 +51,28 @@ def test_export_signatures_match_the_model(tmp_path):
                      match=r'Record `bad` in file `input examples\[1\]`'):
     loaded.signatures['serving_default'](
         examples=tf.constant([records[0], bad.SerializeToString()]))
+
+  # TensorFlow's own server-side tool, in a fresh process, for both
+  # signatures.
+  np.save(tmp_path / 'examples.npy', np.array(records, dtype=object),
+          allow_pickle=True)
+  token_inputs = []
+  for k in ('input_values', 'input_timestamps', 'input_mask',
+            'output_readout_index', 'output_timestamps'):
+    np.save(tmp_path / f'{k}.npy', batch[k].numpy())
+    token_inputs.append(f'{k}={tmp_path / (k + ".npy")}')
+  for signature, inputs, reference in (
+      ('serving_default', f'examples={tmp_path / "examples.npy"}', served),
+      ('serve_tokens', ';'.join(token_inputs), tokens)):
+    outdir = tmp_path / f'cli_{signature}'
+    result = subprocess.run(
+        ['saved_model_cli', 'run', '--dir', str(tmp_path), '--tag_set',
+         'serve', '--signature_def', signature, '--inputs', inputs,
+         '--outdir', str(outdir)], capture_output=True, text=True,
+        timeout=300, check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+    assert result.returncode == 0, result.stderr[-3000:]
+    for spec in task.readouts:
+      cli = np.load(glob.glob(str(outdir / f'{spec.name}.npy'))[0])
+      np.testing.assert_allclose(cli, reference[spec.name].numpy(),
+                                 atol=1e-5, err_msg=f'{signature} {spec.name}')
