@@ -32,6 +32,7 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 from official.core import input_reader
 from official.vision.ops import preprocess_ops_3d
 from official_ext.assemblenet import configs
+from official_ext.core import input_files
 
 FRAMES = 'frames'
 LABELS = 'labels'
@@ -61,23 +62,7 @@ def check_params(params: configs.DataConfig) -> None:
                      f'{params.input_path!r}, tfds_name={params.tfds_name!r}.')
 
 
-def match_input_files(input_path: Union[str, Sequence[str]]) -> List[str]:
-  """Files of a pattern / comma-separated patterns; ValueError if none."""
-  patterns = [input_path] if isinstance(input_path, str) else list(input_path)
-  files = []
-  for group in patterns:
-    for pattern in group.split(','):
-      pattern = pattern.strip()
-      if not pattern:
-        continue
-      matched = sorted(tf.io.gfile.glob(pattern))
-      if not matched:
-        raise ValueError(
-            f"DataConfig.input_path: '{pattern}' does not match any file.")
-      files.extend(matched)
-  if not files:
-    raise ValueError('DataConfig.input_path is empty.')
-  return files
+match_input_files = input_files.match_input_files
 
 
 def _message(*parts) -> tf.Tensor:

@@ -56,6 +56,7 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.core import input_reader
 from official_ext.core import graph_checks
+from official_ext.core import input_files
 from official_ext.yt8m import configs
 
 # Quantization of the YouTube-8M uint8 features (the starter code's
@@ -610,35 +611,7 @@ def bad_record_log() -> BadRecordLog:
   return _DEFAULT_BAD_RECORD_LOG
 
 
-def match_input_files(input_path: Union[str, Sequence[str]]) -> List[str]:
-  """Expands `DataConfig.input_path` into a sorted list of existing files.
-
-  Args:
-    input_path: a file, a glob pattern, comma-separated ones, or a list.
-
-  Returns:
-    The matched files: each pattern's matches sorted, patterns in order.
-
-  Raises:
-    ValueError: naming the pattern that matches nothing (or is empty).
-  """
-  if not input_path or (isinstance(input_path, (list, tuple)) and
-                        not any(p.strip() for p in input_path)):
-    raise ValueError('DataConfig.input_path is empty; expected a TFRecord '
-                     'file, glob pattern or comma-separated list of them.')
-  patterns = [input_path] if isinstance(input_path, str) else list(input_path)
-  files = []
-  for group in patterns:
-    for pattern in group.split(','):
-      pattern = pattern.strip()
-      if not pattern:
-        continue
-      matched = sorted(tf.io.gfile.glob(pattern))
-      if not matched:
-        raise ValueError(
-            f"DataConfig.input_path: '{pattern}' does not match any file.")
-      files.extend(matched)
-  return files
+match_input_files = input_files.match_input_files
 
 
 def _file_sizes(files: Sequence[str]) -> List[int]:
