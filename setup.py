@@ -20,6 +20,7 @@ setuptools.setup(
         "numpy",
         "pyyaml",
         "importlib_resources",  # tensorflow-datasets needs it to prepare builders
+        "opencv-python-headless",  # scripts/assemblenet_videos_to_tfrecord.py
     ],
     extras_require={
         "test": ["pytest", "pytest-xdist"],
