@@ -303,10 +303,11 @@ def test_layer_configs_round_trip():
   for layer in [
       anet_layers.BatchNormRelu(relu=False, init_zero=True, bn_decay=0.9),
       anet_layers.RepresentationFlow(num_iter=3, train_hyper=True),
-      anet_layers.PeerAttentionFusion(2, 'self', [0.3, 0.6], True),
+      anet_layers.PeerAttentionFusion(2, 'self', [0.3, 0.6], True,
+                                      recompute_grad=True),
       anet_layers.InvertedBottleneckBlock3D([4, 4, 8], 2, True, 2),
       anet_layers.BlockGroup([4, 4, 8], 2, 2, recompute_grad=True),
-      anet.LiteStem(8, 2), anet.LiteHead(5, (8, 16), True, 0.2)]:
+      anet.LiteStem(8, 2, recompute_grad=True), anet.LiteHead(5, (8, 16), True, 0.2)]:
     config = layer.get_config()
     clone = type(layer).from_config(config)
     assert clone.get_config() == config

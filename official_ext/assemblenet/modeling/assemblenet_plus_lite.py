@@ -57,17 +57,21 @@ class LiteStem(layers.Layer):
   """[1, 3, 3] conv stride 2 (BN, ReLU), then a [3, 1, 1] temporal conv (BN,
 
   ReLU), `filters` channels each. [B, T, H, W, C] -> [B, T, H/2, W/2, filters].
+  With `recompute_grad`, training calls run through `tf.recompute_grad` (only
+  the input is kept for the backward pass; the stem's four full-resolution
+  intermediates are recomputed there; its batch norms update twice).
   """
 
   def __init__(self, filters: int, temporal_dilation: int = 1,
                bn_decay: float = anet_layers.BATCH_NORM_DECAY,
                bn_epsilon: float = anet_layers.BATCH_NORM_EPSILON,
-               use_sync_bn: bool = False, kernel_regularizer=None, **kwargs):
+               use_sync_bn: bool = False, kernel_regularizer=None,
+               recompute_grad: bool = False, **kwargs):
     super().__init__(**kwargs)
     temporal_dilation = max(int(temporal_dilation), 1)
     self._args = dict(filters=filters, temporal_dilation=temporal_dilation,
                       bn_decay=bn_decay, bn_epsilon=bn_epsilon,
-                      use_sync_bn=use_sync_bn)
+                      use_sync_bn=use_sync_bn, recompute_grad=recompute_grad)
     bn = dict(bn_decay=bn_decay, bn_epsilon=bn_epsilon,
               use_sync_bn=use_sync_bn)
     temporal_init = None
@@ -85,6 +89,11 @@ class LiteStem(layers.Layer):
     self._temporal_bn = anet_layers.BatchNormRelu(name='bn_temporal', **bn)
 
   def call(self, inputs, training=None):
+    if self._args['recompute_grad'] and training is True:
+      return tf.recompute_grad(lambda x: self._forward(x, True))(inputs)
+    return self._forward(inputs, training)
+
+  def _forward(self, inputs, training):
     x = self._bn(self._conv(inputs), training=training)
     return self._temporal_bn(self._temporal(x), training=training)
 
@@ -107,7 +116,9 @@ class AssembleNetPlusLite(tf_keras.Model):
     attention_mode: None, 'self' or 'peer'.
     fusion_width_as_channels: the original's width-as-channels fusion.
     bn_decay, bn_epsilon, use_sync_bn: batch norm settings.
-    recompute_grad: gradient checkpointing of the block groups.
+    recompute_grad: gradient checkpointing (`tf.recompute_grad`) of every
+      stem, fusion and block group: the backward pass keeps only node
+      outputs and recomputes everything inside a node.
     rep_flow_options: kwargs of `layers.RepresentationFlow` (num_iter,
       train_feature_grad, train_divergence, train_flow_grad, train_hyper).
     kernel_regularizer: regularizer of every conv / dense kernel.
@@ -170,8 +181,8 @@ class AssembleNetPlusLite(tf_keras.Model):
       if node[0] < 0:
         x = flow if node[0] == structures.STEM_FLOW else inputs
         out = LiteStem(stem_filters, node[1],
-                       kernel_regularizer=kernel_regularizer, name=name,
-                       **bn)(x)
+                       kernel_regularizer=kernel_regularizer,
+                       recompute_grad=recompute_grad, name=name, **bn)(x)
       else:
         level, input_ids, filters, dilation, stride = node
         node_inputs = [streams[j] for j in input_ids]
@@ -186,6 +197,7 @@ class AssembleNetPlusLite(tf_keras.Model):
             edge_weights=weights,
             fusion_width_as_channels=fusion_width_as_channels,
             kernel_regularizer=kernel_regularizer,
+            recompute_grad=recompute_grad,
             name=f'{name}_fusion')(node_inputs + peers)
         out = anet_layers.BlockGroup(
             filters, blocks_per_level[level], stride, dilation,

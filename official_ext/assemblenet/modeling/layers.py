@@ -136,6 +136,7 @@ class RepresentationFlow(tf_keras.layers.Layer):
     self._train_divergence = train_divergence
     self._train_flow_grad = train_flow_grad
     self._train_hyper = train_hyper
+    self._compiled = None
 
   def build(self, input_shape):
     if input_shape[1] is not None and input_shape[1] < 2:
@@ -178,6 +179,14 @@ class RepresentationFlow(tf_keras.layers.Layer):
     return self._conv(p1, self.f_grad_x) + self._conv(p2, self.f_grad_y)
 
   def call(self, inputs):
+    # One XLA program: the 20 iterations are ~40 small element-wise ops and
+    # 6 tiny convolutions each, which TensorFlow runs one kernel at a time
+    # (measured: 3.0 s vs 0.2 s for 2 x 16 x 112^2 on 2 CPU cores).
+    if self._compiled is None:
+      self._compiled = tf.function(self._flow, jit_compile=True)
+    return self._compiled(inputs)
+
+  def _flow(self, inputs):
     x = tf.cast(inputs, tf.float32)
     static = x.shape
     shape = tf.shape(x)
@@ -291,13 +300,19 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
   attention off; here attention is applied only when `attention_mode` is set.
 
   Output: [B, T, H_min, W_min, fusion width].
+
+  With `recompute_grad`, training calls run through `tf.recompute_grad`: the
+  backward pass keeps only the inputs (other nodes' outputs, kept anyway) and
+  recomputes the pooled, weighted and attended copies of every input.
   """
 
   def __init__(self, num_inputs: int, attention_mode: Optional[str] = None,
                edge_weights: Optional[Sequence[float]] = None,
                fusion_width_as_channels: bool = False,
-               kernel_regularizer=None, **kwargs):
+               kernel_regularizer=None, recompute_grad: bool = False,
+               **kwargs):
     super().__init__(**kwargs)
+    self._recompute_grad = recompute_grad
     if attention_mode not in ATTENTION_MODES:
       raise ValueError(f'attention_mode must be one of {ATTENTION_MODES}; '
                        f'got {attention_mode!r}.')
@@ -382,7 +397,13 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
     self._projections = projections
     super().build(input_shape)
 
-  def call(self, inputs):
+  def call(self, inputs, training=None):
+    inputs = list(inputs)
+    if self._recompute_grad and training is True:
+      return tf.recompute_grad(lambda *xs: self._fuse(list(xs)))(*inputs)
+    return self._fuse(inputs)
+
+  def _fuse(self, inputs):
     xs = list(inputs[:self._num_inputs])
     peers = list(inputs[self._num_inputs:])
     dtype = xs[0].dtype
@@ -426,6 +447,7 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
         num_inputs=self._num_inputs, attention_mode=self._attention_mode,
         edge_weights=self._edge_weights,
         fusion_width_as_channels=self._fusion_width_as_channels,
+        recompute_grad=self._recompute_grad,
         kernel_regularizer=tf_keras.regularizers.serialize(
             self._kernel_regularizer) if self._kernel_regularizer else None)
     return config
