@@ -23,6 +23,6 @@ setuptools.setup(
         "opencv-python-headless",  # scripts/assemblenet_videos_to_tfrecord.py
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist"],
+        "test": ["pytest", "pytest-xdist", "scikit-learn"],  # readout metric tests
     },
 )

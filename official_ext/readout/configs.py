@@ -16,8 +16,10 @@ Experiments registered here:
 Routing ids. `ReadoutTaskConfig.task_vocabulary` lists task names; the routing
 id of a task is 1 + its position there, and 0 is padding (never a task).
 Records store these ids, so the vocabulary is a property of the data: keep it
-fixed and drop a task by removing its `ReadoutSpec` from `readouts`, never by
-reordering the vocabulary.
+fixed and drop a task by removing its `ReadoutSpec` from `readouts` (and its
+queries from the records: the dataloader rejects a query whose task has no
+spec), never by reordering the vocabulary. The model itself skips ids without
+a head, so a single-task model runs on multitask batches.
 """
 import dataclasses
 from typing import Dict, Optional, Tuple
@@ -42,6 +44,10 @@ METRICS_BY_TYPE: Dict[str, Tuple[str, ...]] = {
 
 PADDING_ID = 0
 
+# Readout names that would collide with the task's own log keys
+# (`<task>_loss` vs `total_loss`, `<task>/<metric>` vs `average/<metric>`).
+RESERVED_NAMES = ('total', 'average')
+
 
 @dataclasses.dataclass
 class ReadoutSpec(hyperparams.Config):
@@ -49,7 +55,8 @@ class ReadoutSpec(hyperparams.Config):
 
   Attributes:
     name: task name; names its head (`projections/<name>`), its outputs and
-      its metrics (`<name>/<metric>`). Letters, digits, '_', '.', '-'.
+      its metrics (`<name>/<metric>`). Letters, digits, '_', '.', '-';
+      not 'total' or 'average' (`RESERVED_NAMES`).
     dim: output width of the head. continuous: number of channels; binary /
       multilabel: number of independent labels; multinomial: number of
       classes; event_rate: number of event channels.
@@ -92,6 +99,10 @@ def validate_readouts(readouts, task_vocabulary) -> None:
     where = f'task.readouts `{spec.name}`'
     if not spec.name:
       raise ValueError('task.readouts: a ReadoutSpec has an empty name.')
+    if spec.name in RESERVED_NAMES:
+      raise ValueError(f'{where}: the name is reserved ({RESERVED_NAMES}: '
+                       "the logs' `total_loss` and `average/<metric>`); "
+                       'rename the readout.')
     if spec.type not in READOUT_TYPES:
       raise ValueError(f'{where}: type {spec.type!r}; expected one of '
                        f'{READOUT_TYPES}.')
@@ -215,7 +226,11 @@ class DemoDataConfig(hyperparams.Config):
     num_train_trials: records in the train split.
     num_validation_trials: records in the validation split.
     num_shards: files per split.
-    noise_std: std of the per-unit noise of the input tokens.
+    noise_std: std of the per-unit noise of the input tokens (independent
+      per 100 ms bin).
+    trial_noise_std: std of the per-trial error with which the units encode
+      the task variables (stimulus, choice, reward); it bounds how well the
+      classification readouts can be decoded.
   """
   enabled: bool = False
   cache_dir: str = ''
@@ -224,6 +239,7 @@ class DemoDataConfig(hyperparams.Config):
   num_validation_trials: int = 512
   num_shards: int = 2
   noise_std: float = 0.5
+  trial_noise_std: float = 0.7
 
 
 @dataclasses.dataclass

@@ -8,21 +8,28 @@ input tokens) and eight readouts of all five types:
 * a choice c, more likely 1 for s > 2 (movement at t_move) -> `choice`
   (binary);
 * a reward r = (choice correct) (feedback at t_fb) -> `reward` (binary);
-* four continuous speeds: wheel speed (a signed movement bump plus a slow
-  drift) -> `wheel_speed` (continuous, 1); left and right paw speed ->
-  `paw_speed` (continuous, 2); whisker motion energy -> `whisker_energy`
+* four continuous speeds: wheel speed (the absolute value of a movement
+  bump signed by the choice plus a slow drift: a speed, which does not give
+  the choice away) -> `wheel_speed` (continuous, 1); left and right paw speed
+  -> `paw_speed` (continuous, 2); whisker motion energy -> `whisker_energy`
   (continuous, 1);
-* a lick rate rising after a reward -> `lick_rate` (event_rate: Poisson lick
-  counts per 100 ms bin);
+* a lick rate rising after feedback, by about twice as much (in log-rate)
+  after a reward, with a per-trial variation -> `lick_rate` (event_rate:
+  Poisson lick counts per 100 ms bin);
 * which trial events are under way -> `trial_events` (multilabel: stimulus on,
   moving, feedback given).
 
 Input tokens are 100 ms bins (16-24 per trial, so records differ in length);
 a token's features are a fixed random linear mix of the latent state in that
-bin plus Gaussian noise (`noise_std`). Queries: one each for choice, reward
-and stimulus (stimulus left out of ~15% of trials), 2-5 per continuous and
-event_rate readout and 1-3 for trial_events at random bins; ~5% of queries
-have weight 0.
+bin plus Gaussian noise (`noise_std`). The units encode the task variables
+(stimulus, choice, reward) with a per-trial error of std `trial_noise_std`,
+which, unlike the per-bin noise, cannot be averaged away over bins; the
+lick-rate boost varies per trial with the same std. This keeps the choice,
+reward and stimulus readouts from a perfect score (with `trial_noise_std=0`
+they are nearly trivial). Queries: one each for choice, reward and stimulus
+(stimulus left out of ~15% of trials), 2-5 per continuous and event_rate
+readout and 1-3 for trial_events at random bins; ~5% of queries have
+weight 0.
 
 Deterministic in its arguments; `ensure_demo_data` caches the files. CLI:
 
@@ -43,7 +50,7 @@ import numpy as np
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 BIN_SECONDS = 0.1
 _NUM_LATENTS = 12  # stimulus one-hot (5), choice, reward, wheel, paw (2),
 # whisker, lick log-rate.
@@ -62,7 +69,7 @@ def _smooth(rng: np.random.Generator, times: np.ndarray, scale: float,
 
 
 def _trial(rng: np.random.Generator, mixing: np.ndarray, noise_std: float,
-           ids: Dict[str, int], example_id: str):
+           trial_noise_std: float, ids: Dict[str, int], example_id: str):
   """One trial's record."""
   n_bins = int(rng.integers(16, 25))
   t = (np.arange(n_bins) + 0.5) * BIN_SECONDS
@@ -75,15 +82,18 @@ def _trial(rng: np.random.Generator, mixing: np.ndarray, noise_std: float,
   stim_on = (t >= t_stim).astype(float)
   moving = ((t >= t_move) & (t < t_move + 0.4)).astype(float)
   fb = (t >= t_fb).astype(float)
-  wheel = ((2 * c - 1) * 1.5 * np.exp(-(t - t_move - 0.2) ** 2 / 0.02) +
-           _smooth(rng, t, 0.6))
+  wheel = np.abs((2 * c - 1) * 1.5 * np.exp(-(t - t_move - 0.2) ** 2 / 0.02)
+                 + _smooth(rng, t, 0.6))
   paw = np.stack([_smooth(rng, t, 1.0) + 0.8 * moving for _ in range(2)], 1)
   whisker = np.log1p(np.exp(_smooth(rng, t, 1.2) + 0.5))
-  lick_log_rate = -1.0 + 2.0 * r * fb + 0.3 * _smooth(rng, t, 1.0)
+  # Per-trial encoding errors of the task variables (see the module doc).
+  err = rng.normal(0, trial_noise_std, 8)
+  lick_boost = max(0.0, 1.0 + r + err[7])  # Rewarded: ~2, else ~1.
+  lick_log_rate = -1.0 + lick_boost * fb + 0.3 * _smooth(rng, t, 1.0)
   latents = np.concatenate([
-      np.eye(5)[s][None, :] * stim_on[:, None],
-      ((2 * c - 1) * (t >= t_move))[:, None],
-      ((2 * r - 1) * fb)[:, None],
+      (np.eye(5)[s] + err[:5])[None, :] * stim_on[:, None],
+      ((2 * c - 1 + err[5]) * (t >= t_move))[:, None],
+      ((2 * r - 1 + err[6]) * fb)[:, None],
       wheel[:, None], paw, whisker[:, None], lick_log_rate[:, None]], 1)
   values = latents @ mixing + rng.normal(0, noise_std,
                                          [n_bins, mixing.shape[1]])
@@ -118,6 +128,7 @@ def _trial(rng: np.random.Generator, mixing: np.ndarray, noise_std: float,
 def generate_trials(num_trials: int, *, seed: int, split_id: int,
                     input_dim: int = configs.DEMO_INPUT_DIM,
                     noise_std: float = 0.5,
+                    trial_noise_std: float = 0.7,
                     task_vocabulary=configs.DEMO_VOCABULARY
                     ) -> Iterator[bytes]:
   """Yields `num_trials` serialized records (split `split_id` of `seed`).
@@ -133,7 +144,7 @@ def generate_trials(num_trials: int, *, seed: int, split_id: int,
       0, 1.0 / np.sqrt(_NUM_LATENTS), [_NUM_LATENTS, input_dim])
   rng = np.random.default_rng([seed, split_id])
   for i in range(num_trials):
-    yield _trial(rng, mixing, noise_std, ids,
+    yield _trial(rng, mixing, noise_std, trial_noise_std, ids,
                  f'{_SPLITS[split_id - 1][:2]}{i:06d}').SerializeToString()
 
 
@@ -141,6 +152,7 @@ def write_demo_dataset(output_dir: str, *, num_train_trials: int,
                        num_validation_trials: int, num_shards: int, seed: int,
                        input_dim: int = configs.DEMO_INPUT_DIM,
                        noise_std: float = 0.5,
+                       trial_noise_std: float = 0.7,
                        task_vocabulary=configs.DEMO_VOCABULARY
                        ) -> Dict[str, str]:
   """Writes `train-0000i-of-0000n.tfrecord` and `validation-...` shards.
@@ -158,6 +170,7 @@ def write_demo_dataset(output_dir: str, *, num_train_trials: int,
   for split_id, split in enumerate(_SPLITS, start=1):
     records = generate_trials(counts[split], seed=seed, split_id=split_id,
                               input_dim=input_dim, noise_std=noise_std,
+                              trial_noise_std=trial_noise_std,
                               task_vocabulary=task_vocabulary)
     bounds = np.linspace(0, counts[split], num_shards + 1).astype(int)
     for shard in range(num_shards):
@@ -193,6 +206,7 @@ def demo_data_params(task_config: configs.ReadoutTaskConfig
       'num_shards': int(demo.num_shards),
       'seed': int(demo.seed),
       'noise_std': float(demo.noise_std),
+      'trial_noise_std': float(demo.trial_noise_std),
   }
 
 
@@ -228,6 +242,7 @@ def ensure_demo_data(task_config: configs.ReadoutTaskConfig
           num_validation_trials=params['num_validation_trials'],
           num_shards=params['num_shards'], seed=params['seed'],
           input_dim=params['input_dim'], noise_std=params['noise_std'],
+          trial_noise_std=params['trial_noise_std'],
           task_vocabulary=params['task_vocabulary'])
       with open(os.path.join(tmp_dir, _COMPLETE_MARKER), 'w') as f:
         json.dump(params, f, sort_keys=True)
@@ -254,6 +269,8 @@ def _define_flags() -> None:
   flags.DEFINE_integer('num_shards', demo.num_shards, 'Files per split.')
   flags.DEFINE_integer('seed', demo.seed, 'Random seed.')
   flags.DEFINE_float('noise_std', demo.noise_std, 'Unit noise std.')
+  flags.DEFINE_float('trial_noise_std', demo.trial_noise_std,
+                     'Per-trial encoding error of the task variables.')
   flags.mark_flag_as_required('output_dir')
 
 
@@ -263,7 +280,8 @@ def main(argv):
   patterns = write_demo_dataset(
       f.output_dir, num_train_trials=f.num_train_trials,
       num_validation_trials=f.num_validation_trials,
-      num_shards=f.num_shards, seed=f.seed, noise_std=f.noise_std)
+      num_shards=f.num_shards, seed=f.seed, noise_std=f.noise_std,
+      trial_noise_std=f.trial_noise_std)
   for split, pattern in patterns.items():
     print(f'{split}: {pattern}')
 

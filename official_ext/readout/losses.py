@@ -13,9 +13,9 @@ Per query i of a task (predictions p_i = the head's output, targets y_i):
   `torch.nn.PoissonNLLLoss(log_input=True, full=False)`).
 
 Task loss = sum_i w_i l_i / sum_i w_i over the task's queries (0 when the task
-has no query of positive weight); a query of weight 0 contributes nothing,
-even if its loss is not finite. Total loss = sum over tasks of
-`loss_weight * task loss`.
+has no query of positive weight); a query of weight 0 contributes nothing to
+the loss or its gradient, even if its prediction or target is not finite.
+Total loss = sum over tasks of `loss_weight * task loss`.
 
 Under a distribution strategy every replica holds part of each task's queries.
 `loss_sums` returns the numerator and denominator per task so the caller can
@@ -79,8 +79,16 @@ def loss_sums(specs: Mapping[str, configs.ReadoutSpec],
   for name, spec in specs.items():
     size = configs.target_size(spec)
     w = tf.cast(weights[name], tf.float32)
-    l = per_query_loss(spec, predictions[name], targets[name][:, :size])
-    wl = tf.where(w > 0, w * l, tf.zeros_like(l))
+    keep = w > 0
+    # Rows of weight 0 are zeroed BEFORE the loss as well as after it: a
+    # masked row whose loss is not finite (e.g. exp of a large log-rate on
+    # another task's row under static routing) would otherwise give a NaN
+    # gradient (0 * inf) that poisons every shared weight.
+    p = tf.where(keep[:, None], tf.cast(predictions[name], tf.float32), 0.0)
+    y = tf.where(keep[:, None], tf.cast(targets[name][:, :size], tf.float32),
+                 0.0)
+    l = per_query_loss(spec, p, y)
+    wl = tf.where(keep, w * l, tf.zeros_like(l))
     sums[name] = (tf.reduce_sum(wl), tf.reduce_sum(w))
   return sums
 

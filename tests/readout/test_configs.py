@@ -34,3 +34,13 @@ def test_bad_specs_name_the_key():
   spec = configs.ReadoutSpec(name='x', type='binary', metrics=('r2',))
   with pytest.raises(ValueError, match=r"metrics \['r2'\] are not defined"):
     configs.validate_readouts([spec], ['x'])
+
+
+@pytest.mark.parametrize('name', configs.RESERVED_NAMES)
+def test_reserved_names_are_rejected(name):
+  """`total` would log `total_loss` twice; `average` would overwrite the
+  `average/<metric>` keys."""
+  spec = configs.ReadoutSpec(name=name, type='continuous')
+  with pytest.raises(ValueError, match=f"readouts `{name}`: the name is "
+                     'reserved'):
+    configs.validate_readouts([spec], [name])

@@ -1,6 +1,7 @@
 """Readout losses against hand-computed values; weights; replica sums."""
 import math
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -117,3 +118,34 @@ def test_replica_shares_add_up_to_the_global_loss(mirrored):
   assert totals == pytest.approx([expected, expected], rel=1e-6)
   # Replica 0 alone would have a loss of 1.0; its share is 1 / 5.
   assert shares[0] == pytest.approx(1.0 / 5.0)
+
+
+@pytest.mark.parametrize('type_, bad_p, bad_y', [
+    ('event_rate', 200.0, 5.0),            # exp(200) overflows float32.
+    ('continuous', 1e30, float('nan')),
+    ('binary', float('inf'), 0.0),
+    ('multinomial', float('nan'), 7.0),    # Class id out of range.
+])
+def test_zero_weight_rows_give_finite_gradients(type_, bad_p, bad_y):
+  """A weight-0 row with a non-finite loss adds nothing to the gradient."""
+  dim = 2 if type_ == 'multinomial' else 1
+  spec = _spec(type_, dim)
+  good_p, good_y = [0.5] * dim, [1.0]
+  p = tf.Variable([good_p, [bad_p] * dim])
+  with tf.GradientTape() as tape:
+    sums = losses.loss_sums({'t': spec}, {'t': p},
+                            {'t': tf.constant([good_y, [bad_y]])},
+                            {'t': tf.constant([2.0, 0.0])})
+    loss = losses.task_losses({'t': spec}, sums)['total_loss']
+  grad = tape.gradient(loss, p).numpy()
+  assert np.isfinite(float(loss)) and np.isfinite(grad).all(), grad
+  assert not grad[1].any()
+  # The same as the good row alone.
+  q = tf.Variable([good_p])
+  with tf.GradientTape() as tape:
+    alone = losses.task_losses({'t': spec}, losses.loss_sums(
+        {'t': spec}, {'t': q}, {'t': tf.constant([good_y])},
+        {'t': tf.constant([2.0])}))['total_loss']
+  np.testing.assert_allclose(grad[:1], tape.gradient(alone, q).numpy(),
+                             rtol=1e-6)
+  assert float(loss) == pytest.approx(float(alone))

@@ -7,7 +7,13 @@ import pytest
 from official_ext.readout import configs
 from official_ext.readout import metrics
 
-sk_metrics = pytest.importorskip('sklearn.metrics')
+try:  # The hand-computed tests run without scikit-learn.
+  from sklearn import metrics as sk_metrics  # pylint: disable=g-import-not-at-top
+except ImportError:
+  sk_metrics = None
+
+needs_sklearn = pytest.mark.skipif(sk_metrics is None,
+                                   reason='scikit-learn is not installed')
 
 
 def test_r2_and_pearson_by_hand():
@@ -69,6 +75,7 @@ def test_poisson_d2_by_hand():
   assert metrics.poisson_d2(np.log(mu), y) == pytest.approx(1 - d / d0)
 
 
+@needs_sklearn
 def test_against_sklearn_with_weights():
   rng = np.random.default_rng(0)
   n = 200
@@ -128,3 +135,43 @@ def test_readout_metrics_accumulates_and_averages():
   assert 'speed' in table and 'balanced_accuracy' in table
   acc.reset()
   assert acc.num_queries('speed') == 0
+
+
+def test_classes_never_present():
+  """A class in neither targets nor predictions counts nowhere; a class only
+  predicted counts in macro-F1 (F1 0) but not in balanced accuracy."""
+  logits = np.eye(4)[[0, 0, 1, 2, 1]] * 3.0  # Class 3 never appears.
+  y = np.array([[0], [1], [1], [1], [0]], float)
+  s = metrics.multinomial_scores(logits, y)
+  # Recall: class 0 1/2, class 1 1/3. F1: class 0 2/(2+1+1), class 1
+  # 2/(2+1+2), class 2 (only predicted) 0.
+  assert s['balanced_accuracy'] == pytest.approx((1 / 2 + 1 / 3) / 2)
+  assert s['macro_f1'] == pytest.approx((1 / 2 + 2 / 5 + 0.0) / 3)
+  if sk_metrics is not None:
+    with pytest.warns(UserWarning):  # "y_pred contains classes not in y_true"
+      assert s['balanced_accuracy'] == pytest.approx(
+          sk_metrics.balanced_accuracy_score(y[:, 0], logits.argmax(1)))
+    assert s['macro_f1'] == pytest.approx(
+        sk_metrics.f1_score(y[:, 0], logits.argmax(1), average='macro'))
+  # Binary targets of one class: balanced accuracy is that class's recall.
+  s = metrics.binary_scores([[1.0], [-1.0], [2.0]], [[1.0], [1.0], [1.0]])
+  assert s['balanced_accuracy'] == pytest.approx(2 / 3)
+  assert s['macro_f1'] == pytest.approx((2 * 2 / (2 * 2 + 1) + 0.0) / 2)
+
+
+def test_constant_sides_and_empty_inputs():
+  # Pearson is 0 when either side is constant; R^2 / D^2 of a constant
+  # target: 1 if predicted exactly, else 0.
+  assert metrics.pearson([[1.0], [1.0]], [[0.0], [2.0]]) == 0.0
+  assert metrics.pearson([[0.0], [2.0]], [[1.0], [1.0]]) == 0.0
+  assert metrics.poisson_d2(np.log([[2.0], [2.0]]), [[2.0], [2.0]]) == (
+      pytest.approx(1.0))
+  assert metrics.poisson_d2([[0.0], [0.0]], [[2.0], [2.0]]) == 0.0
+  # Weights all 0: nothing to measure, NaN (left out of the averages).
+  for fn in (metrics.r2_score, metrics.pearson, metrics.poisson_d2,
+             metrics.mean_average_precision):
+    assert math.isnan(fn([[1.0]], [[1.0]], [0.0])), fn.__name__
+  assert math.isnan(metrics.binary_scores([[1.0]], [[1.0]],
+                                          [0.0])['balanced_accuracy'])
+  assert math.isnan(metrics.multinomial_scores(
+      [[1.0, 0.0]], [[0.0]], [0.0])['macro_f1'])

@@ -99,6 +99,29 @@ def test_demo_data_is_deterministic_and_valid(tmp_path):
   assert batch['output_targets'].shape[-1] == 3
 
 
+def test_demo_trial_noise_is_a_parameter_of_the_data(tmp_path):
+  """`trial_noise_std` changes the records and the cache key; wheel speeds
+  are unsigned (they would give the choice away)."""
+  default = list(demo_data.generate_trials(20, seed=1, split_id=1))
+  clean = list(demo_data.generate_trials(20, seed=1, split_id=1,
+                                         trial_noise_std=0.0))
+  assert default != clean
+  wheel_id = configs.DEMO_VOCABULARY.index('wheel_speed') + 1
+  speeds = []
+  for record in default:
+    f = tf.train.Example.FromString(record).features.feature
+    ids = list(f['output_task_ids'].int64_list.value)
+    sizes = list(f['output_target_sizes'].int64_list.value)
+    values = list(f['output_targets'].float_list.value)
+    starts = np.cumsum([0] + sizes)
+    speeds += [values[starts[q]] for q, i in enumerate(ids) if i == wheel_id]
+  assert speeds and min(speeds) >= 0.0
+  config = configs.readout_demo_task()
+  key = demo_data.demo_data_params(config)
+  config.demo_data.trial_noise_std = 0.0
+  assert demo_data.demo_data_params(config) != key
+
+
 def test_static_shapes_give_the_same_losses_and_metrics(tmp_path):
   params = _params(tmp_path / 'cache', 'padded')
   task = task_lib.ReadoutTask(params.task)
