@@ -70,6 +70,11 @@ class DataConfig(cfg.DataConfig):
       tf.data service); a corrupt frame then still fails, with TensorFlow's
       message only.
     num_examples: examples in the split (sizes evaluation; -1 unknown).
+    skip_bad_records: False (default): a truncated/corrupted TFRecord file or
+      an invalid record (unparsable, bad label, corrupt frame) is an error
+      naming the file. True: the unreadable rest of a damaged file, or the
+      invalid record, is skipped, logged and counted (`bad_records_skipped`
+      in the task's logs).
   """
   feature_shape: Tuple[int, ...] = (32, 224, 224, 3)
   temporal_stride: int = 1
@@ -89,6 +94,7 @@ class DataConfig(cfg.DataConfig):
   name_file_in_decode_errors: bool = True
   num_examples: int = -1
   shuffle_buffer_size: int = 64
+  skip_bad_records: bool = False
 
 
 @dataclasses.dataclass
@@ -99,6 +105,9 @@ class RepFlow(hyperparams.Config):
   train_divergence: bool = False
   train_flow_grad: bool = False
   train_hyper: bool = False
+  # The original rescales grey frames with the batch's min/max (a clip's flow
+  # then depends on its batch-mates); default: each clip's own.
+  rescale_per_batch: bool = False
 
 
 @dataclasses.dataclass

@@ -18,7 +18,12 @@ Pipeline (`build_dataset`), on `official.core.input_reader.InputReader`:
 Bad input fails loudly: a label outside [0, num_classes), a video without
 a label, or (single-label) with several labels is an InvalidArgumentError
 naming the record's file and its labels; a frame that does not decode is an
-error naming the file and the frame index (`name_file_in_decode_errors`).
+error naming the file and the frame index (`name_file_in_decode_errors`); a
+record that is not a SequenceExample or a feature of another dtype fails in
+TensorFlow's parser naming the file and feature; a truncated or corrupted file
+fails naming the file and byte offset (`official_ext.core.bad_records`). With
+`skip_bad_records` the invalid record, or the unreadable rest of a damaged
+file, is skipped, logged and counted instead. JPEG frames cannot be NaN.
 
 Outputs: ({'image': float32 [B * views, T, H, W, 3]}, float32 [B, K] labels,
 one-hot (single-label) or multi-hot (multi-label)); views = num_test_clips x
@@ -32,6 +37,7 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 from official.core import input_reader
 from official.vision.ops import preprocess_ops_3d
 from official_ext.assemblenet import configs
+from official_ext.core import bad_records as bad_records_lib
 from official_ext.core import input_files
 
 FRAMES = 'frames'
@@ -83,7 +89,7 @@ class Decoder:
     self._image_key = params.image_field_key
     self._label_key = params.label_field_key
     self._tfds = bool(params.tfds_name)
-    self._source = f'tfds:{params.tfds_name}/{params.tfds_split}'
+    self.source = f'tfds:{params.tfds_name}/{params.tfds_split}'
 
   def decode_record(self, filename: tf.Tensor, record: tf.Tensor
                     ) -> Dict[str, tf.Tensor]:
@@ -91,7 +97,8 @@ class Decoder:
         record,
         context_features={self._label_key: tf.io.VarLenFeature(tf.int64)},
         sequence_features={
-            self._image_key: tf.io.FixedLenSequenceFeature((), tf.string)})
+            self._image_key: tf.io.FixedLenSequenceFeature((), tf.string)},
+        example_name=filename)  # Parse errors name the file.
     return {FRAMES: sequences[self._image_key],
             LABELS: tf.sparse.to_dense(context[self._label_key]),
             SOURCE: filename}
@@ -100,7 +107,7 @@ class Decoder:
                   ) -> Dict[str, tf.Tensor]:
     return {FRAMES: features['video'],
             LABELS: tf.reshape(tf.cast(features['label'], tf.int64), [-1]),
-            SOURCE: tf.constant(self._source)}
+            SOURCE: tf.constant(self.source)}
 
 
 def _decode_frames_py(frames, source):
@@ -219,23 +226,6 @@ class Parser:
     return tf.ensure_shape(images, [views * t, self._height, self._width, 3])
 
 
-def _file_reader(files: Sequence[str]):
-  """dataset_fn: a file (or list of files) -> Dataset of (file, record)."""
-
-  def read_one(filename):
-    return tf.data.TFRecordDataset(filename).map(
-        lambda record: (filename, record))
-
-  def dataset_fn(file_or_files):
-    if isinstance(file_or_files, (list, tuple)):
-      return tf.data.Dataset.from_tensor_slices(list(file_or_files)).flat_map(
-          read_one)
-    return read_one(file_or_files)
-
-  del files
-  return dataset_fn
-
-
 class _Reader(input_reader.InputReader):
 
   def __init__(self, files: Optional[List[str]], *args, **kwargs):
@@ -248,7 +238,8 @@ class _Reader(input_reader.InputReader):
 
 
 def build_dataset(params: configs.DataConfig,
-                  input_context: Optional[tf.distribute.InputContext] = None
+                  input_context: Optional[tf.distribute.InputContext] = None,
+                  bad_records: Optional[bad_records_lib.BadRecordLog] = None
                   ) -> tf.data.Dataset:
   """Builds the batched dataset of one split (see the module docstring).
 
@@ -256,6 +247,8 @@ def build_dataset(params: configs.DataConfig,
     params: the split's DataConfig (`input_path` or `tfds_name` set).
     input_context: from tf.distribute; shards files (or TFDS shards) per
       input pipeline and sets the per-replica batch size.
+    bad_records: where `skip_bad_records` mode counts what it skips (default
+      `official_ext.core.bad_records.bad_record_log()`).
 
   Returns:
     A Dataset of ({'image': float32 [B * views, T, H, W, 3]},
@@ -275,13 +268,23 @@ def build_dataset(params: configs.DataConfig,
   files = None
   if params.input_path:
     files = match_input_files(params.input_path)
+    params = input_files.shared_shuffle_seed(params, files, input_context)
     decoder_fn = decoder.decode_record
-    dataset_fn = _file_reader(files)
+    dataset_fn = bad_records_lib.make_file_reader(
+        files, bad_records_lib.file_sizes(files), params.skip_bad_records,
+        bad_records)
+    decoder_source_fn = None  # The file name, the first argument.
   else:
     decoder_fn = decoder.decode_tfds
     dataset_fn = None
+    decoder_source_fn = lambda features: tf.constant(decoder.source)
+  stages = bad_records_lib.reader_kwargs(
+      params.skip_bad_records, bad_records, decoder_fn=decoder_fn,
+      parser_fn=parser.parse_fn(params.is_training),
+      global_batch_size=params.global_batch_size,
+      drop_remainder=params.drop_remainder,
+      decoder_source_fn=decoder_source_fn,
+      parser_source_fn=lambda decoded: decoded[SOURCE])
   reader = _Reader(files, params, dataset_fn=dataset_fn,
-                   decoder_fn=decoder_fn,
-                   parser_fn=parser.parse_fn(params.is_training),
-                   postprocess_fn=postprocess)
+                   postprocess_fn=postprocess, **stages)
   return reader.read(input_context=input_context)

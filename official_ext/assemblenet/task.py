@@ -20,7 +20,9 @@ from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import metrics as anet_metrics
 from official_ext.assemblenet.modeling import assemblenet_plus_lite  # pylint: disable=unused-import  (registers builders)
+from official_ext.core import bad_records
 from official_ext.core import gradients
+from official_ext.core import multiworker
 
 _MAP_KEY = 'map_inputs'
 
@@ -98,7 +100,9 @@ class AssembleNetTask(base_task.Task):
   def build_inputs(self, params: configs.DataConfig,
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:
-    return dataloader.build_dataset(self._resolve(params), input_context)
+    return dataloader.build_dataset(
+        self._resolve(params), input_context,
+        bad_records=bad_records.task_log(self, params.is_training))
 
   # -- losses and metrics ------------------------------------------------------
   def build_losses(self, labels: tf.Tensor, model_outputs: tf.Tensor,
@@ -138,6 +142,9 @@ class AssembleNetTask(base_task.Task):
       metrics += [
           tf_keras.metrics.CategoricalAccuracy(name='accuracy'),
           tf_keras.metrics.TopKCategoricalAccuracy(k=k, name='top_5_accuracy')]
+    metrics += bad_records.task_metrics(  # `bad_records_skipped`.
+        self, self.task_config.train_data if training else
+        self.task_config.validation_data, training)
     return metrics
 
   def process_metrics(self, metrics, labels, outputs, model_losses=None,
@@ -204,7 +211,9 @@ class AssembleNetTask(base_task.Task):
       logs.update(self.process_metrics(metrics, labels, probs,
                                        model_losses=losses))
     if self.multilabel:
-      logs[_MAP_KEY] = {'labels': labels, 'probabilities': probs}
+      # With several workers, every worker accumulates all replicas' rows.
+      logs[_MAP_KEY] = multiworker.gather_for_host(
+          {'labels': labels, 'probabilities': probs})
     return logs
 
   def aggregate_logs(self, state=None, step_outputs=None):
@@ -213,11 +222,7 @@ class AssembleNetTask(base_task.Task):
     if state is None:
       state = {'labels': [], 'probabilities': []}
     for key in state:
-      values = step_outputs[_MAP_KEY][key]
-      if isinstance(values, (tuple, list)):
-        state[key].extend(np.asarray(v) for v in values)
-      else:
-        state[key].append(np.asarray(values))
+      state[key].extend(multiworker.host_parts(step_outputs[_MAP_KEY][key]))
     return state
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):

@@ -1,8 +1,9 @@
 """Restoring a model from a training checkpoint, strictly."""
 import os
 import tempfile
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from absl import logging
 import tensorflow as tf, tf_keras
 
 _SUFFIX = '/.ATTRIBUTES/VARIABLE_VALUE'
@@ -91,3 +92,61 @@ def restore_model(model: tf_keras.Model, checkpoint_path: str) -> str:
       f'Checkpoint {path} does not match the model: {len(best)} model '
       f'variable(s) unmatched (is it from another experiment or config?):\n'
       f'  {shown}{more}')
+
+
+def _readable(prefix: str) -> Tuple[bool, str]:
+  """Whether every tensor of checkpoint `prefix` can be read back."""
+  try:
+    reader = tf.train.load_checkpoint(prefix)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)
+  except (tf.errors.OpError, ValueError, IndexError) as e:  # IndexError: short read.
+    return False, f'{type(e).__name__}: {str(e).splitlines()[0][:300]}'
+  return True, ''
+
+
+def use_latest_restorable(model_dir: str) -> Optional[str]:
+  """Points `model_dir`'s checkpoint state at its newest readable checkpoint.
+
+  TensorFlow writes a checkpoint's files under a temporary name and updates
+  the `checkpoint` state file last, by rename, so a kill during a save leaves
+  the previous checkpoint as the latest. On file systems without atomic
+  renames (or after a disk fault) the newest checkpoint can still be
+  incomplete; resuming from it would fail. This reads the checkpoints listed
+  in the state file from newest to oldest, and if the newest cannot be read
+  in full, logs why and rewrites the state so that training resumes from the
+  newest one that can (or from scratch when none can; the unreadable files
+  are left in place for inspection).
+
+  Args:
+    model_dir: the training job's model_dir.
+
+  Returns:
+    The checkpoint prefix training will resume from, or None.
+  """
+  state = tf.train.get_checkpoint_state(model_dir)
+  if not state or not state.model_checkpoint_path:
+    return None
+  paths = list(state.all_model_checkpoint_paths) or [
+      state.model_checkpoint_path]
+  if state.model_checkpoint_path not in paths:
+    paths.append(state.model_checkpoint_path)
+  paths = [p if os.path.isabs(p) or '://' in p else os.path.join(model_dir, p)
+           for p in paths]
+  for i, path in enumerate(reversed(paths)):
+    ok, why = _readable(path)
+    if ok:
+      if i:
+        keep = paths[:len(paths) - i]
+        tf.compat.v1.train.update_checkpoint_state(
+            model_dir, path, all_model_checkpoint_paths=keep)
+        logging.warning('Resuming from %s, the newest readable checkpoint.',
+                        path)
+      return path
+    logging.warning('Checkpoint %s cannot be restored (%s); it is skipped.',
+                    path, why)
+  # Without a state file CheckpointManager starts from scratch.
+  tf.io.gfile.remove(os.path.join(model_dir, 'checkpoint'))
+  logging.warning('No checkpoint in %s can be restored: training starts from '
+                  'scratch.', model_dir)
+  return None

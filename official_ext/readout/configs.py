@@ -144,6 +144,10 @@ class DataConfig(cfg.DataConfig):
     max_queries: the same for queries (padded batching only).
     shuffle_buffer_size: records shuffled in training.
     num_examples: number of records, informational; -1 unknown.
+    skip_bad_records: False (default): a truncated/corrupted file or an
+      invalid record is an error naming the file and record. True: the
+      unreadable rest of a damaged file, or the invalid record, is skipped,
+      logged and counted (`bad_records_skipped` in the task's logs).
   """
   input_dim: int = 32
   batching: str = 'padded'
@@ -152,6 +156,7 @@ class DataConfig(cfg.DataConfig):
   max_queries: Optional[int] = None
   shuffle_buffer_size: int = 1000
   num_examples: int = -1
+  skip_bad_records: bool = False
 
 
 @dataclasses.dataclass

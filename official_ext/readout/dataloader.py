@@ -27,7 +27,13 @@ vocabulary or whose task has no spec is an error); each target has its task's
 size; targets, weights and timestamps are finite; event_rate counts >= 0;
 binary/multilabel labels in [0, 1]; multinomial class ids are integers in
 [0, dim); weights >= 0; token and query counts within `max_input_tokens` /
-`max_queries` when set.
+`max_queries` when set. A record that is not a proto, or a feature stored with
+another dtype, fails in TensorFlow's parser with an error naming the file.
+Files (`official_ext.core.bad_records`): an `input_path` that matches nothing,
+a broken symlink or a directory is a ValueError naming it; a truncated or
+corrupted file fails naming the file and byte offset. With
+`DataConfig.skip_bad_records` the invalid record, or the unreadable rest of a
+damaged file, is skipped, logged and counted instead (README "Bad input").
 
 Batches (`build_dataset`), B = per-replica batch size, n_in / n_out rounded
 up to a multiple of `pad_multiple` (or exactly `max_input_tokens` /
@@ -48,7 +54,9 @@ import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.core import input_reader
+from official_ext.core import bad_records as bad_records_lib
 from official_ext.core import graph_checks
+from official_ext.core import input_files
 from official_ext.readout import configs
 
 _TYPE_CODES = {t: i for i, t in enumerate(configs.READOUT_TYPES)}
@@ -234,7 +242,11 @@ class Parser:
     """
     if source is None:
       source = tf.constant('<unknown file>')
-    f = tf.io.parse_single_example(serialized, self._features)
+    # A tf.train.Example is a SequenceExample's context on the wire; this
+    # parser names the file in its errors (a record that is not a proto, a
+    # feature of another dtype), which parse_single_example does not.
+    f, _ = tf.io.parse_single_sequence_example(
+        serialized, context_features=self._features, example_name=source)
     rid = f['example_id']
 
     def where(parts_fn):
@@ -431,19 +443,23 @@ def batch_examples(ds: tf.data.Dataset, params: configs.DataConfig,
   return ds.map(finish_varlen, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def _read_with_names(file_or_files) -> tf.data.Dataset:
-  """(file name, serialized record) pairs of a file or a list of files."""
-  if isinstance(file_or_files, (list, tuple)):
-    return tf.data.Dataset.from_tensor_slices(list(file_or_files)).flat_map(
-        _read_with_names)
-  return tf.data.TFRecordDataset(file_or_files).map(
-      lambda record: (file_or_files, record))
+class _Reader(input_reader.InputReader):
+  """InputReader over an already matched, sorted file list."""
+
+  def __init__(self, files: Sequence[str], *args, **kwargs):
+    self._readout_files = list(files)
+    super().__init__(*args, **kwargs)
+
+  def get_files(self, input_path):
+    del input_path
+    return self._readout_files
 
 
 def build_dataset(params: configs.DataConfig,
                   readouts: Sequence[configs.ReadoutSpec],
                   task_vocabulary: Sequence[str],
-                  input_context: Optional[tf.distribute.InputContext] = None
+                  input_context: Optional[tf.distribute.InputContext] = None,
+                  bad_records: Optional[bad_records_lib.BadRecordLog] = None
                   ) -> tf.data.Dataset:
   """Builds the batched pipeline of one split.
 
@@ -453,6 +469,8 @@ def build_dataset(params: configs.DataConfig,
     task_vocabulary: task names (ids 1..).
     input_context: shards files per input pipeline and gives the per-replica
       batch size.
+    bad_records: where `skip_bad_records` mode counts what it skips (default
+      `official_ext.core.bad_records.bad_record_log()`).
 
   Returns:
     A Dataset of batch dicts (module docstring); training: shuffled and
@@ -475,9 +493,14 @@ def build_dataset(params: configs.DataConfig,
                   if context else params.global_batch_size)
     return batch_examples(ds, params, batch_size, parser.max_target_size)
 
-  reader = input_reader.InputReader(
-      params,
-      dataset_fn=_read_with_names,
-      decoder_fn=decoder_fn,
-      transform_and_batch_fn=transform_and_batch_fn)
+  files = input_files.match_input_files(params.input_path)
+  params = input_files.shared_shuffle_seed(params, files, input_context)
+  sizes = bad_records_lib.file_sizes(files)
+  reader = _Reader(
+      files, params,
+      dataset_fn=bad_records_lib.make_file_reader(
+          files, sizes, params.skip_bad_records, bad_records),
+      **bad_records_lib.reader_kwargs(
+          params.skip_bad_records, bad_records, decoder_fn=decoder_fn,
+          transform_and_batch_fn=transform_and_batch_fn))
   return reader.read(input_context=input_context)

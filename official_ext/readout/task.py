@@ -7,6 +7,8 @@ import tensorflow as tf, tf_keras
 
 from official.core import base_task
 from official.core import task_factory
+from official_ext.core import bad_records
+from official_ext.core import multiworker
 from official_ext.core import gradients
 from official_ext.readout import configs
 from official_ext.readout import dataloader
@@ -114,7 +116,8 @@ class ReadoutTask(base_task.Task):
                    ) -> tf.data.Dataset:
     return dataloader.build_dataset(
         self._resolve_input_path(params), self.task_config.readouts,
-        self.task_config.task_vocabulary, input_context=input_context)
+        self.task_config.task_vocabulary, input_context=input_context,
+        bad_records=bad_records.task_log(self, params.is_training))
 
   # -- routing targets like predictions --------------------------------------
   def route(self, model: model_lib.ReadoutModel, inputs: Mapping[str, Any],
@@ -193,6 +196,9 @@ class ReadoutTask(base_task.Task):
     metrics = [tf_keras.metrics.Mean('total_loss', dtype=tf.float32)]
     metrics += [tf_keras.metrics.Mean(_loss_metric_name(n), dtype=tf.float32)
                 for n in self._specs]
+    metrics += bad_records.task_metrics(  # `bad_records_skipped`.
+        self, self.task_config.train_data if training else
+        self.task_config.validation_data, training)
     if not training:
       self._eval_metrics = readout_metrics.ReadoutMetrics(self._specs)
     return metrics
@@ -235,11 +241,12 @@ class ReadoutTask(base_task.Task):
                                                       training=False)
     logs = {self.loss: global_losses['total_loss']}
     logs.update(self.process_metrics(metrics, model_losses=global_losses))
-    logs[_EVAL_KEY] = {
+    # With several workers, every worker accumulates all replicas' rows.
+    logs[_EVAL_KEY] = multiworker.gather_for_host({
         name: {'predictions': tf.cast(p[name], tf.float32),
                'targets': t[name], 'weights': w[name]}
         for name in self._specs
-    }
+    })
     return logs
 
   def aggregate_logs(self, state=None, step_outputs=None):
@@ -250,11 +257,10 @@ class ReadoutTask(base_task.Task):
       self._eval_metrics.reset()
       state = self._eval_metrics
     for name, rows in step_outputs[_EVAL_KEY].items():
-      parts = {k: v if isinstance(v, (tuple, list)) else (v,)
-               for k, v in rows.items()}
+      parts = {k: multiworker.host_parts(v) for k, v in rows.items()}
       for p, t, w in zip(parts['predictions'], parts['targets'],
                          parts['weights']):
-        state.accumulate(name, np.asarray(p), np.asarray(t), np.asarray(w))
+        state.accumulate(name, p, t, w)
     return state
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):

@@ -21,40 +21,23 @@ Pipeline (`build_dataset`), on `official.core.input_reader.InputReader`:
     [train with sampling: + per-example seed from Dataset.random(seed)]
     --Parser.parse_fn--> example dicts [segment mode: unbatch] --> batch.
 
-Detecting corrupted or truncated files scalably. TensorFlow's TFRecord reader
-reports `DataLossError: corrupted record at 140` without the file's name, and
-silently treats a tail shorter than a record header as the end of the file.
-This module therefore reads each file through `ignore_errors()` (TF's reader
-then stops at the first unreadable record of that file), counts the bytes of
-the records it did read (each record takes `16 + len(data)` bytes on disk) and,
-at the end of the file, compares that count with the file's size (one
-`tf.io.gfile.stat` per file when the dataset is built, run in a thread pool).
-A mismatch means the file is corrupted or truncated: with
-`skip_bad_records=False` the iterator fails with an error naming the file and
-the byte offset where its readable records end; with `skip_bad_records=True`
-the rest of that file is skipped, and the event is logged (absl) and counted in
-a `BadRecordLog` (see `bad_record_log()`). Every record before the damage is
-read in both modes; records after the damage in the same file cannot be reached
-by TF's reader (there is no record boundary to resynchronise on) and are
-reported as skipped bytes. The check costs one scan step per record and one
-stat per file, with no second read of the data, so it scales to the full
-dataset (thousands of files on GCS). Skip mode reports through a
-`tf.py_function` called only when a damaged file ends, so a skip-mode pipeline
-cannot be serialized (tf.data service); the default strict mode is pure graph.
-Any read error of a file (not only a bad CRC: also e.g. a permission or network
-error) ends up in this check; TensorFlow's own error text for it is logged as a
-warning (`ignore_errors_dataset_op`) just before.
+Bad input (`official_ext.core.bad_records`, the catalogue is in README.md
+"Bad input"): a truncated or corrupted TFRecord file is detected by comparing
+the bytes of its readable records with its size, and fails with an error
+naming the file and the byte offset where its readable records end; a record
+that does not parse, a frame of the wrong width or dtype, a NaN in a float32
+feature (quantized uint8 features cannot be NaN) or a label id outside
+[0, num_classes) fails with an error naming the file, the video and the
+feature. With `skip_bad_records=True` the unreadable rest of a damaged file,
+or the one invalid record, is skipped, logged and counted in a `BadRecordLog`
+(`bad_record_log()`); every other record is read.
 """
-import concurrent.futures
-import dataclasses
-import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from absl import logging
-import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.core import input_reader
+from official_ext.core import bad_records as bad_records_lib
 from official_ext.core import graph_checks
 from official_ext.core import input_files
 from official_ext.yt8m import configs
@@ -67,10 +50,6 @@ MIN_QUANTIZED_VALUE = -2.0
 QUANTIZATION_SCALE = (MAX_QUANTIZED_VALUE - MIN_QUANTIZED_VALUE) / 255.0
 QUANTIZATION_BIAS = ((MAX_QUANTIZED_VALUE - MIN_QUANTIZED_VALUE) / 512.0 +
                      MIN_QUANTIZED_VALUE)
-
-# On-disk bytes around each TFRecord payload: uint64 length, uint32 masked CRC
-# of the length, payload, uint32 masked CRC of the payload.
-_TFRECORD_FRAMING_BYTES = 16
 
 _DTYPES = {'uint8': tf.uint8, 'float32': tf.float32}
 
@@ -161,8 +140,11 @@ class Decoder:
 
   Checks, with errors naming the file, video, feature and sizes at fault:
   every frame of every feature has `feature_sizes[i]` values, all features
-  have the same number of frames, the segment fields have equal lengths, and
-  integer-list uint8 features hold values in [0, 255].
+  have the same number of frames, the segment fields have equal lengths,
+  integer-list uint8 features hold values in [0, 255], and float32 features
+  are finite. A record that is not a SequenceExample, or a feature stored
+  with another dtype, fails in TensorFlow's parser, whose error names the
+  file (`example_name`) and the feature.
   """
 
   def __init__(self, params: configs.DataConfig):
@@ -277,6 +259,21 @@ class Decoder:
                       ' is not a uint8 (0..255) as DataConfig.feature_dtypes '
                       'says.')))
           values = tf.cast(values, tf.uint8)
+      if dtype == tf.float32:  # Quantized uint8 features cannot be NaN.
+        finite = tf.math.is_finite(values)
+        checks.append(
+            _require(
+                tf.reduce_all(finite),
+                lambda name=name, values=values, finite=finite: _message(
+                    'Feature `', name, '`', *where(), ': frame ',
+                    _first(tf.range(tf.shape(values)[0]), tf.logical_not(
+                        tf.reduce_all(finite, axis=1))),
+                    ' has a NaN or infinite value (',
+                    _first(tf.reshape(values, [-1]),
+                           tf.logical_not(tf.reshape(finite, [-1]))),
+                    ').')))
+        with tf.control_dependencies(checks[-1:]):
+          values = tf.identity(values)
       values.set_shape([None, size])
       features[name] = values
       num_frames[name] = tf.shape(values)[0]
@@ -547,178 +544,14 @@ class Parser:
 # ---------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class BadFileEvent:
-  """One damaged file met in skip mode.
-
-  Attributes:
-    filename: the TFRecord file.
-    good_records: records read before the damage.
-    valid_bytes: bytes of those records; the damage starts at this offset.
-    file_size: the file's size in bytes; `file_size - valid_bytes` were
-      skipped (at least one record).
-  """
-  filename: str
-  good_records: int
-  valid_bytes: int
-  file_size: int
-
-
-class BadRecordLog:
-  """Thread-safe count of data skipped with `skip_bad_records=True`.
-
-  A damaged file counts once per pass over it (a repeated training dataset
-  counts it every epoch).
-  """
-
-  def __init__(self):
-    self._lock = threading.Lock()
-    self._events: List[BadFileEvent] = []
-
-  def add(self, event: BadFileEvent) -> None:
-    with self._lock:
-      self._events.append(event)
-
-  def reset(self) -> None:
-    with self._lock:
-      self._events = []
-
-  @property
-  def events(self) -> List[BadFileEvent]:
-    with self._lock:
-      return list(self._events)
-
-  @property
-  def num_bad_records(self) -> int:
-    """Unreadable records met (one per damaged file pass; the rest of that
-    file is skipped with it)."""
-    return len(self.events)
-
-  @property
-  def skipped_bytes(self) -> int:
-    return sum(e.file_size - e.valid_bytes for e in self.events)
-
-  @property
-  def bad_files(self) -> List[str]:
-    return sorted({e.filename for e in self.events})
-
-
-_DEFAULT_BAD_RECORD_LOG = BadRecordLog()
-
-
-def bad_record_log() -> BadRecordLog:
-  """The process-wide log used when `build_dataset` gets none."""
-  return _DEFAULT_BAD_RECORD_LOG
-
-
+# Shared with the other families (see `official_ext.core.bad_records`).
+BadFileEvent = bad_records_lib.BadFileEvent
+BadRecordEvent = bad_records_lib.BadRecordEvent
+BadRecordLog = bad_records_lib.BadRecordLog
+bad_record_log = bad_records_lib.bad_record_log
+make_file_reader = bad_records_lib.make_file_reader
 match_input_files = input_files.match_input_files
-
-
-def _file_sizes(files: Sequence[str]) -> List[int]:
-  """Sizes in bytes (threaded stat calls); ValueError naming a bad path."""
-
-  def stat(path):
-    try:
-      info = tf.io.gfile.stat(path)
-    except tf.errors.NotFoundError as e:
-      raise ValueError(
-          f"DataConfig.input_path: file '{path}' does not exist.") from e
-    if info.is_directory:
-      raise ValueError(f"DataConfig.input_path: '{path}' is a directory; "
-                       'expected TFRecord files.')
-    return int(info.length)
-
-  if len(files) <= 1:
-    return [stat(f) for f in files]
-  with concurrent.futures.ThreadPoolExecutor(min(32, len(files))) as pool:
-    return list(pool.map(stat, files))
-
-
-def make_file_reader(
-    files: Sequence[str],
-    file_sizes: Sequence[int],
-    skip_bad_records: bool,
-    log: Optional[BadRecordLog] = None,
-) -> Callable[[Any], tf.data.Dataset]:
-  """Returns `dataset_fn(file or files) -> Dataset of (file name, record)`.
-
-  Each file is read with `TFRecordDataset(...).ignore_errors()` and its record
-  bytes are counted; when the file ends, that count must equal its size (see
-  the module docstring). Strict mode fails with an InvalidArgumentError whose
-  text starts "Corrupted or truncated TFRecord file `<file>`"; skip mode keeps
-  the records before the damage and reports the event to `log`.
-
-  Args:
-    files: every file the reader may be given.
-    file_sizes: their sizes in bytes.
-    skip_bad_records: skip (True) or fail on (False) damaged files.
-    log: where skip mode reports (default: `bad_record_log()`).
-
-  Returns:
-    A function of a string scalar tensor (one file) or a python list of files
-    (InputReader passes both) returning a Dataset of (string scalar file name,
-    string scalar serialized record) pairs.
-  """
-  log = log or bad_record_log()
-  files_t = tf.constant(list(files), tf.string)
-  sizes_t = tf.constant(list(file_sizes), tf.int64)
-
-  def report(filename, good, valid, size):
-    event = BadFileEvent(filename.numpy().decode('utf-8', 'replace'),
-                         int(good), int(valid), int(size))
-    log.add(event)
-    logging.warning(
-        'skip_bad_records: TFRecord file %s is corrupted or truncated at byte '
-        '%d of %d; kept the %d records before it and skipped the remaining %d '
-        'bytes.', event.filename, event.valid_bytes, event.file_size,
-        event.good_records, event.file_size - event.valid_bytes)
-    return np.int64(0)
-
-  def read_one(filename: tf.Tensor) -> tf.data.Dataset:
-    match = tf.equal(files_t, filename)
-    file_size = tf.reduce_sum(tf.where(match, sizes_t, 0))
-    records = tf.data.TFRecordDataset(filename).ignore_errors(log_warning=True)
-    records = records.map(lambda r: (r, tf.constant(False)))
-    end = tf.data.Dataset.from_tensors((tf.constant(''), tf.constant(True)))
-
-    def scan_fn(state, element):
-      valid_bytes, count = state
-      record, is_end = element
-      record_bytes = tf.cast(tf.strings.length(record),
-                             tf.int64) + _TFRECORD_FRAMING_BYTES
-      valid_bytes += tf.where(is_end, tf.constant(0, tf.int64), record_bytes)
-      count += tf.where(is_end, tf.constant(0, tf.int64), 1)
-      damaged = tf.logical_and(is_end, tf.not_equal(valid_bytes, file_size))
-      if skip_bad_records:
-        check = tf.cond(
-            damaged, lambda: tf.py_function(
-                report, [filename, count, valid_bytes, file_size], tf.int64),
-            lambda: tf.constant(0, tf.int64))
-      else:
-        check = _require(
-            tf.logical_not(damaged), lambda: _message(
-                "Corrupted or truncated TFRecord file `", filename,
-                "`: its records are readable only up to byte ", valid_bytes,
-                ' of ', file_size, ' (', count, ' good records before it). '
-                'Re-copy or regenerate the file, or set '
-                'DataConfig.skip_bad_records=True to skip the unreadable rest '
-                'of damaged files.'))
-      with tf.control_dependencies([check]):
-        is_end = tf.identity(is_end)
-      return (valid_bytes, count), (record, is_end)
-
-    initial = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
-    ds = records.concatenate(end).scan(initial, scan_fn)
-    ds = ds.filter(lambda record, is_end: tf.logical_not(is_end))
-    return ds.map(lambda record, is_end: (filename, record))
-
-  def dataset_fn(file_or_files) -> tf.data.Dataset:
-    if isinstance(file_or_files, (list, tuple)):
-      return tf.data.Dataset.from_tensor_slices(list(file_or_files)).flat_map(
-          read_one)
-    return read_one(file_or_files)
-
-  return dataset_fn
+_file_sizes = bad_records_lib.file_sizes
 
 
 # ---------------------------------------------------------------------------
@@ -749,8 +582,8 @@ def build_dataset(
     params: the split's DataConfig (`input_path` must be set).
     input_context: from `tf.distribute`; shards the files (or records) per
       input pipeline and splits `global_batch_size` per replica.
-    bad_records: where skip mode reports damaged files (default
-      `bad_record_log()`).
+    bad_records: where skip mode reports damaged files and skipped records
+      (default `bad_record_log()`).
 
   Returns:
     A Dataset of dicts, batch dimension first (B = per-replica batch size):
@@ -771,6 +604,7 @@ def build_dataset(
     raise ValueError(f'DataConfig.global_batch_size is '
                      f'{params.global_batch_size!r}; expected a positive int.')
   files = match_input_files(params.input_path)
+  params = input_files.shared_shuffle_seed(params, files, input_context)
   sizes = _file_sizes(files)
   decoder = Decoder(params)
   parser = Parser(params)
@@ -808,13 +642,17 @@ def build_dataset(
         ds = ds.shuffle(params.shuffle_buffer_size, seed=params.seed)
     return ds.batch(batch_size, drop_remainder=params.drop_remainder)
 
+  stages = bad_records_lib.reader_kwargs(
+      params.skip_bad_records, bad_records,
+      decoder_fn=decoder_fn,
+      sample_fn=sample_fn,
+      parser_fn=parser.parse_fn(is_training),
+      transform_and_batch_fn=transform_and_batch_fn,
+      parser_source_fn=lambda decoded: decoded[SOURCE])
   reader = _Reader(
       files,
       params,
       dataset_fn=make_file_reader(files, sizes, params.skip_bad_records,
                                   bad_records),
-      decoder_fn=decoder_fn,
-      sample_fn=sample_fn,
-      parser_fn=parser.parse_fn(is_training),
-      transform_and_batch_fn=transform_and_batch_fn)
+      **stages)
   return reader.read(input_context=input_context)

@@ -8,7 +8,9 @@ import tensorflow as tf, tf_keras
 from official.core import base_task
 from official.core import task_factory
 from official.modeling import tf_utils
+from official_ext.core import bad_records
 from official_ext.core import gradients
+from official_ext.core import multiworker
 from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
@@ -64,7 +66,8 @@ class YT8MTask(base_task.Task):
                    ) -> tf.data.Dataset:
     """Builds the batched dataset of one split (see `dataloader`)."""
     return dataloader.build_dataset(
-        self._resolve_input_path(params), input_context=input_context)
+        self._resolve_input_path(params), input_context=input_context,
+        bad_records=bad_records.task_log(self, params.is_training))
 
   # -- losses and metrics ------------------------------------------------------
   def build_losses(self, labels: tf.Tensor, model_outputs: tf.Tensor,
@@ -104,6 +107,9 @@ class YT8MTask(base_task.Task):
     """Mean losses; in evaluation also the streaming AP accumulator."""
     metrics = [tf_keras.metrics.Mean(name, dtype=tf.float32)
                for name in ('total_loss', 'model_loss')]
+    metrics += bad_records.task_metrics(  # `bad_records_skipped`.
+        self, self.task_config.train_data if training else
+        self.task_config.validation_data, training)
     ap_config = self.task_config.evaluation.average_precision
     if not training and ap_config is not None:
       self._ap_accumulator = yt8m_metrics.AveragePrecisionAccumulator(
@@ -120,7 +126,8 @@ class YT8MTask(base_task.Task):
       ap_inputs = {'labels': labels, 'predictions': outputs}
       if label_weights is not None:
         ap_inputs['label_weights'] = label_weights
-      logs[_AP_KEY] = ap_inputs
+      # With several workers, every worker accumulates all replicas' rows.
+      logs[_AP_KEY] = multiworker.gather_for_host(ap_inputs)
     for m in metrics:
       if m.name in model_losses:
         m.update_state(model_losses[m.name])
@@ -226,7 +233,9 @@ class YT8MTask(base_task.Task):
 
     `step_outputs[_AP_KEY]` holds, per key, a tuple with one tensor per local
     replica (Orbit applies `strategy.experimental_local_results`); all of
-    them are accumulated, so metrics cover every replica's examples.
+    them are accumulated, so metrics cover every replica's examples (with
+    several workers, `validation_step` gathered every worker's rows and one
+    copy is accumulated: `core.multiworker.host_parts`).
     """
     if self.task_config.evaluation.average_precision is None:
       return state
@@ -236,9 +245,7 @@ class YT8MTask(base_task.Task):
     ap_inputs = step_outputs[_AP_KEY]
 
     def _concat(values):
-      if isinstance(values, (tuple, list)):
-        return np.concatenate([np.asarray(v) for v in values], axis=0)
-      return np.asarray(values)
+      return np.concatenate(multiworker.host_parts(values), axis=0)
 
     state.accumulate(
         predictions=_concat(ap_inputs['predictions']),

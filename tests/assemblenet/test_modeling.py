@@ -315,3 +315,16 @@ def test_layer_configs_round_trip():
   clone = anet.AssembleNetPlusLite.from_config(backbone.get_config())
   assert _count(clone.trainable_variables) == _count(
       backbone.trainable_variables)
+
+
+def test_rep_flow_of_a_clip_does_not_depend_on_its_batch():
+  rng = np.random.default_rng(0)
+  clip = tf.constant(rng.uniform(0, 100, [1, 3, 12, 12, 3]), tf.float32)
+  other = tf.constant(rng.uniform(0, 255, [1, 3, 12, 12, 3]), tf.float32)
+  batch = tf.concat([clip, other], axis=0)
+  per_clip = anet_layers.RepresentationFlow(num_iter=3)
+  np.testing.assert_allclose(per_clip(batch)[:1], per_clip(clip),
+                             rtol=1e-5, atol=1e-5)
+  # The original rescales by the batch's min/max: the other clip changes it.
+  original = anet_layers.RepresentationFlow(num_iter=3, rescale_per_batch=True)
+  assert np.abs(original(batch)[:1] - original(clip)).max() > 1e-2

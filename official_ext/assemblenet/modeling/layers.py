@@ -107,14 +107,18 @@ class RepresentationFlow(tf_keras.layers.Layer):
   """TV-L1-style optical flow of RGB frames ("representation flow").
 
   As the original `rep_flow` with bottleneck 1: the frames are averaged over
-  channels to grey, rescaled to 0..255 with the min/max of the whole input
-  tensor (as the original; a constant input is left as is instead of
-  dividing by zero), and the flow of each pair (t, t+1) is computed with
+  channels to grey, rescaled to 0..255 with the min/max of each clip (a
+  constant clip is left as is instead of dividing by zero), and the flow of each pair (t, t+1) is computed with
   `num_iter` iterations of the TV-L1 scheme with theta=0.3, lambda=0.15,
   tau=0.25, the image-gradient kernel [-0.5, 0, 0.5] and the
   divergence/forward-gradient kernels [-1, 1]. The last flow is repeated so
   the output keeps T frames. Positive x flow means motion to the right,
   positive y flow motion down. Always computed in float32.
+
+  The original rescales with the min/max of the whole input *batch*, so a
+  clip's flow depends on the other clips it is batched with, and on how a
+  batch is split over replicas or grouped at serving time. Per clip is the
+  default here; `rescale_per_batch=True` restores the original.
 
   Kernels and hyper-parameters are variables, trainable only when asked
   (`train_feature_grad`: image gradient; `train_divergence`: divergence;
@@ -126,7 +130,8 @@ class RepresentationFlow(tf_keras.layers.Layer):
 
   def __init__(self, num_iter: int = 20, train_feature_grad: bool = False,
                train_divergence: bool = False, train_flow_grad: bool = False,
-               train_hyper: bool = False, **kwargs):
+               train_hyper: bool = False, rescale_per_batch: bool = False,
+               **kwargs):
     kwargs.setdefault('dtype', 'float32')
     super().__init__(**kwargs)
     if num_iter < 1:
@@ -136,6 +141,7 @@ class RepresentationFlow(tf_keras.layers.Layer):
     self._train_divergence = train_divergence
     self._train_flow_grad = train_flow_grad
     self._train_hyper = train_hyper
+    self._rescale_per_batch = rescale_per_batch
     self._compiled = None
 
   def build(self, input_shape):
@@ -192,8 +198,9 @@ class RepresentationFlow(tf_keras.layers.Layer):
     shape = tf.shape(x)
     b, t, h, w = shape[0], shape[1], shape[2], shape[3]
     grey = tf.reduce_mean(x, axis=-1)  # [B, T, H, W]
-    mx = tf.reduce_max(grey)
-    mn = tf.reduce_min(grey)
+    axes = None if self._rescale_per_batch else [1, 2, 3]
+    mx = tf.reduce_max(grey, axis=axes, keepdims=True)
+    mn = tf.reduce_min(grey, axis=axes, keepdims=True)
     scale = tf.math.divide_no_nan(tf.constant(255.0), mx - mn)
     grey = tf.where(mx > mn, (grey - mn) * scale, grey)
     img1 = tf.reshape(grey[:, :-1], [-1, h, w, 1])
@@ -242,7 +249,8 @@ class RepresentationFlow(tf_keras.layers.Layer):
                   train_feature_grad=self._train_feature_grad,
                   train_divergence=self._train_divergence,
                   train_flow_grad=self._train_flow_grad,
-                  train_hyper=self._train_hyper)
+                  train_hyper=self._train_hyper,
+                  rescale_per_batch=self._rescale_per_batch)
     return config
 
 

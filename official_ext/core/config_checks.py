@@ -1,0 +1,127 @@
+"""Type checks of experiment configs after YAML files and --params_override.
+
+Model Garden's `hyperparams` rejects an unknown key of a strict override
+(KeyError naming the key) but stores any value under a known key: after
+`--params_override=task.train_data.global_batch_size=abc` the field holds the
+string 'abc', and the run fails later far from the flag. `check_types` walks
+a config against its dataclass annotations and raises a ValueError naming the
+key, the expected type and the value given.
+"""
+import dataclasses
+import typing
+from typing import Any, List, Optional, Tuple
+
+from official.modeling import hyperparams
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _expected(annotation) -> Optional[Tuple[Tuple[type, ...], Any]]:
+  """(allowed scalar types, element annotation or None) or None: unchecked.
+
+  Handles int, float, bool, str, None, Optional/Union of them, and
+  Tuple[X, ...] / List[X] / Sequence[X] of them (element types checked).
+  Anything else (Any, dicts, configs, unions with configs) is not checked here.
+  """
+  if annotation in _SCALARS:
+    return (annotation,), None
+  origin = typing.get_origin(annotation)
+  args = typing.get_args(annotation)
+  if origin is typing.Union:
+    scalars, element = [], None
+    for arg in args:
+      sub = _expected(arg)
+      if sub is None:
+        return None
+      scalars.extend(sub[0])
+      element = element or sub[1]
+    return tuple(scalars), element
+  if origin in (tuple, list) or (origin is not None and getattr(
+      origin, '__name__', '') == 'Sequence'):
+    elements = [a for a in args if a is not Ellipsis]
+    if len(set(elements)) != 1 or elements[0] not in _SCALARS:
+      return None
+    return (tuple, list), elements[0]
+  return None
+
+
+def _type_names(types) -> str:
+  names = []
+  for t in types:
+    name = 'None' if t is type(None) else t.__name__
+    if name not in names:
+      names.append(name)
+  return ' or '.join(names)
+
+
+def _ok(value, allowed: Tuple[type, ...]) -> bool:
+  if isinstance(value, bool):
+    return bool in allowed  # bool is an int subclass: True is not an int.
+  if isinstance(value, int) and float in allowed:
+    return True  # An int where a float is expected (YAML `1`).
+  return isinstance(value, allowed)
+
+
+_NO_BASELINE = object()
+
+
+def _errors(config: hyperparams.Config, path: str, baseline: Any
+            ) -> List[str]:
+  errors = []
+  try:
+    hints = typing.get_type_hints(type(config))
+  except Exception:  # pylint: disable=broad-except
+    hints = {}
+  for field in dataclasses.fields(config):
+    key = f'{path}.{field.name}' if path else field.name
+    value = getattr(config, field.name, None)
+    base = getattr(baseline, field.name, _NO_BASELINE)
+    if isinstance(value, hyperparams.Config):
+      errors.extend(_errors(value, key, base))
+      continue
+    if base is not _NO_BASELINE and _same(value, base):
+      continue  # As registered: not from a config file or override.
+    expected = _expected(hints.get(field.name, field.type))
+    if expected is None:
+      continue
+    allowed, element = expected
+    if not _ok(value, allowed):
+      what = _type_names(allowed)
+      if element is not None:
+        what = what.replace('tuple or list', f'a list of {element.__name__}')
+      errors.append(f'{key}: expected {what}, got {value!r} '
+                    f'({type(value).__name__}).')
+    elif element is not None and isinstance(value, (tuple, list)):
+      for i, item in enumerate(value):
+        if not _ok(item, (element,)):
+          errors.append(f'{key}[{i}]: expected {element.__name__}, got '
+                        f'{item!r} ({type(item).__name__}).')
+  return errors
+
+
+def _same(a, b) -> bool:
+  if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+    return list(a) == list(b)
+  return type(a) is type(b) and a == b
+
+
+def check_types(config: hyperparams.Config,
+                baseline: Optional[hyperparams.Config] = None) -> None:
+  """Raises ValueError listing every field whose value has the wrong type.
+
+  Args:
+    config: an experiment config (or any `hyperparams.Config` dataclass).
+    baseline: the registered experiment config before files and overrides;
+      a field whose value equals the baseline's is not checked (some
+      registered Model Garden experiments store e.g. a regex string in a
+      list-annotated field).
+
+  Raises:
+    ValueError: one line per bad field, e.g.
+      "task.train_data.global_batch_size: expected int, got 'abc' (str)."
+  """
+  errors = _errors(config, '',
+                   _NO_BASELINE if baseline is None else baseline)
+  if errors:
+    raise ValueError('Config value(s) of the wrong type (from --config_file / '
+                     '--params_override?):\n  ' + '\n  '.join(errors))

@@ -1,0 +1,147 @@
+"""Surviving failures: SIGKILL and resume, unreadable checkpoints, NaN loss.
+
+All on the tiny YT8M demo config of tests/yt8m/test_train.py (the family that
+trains fastest); the mechanisms live in official_ext.train / official_ext.core
+and are the same for every family.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from official.core import exp_factory
+from official_ext import train
+from official_ext.core import trainer as trainer_lib
+from tests.yt8m.test_train import _tiny_overrides
+from tests.yt8m.test_train import _yaml
+
+
+def _params(cache_dir, **trainer):
+  overrides = _tiny_overrides(cache_dir, train_steps=trainer.pop(
+      'train_steps', 8))
+  overrides['trainer'].update(trainer)
+  params = exp_factory.get_exp_config('yt8m_demo')
+  params.override(overrides, is_strict=True)
+  params.validate()
+  return params
+
+
+def _step(prefix):
+  return int(prefix.rsplit('-', 1)[1]) if prefix else 0
+
+
+def _all_finite(prefix):
+  reader = tf.train.load_checkpoint(prefix)
+  return all(np.all(np.isfinite(reader.get_tensor(name)))
+             for name, dtype in reader.get_variable_to_dtype_map().items()
+             if dtype.is_floating)
+
+
+def test_sigkill_at_any_point_then_same_command_finishes(tmp_path):
+  """Two real SIGKILLs mid-run; the third run ends at train_steps exactly.
+
+  Checkpoints every 2 steps, so kills land during training and, as likely,
+  during a checkpoint write; every restart must restore the newest complete
+  checkpoint and train only the remaining steps.
+  """
+  model_dir = str(tmp_path / 'model')
+  overrides = _tiny_overrides(tmp_path / 'cache', train_steps=40)
+  overrides['trainer'].update(steps_per_loop=2, checkpoint_interval=2,
+                              summary_interval=2, validation_interval=40)
+  config = _yaml(tmp_path / 'tiny.yaml', overrides)
+  cmd = [sys.executable, '-m', 'official_ext.train', '--experiment=yt8m_demo',
+         '--mode=train', f'--model_dir={model_dir}', f'--config_file={config}']
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  resumed_from = []
+  for kill_after, delay in ((0, 0.0), (4, 0.3)):
+    before = _step(tf.train.latest_checkpoint(model_dir))
+    log = open(tmp_path / f'run{len(resumed_from)}.log', 'w')
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+    deadline = time.time() + 300
+    while _step(tf.train.latest_checkpoint(model_dir)) <= before + kill_after:
+      assert proc.poll() is None, open(log.name).read()[-3000:]
+      assert time.time() < deadline
+      time.sleep(0.05)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    log.close()
+    resumed_from.append(_step(tf.train.latest_checkpoint(model_dir)))
+  assert 0 < resumed_from[0] < resumed_from[1] < 40
+  final = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                         timeout=600, check=False)
+  assert final.returncode == 0, final.stderr[-3000:]
+  assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-40')
+  # The last run restored the newest checkpoint and trained only the rest:
+  # its first train loop ends 2 steps after the restored step.
+  loops = [int(s) for s in re.findall(r'train \| step:\s+(\d+) \| steps/sec',
+                                      final.stderr)]
+  assert loops[0] == resumed_from[-1] + 2, (resumed_from, loops)
+  assert loops[-1] == 40
+
+
+def test_unreadable_newest_checkpoint_resumes_from_previous(tmp_path, capsys):
+  """A truncated newest checkpoint (a save cut short on a file system without
+  atomic renames) is skipped with a warning; training resumes from the
+  previous one and still ends at train_steps."""
+  model_dir = str(tmp_path / 'model')
+  train.run(_params(tmp_path / 'cache', train_steps=8), 'train', model_dir)
+  assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-8')
+  data = tf.io.gfile.glob(os.path.join(model_dir, 'ckpt-8.data-*'))[0]
+  with open(data, 'r+b') as f:
+    f.truncate(os.path.getsize(data) // 2)
+
+  capsys.readouterr()
+  params = _params(tmp_path / 'cache', train_steps=12)
+  _, logs = train.run(params, 'train', model_dir)
+  assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-12')
+  assert np.isfinite(logs['training_loss'])
+  # Resumed from ckpt-4: the loops end at steps 8 and 12 (4 steps each), and
+  # ckpt-8 was written anew, readable.
+  loops = re.findall(r'train \| step:\s+(\d+) \| steps/sec',
+                     capsys.readouterr().out)
+  assert [int(s) for s in loops] == [8, 12]
+  assert _all_finite(os.path.join(model_dir, 'ckpt-8'))
+
+
+def _nan_run(tmp_path, steps_per_loop):
+  # A sane learning rate for 4 steps, then one that blows the weights up.
+  params = _params(
+      tmp_path / 'cache', train_steps=16, steps_per_loop=steps_per_loop,
+      checkpoint_interval=4,
+      optimizer_config={
+          'learning_rate': {'type': 'stepwise', 'stepwise': {
+              'boundaries': [4], 'values': [0.002, 1e38]}},
+          'warmup': {'type': None}})
+  model_dir = str(tmp_path / f'nan{steps_per_loop}')
+  with pytest.raises(trainer_lib.NonFiniteLossError) as e:
+    train.run(params, 'train', model_dir)
+  step = int(re.search(r'not finite at step (\d+)', str(e.value)).group(1))
+  return step, model_dir
+
+
+def test_non_finite_loss_stops_naming_the_step(tmp_path):
+  # With one step per loop the loop's mean loss is the step's loss, so the
+  # step found inside a 4-step loop must be the same.
+  step, model_dir = _nan_run(tmp_path, steps_per_loop=4)
+  step_1, _ = _nan_run(tmp_path, steps_per_loop=1)
+  assert step == step_1
+  assert 4 < step <= 16
+  latest = tf.train.latest_checkpoint(model_dir)
+  # No checkpoint at or after the bad step; the last one is finite.
+  assert _step(latest) < step
+  assert _all_finite(latest)
+
+
+def test_batch_not_divisible_by_replicas_names_the_key(tmp_path, mirrored):
+  params = _params(tmp_path / 'cache')
+  params.task.train_data.global_batch_size = 7
+  with pytest.raises(ValueError, match=r'task\.train_data\.global_batch_size'
+                     r'=7 .* 2 replicas .* multiple of 2'):
+    train.run(params, 'train', str(tmp_path / 'model'), strategy=mirrored)
