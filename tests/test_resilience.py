@@ -145,3 +145,19 @@ def test_batch_not_divisible_by_replicas_names_the_key(tmp_path, mirrored):
   with pytest.raises(ValueError, match=r'task\.train_data\.global_batch_size'
                      r'=7 .* 2 replicas .* multiple of 2'):
     train.run(params, 'train', str(tmp_path / 'model'), strategy=mirrored)
+
+
+def test_loop_level_check_without_the_per_step_record():
+  """Another trainer (or a TPU, where the per-step read is off): the check
+  falls back to the loop's mean loss and names the loop."""
+
+  class _OtherTrainer:
+    global_step = tf.Variable(8, dtype=tf.int64)
+
+  check = trainer_lib.NonFiniteLossCheck(_OtherTrainer())
+  check({'training_loss': np.float32(0.5)})  # Finite: nothing happens.
+  with pytest.raises(trainer_lib.NonFiniteLossError,
+                     match='in the train loop ending at step 8'):
+    check({'training_loss': np.float32('nan')})
+  with pytest.raises(trainer_lib.NonFiniteLossError):
+    check({'training_loss': np.float32('inf')})

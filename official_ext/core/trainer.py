@@ -27,11 +27,16 @@ class Trainer(base_trainer.Trainer):
   `training_loss` Mean metric, reset at every loop start, summed over
   replicas): once any replica's loss was NaN or infinite the sum stays so, and
   `first_nonfinite_step` takes the step number (1-based, as `global_step`
-  after the step) the first time. Costs one scalar read per step.
+  after the step) the first time. Costs one scalar read per step, on the
+  host: on TPUs, where that would stall the device every step, the check is
+  per train loop instead (`per_step_check` False).
   """
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
+    self.per_step_check = not isinstance(
+        self.strategy, (tf.distribute.TPUStrategy,
+                        tf.distribute.experimental.TPUStrategy))
     with self.strategy.scope():
       # Not tracked by the checkpoint: it describes this process's run only.
       self._first_nonfinite_step = tf.Variable(
@@ -45,6 +50,8 @@ class Trainer(base_trainer.Trainer):
 
   def train_step(self, iterator):
     super().train_step(iterator)
+    if not self.per_step_check:
+      return
     total = self.train_loss.total  # Sync-on-read: summed over replicas.
     first = self._first_nonfinite_step
     bad = tf.logical_and(tf.logical_not(tf.math.is_finite(total)), first < 0)
@@ -65,7 +72,7 @@ class NonFiniteLossCheck:
 
   def __call__(self, output: Dict[str, Any]):
     step = int(self._trainer.global_step.numpy())
-    if isinstance(self._trainer, Trainer):
+    if isinstance(self._trainer, Trainer) and self._trainer.per_step_check:
       bad_step = self._trainer.first_nonfinite_step
       if bad_step < 0:
         return
