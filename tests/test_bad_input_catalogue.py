@@ -319,9 +319,11 @@ def test_empty_file_is_legal(tmp_path, family):
 def test_skip_mode_keeps_every_good_record(tmp_path, family):
   """One pass over: a file with each invalid record kind between good ones
   (each dropped alone), a truncated file (its cut last record lost), a file
-  with a corrupt record 2 of 5 (TFRecord framing cannot resynchronise after
-  a bad CRC: records 2-4 of that file are lost, counted as skipped bytes),
-  an empty file and a good file. Examples seen = good records readable."""
+  with a corrupt payload in record 2 of 5 and one with a corrupt *length* of
+  record 2 of 5 (TensorFlow's reader stops there; skip mode reads on past
+  the damaged record, by its CRC-checked length or by scanning for the next
+  valid header, so only record 2 is lost), an empty file and a good file.
+  Examples seen = every good record written."""
   fam = FAMILIES[family]
   kinds = sorted(fam.kinds)
   a_records = [fam.good(0)]
@@ -335,19 +337,28 @@ def test_skip_mode_keeps_every_good_record(tmp_path, family):
   c_size = _flip(c, five, 2)
   open(tmp_path / 'd.tfrecord', 'wb').close()
   _write(tmp_path / 'e.tfrecord', [fam.good(30), fam.good(31)])
+  f = _write(tmp_path / 'f.tfrecord', five)
+  data = bytearray(open(f, 'rb').read())
+  data[_offset(five, 2) + 1] ^= 0xFF  # Record 2's length: its CRC fails.
+  with open(f, 'wb') as out:
+    out.write(bytes(data))
 
   seen, log = _run(fam, str(tmp_path / '*.tfrecord'), skip=True)
-  assert seen == (1 + len(kinds)) + 4 + 2 + 0 + 2
-  assert log.num_bad_records == len(kinds) + 2
-  assert log.bad_files == [a, b, c]
+  assert seen == (1 + len(kinds)) + 4 + 4 + 0 + 2 + 4
+  assert log.num_bad_records == len(kinds) + 3
+  assert log.bad_files == [a, b, c, f]
   events = {e.filename: e for e in log.events}
-  assert set(events) == {b, c}
+  assert set(events) == {b, c, f}
   assert (events[b].good_records, events[b].valid_bytes,
-          events[b].file_size) == (4, _offset(five, 4), b_size)
-  assert (events[c].good_records, events[c].valid_bytes,
-          events[c].file_size) == (2, _offset(five, 2), c_size)
-  assert log.skipped_bytes == (b_size - _offset(five, 4)) + (
-      c_size - _offset(five, 2))
+          events[b].file_size, events[b].recovered_records) == (
+              4, _offset(five, 4), b_size, 0)
+  record_2 = _offset(five, 3) - _offset(five, 2)
+  for damaged, size in ((c, c_size), (f, len(data))):
+    assert (events[damaged].good_records, events[damaged].valid_bytes,
+            events[damaged].file_size, events[damaged].recovered_records,
+            events[damaged].recovered_bytes) == (
+                2, _offset(five, 2), size, 2, size - _offset(five, 3))
+  assert log.skipped_bytes == (b_size - _offset(five, 4)) + 2 * record_2
   reasons = [e.reason for e in log.record_events]
   assert [e.filename for e in log.record_events] == [a] * len(kinds)
   for kind in kinds:  # Each skip is logged with the error naming it.

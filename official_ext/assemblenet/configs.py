@@ -72,8 +72,8 @@ class DataConfig(cfg.DataConfig):
     num_examples: examples in the split (sizes evaluation; -1 unknown).
     skip_bad_records: False (default): a truncated/corrupted TFRecord file or
       an invalid record (unparsable, bad label, corrupt frame) is an error
-      naming the file. True: the unreadable rest of a damaged file, or the
-      invalid record, is skipped, logged and counted (`bad_records_skipped`
+      naming the file. True: the damaged records of a file, or the
+      invalid record, are skipped, logged and counted (`bad_records_skipped`
       in the task's logs).
   """
   feature_shape: Tuple[int, ...] = (32, 224, 224, 3)

@@ -22,8 +22,8 @@ error naming the file and the frame index (`name_file_in_decode_errors`); a
 record that is not a SequenceExample or a feature of another dtype fails in
 TensorFlow's parser naming the file and feature; a truncated or corrupted file
 fails naming the file and byte offset (`official_ext.core.bad_records`). With
-`skip_bad_records` the invalid record, or the unreadable rest of a damaged
-file, is skipped, logged and counted instead. JPEG frames cannot be NaN.
+`skip_bad_records` the invalid record, or the damaged records of a
+file, are skipped, logged and counted instead. JPEG frames cannot be NaN.
 
 Outputs: ({'image': float32 [B * views, T, H, W, 3]}, float32 [B, K] labels,
 one-hot (single-label) or multi-hot (multi-label)); views = num_test_clips x

@@ -146,7 +146,7 @@ class DataConfig(cfg.DataConfig):
     num_examples: number of records, informational; -1 unknown.
     skip_bad_records: False (default): a truncated/corrupted file or an
       invalid record is an error naming the file and record. True: the
-      unreadable rest of a damaged file, or the invalid record, is skipped,
+      damaged records of a file, or the invalid record, are skipped,
       logged and counted (`bad_records_skipped` in the task's logs).
   """
   input_dim: int = 32

@@ -28,8 +28,8 @@ naming the file and the byte offset where its readable records end; a record
 that does not parse, a frame of the wrong width or dtype, a NaN in a float32
 feature (quantized uint8 features cannot be NaN) or a label id outside
 [0, num_classes) fails with an error naming the file, the video and the
-feature. With `skip_bad_records=True` the unreadable rest of a damaged file,
-or the one invalid record, is skipped, logged and counted in a `BadRecordLog`
+feature. With `skip_bad_records=True` the damaged records of a file (reading
+goes on past them), or the one invalid record, is skipped, logged and counted in a `BadRecordLog`
 (`bad_record_log()`); every other record is read.
 """
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union

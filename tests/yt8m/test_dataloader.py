@@ -358,14 +358,19 @@ def test_skip_bad_records_counts(tmp_path, how):
   assert log.bad_files == [bad]
   event = log.events[0]
   assert event.file_size == os.path.getsize(bad)
-  assert log.skipped_bytes == event.file_size - event.valid_bytes > 0
-  if how == 'middle':  # Records after the damage are unreachable.
+  assert log.skipped_bytes == (event.file_size - event.valid_bytes -
+                               event.recovered_bytes) > 0
+  if how == 'middle':  # Only the damaged record is lost: reading goes on.
     assert 0 < event.good_records < num_good
+    assert event.good_records + event.recovered_records == num_good - 1
+    assert log.skipped_bytes == event.file_size // num_good
   elif how == 'truncated':  # The cut record is lost, nothing before it.
     assert event.good_records == num_good - 1
   else:  # Nothing good is lost.
     assert event.good_records == num_good
-  assert seen == event.good_records + 3
+  assert event.recovered_records == (how == 'middle') * (
+      num_good - 1 - event.good_records)
+  assert seen == event.good_records + event.recovered_records + 3
 
 
 def test_wrong_frame_width_is_named(tmp_path):
