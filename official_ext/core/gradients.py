@@ -1,6 +1,6 @@
 """Training-step helpers shared by the families."""
 import inspect
-from typing import Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf, tf_keras
 
@@ -81,3 +81,53 @@ def clip_by_global_norm(grads: Sequence[tf.Tensor], clip_norm: float):
   for i, g in zip(present, clipped):
     grads[i] = g
   return grads
+
+
+def l2_regularized_kernels(model: tf_keras.Model
+                           ) -> Optional[List[Tuple[tf.Variable, float]]]:
+  """(variable, l2) of every kernel whose regularizer is `regularizers.L2`.
+
+  Returns None unless these account for every loss in `model.losses` (other
+  regularizers or activity losses present): then callers keep the generic
+  `model.losses` path.
+  """
+  pairs = []
+  for layer in model._flatten_layers(include_self=False):  # pylint: disable=protected-access
+    reg = getattr(layer, 'kernel_regularizer', None)
+    kernel = getattr(layer, 'kernel', None)
+    if reg is None or kernel is None:
+      continue
+    if type(reg) is not tf_keras.regularizers.L2:  # pylint: disable=unidiomatic-typecheck
+      return None
+    pairs.append((kernel, float(reg.l2)))
+  if len(pairs) != len(model.losses):
+    return None
+  return pairs
+
+
+def l2_loss(pairs: Sequence[Tuple[tf.Variable, float]]) -> tf.Tensor:
+  """sum_i l2_i * sum(w_i ** 2): `model.losses` of `l2_regularized_kernels`.
+
+  Computed with `tf.nn.l2_loss` (a multi-threaded kernel): on a 2-core CPU it
+  reads the 85 M-weight YT8M MoE kernel in 0.02 s, where the same sum inside
+  an XLA program (one thread) or as reduce_sum(square(w)) takes 0.2-0.3 s.
+  Run it outside XLA.
+  """
+  return tf.add_n([2.0 * l2 * tf.nn.l2_loss(tf.cast(v, tf.float32))
+                   for v, l2 in pairs])
+
+
+def add_l2_gradients(grads: Sequence[Optional[tf.Tensor]],
+                     variables: Sequence[tf.Variable],
+                     pairs: Sequence[Tuple[tf.Variable, float]],
+                     scale: float = 1.0) -> List[Optional[tf.Tensor]]:
+  """grads + scale * 2 * l2 * w for the regularized kernels in `pairs`."""
+  coefficient = {id(v): 2.0 * l2 * scale for v, l2 in pairs}
+  out = []
+  for g, v in zip(grads, variables):
+    c = coefficient.get(id(v))
+    if c is not None:
+      term = tf.cast(c, v.dtype) * v
+      g = term if g is None else g + tf.cast(term, g.dtype)
+    out.append(g)
+  return out
