@@ -346,41 +346,39 @@ def make_file_reader(
       valid_bytes += tf.where(is_end, tf.constant(0, tf.int64), record_bytes)
       count += tf.where(is_end, tf.constant(0, tf.int64), 1)
       damaged = tf.logical_and(is_end, tf.not_equal(valid_bytes, file_size))
-      # One record, or at the end of the file, the records recovered after
-      # its damage (skip mode) or none.
-      records_out = tf.reshape(record, [1])
       if skip_bad_records:
-
+        # At the end of a damaged file: the intact records after the damage.
         def recovered():
           out = tf.py_function(
               report, [filename, count, valid_bytes, file_size], tf.string)
           out.set_shape([None])
           return out
 
-        records_out = tf.cond(
-            damaged, recovered,
-            lambda: tf.cond(is_end, lambda: tf.zeros([0], tf.string),
-                            lambda: records_out))
-        check = tf.no_op()
-      else:
-        check = graph_checks.require(
-            tf.logical_not(damaged), lambda: graph_checks.join(
-                'Corrupted or truncated TFRecord file `', filename,
-                '`: its records are readable only up to byte ', valid_bytes,
-                ' of ', file_size, ' (', count, ' good records before it). '
-                'Re-copy or regenerate the file, or set '
-                'DataConfig.skip_bad_records=True to skip only the damaged '
-                'records.'))
-        records_out = tf.cond(is_end, lambda: tf.zeros([0], tf.string),
-                              lambda: records_out)
+        extra = tf.cond(damaged, recovered, lambda: tf.zeros([0], tf.string))
+        return (valid_bytes, count), (record, is_end, extra)
+      check = graph_checks.require(
+          tf.logical_not(damaged), lambda: graph_checks.join(
+              'Corrupted or truncated TFRecord file `', filename,
+              '`: its records are readable only up to byte ', valid_bytes,
+              ' of ', file_size, ' (', count, ' good records before it). '
+              'Re-copy or regenerate the file, or set '
+              'DataConfig.skip_bad_records=True to skip only the damaged '
+              'records.'))
       with tf.control_dependencies([check]):
-        records_out = tf.identity(records_out)
-      return (valid_bytes, count), records_out
+        is_end = tf.identity(is_end)
+      return (valid_bytes, count), (record, is_end)
 
     initial = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
     ds = records.concatenate(end).scan(initial, scan_fn)
-    ds = ds.flat_map(tf.data.Dataset.from_tensor_slices)
-    return ds.map(lambda record: (filename, record))
+    if skip_bad_records:
+      # One record per element, or at the end the recovered ones (one small
+      # dataset per record: skip mode only; strict mode stays filter + map).
+      ds = ds.flat_map(lambda record, is_end, extra: (
+          tf.data.Dataset.from_tensor_slices(tf.cond(
+              is_end, lambda: extra, lambda: tf.reshape(record, [1])))))
+      return ds.map(lambda record: (filename, record))
+    ds = ds.filter(lambda record, is_end: tf.logical_not(is_end))
+    return ds.map(lambda record, is_end: (filename, record))
 
   def dataset_fn(file_or_files) -> tf.data.Dataset:
     if isinstance(file_or_files, (list, tuple)):
