@@ -102,8 +102,9 @@ def run(params: config_definitions.ExperimentConfig,
     performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
   strategy = strategy or build_strategy(params)
   check_batch_sizes(params, strategy)
+  resume_from = None
   if 'train' in mode and strategy.extended.should_checkpoint:
-    checkpoints.use_latest_restorable(model_dir)
+    resume_from = checkpoints.use_latest_restorable(model_dir)
   # A non-chief worker writes to a temporary directory of its own, which
   # starts with a copy of the chief's latest checkpoint (core.multiworker).
   model_dir = multiworker.worker_model_dir(strategy, model_dir)
@@ -126,6 +127,7 @@ def run(params: config_definitions.ExperimentConfig,
       params=params,
       model_dir=model_dir,
       trainer=trainer,
+      resume_from=resume_from,
       # The non-finite check runs first: before Model Garden's actions and
       # before Orbit saves the loop's checkpoint.
       train_actions=[trainer_lib.NonFiniteLossCheck(trainer), last_train],

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from official.core import exp_factory
 from official_ext import train
+from official_ext.core import checkpoints
 from official_ext.core import trainer as trainer_lib
 from tests.yt8m.test_train import _tiny_overrides
 from tests.yt8m.test_train import _yaml
@@ -86,16 +87,36 @@ def test_sigkill_at_any_point_then_same_command_finishes(tmp_path):
   assert loops[-1] == 40
 
 
+def _truncate(path):
+  with open(path, 'r+b') as f:
+    f.truncate(os.path.getsize(path) // 2)
+  with open(path, 'rb') as f:
+    return f.read()
+
+
+def _snapshot(model_dir):
+  """{relative path: bytes} of every file under model_dir but summaries."""
+  files = {}
+  for root, _, names in os.walk(model_dir):
+    for name in names:
+      path = os.path.join(root, name)
+      if 'events.out.tfevents' not in name:
+        with open(path, 'rb') as f:
+          files[os.path.relpath(path, model_dir)] = f.read()
+  return files
+
+
 def test_unreadable_newest_checkpoint_resumes_from_previous(tmp_path, capsys):
   """A truncated newest checkpoint (a save cut short on a file system without
   atomic renames) is skipped with a warning; training resumes from the
-  previous one and still ends at train_steps."""
+  previous one and still ends at train_steps. The damaged files are moved to
+  model_dir/unreadable/, where the new save of the same step cannot
+  overwrite them."""
   model_dir = str(tmp_path / 'model')
   train.run(_params(tmp_path / 'cache', train_steps=8), 'train', model_dir)
   assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-8')
   data = tf.io.gfile.glob(os.path.join(model_dir, 'ckpt-8.data-*'))[0]
-  with open(data, 'r+b') as f:
-    f.truncate(os.path.getsize(data) // 2)
+  damaged = _truncate(data)
 
   capsys.readouterr()
   params = _params(tmp_path / 'cache', train_steps=12)
@@ -108,6 +129,105 @@ def test_unreadable_newest_checkpoint_resumes_from_previous(tmp_path, capsys):
                      capsys.readouterr().out)
   assert [int(s) for s in loops] == [8, 12]
   assert _all_finite(os.path.join(model_dir, 'ckpt-8'))
+  aside = os.path.join(model_dir, 'unreadable', os.path.basename(data))
+  with open(aside, 'rb') as f:
+    assert f.read() == damaged
+
+
+def test_no_readable_checkpoint_moves_the_state_file_aside(tmp_path):
+  """Every checkpoint damaged: training starts from scratch, and the state
+  file and the damaged checkpoints are kept in model_dir/unreadable/."""
+  model_dir = str(tmp_path / 'model')
+  train.run(_params(tmp_path / 'cache', train_steps=8), 'train', model_dir)
+  with open(os.path.join(model_dir, 'checkpoint'), 'rb') as f:
+    state = f.read()
+  damaged = {}
+  for data in tf.io.gfile.glob(os.path.join(model_dir, 'ckpt-*.data-*')):
+    damaged[os.path.basename(data)] = _truncate(data)
+  assert sorted(damaged) == ['ckpt-4.data-00000-of-00001',
+                             'ckpt-8.data-00000-of-00001']
+  train.run(_params(tmp_path / 'cache', train_steps=4), 'train', model_dir)
+  assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-4')
+  aside = os.path.join(model_dir, 'unreadable')
+  with open(os.path.join(aside, 'checkpoint'), 'rb') as f:
+    assert f.read() == state
+  for name, data in damaged.items():
+    with open(os.path.join(aside, name), 'rb') as f:
+      assert f.read() == data
+
+
+@pytest.mark.parametrize('error', [tf.errors.UnavailableError,
+                                   tf.errors.PermissionDeniedError])
+def test_storage_error_stops_the_run_and_changes_nothing(tmp_path, monkeypatch,
+                                                         error):
+  """A storage error while reading the newest checkpoint is not damage: the
+  read is retried with back-off, then the run stops naming the checkpoint
+  and the cause; model_dir is unchanged, and the next run resumes from the
+  newest step."""
+  model_dir = str(tmp_path / 'model')
+  train.run(_params(tmp_path / 'cache', train_steps=8), 'train', model_dir)
+  before = _snapshot(model_dir)
+  assert {'checkpoint', 'ckpt-8.index', 'ckpt-4.index'} <= set(before)
+
+  def unavailable(prefix):
+    raise error(None, None, f'injected: storage cannot serve {prefix}')
+
+  sleeps = []
+  monkeypatch.setattr(tf.train, 'load_checkpoint', unavailable)
+  monkeypatch.setattr(checkpoints.time, 'sleep', sleeps.append)
+  with pytest.raises(checkpoints.CheckpointReadError,
+                     match=rf'ckpt-8 \({error.__name__}: injected'):
+    train.run(_params(tmp_path / 'cache', train_steps=12), 'train', model_dir)
+  assert len(sleeps) == checkpoints.READ_ATTEMPTS - 1
+  assert sleeps == sorted(sleeps) and sleeps[-1] > sleeps[0]  # Back-off.
+  assert _snapshot(model_dir) == before
+  monkeypatch.undo()
+
+  _, logs = train.run(_params(tmp_path / 'cache', train_steps=12), 'train',
+                      model_dir)
+  assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-12')
+  assert checkpoints.checkpoint_step(
+      tf.train.latest_checkpoint(model_dir)) == 12
+  assert not os.path.exists(os.path.join(model_dir, 'unreadable'))
+
+
+def test_state_file_read_error_stops_the_run(tmp_path, monkeypatch):
+  """The state file itself cannot be read: an error, not a fresh start."""
+  model_dir = str(tmp_path / 'model')
+  train.run(_params(tmp_path / 'cache', train_steps=4), 'train', model_dir)
+  before = _snapshot(model_dir)
+  exists = tf.io.gfile.exists
+
+  def flaky_exists(path):
+    if os.path.basename(str(path)) == 'checkpoint':
+      raise tf.errors.DeadlineExceededError(None, None, 'injected deadline')
+    return exists(path)
+
+  monkeypatch.setattr(tf.io.gfile, 'exists', flaky_exists)
+  monkeypatch.setattr(checkpoints.time, 'sleep', lambda s: None)
+  with pytest.raises(checkpoints.CheckpointReadError,
+                     match=r'state file .*checkpoint \(DeadlineExceeded'):
+    train.run(_params(tmp_path / 'cache', train_steps=8), 'train', model_dir)
+  assert _snapshot(model_dir) == before
+
+
+def test_manager_that_cannot_see_the_checkpoint_stops_the_run(tmp_path,
+                                                              monkeypatch):
+  """TensorFlow's CheckpointManager reads the state file again and takes any
+  error there for "no checkpoint" (tf.train.get_checkpoint_state returns
+  None): the run must stop, not train from step 0 over the checkpoints."""
+  from tensorflow.python.checkpoint import checkpoint_management  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  model_dir = str(tmp_path / 'model')
+  train.run(_params(tmp_path / 'cache', train_steps=4), 'train', model_dir)
+  before = _snapshot(model_dir)
+  monkeypatch.setattr(checkpoint_management, 'get_checkpoint_state',
+                      lambda *args, **kwargs: None)
+  with pytest.raises(checkpoints.CheckpointReadError, match='ckpt-4'):
+    train.run(_params(tmp_path / 'cache', train_steps=8), 'train', model_dir)
+  after = _snapshot(model_dir)
+  # params.yaml is the new run's (train_steps 8); the checkpoints are intact.
+  assert after.pop('params.yaml') != before.pop('params.yaml')
+  assert after == before
 
 
 def _nan_run(tmp_path, steps_per_loop):

@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.core import train_lib
+from official_ext.core import checkpoints
 
 T = TypeVar('T')
 
@@ -126,13 +127,36 @@ class OrbitExperimentRunner(train_lib.OrbitExperimentRunner):
   Give a non-chief worker its `worker_model_dir`: its CheckpointManager then
   restores the chief's checkpoint copied there and keeps one checkpoint of
   its own there (Model Garden's runner would use a fresh `mkdtemp()`).
+
+  Args:
+    resume_from: the checkpoint the caller found to resume from
+      (`checkpoints.use_latest_restorable`), or None. TensorFlow's
+      CheckpointManager reads the state file again and treats *any* error
+      there as "no checkpoint" (`tf.train.get_checkpoint_state`), which would
+      restart training from step 0 and later overwrite the checkpoints; a
+      manager that does not find `resume_from` is an error instead.
+    **kwargs: `train_lib.OrbitExperimentRunner`'s arguments.
   """
+
+  def __init__(self, resume_from: Optional[str] = None, **kwargs):
+    self._resume_from = resume_from
+    super().__init__(**kwargs)
 
   def _maybe_build_checkpoint_manager(
       self) -> Optional[tf.train.CheckpointManager]:
     if (not self.trainer.checkpoint or self.strategy is None or
         self.strategy.extended.should_checkpoint):
-      return super()._maybe_build_checkpoint_manager()
+      manager = super()._maybe_build_checkpoint_manager()
+      found = manager.latest_checkpoint if manager else None
+      if self._resume_from and (not found or os.path.basename(found) !=
+                                os.path.basename(self._resume_from)):
+        raise checkpoints.CheckpointReadError(
+            f'The checkpoint manager of {self.model_dir} found '
+            f'{found or "no checkpoint"} where {self._resume_from} was just '
+            'found readable (the state file could not be read again?). '
+            'Training stops instead of starting from scratch; run the same '
+            'command again to resume.')
+      return manager
     return tf.train.CheckpointManager(
         self.trainer.checkpoint,
         directory=self.model_dir,
