@@ -34,6 +34,7 @@ from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.core import checkpoints
 from official_ext.core import config_checks
 from official_ext.core import controller as controller_lib
+from official_ext.core import input_files
 from official_ext.core import multiworker
 from official_ext.core import trainer as trainer_lib
 
@@ -112,6 +113,10 @@ def run(params: config_definitions.ExperimentConfig,
     # Pure eval jobs do not write params.yaml: a continuous-eval job would
     # race the train job for it.
     train_utils.serialize_config(params, model_dir)
+    # A resumed run continues its data stream (core.input_files).
+    params = input_files.reseed_for_start(
+        params, checkpoints.checkpoint_step(
+            resume_from or tf.train.latest_checkpoint(model_dir)))
   with strategy.scope():
     task = task_factory.get_task(params.task, logging_dir=model_dir)
     trainer = train_utils.create_trainer(

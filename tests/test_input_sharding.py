@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from official.core import exp_factory
 from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext.core import input_files
 from official_ext.readout import dataloader as readout_dataloader
 from official_ext.yt8m import dataloader as yt8m_dataloader
 from official_ext.yt8m import demo_data as yt8m_demo_data
@@ -155,3 +156,43 @@ def test_readout_pipelines_read_every_record_once(readout_files, files,
   share = len(expected) // _PIPELINES if is_training else None
   per_pipeline = [_readout_ids(task, data, c, share) for c in _contexts()]
   _assert_each_once(per_pipeline, expected)
+
+
+# -- A resumed run continues its data stream --------------------------------
+
+
+def _yt8m_experiment(pattern, seed):
+  params = exp_factory.get_exp_config('yt8m_demo')
+  params.task.train_data = _yt8m_params(pattern, is_training=True)
+  params.task.train_data.seed = seed
+  return params
+
+
+@pytest.mark.parametrize('seed', [None, 7])
+def test_yt8m_resumed_run_does_not_replay_the_first_reads(yt8m_files, seed):
+  """Two pipelines (several workers, seed unset or set): a run resumed at
+  step 100 reads its files in another order than the run that started at
+  step 0, and its pipelines still read every video once per epoch."""
+  pattern = yt8m_files[0]
+  share = _YT8M_VIDEOS // _PIPELINES
+  first = input_files.reseed_for_start(_yt8m_experiment(pattern, seed), 0)
+  resumed = input_files.reseed_for_start(_yt8m_experiment(pattern, seed), 100)
+  assert first.task.train_data.seed == seed
+  assert resumed.task.train_data.seed not in (None, seed)
+  reads = {}
+  for name, params in (('first', first), ('resumed', resumed)):
+    reads[name] = [_yt8m_ids(params.task.train_data, c, share)
+                   for c in _contexts()]
+    _assert_each_once(reads[name], _yt8m_all_ids(pattern))
+  # Per pipeline, the resumed run's epoch is not the first run's again.
+  for before, after in zip(reads['first'], reads['resumed']):
+    assert before != after
+  assert reads['first'][0][:6] != reads['resumed'][0][:6]  # The first file.
+
+
+def test_yt8m_same_seed_no_restart_reads_identically(yt8m_files):
+  params = input_files.reseed_for_start(
+      _yt8m_experiment(yt8m_files[0], 7), 0).task.train_data
+  runs = [[_yt8m_ids(params, c, _YT8M_VIDEOS) for c in _contexts()]
+          for _ in range(2)]
+  assert runs[0] == runs[1]

@@ -281,3 +281,27 @@ def test_loop_level_check_without_the_per_step_record():
     check({'training_loss': np.float32('nan')})
   with pytest.raises(trainer_lib.NonFiniteLossError):
     check({'training_loss': np.float32('inf')})
+
+
+def test_resumed_run_seeds_its_input_from_the_step(tmp_path, monkeypatch):
+  """The training input of a resumed run is seeded from (seed, restored
+  step) (README "Preemption, resume"); a new run keeps the configured seed,
+  so two new runs read identically."""
+  from official_ext.core import input_files  # pylint: disable=g-import-not-at-top
+  from official_ext.yt8m import task as yt8m_task  # pylint: disable=g-import-not-at-top
+  seeds = []
+  build_inputs = yt8m_task.YT8MTask.build_inputs
+
+  def recording(self, params, input_context=None):
+    if params.is_training:
+      seeds.append(params.seed)
+    return build_inputs(self, params, input_context)
+
+  monkeypatch.setattr(yt8m_task.YT8MTask, 'build_inputs', recording)
+  for name in ('a', 'b'):
+    train.run(_params(tmp_path / 'cache', train_steps=4), 'train',
+              str(tmp_path / name))
+  train.run(_params(tmp_path / 'cache', train_steps=8), 'train',
+            str(tmp_path / 'a'))
+  assert seeds == [7, 7, input_files.restart_seed(7, 4)]
+  assert seeds[-1] != 7

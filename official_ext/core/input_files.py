@@ -48,7 +48,8 @@ def shared_shuffle_seed(params, files: Sequence[str],
   overlap: in an epoch some files are read by two workers and others by none.
   When that can happen (training, sharding on, several pipelines, enough
   files, no seed) this sets `seed` to a hash of the file list, the same on
-  every worker; the file and example order then repeat from run to run.
+  every worker. (A run resumed from a checkpoint has a seed already, derived
+  from the step it starts at: `reseed_for_start`.)
 
   Args:
     params: the split's DataConfig (Model Garden's `cfg.DataConfig` fields).
@@ -69,3 +70,50 @@ def shared_shuffle_seed(params, files: Sequence[str],
                'shards do not overlap.', input_context.num_input_pipelines,
                len(files), seed)
   return params.replace(seed=seed)
+
+
+def restart_seed(seed: Optional[int], start_step: int) -> Optional[int]:
+  """The training input seed of a run that starts at `start_step`.
+
+  Args:
+    seed: `DataConfig.seed` as configured (None: unset).
+    start_step: the global step restored from the checkpoint (0: a new run).
+
+  Returns:
+    `seed` for a new run (two new runs with a seed read identically); for a
+    resumed run a seed derived from (seed, start_step): the same on every
+    worker (they all restore the same step), and another one at every
+    restart, so a resumed run goes on with a new file order, example order
+    and frame sampling instead of replaying the first run's from its start.
+  """
+  if not start_step:
+    return seed
+  return zlib.crc32(f'{seed}/{int(start_step)}'.encode('utf-8')) & 0x7fffffff
+
+
+def reseed_for_start(params, start_step: int):
+  """The experiment config whose training input continues at `start_step`.
+
+  tf.data cannot save a shuffled, interleaved, parsed TFRecord pipeline's
+  position cheaply (its shuffle buffer is part of the state, and skip-mode
+  readers use `tf.py_function`), so a resumed run does not restore the
+  input iterator: it seeds the training input from (seed, start_step)
+  (`restart_seed`). Each start reads a new random order; no start replays the
+  first epoch from its beginning.
+
+  Args:
+    params: an `ExperimentConfig` (its `task.train_data.seed` is used).
+    start_step: the global step the run restores.
+
+  Returns:
+    `params` for a new run, else a copy with `task.train_data.seed` set.
+  """
+  data = getattr(params.task, 'train_data', None)
+  if data is None or not start_step:
+    return params
+  seed = restart_seed(data.seed, start_step)
+  logging.info('Resuming at step %d: the training input is seeded with %d '
+               '(from DataConfig.seed=%s and the step), so it continues with '
+               'a new order instead of replaying the first run\'s.',
+               start_step, seed, data.seed)
+  return params.replace(task={'train_data': {'seed': seed}})
