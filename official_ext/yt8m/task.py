@@ -137,8 +137,10 @@ class YT8MTask(base_task.Task):
   # -- steps -----------------------------------------------------------------
   def _model_inputs(self, inputs, data_config: configs.DataConfig,
                     training: bool):
-    # With frame sampling every frame is valid: skip the mask.
-    sampled = training and data_config.num_sample_frames is not None
+    # With frame sampling (training, video level) every frame is valid: skip
+    # the mask. Segment mode never samples: its segments end in padding.
+    sampled = (training and data_config.num_sample_frames is not None and
+               not data_config.segment_labels)
     num_frames = None if sampled else tf.reshape(inputs['num_frames'], [-1])
     return inputs['video_matrix'], num_frames
 

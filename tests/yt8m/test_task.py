@@ -48,3 +48,47 @@ def test_other_regularizers_keep_the_generic_path():
           0.1))])
   model.build([None, 2])
   assert gradients.l2_regularized_kernels(model) is None
+
+
+def _segment_task():
+  """Segment mode, with num_sample_frames set (as the yt8m configs have it)."""
+  config = benchmark._task(benchmark.TINY).task_config
+  return task_factory.get_task(config.replace(train_data={
+      'segment_labels': True, 'segment_size': benchmark.TINY.frames,
+      'num_sample_frames': 4}))
+
+
+def _segment_step(padding_value):
+  """One segment-mode train step on a batch whose segments end in padding
+  (frames past num_frames hold `padding_value`); returns the loss and the
+  moving statistics of every batch norm."""
+  task = _segment_task()
+  tf_keras.utils.set_random_seed(4)
+  model = task.build_model()
+  batch = dict(benchmark._batch(benchmark.TINY, seed=3))
+  frames = benchmark.TINY.frames
+  num_frames = np.array([frames, 3, 1, 5, frames, 2, 4, 6], np.int32)
+  valid = np.arange(frames)[None, :] < num_frames[:, None]
+  batch['video_matrix'] = tf.where(valid[:, :, None], batch['video_matrix'],
+                                   padding_value)
+  batch['num_frames'] = tf.constant(num_frames)
+  batch['label_weights'] = tf.ones_like(batch['labels'])
+  optimizer = tf_keras.optimizers.legacy.SGD(0.0)
+  metrics = task.build_metrics(training=True)
+  logs = tf.function(
+      lambda: task.train_step(batch, model, optimizer, metrics))()
+  moving = [v.numpy() for v in model.non_trainable_variables
+            if 'moving' in v.name]
+  assert moving
+  return float(logs['loss']), moving
+
+
+def test_segment_mode_training_masks_padded_frames():
+  """Segment mode never samples frames, so the frames past a segment's
+  video end are padding: they must not be pooled or enter the batch-norm
+  statistics, whatever they hold, even with num_sample_frames set."""
+  loss_zeros, moving_zeros = _segment_step(0.0)
+  loss_other, moving_other = _segment_step(3.0)
+  np.testing.assert_allclose(loss_zeros, loss_other, rtol=1e-6)
+  for a, b in zip(moving_zeros, moving_other):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
