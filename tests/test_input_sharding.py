@@ -196,3 +196,21 @@ def test_yt8m_same_seed_no_restart_reads_identically(yt8m_files):
   runs = [[_yt8m_ids(params, c, _YT8M_VIDEOS) for c in _contexts()]
           for _ in range(2)]
   assert runs[0] == runs[1]
+
+
+# -- Overlapping input patterns ---------------------------------------------
+
+
+def test_file_matched_by_two_patterns_is_read_once(yt8m_files):
+  """A file matched twice (`train*,train-00000*`) is read once, and strict
+  mode does not take it for a truncated file."""
+  pattern = yt8m_files[0]
+  files = input_files.match_input_files(pattern)
+  assert len(files) == 8
+  overlapping = f'{pattern},{files[0]},{files[3]}*'
+  assert input_files.match_input_files(overlapping) == files
+  assert input_files.match_input_files([files[3], pattern]) == (
+      [files[3]] + files[:3] + files[4:])
+  ids = _yt8m_ids(_yt8m_params(overlapping, is_training=False), None)
+  assert sorted(ids) == sorted(_yt8m_all_ids(pattern))
+  assert len(ids) == _YT8M_VIDEOS

@@ -13,7 +13,9 @@ def match_input_files(input_path: Union[str, Sequence[str]]) -> List[str]:
     input_path: a file, a glob pattern, comma-separated ones, or a list.
 
   Returns:
-    The matched files: each pattern's matches sorted, patterns in order.
+    The matched files: each pattern's matches sorted, patterns in order, each
+    file once (a file matched by several patterns is read once, where its
+    first pattern puts it; logged at INFO).
 
   Raises:
     ValueError: naming the pattern that matches nothing (or is empty).
@@ -23,7 +25,7 @@ def match_input_files(input_path: Union[str, Sequence[str]]) -> List[str]:
     raise ValueError('DataConfig.input_path is empty; expected a TFRecord '
                      'file, glob pattern or comma-separated list of them.')
   patterns = [input_path] if isinstance(input_path, str) else list(input_path)
-  files = []
+  files = {}  # File -> the first pattern that matched it (in order).
   for group in patterns:
     for pattern in group.split(','):
       pattern = pattern.strip()
@@ -33,8 +35,15 @@ def match_input_files(input_path: Union[str, Sequence[str]]) -> List[str]:
       if not matched:
         raise ValueError(
             f"DataConfig.input_path: '{pattern}' does not match any file.")
-      files.extend(matched)
-  return files
+      repeated = [f for f in matched if f in files]
+      if repeated:
+        logging.info(
+            "DataConfig.input_path: '%s' matches %d file(s) an earlier pattern "
+            "matched already (e.g. %s, matched by '%s'); each is read once.",
+            pattern, len(repeated), repeated[0], files[repeated[0]])
+      for f in matched:
+        files.setdefault(f, pattern)
+  return list(files)
 
 
 def shared_shuffle_seed(params, files: Sequence[str],
