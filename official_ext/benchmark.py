@@ -1,8 +1,10 @@
 r"""Benchmarks: `python -m official_ext.benchmark FAMILY [--json FILE]`.
 
-Every speed figure is measured in this process side by side with a reference
+Speed figures are measured in this process side by side with a reference
 (interleaved rounds, medians) because shared machines are noisy: trust the
-ratios; absolute numbers are printed too. FAMILY is one of the registered
+ratios; absolute numbers are printed too. The exception is AssembleNet++lite,
+whose reference (the TF1 original) does not run in this process: its
+`*_vs_tf1_quoted` ratios compare with quoted timings, not a measurement. FAMILY is one of the registered
 sections below; `--quick` runs tiny sizes (a smoke test of the harness).
 """
 import importlib

@@ -160,7 +160,8 @@ def main(_):
   gin.parse_config_files_and_bindings(FLAGS.gin_file, FLAGS.gin_params)
   params = parse_configuration(FLAGS)
   # On a cluster (TPU, several workers) a preemption restarts the run
-  # in-process, as official/vision/train.py does.
+  # in-process (the loop of official/vision/train.py, whose public version
+  # never creates the PreemptionWatcher).
   strategy, (_, final_metrics) = multiworker.run_with_preemption_recovery(
       lambda: build_strategy(params),
       lambda strategy: run(params, FLAGS.mode, FLAGS.model_dir, strategy))

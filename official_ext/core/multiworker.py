@@ -23,9 +23,10 @@ already, and what this module adds:
   `validation_step`) and `host_parts` (in `aggregate_logs`) make every worker
   accumulate every replica's rows, so the chief reports the metrics of the
   whole validation set.
-* Preemption: `run_with_preemption_recovery` is
-  `official/vision/train.py`'s `_run_experiment_with_preemption_recovery`
-  with `tf.distribute.experimental.PreemptionWatcher`. Model Garden's own
+* Preemption: `run_with_preemption_recovery` is the recovery loop of
+  `official/vision/train.py`'s `_run_experiment_with_preemption_recovery`,
+  with the `tf.distribute.experimental.PreemptionWatcher` that the public
+  driver never creates (there `preemption_watcher = None`). Model Garden's own
   on-demand checkpoint at preemption (`trainer.preemption_on_demand_checkpoint`,
   `orbit.actions.SaveCheckpointIfPreempted`) is added by `train_lib` already.
 """
@@ -225,8 +226,10 @@ def run_with_preemption_recovery(
 ) -> Tuple[tf.distribute.Strategy, T]:
   """Runs `run(strategy)`, restarting it in-process after a preemption.
 
-  `official/vision/train.py`'s `_run_experiment_with_preemption_recovery`:
-  on a cluster (TPU, several workers) a
+  The loop of `official/vision/train.py`'s
+  `_run_experiment_with_preemption_recovery`, whose public version never
+  creates the watcher (`preemption_watcher = None`), with the watcher: on a
+  cluster (TPU, several workers) a
   `tf.distribute.experimental.PreemptionWatcher` is created after the
   strategy (connecting to the cluster); when `run` fails with a
   `tf.errors.OpError` and the watcher has a preemption message, it waits for
