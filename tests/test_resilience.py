@@ -6,6 +6,7 @@ and are the same for every family.
 """
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,24 @@ def _params(cache_dir, **trainer):
   params.override(overrides, is_strict=True)
   params.validate()
   return params
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """(demo data cache, a model_dir trained 8 steps: ckpt-4 and ckpt-8)."""
+  root = tmp_path_factory.mktemp('trained')
+  cache, model_dir = root / 'cache', str(root / 'model')
+  train.run(_params(cache, train_steps=8), 'train', model_dir)
+  return cache, model_dir
+
+
+def _copy_of(trained, tmp_path):
+  """A copy of the trained model_dir, for a test to change."""
+  model_dir = str(tmp_path / 'model')
+  shutil.copytree(trained[1], model_dir)
+  with open(os.path.join(model_dir, 'checkpoint')) as f:
+    assert trained[1] not in f.read()  # Relative paths: the copy stands alone.
+  return model_dir
 
 
 def _step(prefix):
@@ -106,20 +125,20 @@ def _snapshot(model_dir):
   return files
 
 
-def test_unreadable_newest_checkpoint_resumes_from_previous(tmp_path, capsys):
+def test_unreadable_newest_checkpoint_resumes_from_previous(trained, tmp_path,
+                                                           capsys):
   """A truncated newest checkpoint (a save cut short on a file system without
   atomic renames) is skipped with a warning; training resumes from the
   previous one and still ends at train_steps. The damaged files are moved to
   model_dir/unreadable/, where the new save of the same step cannot
   overwrite them."""
-  model_dir = str(tmp_path / 'model')
-  train.run(_params(tmp_path / 'cache', train_steps=8), 'train', model_dir)
+  cache, model_dir = trained[0], _copy_of(trained, tmp_path)
   assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-8')
   data = tf.io.gfile.glob(os.path.join(model_dir, 'ckpt-8.data-*'))[0]
   damaged = _truncate(data)
 
   capsys.readouterr()
-  params = _params(tmp_path / 'cache', train_steps=12)
+  params = _params(cache, train_steps=12)
   _, logs = train.run(params, 'train', model_dir)
   assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-12')
   assert np.isfinite(logs['training_loss'])
@@ -134,11 +153,10 @@ def test_unreadable_newest_checkpoint_resumes_from_previous(tmp_path, capsys):
     assert f.read() == damaged
 
 
-def test_no_readable_checkpoint_moves_the_state_file_aside(tmp_path):
+def test_no_readable_checkpoint_moves_the_state_file_aside(trained, tmp_path):
   """Every checkpoint damaged: training starts from scratch, and the state
   file and the damaged checkpoints are kept in model_dir/unreadable/."""
-  model_dir = str(tmp_path / 'model')
-  train.run(_params(tmp_path / 'cache', train_steps=8), 'train', model_dir)
+  model_dir = _copy_of(trained, tmp_path)
   with open(os.path.join(model_dir, 'checkpoint'), 'rb') as f:
     state = f.read()
   damaged = {}
@@ -146,7 +164,7 @@ def test_no_readable_checkpoint_moves_the_state_file_aside(tmp_path):
     damaged[os.path.basename(data)] = _truncate(data)
   assert sorted(damaged) == ['ckpt-4.data-00000-of-00001',
                              'ckpt-8.data-00000-of-00001']
-  train.run(_params(tmp_path / 'cache', train_steps=4), 'train', model_dir)
+  train.run(_params(trained[0], train_steps=4), 'train', model_dir)
   assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-4')
   aside = os.path.join(model_dir, 'unreadable')
   with open(os.path.join(aside, 'checkpoint'), 'rb') as f:
@@ -158,14 +176,13 @@ def test_no_readable_checkpoint_moves_the_state_file_aside(tmp_path):
 
 @pytest.mark.parametrize('error', [tf.errors.UnavailableError,
                                    tf.errors.PermissionDeniedError])
-def test_storage_error_stops_the_run_and_changes_nothing(tmp_path, monkeypatch,
-                                                         error):
+def test_storage_error_stops_the_run_and_changes_nothing(trained, tmp_path,
+                                                         monkeypatch, error):
   """A storage error while reading the newest checkpoint is not damage: the
   read is retried with back-off, then the run stops naming the checkpoint
   and the cause; model_dir is unchanged, and the next run resumes from the
   newest step."""
-  model_dir = str(tmp_path / 'model')
-  train.run(_params(tmp_path / 'cache', train_steps=8), 'train', model_dir)
+  cache, model_dir = trained[0], _copy_of(trained, tmp_path)
   before = _snapshot(model_dir)
   assert {'checkpoint', 'ckpt-8.index', 'ckpt-4.index'} <= set(before)
 
@@ -177,24 +194,22 @@ def test_storage_error_stops_the_run_and_changes_nothing(tmp_path, monkeypatch,
   monkeypatch.setattr(checkpoints.time, 'sleep', sleeps.append)
   with pytest.raises(checkpoints.CheckpointReadError,
                      match=rf'ckpt-8 \({error.__name__}: injected'):
-    train.run(_params(tmp_path / 'cache', train_steps=12), 'train', model_dir)
+    train.run(_params(cache, train_steps=12), 'train', model_dir)
   assert len(sleeps) == checkpoints.READ_ATTEMPTS - 1
   assert sleeps == sorted(sleeps) and sleeps[-1] > sleeps[0]  # Back-off.
   assert _snapshot(model_dir) == before
   monkeypatch.undo()
 
-  _, logs = train.run(_params(tmp_path / 'cache', train_steps=12), 'train',
-                      model_dir)
+  train.run(_params(cache, train_steps=12), 'train', model_dir)
   assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-12')
   assert checkpoints.checkpoint_step(
       tf.train.latest_checkpoint(model_dir)) == 12
   assert not os.path.exists(os.path.join(model_dir, 'unreadable'))
 
 
-def test_state_file_read_error_stops_the_run(tmp_path, monkeypatch):
+def test_state_file_read_error_stops_the_run(trained, tmp_path, monkeypatch):
   """The state file itself cannot be read: an error, not a fresh start."""
-  model_dir = str(tmp_path / 'model')
-  train.run(_params(tmp_path / 'cache', train_steps=4), 'train', model_dir)
+  model_dir = _copy_of(trained, tmp_path)
   before = _snapshot(model_dir)
   exists = tf.io.gfile.exists
 
@@ -207,25 +222,24 @@ def test_state_file_read_error_stops_the_run(tmp_path, monkeypatch):
   monkeypatch.setattr(checkpoints.time, 'sleep', lambda s: None)
   with pytest.raises(checkpoints.CheckpointReadError,
                      match=r'state file .*checkpoint \(DeadlineExceeded'):
-    train.run(_params(tmp_path / 'cache', train_steps=8), 'train', model_dir)
+    train.run(_params(trained[0], train_steps=12), 'train', model_dir)
   assert _snapshot(model_dir) == before
 
 
-def test_manager_that_cannot_see_the_checkpoint_stops_the_run(tmp_path,
+def test_manager_that_cannot_see_the_checkpoint_stops_the_run(trained, tmp_path,
                                                               monkeypatch):
   """TensorFlow's CheckpointManager reads the state file again and takes any
   error there for "no checkpoint" (tf.train.get_checkpoint_state returns
   None): the run must stop, not train from step 0 over the checkpoints."""
   from tensorflow.python.checkpoint import checkpoint_management  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
-  model_dir = str(tmp_path / 'model')
-  train.run(_params(tmp_path / 'cache', train_steps=4), 'train', model_dir)
+  model_dir = _copy_of(trained, tmp_path)
   before = _snapshot(model_dir)
   monkeypatch.setattr(checkpoint_management, 'get_checkpoint_state',
                       lambda *args, **kwargs: None)
-  with pytest.raises(checkpoints.CheckpointReadError, match='ckpt-4'):
-    train.run(_params(tmp_path / 'cache', train_steps=8), 'train', model_dir)
+  with pytest.raises(checkpoints.CheckpointReadError, match='ckpt-8'):
+    train.run(_params(trained[0], train_steps=12), 'train', model_dir)
   after = _snapshot(model_dir)
-  # params.yaml is the new run's (train_steps 8); the checkpoints are intact.
+  # params.yaml is the new run's (train_steps 12); the checkpoints are intact.
   assert after.pop('params.yaml') != before.pop('params.yaml')
   assert after == before
 
@@ -283,10 +297,11 @@ def test_loop_level_check_without_the_per_step_record():
     check({'training_loss': np.float32('inf')})
 
 
-def test_resumed_run_seeds_its_input_from_the_step(tmp_path, monkeypatch):
+def test_resumed_run_seeds_its_input_from_the_step(trained, tmp_path,
+                                                   monkeypatch):
   """The training input of a resumed run is seeded from (seed, restored
-  step) (README "Preemption, resume"); a new run keeps the configured seed,
-  so two new runs read identically."""
+  step) (README "Preemption, resume"); a new run keeps the configured seed
+  (two new runs then read identically: tests/test_input_sharding.py)."""
   from official_ext.core import input_files  # pylint: disable=g-import-not-at-top
   from official_ext.yt8m import task as yt8m_task  # pylint: disable=g-import-not-at-top
   seeds = []
@@ -298,10 +313,8 @@ def test_resumed_run_seeds_its_input_from_the_step(tmp_path, monkeypatch):
     return build_inputs(self, params, input_context)
 
   monkeypatch.setattr(yt8m_task.YT8MTask, 'build_inputs', recording)
-  for name in ('a', 'b'):
-    train.run(_params(tmp_path / 'cache', train_steps=4), 'train',
-              str(tmp_path / name))
-  train.run(_params(tmp_path / 'cache', train_steps=8), 'train',
-            str(tmp_path / 'a'))
-  assert seeds == [7, 7, input_files.restart_seed(7, 4)]
+  train.run(_params(trained[0], train_steps=4), 'train', str(tmp_path / 'new'))
+  train.run(_params(trained[0], train_steps=12), 'train',
+            _copy_of(trained, tmp_path))
+  assert seeds == [7, input_files.restart_seed(7, 8)]
   assert seeds[-1] != 7
