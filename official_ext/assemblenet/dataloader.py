@@ -27,7 +27,10 @@ file, are skipped, logged and counted instead. JPEG frames cannot be NaN.
 
 Outputs: ({'image': float32 [B * views, T, H, W, 3]}, float32 [B, K] labels,
 one-hot (single-label) or multi-hot (multi-label)); views = num_test_clips x
-num_test_crops in evaluation, 1 in training.
+num_test_crops in evaluation, 1 in training. Evaluation with `drop_remainder`
+(static batch shapes) drops no video: the last batch is filled with copies of
+a video marked padding (`official_ext.core.eval_padding.pad_final_batches`)
+and the features carry `eval_mask` bool [B] (False: padding).
 """
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -38,6 +41,7 @@ from official.core import input_reader
 from official.vision.ops import preprocess_ops_3d
 from official_ext.assemblenet import configs
 from official_ext.core import bad_records as bad_records_lib
+from official_ext.core import eval_padding
 from official_ext.core import input_files
 
 FRAMES = 'frames'
@@ -252,7 +256,9 @@ def build_dataset(params: configs.DataConfig,
 
   Returns:
     A Dataset of ({'image': float32 [B * views, T, H, W, 3]},
-    float32 [B, num_classes]); training: shuffled and repeated.
+    float32 [B, num_classes]); training: shuffled and repeated; evaluation:
+    every record once (with `drop_remainder`: full batches, the last one
+    padded, and `eval_mask` bool [B] in the features).
   """
   check_params(params)
   decoder = Decoder(params)
@@ -261,9 +267,23 @@ def build_dataset(params: configs.DataConfig,
 
   def postprocess(features, labels):
     # [B, views * T, H, W, 3] -> [B * views, T, H, W, 3].
+    features = dict(features)
     image = features['image']
-    image = tf.reshape(image, [-1, t] + image.shape[2:].as_list())
-    return {'image': image}, labels
+    features['image'] = tf.reshape(image, [-1, t] + image.shape[2:].as_list())
+    return features, labels
+
+  transform_and_batch_fn = None
+  if not params.is_training and params.drop_remainder:
+    # Static batch shapes without dropping a video: pad the last batch.
+    def transform_and_batch_fn(ds, context):
+      batch_size = (
+          context.get_per_replica_batch_size(params.global_batch_size)
+          if context else params.global_batch_size)
+      return eval_padding.pad_final_batches(
+          ds, lambda d: d.batch(batch_size, drop_remainder=True), batch_size,
+          context, attach_mask=lambda example, valid: (
+              dict(example[0], **{eval_padding.MASK_KEY: valid}),
+              example[1]))
 
   files = None
   if params.input_path:
@@ -281,6 +301,7 @@ def build_dataset(params: configs.DataConfig,
   stages = bad_records_lib.reader_kwargs(
       params.skip_bad_records, bad_records, decoder_fn=decoder_fn,
       parser_fn=parser.parse_fn(params.is_training),
+      transform_and_batch_fn=transform_and_batch_fn,
       global_batch_size=params.global_batch_size,
       drop_remainder=params.drop_remainder,
       decoder_source_fn=decoder_source_fn,

@@ -4,9 +4,13 @@ Single-label (softmax cross-entropy; metrics `accuracy` = top-1 and
 `top_5_accuracy`) or multi-label (`train_data.is_multilabel`: sigmoid
 cross-entropy; metric `map`, the mean over classes of the average precision,
 computed on the host over the whole evaluation set). Evaluation averages the
-probabilities of the `num_test_clips x num_test_crops` views of each video.
+probabilities of the `num_test_clips x num_test_crops` views of each video,
+covers every validation video (a static-shape last batch is padded and the
+padding masked out of losses and metrics: `core.eval_padding`), reports
+`num_examples` (videos evaluated), and an evaluation of zero videos is an
+`EmptyEvaluationError` naming the dataset.
 """
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from absl import logging
 import numpy as np
@@ -21,6 +25,7 @@ from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import metrics as anet_metrics
 from official_ext.assemblenet.modeling import assemblenet_plus_lite  # pylint: disable=unused-import  (registers builders)
 from official_ext.core import bad_records
+from official_ext.core import eval_padding
 from official_ext.core import gradients
 from official_ext.core import multiworker
 
@@ -97,6 +102,15 @@ class AssembleNetTask(base_task.Task):
       return params.replace(tfds_data_dir=data_dir)
     return params
 
+  def validation_dataset(self) -> Tuple[str, Dict[str, Any]]:
+    """(what the validation data is, the config keys that shape it), for
+    the errors of an evaluation that saw no video."""
+    data = self.task_config.validation_data
+    demo = self.task_config.demo_data
+    if not data.tfds_data_dir and demo.enabled:
+      data = data.replace(tfds_data_dir=demo.data_dir or '<demo cache>')
+    return eval_padding.describe_split(data)
+
   def build_inputs(self, params: configs.DataConfig,
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:
@@ -107,7 +121,9 @@ class AssembleNetTask(base_task.Task):
   # -- losses and metrics ------------------------------------------------------
   def build_losses(self, labels: tf.Tensor, model_outputs: tf.Tensor,
                    aux_losses: Optional[List[tf.Tensor]] = None,
-                   from_logits: bool = True) -> Dict[str, tf.Tensor]:
+                   from_logits: bool = True,
+                   example_weights: Optional[tf.Tensor] = None
+                   ) -> Dict[str, tf.Tensor]:
     """Cross-entropy (+ regularization).
 
     Args:
@@ -116,19 +132,28 @@ class AssembleNetTask(base_task.Task):
         `from_logits`).
       aux_losses: regularization losses, added to the total.
       from_logits: see `model_outputs`.
+      example_weights: optional float32 [B] (0: a padding example); the
+        model loss is then the weighted mean over the examples (0 if every
+        weight is 0).
 
     Returns:
       {'total_loss', 'model_loss'} scalars.
     """
     if self.multilabel:
-      per_entry = tf_keras.losses.binary_crossentropy(
+      per_example = tf.reduce_mean(tf_keras.losses.binary_crossentropy(
           labels[..., tf.newaxis], model_outputs[..., tf.newaxis],
-          from_logits=from_logits)
-      model_loss = tf.reduce_mean(per_entry)
+          from_logits=from_logits), axis=-1)
     else:
-      model_loss = tf.reduce_mean(tf_keras.losses.categorical_crossentropy(
+      per_example = tf_keras.losses.categorical_crossentropy(
           labels, model_outputs, from_logits=from_logits,
-          label_smoothing=self.task_config.losses.label_smoothing))
+          label_smoothing=self.task_config.losses.label_smoothing)
+    if example_weights is None:
+      model_loss = tf.reduce_mean(per_example)
+    else:
+      w = tf.cast(example_weights, per_example.dtype)
+      model_loss = tf.math.divide_no_nan(
+          tf.reduce_sum(tf.where(w > 0, per_example * w, 0.0)),
+          tf.reduce_sum(w))
     total = model_loss
     if aux_losses:
       total += tf.add_n([tf.cast(l, tf.float32) for l in aux_losses])
@@ -145,18 +170,34 @@ class AssembleNetTask(base_task.Task):
     metrics += bad_records.task_metrics(  # `bad_records_skipped`.
         self, self.task_config.train_data if training else
         self.task_config.validation_data, training)
+    if not training:
+      # `num_examples`: videos evaluated; zero at the end of an evaluation is
+      # an error naming the dataset.
+      metrics.append(eval_padding.EvaluatedExamples(self.validation_dataset))
     return metrics
 
   def process_metrics(self, metrics, labels, outputs, model_losses=None,
-                      **kwargs):
-    """Updates metrics; `outputs` are probabilities [B, K]."""
+                      example_mask=None, **kwargs):
+    """Updates metrics; `outputs` are probabilities [B, K].
+
+    `example_mask` (bool [B], evaluation): only its True examples count; the
+    loss means are then weighted by the batch's real examples, so they are
+    means over examples.
+    """
     model_losses = model_losses or {}
+    weights = (None if example_mask is None else
+               tf.cast(example_mask, tf.float32))
     logs = {}
     for m in metrics:
+      if isinstance(m, eval_padding.EvaluatedExamples):
+        if example_mask is not None:
+          m.update_state(example_mask)
+        continue
       if m.name in model_losses:
-        m.update_state(model_losses[m.name])
+        m.update_state(model_losses[m.name], sample_weight=(
+            None if weights is None else tf.reduce_sum(weights)))
       else:
-        m.update_state(labels, outputs)
+        m.update_state(labels, outputs, sample_weight=weights)
       logs[m.name] = m.result()
     return logs
 
@@ -192,7 +233,15 @@ class AssembleNetTask(base_task.Task):
     return logs
 
   def inference_step(self, features, model):
-    """Probabilities [B, K], averaged over each video's evaluation views."""
+    """Probabilities [B, K], averaged over each video's evaluation views.
+
+    Args:
+      features: {'image': float32 [B * views, T, H, W, 3]} (an `eval_mask`
+        entry is not passed to the model).
+      model: the model.
+    """
+    features = {k: v for k, v in features.items()
+                if k != eval_padding.MASK_KEY}
     probs = self._probabilities(model(features, training=False))
     data = self.task_config.validation_data
     views = data.num_test_clips * data.num_test_crops
@@ -202,32 +251,59 @@ class AssembleNetTask(base_task.Task):
     return probs
 
   def validation_step(self, inputs, model, metrics=None):
+    """Losses and metrics of the batch's real videos (`eval_mask`)."""
     features, labels = inputs
+    mask = eval_padding.example_mask(features, tf.shape(labels)[0])
     probs = self.inference_step(features, model)
     losses = self.build_losses(labels, probs, aux_losses=model.losses,
-                               from_logits=False)
+                               from_logits=False,
+                               example_weights=tf.cast(mask, tf.float32))
     logs = {self.loss: losses['total_loss']}
     if metrics:
       logs.update(self.process_metrics(metrics, labels, probs,
-                                       model_losses=losses))
+                                       model_losses=losses,
+                                       example_mask=mask))
     if self.multilabel:
       # With several workers, every worker accumulates all replicas' rows.
       logs[_MAP_KEY] = multiworker.gather_for_host(
-          {'labels': labels, 'probabilities': probs})
+          {'labels': labels, 'probabilities': probs, 'mask': mask})
     return logs
 
   def aggregate_logs(self, state=None, step_outputs=None):
+    """Multi-label: keeps every replica's real rows (labels, probabilities)
+    for the mAP."""
     if not self.multilabel:
       return state
     if state is None:
       state = {'labels': [], 'probabilities': []}
-    for key in state:
-      state[key].extend(multiworker.host_parts(step_outputs[_MAP_KEY][key]))
+    rows = step_outputs[_MAP_KEY]
+    parts = {k: multiworker.host_parts(v) for k, v in rows.items()}
+    masks = parts.get('mask') or [None] * len(parts['labels'])
+    for i, mask in enumerate(masks):
+      keep = slice(None) if mask is None else np.asarray(mask, bool)
+      for key in state:
+        state[key].append(parts[key][i][keep])
     return state
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
-    if not self.multilabel or not aggregated_logs:
+    """Multi-label: {'map': mAP over every evaluated video}.
+
+    Raises:
+      EmptyEvaluationError: no video was evaluated, or none has a positive
+        label (the mAP has no value); the message names the dataset.
+    """
+    if not self.multilabel:
       return {}
-    labels = np.concatenate(aggregated_logs['labels'], axis=0)
+    labels = (np.concatenate(aggregated_logs['labels'], axis=0)
+              if aggregated_logs and aggregated_logs['labels'] else
+              np.zeros([0, 0]))
+    if not labels.shape[0]:
+      eval_padding.check_examples_seen(0, *self.validation_dataset())
     probs = np.concatenate(aggregated_logs['probabilities'], axis=0)
-    return {'map': anet_metrics.mean_average_precision(probs, labels)}
+    value = anet_metrics.mean_average_precision(probs, labels)
+    if np.isnan(value):
+      dataset, _ = self.validation_dataset()
+      raise eval_padding.EmptyEvaluationError(
+          f'Evaluation saw {labels.shape[0]} videos of {dataset} but none '
+          'has a positive label: the multi-label mAP has no value.')
+    return {'map': value}

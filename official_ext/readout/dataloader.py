@@ -47,6 +47,12 @@ up to a multiple of `pad_multiple` (or exactly `max_input_tokens` /
   query's target size).
 * varlen batching: the same query fields chained over the batch, [N] / [N, T]
   (N = queries in the batch, no padding), plus `output_batch_index` int32 [N].
+
+Evaluation with `drop_remainder` (static batch shapes, e.g. on TPU) drops no
+trial: the last batch is filled with copies of a trial marked padding
+(`official_ext.core.eval_padding.pad_final_batches`), batches carry
+`eval_mask` bool [B] (False: padding) and a padding trial's queries have
+weight 0, so they count in no loss and no metric.
 """
 from typing import Callable, Dict, Optional, Sequence
 
@@ -55,6 +61,7 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.core import input_reader
 from official_ext.core import bad_records as bad_records_lib
+from official_ext.core import eval_padding
 from official_ext.core import graph_checks
 from official_ext.core import input_files
 from official_ext.readout import configs
@@ -389,10 +396,25 @@ def _pad_axis1(x: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
   return tf.pad(x, paddings)
 
 
+def _mask_padding_trials(batch: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+  """Zeroes the query weights of the trials `eval_mask` marks padding."""
+  if eval_padding.MASK_KEY not in batch:
+    return batch
+  mask = tf.cast(batch[eval_padding.MASK_KEY], tf.float32)  # [B]
+  if 'output_batch_index' in batch:  # Chained queries [N].
+    mask = tf.gather(mask, batch['output_batch_index'])
+  else:  # Padded queries [B, n_out].
+    mask = mask[:, tf.newaxis]
+  batch = dict(batch)
+  batch['output_weights'] = batch['output_weights'] * mask
+  return batch
+
+
 def batch_examples(ds: tf.data.Dataset, params: configs.DataConfig,
                    batch_size, max_target_size: int) -> tf.data.Dataset:
   """Batches parsed examples (layout: module docstring); batch_size: an int
-  or an int64 scalar tensor."""
+  or an int64 scalar tensor. Examples carrying `eval_mask` (bool scalar) keep
+  it ([B]) and their padding trials get query weight 0."""
   multiple = int(params.pad_multiple)
 
   def pad_inputs(batch):
@@ -424,7 +446,7 @@ def batch_examples(ds: tf.data.Dataset, params: configs.DataConfig,
           shape = [None, params.max_queries] + (
               [max_target_size] if k == 'output_targets' else [])
           batch[k] = tf.ensure_shape(batch[k], shape)
-      return batch
+      return _mask_padding_trials(batch)
 
     return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -438,7 +460,9 @@ def batch_examples(ds: tf.data.Dataset, params: configs.DataConfig,
       out[k] = batch[k].flat_values if k != 'output_targets' else tf.reshape(
           batch[k].flat_values, [-1, max_target_size])
     out['output_batch_index'] = tf.cast(index.value_rowids(), tf.int32)
-    return out
+    if eval_padding.MASK_KEY in batch:
+      out[eval_padding.MASK_KEY] = batch[eval_padding.MASK_KEY]
+    return _mask_padding_trials(out)
 
   return ds.map(finish_varlen, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -474,7 +498,8 @@ def build_dataset(params: configs.DataConfig,
 
   Returns:
     A Dataset of batch dicts (module docstring); training: shuffled and
-    repeated; evaluation: one pass in file order.
+    repeated; evaluation: one pass in file order, every record once (with
+    `drop_remainder`: full batches, the last one padded, `eval_mask` [B]).
   """
   _check_config(params)
   if not params.input_path:
@@ -491,6 +516,12 @@ def build_dataset(params: configs.DataConfig,
   def transform_and_batch_fn(ds, context):
     batch_size = (context.get_per_replica_batch_size(params.global_batch_size)
                   if context else params.global_batch_size)
+    if not params.is_training and params.drop_remainder:
+      # Static batch shapes without dropping a trial: pad the last batch.
+      return eval_padding.pad_final_batches(
+          ds, lambda d: batch_examples(d, params, batch_size,
+                                       parser.max_target_size),
+          batch_size, context)
     return batch_examples(ds, params, batch_size, parser.max_target_size)
 
   files = input_files.match_input_files(params.input_path)

@@ -4,8 +4,10 @@ Every metric takes per-query weights as sample weights: a query of weight w
 counts w times, a query of weight 0 not at all. Per-channel metrics (a head
 with dim > 1 of type continuous, binary, multilabel or event_rate) are
 averaged over the channels (multilabel: over the labels that have a
-positive). A metric with nothing to measure (no query of positive weight, or
-no positive label for mAP) is NaN and is left out of the averages.
+positive). The metric functions return NaN for a metric with nothing to
+measure (no query of positive weight, or no positive label for mAP);
+`ReadoutMetrics.result()` never reports such a value: it leaves the key out
+(and out of the averages) and `unmeasured()` says which and why.
 
 * `r2` (continuous): 1 - sum w (y - p)^2 / sum w (y - ybar_w)^2 per channel;
   a constant target scores 1.0 if predicted exactly, else 0.0 (scikit-learn's
@@ -23,10 +25,10 @@ no positive label for mAP) is NaN and is left out of the averages.
   D(y, ybar_w) with the Poisson deviance D(y, mu) = 2 sum w (y log(y / mu) -
   y + mu) (0 log 0 = 0).
 
-`ReadoutMetrics.result()` reports `<task>/<metric>` for each task's metrics,
-`average/<metric>` (mean over the tasks reporting it) and `average/score`
-(mean of each task's primary metric: r2, balanced_accuracy, map or
-poisson_d2).
+`ReadoutMetrics.result()` reports `<task>/<metric>` for each task's metrics
+that has a value, `average/<metric>` (mean over the tasks reporting it) and
+`average/score` (mean of each task's primary metric: r2, balanced_accuracy,
+map or poisson_d2), each only when at least one task gives it a value.
 """
 import math
 from typing import Dict, List, Mapping, Optional
@@ -184,7 +186,8 @@ class ReadoutMetrics:
   """Accumulates every task's (predictions, targets, weights) and scores them.
 
   Keeps all evaluated queries in memory (O(queries x dim)); the metrics are
-  computed once in `result()`.
+  computed once in `result()`. Also counts the evaluated samples (trials,
+  `add_examples`), which the task checks is not zero.
   """
 
   def __init__(self, specs: Mapping[str, configs.ReadoutSpec]):
@@ -193,6 +196,17 @@ class ReadoutMetrics:
 
   def reset(self) -> None:
     self._chunks: Dict[str, List[tuple]] = {n: [] for n in self._specs}
+    self._num_examples = 0
+    self._unmeasured: Dict[str, str] = {}
+
+  def add_examples(self, n: int) -> None:
+    """Counts `n` more evaluated samples (real trials, not padding)."""
+    self._num_examples += int(n)
+
+  @property
+  def num_examples(self) -> int:
+    """Samples counted by `add_examples` since the last `reset`."""
+    return self._num_examples
 
   def accumulate(self, task: str, predictions, targets,
                  weights: Optional[np.ndarray] = None) -> None:
@@ -208,18 +222,38 @@ class ReadoutMetrics:
   def num_queries(self, task: str) -> int:
     return int(sum(np.sum(c[2] > 0) for c in self._chunks[task]))
 
+  def unmeasured(self) -> Dict[str, str]:
+    """{`<task>/<metric>`: why it has no value} for the metrics the last
+    `result()` left out (no query of positive weight; mAP: no positive
+    label)."""
+    return dict(self._unmeasured)
+
+  def _task_values(self, name: str) -> Dict[str, float]:
+    spec = self._specs[name]
+    chunks = self._chunks[name]
+    if chunks:
+      p, y, w = (np.concatenate(parts, 0) for parts in zip(*chunks))
+    else:
+      size = configs.target_size(spec)
+      p, y, w = np.zeros([0, spec.dim]), np.zeros([0, size]), np.zeros([0])
+    return task_metrics(spec, p, y, w)
+
   def result(self) -> Dict[str, float]:
+    """The metrics with a value (module docstring); no NaN."""
     out = {}
     by_metric: Dict[str, List[float]] = {}
     primaries = []
+    self._unmeasured = {}
     for name, spec in self._specs.items():
-      chunks = self._chunks[name]
-      if chunks:
-        p, y, w = (np.concatenate(parts, 0) for parts in zip(*chunks))
-      else:
-        size = configs.target_size(spec)
-        p, y, w = np.zeros([0, spec.dim]), np.zeros([0, size]), np.zeros([0])
-      values = task_metrics(spec, p, y, w)
+      values = {}
+      for metric, value in self._task_values(name).items():
+        if not math.isnan(value):
+          values[metric] = value
+        else:
+          self._unmeasured[f'{name}/{metric}'] = (
+              'no query of positive weight' if not self.num_queries(name)
+              else 'no positive label' if metric == 'map' else
+              'nothing to measure')
       for metric, value in values.items():
         out[f'{name}/{metric}'] = value
         by_metric.setdefault(metric, []).append(value)
@@ -227,8 +261,9 @@ class ReadoutMetrics:
       if primary in values:
         primaries.append(values[primary])
     for metric, values in by_metric.items():
-      out[f'average/{metric}'] = _nanmean(values)
-    out['average/score'] = _nanmean(primaries)
+      out[f'average/{metric}'] = float(np.mean(values))
+    if primaries:
+      out['average/score'] = float(np.mean(primaries))
     return out
 
 
@@ -256,6 +291,8 @@ def format_table(results: Mapping[str, float],
   avg = [f"{results[f'average/{c}']:>17.4f}" if f'average/{c}' in results
          else f"{'':>17s}" for c in columns]
   lines.append(f"{'average':<16s} {'':<12s} {'':>8s} " + ' '.join(avg))
-  lines.append(f"average/score (mean primary metric): "
-               f"{results.get('average/score', float('nan')):.4f}")
+  score = results.get('average/score')
+  lines.append('average/score (mean primary metric): ' +
+               ('n/a (no task has a value)' if score is None else
+                f'{score:.4f}'))
   return '\n'.join(lines)

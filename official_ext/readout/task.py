@@ -8,6 +8,7 @@ import tensorflow as tf, tf_keras
 from official.core import base_task
 from official.core import task_factory
 from official_ext.core import bad_records
+from official_ext.core import eval_padding
 from official_ext.core import multiworker
 from official_ext.core import gradients
 from official_ext.readout import configs
@@ -19,6 +20,8 @@ from official_ext.readout.modeling import model as model_lib
 from official_ext.readout.modeling import multitask_readout
 
 _EVAL_KEY = 'readout_eval'
+# The batch's trial mask (1: a real trial, 0: padding), for the trial count.
+_TRIALS_KEY = 'readout_eval_trials'
 
 Routed = Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor],
                Dict[str, tf.Tensor]]
@@ -65,7 +68,11 @@ class ReadoutTask(base_task.Task):
   distribution strategy). Evaluation reports the per-task losses,
   `<task>/<metric>` for every metric of every spec, `average/<metric>` and
   `average/score` (metrics are computed on the host over every replica's
-  queries), and prints the per-task table.
+  queries), `num_examples` (the trials evaluated), and prints the per-task
+  table. Every validation trial is evaluated (a static-shape last batch is
+  padded, the padding masked: `core.eval_padding`); an evaluation of zero
+  trials is an `EmptyEvaluationError` naming the dataset, and a metric with
+  nothing to measure is left out (logged), never NaN.
   """
 
   def __init__(self, params: configs.ReadoutTaskConfig, logging_dir=None,
@@ -74,6 +81,7 @@ class ReadoutTask(base_task.Task):
     configs.validate_readouts(params.readouts, params.task_vocabulary)
     self._specs = {s.name: s for s in params.readouts}
     self._eval_metrics = None
+    self._validation_source = None  # Set by build_inputs.
 
   @property
   def readout_specs(self) -> Dict[str, configs.ReadoutSpec]:
@@ -111,11 +119,23 @@ class ReadoutTask(base_task.Task):
     logging.info('%s is empty: using generated demo data %s', key, pattern)
     return params.replace(input_path=pattern)
 
+  def validation_dataset(self) -> Tuple[str, Dict[str, Any]]:
+    """(what the validation data is, the config keys that shape it), for
+    the errors of an evaluation that saw no trial."""
+    return eval_padding.describe_split(
+        self.task_config.validation_data,
+        resolved_input_path=self._validation_source)
+
   def build_inputs(self, params: configs.DataConfig,
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:
+    """The batched split (`dataloader.build_dataset`); in evaluation every
+    record once, a static-shape last batch padded (`eval_mask`)."""
+    resolved = self._resolve_input_path(params)
+    if not params.is_training:
+      self._validation_source = resolved.input_path
     return dataloader.build_dataset(
-        self._resolve_input_path(params), self.task_config.readouts,
+        resolved, self.task_config.readouts,
         self.task_config.task_vocabulary, input_context=input_context,
         bad_records=bad_records.task_log(self, params.is_training))
 
@@ -200,6 +220,9 @@ class ReadoutTask(base_task.Task):
         self, self.task_config.train_data if training else
         self.task_config.validation_data, training)
     if not training:
+      # `num_examples`: trials evaluated; zero at the end of an evaluation is
+      # an error naming the dataset.
+      metrics.append(eval_padding.EvaluatedExamples(self.validation_dataset))
       self._eval_metrics = readout_metrics.ReadoutMetrics(self._specs)
     return metrics
 
@@ -236,17 +259,27 @@ class ReadoutTask(base_task.Task):
     return model(inputs, training=False)
 
   def validation_step(self, inputs, model, metrics=None):
-    """Losses and the routed rows for the host metrics (aggregate_logs)."""
+    """Losses and the routed rows for the host metrics (aggregate_logs).
+
+    Padding trials (`eval_mask` False) have query weight 0 (dataloader): they
+    count in no loss and no metric, nor in `num_examples`.
+    """
     _, global_losses, (p, t, w) = self.compute_losses(inputs, model,
                                                       training=False)
     logs = {self.loss: global_losses['total_loss']}
     logs.update(self.process_metrics(metrics, model_losses=global_losses))
+    trials = eval_padding.example_mask(
+        inputs, tf.shape(inputs['input_values'])[0])
+    for m in metrics or []:
+      if isinstance(m, eval_padding.EvaluatedExamples):
+        m.update_state(trials)
     # With several workers, every worker accumulates all replicas' rows.
     logs[_EVAL_KEY] = multiworker.gather_for_host({
         name: {'predictions': tf.cast(p[name], tf.float32),
                'targets': t[name], 'weights': w[name]}
         for name in self._specs
     })
+    logs[_TRIALS_KEY] = multiworker.gather_for_host(tf.cast(trials, tf.int32))
     return logs
 
   def aggregate_logs(self, state=None, step_outputs=None):
@@ -261,16 +294,37 @@ class ReadoutTask(base_task.Task):
       for p, t, w in zip(parts['predictions'], parts['targets'],
                          parts['weights']):
         state.accumulate(name, p, t, w)
+    if _TRIALS_KEY in step_outputs:
+      for trials in multiworker.host_parts(step_outputs[_TRIALS_KEY]):
+        state.add_examples(int(np.sum(trials)))
     return state
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+    """The host metrics over every evaluated query.
+
+    Raises:
+      EmptyEvaluationError: the evaluation saw no trial, or no query of
+        positive weight (message: the dataset and its config keys).
+    """
+    dataset, settings = self.validation_dataset()
     if aggregated_logs is None:
-      return {}
-    results = aggregated_logs.result()
+      eval_padding.check_examples_seen(0, dataset, settings)
+    eval_padding.check_examples_seen(aggregated_logs.num_examples, dataset,
+                                     settings)
     counts = {n: aggregated_logs.num_queries(n) for n in self._specs}
+    if not any(counts.values()):
+      raise eval_padding.EmptyEvaluationError(
+          f'Evaluation saw {aggregated_logs.num_examples} trials of {dataset} '
+          'but no query of positive weight in any of the tasks '
+          f'{sorted(self._specs)}: no readout metric has a value.')
+    results = aggregated_logs.result()
+    for key, reason in aggregated_logs.unmeasured().items():
+      logging.warning('Readout evaluation of %s: no value for %s (%s).',
+                      dataset, key, reason)
     table = readout_metrics.format_table(results, self._specs, counts)
     step = ('' if global_step is None else
             f' at step {int(tf.convert_to_tensor(global_step).numpy())}')
+    step += f' ({aggregated_logs.num_examples} trials)'
     logging.info('Readout evaluation%s:\n%s', step, table)
     if self.task_config.evaluation.print_table:
       print(f'Readout evaluation{step} ({self.name or "readout"}):\n{table}',

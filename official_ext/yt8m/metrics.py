@@ -35,7 +35,12 @@ Definitions (those of the YouTube-8M challenge):
   top-k, never its top-1 hit, never a positive and not counted in k_v. Pairs
   with score -inf are never pooled. Any non-zero weight means "rated"; weights
   do not otherwise scale anything.
-* Empty input (N = 0, or no positives at all) gives 0.0 for every metric.
+* Empty input (N = 0, or no positives at all) gives 0.0 for every metric
+  here; an evaluation must not report those zeros as results: the task checks
+  `num_videos` (`official_ext.core.eval_padding.check_examples_seen`) and
+  fails naming the dataset.
+* `example_mask` ([N] bool, `accumulate`): rows marked False (the padding of
+  a static-shape last batch) are not videos and are ignored entirely.
 
 `evaluate` is implemented by running `AveragePrecisionAccumulator` once, so the
 one-shot and streaming results come from one code path. The accumulator keeps
@@ -239,6 +244,11 @@ class AveragePrecisionAccumulator:
   def top_k(self) -> int:
     return self._top_k
 
+  @property
+  def num_videos(self) -> int:
+    """Rows (videos or segments) accumulated since construction / reset()."""
+    return self._num_videos
+
   def reset(self) -> None:
     """Forgets everything accumulated so far."""
     self._num_videos = 0
@@ -249,13 +259,16 @@ class AveragePrecisionAccumulator:
     self._positive = []  # list of [P_i] bool
     self._classes = []   # list of [P_i] int32
 
-  def accumulate(self, predictions, labels, label_weights=None) -> None:
+  def accumulate(self, predictions, labels, label_weights=None,
+                 example_mask=None) -> None:
     """Adds one batch of videos.
 
     Args:
       predictions: [n, C] float scores (n may be 0). NaN is rejected.
       labels: [n, C] ground truth; a value > 0 is a positive.
       label_weights: optional [n, C]; weight 0 excludes that (video, class).
+      example_mask: optional [n] bool; rows marked False (padding) are
+        dropped before anything else.
 
     Raises:
       ValueError: on wrong shapes, C != num_classes, or NaN predictions. The
@@ -263,6 +276,16 @@ class AveragePrecisionAccumulator:
     """
     predictions, labels, label_weights = _as_2d_inputs(
         predictions, labels, label_weights)
+    if example_mask is not None:
+      keep = np.asarray(example_mask).astype(bool)
+      if keep.shape != (predictions.shape[0],):
+        raise ValueError(
+            f'example_mask shape {keep.shape} must be [n] with n = '
+            f'{predictions.shape[0]} rows of predictions.')
+      if not keep.all():
+        predictions, labels = predictions[keep], labels[keep]
+        if label_weights is not None:
+          label_weights = label_weights[keep]
     n, c = predictions.shape
     if c != self._num_classes:
       raise ValueError(

@@ -128,8 +128,12 @@ def test_readout_metrics_accumulates_and_averages():
   assert out['speed/pearson'] == pytest.approx(1.0)
   assert 'choice/macro_f1' not in out
   assert out['choice/balanced_accuracy'] == pytest.approx(0.5)
-  assert math.isnan(out['absent/r2'])  # Nothing to measure: NaN, not 0.
-  assert out['average/r2'] == pytest.approx(1.0)  # NaN left out.
+  # Nothing to measure: no value (neither NaN nor 0), and the reason.
+  assert 'absent/r2' not in out and 'absent/pearson' not in out
+  assert not any(math.isnan(v) for v in out.values())
+  assert acc.unmeasured() == {'absent/r2': 'no query of positive weight',
+                              'absent/pearson': 'no query of positive weight'}
+  assert out['average/r2'] == pytest.approx(1.0)  # Left out of the mean.
   assert out['average/score'] == pytest.approx(0.75)
   table = metrics.format_table(out, specs, {'speed': 3, 'choice': 2})
   assert 'speed' in table and 'balanced_accuracy' in table
