@@ -4,12 +4,17 @@ r"""Exports a trained official_ext model as a SavedModel for serving.
       [--config_file=x.yaml ...] [--params_override=...] \
       --checkpoint_path=/tmp/yt8m_demo --export_dir=/tmp/yt8m_demo/export
 
-Builds the experiment's model (the same config as training: pass the same
---config_file/--params_override, or the model_dir's params.yaml), restores the
-checkpoint strictly (every model variable matched, or an error listing the
-unmatched ones) and writes a SavedModel with the family's signatures (see
-`official_ext/<family>/export.py`). The model is exported in float32 whatever
-the training precision (mixed-precision variables are float32 already), so
+Builds the model with the config it was trained with: the `params.yaml`
+that `official_ext.train` wrote to the checkpoint's directory (--checkpoint_path
+is that model_dir or a `ckpt-N` prefix inside it), then --config_file and
+--params_override on top; a flag that contradicts params.yaml in a
+model-affecting key is an error naming the key and both values
+(`official_ext.core.experiment_params`, shared with `yt8m.predict`). Restores
+the checkpoint strictly (every model variable matched, or an error listing
+the unmatched ones) and writes a SavedModel with the family's signatures (see
+`official_ext/<family>/export.py`), plus the config it used as
+`export_dir/params.yaml`. The model is exported in float32 whatever the
+training precision (mixed-precision variables are float32 already), so
 serving takes and returns float32.
 """
 from typing import Dict, Optional, Sequence
@@ -20,14 +25,14 @@ from absl import logging
 import tensorflow as tf, tf_keras
 
 from official.core import config_definitions
-from official.core import exp_factory
 from official.core import export_base
 from official.core import task_factory
-from official.modeling import hyperparams
+from official.core import train_utils
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.assemblenet import configs as assemblenet_configs
 from official_ext.assemblenet import export as assemblenet_export
 from official_ext.core import checkpoints
+from official_ext.core import experiment_params
 from official_ext.readout import configs as readout_configs
 from official_ext.readout import export as readout_export
 from official_ext.yt8m import configs as yt8m_configs
@@ -50,23 +55,29 @@ def _export_module(params: config_definitions.ExperimentConfig,
 
 
 def load_params(experiment: str, config_files: Sequence[str] = (),
-                params_override: str = ''
+                params_override: str = '',
+                checkpoint_path: Optional[str] = None
                 ) -> config_definitions.ExperimentConfig:
-  """The experiment config with files and overrides applied strictly."""
-  params = exp_factory.get_exp_config(experiment)
-  for path in config_files or ():
-    params = hyperparams.override_params_dict(params, path, is_strict=True)
-  if params_override:
-    params = hyperparams.override_params_dict(params, params_override,
-                                              is_strict=True)
-  params.validate()
-  params.lock()
-  return params
+  """The trained model's config: params.yaml, then files and overrides.
+
+  See `official_ext.core.experiment_params.load_params` (the checkpoint's
+  params.yaml is used when `checkpoint_path`'s directory has one; a flag
+  contradicting it in a model-affecting key is a ValueError naming the key
+  and both values).
+  """
+  return experiment_params.load_params(experiment, config_files,
+                                       params_override, checkpoint_path)
 
 
 def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
            export_dir: str, top_k: int = 20) -> str:
   """Restores `checkpoint_path` into the task's model and writes a SavedModel.
+
+  Args:
+    params: the experiment config (`load_params`).
+    checkpoint_path: a checkpoint prefix or a directory (its latest).
+    export_dir: the SavedModel directory; also receives `params.yaml`.
+    top_k: k of the `top_k_*` serving outputs (YouTube-8M).
 
   Returns:
     export_dir.
@@ -81,6 +92,9 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
       key: key for key in signatures}
   export_base.export(module, function_keys=function_keys,
                      export_savedmodel_dir=export_dir, timestamped=False)
+  # The config travels with the SavedModel (`yt8m.predict --saved_model`
+  # parses its inputs with it), as in Model Garden's vision export.
+  train_utils.serialize_config(params, export_dir)
   return export_dir
 
 
@@ -89,8 +103,11 @@ FLAGS = flags.FLAGS
 
 def define_flags():
   flags.DEFINE_string('experiment', None, 'Registered experiment name.')
-  flags.DEFINE_multi_string('config_file', None, 'YAML config overrides.')
-  flags.DEFINE_string('params_override', '', 'Comma-separated overrides.')
+  flags.DEFINE_multi_string(
+      'config_file', None, 'YAML config overrides, applied after the '
+      "checkpoint directory's params.yaml.")
+  flags.DEFINE_string('params_override', '',
+                      'Comma-separated overrides, applied last.')
   flags.DEFINE_string('checkpoint_path', None,
                       'Checkpoint prefix or a directory (latest checkpoint).')
   flags.DEFINE_string('export_dir', None, 'Where to write the SavedModel.')
@@ -99,7 +116,8 @@ def define_flags():
 
 def main(_):
   params = load_params(FLAGS.experiment, FLAGS.config_file,
-                       FLAGS.params_override)
+                       FLAGS.params_override,
+                       checkpoint_path=FLAGS.checkpoint_path)
   path = export(params, FLAGS.checkpoint_path, FLAGS.export_dir, FLAGS.top_k)
   print(f'Exported {FLAGS.experiment} to {path}')
 

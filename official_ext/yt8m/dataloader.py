@@ -38,7 +38,6 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.core import input_reader
 from official_ext.core import bad_records as bad_records_lib
-from official_ext.core import eval_padding
 from official_ext.core import graph_checks
 from official_ext.core import input_files
 from official_ext.yt8m import configs
@@ -490,6 +489,52 @@ class Parser:
 
   # Segment level -------------------------------------------------------------
 
+  def _segment_frames(self, frames: Sequence[tf.Tensor], total: tf.Tensor,
+                      starts: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+    """float32 [R, segment_size, F] frames from `starts` int32 [R] (zeros
+    past the video's `total` frames) and int32 [R] valid frame counts."""
+    size = self._segment_size
+    idx = starts[:, None] + tf.range(size)[None, :]  # [R, size]
+    valid = idx < total
+    clipped = tf.minimum(idx, total - 1)
+    matrix = self._to_float([tf.gather(f, clipped) for f in frames])
+    matrix = matrix * tf.cast(valid, tf.float32)[..., None]
+    matrix = tf.ensure_shape(matrix, [None, size, self._num_features])
+    return matrix, tf.reduce_sum(tf.cast(valid, tf.int32), axis=1)
+
+  def every_segment_fn(self, short_last_segment: bool = False
+                       ) -> Callable[[Dict[str, Any]], Dict[str, tf.Tensor]]:
+    """decoded dict -> every segment of the video, for unrated data.
+
+    Segment-level inference on the 3rd YouTube-8M challenge's test set, whose
+    records carry no segment ratings: segments start at frames 0,
+    segment_size, 2 * segment_size, ... of the whole video (not cut at
+    max_frames). Only full segments by default, so a video shorter than
+    segment_size frames has none; `short_last_segment` also keeps the last,
+    shorter one (its true frame count in `num_frames`). Ratings in the record,
+    if any, are not read.
+
+    Returns:
+      A function decoded dict -> dict with a leading dimension R (unbatched
+      later): `video_matrix` float32 [R, segment_size, F], `num_frames` int32
+      [R], `segment_start_times` int32 [R] and, when `include_video_id`,
+      `video_ids` string [R]. No labels.
+    """
+    size = self._segment_size
+
+    def parse(decoded: Dict[str, Any]) -> Dict[str, tf.Tensor]:
+      frames, total = self._check_frames(decoded)
+      end = total if short_last_segment else total - size + 1
+      starts = tf.range(0, tf.maximum(end, 0), size, dtype=tf.int32)
+      matrix, num_frames = self._segment_frames(frames, total, starts)
+      out = {'video_matrix': matrix, 'num_frames': num_frames,
+             'segment_start_times': starts}
+      if self._params.include_video_id:
+        out['video_ids'] = tf.fill([tf.size(starts)], decoded[VIDEO_ID])
+      return out
+
+    return parse
+
   def _parse_segments(self, decoded) -> Dict[str, tf.Tensor]:
     frames, total = self._check_frames(decoded)
     seg_labels = decoded[SEGMENT_LABELS]
@@ -512,15 +557,7 @@ class Parser:
     scores = tf.gather(scores, order)
     unique_starts, segment_of_rating = tf.unique(starts)  # Sorted.
     num_segments = tf.size(unique_starts)
-
-    size = self._segment_size
-    idx = unique_starts[:, None] + tf.range(size)[None, :]  # [R, size]
-    valid = idx < total
-    clipped = tf.minimum(idx, total - 1)
-    matrix = self._to_float([tf.gather(f, clipped) for f in frames])
-    matrix = matrix * tf.cast(valid, tf.float32)[..., None]
-    matrix = tf.ensure_shape(matrix, [None, size, self._num_features])
-    num_frames = tf.reduce_sum(tf.cast(valid, tf.int32), axis=1)
+    matrix, num_frames = self._segment_frames(frames, total, unique_starts)
 
     scatter_idx = tf.stack([segment_of_rating, seg_labels], axis=1)
     shape = tf.stack([num_segments, self._num_classes])
@@ -576,6 +613,8 @@ def build_dataset(
     params: configs.DataConfig,
     input_context: Optional[tf.distribute.InputContext] = None,
     bad_records: Optional[BadRecordLog] = None,
+    every_segment: bool = False,
+    short_last_segment: bool = False,
 ) -> tf.data.Dataset:
   """Builds the batched input pipeline of one split.
 
@@ -585,6 +624,10 @@ def build_dataset(
       input pipeline and splits `global_batch_size` per replica.
     bad_records: where skip mode reports damaged files and skipped records
       (default `bad_record_log()`).
+    every_segment: evaluation only: one example per segment of every video
+      (`Parser.every_segment_fn`; segment-level inference on unrated test
+      records) instead of per video or per rated segment; no `labels`.
+    short_last_segment: with `every_segment`, also the last, shorter segment.
 
   Returns:
     A Dataset of dicts, batch dimension first (B = per-replica batch size):
@@ -594,9 +637,7 @@ def build_dataset(
       segment mode: `label_weights` float32 [B, num_classes] and
       `segment_start_times` int32 [B]; `video_ids` string [B] when
       `include_video_id`. Training: shuffled (seeded by `params.seed`) and
-      repeated; evaluation: one pass in file order, every example once (with
-      `drop_remainder`: full batches, the last one padded with copies of an
-      example, and `eval_mask` bool [B], False on the padding).
+      repeated; evaluation: one pass in file order.
 
   Raises:
     ValueError: a config key is inconsistent, or `input_path` matches no file
@@ -606,12 +647,15 @@ def build_dataset(
   if not params.global_batch_size or params.global_batch_size <= 0:
     raise ValueError(f'DataConfig.global_batch_size is '
                      f'{params.global_batch_size!r}; expected a positive int.')
+  if every_segment and params.is_training:
+    raise ValueError('build_dataset(every_segment=True) is for inference; '
+                     'DataConfig.is_training must be False.')
   files = match_input_files(params.input_path)
   params = input_files.shared_shuffle_seed(params, files, input_context)
   sizes = _file_sizes(files)
   decoder = Decoder(params)
   parser = Parser(params)
-  segment_mode = bool(params.segment_labels)
+  segment_mode = bool(params.segment_labels) or every_segment
   is_training = bool(params.is_training)
 
   def decoder_fn(filename, record):
@@ -643,19 +687,14 @@ def build_dataset(
       ds = ds.unbatch()  # One example per rated segment.
       if is_training:
         ds = ds.shuffle(params.shuffle_buffer_size, seed=params.seed)
-    if not is_training and params.drop_remainder:
-      # Static batch shapes without dropping a video: the last batch is
-      # padded, `eval_mask` [B] marks the padding (core.eval_padding).
-      return eval_padding.pad_final_batches(
-          ds, lambda d: d.batch(batch_size, drop_remainder=True), batch_size,
-          context)
     return ds.batch(batch_size, drop_remainder=params.drop_remainder)
 
   stages = bad_records_lib.reader_kwargs(
       params.skip_bad_records, bad_records,
       decoder_fn=decoder_fn,
       sample_fn=sample_fn,
-      parser_fn=parser.parse_fn(is_training),
+      parser_fn=(parser.every_segment_fn(short_last_segment) if every_segment
+                 else parser.parse_fn(is_training)),
       transform_and_batch_fn=transform_and_batch_fn,
       parser_source_fn=lambda decoded: decoded[SOURCE])
   reader = _Reader(

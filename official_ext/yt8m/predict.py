@@ -2,22 +2,51 @@ r"""YouTube-8M inference: writes the challenge's submission CSV files.
 
   python -m official_ext.yt8m.predict --saved_model=/tmp/export \
       --input_path='/data/yt8m/test*.tfrecord' --output_file=/tmp/pred.csv
-  python -m official_ext.yt8m.predict --experiment=yt8m_demo \
-      --checkpoint_path=/tmp/yt8m_demo --input_path=... --output_file=...
+  python -m official_ext.yt8m.predict --checkpoint_path=/tmp/yt8m_demo \
+      --input_path=... --output_file=...
+  # 3rd challenge (segment level), on its unrated test records:
+  python -m official_ext.yt8m.predict --saved_model=/tmp/export \
+      --segment_labels --segment_label_ids=segment_label_ids.csv \
+      --input_path='/data/yt8m/3/frame/test/test*.tfrecord' \
+      --output_file=/tmp/segments.csv
+
+Configuration: the model and its input pipeline (features, frames, L2
+normalisation, segment_size, num_classes) come from the `params.yaml` next to
+the model: `export_saved_model` writes one into the SavedModel directory and
+`official_ext.train` into the model_dir (--checkpoint_path is that directory
+or a `ckpt-N` prefix inside it). --experiment (default `yt8m`) only gives the
+config class and the values no params.yaml sets; --config_file and
+--params_override apply on top, and contradicting params.yaml in a
+model-affecting key is an error naming the key and both values
+(`official_ext.core.experiment_params`).
 
 Video level (default): header `VideoId,LabelConfidencePairs`, one line a
 video: `<id>,<label> <score> <label> <score> ...`, the top_k (20) classes by
 descending score (ties: lower class id first).
 
-Segment level (`--segment_labels`): records carry segment ratings
-(`segment_start_times`); every rated segment is scored and the output is
-`Class,Segments`, one line a class: `<class>,<id>:<start> <id>:<start> ...`
-by descending score, at most `--segment_max_per_class` segments a class.
+Segment level (`--segment_labels`), as the 3rd YouTube-8M challenge defines
+it: every segment of `segment_size` (5) frames of every video is scored,
+starting at frames 0, 5, 10, ... of the whole video (not cut at max_frames);
+ratings in the records, if any, are not used. Only full segments are scored
+(a segment is 5 frames); a last segment shorter than segment_size frames is
+skipped unless `--segment_short_last`, which scores it with its true frame
+count as the challenge's starter `inference.py` does. Output: header
+`Class,Segments`, one line a class, `<class>,<id>:<start> <id>:<start> ...`
+by descending score (ties: the segment read first), at most
+`--segment_max_per_class` (100,000) segments a class. `--segment_label_ids`
+(the challenge's `segment_label_ids.csv`: one class id a line, optionally
+under a header line such as `Index`) restricts the classes scored and
+written; without it every class is written. An input without a single
+segment to score is an error naming it. Evaluate a submission against rated
+records with `python -m official_ext.yt8m.segment_eval`.
 
-Streaming: records are read batch by batch; memory holds one batch plus, for
-segments, the per-class top lists (classes x cap), never all videos.
+Memory: one batch, plus for segments the per-class top lists
+(`SegmentRanking`: 10 bytes per kept segment, classes x cap at most, plus a
+fixed 48 MiB candidate buffer and the interned video ids): 1.05 GB for the
+1,000 rated classes and 3.91 GB for all 3,862 at the default cap.
 """
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, TextIO
+from typing import (Callable, Dict, Iterable, Iterator, List, Optional,
+                    Sequence, TextIO)
 
 from absl import app
 from absl import flags
@@ -28,10 +57,14 @@ import tensorflow as tf, tf_keras
 from official.core import config_definitions
 from official.core import task_factory
 from official_ext.core import checkpoints
+from official_ext.core import experiment_params
 from official_ext.yt8m import dataloader
+from official_ext.yt8m import segment_eval
+# Registers YT8MTask with task_factory (a checkpoint's model is built by it).
+from official_ext.yt8m import task  # pylint: disable=unused-import
 
 VIDEO_HEADER = 'VideoId,LabelConfidencePairs'
-SEGMENT_HEADER = 'Class,Segments'
+SEGMENT_HEADER = segment_eval.SEGMENT_HEADER
 
 Predictor = Callable[[tf.Tensor, tf.Tensor], np.ndarray]
 
@@ -67,69 +100,267 @@ def write_video_predictions(batches: Iterable[Dict[str, np.ndarray]],
   return count
 
 
-class SegmentRanking:
-  """Per-class top `cap` segments by score, in O(classes x cap) memory.
+# Bytes per entry of the ranking: kept (float32 score, int32 video index,
+# uint16 segment index) and pending (the same plus an int16 class index).
+_KEPT_BYTES = 4 + 4 + 2
+_PENDING_BYTES = _KEPT_BYTES + 2
+DEFAULT_PENDING_SIZE = 1 << 22  # 4,194,304 candidates: 48 MiB.
 
-  Scores are buffered and pruned to the `cap` best per class whenever the
-  buffer exceeds 2 x cap (amortized cost O(log cap) per score); ids no class
-  keeps are dropped at each prune. Ties: the segment seen first ranks first.
+
+def _pending_entries(num_classes: int, cap: int, pending_size: int) -> int:
+  """Candidate buffer entries: at least one row of classes, and never more
+  than classes x cap (more candidates are never needed at once)."""
+  return max(num_classes, min(int(pending_size), num_classes * cap))
+
+
+class SegmentRanking:
+  """Per-class top `cap` segments by score, in bounded memory.
+
+  Every segment has a score for every ranked class, so all classes fill up
+  together: the first `cap` segments are stored as they come. After that a
+  segment is a candidate for a class only if it scores above the class's
+  current `cap`-th best (a per-class threshold); candidates wait in a
+  fixed-size buffer, and when it is full each class merges its candidates
+  into its kept set, keeps the best `cap` (by score, ties: the segment read
+  first) and raises its threshold.
+
+  Storage: kept `scores` float32, `videos` int32 (index into the interned
+  video ids) and `segments` uint16 (start // segment_size), each
+  [classes, <= cap] (10 bytes an entry, grown by doubling up to cap), plus
+  the candidate buffer of `pending_size` entries (12 bytes each) and one
+  string per video id. `memory_bound` gives the array bytes.
   """
 
-  def __init__(self, num_classes: int, cap: int):
+  def __init__(self, class_ids: Sequence[int], cap: int, segment_size: int,
+               pending_size: int = DEFAULT_PENDING_SIZE):
+    """An empty ranking.
+
+    Args:
+      class_ids: the classes ranked (columns of the probabilities), in output
+        order; at most 32,767.
+      cap: segments kept per class (> 0).
+      segment_size: frames per segment; start times must be multiples of it.
+      pending_size: candidate buffer entries (> 0; raised to one row of
+        classes, lowered to classes x cap).
+    """
     if cap <= 0:
       raise ValueError(f'--segment_max_per_class={cap}; expected > 0.')
+    if pending_size <= 0:
+      raise ValueError(f'pending_size={pending_size}; expected > 0.')
+    self._class_ids = np.asarray(class_ids, np.int64)
+    if not 0 < self._class_ids.size <= np.iinfo(np.int16).max:
+      raise ValueError(f'{self._class_ids.size} classes to rank; expected 1 '
+                       f'to {np.iinfo(np.int16).max}.')
     self._cap = int(cap)
-    self._num_classes = int(num_classes)
-    self._scores = np.zeros([num_classes, 0], np.float64)
-    self._orders = np.zeros([num_classes, 0], np.int64)
-    self._pending_scores: List[np.ndarray] = []
-    self._pending_orders: List[np.ndarray] = []
-    self._ids: Dict[int, str] = {}
+    self._segment_size = int(segment_size)
+    c = self._class_ids.size
+    pending_size = _pending_entries(c, self._cap, pending_size)
+    self._capacity = 0
+    self._scores = np.zeros([c, 0], np.float32)
+    self._videos = np.zeros([c, 0], np.int32)
+    self._segments = np.zeros([c, 0], np.uint16)
+    self._filled = 0  # Kept entries per class (the same for every class).
+    self._threshold = np.full([c], -np.inf, np.float32)
+    self._pending_size = int(pending_size)
+    self._p_scores = np.zeros([pending_size], np.float32)
+    self._p_videos = np.zeros([pending_size], np.int32)
+    self._p_segments = np.zeros([pending_size], np.uint16)
+    self._p_classes = np.zeros([pending_size], np.int16)
+    self._pending = 0
+    self._ids: List[str] = []
     self._seen = 0
+    self.peak_pending = 0
+    self.num_merges = 0
 
-  def add(self, segment_ids: List[str], probabilities: np.ndarray) -> None:
-    """segment_ids [b] ('<video>:<start>'); probabilities [b, classes]."""
-    b = len(segment_ids)
+  @staticmethod
+  def memory_bound(num_classes: int, cap: int,
+                   pending_size: int = DEFAULT_PENDING_SIZE) -> int:
+    """Bytes of the ranking's arrays at most (video id strings excluded)."""
+    pending = _pending_entries(num_classes, cap, pending_size)
+    return (num_classes * cap * _KEPT_BYTES + pending * _PENDING_BYTES +
+            num_classes * 4)  # + the float32 thresholds.
+
+  @property
+  def nbytes(self) -> int:
+    """Bytes of the ranking's arrays now."""
+    return sum(a.nbytes for a in (
+        self._scores, self._videos, self._segments, self._threshold,
+        self._p_scores, self._p_videos, self._p_segments, self._p_classes))
+
+  @property
+  def num_segments(self) -> int:
+    """Segments added so far."""
+    return self._seen
+
+  @property
+  def kept_per_class(self) -> int:
+    """Kept entries of each class (at most cap; candidates excluded)."""
+    return self._filled
+
+  @property
+  def pending_capacity(self) -> int:
+    """Entries of the candidate buffer."""
+    return self._pending_size
+
+  def stored_per_class(self) -> np.ndarray:
+    """int [classes]: entries held per class, kept plus pending."""
+    pending = np.bincount(self._p_classes[:self._pending],
+                          minlength=self._class_ids.size)
+    return self._filled + pending
+
+  def _video_indices(self, video_ids) -> np.ndarray:
+    """Interns ids (bytes or str [b]); segments of a video come together."""
+    vids = np.asarray([v.decode() if isinstance(v, bytes) else str(v)
+                       for v in video_ids], dtype=object)
+    new = np.ones([vids.size], bool)
+    new[1:] = vids[1:] != vids[:-1]
+    if self._ids and self._ids[-1] == vids[0]:
+      new[0] = False  # The last video of the previous batch goes on.
+    base = len(self._ids) - 1
+    self._ids.extend(vids[new].tolist())
+    return (base + np.cumsum(new)).astype(np.int32)
+
+  def _segment_indices(self, starts, video_ids) -> np.ndarray:
+    starts = np.asarray(starts, np.int64)
+    index = starts // self._segment_size
+    bad = (starts % self._segment_size != 0) | (index < 0) | (
+        index > np.iinfo(np.uint16).max)
+    if bad.any():
+      i = int(np.flatnonzero(bad)[0])
+      raise ValueError(
+          f'Segment start {int(starts[i])} of video {video_ids[i]!r} is not a '
+          f'multiple of segment_size {self._segment_size} in [0, '
+          f'{self._segment_size * (np.iinfo(np.uint16).max + 1)}).')
+    return index.astype(np.uint16)
+
+  def _grow(self, size: int) -> None:
+    capacity = min(self._cap, max(size, 2 * self._capacity, 1024))
+    if capacity <= self._capacity:
+      return
+    c = self._class_ids.size
+    for name, dtype in (('_scores', np.float32), ('_videos', np.int32),
+                        ('_segments', np.uint16)):
+      new = np.zeros([c, capacity], dtype)
+      new[:, :self._filled] = getattr(self, name)[:, :self._filled]
+      setattr(self, name, new)
+    self._capacity = capacity
+
+  def add(self, video_ids, segment_start_times, probabilities) -> None:
+    """Adds a batch of segments.
+
+    Args:
+      video_ids: bytes or str [b], the segments' video ids.
+      segment_start_times: int [b], first frame of each segment.
+      probabilities: float [b, num_classes], all classes of the model (the
+        ranked `class_ids` are taken from it).
+    """
+    b = len(video_ids)
     if not b:
       return
-    orders = np.arange(self._seen, self._seen + b)
-    self._ids.update(zip(orders.tolist(), segment_ids))
+    scores = np.asarray(probabilities, np.float32)[:, self._class_ids]
+    if not np.isfinite(scores).all():
+      i = int(np.flatnonzero(~np.isfinite(scores).all(axis=1))[0])
+      raise ValueError(f'Non-finite score for segment {video_ids[i]!r}:'
+                       f'{int(segment_start_times[i])}.')
+    videos = self._video_indices(video_ids)
+    segments = self._segment_indices(segment_start_times, video_ids)
     self._seen += b
-    self._pending_scores.append(np.asarray(probabilities, np.float64).T)
-    self._pending_orders.append(orders)
-    width = self._scores.shape[1] + sum(o.size for o in self._pending_orders)
-    if width > 2 * self._cap:
-      self._prune()
+    # Fill: the first `cap` segments are kept as they come.
+    take = min(b, self._cap - self._filled)
+    if take > 0:
+      self._grow(self._filled + take)
+      end = self._filled + take
+      self._scores[:, self._filled:end] = scores[:take].T
+      self._videos[:, self._filled:end] = videos[:take]
+      self._segments[:, self._filled:end] = segments[:take]
+      self._filled = end
+      if self._filled == self._cap:
+        self._threshold = self._scores.min(axis=1)
+      scores, videos, segments = scores[take:], videos[take:], segments[take:]
+    # Candidates: above the class's cap-th best, in chunks that fit.
+    rows = max(1, self._pending_size // self._class_ids.size)
+    for i in range(0, scores.shape[0], rows):
+      chunk = scores[i:i + rows]
+      r, c = np.nonzero(chunk > self._threshold[None, :])
+      if self._pending + r.size > self._pending_size:
+        self._merge()
+        keep = chunk[r, c] > self._threshold[c]
+        r, c = r[keep], c[keep]
+      n, end = self._pending, self._pending + r.size
+      self._p_scores[n:end] = chunk[r, c]
+      self._p_videos[n:end] = videos[i:i + rows][r]
+      self._p_segments[n:end] = segments[i:i + rows][r]
+      self._p_classes[n:end] = c
+      self._pending = end
+      self.peak_pending = max(self.peak_pending, end)
 
-  def _prune(self) -> None:
-    c = self._num_classes
-    scores = np.concatenate([self._scores] + self._pending_scores, axis=1)
-    orders = np.concatenate(
-        [self._orders] + [np.broadcast_to(o, (c, o.size))
-                          for o in self._pending_orders], axis=1)
-    self._pending_scores, self._pending_orders = [], []
-    keep = np.lexsort((orders, -scores), axis=1)[:, :self._cap]
-    self._scores = np.take_along_axis(scores, keep, 1)
-    self._orders = np.take_along_axis(orders, keep, 1)
-    kept = set(np.unique(self._orders).tolist())
-    self._ids = {o: i for o, i in self._ids.items() if o in kept}
+  def _merge(self) -> None:
+    """Merges the candidates into the kept sets (best `cap` per class)."""
+    n = self._pending
+    if not n:
+      return
+    classes = self._p_classes[:n]
+    order = np.argsort(classes, kind='stable')  # Arrival order per class.
+    counts = np.bincount(classes, minlength=self._class_ids.size)
+    starts = np.cumsum(counts) - counts
+    for cls in np.flatnonzero(counts):
+      idx = order[starts[cls]:starts[cls] + counts[cls]]
+      scores = np.concatenate([self._scores[cls], self._p_scores[idx]])
+      videos = np.concatenate([self._videos[cls], self._p_videos[idx]])
+      segments = np.concatenate([self._segments[cls], self._p_segments[idx]])
+      keep = _top(scores, videos, segments, self._cap)
+      self._scores[cls] = scores[keep]
+      self._videos[cls] = videos[keep]
+      self._segments[cls] = segments[keep]
+      self._threshold[cls] = self._scores[cls].min()
+    self._pending = 0
+    self.num_merges += 1
+
+  def ranked(self, position: int) -> List[str]:
+    """`<video>:<start>` ids of class `class_ids[position]`, best first."""
+    self._merge()
+    k = self._filled
+    scores = self._scores[position, :k]
+    videos = self._videos[position, :k]
+    segments = self._segments[position, :k]
+    order = np.lexsort((segments, videos, -scores))
+    size = self._segment_size
+    return [f'{self._ids[v]}:{int(s) * size}'
+            for v, s in zip(videos[order], segments[order])]
 
   def write(self, out: TextIO) -> None:
     """Writes `Class,Segments` lines, best segment first."""
-    self._prune()
+    self._merge()
     out.write(SEGMENT_HEADER + '\n')
-    for cls in range(self._num_classes):
-      out.write(f'{cls},' + ' '.join(self._ids[o] for o in self._orders[cls])
-                + '\n')
+    for position, cls in enumerate(self._class_ids):
+      ranked = self.ranked(position)
+      if len(set(ranked)) != len(ranked):
+        seen = set()
+        duplicate = next(s for s in ranked if s in seen or seen.add(s))
+        raise ValueError(f'Segment {duplicate} was read twice: the input '
+                         'holds a video id more than once.')
+      out.write(f'{cls},' + ' '.join(ranked) + '\n')
 
 
-def _dataset(params: config_definitions.ExperimentConfig, input_path: str,
-             segment_labels: bool, batch_size: int) -> tf.data.Dataset:
-  data = params.task.validation_data.replace(
+def _top(scores: np.ndarray, videos: np.ndarray, segments: np.ndarray,
+         k: int) -> np.ndarray:
+  """Indices of the k best by (score desc, video asc, segment asc)."""
+  if scores.size <= k:
+    return np.arange(scores.size)
+  kth = np.partition(scores, scores.size - k)[scores.size - k]
+  above = np.flatnonzero(scores > kth)
+  tied = np.flatnonzero(scores == kth)
+  if above.size + tied.size > k:  # Ties at the k-th score: earliest first.
+    tied = tied[np.lexsort((segments[tied], videos[tied]))]
+  return np.concatenate([above, tied[:k - above.size]])
+
+
+def _data_config(params: config_definitions.ExperimentConfig,
+                 input_path: str, batch_size: int):
+  return params.task.validation_data.replace(
       input_path=input_path, include_video_id=True, is_training=False,
-      segment_labels=segment_labels, global_batch_size=batch_size,
+      segment_labels=False, global_batch_size=batch_size,
       drop_remainder=False, num_sample_frames=None)
-  return dataloader.build_dataset(data)
 
 
 def _checkpoint_predictor(params, checkpoint_path: str) -> Predictor:
@@ -137,7 +368,7 @@ def _checkpoint_predictor(params, checkpoint_path: str) -> Predictor:
   model = task_factory.get_task(params.task).build_model()
   checkpoints.restore_model(model, checkpoint_path)
 
-  @tf.function
+  @tf.function(reduce_retracing=True)
   def predict(features, num_frames):
     return model(features, num_frames=num_frames, training=False)[
         'predictions']
@@ -166,27 +397,64 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
         output_file: str, saved_model: Optional[str] = None,
         checkpoint_path: Optional[str] = None, top_k: int = 20,
         segment_labels: bool = False, segment_max_per_class: int = 100000,
-        batch_size: int = 64) -> int:
-  """Predicts every record of `input_path` into `output_file`; returns rows."""
+        batch_size: int = 64, segment_label_ids: Optional[str] = None,
+        segment_short_last: bool = False) -> int:
+  """Predicts every record of `input_path` into `output_file`.
+
+  Args:
+    params: the experiment config (`experiment_params.load_params`); its
+      `task.validation_data` gives the input pipeline.
+    input_path: TFRecord file pattern.
+    output_file: the CSV to write.
+    saved_model: a SavedModel of `export_saved_model`, or
+    checkpoint_path: a training checkpoint (exactly one of the two).
+    top_k: pairs per video (video level).
+    segment_labels: segment level (see the module docstring).
+    segment_max_per_class: segments written per class (segment level).
+    batch_size: inference batch size (videos, or segments).
+    segment_label_ids: file of the class ids to rank (segment level).
+    segment_short_last: also score each video's last, short segment.
+
+  Returns:
+    Videos (video level) or segments (segment level) scored.
+
+  Raises:
+    ValueError: segment level and no video of `input_path` has a segment.
+  """
   if bool(saved_model) == bool(checkpoint_path):
     raise ValueError('Pass exactly one of --saved_model and --checkpoint_path.')
+  data = _data_config(params, input_path, batch_size)
+  class_ids = None
+  if segment_labels:
+    class_ids = (segment_eval.read_class_ids(segment_label_ids,
+                                             data.num_classes)
+                 if segment_label_ids else list(range(data.num_classes)))
   predictor = (_saved_model_predictor(saved_model) if saved_model else
                _checkpoint_predictor(params, checkpoint_path))
-  batches = predict_batches(
-      _dataset(params, input_path, segment_labels, batch_size), predictor)
-  with tf.io.gfile.GFile(output_file, 'w') as out:
-    if not segment_labels:
+  dataset = dataloader.build_dataset(
+      data, every_segment=segment_labels,
+      short_last_segment=segment_short_last)
+  batches = predict_batches(dataset, predictor)
+  if not segment_labels:
+    with tf.io.gfile.GFile(output_file, 'w') as out:
       count = write_video_predictions(batches, out, top_k)
-    else:
-      ranking = SegmentRanking(params.task.validation_data.num_classes,
-                               segment_max_per_class)
-      count = 0
-      for batch in batches:
-        ids = [f'{v.decode()}:{int(s)}' for v, s in
-               zip(batch['video_ids'], batch['segment_start_times'])]
-        ranking.add(ids, batch['probabilities'])
-        count += len(ids)
+  else:
+    ranking = SegmentRanking(class_ids, segment_max_per_class,
+                             data.segment_size)
+    for batch in batches:
+      ranking.add(batch['video_ids'], batch['segment_start_times'],
+                  batch['probabilities'])
+    count = ranking.num_segments
+    if not count:
+      raise ValueError(
+          f'--input_path={input_path!r}: no segment to score (no video has '
+          f'{"a" if segment_short_last else "a full"} segment of '
+          f'{data.segment_size} frames, task.validation_data.segment_size); '
+          f'{output_file} not written.')
+    with tf.io.gfile.GFile(output_file, 'w') as out:
       ranking.write(out)
+    logging.info('Ranked %d segments for %d classes (at most %d each).',
+                 count, len(class_ids), segment_max_per_class)
   logging.info('Wrote %d %s to %s', count,
                'segments' if segment_labels else 'videos', output_file)
   return count
@@ -195,31 +463,48 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
 FLAGS = flags.FLAGS
 
 
-def main(_):
-  from official_ext import export_saved_model  # pylint: disable=g-import-not-at-top
-  params = export_saved_model.load_params(
-      FLAGS.experiment, FLAGS.config_file, FLAGS.params_override)
-  count = run(params, FLAGS.input_path, FLAGS.output_file,
-              saved_model=FLAGS.saved_model,
-              checkpoint_path=FLAGS.checkpoint_path, top_k=FLAGS.top_k,
-              segment_labels=FLAGS.segment_labels,
-              segment_max_per_class=FLAGS.segment_max_per_class,
-              batch_size=FLAGS.batch_size)
-  print(f'Wrote {count} rows to {FLAGS.output_file}')
-
-
-if __name__ == '__main__':
-  flags.DEFINE_string('experiment', 'yt8m', 'Experiment of the data config.')
-  flags.DEFINE_multi_string('config_file', None, 'YAML config overrides.')
+def define_flags():
+  flags.DEFINE_string('experiment', 'yt8m',
+                      'Experiment giving the config class and the values no '
+                      'params.yaml sets.')
+  flags.DEFINE_multi_string('config_file', None,
+                            'YAML config overrides, after params.yaml.')
   flags.DEFINE_string('params_override', '', 'Comma-separated overrides.')
   flags.DEFINE_string('saved_model', None, 'SavedModel directory.')
   flags.DEFINE_string('checkpoint_path', None, 'Or a training checkpoint.')
   flags.DEFINE_string('input_path', None, 'TFRecord file pattern.')
   flags.DEFINE_string('output_file', None, 'CSV file to write.')
   flags.DEFINE_integer('top_k', 20, 'Pairs per video.')
-  flags.DEFINE_bool('segment_labels', False, 'Segment-level predictions.')
+  flags.DEFINE_bool('segment_labels', False,
+                    'Segment-level predictions: every segment of every video.')
   flags.DEFINE_integer('segment_max_per_class', 100000,
                        'Segments kept per class (segment level).')
+  flags.DEFINE_string('segment_label_ids', None,
+                      'File of the class ids to rank, one a line (segment '
+                      'level; default: every class).')
+  flags.DEFINE_bool('segment_short_last', False,
+                    "Also score each video's last segment when shorter than "
+                    'segment_size frames (segment level).')
   flags.DEFINE_integer('batch_size', 64, 'Inference batch size.')
+
+
+def main(_):
+  params = experiment_params.load_params(
+      FLAGS.experiment, FLAGS.config_file, FLAGS.params_override,
+      checkpoint_path=FLAGS.saved_model or FLAGS.checkpoint_path)
+  count = run(params, FLAGS.input_path, FLAGS.output_file,
+              saved_model=FLAGS.saved_model,
+              checkpoint_path=FLAGS.checkpoint_path, top_k=FLAGS.top_k,
+              segment_labels=FLAGS.segment_labels,
+              segment_max_per_class=FLAGS.segment_max_per_class,
+              batch_size=FLAGS.batch_size,
+              segment_label_ids=FLAGS.segment_label_ids,
+              segment_short_last=FLAGS.segment_short_last)
+  print(f'Wrote {count} {"segments" if FLAGS.segment_labels else "videos"} '
+        f'to {FLAGS.output_file}')
+
+
+if __name__ == '__main__':
+  define_flags()
   flags.mark_flags_as_required(['input_path', 'output_file'])
   app.run(main)

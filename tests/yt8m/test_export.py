@@ -247,10 +247,10 @@ def test_csv_writers_against_hand_written_files():
       'VideoId,LabelConfidencePairs\n'
       'vidA,1 0.700000 2 0.700000 0 0.100000\n'
       'vidB,0 0.900000 3 0.500000 2 0.250000\n')
-  ranking = predict.SegmentRanking(num_classes=2, cap=2)
-  ranking.add(['v1:0', 'v1:5'], np.array([[0.2, 0.9], [0.6, 0.1]]))
-  ranking.add(['v2:10'], np.array([[0.6, 0.95]]))
-  ranking.add(['v3:0'], np.array([[0.1, 0.3]]))
+  ranking = predict.SegmentRanking([0, 1], cap=2, segment_size=5)
+  ranking.add([b'v1', b'v1'], [0, 5], np.array([[0.2, 0.9], [0.6, 0.1]]))
+  ranking.add(['v2'], [10], np.array([[0.6, 0.95]]))
+  ranking.add(['v3'], [0], np.array([[0.1, 0.3]]))
   out = io.StringIO()
   ranking.write(out)
   assert out.getvalue() == ('Class,Segments\n'

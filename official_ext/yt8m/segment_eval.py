@@ -1,0 +1,386 @@
+r"""The 3rd YouTube-8M challenge's segment-level metric: mAP@K of a submission.
+
+  python -m official_ext.yt8m.segment_eval --submission=/tmp/segments.csv \
+      --input_path='/data/yt8m/3/frame/validate/validate*.tfrecord' \
+      [--top_k=100000] [--segment_label_ids=segment_label_ids.csv]
+
+Inputs:
+* a submission CSV as `official_ext.yt8m.predict --segment_labels` writes it
+  (and the challenge takes it): an optional `Class,Segments` header, then one
+  line a class, `<class>,<video>:<start> <video>:<start> ...`, best first;
+* segment-rated records (the challenge's validation set): context `id`,
+  `segment_labels`, `segment_start_times` and `segment_scores` (1 positive,
+  0 negative), one entry per (segment, class) rating. The segment of a rating
+  is `<id>:<start>`; a (segment, class) rated twice keeps its higher score.
+
+Metric, as the challenge's starter `segment_eval_inference.py` computes it:
+each class's list is cut to its first K entries (`--top_k`, K = 100,000);
+submitted segments without a rating for that class are dropped (only rated
+segments count: the raters rated a few segments per class, so an unrated
+segment is unknown, not a negative; this is the starter's
+`read_segment_predictions` filter); the average precision of what remains,
+in submission order, is
+
+    AP(c) = sum over kept positions i holding a positive of precision@i
+            / (number of positive ratings of c in the records),
+
+i.e. non-interpolated AP over the whole ranked list whose recall is measured
+against every positive of the class, submitted or not (the starter's
+`num_positives`). The result is the mean AP over the evaluated classes: the
+classes with at least one positive rating in the records (restricted to
+`--segment_label_ids` when given). A class without a positive rating has no
+AP (0/0) and is left out, as in `metrics.py`'s `map` (the starter would fail
+on it); an evaluated class missing from the submission scores 0; lines of
+other classes are ignored (counted). The starter averages over the classes
+of the submission instead: the two agree when the submission has a line for
+exactly the rated classes (the challenge's 1,000).
+
+The AP sum comes from `metrics._pooled_ap_sums`, the project's one
+average-precision implementation (positions are distinct, so its tie rule
+does not apply). A submission line that repeats a segment, or is not
+`<int>,...`, is an error naming the file and line.
+"""
+import dataclasses
+import re
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from official_ext.core import input_files
+from official_ext.yt8m import metrics
+
+SEGMENT_HEADER = 'Class,Segments'
+DEFAULT_TOP_K = 100000
+
+_CONTEXT = {
+    'id': tf.io.FixedLenFeature([], tf.string, default_value=''),
+    'segment_labels': tf.io.VarLenFeature(tf.int64),
+    'segment_start_times': tf.io.VarLenFeature(tf.int64),
+    'segment_scores': tf.io.VarLenFeature(tf.float32),
+}
+
+
+def read_class_ids(path: str,
+                   num_classes: Optional[int] = None) -> List[int]:
+  """Class ids of the challenge's `segment_label_ids.csv`, in file order.
+
+  Args:
+    path: text file, one class id a line; the first non-empty line may be a
+      header (a name such as `Index`); blank lines are skipped.
+    num_classes: if given, ids must lie in [0, num_classes) (the model's
+      task.validation_data.num_classes).
+
+  Returns:
+    The ids, at least one, without repeats.
+
+  Raises:
+    ValueError: naming the file and line of anything else (not an integer,
+      out of range, repeated), or a file without ids.
+  """
+  with tf.io.gfile.GFile(path, 'r') as f:
+    lines = f.read().splitlines()
+  ids, line_of, seen_header = [], {}, False
+  for number, line in enumerate(lines, start=1):
+    text = line.strip()
+    if not text:
+      continue
+    where = f'--segment_label_ids {path}, line {number}'
+    if not re.fullmatch(r'-?[0-9]+', text):
+      if not ids and not seen_header and re.fullmatch(r'[A-Za-z_][\w ]*',
+                                                      text):
+        seen_header = True  # e.g. "Index".
+        continue
+      raise ValueError(f'{where}: {text!r} is not a class id (one integer a '
+                       'line, optionally under one header line).')
+    cls = int(text)
+    if cls < 0:
+      raise ValueError(f'{where}: class id {cls} is negative.')
+    if num_classes is not None and cls >= num_classes:
+      raise ValueError(f'{where}: class id {cls} is outside [0, '
+                       f'{num_classes}) (task.validation_data.num_classes).')
+    if cls in line_of:
+      raise ValueError(f'{where}: class id {cls} repeats line '
+                       f'{line_of[cls]}.')
+    line_of[cls] = number
+    ids.append(cls)
+  if not ids:
+    raise ValueError(f'--segment_label_ids {path} holds no class id.')
+  return ids
+
+
+@dataclasses.dataclass
+class SegmentRatings:
+  """Segment ratings of labelled records.
+
+  Attributes:
+    scores: {(`<video>:<start>`, class): rating score}.
+    positives: {class: number of positive (score > 0) ratings}.
+    num_records: records read.
+  """
+  scores: Dict[Tuple[str, int], float]
+  positives: Dict[int, int]
+  num_records: int
+
+
+def read_ratings(input_path: str, batch_size: int = 256) -> SegmentRatings:
+  """Reads the segment ratings of every record of `input_path`.
+
+  Args:
+    input_path: TFRecord file(s): a file, glob or comma-separated list.
+    batch_size: records parsed at once.
+
+  Returns:
+    The ratings.
+
+  Raises:
+    ValueError: naming the file (and video) of a record that is damaged,
+      has segment fields of unequal lengths or a negative class/start, or
+      naming `input_path` when it holds no rating at all.
+  """
+  files = input_files.match_input_files(input_path)
+  scores: Dict[Tuple[str, int], float] = {}
+  num_records = 0
+  for path in files:
+    dataset = tf.data.TFRecordDataset(path).batch(batch_size)
+    try:
+      for batch in dataset:
+        context, _, _ = tf.io.parse_sequence_example(
+            batch, context_features=_CONTEXT)
+        ragged = {k: tf.RaggedTensor.from_sparse(context[k]).to_list()
+                  for k in ('segment_labels', 'segment_start_times',
+                            'segment_scores')}
+        for i, vid in enumerate(context['id'].numpy()):
+          vid = vid.decode()
+          labels = ragged['segment_labels'][i]
+          starts = ragged['segment_start_times'][i]
+          values = ragged['segment_scores'][i]
+          if not len(labels) == len(starts) == len(values):
+            raise ValueError(
+                f'Video {vid!r} in file {path}: segment_labels has '
+                f'{len(labels)}, segment_start_times {len(starts)} and '
+                f'segment_scores {len(values)} entries; expected one each per '
+                'rating.')
+          for label, start, value in zip(labels, starts, values):
+            if label < 0 or start < 0:
+              raise ValueError(f'Video {vid!r} in file {path}: rating of '
+                               f'class {label} at frame {start}; expected '
+                               'both >= 0.')
+            key = (f'{vid}:{start}', int(label))
+            scores[key] = max(scores.get(key, -np.inf), float(value))
+        num_records += int(batch.shape[0])
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+      raise ValueError(f'File {path} cannot be read as segment-rated '
+                       f'tf.SequenceExample records: {e.message}') from e
+  if not scores:
+    raise ValueError(f'--input_path={input_path!r}: no segment rating in '
+                     f'{num_records} record(s) ({len(files)} file(s)); '
+                     'expected segment-rated records (segment_labels, '
+                     'segment_start_times, segment_scores).')
+  positives: Dict[int, int] = {}
+  for (_, label), value in scores.items():
+    if value > 0:
+      positives[label] = positives.get(label, 0) + 1
+  return SegmentRatings(scores, positives, num_records)
+
+
+@dataclasses.dataclass
+class SubmissionLabels:
+  """A submission's rated entries per class, in submission order.
+
+  Attributes:
+    positions: {class: int [n] 0-based positions in the class's line (after
+      the top-K cut) of its rated segments}.
+    labels: {class: bool [n] whether each is a positive}.
+    num_unrated: submitted (segment, class) pairs without a rating (dropped).
+    other_classes: classes with a line that are not evaluated.
+  """
+  positions: Dict[int, np.ndarray]
+  labels: Dict[int, np.ndarray]
+  num_unrated: int
+  other_classes: List[int]
+
+
+def read_submission(path: str, ratings: SegmentRatings, classes: Set[int],
+                    top_k: int = DEFAULT_TOP_K) -> SubmissionLabels:
+  """Reads a submission's first `top_k` segments per class, rated ones kept.
+
+  Args:
+    path: the submission CSV (see the module docstring).
+    ratings: `read_ratings` of the labelled records.
+    classes: the evaluated classes; other lines are read for their format
+      only.
+    top_k: entries kept per class line, before dropping unrated ones.
+
+  Returns:
+    The rated entries per evaluated class.
+
+  Raises:
+    ValueError: naming the file and line of a malformed line, a repeated
+      class or a repeated segment, or naming the file when it has no class
+      line.
+  """
+  positions, labels, other = {}, {}, []
+  num_unrated, seen_lines = 0, {}
+  with tf.io.gfile.GFile(path, 'r') as f:
+    for number, line in enumerate(f, start=1):
+      line = line.strip()
+      if not line or (number == 1 and line.lower() == SEGMENT_HEADER.lower()):
+        continue
+      head, comma, rest = line.partition(',')
+      try:
+        if not comma:
+          raise ValueError
+        cls = int(head)
+      except ValueError:
+        raise ValueError(f'Submission {path}, line {number}: expected '
+                         f'`<class>,<video>:<start> ...`, got {line[:80]!r}.'
+                         ) from None
+      if cls in seen_lines:
+        raise ValueError(f'Submission {path}, line {number}: class {cls} '
+                         f'already has line {seen_lines[cls]}.')
+      seen_lines[cls] = number
+      segments = rest.split()[:top_k]
+      if len(set(segments)) != len(segments):
+        seen = set()
+        repeated = next(s for s in segments if s in seen or seen.add(s))
+        raise ValueError(f'Submission {path}, line {number}: segment '
+                         f'{repeated!r} is listed twice for class {cls}.')
+      if cls not in classes:
+        other.append(cls)
+        continue
+      pos, lab = [], []
+      for i, segment in enumerate(segments):
+        value = ratings.scores.get((segment, cls))
+        if value is None:
+          if ':' not in segment:
+            raise ValueError(f'Submission {path}, line {number}: '
+                             f'{segment!r} is not `<video>:<start>`.')
+          num_unrated += 1
+          continue
+        pos.append(i)
+        lab.append(value > 0)
+      positions[cls] = np.asarray(pos, np.int64)
+      labels[cls] = np.asarray(lab, bool)
+  if not seen_lines:
+    raise ValueError(f'Submission {path} has no class line '
+                     '(`<class>,<video>:<start> ...`).')
+  return SubmissionLabels(positions, labels, num_unrated, sorted(other))
+
+
+def mean_average_precision(submission: str, ratings: SegmentRatings,
+                           top_k: int = DEFAULT_TOP_K,
+                           class_ids: Optional[Sequence[int]] = None
+                           ) -> Dict[str, object]:
+  """The challenge's mAP@K of `submission` (see the module docstring).
+
+  Args:
+    submission: path of the submission CSV.
+    ratings: `read_ratings` of the labelled records.
+    top_k: K, entries per class line considered (> 0).
+    class_ids: the classes to evaluate (e.g. the challenge's 1,000); None:
+      every class with a rating.
+
+  Returns:
+    `map` float, `per_class_ap` {class: AP}, `num_classes` (evaluated),
+    `classes_without_positives` and `classes_missing_from_submission`
+    (sorted lists), `num_rated_submitted`, `num_unrated_ignored`,
+    `num_other_class_lines`, `top_k`.
+
+  Raises:
+    ValueError: no evaluated class has a positive rating, top_k <= 0, or the
+      submission is malformed (see `read_submission`).
+  """
+  if top_k <= 0:
+    raise ValueError(f'--top_k={top_k}; expected > 0.')
+  candidates = (set(int(c) for c in class_ids) if class_ids is not None else
+                {cls for _, cls in ratings.scores})
+  evaluated = sorted(c for c in candidates if ratings.positives.get(c, 0) > 0)
+  without = sorted(candidates.difference(evaluated))
+  if not evaluated:
+    raise ValueError('No evaluated class has a positive segment rating '
+                     f'({len(candidates)} class(es) considered); mAP is '
+                     'undefined.')
+  read = read_submission(submission, ratings, set(evaluated), top_k)
+  index = {c: i for i, c in enumerate(evaluated)}
+  scores, positive, classes = [], [], []
+  for cls, pos in read.positions.items():
+    scores.append(-pos.astype(np.float64))  # Earlier position, higher score.
+    positive.append(read.labels[cls])
+    classes.append(np.full(pos.shape, index[cls], np.int64))
+  _, sums = metrics._pooled_ap_sums(  # pylint: disable=protected-access
+      np.concatenate(scores) if scores else np.zeros([0]),
+      np.concatenate(positive) if positive else np.zeros([0], bool),
+      np.concatenate(classes) if classes else np.zeros([0], np.int64),
+      len(evaluated))
+  totals = np.array([ratings.positives[c] for c in evaluated], np.float64)
+  aps = sums / totals
+  missing = sorted(set(evaluated).difference(read.positions))
+  if without:
+    logging.info('%d class(es) without a positive rating are not evaluated: '
+                 '%s', len(without), without[:20])
+  if missing:
+    logging.warning('%d evaluated class(es) have no submission line (AP 0): '
+                    '%s', len(missing), missing[:20])
+  return {
+      'map': float(np.mean(aps)),
+      'per_class_ap': {c: float(a) for c, a in zip(evaluated, aps)},
+      'num_classes': len(evaluated),
+      'classes_without_positives': without,
+      'classes_missing_from_submission': missing,
+      'num_rated_submitted': int(sum(p.size for p in read.positions.values())),
+      'num_unrated_ignored': read.num_unrated,
+      'num_other_class_lines': len(read.other_classes),
+      'top_k': int(top_k),
+  }
+
+
+def evaluate(submission: str, input_path: str, top_k: int = DEFAULT_TOP_K,
+             segment_label_ids: Optional[str] = None) -> Dict[str, object]:
+  """`mean_average_precision` of `submission` against `input_path`'s records.
+
+  Args:
+    submission: the submission CSV.
+    input_path: segment-rated TFRecords.
+    top_k: K.
+    segment_label_ids: optional file of the classes to evaluate (one id a
+      line, optional header; see `read_class_ids`).
+  """
+  class_ids = (read_class_ids(segment_label_ids) if segment_label_ids else
+               None)
+  ratings = read_ratings(input_path)
+  logging.info('%d rated (segment, class) pairs in %d records of %s.',
+               len(ratings.scores), ratings.num_records, input_path)
+  return mean_average_precision(submission, ratings, top_k, class_ids)
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  flags.DEFINE_string('submission', None, 'Submission CSV (Class,Segments).')
+  flags.DEFINE_string('input_path', None, 'Segment-rated TFRecord pattern.')
+  flags.DEFINE_integer('top_k', DEFAULT_TOP_K, 'K of mAP@K: segments per '
+                       'class considered.')
+  flags.DEFINE_string('segment_label_ids', None,
+                      'File of the class ids to evaluate (default: every '
+                      'class with a positive rating).')
+
+
+def main(_):
+  result = evaluate(FLAGS.submission, FLAGS.input_path, FLAGS.top_k,
+                    FLAGS.segment_label_ids)
+  print(f'mAP@{result["top_k"]}: {result["map"]:.6f} over '
+        f'{result["num_classes"]} classes ({result["num_rated_submitted"]} '
+        f'rated segments submitted, {result["num_unrated_ignored"]} unrated '
+        f'ignored, {len(result["classes_missing_from_submission"])} classes '
+        'without a line)')
+
+
+if __name__ == '__main__':
+  define_flags()
+  flags.mark_flags_as_required(['submission', 'input_path'])
+  app.run(main)

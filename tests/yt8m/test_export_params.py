@@ -1,0 +1,259 @@
+"""Export and predict start from the params.yaml of the trained checkpoint.
+
+A tiny yt8m_demo model is trained with shape-neutral changes (max pooling,
+swish activations, per-feature L2-normalised inputs): a checkpoint of the
+experiment's defaults has the same variables, so a strict restore alone
+cannot tell the two apart. Exported with no flags (or with a config file that
+only repeats some of the training keys), the SavedModel must give what the
+trained model gives in the task's own evaluation, and predict must too.
+"""
+import csv
+import io
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+import yaml
+
+from official.core import exp_factory
+from official.core import task_factory
+from official.core import train_utils
+from official_ext import export_saved_model
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext import train
+from official_ext.core import checkpoints
+from official_ext.core import experiment_params
+from official_ext.yt8m import demo_data
+from official_ext.yt8m import predict
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+
+# Shape-changing keys of the tiny model (written to tiny.yaml).
+def _shapes(cache_dir):
+  return {
+      'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
+      'task': {
+          'model': {'backbone': {'dbof': {'cluster_size': 16,
+                                          'hidden_size': 16}},
+                    'head': {'moe': {'num_mixtures': 2}}},
+          'train_data': {'global_batch_size': 8, 'max_frames': 12,
+                         'num_sample_frames': None},
+          'validation_data': {'global_batch_size': 8, 'max_frames': 12},
+          'demo_data': {'cache_dir': str(cache_dir), 'num_train_videos': 32,
+                        'num_validation_videos': 16, 'num_shards': 1},
+          'jit_compile': False,  # Not model-affecting; faster to build.
+      },
+      'trainer': {'train_steps': 4, 'steps_per_loop': 4,
+                  'checkpoint_interval': 4, 'summary_interval': 4,
+                  'validation_interval': 4, 'validation_steps': 1},
+  }
+
+
+# Shape-neutral keys: the same variables, different predictions.
+NEUTRAL = {'task': {
+    'model': {'backbone': {'dbof': {'pooling_method': 'max'}},
+              'norm_activation': {'activation': 'swish'}},
+    'train_data': {'input_per_feature_l2_norm': True},
+    'validation_data': {'input_per_feature_l2_norm': True},
+}}
+
+
+def _cli(module, *args):
+  return subprocess.run([sys.executable, '-m', module, *args],
+                        capture_output=True, text=True, env=ENV, timeout=600,
+                        check=False)
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """Trains in-process (train.run writes model_dir/params.yaml)."""
+  root = tmp_path_factory.mktemp('params')
+  shapes = _shapes(root / 'cache')
+  tiny_yaml = root / 'tiny.yaml'
+  tiny_yaml.write_text(yaml.safe_dump(shapes))
+  params = exp_factory.get_exp_config('yt8m_demo')
+  params.override(shapes, is_strict=True)
+  params.override(NEUTRAL, is_strict=True)
+  params.validate()
+  model_dir = root / 'model'
+  tf_keras.utils.set_random_seed(3)
+  train.run(params, 'train', str(model_dir),
+            strategy=tf.distribute.OneDeviceStrategy('/cpu:0'))
+  assert (model_dir / 'params.yaml').exists()
+
+  # The trained model's evaluation outputs: the task's inference step on the
+  # task's validation input pipeline.
+  task = task_factory.get_task(params.task)
+  model = task.build_model()
+  checkpoints.restore_model(model, str(model_dir))
+  expected = {}
+  data = params.task.validation_data.replace(include_video_id=True)
+  for batch in task.build_inputs(data):
+    out = task.inference_step(batch, model)['predictions'].numpy()
+    for vid, row in zip(batch['video_ids'].numpy(), out):
+      expected[vid.decode()] = row
+  _, validation_pattern = demo_data.ensure_demo_data(params.task)
+  records = list(tf.data.TFRecordDataset(
+      tf.io.gfile.glob(validation_pattern)).as_numpy_iterator())
+  assert len(records) == len(expected) == 16
+  return dict(root=root, tiny_yaml=str(tiny_yaml), model_dir=str(model_dir),
+              params=params, expected=expected, records=records,
+              validation_pattern=validation_pattern)
+
+
+def _served(export_dir, records):
+  fn = tf.saved_model.load(export_dir).signatures['serving_default']
+  out = fn(examples=tf.constant(records))
+  return {v.decode(): p for v, p in zip(out['video_id'].numpy(),
+                                        out['probabilities'].numpy())}
+
+
+def _assert_matches(served, expected):
+  assert sorted(served) == sorted(expected)
+  for vid, row in expected.items():
+    np.testing.assert_allclose(served[vid], row, atol=1e-5, err_msg=vid)
+
+
+def test_export_without_flags_uses_params_yaml(trained, tmp_path):
+  export_dir = tmp_path / 'export'
+  result = _cli('official_ext.export_saved_model', '--experiment=yt8m_demo',
+                f'--checkpoint_path={trained["model_dir"]}',
+                f'--export_dir={export_dir}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert os.path.join(trained['model_dir'], 'params.yaml') in result.stderr
+  _assert_matches(_served(str(export_dir), trained['records']),
+                  trained['expected'])
+  # The export directory keeps the configuration it was exported with.
+  saved = experiment_params.load_params('yt8m', checkpoint_path=str(export_dir))
+  assert saved.task.model.backbone.dbof.pooling_method == 'max'
+  assert saved.task.validation_data.input_per_feature_l2_norm
+
+
+def test_export_with_partial_config_file_keeps_trained_neutral_keys(
+    trained, tmp_path):
+  # tiny.yaml repeats the training shapes but not the shape-neutral changes:
+  # before params.yaml was read this exported a model with average pooling,
+  # relu and unnormalised inputs, with no error. (In-process: the CLI's
+  # wiring is covered above.)
+  ckpt = tf.train.latest_checkpoint(trained['model_dir'])  # ckpt-N prefix.
+  params = export_saved_model.load_params(
+      'yt8m_demo', [trained['tiny_yaml']],
+      'task.validation_data.global_batch_size=4', checkpoint_path=ckpt)
+  export_dir = export_saved_model.export(params, ckpt,
+                                         str(tmp_path / 'export'))
+  _assert_matches(_served(export_dir, trained['records']),
+                  trained['expected'])
+
+
+def test_contradicting_override_names_key_and_both_values(trained):
+  with pytest.raises(ValueError) as e:
+    export_saved_model.load_params(
+        'yt8m_demo', [trained['tiny_yaml']],
+        'task.model.backbone.dbof.pooling_method=average,'
+        'task.validation_data.input_per_feature_l2_norm=false',
+        checkpoint_path=trained['model_dir'])
+  message = str(e.value)
+  for text in ('task.model.backbone.dbof.pooling_method', "'max'",
+               "'average'", 'task.validation_data.input_per_feature_l2_norm',
+               'True', 'False',
+               os.path.join(trained['model_dir'], 'params.yaml')):
+    assert text in message, (text, message)
+  # A model-affecting key set by a config file is checked too.
+  bad_yaml = trained['root'] / 'bad.yaml'
+  bad_yaml.write_text(yaml.safe_dump(
+      {'task': {'model': {'norm_activation': {'activation': 'relu'}}}}))
+  with pytest.raises(ValueError, match=r"activation.*'swish'.*'relu'"):
+    export_saved_model.load_params('yt8m_demo', [str(bad_yaml)],
+                                   checkpoint_path=trained['model_dir'])
+
+
+def test_non_model_keys_may_change(trained):
+  params = export_saved_model.load_params(
+      'yt8m_demo', [trained['tiny_yaml']],
+      'task.validation_data.global_batch_size=3,'
+      'task.validation_data.input_path=/x/y*.tfrecord,'
+      'runtime.mixed_precision_dtype=bfloat16',
+      checkpoint_path=trained['model_dir'])
+  assert params.task.validation_data.global_batch_size == 3
+  assert params.task.model.backbone.dbof.pooling_method == 'max'
+  assert params.task.validation_data.input_per_feature_l2_norm
+  # Experiment `yt8m` (3,862 classes by default) restored to the demo's 100.
+  params = experiment_params.load_params('yt8m',
+                                         checkpoint_path=trained['model_dir'])
+  assert params.task.validation_data.num_classes == 100
+  assert params.task.model.backbone.dbof.cluster_size == 16
+
+
+def test_params_yaml_of_another_family_names_the_file(trained):
+  with pytest.raises((ValueError, KeyError)) as e:
+    experiment_params.load_params('readout_demo',
+                                  checkpoint_path=trained['model_dir'])
+  assert os.path.join(trained['model_dir'], 'params.yaml') in str(e.value)
+
+
+def _check_csv(path, expected, top_k=5):
+  rows = list(csv.reader(io.StringIO(path.read_text())))
+  assert rows[0] == ['VideoId', 'LabelConfidencePairs']
+  assert len(rows) == 1 + len(expected)
+  for vid, pairs in rows[1:]:
+    values = pairs.split()
+    classes = [int(c) for c in values[0::2]]
+    scores = np.array([float(s) for s in values[1::2]])
+    row = expected[vid]
+    np.testing.assert_allclose(scores, row[classes], atol=2e-6,
+                               err_msg=f'{path.name} {vid}')
+    assert scores.min() >= np.sort(row)[-top_k] - 1e-5
+
+
+def test_predict_cli_uses_checkpoint_params_yaml(trained, tmp_path):
+  # No --experiment (default `yt8m`: 3,862 classes, cluster 3000) and no
+  # config flags: everything comes from model_dir/params.yaml.
+  out = tmp_path / 'ckpt.csv'
+  result = _cli('official_ext.yt8m.predict',
+                f'--checkpoint_path={trained["model_dir"]}',
+                f'--input_path={trained["validation_pattern"]}',
+                f'--output_file={out}', '--top_k=5')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert os.path.join(trained['model_dir'], 'params.yaml') in result.stderr
+  _check_csv(out, trained['expected'])
+
+
+def test_predict_saved_model_uses_its_params_yaml(trained, tmp_path):
+  # The SavedModel's params.yaml gives the input pipeline (L2 norm, frames):
+  # `serve_features` takes features as the pipeline makes them.
+  export_dir = export_saved_model.export(
+      experiment_params.load_params('yt8m_demo',
+                                    checkpoint_path=trained['model_dir']),
+      trained['model_dir'], str(tmp_path / 'export'))
+  params = experiment_params.load_params('yt8m', checkpoint_path=export_dir)
+  assert params.task.validation_data.input_per_feature_l2_norm
+  out = tmp_path / 'saved.csv'
+  predict.run(params, trained['validation_pattern'], str(out),
+              saved_model=export_dir, top_k=5)
+  _check_csv(out, trained['expected'])
+
+
+def test_other_families_check_params_yaml(tmp_path):
+  # Readout: a head-defining task key and a model key.
+  params = exp_factory.get_exp_config('readout_demo')
+  params.override({'task': {'model': {'encoder': {'num_heads': 2}}}})
+  train_utils.serialize_config(params, str(tmp_path / 'readout'))
+  loaded = experiment_params.load_params(
+      'readout_demo', checkpoint_path=str(tmp_path / 'readout'))
+  assert loaded.task.model.encoder.num_heads == 2
+  with pytest.raises(ValueError, match=r'num_heads.*2.*4'):
+    experiment_params.load_params(
+        'readout_demo', params_override='task.model.encoder.num_heads=4',
+        checkpoint_path=str(tmp_path / 'readout'))
+  # AssembleNet: a data key that changes the clip the model sees.
+  params = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
+  train_utils.serialize_config(params, str(tmp_path / 'assemblenet'))
+  with pytest.raises(ValueError, match='zero_centering_image'):
+    experiment_params.load_params(
+        'assemblenet_plus_lite_demo',
+        params_override='task.validation_data.zero_centering_image='
+        f'{not params.task.validation_data.zero_centering_image}',
+        checkpoint_path=str(tmp_path / 'assemblenet'))
