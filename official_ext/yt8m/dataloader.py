@@ -38,6 +38,7 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.core import input_reader
 from official_ext.core import bad_records as bad_records_lib
+from official_ext.core import eval_padding
 from official_ext.core import graph_checks
 from official_ext.core import input_files
 from official_ext.yt8m import configs
@@ -637,7 +638,9 @@ def build_dataset(
       segment mode: `label_weights` float32 [B, num_classes] and
       `segment_start_times` int32 [B]; `video_ids` string [B] when
       `include_video_id`. Training: shuffled (seeded by `params.seed`) and
-      repeated; evaluation: one pass in file order.
+      repeated; evaluation: one pass in file order, every example once (with
+      `drop_remainder`: full batches, the last one padded with copies of an
+      example, and `eval_mask` bool [B], False on the padding).
 
   Raises:
     ValueError: a config key is inconsistent, or `input_path` matches no file
@@ -687,6 +690,12 @@ def build_dataset(
       ds = ds.unbatch()  # One example per rated segment.
       if is_training:
         ds = ds.shuffle(params.shuffle_buffer_size, seed=params.seed)
+    if not is_training and params.drop_remainder:
+      # Static batch shapes without dropping a video: the last batch is
+      # padded, `eval_mask` [B] marks the padding (core.eval_padding).
+      return eval_padding.pad_final_batches(
+          ds, lambda d: d.batch(batch_size, drop_remainder=True), batch_size,
+          context)
     return ds.batch(batch_size, drop_remainder=params.drop_remainder)
 
   stages = bad_records_lib.reader_kwargs(
