@@ -9,6 +9,7 @@ from official.core import base_task
 from official.core import task_factory
 from official.modeling import tf_utils
 from official_ext.core import bad_records
+from official_ext.core import eval_padding
 from official_ext.core import gradients
 from official_ext.core import multiworker
 from official_ext.yt8m import configs
@@ -61,12 +62,21 @@ class YT8MTask(base_task.Task):
     logging.info('%s is empty: using generated demo data %s', key, pattern)
     return params.replace(input_path=pattern)
 
+  def validation_dataset(self):
+    """(dataset, config keys) for the error of an evaluation of no video."""
+    return eval_padding.describe_split(
+        self.task_config.validation_data,
+        resolved_input_path=getattr(self, '_validation_source', None))
+
   def build_inputs(self, params: configs.DataConfig,
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:
     """Builds the batched dataset of one split (see `dataloader`)."""
+    resolved = self._resolve_input_path(params)
+    if not params.is_training:
+      self._validation_source = resolved.input_path
     return dataloader.build_dataset(
-        self._resolve_input_path(params), input_context=input_context,
+        resolved, input_context=input_context,
         bad_records=bad_records.task_log(self, params.is_training))
 
   # -- losses and metrics ------------------------------------------------------
@@ -115,21 +125,34 @@ class YT8MTask(base_task.Task):
       self._ap_accumulator = yt8m_metrics.AveragePrecisionAccumulator(
           num_classes=self.task_config.validation_data.num_classes,
           top_k=ap_config.top_k)
+    if not training:  # `num_examples`; 0 at the end of an eval is an error.
+      metrics.append(eval_padding.EvaluatedExamples(self.validation_dataset))
     return metrics
 
   def process_metrics(self, metrics, labels, outputs, model_losses=None,
-                      label_weights=None, training=True, **kwargs):
-    """Updates the loss metrics; in eval passes AP inputs to aggregate_logs."""
+                      label_weights=None, training=True, example_mask=None,
+                      **kwargs):
+    """Updates the loss metrics; in eval passes AP inputs to aggregate_logs.
+
+    `example_mask` (bool [batch], evaluation): False marks padding rows.
+    """
     model_losses = model_losses or {}
     logs = {}
     if not training and self.task_config.evaluation.average_precision:
       ap_inputs = {'labels': labels, 'predictions': outputs}
       if label_weights is not None:
         ap_inputs['label_weights'] = label_weights
+      if example_mask is not None:
+        ap_inputs['example_mask'] = example_mask
       # With several workers, every worker accumulates all replicas' rows.
       logs[_AP_KEY] = multiworker.gather_for_host(ap_inputs)
     for m in metrics:
-      if m.name in model_losses:
+      if isinstance(m, eval_padding.EvaluatedExamples):
+        if not training:
+          m.update_state(eval_padding.example_mask(
+              {} if example_mask is None else
+              {eval_padding.MASK_KEY: example_mask}, tf.shape(labels)[0]))
+      elif m.name in model_losses:
         m.update_state(model_losses[m.name])
         logs[m.name] = m.result()
     return logs
@@ -243,18 +266,29 @@ class YT8MTask(base_task.Task):
     return model(features, num_frames=num_frames, training=False)
 
   def validation_step(self, inputs, model, metrics=None):
-    """One evaluation step: loss metrics and AP inputs (see aggregate_logs)."""
+    """One evaluation step: loss metrics and AP inputs (see aggregate_logs).
+
+    Padding rows of a padded last batch (`eval_mask` False) count in no loss
+    and no metric.
+    """
     predictions = tf.cast(self.inference_step(inputs, model)['predictions'],
                           tf.float32)
     labels = inputs['labels']
     label_weights = inputs.get('label_weights')
+    example_mask = inputs.get(eval_padding.MASK_KEY)
+    loss_weights = label_weights
+    if example_mask is not None:  # Padding rows get loss weight 0.
+      rows = tf.cast(example_mask, tf.float32)[:, tf.newaxis]
+      loss_weights = rows * (tf.ones_like(labels) if label_weights is None
+                             else label_weights)
     all_losses = self.build_losses(
-        labels=labels, model_outputs=predictions, label_weights=label_weights,
+        labels=labels, model_outputs=predictions, label_weights=loss_weights,
         aux_losses=model.losses)
     logs = {self.loss: all_losses['total_loss']}
     logs.update(self.process_metrics(
         metrics, labels=labels, outputs=predictions, model_losses=all_losses,
-        label_weights=label_weights, training=False))
+        label_weights=label_weights, training=False,
+        example_mask=example_mask))
     return logs
 
   # -- AP aggregation on the host ---------------------------------------------
@@ -281,13 +315,19 @@ class YT8MTask(base_task.Task):
         predictions=_concat(ap_inputs['predictions']),
         labels=_concat(ap_inputs['labels']),
         label_weights=(_concat(ap_inputs['label_weights'])
-                       if 'label_weights' in ap_inputs else None))
+                       if 'label_weights' in ap_inputs else None),
+        example_mask=(_concat(ap_inputs['example_mask'])
+                      if 'example_mask' in ap_inputs else None))
     return state
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+    """The AP metrics; an `EmptyEvaluationError` naming the dataset if no
+    video was accumulated."""
     ap_config = self.task_config.evaluation.average_precision
     if ap_config is None or aggregated_logs is None:
       return {}
+    eval_padding.check_examples_seen(aggregated_logs.num_videos,
+                                     *self.validation_dataset())
     results = aggregated_logs.result(
         return_per_class_ap=ap_config.return_per_class_ap)
     aggregated_logs.reset()
