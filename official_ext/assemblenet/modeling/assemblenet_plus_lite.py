@@ -57,9 +57,10 @@ class LiteStem(layers.Layer):
   """[1, 3, 3] conv stride 2 (BN, ReLU), then a [3, 1, 1] temporal conv (BN,
 
   ReLU), `filters` channels each. [B, T, H, W, C] -> [B, T, H/2, W/2, filters].
-  With `recompute_grad`, training calls run through `tf.recompute_grad` (only
-  the input is kept for the backward pass; the stem's four full-resolution
-  intermediates are recomputed there; its batch norms update twice).
+  With `recompute_grad`, training calls run through
+  `anet_layers.recompute_grad` (only the input is kept for the backward pass;
+  the stem's four full-resolution intermediates are recomputed there; its
+  batch norms update their moving statistics once, in the forward pass).
   """
 
   def __init__(self, filters: int, temporal_dilation: int = 1,
@@ -90,7 +91,8 @@ class LiteStem(layers.Layer):
 
   def call(self, inputs, training=None):
     if self._args['recompute_grad'] and training is True:
-      return tf.recompute_grad(lambda x: self._forward(x, True))(inputs)
+      return anet_layers.recompute_grad(
+          lambda x: self._forward(x, True))(inputs)
     return self._forward(inputs, training)
 
   def _forward(self, inputs, training):
@@ -116,9 +118,11 @@ class AssembleNetPlusLite(tf_keras.Model):
     attention_mode: None, 'self' or 'peer'.
     fusion_width_as_channels: the original's width-as-channels fusion.
     bn_decay, bn_epsilon, use_sync_bn: batch norm settings.
-    recompute_grad: gradient checkpointing (`tf.recompute_grad`) of every
-      stem, fusion and block group: the backward pass keeps only node
-      outputs and recomputes everything inside a node.
+    recompute_grad: gradient checkpointing (`anet_layers.recompute_grad`,
+      on `tf.recompute_grad`) of every stem, fusion and block group: the
+      backward pass keeps only node outputs and recomputes everything inside
+      a node; batch-norm moving statistics are updated once per step, by the
+      forward pass, not again by the recomputation.
     rep_flow_options: kwargs of `layers.RepresentationFlow` (num_iter,
       train_feature_grad, train_divergence, train_flow_grad, train_hyper).
     kernel_regularizer: regularizer of every conv / dense kernel.

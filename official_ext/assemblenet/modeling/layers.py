@@ -7,9 +7,15 @@ checkpoint interface): a node's fusion holds `agg_weights` (edge weights),
 (1x1x1 projection of the inputs with c channels); a block holds `conv_a`,
 `conv_b` (and `conv_b_temporal` when strided), `conv_c`, `shortcut` and their
 `bn_*`.
+
+Gradient checkpointing (`recompute_grad` of stems, fusions and block groups)
+goes through `recompute_grad` here: the backward pass reruns a segment in
+training mode, and its batch norms must not update their moving statistics a
+second time in that rerun.
 """
 import math
-from typing import Any, Dict, List, Optional, Sequence
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf, tf_keras
@@ -17,6 +23,77 @@ import tensorflow as tf, tf_keras
 BATCH_NORM_DECAY = 0.99
 BATCH_NORM_EPSILON = 1e-5
 ATTENTION_MODES = (None, 'self', 'peer')
+
+
+_RECOMPUTATION = threading.local()
+
+
+def in_recomputation() -> bool:
+  """True while this thread reruns a `recompute_grad` segment for gradients.
+
+  The flag is per thread: `MirroredStrategy` runs each replica (and its
+  backward pass) in a thread of its own. It is read when a layer is called,
+  so it holds in eager mode and while a `tf.function` (with or without XLA)
+  is traced alike.
+  """
+  return getattr(_RECOMPUTATION, 'depth', 0) > 0
+
+
+def recompute_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
+  """`tf.recompute_grad(forward)` whose backward rerun updates no state.
+
+  `tf.recompute_grad` runs `forward` once in the forward pass (keeping only
+  its inputs) and again, on the same inputs and variables, when the gradient
+  is computed. The batch norms in `forward` run in training mode both times;
+  the first run updates their moving statistics, the rerun (marked by
+  `in_recomputation`) does not (`BatchNormalization.add_update`), so a step
+  decays them by `bn_decay` once, as without recomputation, and the rerun
+  gives the same outputs and gradients as the first run.
+
+  `forward` must otherwise be deterministic: a random op (dropout) would
+  draw a different mask in the rerun than in the forward pass and give wrong
+  gradients. No segment checkpointed here has one (the head's dropout is not
+  checkpointed).
+
+  Build a new wrapper per layer call (as `tf.recompute_grad` is used): the
+  wrapper's first run is that call's forward pass, every later run is a
+  recomputation.
+
+  Args:
+    forward: f(*tensors) -> tensor or nest of tensors.
+
+  Returns:
+    A function with the signature and outputs of `forward`.
+  """
+  runs = []
+
+  def run(*args):
+    if not runs:  # The forward pass (under a tape-stopping context).
+      runs.append(True)
+      return forward(*args)
+    _RECOMPUTATION.depth = getattr(_RECOMPUTATION, 'depth', 0) + 1
+    try:
+      return forward(*args)
+    finally:
+      _RECOMPUTATION.depth -= 1
+
+  run.__name__ = getattr(forward, '__name__', 'recompute_grad_forward')
+  return tf.recompute_grad(run)
+
+
+class BatchNormalization(tf_keras.layers.BatchNormalization):
+  """tf_keras `BatchNormalization` that skips its moving-statistics update
+  while a `recompute_grad` segment is rerun (`in_recomputation`).
+
+  Otherwise identical (same variables, same `synchronized` option); the
+  normalization itself (batch statistics in training mode, cross-replica
+  ones when synchronized) is computed in the rerun as in the forward pass.
+  """
+
+  def add_update(self, updates):
+    if in_recomputation():
+      return  # The forward run of this step made this update already.
+    super().add_update(updates)
 
 
 def conv3d_same_padding(filters: int,
@@ -78,11 +155,10 @@ class BatchNormRelu(tf_keras.layers.Layer):
     self._bn_decay = bn_decay
     self._bn_epsilon = bn_epsilon
     self._use_sync_bn = use_sync_bn
-    bn_cls = (tf_keras.layers.experimental.SyncBatchNormalization
-              if use_sync_bn else tf_keras.layers.BatchNormalization)
-    self._bn = bn_cls(
+    self._bn = BatchNormalization(
         axis=-1, momentum=bn_decay, epsilon=bn_epsilon,
-        gamma_initializer='zeros' if init_zero else 'ones', name='bn')
+        gamma_initializer='zeros' if init_zero else 'ones',
+        synchronized=use_sync_bn, name='bn')
 
   def call(self, inputs, training=None):
     x = self._bn(inputs, training=training)
@@ -309,9 +385,10 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
 
   Output: [B, T, H_min, W_min, fusion width].
 
-  With `recompute_grad`, training calls run through `tf.recompute_grad`: the
-  backward pass keeps only the inputs (other nodes' outputs, kept anyway) and
-  recomputes the pooled, weighted and attended copies of every input.
+  With `recompute_grad`, training calls run through `recompute_grad` (module
+  function): the backward pass keeps only the inputs (other nodes' outputs,
+  kept anyway) and recomputes the pooled, weighted and attended copies of
+  every input.
   """
 
   def __init__(self, num_inputs: int, attention_mode: Optional[str] = None,
@@ -408,7 +485,7 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
   def call(self, inputs, training=None):
     inputs = list(inputs)
     if self._recompute_grad and training is True:
-      return tf.recompute_grad(lambda *xs: self._fuse(list(xs)))(*inputs)
+      return recompute_grad(lambda *xs: self._fuse(list(xs)))(*inputs)
     return self._fuse(inputs)
 
   def _fuse(self, inputs):
@@ -552,12 +629,13 @@ class InvertedBottleneckBlock3D(tf_keras.layers.Layer):
 class BlockGroup(tf_keras.layers.Layer):
   """`num_blocks` inverted-bottleneck blocks; the first projects and strides.
 
-  With `recompute_grad`, training calls run through `tf.recompute_grad`: only
-  the group's input is kept for the backward pass and its activations are
-  recomputed there (gradient checkpointing; less memory, about one more
-  forward pass of compute). The recomputation runs the batch norms in
-  training mode again, so their moving averages take a second (identical)
-  update per step.
+  With `recompute_grad`, training calls run through `recompute_grad` (module
+  function): only the group's input is kept for the backward pass and its
+  activations are recomputed there (gradient checkpointing; less memory,
+  about one more forward pass of compute). The recomputation runs the batch
+  norms in training mode again (same batch statistics, same gradients) but
+  does not update their moving statistics: they take one update per step,
+  as without recomputation.
   """
 
   def __init__(self, filters: Sequence[int], num_blocks: int, strides: int,
@@ -586,7 +664,7 @@ class BlockGroup(tf_keras.layers.Layer):
 
   def call(self, inputs, training=None):
     if self._config['recompute_grad'] and training is True:
-      fn = tf.recompute_grad(lambda x: self._forward(x, True))
+      fn = recompute_grad(lambda x: self._forward(x, True))
       return fn(inputs)
     return self._forward(inputs, training)
 

@@ -1,0 +1,166 @@
+"""AssembleNet++lite `recompute_grad`: one training step with gradient
+checkpointing equals one without it, gradients and batch-norm moving
+statistics alike (issue 11, item 8).
+
+`tf.recompute_grad` runs a checkpointed segment (stem, fusion, block group)
+forward, then again in the backward pass; in that second run the batch norms
+are in training mode again and must not update their moving averages a second
+time (which decayed them at momentum ** 2 per step: after the first step
+from zero, a moving mean of 0.0199 * the batch mean instead of 0.01 *).
+"""
+import numpy as np
+import pytest
+import tensorflow as tf, tf_keras
+
+from official_ext.assemblenet import structures
+from official_ext.assemblenet.modeling import assemblenet_plus_lite as anet
+from official_ext.assemblenet.modeling import layers as anet_layers
+
+T, S, BATCH = 4, 16, 4
+
+
+def _full_model(recompute: bool, use_sync_bn: bool = False):
+  """The tiny backbone + head: {'image': [BATCH, T, S, S, 3]} -> [BATCH, 5]."""
+  backbone = anet.AssembleNetPlusLite(
+      structures.TINY_STRUCTURE, None, structures.TINY_BLOCKS_PER_LEVEL,
+      input_specs=tf_keras.layers.InputSpec(shape=[None, T, S, S, 3]),
+      stem_filters=8, attention_mode='peer', use_sync_bn=use_sync_bn,
+      recompute_grad=recompute, rep_flow_options={'num_iter': 2})
+  return anet.AssembleNetPlusLiteModel(backbone, 5, head_filters=(16, 24))
+
+
+def _segments_model(recompute: bool, use_sync_bn: bool = False):
+  """Checkpointed segments of every kind (two stems, a peer-attention fusion
+  of inputs with different channel counts, a strided 2-block group):
+  {'image': [BATCH, T, S, S, 3]} -> [BATCH, T, S/4, S/4, 8]. Few variables,
+  so quick to build and trace (also under a strategy)."""
+  bn = dict(use_sync_bn=use_sync_bn)
+  inputs = tf_keras.Input([T, S, S, 3], name='image')
+  stems = [anet.LiteStem(4, d, recompute_grad=recompute, name=f'stem_{d}',
+                         **bn)(inputs) for d in (1, 2)]
+  stems[1] = tf_keras.layers.Conv3D(6, 1, name='widen')(stems[1])
+  fused = anet_layers.PeerAttentionFusion(
+      2, 'peer', recompute_grad=recompute, name='fusion')(stems + stems)
+  out = anet_layers.BlockGroup([8, 8, 8], 2, 2, recompute_grad=recompute,
+                               name='group', **bn)(fused)
+  return tf_keras.Model({'image': inputs}, out)
+
+
+def _clips():
+  rng = np.random.default_rng(0)
+  return tf.constant(rng.uniform(0.0, 1.0, (BATCH, T, S, S, 3)), tf.float32)
+
+
+def _grads(model, clips):
+  """Gradients of one training-mode forward pass, [variable shape] each."""
+  with tf.GradientTape() as tape:
+    outputs = model({'image': clips}, training=True)
+    loss = tf.reduce_sum(tf.square(outputs - 1.0))
+  return tape.gradient(loss, model.trainable_variables)
+
+
+def _moving_statistics(model):
+  return {v.name: v.numpy() for v in model.non_trainable_variables
+          if 'moving_' in v.name}
+
+
+def _one_step(model, mode, strategy=None):
+  """Gradients and moving statistics after one step of `model`."""
+  clips = _clips()
+  if strategy is not None:
+    # Eagerly, each replica in a thread of its own (tracing the step under
+    # the strategy costs about 30 s on 2 CPU cores).
+    batch = next(iter(strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices(clips).batch(BATCH))))
+    grads = strategy.run(_grads, args=(model, batch))
+    grads = [strategy.reduce('SUM', g, axis=None) for g in grads]
+  elif mode == 'function':
+    grads = tf.function(_grads)(model, clips)
+  else:
+    grads = _grads(model, clips)
+  assert all(g is not None for g in grads)
+  return [g.numpy() for g in grads], _moving_statistics(model)
+
+
+def _check_one_step(build, mode, strategy=None):
+  """Same gradients; same moving statistics (which did move).
+
+  Returns the number of moving statistics compared.
+  """
+  models = []
+  for recompute in (False, True):
+    if strategy is None:
+      models.append(build(recompute))
+    else:
+      with strategy.scope():
+        models.append(build(recompute, use_sync_bn=True))
+  models[1].set_weights(models[0].get_weights())
+  before = _moving_statistics(models[0])
+  g_ref, m_ref = _one_step(models[0], mode, strategy)
+  g_chk, m_chk = _one_step(models[1], mode, strategy)
+  assert len(g_ref) == len(g_chk)
+  # Float32 rounding of a traced step (another graph with recomputation)
+  # reaches ~1e-7 of the largest gradient, e.g. in a bias gradient that is a
+  # small sum of large terms.
+  scale = max(np.abs(g).max() for g in g_ref)
+  for g0, g1 in zip(g_ref, g_chk):
+    np.testing.assert_allclose(g1, g0, rtol=1e-4, atol=1e-6 * scale)
+  assert list(m_ref) == list(m_chk)
+  for name in m_ref:
+    np.testing.assert_allclose(
+        m_chk[name], m_ref[name], rtol=1e-6, atol=1e-7,
+        err_msg=f'{name}: moving statistic after one step with recompute_grad')
+  moved = [n for n in m_ref if not np.allclose(m_ref[n], before[n])]
+  assert len(moved) >= len(m_ref) // 2, moved
+  return len(m_ref)
+
+
+def test_recompute_grad_updates_batch_norm_statistics_once():
+  """The whole tiny network (6 stems/fusions/block groups), eagerly."""
+  assert _check_one_step(_full_model, 'eager') >= 40
+
+
+def test_recompute_grad_updates_once_in_a_function():
+  """In a traced step the rerun creates no assign ops."""
+  assert _check_one_step(_segments_model, 'function') >= 20
+
+
+def test_recompute_grad_updates_once_on_two_replicas(mirrored):
+  """Each replica thread recomputes its own segments; sync batch norm."""
+  assert _check_one_step(_segments_model, 'eager', mirrored) >= 20
+
+
+def test_block_group_recomputes_without_a_second_update(monkeypatch):
+  """The recomputation still happens (the forward runs twice per step); the
+  moving mean is one update towards the batch mean: 0.01 * mean from 0."""
+  calls = []
+  forward = anet_layers.BlockGroup._forward
+
+  def counting_forward(self, x, training):
+    calls.append(training)
+    return forward(self, x, training)
+
+  monkeypatch.setattr(anet_layers.BlockGroup, '_forward', counting_forward)
+  x = tf.random.stateless_normal([2, 2, 4, 4, 4], seed=[1, 2])
+  groups = [anet_layers.BlockGroup([4, 4, 8], 1, 1, recompute_grad=r)
+            for r in (False, True)]
+  groups[0](x, training=False)
+  groups[1](x, training=False)
+  groups[1].set_weights(groups[0].get_weights())
+  calls.clear()
+  grads = []
+  for group in groups:
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(tf.square(group(x, training=True)))
+    grads.append(tape.gradient(loss, group.trainable_variables))
+  assert calls == [True, True, True]  # once without, twice with recompute.
+  for g0, g1 in zip(*grads):
+    np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-7)
+  bn = groups[1]._blocks[0]._layers[1]._bn  # bn_a after conv_a (4 channels).
+  batch_mean = tf.reduce_mean(groups[1]._blocks[0]._layers[0](x), [0, 1, 2, 3])
+  np.testing.assert_allclose(bn.moving_mean, 0.01 * batch_mean, rtol=1e-5,
+                             atol=1e-7)
+  for v0, v1 in zip(groups[0].non_trainable_variables,
+                    groups[1].non_trainable_variables):
+    np.testing.assert_allclose(v1, v0, rtol=1e-6, atol=1e-7, err_msg=v1.name)
+  assert not anet_layers.in_recomputation()
