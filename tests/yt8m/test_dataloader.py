@@ -121,8 +121,13 @@ def test_eval_one_pass_drop_remainder(tmp_path):
   path = _simple_file(tmp_path, lengths=(2, 2, 2), labels=((0,), (1,), (2,)))
   kept = _batches(_config(path, global_batch_size=2, drop_remainder=False))
   assert [b['labels'].shape[0] for b in kept] == [2, 1]
-  dropped = _batches(_config(path, global_batch_size=2, drop_remainder=True))
-  assert [b['labels'].shape[0] for b in dropped] == [2]
+  # drop_remainder in evaluation: static batch shapes, the last batch padded
+  # and masked, no video dropped (core.eval_padding).
+  padded = _batches(_config(path, global_batch_size=2, drop_remainder=True))
+  assert [b['labels'].shape[0] for b in padded] == [2, 2]
+  assert [list(b['eval_mask']) for b in padded] == [[True, True],
+                                                    [True, False]]
+  np.testing.assert_array_equal(padded[1]['labels'][0], kept[1]['labels'][0])
 
 
 @pytest.mark.parametrize('num_sample_frames', [None, 16, 32])
