@@ -213,18 +213,11 @@ class AssembleNetTask(base_task.Task):
     with tf.GradientTape() as tape:
       logits = tf.cast(model(features, training=True), tf.float32)
       losses = self.build_losses(labels, logits, aux_losses=model.losses)
-      scaled_loss = losses['total_loss'] / num_replicas
-      if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
-        scaled_loss = optimizer.get_scaled_loss(scaled_loss)
-    tvars = model.trainable_variables
-    grads = tape.gradient(scaled_loss, tvars)
-    if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
-      grads = optimizer.get_unscaled_gradients(grads)
-    clip = self.task_config.gradient_clip_norm
-    if clip > 0:
-      gradients.clip_and_apply_gradients(optimizer, grads, tvars, clip)
-    else:
-      optimizer.apply_gradients(list(zip(grads, tvars)))
+      scaled_loss = gradients.scale_loss(
+          optimizer, losses['total_loss'] / num_replicas)
+    gradients.minimize(optimizer, tape, scaled_loss,
+                       model.trainable_variables,
+                       self.task_config.gradient_clip_norm)
     logs = {self.loss: losses['total_loss']}
     if metrics:
       logs.update(self.process_metrics(metrics, labels,

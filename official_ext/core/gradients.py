@@ -1,8 +1,79 @@
-"""Training-step helpers shared by the families."""
+"""The one gradient path of every task's training step.
+
+    scaled = scale_loss(optimizer, loss_share)        # mixed_float16 scaling
+    grads = unscale_gradients(optimizer, tape.gradient(scaled, variables))
+    [grads = add_l2_gradients(grads, variables, l2_regularized_kernels(...))]
+    apply_gradients(optimizer, grads, variables, clip_norm)
+
+`loss_share` is this replica's share of the global-batch loss (its sum over
+replicas is the loss). `apply_gradients` makes sparse gradients dense, sums
+them over replicas, clips the *summed* gradient by its global norm and
+applies it (`minimize` does the four lines for a tape). The L2 helpers
+compute the value of plain-L2 kernel regularization outside XLA and add its
+gradient directly (YT8M's fast path).
+"""
 import inspect
 from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf, tf_keras
+
+
+def _is_loss_scaled(optimizer) -> bool:
+  return isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+
+
+def scale_loss(optimizer, loss: tf.Tensor) -> tf.Tensor:
+  """The loss scaled for a LossScaleOptimizer (mixed_float16), else as is."""
+  return optimizer.get_scaled_loss(loss) if _is_loss_scaled(optimizer) else loss
+
+
+def unscale_gradients(optimizer, grads: Sequence[Optional[tf.Tensor]]
+                      ) -> List[Optional[tf.Tensor]]:
+  """Gradients of a `scale_loss`-scaled loss, back to the loss's scale."""
+  if _is_loss_scaled(optimizer):
+    return list(optimizer.get_unscaled_gradients(list(grads)))
+  return list(grads)
+
+
+def apply_gradients(optimizer, grads: Sequence[Optional[tf.Tensor]],
+                    variables: Sequence[tf.Variable],
+                    clip_norm: float) -> None:
+  """Applies this replica's unscaled gradients, clipped after the sum.
+
+  Sparse gradients (`tf.IndexedSlices`, e.g. of an embedding) are made dense
+  first: their row counts differ between replicas, which a cross-replica
+  all-reduce of slices cannot sum. With `clip_norm` > 0 the gradient summed
+  over replicas is clipped by its global norm (`clip_and_apply_gradients`);
+  otherwise the optimizer sums and applies.
+
+  Args:
+    optimizer: a tf_keras optimizer (a LossScaleOptimizer receives unscaled
+      gradients and applies them as they are).
+    grads: one per variable (None allowed), from `unscale_gradients`.
+    variables: the trainable variables.
+    clip_norm: maximum global norm of the summed gradient; <= 0: no clipping.
+  """
+  grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+           for g in grads]
+  if clip_norm > 0:
+    clip_and_apply_gradients(optimizer, grads, variables, clip_norm)
+  else:
+    optimizer.apply_gradients(list(zip(grads, variables)))
+
+
+def minimize(optimizer, tape: tf.GradientTape, scaled_loss: tf.Tensor,
+             variables: Sequence[tf.Variable], clip_norm: float) -> None:
+  """`apply_gradients` of the unscaled gradients of `scaled_loss`.
+
+  Args:
+    optimizer: the task's optimizer.
+    tape: the tape that recorded `scaled_loss`.
+    scaled_loss: `scale_loss(optimizer, this replica's loss share)`.
+    variables: the trainable variables.
+    clip_norm: see `apply_gradients`.
+  """
+  grads = unscale_gradients(optimizer, tape.gradient(scaled_loss, variables))
+  apply_gradients(optimizer, grads, variables, clip_norm)
 
 
 def _skip_aggregation_kwargs(optimizer) -> dict:

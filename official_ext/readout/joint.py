@@ -47,6 +47,7 @@ from official.modeling.multitask import configs as multitask_configs
 from official.modeling.multitask import multitask
 from official.modeling.multitask import train_lib as multitask_train_lib
 from official_ext.core import controller as controller_lib
+from official_ext.core import gradients
 from official_ext.readout import configs
 from official_ext.readout import task as readout_task
 from official_ext.readout.modeling import layers
@@ -216,10 +217,10 @@ class JointMultiTask(multitask.MultiTask):
         else:
           task.process_metrics(task_metrics[name], labels=None, outputs=None,
                                model_losses=metric_logs, training=True)
-      scaled = readout_task.scale_loss(optimizer, share_sum)
-    readout_task.apply_gradients(optimizer, tape, scaled,
-                                 multi_task_model.trainable_variables,
-                                 self._gradient_clip_norm)
+      scaled = gradients.scale_loss(optimizer, share_sum)
+    gradients.minimize(optimizer, tape, scaled,
+                       multi_task_model.trainable_variables,
+                       self._gradient_clip_norm)
     losses['total_loss'] = total
     return losses
 

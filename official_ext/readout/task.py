@@ -31,33 +31,6 @@ def _loss_metric_name(task: str) -> str:
   return f'{task}_loss'
 
 
-def scale_loss(optimizer, loss: tf.Tensor) -> tf.Tensor:
-  """The loss scaled for a LossScaleOptimizer (mixed_float16), else as is."""
-  if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
-    return optimizer.get_scaled_loss(loss)
-  return loss
-
-
-def apply_gradients(optimizer, tape: tf.GradientTape, scaled_loss: tf.Tensor,
-                    tvars, clip_norm: float) -> None:
-  """Gradients of `scaled_loss` (see `scale_loss`), unscaled, summed over
-  replicas, clipped by global norm (`clip_norm` <= 0: off) and applied.
-
-  Sparse gradients (`tf.IndexedSlices`, e.g. of the task embedding) are made
-  dense first: their row counts differ between replicas (queries per
-  replica), which a cross-replica all-reduce of slices cannot sum.
-  """
-  grads = tape.gradient(scaled_loss, tvars)
-  if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
-    grads = optimizer.get_unscaled_gradients(grads)
-  grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-           for g in grads]
-  if clip_norm > 0:
-    gradients.clip_and_apply_gradients(optimizer, grads, tvars, clip_norm)
-  else:
-    optimizer.apply_gradients(list(zip(grads, tvars)))
-
-
 @task_factory.register_task_cls(configs.ReadoutTaskConfig)
 class ReadoutTask(base_task.Task):
   """Routed per-task heads on a shared encoder (see `configs`).
@@ -248,9 +221,9 @@ class ReadoutTask(base_task.Task):
     with tf.GradientTape() as tape:
       share, global_losses, _ = self.compute_losses(inputs, model,
                                                     training=True)
-      scaled = scale_loss(optimizer, share['total_loss'])
-    apply_gradients(optimizer, tape, scaled, model.trainable_variables,
-                    self.task_config.gradient_clip_norm)
+      scaled = gradients.scale_loss(optimizer, share['total_loss'])
+    gradients.minimize(optimizer, tape, scaled, model.trainable_variables,
+                       self.task_config.gradient_clip_norm)
     logs = {self.loss: global_losses['total_loss']}
     logs.update(self.process_metrics(metrics, model_losses=global_losses))
     return logs

@@ -199,12 +199,10 @@ class YT8MTask(base_task.Task):
           label_weights=label_weights,
           aux_losses=model.losses if l2_pairs is None else None)
       # Gradients are summed over replicas: scale to the global-batch mean.
-      scaled_loss = all_losses['total_loss'] / num_replicas
-      if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
-        scaled_loss = optimizer.get_scaled_loss(scaled_loss)
-    grads = tape.gradient(scaled_loss, model.trainable_variables)
-    if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
-      grads = optimizer.get_unscaled_gradients(grads)
+      scaled_loss = gradients.scale_loss(
+          optimizer, all_losses['total_loss'] / num_replicas)
+    grads = gradients.unscale_gradients(
+        optimizer, tape.gradient(scaled_loss, model.trainable_variables))
     if l2_pairs:
       grads = gradients.add_l2_gradients(
           grads, model.trainable_variables, l2_pairs, scale=1.0 / num_replicas)
@@ -248,12 +246,8 @@ class YT8MTask(base_task.Task):
       all_losses = dict(all_losses)
       all_losses['total_loss'] += gradients.l2_loss(l2_pairs)
     loss = all_losses['total_loss']
-    tvars = model.trainable_variables
-    clip_norm = self.task_config.gradient_clip_norm
-    if clip_norm > 0:
-      gradients.clip_and_apply_gradients(optimizer, grads, tvars, clip_norm)
-    else:
-      optimizer.apply_gradients(list(zip(grads, tvars)))
+    gradients.apply_gradients(optimizer, grads, model.trainable_variables,
+                              self.task_config.gradient_clip_norm)
     logs = {self.loss: loss}
     logs.update(self.process_metrics(
         metrics, labels=labels, outputs=predictions, model_losses=all_losses,
