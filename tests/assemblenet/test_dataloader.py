@@ -62,10 +62,25 @@ def test_multi_clip_multi_crop_eval_views(tmp_path):
   _write(tmp_path / 'v.tfrecord', videos, labels)
   ds = dataloader.build_dataset(_params(tmp_path / 'v.tfrecord',
                                         num_test_clips=2, num_test_crops=3))
-  features, y = next(iter(ds))
-  # 2 videos x 2 clips x 3 crops folded into the batch.
+  batches = list(ds)
+  features, y = batches[0]
+  # 2 videos x 2 clips x 3 crops folded into the batch, video-major.
   assert features['image'].shape == (12, 4, 32, 32, 3)
   assert y.shape == (2, demo_data.NUM_CLASSES)
+  # A video's 6 views stay together, next to its own label: each view is a
+  # 4-frame window of that video (matched against every video's frames).
+  sources = [tf.image.resize(v / 255.0, [32, 32]).numpy() for v in videos]
+  views = np.concatenate([f['image'].numpy() for f, _ in batches])
+  labels_out = np.concatenate([np.argmax(l, -1) for _, l in batches])
+  assert views.shape[0] == 3 * 6
+  np.testing.assert_array_equal(labels_out, [l[0] for l in labels])
+  for j, view in enumerate(views):
+
+    def distance(video):
+      return min(np.abs(view - video[s:s + 4]).mean()
+                 for s in range(len(video) - 3))
+
+    assert int(np.argmin([distance(v) for v in sources])) == j // 6, j
 
 
 def test_multilabel_records(tmp_path):

@@ -71,8 +71,22 @@ def test_max_pool_predictions_is_softmax_over_time():
 
 
 def test_dropout_rate_is_a_drop_rate():
+  """In training, 90 % of the pooled features are dropped at rate 0.9 and
+  the rest scaled by 1 / 0.1 (a keep probability would drop 10 %)."""
   head = anet.LiteHead(3, filters=(4, 5), dropout_rate=0.9)
-  assert head._dropout.rate == 0.9
+  x = tf.random.normal([4000, 2, 2, 2, 8], seed=1)
+  head(x, training=False)  # Build.
+  # The dense layer passes pooled features 0..2 through unchanged.
+  head._dense.kernel.assign(np.eye(5, 3, dtype=np.float32))
+  head._dense.bias.assign(np.zeros(3, np.float32))
+  out = head(x, training=True).numpy()
+  h = head._bn2(head._conv2(head._bn1(head._conv1(x), training=True)),
+                training=True)
+  pooled = tf.reduce_mean(h, [1, 2, 3]).numpy()[:, :3]
+  dropped = out == 0.0
+  assert abs(dropped.mean() - 0.9) < 0.02
+  np.testing.assert_allclose(out[~dropped], pooled[~dropped] / 0.1,
+                             rtol=1e-4, atol=1e-5)
   with pytest.raises(ValueError, match='drop rate'):
     anet.LiteHead(3, dropout_rate=1.0)
 
