@@ -1,29 +1,31 @@
-"""Mean average precision over classes (Charades-style mAP)."""
+"""Mean average precision over classes (Charades-style multi-label mAP).
+
+The AP is `official_ext.core.average_precision`'s, with its one tie rule:
+videos with equal probability for a class form one rank group and every
+positive of the group gets the precision measured after the whole group
+(scikit-learn's `average_precision_score`). The mAP therefore depends only
+on the (probabilities, labels) rows, not on the order the evaluation
+gathered them in (replicas, workers).
+"""
 from typing import Optional
 
 import numpy as np
 
+from official_ext.core import average_precision as core_ap
+
 
 def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
-  """AP of one class: mean over the positives of the precision at their rank.
+  """AP of one class over N videos.
 
   Args:
-    scores: float [N] predicted scores.
-    labels: {0, 1} [N] ground truth.
+    scores: float [N] predicted scores (NaN rejected).
+    labels: {0, 1} [N] ground truth (> 0 is a positive).
 
   Returns:
-    The AP in [0, 1]; NaN when there is no positive. Ties are ranked by
-    input order (a stable sort of the descending scores).
+    The AP in [0, 1]; NaN when there is no positive. Ties count as one
+    threshold (module docstring); the input order does not matter.
   """
-  scores = np.asarray(scores, np.float64)
-  labels = np.asarray(labels) > 0
-  num_pos = int(labels.sum())
-  if num_pos == 0:
-    return float('nan')
-  order = np.argsort(-scores, kind='stable')
-  hits = labels[order]
-  precision_at = np.cumsum(hits) / np.arange(1, len(hits) + 1)
-  return float(precision_at[hits].sum() / num_pos)
+  return core_ap.average_precision(scores, labels)
 
 
 def mean_average_precision(scores: np.ndarray, labels: np.ndarray,
@@ -36,15 +38,9 @@ def mean_average_precision(scores: np.ndarray, labels: np.ndarray,
 
   Returns:
     The mean AP over classes with a positive (NaN if none has one).
+
+  Raises:
+    ValueError: if scores and labels are not both [N, K] of one shape, or
+      scores contain NaN.
   """
-  scores = np.asarray(scores)
-  labels = np.asarray(labels)
-  if scores.shape != labels.shape or scores.ndim != 2:
-    raise ValueError(f'scores {scores.shape} and labels {labels.shape} must '
-                     'both be [N, K].')
-  aps = [average_precision(scores[:, k], labels[:, k])
-         for k in range(scores.shape[1])]
-  if per_class is not None:
-    per_class.extend(aps)
-  valid = [a for a in aps if not np.isnan(a)]
-  return float(np.mean(valid)) if valid else float('nan')
+  return core_ap.mean_average_precision(scores, labels, per_class=per_class)

@@ -20,7 +20,8 @@ measure (no query of positive weight, or no positive label for mAP);
   targets or the predictions; F1 = 2 TP / (2 TP + FP + FN).
 * `map` (multilabel): mean over labels with a positive of the average
   precision sum_k (R_k - R_{k-1}) P_k over distinct score thresholds
-  (scikit-learn's `average_precision_score`).
+  (scikit-learn's `average_precision_score`; tied scores are one threshold),
+  computed by `official_ext.core.average_precision`.
 * `poisson_d2` (event_rate, predictions are log-rates): 1 - D(y, exp(p)) /
   D(y, ybar_w) with the Poisson deviance D(y, mu) = 2 sum w (y log(y / mu) -
   y + mu) (0 log 0 = 0).
@@ -35,6 +36,7 @@ from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 
+from official_ext.core import average_precision as core_ap
 from official_ext.readout import configs
 
 
@@ -46,11 +48,6 @@ def _prep(pred, target, weights):
        np.asarray(weights, np.float64).reshape([n]))
   keep = w > 0
   return pred[keep], target[keep], w[keep]
-
-
-def _nanmean(values) -> float:
-  values = [v for v in values if not math.isnan(v)]
-  return float(np.mean(values)) if values else float('nan')
 
 
 def r2_score(pred, target, weights=None) -> float:
@@ -115,32 +112,18 @@ def multinomial_scores(logits, target, weights=None) -> Dict[str, float]:
 
 
 def average_precision(scores, labels, weights=None) -> float:
-  """Weighted AP of one label ([n] scores, [n] 0/1 labels); NaN if no
-  positive."""
-  s = np.asarray(scores, np.float64)
-  y = np.asarray(labels, np.float64) > 0.5
-  w = np.ones_like(s) if weights is None else np.asarray(weights, np.float64)
-  keep = w > 0
-  s, y, w = s[keep], y[keep], w[keep]
-  total_pos = np.sum(w[y])
-  if total_pos <= 0:
-    return float('nan')
-  order = np.argsort(-s, kind='stable')
-  s, y, w = s[order], y[order], w[order]
-  tp = np.cumsum(w * y)
-  fp = np.cumsum(w * ~y)
-  last = np.r_[np.flatnonzero(np.diff(s)), s.size - 1]  # End of each tie.
-  tp, fp = tp[last], fp[last]
-  precision = tp / (tp + fp)
-  recall = tp / total_pos
-  return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+  """Weighted AP of one label: `core.average_precision` of [n] scores and
+  [n] 0/1 labels (> 0.5 is a positive), weights [n] as sample weights; NaN
+  if no positive of positive weight."""
+  return core_ap.average_precision(
+      scores, np.asarray(labels, np.float64) > 0.5,
+      None if weights is None else np.asarray(weights, np.float64))
 
 
 def mean_average_precision(logits, target, weights=None) -> float:
-  """mAP over the labels (columns) that have a positive."""
+  """mAP over the labels (columns) that have a positive (core AP)."""
   p, y, w = _prep(logits, target, weights)
-  return _nanmean([average_precision(p[:, c], y[:, c], w)
-                   for c in range(p.shape[1])])
+  return core_ap.mean_average_precision(p, y > 0.5, w)
 
 
 def poisson_d2(log_rate, target, weights=None) -> float:

@@ -19,14 +19,16 @@ Definitions (those of the YouTube-8M challenge):
 * `gap` (global average precision): non-interpolated average precision over
   the pooled (score, label) pairs of every video's top-`top_k` predictions,
   divided by the total number of true labels in the data (all positives, not
-  only those that made a top-k). Ties in score are order-independent: all
-  pairs with equal score form one threshold, and every positive of that group
-  gets the precision measured at the end of the group:
+  only those that made a top-k), as the YouTube-8M starter code defines it.
+  The AP and its tie rule are `official_ext.core.average_precision`'s: all
+  pairs with equal score form one threshold, and every positive of that
+  group gets the precision measured at the end of the group:
   AP = sum over positive pairs of precision@(last rank of its tie group)
   / total positives. The value therefore does not depend on input order.
 * `map`: mean, over the classes with at least one true label in the data, of
-  the per-class AP over the same pooled top-k pairs of that class (same tie
-  rule), each divided by that class's total positives in the data.
+  the per-class AP over the same pooled top-k pairs of that class (same
+  function and tie rule), each divided by that class's total positives in
+  the data.
 * `map_all_classes`: the same per-class AP summed over all C classes and
   divided by C; classes without positives count 0 (Model Garden's
   convention).
@@ -48,12 +50,16 @@ O(N * top_k) memory: the pooled top-k (score, label, class) triples, per-class
 positive counts and running sums for hit@1 / perr. Rows are processed in
 chunks of `_CHUNK_ROWS`; the top-k is found from the k-th largest value per
 row (`np.partition`, no full sort of [N, C]) and only those k are sorted, so
-100,000 x 3,862 float32 predictions take a few seconds.
+100,000 x 3,862 float32 predictions take a few seconds. `result()` hands
+the pooled pairs to `core.average_precision.grouped_average_precision`, which
+computes every class's AP and the GAP from one sort.
 The straightforward per-video oracle lives in `metrics_reference.py`.
 """
-from typing import Dict, Tuple
+from typing import Dict
 
 import numpy as np
+
+from official_ext.core import average_precision
 
 # Rows processed at once; bounds the [rows, C] temporaries.
 _CHUNK_ROWS = 8192
@@ -149,56 +155,6 @@ def _hits_at(scores: np.ndarray, positive: np.ndarray, order: np.ndarray,
          (np.take_along_axis(scores, order, axis=1) > 0))
   cum = np.cumsum(hit, axis=1)
   return cum[np.arange(order.shape[0]), num_pos - 1]
-
-
-def _pooled_ap_sums(scores: np.ndarray, positive: np.ndarray,
-                    classes: np.ndarray,
-                    num_classes: int) -> Tuple[float, np.ndarray]:
-  """Un-normalized tie-aware AP sums over pooled pairs.
-
-  Args:
-    scores: [P] float64 pooled scores (finite or +inf).
-    positive: [P] bool pooled labels.
-    classes: [P] int class ids.
-    num_classes: C.
-
-  Returns:
-    (global sum, per-class sums [C] float64): the sum over positive pairs of
-    the precision at the end of the pair's tie group, over all pairs pooled
-    together and within each class.
-  """
-  per_class = np.zeros(num_classes, dtype=np.float64)
-  if scores.size == 0:
-    return 0.0, per_class
-
-  # Global pool, score descending.
-  by_score = np.argsort(-scores)
-  s = scores[by_score]
-  cum = np.cumsum(positive[by_score])
-  ends = np.flatnonzero(np.append(s[1:] != s[:-1], True))
-  cum_end = cum[ends]
-  group_pos = np.diff(cum_end, prepend=0)
-  global_sum = float(np.sum(group_pos * (cum_end / (ends + 1.0))))
-
-  # Per class: class ascending, then score descending (a stable sort by class
-  # of the score order; faster than np.lexsort).
-  order = by_score[np.argsort(classes[by_score], kind='stable')]
-  s = scores[order]
-  c = classes[order]
-  cum = np.cumsum(positive[order])
-  counts = np.bincount(c, minlength=num_classes)
-  starts = np.cumsum(counts) - counts
-  start_of = starts[c]
-  rank = np.arange(s.size) - start_of  # 0-based rank within the class
-  cum_before = np.concatenate(([0], cum))[start_of]
-  ends = np.flatnonzero(
-      np.append((s[1:] != s[:-1]) | (c[1:] != c[:-1]), True))
-  cum_end = cum[ends]
-  group_pos = np.diff(cum_end, prepend=0)
-  precision = (cum_end - cum_before[ends]) / (rank[ends] + 1.0)
-  per_class += np.bincount(c[ends], weights=group_pos * precision,
-                           minlength=num_classes)
-  return global_sum, per_class
 
 
 class AveragePrecisionAccumulator:
@@ -365,18 +321,18 @@ class AveragePrecisionAccumulator:
     scores = cat(self._scores, np.float64)
     positive = cat(self._positive, bool)
     classes = cat(self._classes, np.int32)
-    global_sum, class_sums = _pooled_ap_sums(scores, positive, classes,
-                                             self._num_classes)
     class_pos = self._class_positives
-    total_pos = int(class_pos.sum())
+    # Positives outside every top-k still count in the denominators.
+    per_class_ap, gap = average_precision.grouped_average_precision(
+        scores, positive, classes, self._num_classes,
+        num_positives=class_pos, return_pooled=True)
     has_pos = class_pos > 0
-    per_class_ap = np.zeros(self._num_classes, dtype=np.float64)
-    per_class_ap[has_pos] = class_sums[has_pos] / class_pos[has_pos]
+    per_class_ap[~has_pos] = 0.0  # NaN (no positive) counts 0 here.
     n = self._num_videos
     out = {
         'hit_at_one': self._hit_at_one_sum / n if n else 0.0,
         'perr': self._perr_sum / n if n else 0.0,
-        'gap': global_sum / total_pos if total_pos else 0.0,
+        'gap': gap if has_pos.any() else 0.0,
         'map': float(per_class_ap[has_pos].mean()) if has_pos.any() else 0.0,
         'map_all_classes': float(per_class_ap.sum() / self._num_classes),
         'num_videos': int(n),

@@ -1,48 +1,35 @@
 """Straightforward reference implementation of the YouTube-8M metrics.
 
 Plain Python loops over videos and classes with `sorted`, written to be
-obviously correct rather than fast. It implements exactly the definitions in
-the docstring of `official_ext.yt8m.metrics` and serves as the oracle for the
-vectorized `metrics.evaluate` in tests and benchmarks. Use it only on small
-inputs (it is O(N * C log C) Python operations).
+obviously correct rather than fast: each video's top-k by (score desc, class
+id asc), label-weight masking, hit@1 and PERR, and the pooling of the top-k
+pairs per class. The average precision of the pooled pairs is not
+re-implemented here: it is `official_ext.core.average_precision`, the
+project's one AP (checked there against scikit-learn and hand-computed
+cases), called once for the GAP and once per class.
+
+This module is not on any evaluation path. It is the in-process reference of
+`python -m official_ext.benchmark yt8m` (the speed ratio of the vectorized
+`metrics.evaluate`, and its max |difference| from this reference) and the
+oracle of tests/yt8m/test_metrics.py. Use it only on small inputs (it is
+O(N * C log C) Python operations).
 """
 import math
-from typing import Dict, List, Tuple
+from typing import Dict
 
 import numpy as np
 
+from official_ext.core import average_precision
 
-def _average_precision(pairs: List[Tuple[float, bool]],
-                       num_positives: int) -> float:
-  """Tie-aware non-interpolated AP.
 
-  Args:
-    pairs: (score, is_positive) pairs, any order.
-    num_positives: the denominator (all positives in the data, including
-      those that are not among `pairs`).
-
-  Returns:
-    sum over positive pairs of the precision at the end of the pair's tie
-    group (all pairs with equal score), divided by num_positives; 0.0 when
-    num_positives is 0.
-  """
+def _average_precision(pairs, num_positives: int) -> float:
+  """`core.average_precision` of (score, is_positive) pairs; 0.0 without a
+  positive (num_positives counts positives outside `pairs` too)."""
   if num_positives == 0:
     return 0.0
-  ranked = sorted(pairs, key=lambda pair: -pair[0])
-  total = 0.0
-  positives_seen = 0
-  i = 0
-  while i < len(ranked):
-    # [i, j) is one tie group.
-    j = i
-    while j < len(ranked) and ranked[j][0] == ranked[i][0]:
-      j += 1
-    group_positives = sum(1 for _, is_pos in ranked[i:j] if is_pos)
-    positives_seen += group_positives
-    precision_at_group_end = positives_seen / j  # j pairs ranked so far
-    total += group_positives * precision_at_group_end
-    i = j
-  return total / num_positives
+  return average_precision.average_precision(
+      [score for score, _ in pairs], [bool(p) for _, p in pairs],
+      num_positives=num_positives)
 
 
 def evaluate_reference(predictions, labels, top_k: int = 20,

@@ -35,10 +35,11 @@ other classes are ignored (counted). The starter averages over the classes
 of the submission instead: the two agree when the submission has a line for
 exactly the rated classes (the challenge's 1,000).
 
-The AP sum comes from `metrics._pooled_ap_sums`, the project's one
-average-precision implementation (positions are distinct, so its tie rule
-does not apply). A submission line that repeats a segment, or is not
-`<int>,...`, is an error naming the file and line.
+The AP is `official_ext.core.average_precision`'s, the project's one
+average-precision implementation, with the earlier position as the higher
+score (positions are distinct, so its tie rule does not apply). A
+submission line that repeats a segment, or is not `<int>,...`, is an error
+naming the file and line.
 """
 import dataclasses
 import re
@@ -50,8 +51,8 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from official_ext.core import average_precision
 from official_ext.core import input_files
-from official_ext.yt8m import metrics
 
 SEGMENT_HEADER = 'Class,Segments'
 DEFAULT_TOP_K = 100000
@@ -311,13 +312,12 @@ def mean_average_precision(submission: str, ratings: SegmentRatings,
     scores.append(-pos.astype(np.float64))  # Earlier position, higher score.
     positive.append(read.labels[cls])
     classes.append(np.full(pos.shape, index[cls], np.int64))
-  _, sums = metrics._pooled_ap_sums(  # pylint: disable=protected-access
+  totals = np.array([ratings.positives[c] for c in evaluated], np.float64)
+  aps = average_precision.grouped_average_precision(
       np.concatenate(scores) if scores else np.zeros([0]),
       np.concatenate(positive) if positive else np.zeros([0], bool),
       np.concatenate(classes) if classes else np.zeros([0], np.int64),
-      len(evaluated))
-  totals = np.array([ratings.positives[c] for c in evaluated], np.float64)
-  aps = sums / totals
+      len(evaluated), num_positives=totals)
   missing = sorted(set(evaluated).difference(read.positions))
   if without:
     logging.info('%d class(es) without a positive rating are not evaluated: '

@@ -179,3 +179,25 @@ def test_constant_sides_and_empty_inputs():
                                           [0.0])['balanced_accuracy'])
   assert math.isnan(metrics.multinomial_scores(
       [[1.0, 0.0]], [[0.0]], [0.0])['macro_f1'])
+
+
+def test_map_is_the_core_average_precision():
+  """Readout mAP is `core.average_precision`'s, weights as sample weights,
+  independent of the order of the queries (integer scores: many ties)."""
+  from official_ext.core import average_precision as core_ap  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(3)
+  n = 120
+  logits = rng.integers(-2, 3, [n, 4]).astype(float)
+  target = (rng.random([n, 4]) < 0.3).astype(float)
+  target[:, 3] = 0.0  # No positive: left out of the mean.
+  w = rng.integers(0, 3, n).astype(float)
+  value = metrics.mean_average_precision(logits, target, w)
+  per_class = core_ap.per_class_average_precision(logits, target > 0.5, w)
+  assert value == core_ap.mean_average_precision(logits, target > 0.5, w)
+  assert value == pytest.approx(float(np.mean(per_class[:3])))
+  for c in range(3):
+    assert metrics.average_precision(logits[:, c], target[:, c], w) == (
+        pytest.approx(per_class[c], abs=1e-15))
+  order = rng.permutation(n)
+  assert metrics.mean_average_precision(logits[order], target[order],
+                                        w[order]) == value

@@ -294,3 +294,96 @@ def test_nan_predictions_rejected_without_changing_state():
   with pytest.raises(ValueError, match='NaN'):
     acc.accumulate(bad, np.ones((1, 3)))
   assert acc.result()['num_videos'] == 0
+
+
+def _pooled_top_k(predictions, labels, top_k, label_weights=None):
+  """Every video's top-k (score, positive, class), ties -> lower class id;
+  unrated classes (weight 0) are never pooled. Also the class positives."""
+  scores = np.asarray(predictions, np.float64)
+  positive = np.asarray(labels) > 0
+  if label_weights is not None:
+    rated = np.asarray(label_weights) != 0
+    scores = np.where(rated, scores, -np.inf)
+    positive &= rated
+  idx = np.argsort(-scores, axis=1, kind='stable')[:, :top_k]
+  s = np.take_along_axis(scores, idx, axis=1).reshape(-1)
+  p = np.take_along_axis(positive, idx, axis=1).reshape(-1)
+  c = idx.reshape(-1)
+  keep = s != -np.inf
+  return s[keep], p[keep], c[keep], positive.sum(axis=0)
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_gap_and_map_are_the_core_average_precision(case):
+  """GAP / mAP = `core.average_precision` over the pooled top-k pairs."""
+  from official_ext.core import average_precision as core_ap  # pylint: disable=g-import-not-at-top
+  case = dict(case)
+  top_k = case.pop('top_k')
+  predictions, labels, weights = _random_case(**case)
+  got = metrics.AveragePrecisionAccumulator(30, top_k)
+  got.accumulate(predictions, labels, weights)
+  got = got.result(return_per_class_ap=True)
+  s, p, c, class_pos = _pooled_top_k(predictions, labels, top_k, weights)
+  per_class, gap = core_ap.grouped_average_precision(
+      s, p, c, 30, num_positives=class_pos, return_pooled=True)
+  assert got['gap'] == pytest.approx(gap, abs=1e-12)
+  assert got['gap'] == pytest.approx(core_ap.average_precision(
+      s, p, num_positives=class_pos.sum()), abs=1e-12)
+  has = class_pos > 0
+  np.testing.assert_allclose(got['per_class_ap'][has], per_class[has],
+                             rtol=0, atol=1e-12)
+  np.testing.assert_array_equal(got['per_class_ap'][~has], 0.0)
+  assert got['map'] == pytest.approx(np.mean(per_class[has]), abs=1e-12)
+  assert got['map_all_classes'] == pytest.approx(
+      np.sum(per_class[has]) / 30, abs=1e-12)
+
+
+def test_gap_depends_on_scores_not_order_of_tied_pairs():
+  # Integer scores: nearly every pooled pair is tied with others; the rows
+  # shuffled (another batching / worker order) give bit-identical metrics.
+  rng = np.random.default_rng(12)
+  predictions = rng.integers(0, 4, (300, 25)).astype(np.float32)
+  labels = (rng.random((300, 25)) < 0.15).astype(np.float32)
+  base = metrics.evaluate(predictions, labels, top_k=6)
+  perm = rng.permutation(300)
+  acc = metrics.AveragePrecisionAccumulator(25, top_k=6)
+  for lo in range(0, 300, 70):
+    rows = perm[lo:lo + 70]
+    acc.accumulate(predictions[rows], labels[rows])
+  shuffled = acc.result()
+  for key in KEYS:
+    assert shuffled[key] == base[key], key
+
+
+def test_segment_eval_ap_is_the_core_average_precision(tmp_path):
+  """The challenge's per-class AP@K = `core.average_precision` of the kept
+  rated entries, earlier position = higher score, over all positives."""
+  from official_ext.core import average_precision as core_ap  # pylint: disable=g-import-not-at-top
+  from official_ext.yt8m import segment_eval  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(4)
+  segments = [f'v{v}:{5 * s}' for v in range(12) for s in range(4)]
+  scores, lines = {}, ['Class,Segments']
+  for cls in range(3):
+    rated = rng.choice(len(segments), 20, replace=False)
+    for i in rated:
+      scores[(segments[i], cls)] = float(rng.random() < 0.4)
+    scores[(segments[rated[0]], cls)] = 1.0  # At least one positive.
+    listed = rng.permutation(len(segments))[:30]  # Some unrated, some cut.
+    lines.append(f'{cls},' + ' '.join(segments[i] for i in listed))
+  positives = {}
+  for (_, cls), value in scores.items():
+    positives[cls] = positives.get(cls, 0) + int(value > 0)
+  ratings = segment_eval.SegmentRatings(scores, positives, 12)
+  sub = tmp_path / 'sub.csv'
+  sub.write_text('\n'.join(lines) + '\n')
+  result = segment_eval.mean_average_precision(str(sub), ratings, top_k=25)
+  want = []
+  for cls, line in enumerate(lines[1:]):
+    kept = [s for s in line.split(',')[1].split()[:25]
+            if (s, cls) in scores]
+    labels = [scores[(s, cls)] > 0 for s in kept]
+    want.append(core_ap.average_precision(
+        -np.arange(len(kept), dtype=float), labels,
+        num_positives=positives[cls]))
+    assert result['per_class_ap'][cls] == pytest.approx(want[-1], abs=1e-15)
+  assert 0 < result['map'] == pytest.approx(np.mean(want))
