@@ -4,13 +4,13 @@ import tensorflow as tf, tf_keras
 
 from official.core import task_factory
 from official_ext.core import gradients
-from official_ext.yt8m import benchmark
+from official_ext.benchmarks import yt8m as benchmark
 
 
 def _tiny_task():
   # A large decay, so that a missing or doubled L2 term changes the update
   # well beyond the tolerances below.
-  config = benchmark._task(benchmark.TINY).task_config
+  config = benchmark.build_task(benchmark.TINY).task_config
   return task_factory.get_task(config.replace(losses={'l2_weight_decay': 0.1}))
 
 
@@ -19,7 +19,7 @@ def _step(task, use_fast_l2):
   tf_keras.utils.set_random_seed(4)
   model = task.build_model()
   optimizer = tf_keras.optimizers.legacy.SGD(1.0)
-  batch = benchmark._batch(benchmark.TINY, seed=3)
+  batch = benchmark.make_batch(benchmark.TINY, seed=3)
   metrics = task.build_metrics(training=True)
   logs = tf.function(
       lambda: task.train_step(batch, model, optimizer, metrics))()
@@ -52,7 +52,7 @@ def test_other_regularizers_keep_the_generic_path():
 
 def _segment_task():
   """Segment mode, with num_sample_frames set (as the yt8m configs have it)."""
-  config = benchmark._task(benchmark.TINY).task_config
+  config = benchmark.build_task(benchmark.TINY).task_config
   return task_factory.get_task(config.replace(train_data={
       'segment_labels': True, 'segment_size': benchmark.TINY.frames,
       'num_sample_frames': 4}))
@@ -65,7 +65,7 @@ def _segment_step(padding_value):
   task = _segment_task()
   tf_keras.utils.set_random_seed(4)
   model = task.build_model()
-  batch = dict(benchmark._batch(benchmark.TINY, seed=3))
+  batch = dict(benchmark.make_batch(benchmark.TINY, seed=3))
   frames = benchmark.TINY.frames
   num_frames = np.array([frames, 3, 1, 5, frames, 2, 4, 6], np.int32)
   valid = np.arange(frames)[None, :] < num_frames[:, None]

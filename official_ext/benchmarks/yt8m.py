@@ -1,6 +1,7 @@
 """YT8M section of `python -m official_ext.benchmark yt8m`.
 
-Figures (all measured in one process; speeds are interleaved side by side):
+Figures (all measured in one process; every time goes through
+`timing.interleaved_seconds`, speeds side by side with their reference):
 
 * training step examples/sec of our model vs Model Garden's
   `official.projects.yt8m.modeling.yt8m_model.VideoClassificationModel` (the
@@ -20,9 +21,7 @@ Figures (all measured in one process; speeds are interleaved side by side):
   reference (`metrics_reference`) on a 2,000-video slice, scaled.
 """
 import dataclasses
-import os
 import tempfile
-import time
 from typing import Dict, Optional
 
 import numpy as np
@@ -30,12 +29,13 @@ import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
 from official.core import task_factory
-from official_ext import registry_imports  # pylint: disable=unused-import
-from official_ext.core import bench_utils
+from official_ext.benchmarks import timing
+from official_ext.yt8m import configs  # pylint: disable=unused-import  (registers 'yt8m')
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import metrics
 from official_ext.yt8m import metrics_reference
+from official_ext.yt8m import task as yt8m_task  # pylint: disable=unused-import  (registers YT8MTask)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,8 @@ def train_flops_per_example(size: Size) -> float:
   return 2 * cluster + 3 * 2 * k * h + 3 * 2 * moe
 
 
-def _task(size: Size, jit_compile: bool = True):
+def build_task(size: Size, jit_compile: bool = True):
+  """A `YT8MTask` of the 'yt8m' experiment at `size` (model and train data)."""
   params = exp_factory.get_exp_config('yt8m')
   params.override({'task': {
       'model': {'backbone': {'dbof': {'cluster_size': size.cluster,
@@ -114,7 +115,14 @@ def _step_fn(task, model, batch):
   return step
 
 
-def _batch(size: Size, seed: int = 0) -> Dict[str, tf.Tensor]:
+def make_batch(size: Size, seed: int = 0) -> Dict[str, tf.Tensor]:
+  """A random in-memory training batch at `size`.
+
+  Returns:
+    {'video_matrix': float32 [batch, frames, features] (dequantized uint8),
+     'num_frames': int32 [batch] (all `frames`), 'labels': float32
+     [batch, classes] with 3 positives per video}.
+  """
   rng = np.random.default_rng(seed)
   x = dataloader.dequantize(tf.constant(rng.integers(
       0, 256, [size.batch, size.frames, size.features], dtype=np.uint8)))
@@ -129,21 +137,21 @@ def _batch(size: Size, seed: int = 0) -> Dict[str, tf.Tensor]:
 def bench_train_step(size: Size, peak_gflops: float, rounds: int = 5
                      ) -> Dict[str, float]:
   """Examples/sec of ours vs Model Garden's model at `size`."""
-  batch = _batch(size)
-  ours_task = _task(size, jit_compile=True)
+  batch = make_batch(size)
+  ours_task = build_task(size, jit_compile=True)
   # The references train Model Garden's model the way Model Garden's YT8M
   # task does: its L2 regularization through `model.losses` in the step
   # (ours computes its value outside XLA: `YT8MTask.fast_l2`).
-  plain_task = _task(size, jit_compile=False)
+  plain_task = build_task(size, jit_compile=False)
   plain_task.fast_l2 = False
-  xla_task = _task(size, jit_compile=True)
+  xla_task = build_task(size, jit_compile=True)
   xla_task.fast_l2 = False
   steps = {
       'ours': _step_fn(ours_task, ours_task.build_model(), batch),
       'reference': _step_fn(plain_task, _model_garden_model(size), batch),
       'reference_xla': _step_fn(xla_task, _model_garden_model(size), batch),
   }
-  seconds = bench_utils.interleaved_seconds(steps, rounds=rounds)
+  seconds = timing.interleaved_seconds(steps, rounds=rounds)
   flops = train_flops_per_example(size)
   ours = size.batch / seconds['ours']
   achieved = ours * flops / 1e9
@@ -167,16 +175,19 @@ def bench_pipeline(size: Size, num_batches: int = 20,
       workdir, num_classes=size.classes, max_frames=size.frames,
       num_train_videos=num_videos, num_validation_videos=size.batch,
       num_shards=4, seed=0, segment_fraction=0.0)
-  params = _task(size).task_config.train_data.replace(
+  params = build_task(size).task_config.train_data.replace(
       input_path=patterns['train'])
   dataset = dataloader.build_dataset(params)
   iterator = iter(dataset)
-  for _ in range(3):
-    bench_utils.block(next(iterator))
-  start = time.perf_counter()
-  for _ in range(num_batches):
-    bench_utils.block(next(iterator))
-  return num_batches * size.batch / (time.perf_counter() - start)
+
+  def next_batch():
+    timing.block(next(iterator))  # Each batch computed before the next.
+
+  # One timed run of `num_batches` batches after 3 untimed ones.
+  seconds = timing.interleaved_seconds(
+      {'pipeline': next_batch}, rounds=1, calls_per_round=num_batches,
+      warmup=3)['pipeline']
+  return size.batch / seconds
 
 
 def bench_metrics(num_videos: int = 100_000, num_classes: int = 3862,
@@ -187,23 +198,35 @@ def bench_metrics(num_videos: int = 100_000, num_classes: int = 3862,
   labels = np.zeros((num_videos, num_classes), np.float32)
   rows = np.repeat(np.arange(num_videos), 3)
   labels[rows, rng.integers(0, num_classes, rows.size)] = 1.0
-  start = time.perf_counter()
-  metrics.evaluate(predictions, labels, top_k=20)
-  seconds = time.perf_counter() - start
   sl = slice(0, reference_videos)
-  start = time.perf_counter()
-  ref = metrics_reference.evaluate_reference(predictions[sl], labels[sl], 20)
-  ref_seconds = (time.perf_counter() - start) * num_videos / reference_videos
+  results = {}
+
+  def reference():
+    results['reference'] = metrics_reference.evaluate_reference(
+        predictions[sl], labels[sl], 20)
+    return results['reference']
+
+  # One call of each, no warm-up: ours on all videos, the reference on the
+  # first `reference_videos` (its time scaled linearly below).
+  seconds = timing.interleaved_seconds({
+      'ours': lambda: metrics.evaluate(predictions, labels, top_k=20),
+      'reference': reference,
+  }, rounds=1, warmup=0)
+  ref = results['reference']
   ours = metrics.evaluate(predictions[sl], labels[sl], top_k=20)
   diff = max(abs(ours[k] - ref[k]) for k in metrics.METRIC_KEYS)
-  return {'metrics_seconds': seconds,
-          'reference_metrics_seconds_scaled': ref_seconds,
-          'metrics_max_abs_diff_vs_reference': diff}
+  return {'metrics_seconds': seconds['ours'],
+          'reference_metrics_seconds_scaled': (
+              seconds['reference'] * num_videos / reference_videos),
+          'metrics_max_abs_diff_vs_reference': diff,
+          'metrics_num_videos': num_videos,
+          'metrics_num_classes': num_classes,
+          'metrics_reference_videos': reference_videos}
 
 
 def run(quick: bool = False) -> Dict[str, object]:
   """All YT8M figures; `quick` uses tiny sizes (a smoke test)."""
-  peak = bench_utils.matmul_peak_gflops(
+  peak = timing.matmul_peak_gflops(
       sizes=(512,) if quick else (2048, 3072), repeats=3 if quick else 8)
   sizes = [TINY] if quick else [DEMO, PUBLISHED]
   rounds = 2 if quick else 5
@@ -251,10 +274,12 @@ def table(figures: Dict[str, object]) -> str:
   rows.append(('input pipeline (examples/sec)',
                f"{figures['pipeline_examples_per_sec']:.1f} "
                f"({figures['pipeline_vs_train_step']:.1f}x the train step)"))
-  rows.append(('metrics on 100,000 x 3,862 (s)',
+  rows.append((f"metrics on {figures['metrics_num_videos']:,} x "
+               f"{figures['metrics_num_classes']:,} (s)",
                f"{figures['metrics_seconds']:.2f}"))
-  rows.append(('  reference implementation, scaled (s)',
+  rows.append((f"  reference implementation, scaled from "
+               f"{figures['metrics_reference_videos']:,} videos (s)",
                f"{figures['reference_metrics_seconds_scaled']:.1f}"))
   rows.append(('  max |difference| vs reference',
                f"{figures['metrics_max_abs_diff_vs_reference']:.1e}"))
-  return bench_utils.format_table(rows)
+  return timing.format_table(rows)

@@ -16,31 +16,46 @@ whole thing takes seconds):
   (152 -> 152 channels at 16 x 28^2, batch 2, like a level-2 block) measured
   in the same process; `train_model_gflops` / `forward_model_gflops`: the
   model's achieved analytic GFLOP/s (training counted as 3 x forward).
-* `reference_original_width_train_clips_per_sec`: the same training step for
-  the original architecture (`fusion_width_as_channels`, the TF1 code's
-  variable shapes), in this run.
+* `reference_original_width_train_clips_per_sec` (and `..._forward_...`):
+  the same training step (forward pass) for the original architecture
+  (`fusion_width_as_channels`, the TF1 code's variable shapes), timed
+  interleaved with ours; `train_speedup_vs_original_width` and
+  `forward_speedup_vs_original_width` are the ratios (reference time / ours).
 * `tf1_quoted_*`: the TF1 original's figures quoted in the issue for this
   kind of machine (2.4 s forward, 9.8 s per SGD step at 2 x 16 x 112^2); the
   TF1 code cannot run here, so `train_speedup_vs_tf1_quoted` compares with
   those numbers, not with a run in this process.
 * `peak_rss_gb_8x32x224`: peak RSS (GiB) of a separate process that builds the
   published network with gradient checkpointing (`recompute_grad`) and runs
-  one training step on 8 clips x 32 frames x 224^2 (quick: 2 x 8 x 64^2).
+  one training step on 8 clips x 32 frames x 224^2 (quick: 2 x 8 x 64^2);
+  `peak_rss_step_sec`: that first step's time (input generation, tracing and
+  the step: one call, no warm-up).
+
+Every time goes through `timing.interleaved_seconds`: the forward pass and
+the training step of our network and, with `reference=True`, of the
+original-width network are timed in alternating rounds (one warm-up call
+each; medians), so `train_speedup_vs_original_width` is a side-by-side ratio;
+the Conv3D peak and the memory child's single step use the same helper.
 """
 import json
 import os
 import resource
 import subprocess
 import sys
-import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import numpy as np
+import tensorflow as tf, tf_keras
 
+from official.core import exp_factory
+from official.core import task_factory
+from official_ext.assemblenet import structures
+from official_ext.assemblenet import task as assemblenet_task  # pylint: disable=unused-import  (registers the experiment and task)
+from official_ext.assemblenet.modeling import complexity
+from official_ext.benchmarks import timing
 
 
 def _backbone_overrides(quick: bool, **extra) -> Dict[str, Any]:
-  from official_ext.assemblenet import structures  # pylint: disable=g-import-not-at-top
   b = dict(extra)
   if quick:
     b.update(model_structure=json.dumps(structures.TINY_STRUCTURE),
@@ -52,9 +67,6 @@ def _backbone_overrides(quick: bool, **extra) -> Dict[str, Any]:
 
 def _task(batch: int, frames: int, size: int, quick: bool, **backbone):
   """An AssembleNetTask for the Charades experiment at the given clip size."""
-  from official.core import exp_factory  # pylint: disable=g-import-not-at-top
-  from official.core import task_factory  # pylint: disable=g-import-not-at-top
-  from official_ext import registry_imports  # pylint: disable=g-import-not-at-top,unused-import
   params = exp_factory.get_exp_config('assemblenet_plus_lite_charades')
   data = {'feature_shape': [frames, size, size, 3], 'global_batch_size': batch}
   model = {'backbone': {'assemblenet_plus_lite': _backbone_overrides(
@@ -67,7 +79,6 @@ def _task(batch: int, frames: int, size: int, quick: bool, **backbone):
 
 
 def _inputs(task, batch, frames, size, seed=0):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   k = task.task_config.train_data.num_classes
   x = tf.constant(rng.uniform(0, 1, (batch, frames, size, size, 3)),
@@ -77,8 +88,6 @@ def _inputs(task, batch, frames, size, seed=0):
 
 
 def _train_fn(task, model):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tf_keras  # pylint: disable=g-import-not-at-top
   optimizer = tf_keras.optimizers.SGD(learning_rate=1e-3, momentum=0.9)
 
   @tf.function
@@ -88,23 +97,18 @@ def _train_fn(task, model):
   return step
 
 
-def _time(fn, arg, warmup: int, iters: int, min_seconds: float = 0.0) -> float:
-  """Seconds per call (median of `iters` timed calls after warm-up)."""
-  for _ in range(warmup):
-    np.asarray(fn(arg))
-  times = []
-  start = time.perf_counter()
-  while len(times) < iters or time.perf_counter() - start < min_seconds:
-    t0 = time.perf_counter()
-    np.asarray(fn(arg))
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
+QUICK_CONV3D = (1, 4, 8, 16)  # batch, frames, height = width, channels
+FULL_CONV3D = (2, 16, 28, 152)
+
+
+def conv3d_flops(batch: int, frames: int, size: int, channels: int) -> int:
+  """FLOPs of a 3x3x3 SAME Conv3D, channels -> channels, stride 1."""
+  return 2 * 27 * channels * channels * batch * frames * size * size
 
 
 def conv3d_peak_gflops(quick: bool = False) -> float:
   """GFLOP/s of a large float32 3x3x3 Conv3D in this process."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  b, t, h, c = (1, 4, 8, 16) if quick else (2, 16, 28, 152)
+  b, t, h, c = QUICK_CONV3D if quick else FULL_CONV3D
   x = tf.random.uniform([b, t, h, h, c])
   k = tf.random.uniform([3, 3, 3, c, c])
 
@@ -112,22 +116,43 @@ def conv3d_peak_gflops(quick: bool = False) -> float:
   def conv(x):
     return tf.reduce_sum(tf.nn.conv3d(x, k, [1] * 5, 'SAME'))
 
-  sec = _time(conv, x, warmup=2, iters=3 if quick else 5)
-  return 2 * 27 * c * c * b * t * h * h / sec / 1e9
+  sec = timing.interleaved_seconds({'conv3d': lambda: conv(x)},
+                                   rounds=3 if quick else 5,
+                                   warmup=2)['conv3d']
+  return conv3d_flops(b, t, h, c) / sec / 1e9
 
 
-def _speed(quick: bool, **backbone) -> Dict[str, float]:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  batch, frames, size = (1, 4, 32) if quick else (2, 16, 112)
-  task = _task(batch, frames, size, quick, **backbone)
-  model = task.build_model()
-  inputs = _inputs(task, batch, frames, size)
-  forward = tf.function(lambda f: model(f, training=False))
-  iters = 2 if quick else 3
-  fwd = _time(forward, inputs[0], warmup=1, iters=iters)
-  step = _train_fn(task, model)
-  train = _time(step, inputs, warmup=1, iters=iters)
-  return {'forward_sec': fwd, 'train_sec': train, 'batch': batch}
+QUICK_SPEED = (1, 4, 32)  # clips, frames, height = width
+FULL_SPEED = (2, 16, 112)
+QUICK_MEMORY = (2, 8, 64)  # clips, frames, height = width
+FULL_MEMORY = (8, 32, 224)
+
+
+def _speed(quick: bool, reference: bool) -> Dict[str, float]:
+  """Seconds per forward batch and per training step, interleaved.
+
+  Our network ('forward', 'train') and, if `reference`, the original-width
+  one ('reference_forward', 'reference_train'): one warm-up call each, then
+  2 (quick) or 3 rounds; medians.
+  """
+  batch, frames, size = QUICK_SPEED if quick else FULL_SPEED
+  variants = {'': {}}
+  if reference:
+    variants['reference_'] = {'fusion_width_as_channels': True}
+  candidates = {}
+  for prefix, backbone in variants.items():
+    task = _task(batch, frames, size, quick, **backbone)
+    model = task.build_model()
+    inputs = _inputs(task, batch, frames, size)
+    forward = tf.function(lambda f, model=model: model(f, training=False))
+    step = _train_fn(task, model)
+    candidates[prefix + 'forward'] = (
+        lambda forward=forward, inputs=inputs: forward(inputs[0]))
+    candidates[prefix + 'train'] = (
+        lambda step=step, inputs=inputs: step(inputs))
+  seconds = timing.interleaved_seconds(candidates, rounds=2 if quick else 3,
+                                       warmup=1)
+  return dict(seconds, batch=batch)
 
 
 def memory_child(batch: int, frames: int, size: int, quick: bool,
@@ -136,19 +161,30 @@ def memory_child(batch: int, frames: int, size: int, quick: bool,
   task = _task(batch, frames, size, quick, recompute_grad=recompute)
   model = task.build_model()
   step = _train_fn(task, model)
-  t0 = time.perf_counter()
-  loss = float(np.asarray(step(_inputs(task, batch, frames, size))))
-  return {'loss': loss, 'step_sec': time.perf_counter() - t0,
+  loss = []
+
+  def first_step():  # Inputs, tracing and the step: one call, no warm-up.
+    loss.append(float(np.asarray(step(_inputs(task, batch, frames, size)))))
+
+  seconds = timing.interleaved_seconds({'step': first_step}, rounds=1,
+                                       warmup=0)['step']
+  return {'loss': loss[0], 'step_sec': seconds,
           'peak_rss_gb': resource.getrusage(
               resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+
+
+def memory_child_code(batch: int, frames: int, size: int, quick: bool,
+                      recompute: bool) -> str:
+  """The `python -c` program of the memory child: prints 'RESULT {json}'."""
+  return ('import json; from official_ext.benchmarks import assemblenet; '
+          f'r = assemblenet.memory_child({batch}, {frames}, {size}, {quick}, '
+          f'{recompute}); print("RESULT " + json.dumps(r))')
 
 
 def peak_rss_gb(batch: int, frames: int, size: int, quick: bool,
                 recompute: bool = True, timeout: int = 3600) -> Dict[str, Any]:
   """Peak RSS of a training step, measured in a fresh subprocess."""
-  code = ('import json,sys; from official_ext.assemblenet import benchmark; '
-          f'r = benchmark.memory_child({batch}, {frames}, {size}, {quick}, '
-          f'{recompute}); print("RESULT " + json.dumps(r))')
+  code = memory_child_code(batch, frames, size, quick, recompute)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   proc = subprocess.run([sys.executable, '-c', code], capture_output=True,
                         text=True, env=env, timeout=timeout, check=False)
@@ -176,8 +212,6 @@ def run(quick: bool = False, memory: bool = True,
   Returns:
     A flat dict of figures (see the module docstring); sizes are included.
   """
-  from official_ext.assemblenet import structures  # pylint: disable=g-import-not-at-top
-  from official_ext.assemblenet.modeling import complexity  # pylint: disable=g-import-not-at-top
   out: Dict[str, Any] = {'quick': quick}
   cx = dict(num_classes=157)
   if quick:
@@ -187,33 +221,36 @@ def run(quick: bool = False, memory: bool = True,
   out['gflops_per_clip'] = complexity.analyze(**cx).flops / 1e9
   out['gflops_per_clip_original_width'] = complexity.analyze(
       fusion_width_as_channels=True, **cx).flops / 1e9
-  frames, size = (4, 32) if quick else (16, 112)
+  batch, frames, size = QUICK_SPEED if quick else FULL_SPEED
   bench_flops = complexity.analyze(num_frames=frames, height=size, width=size,
                                    **cx).flops / 1e9
   out['gflops_per_clip_bench'] = bench_flops
-  out['bench_size'] = f'{"1x4x32^2" if quick else "2x16x112^2"}'
+  out['bench_size'] = f'{batch}x{frames}x{size}^2'
   if memory:  # first, while this process holds no model
-    mb, mf, ms = (2, 8, 64) if quick else (8, 32, 224)
+    mb, mf, ms = QUICK_MEMORY if quick else FULL_MEMORY
     mem = peak_rss_gb(mb, mf, ms, quick, recompute=True)
     out['peak_rss_gb_8x32x224'] = mem['peak_rss_gb']
     out['peak_rss_size'] = f'{mb}x{mf}x{ms}^2' + (' (quick)' if quick else '')
     out['peak_rss_step_sec'] = mem['step_sec']
     out['peak_rss_recompute_grad'] = True
   out['conv3d_peak_gflops'] = conv3d_peak_gflops(quick)
-  speed = _speed(quick)
+  speed = _speed(quick, reference)
   b = speed['batch']
-  out['forward_clips_per_sec'] = b / speed['forward_sec']
-  out['train_clips_per_sec'] = b / speed['train_sec']
-  out['forward_sec_per_batch'] = speed['forward_sec']
-  out['train_sec_per_step'] = speed['train_sec']
-  out['forward_model_gflops'] = bench_flops * b / speed['forward_sec']
-  out['train_model_gflops'] = 3 * bench_flops * b / speed['train_sec']
+  out['forward_clips_per_sec'] = b / speed['forward']
+  out['train_clips_per_sec'] = b / speed['train']
+  out['forward_sec_per_batch'] = speed['forward']
+  out['train_sec_per_step'] = speed['train']
+  out['forward_model_gflops'] = bench_flops * b / speed['forward']
+  out['train_model_gflops'] = 3 * bench_flops * b / speed['train']
   if reference:
-    ref = _speed(quick, fusion_width_as_channels=True)
     out['reference_original_width_train_clips_per_sec'] = (
-        ref['batch'] / ref['train_sec'])
+        b / speed['reference_train'])
     out['reference_original_width_forward_clips_per_sec'] = (
-        ref['batch'] / ref['forward_sec'])
+        b / speed['reference_forward'])
+    out['train_speedup_vs_original_width'] = (
+        speed['reference_train'] / speed['train'])
+    out['forward_speedup_vs_original_width'] = (
+        speed['reference_forward'] / speed['forward'])
   if not quick:
     out['tf1_quoted_forward_clips_per_sec'] = 2 / 2.4
     out['tf1_quoted_train_clips_per_sec'] = 2 / 9.8
@@ -222,6 +259,3 @@ def run(quick: bool = False, memory: bool = True,
         out['forward_clips_per_sec'] / (2 / 2.4))
   return out
 
-
-if __name__ == '__main__':
-  print(json.dumps(run(quick='--quick' in sys.argv), indent=2))

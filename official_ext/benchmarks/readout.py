@@ -7,53 +7,48 @@ sample, rounded up to a multiple of 8, padding id 0) and once chained
 Query counts per sample are skewed (most samples short, a few long), as in
 neural-decoding data, so padding is a large share of the padded batch.
 Throughput counts real (non-padding) query rows per second; the outputs of
-the two paths are checked equal before timing.
+the two paths are checked equal before timing. The two are timed
+interleaved (`timing.interleaved_seconds`: one warm-up call each, 3 rounds,
+each sample at least `min_seconds` of back-to-back calls; medians).
 
-    python -m official_ext.readout.benchmark [--quick]
+    python -m official_ext.benchmark readout [--quick]
 """
-import json
-import sys
-import time
-from typing import Callable, Dict
+from typing import Dict, NamedTuple
 
 import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
+from official_ext.benchmarks import timing
 from official_ext.readout import configs
 from official_ext.readout.modeling import multitask_readout
 
 
-def _best_rate(fn: Callable[[], object], rows: int, min_seconds: float,
-               repeats: int = 3) -> float:
-  """Best over `repeats` of rows/second, each timing >= min_seconds."""
-  fn()  # Trace and warm up.
-  best = 0.0
-  for _ in range(repeats):
-    calls, start = 0, time.perf_counter()
-    while True:
-      out = fn()
-      calls += 1
-      elapsed = time.perf_counter() - start
-      if elapsed >= min_seconds:
-        break
-    tf.nest.map_structure(lambda t: t.numpy(), out)
-    best = max(best, rows * calls / elapsed)
-  return best
+class Size(NamedTuple):
+  """Samples per batch, the most queries of one sample, embedding width."""
+  batch: int
+  max_queries: int
+  dim: int
+
+
+FULL = Size(batch=256, max_queries=512, dim=128)
+QUICK = Size(batch=8, max_queries=16, dim=16)
 
 
 def run(quick: bool = False) -> Dict[str, float]:
   """Measures the readout layer, padded vs varlen; returns the figures.
 
   Args:
-    quick: tiny sizes and short timings (a smoke test, seconds).
+    quick: `QUICK` sizes and short timings (a smoke test, seconds) instead
+      of `FULL`.
 
   Returns:
     {'padded_rows_per_sec', 'varlen_rows_per_sec', 'varlen_speedup'
      (varlen / padded), 'num_samples', 'num_queries', 'padded_rows',
-     'padding_fraction', 'dim'}.
+     'padding_fraction', 'dim', 'max_queries'}: rates are real query rows
+    per second (medians), counts are ints.
   """
   rng = np.random.default_rng(0)
-  batch, max_queries, dim = (8, 16, 16) if quick else (256, 512, 128)
+  batch, max_queries, dim = QUICK if quick else FULL
   min_seconds = 0.05 if quick else 1.0
   specs = configs.DEMO_READOUTS
   layer = multitask_readout.MultitaskReadout(
@@ -82,11 +77,12 @@ def run(quick: bool = False) -> Dict[str, float]:
     np.testing.assert_allclose(a[name].numpy(), b[name].numpy(), rtol=1e-5,
                                atol=1e-5, err_msg=name)
   rows = int(valid.sum())
-  padded_rate = _best_rate(lambda: padded_fn(padded, padded_index), rows,
-                           min_seconds)
-  varlen_rate = _best_rate(
-      lambda: varlen_fn(chained, chained_index, batch_index), rows,
-      min_seconds)
+  seconds = timing.interleaved_seconds({
+      'padded': lambda: padded_fn(padded, padded_index),
+      'varlen': lambda: varlen_fn(chained, chained_index, batch_index),
+  }, rounds=3, warmup=1, min_seconds=min_seconds)
+  padded_rate = rows / seconds['padded']
+  varlen_rate = rows / seconds['varlen']
   return {
       'padded_rows_per_sec': padded_rate,
       'varlen_rows_per_sec': varlen_rate,
@@ -96,8 +92,6 @@ def run(quick: bool = False) -> Dict[str, float]:
       'padded_rows': int(batch * length),
       'padding_fraction': 1.0 - rows / float(batch * length),
       'dim': int(dim),
+      'max_queries': int(max_queries),
   }
 
-
-if __name__ == '__main__':
-  print(json.dumps(run(quick='--quick' in sys.argv[1:]), indent=2))

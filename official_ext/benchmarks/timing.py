@@ -1,0 +1,125 @@
+"""The one timing helper of `official_ext.benchmarks`: interleaved rounds.
+
+The machines this runs on are shared and noisy, so every comparison times the
+candidates in alternating rounds in one process and reports medians; the
+ratio of two medians measured side by side is the figure to trust. Every
+benchmark module times through `interleaved_samples` (or its median,
+`interleaved_seconds`); nothing else here calls a clock around a step.
+"""
+import statistics
+import time
+from typing import Callable, Dict, List, Mapping, Sequence
+
+import tensorflow as tf
+
+
+def block(value) -> None:
+  """Waits for every tensor in `value` (a nested structure) to be computed.
+
+  Leaves that are not tensors (numbers, numpy arrays) are already computed.
+  """
+  for t in tf.nest.flatten(value):
+    if hasattr(t, 'numpy'):
+      t.numpy()
+
+
+def interleaved_samples(candidates: Mapping[str, Callable[[], object]],
+                        rounds: int = 5, calls_per_round: int = 1,
+                        warmup: int = 2, min_seconds: float = 0.0
+                        ) -> Dict[str, List[float]]:
+  """Seconds per call of each candidate, one sample per round, interleaved.
+
+  First every candidate is called `warmup` times, untimed (tracing,
+  autotuning). Then, `rounds` times, each candidate in turn (in the order of
+  `candidates`) is timed once: it is called `calls_per_round` times, and
+  again until `min_seconds` have passed, and its last output is waited for
+  (`block`); the sample is the elapsed time divided by the number of calls.
+
+  Args:
+    candidates: name -> zero-argument callable (one step); what it returns is
+      waited for with `block` (tensors, nests of tensors, or plain values).
+    rounds: rounds (>= 1); each round times every candidate once.
+    calls_per_round: calls per sample, at least (>= 1).
+    warmup: untimed calls of each candidate before the first round (>= 0).
+    min_seconds: a sample keeps calling until this many seconds have passed
+      (0: exactly `calls_per_round` calls).
+
+  Returns:
+    name -> list of `rounds` samples, seconds per call, in round order.
+  """
+  if rounds < 1 or calls_per_round < 1 or warmup < 0:
+    raise ValueError(f'interleaved timing needs rounds >= 1, calls_per_round '
+                     f'>= 1 and warmup >= 0; got rounds={rounds}, '
+                     f'calls_per_round={calls_per_round}, warmup={warmup}')
+  for fn in candidates.values():
+    for _ in range(warmup):
+      block(fn())
+  samples: Dict[str, List[float]] = {name: [] for name in candidates}
+  for _ in range(rounds):
+    for name, fn in candidates.items():
+      calls = 0
+      start = time.perf_counter()
+      while True:
+        out = fn()
+        calls += 1
+        if (calls >= calls_per_round and
+            time.perf_counter() - start >= min_seconds):
+          break
+      block(out)
+      samples[name].append((time.perf_counter() - start) / calls)
+  return samples
+
+
+def interleaved_seconds(candidates: Mapping[str, Callable[[], object]],
+                        rounds: int = 5, calls_per_round: int = 1,
+                        warmup: int = 2, min_seconds: float = 0.0
+                        ) -> Dict[str, float]:
+  """Median seconds per call of each candidate (`interleaved_samples`).
+
+  Args:
+    candidates: name -> zero-argument callable (one step).
+    rounds: rounds; each round times every candidate once in turn.
+    calls_per_round: calls per timing, at least (their mean is one sample).
+    warmup: untimed calls of each candidate first (tracing, autotuning).
+    min_seconds: each timing keeps calling until this many seconds passed.
+
+  Returns:
+    name -> median seconds per call.
+  """
+  samples = interleaved_samples(candidates, rounds=rounds,
+                                calls_per_round=calls_per_round,
+                                warmup=warmup, min_seconds=min_seconds)
+  return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def matmul_flops(n: int) -> int:
+  """FLOPs of one [n, n] x [n, n] matmul (multiply-add = 2 FLOPs)."""
+  return 2 * n ** 3
+
+
+def matmul_peak_gflops(sizes: Sequence[int] = (2048, 3072), repeats: int = 8
+                       ) -> float:
+  """Best fp32 GFLOP/s of a square tf.matmul on this machine, this run.
+
+  The sizes are timed interleaved (`interleaved_samples`, one warm-up call,
+  `repeats` rounds); the figure is the fastest sample of any size: a peak.
+  """
+  candidates = {}
+  for n in sizes:
+    a = tf.random.uniform([n, n])
+    b = tf.random.uniform([n, n])
+    candidates[str(n)] = tf.function(lambda a=a, b=b: tf.matmul(a, b))
+  samples = interleaved_samples(candidates, rounds=repeats, warmup=1)
+  return max(matmul_flops(int(n)) / min(s) / 1e9 for n, s in samples.items())
+
+
+def format_table(rows: Sequence[Sequence[str]]) -> str:
+  """A markdown table; the first row is the header."""
+  widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+  lines = []
+  for j, row in enumerate(rows):
+    lines.append('| ' + ' | '.join(str(c).ljust(w) for c, w in
+                                   zip(row, widths)) + ' |')
+    if j == 0:
+      lines.append('|' + '|'.join('-' * (w + 2) for w in widths) + '|')
+  return '\n'.join(lines)

@@ -1,0 +1,103 @@
+"""The YT8M benchmark: analytic FLOPs, its task and batch, a quick CLI run."""
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from official_ext.benchmarks import yt8m as benchmark
+
+
+def test_analytic_flops_published_size():
+  # Per example: cluster forward 2*300*1152*3000 and its weight gradient,
+  # hidden 2*3000*2000 x3 (forward, weight grad, input grad), MoE gate+expert
+  # 2*2000*3862*11 x3. No gradient w.r.t. the frame features.
+  expected = (2 * 2 * 300 * 1152 * 3000 + 3 * 2 * 3000 * 2000 +
+              3 * 2 * 2000 * 3862 * 11)
+  assert benchmark.train_flops_per_example(benchmark.PUBLISHED) == expected
+  assert abs(expected / 1e9 - 4.693) < 1e-3
+
+
+def test_analytic_flops_tiny_size():
+  # TINY: 8 frames x 1152 features, cluster 32, hidden 32, 2 mixtures,
+  # 20 classes.
+  cluster = 2 * 8 * 1152 * 32           # 589,824: forward, per example
+  cluster_train = 2 * cluster           # + weight gradient: 1,179,648
+  hidden_train = 3 * 2 * 32 * 32        # fwd, weight and input grad: 6,144
+  moe_train = 3 * 2 * 32 * 20 * (2 * 2 + 1)  # gates (M+1) + experts M: 19,200
+  assert cluster_train + hidden_train + moe_train == 1_204_992
+  assert benchmark.train_flops_per_example(benchmark.TINY) == 1_204_992
+
+
+def test_task_and_batch_have_the_size_asked_for():
+  size = benchmark.TINY
+  config = benchmark.build_task(size, jit_compile=False).task_config
+  assert config.model.backbone.dbof.cluster_size == size.cluster == 32
+  assert config.model.backbone.dbof.hidden_size == size.hidden == 32
+  assert config.model.head.moe.num_mixtures == size.mixtures == 2
+  assert config.train_data.num_classes == size.classes == 20
+  assert config.train_data.max_frames == size.frames == 8
+  assert config.train_data.global_batch_size == size.batch == 8
+  assert config.jit_compile is False
+  batch = benchmark.make_batch(size, seed=1)
+  assert batch['video_matrix'].shape == (8, 8, 1152)
+  np.testing.assert_array_equal(batch['num_frames'], np.full([8], 8))
+  labels = batch['labels'].numpy()
+  assert labels.shape == (8, 20)
+  np.testing.assert_array_equal(labels.sum(axis=1), np.full([8], 3.0))
+
+
+_PER_SIZE_KEYS = {
+    'ours_examples_per_sec', 'reference_examples_per_sec',
+    'reference_xla_examples_per_sec', 'speedup', 'gflops_per_example',
+    'achieved_gflops', 'peak_fraction'}
+
+
+def test_quick_run_figures_are_consistent(tmp_path):
+  out = tmp_path / 'yt8m.json'
+  result = subprocess.run(
+      [sys.executable, '-m', 'official_ext.benchmark', 'yt8m', '--quick',
+       f'--json={out}'], capture_output=True, text=True, timeout=600,
+      check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'yt8m benchmark on ' in result.stdout
+  assert '(quick sizes):' in result.stdout
+  assert ('tiny: batch 8 x 8 frames, cluster 32, hidden 32, MoE 2, '
+          '20 classes') in result.stdout
+  assert 'metrics on 2,000 x 100 (s)' in result.stdout
+  f = json.loads(out.read_text())
+
+  assert set(f) == _PER_SIZE_KEYS | {
+      'matmul_peak_gflops', 'pipeline_examples_per_sec',
+      'pipeline_vs_train_step', 'metrics_seconds',
+      'reference_metrics_seconds_scaled',
+      'metrics_max_abs_diff_vs_reference', 'metrics_num_videos',
+      'metrics_num_classes', 'metrics_reference_videos', 'sizes',
+      'per_size', 'machine'}
+  # Only the tiny size ran, with the sizes asked for.
+  assert f['sizes'] == {'tiny': dataclasses.asdict(benchmark.TINY)}
+  assert set(f['per_size']) == {'tiny'}
+  tiny = f['per_size']['tiny']
+  assert set(tiny) == _PER_SIZE_KEYS
+  for key in _PER_SIZE_KEYS:
+    assert isinstance(tiny[key], float), key
+    assert f[key] == tiny[key], key  # the headline figures are tiny's
+  assert (f['metrics_num_videos'], f['metrics_num_classes'],
+          f['metrics_reference_videos']) == (2000, 100, 200)
+  assert isinstance(f['machine'], str) and 'TF ' in f['machine']
+
+  # The figures agree with one another.
+  approx = lambda x: pytest.approx(x, rel=1e-9)
+  assert f['gflops_per_example'] == approx(1_204_992 / 1e9)
+  assert f['speedup'] == approx(f['ours_examples_per_sec'] /
+                                f['reference_examples_per_sec'])
+  assert f['achieved_gflops'] == approx(f['ours_examples_per_sec'] *
+                                        f['gflops_per_example'])
+  assert f['peak_fraction'] == approx(f['achieved_gflops'] /
+                                      f['matmul_peak_gflops'])
+  assert f['pipeline_vs_train_step'] == approx(
+      f['pipeline_examples_per_sec'] / f['ours_examples_per_sec'])
+  # The vectorized metrics equal the straightforward reference.
+  assert 0 <= f['metrics_max_abs_diff_vs_reference'] < 1e-9
