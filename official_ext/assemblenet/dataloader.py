@@ -5,7 +5,8 @@ video_input`): sequence feature `image/encoded` (one JPEG/PNG string per
 frame), context `clip/label/index` (int64 class ids). TFDS: elements with
 `video` (uint8 [N, H, W, 3]) and `label` (int64) features.
 
-Pipeline (`build_dataset`), on `official.core.input_reader.InputReader`:
+Pipeline (`build_dataset`), on `official_ext.core.tfrecord_input` (files or
+TFDS, sharding, bad records, evaluation padding, Model Garden's InputReader):
 
     files --> (file name, record) --decode--> {frames, labels, source}
     --parse--> temporal sampling (num_frames, temporal_stride; training: a
@@ -32,21 +33,22 @@ num_test_crops in evaluation, 1 in training. Evaluation with `drop_remainder`
 a video marked padding (`official_ext.core.eval_padding.pad_final_batches`)
 and the features carry `eval_mask` bool [B] (False: padding).
 """
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional
 
 import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
-from official.core import input_reader
 from official.vision.ops import preprocess_ops_3d
 from official_ext.assemblenet import configs
 from official_ext.core import bad_records as bad_records_lib
 from official_ext.core import eval_padding
-from official_ext.core import input_files
+from official_ext.core import graph_checks
+from official_ext.core import tfrecord_input
 
+# Keys of the decoded dict (`Decoder`).
 FRAMES = 'frames'
 LABELS = 'labels'
-SOURCE = 'source'
+SOURCE = tfrecord_input.SOURCE_KEY  # The record's file (or TFDS split).
 
 
 def check_params(params: configs.DataConfig) -> None:
@@ -72,20 +74,6 @@ def check_params(params: configs.DataConfig) -> None:
                      f'{params.input_path!r}, tfds_name={params.tfds_name!r}.')
 
 
-match_input_files = input_files.match_input_files
-
-
-def _message(*parts) -> tf.Tensor:
-  return tf.strings.join([
-      p if isinstance(p, tf.Tensor) and p.dtype == tf.string else
-      (tf.strings.as_string(p) if isinstance(p, tf.Tensor) else str(p))
-      for p in parts])
-
-
-def _require(ok: tf.Tensor, message: tf.Tensor) -> tf.Operation:
-  return tf.debugging.Assert(ok, [message], summarize=1)
-
-
 class Decoder:
   """Record (or TFDS element) -> {frames, labels int64 [L], source string}."""
 
@@ -93,7 +81,7 @@ class Decoder:
     self._image_key = params.image_field_key
     self._label_key = params.label_field_key
     self._tfds = bool(params.tfds_name)
-    self.source = f'tfds:{params.tfds_name}/{params.tfds_split}'
+    self.source = tfrecord_input.tfds_source(params)
 
   def decode_record(self, filename: tf.Tensor, record: tf.Tensor
                     ) -> Dict[str, tf.Tensor]:
@@ -150,22 +138,26 @@ class Parser:
     return preprocess_ops_3d.decode_image(frames, 3)
 
   def _labels(self, labels: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
+    """int64 [L] class ids -> float32 [num_classes] one-hot / multi-hot,
+    after checking them (errors name the record's file `source`)."""
     k = self._p.num_classes
     n = tf.size(labels)
+    as_text = lambda: tf.strings.reduce_join(tf.strings.as_string(labels),
+                                             separator=',')
     checks = [
-        _require(n > 0, _message('Record of file `', source,
-                                 '` has no label (', self._p.label_field_key,
-                                 ' is empty).')),
-        _require(tf.reduce_all((labels >= 0) & (labels < k)), _message(
-            'Record of file `', source, '` has label(s) [',
-            tf.strings.reduce_join(tf.strings.as_string(labels), separator=','),
-            f'] outside [0, {k}) ({self._p.label_field_key}, num_classes='
-            f'{k}).')),
+        graph_checks.require(n > 0, lambda: graph_checks.join(
+            'Record of file `', source, '` has no label (',
+            self._p.label_field_key, ' is empty).')),
+        graph_checks.require(
+            tf.reduce_all((labels >= 0) & (labels < k)),
+            lambda: graph_checks.join(
+                'Record of file `', source, '` has label(s) [', as_text(),
+                f'] outside [0, {k}) ({self._p.label_field_key}, '
+                f'num_classes={k}).')),
     ]
     if not self._p.is_multilabel:
-      checks.append(_require(n <= 1, _message(
-          'Record of file `', source, '` has ', n, ' labels [',
-          tf.strings.reduce_join(tf.strings.as_string(labels), separator=','),
+      checks.append(graph_checks.require(n <= 1, lambda: graph_checks.join(
+          'Record of file `', source, '` has ', n, ' labels [', as_text(),
           '] but the data is single-label (is_multilabel=False).')))
     with tf.control_dependencies(checks):
       hot = tf.reduce_max(tf.one_hot(labels, k, dtype=tf.float32), axis=0)
@@ -176,9 +168,11 @@ class Parser:
 
     def parse(decoded: Dict[str, tf.Tensor]):
       frames, source = decoded[FRAMES], decoded[SOURCE]
-      with tf.control_dependencies([_require(tf.shape(frames)[0] > 0, _message(
-          'Record of file `', source, '` has no frames (', p.image_field_key,
-          ' is empty).'))]):
+      has_frames = graph_checks.require(
+          tf.shape(frames)[0] > 0, lambda: graph_checks.join(
+              'Record of file `', source, '` has no frames (',
+              p.image_field_key, ' is empty).'))
+      with tf.control_dependencies([has_frames]):
         frames = tf.identity(frames)
       if not is_training:
         images = self.eval_views(frames, source)
@@ -230,22 +224,15 @@ class Parser:
     return tf.ensure_shape(images, [views * t, self._height, self._width, 3])
 
 
-class _Reader(input_reader.InputReader):
-
-  def __init__(self, files: Optional[List[str]], *args, **kwargs):
-    self._anet_files = files
-    super().__init__(*args, **kwargs)
-
-  def get_files(self, input_path):
-    return self._anet_files if self._anet_files else super().get_files(
-        input_path)
-
-
 def build_dataset(params: configs.DataConfig,
                   input_context: Optional[tf.distribute.InputContext] = None,
                   bad_records: Optional[bad_records_lib.BadRecordLog] = None
                   ) -> tf.data.Dataset:
   """Builds the batched dataset of one split (see the module docstring).
+
+  Files or TFDS, sharding, the bad-record modes and the evaluation padding
+  are `official_ext.core.tfrecord_input.build_dataset`'s; this adds the
+  AssembleNet decoder, parser and the folding of evaluation views.
 
   Args:
     params: the split's DataConfig (`input_path` or `tfds_name` set).
@@ -265,47 +252,23 @@ def build_dataset(params: configs.DataConfig,
   parser = Parser(params)
   t = params.feature_shape[0]
 
-  def postprocess(features, labels):
+  def fold_views(features, labels):
     # [B, views * T, H, W, 3] -> [B * views, T, H, W, 3].
     features = dict(features)
     image = features['image']
     features['image'] = tf.reshape(image, [-1, t] + image.shape[2:].as_list())
     return features, labels
 
-  transform_and_batch_fn = None
-  if not params.is_training and params.drop_remainder:
-    # Static batch shapes without dropping a video: pad the last batch.
-    def transform_and_batch_fn(ds, context):
-      batch_size = (
-          context.get_per_replica_batch_size(params.global_batch_size)
-          if context else params.global_batch_size)
-      return eval_padding.pad_final_batches(
-          ds, lambda d: d.batch(batch_size, drop_remainder=True), batch_size,
-          context, attach_mask=lambda example, valid: (
-              dict(example[0], **{eval_padding.MASK_KEY: valid}),
-              example[1]))
+  def attach_mask(example, valid):
+    # The evaluation mask goes with the features: ({..., eval_mask}, labels).
+    features, labels = example
+    return dict(features, **{eval_padding.MASK_KEY: valid}), labels
 
-  files = None
-  if params.input_path:
-    files = match_input_files(params.input_path)
-    params = input_files.shared_shuffle_seed(params, files, input_context)
-    decoder_fn = decoder.decode_record
-    dataset_fn = bad_records_lib.make_file_reader(
-        files, bad_records_lib.file_sizes(files), params.skip_bad_records,
-        bad_records)
-    decoder_source_fn = None  # The file name, the first argument.
-  else:
-    decoder_fn = decoder.decode_tfds
-    dataset_fn = None
-    decoder_source_fn = lambda features: tf.constant(decoder.source)
-  stages = bad_records_lib.reader_kwargs(
-      params.skip_bad_records, bad_records, decoder_fn=decoder_fn,
+  stages = tfrecord_input.Stages(
+      decoder_fn=decoder.decode_record,
+      tfds_decoder_fn=decoder.decode_tfds,
       parser_fn=parser.parse_fn(params.is_training),
-      transform_and_batch_fn=transform_and_batch_fn,
-      global_batch_size=params.global_batch_size,
-      drop_remainder=params.drop_remainder,
-      decoder_source_fn=decoder_source_fn,
-      parser_source_fn=lambda decoded: decoded[SOURCE])
-  reader = _Reader(files, params, dataset_fn=dataset_fn,
-                   postprocess_fn=postprocess, **stages)
-  return reader.read(input_context=input_context)
+      attach_mask=attach_mask,
+      postprocess_fn=fold_views)
+  return tfrecord_input.build_dataset(params, input_context, bad_records,
+                                      lambda seeded_params: stages)

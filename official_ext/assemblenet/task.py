@@ -116,7 +116,7 @@ class AssembleNetTask(base_task.Task):
                    ) -> tf.data.Dataset:
     return dataloader.build_dataset(
         self._resolve(params), input_context,
-        bad_records=bad_records.task_log(self, params.is_training))
+        bad_records=bad_records.log_for_split(self, params.is_training))
 
   # -- losses and metrics ------------------------------------------------------
   def build_losses(self, labels: tf.Tensor, model_outputs: tf.Tensor,

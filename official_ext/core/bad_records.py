@@ -1,13 +1,8 @@
-"""Bad input in TFRecord readers: detect, fail naming it, or skip and count.
+"""Bad input in TFRecord readers: fail naming it, or skip and count it.
 
-Shared by the families' readers (YT8M, AssembleNet, readout). Three layers:
+Shared by the families' readers through `official_ext.core.tfrecord_input`
+(which wires these pieces into Model Garden's InputReader). Two layers:
 
-* `file_sizes` (when the dataset is built): one `tf.io.gfile.stat` per
-  matched file, in a thread pool. A path that cannot be a TFRecord file (a
-  broken symlink, a directory matched by the glob) is a ValueError naming it,
-  in both modes: it is a mistake in `input_path`, not damaged data. A
-  zero-byte file is legal (an empty shard): it contributes no records, and is
-  logged (absl INFO) by name.
 * `make_file_reader` (per file): detects truncated or corrupted TFRecord
   files. TensorFlow's reader reports `DataLossError: corrupted record at 140`
   without the file's name, and silently treats a tail shorter than a record
@@ -15,14 +10,14 @@ Shared by the families' readers (YT8M, AssembleNet, readout). Three layers:
   `ignore_errors()` (TF's reader then stops at the first unreadable record of
   that file), the bytes of the records it did read are counted (a record takes
   `16 + len(data)` bytes on disk) and, at the end of the file, compared with
-  its size. A mismatch means the file is damaged: strict mode fails with an
-  error naming the file and the byte offset where its readable records end;
-  skip mode keeps every record before the damage, reads on past it with
-  `recover_records` (a record whose payload CRC fails is skipped by its
-  CRC-checked length; after a damaged length the next valid header is found
-  by scanning), so only the damaged bytes are lost, and logs and counts it
-  (`BadFileEvent`). Any read error of a file (not only
-  a bad CRC: also a permission or network error) ends in this check.
+  its size (`official_ext.core.input_files.file_sizes`). A mismatch means the
+  file is damaged: strict mode fails with an error naming the file and the
+  byte offset where its readable records end; skip mode keeps every record
+  before the damage, reads on past it with
+  `official_ext.core.tfrecord_recovery.recover_records` (only the damaged
+  bytes are lost), and logs and counts it (`BadFileEvent`). Any read error of
+  a file (not only a bad CRC: also a permission or network error) ends in
+  this check.
 * `wrap_stage` (per record, skip mode only): a decode/parse function whose
   checks fail for one record (a record that is not a valid proto, a feature
   of the wrong width or dtype, a label out of range, a NaN) drops that record
@@ -31,28 +26,24 @@ Shared by the families' readers (YT8M, AssembleNet, readout). Three layers:
   logged and counted (`BadRecordEvent`). In strict mode the same checks fail
   the pipeline with that error text.
 
-Counting: every skip is added to a `BadRecordLog`; `BadRecordsSkipped` is a
-tf_keras metric whose value is that count, so a task that adds it to its
-`build_metrics` reports `bad_records_skipped` in its train and validation
-logs, which Orbit writes to the TensorBoard summaries. Skip mode reports
-through `tf.py_function`, so a skip-mode pipeline cannot be serialized (tf.data
-service); strict mode is pure graph.
+Counting: every skip is added to a `BadRecordLog` (one per task and split:
+`log_for_split`); `BadRecordsSkipped` is a tf_keras metric whose value is that
+count, so a task that adds it to its `build_metrics` (`task_metrics`) reports
+`bad_records_skipped` in its train and validation logs, which Orbit writes to
+the TensorBoard summaries. Skip mode reports through `tf.py_function`, so a
+skip-mode pipeline cannot be serialized (tf.data service); strict mode is pure
+graph.
 """
-import concurrent.futures
 import dataclasses
-import os
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from absl import logging
 import numpy as np
 import tensorflow as tf, tf_keras
 
 from official_ext.core import graph_checks
-
-# On-disk bytes around each TFRecord payload: uint64 length, uint32 masked CRC
-# of the length, payload, uint32 masked CRC of the payload.
-TFRECORD_FRAMING_BYTES = 16
+from official_ext.core import tfrecord_recovery
 
 
 # ---------------------------------------------------------------------------
@@ -189,104 +180,8 @@ class BadRecordsSkipped(tf_keras.metrics.Metric):
 
 
 # ---------------------------------------------------------------------------
-# Files.
+# Files: detect damage; fail naming the file, or skip only the damaged bytes.
 # ---------------------------------------------------------------------------
-
-
-def file_sizes(files: Sequence[str]) -> List[int]:
-  """Sizes in bytes of `files` (threaded stat calls).
-
-  Raises:
-    ValueError: naming a path that does not exist (e.g. a broken symlink
-      matched by a glob) or is a directory.
-  """
-
-  def stat(path):
-    try:
-      info = tf.io.gfile.stat(path)
-    except tf.errors.NotFoundError as e:
-      link = ''
-      if os.path.islink(path):
-        link = f' (a broken symlink to {os.readlink(path)!r})'
-      raise ValueError(f"DataConfig.input_path: file '{path}' does not exist"
-                       f'{link}; expected a readable TFRecord file.') from e
-    if info.is_directory:
-      raise ValueError(f"DataConfig.input_path: '{path}' is a directory; "
-                       'expected TFRecord files.')
-    return int(info.length)
-
-  if len(files) <= 1:
-    sizes = [stat(f) for f in files]
-  else:
-    with concurrent.futures.ThreadPoolExecutor(min(32, len(files))) as pool:
-      sizes = list(pool.map(stat, files))
-  empty = [f for f, s in zip(files, sizes) if s == 0]
-  if empty:
-    logging.info('DataConfig.input_path: %d empty (zero-byte) file(s) '
-                 'contribute no records: %s', len(empty), ', '.join(empty))
-  return sizes
-
-
-def _crc32c_table() -> List[int]:
-  table = []
-  for byte in range(256):
-    crc = byte
-    for _ in range(8):
-      crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    table.append(crc)
-  return table
-
-
-_CRC32C_TABLE = _crc32c_table()
-
-
-def masked_crc32c(data: bytes) -> int:
-  """The masked CRC-32C that TFRecord framing stores (pure python)."""
-  crc = 0xFFFFFFFF
-  table = _CRC32C_TABLE
-  for byte in data:
-    crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-  crc ^= 0xFFFFFFFF
-  return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def recover_records(path: str, offset: int) -> List[bytes]:
-  """The intact records of a damaged TFRecord file after byte `offset`.
-
-  TensorFlow's reader stops at the first record it cannot read. From there,
-  this walks the framing itself (uint64 length, masked CRC of the length,
-  payload, masked CRC of the payload): a record whose payload CRC fails is
-  skipped using its (CRC-checked) length; where the length itself is damaged
-  it scans forward byte by byte to the next offset whose 8 bytes match the
-  CRC that follows them (a false match has probability 2^-32). A tail too
-  short for its record is the truncated end. Pure python: about 10 MB/s of
-  payload, paid only for damaged files in skip mode.
-
-  Args:
-    path: the file.
-    offset: where TensorFlow's reader stopped (its readable records' bytes).
-
-  Returns:
-    The payloads of the intact records after `offset`, in file order.
-  """
-  with tf.io.gfile.GFile(path, 'rb') as f:
-    f.seek(offset)
-    buf = f.read()
-  n, o, out = len(buf), 0, []
-  while o + 12 <= n:
-    header = buf[o:o + 8]
-    if masked_crc32c(header) != int.from_bytes(buf[o + 8:o + 12], 'little'):
-      o += 1  # Not a record start: resynchronise.
-      continue
-    length = int.from_bytes(header, 'little')
-    end = o + 12 + length + 4
-    if end > n:
-      break  # The truncated last record.
-    payload = buf[o + 12:o + 12 + length]
-    if masked_crc32c(payload) == int.from_bytes(buf[end - 4:end], 'little'):
-      out.append(payload)
-    o = end
-  return out
 
 
 def make_file_reader(
@@ -299,11 +194,12 @@ def make_file_reader(
 
   See the module docstring. Strict mode fails with an InvalidArgumentError
   whose text starts "Corrupted or truncated TFRecord file `<file>`"; skip mode
-  keeps the records before the damage and reports a `BadFileEvent` to `log`.
+  keeps the intact records before and after the damage and reports a
+  `BadFileEvent` to `log`.
 
   Args:
     files: every file the reader may be given.
-    sizes: their sizes in bytes (`file_sizes`).
+    sizes: their sizes in bytes (`official_ext.core.input_files.file_sizes`).
     skip_bad_records: skip (True) or fail on (False) damaged files.
     log: where skip mode reports (default: `bad_record_log()`).
 
@@ -316,69 +212,12 @@ def make_file_reader(
   files_t = tf.constant(list(files), tf.string)
   sizes_t = tf.constant(list(sizes), tf.int64)
 
-  def report(filename, good, valid, size):
-    name = filename.numpy().decode('utf-8', 'replace')
-    recovered = recover_records(name, int(valid))
-    event = BadFileEvent(
-        name, int(good), int(valid), int(size), len(recovered),
-        sum(len(r) + TFRECORD_FRAMING_BYTES for r in recovered))
-    log.add(event)
-    logging.warning(
-        'skip_bad_records: TFRecord file %s is corrupted or truncated at byte '
-        '%d of %d; kept the %d records before it and the %d intact records '
-        'after it, and skipped %d bytes.', event.filename, event.valid_bytes,
-        event.file_size, event.good_records, event.recovered_records,
-        event.file_size - event.valid_bytes - event.recovered_bytes)
-    return np.asarray(recovered, dtype=object).reshape([-1])
-
   def read_one(filename: tf.Tensor) -> tf.data.Dataset:
-    match = tf.equal(files_t, filename)
-    file_size = tf.reduce_sum(tf.where(match, sizes_t, 0))
-    records = tf.data.TFRecordDataset(filename).ignore_errors(log_warning=True)
-    records = records.map(lambda r: (r, tf.constant(False)))
-    end = tf.data.Dataset.from_tensors((tf.constant(''), tf.constant(True)))
-
-    def scan_fn(state, element):
-      valid_bytes, count = state
-      record, is_end = element
-      record_bytes = tf.cast(tf.strings.length(record),
-                             tf.int64) + TFRECORD_FRAMING_BYTES
-      valid_bytes += tf.where(is_end, tf.constant(0, tf.int64), record_bytes)
-      count += tf.where(is_end, tf.constant(0, tf.int64), 1)
-      damaged = tf.logical_and(is_end, tf.not_equal(valid_bytes, file_size))
-      if skip_bad_records:
-        # At the end of a damaged file: the intact records after the damage.
-        def recovered():
-          out = tf.py_function(
-              report, [filename, count, valid_bytes, file_size], tf.string)
-          out.set_shape([None])
-          return out
-
-        extra = tf.cond(damaged, recovered, lambda: tf.zeros([0], tf.string))
-        return (valid_bytes, count), (record, is_end, extra)
-      check = graph_checks.require(
-          tf.logical_not(damaged), lambda: graph_checks.join(
-              'Corrupted or truncated TFRecord file `', filename,
-              '`: its records are readable only up to byte ', valid_bytes,
-              ' of ', file_size, ' (', count, ' good records before it). '
-              'Re-copy or regenerate the file, or set '
-              'DataConfig.skip_bad_records=True to skip only the damaged '
-              'records.'))
-      with tf.control_dependencies([check]):
-        is_end = tf.identity(is_end)
-      return (valid_bytes, count), (record, is_end)
-
-    initial = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
-    ds = records.concatenate(end).scan(initial, scan_fn)
+    file_size = tf.reduce_sum(
+        tf.where(tf.equal(files_t, filename), sizes_t, 0))
     if skip_bad_records:
-      # One record per element, or at the end the recovered ones (one small
-      # dataset per record: skip mode only; strict mode stays filter + map).
-      ds = ds.flat_map(lambda record, is_end, extra: (
-          tf.data.Dataset.from_tensor_slices(tf.cond(
-              is_end, lambda: extra, lambda: tf.reshape(record, [1])))))
-      return ds.map(lambda record: (filename, record))
-    ds = ds.filter(lambda record, is_end: tf.logical_not(is_end))
-    return ds.map(lambda record, is_end: (filename, record))
+      return _read_skipping_damage(filename, file_size, log)
+    return _read_failing_on_damage(filename, file_size)
 
   def dataset_fn(file_or_files) -> tf.data.Dataset:
     if isinstance(file_or_files, (list, tuple)):
@@ -387,6 +226,126 @@ def make_file_reader(
     return read_one(file_or_files)
 
   return dataset_fn
+
+
+def _records_then_end(filename: tf.Tensor) -> tf.data.Dataset:
+  """(record, is_end) pairs: the file's readable records (is_end False),
+  then one ('', True) marking the end of what TensorFlow could read."""
+  records = tf.data.TFRecordDataset(filename).ignore_errors(log_warning=True)
+  records = records.map(lambda r: (r, tf.constant(False)))
+  end = tf.data.Dataset.from_tensors((tf.constant(''), tf.constant(True)))
+  return records.concatenate(end)
+
+
+def _initial_counts() -> Tuple[tf.Tensor, tf.Tensor]:
+  """(valid bytes, records) before the first record: int64 zeros."""
+  return tf.constant(0, tf.int64), tf.constant(0, tf.int64)
+
+
+def _count_record(state: Tuple[tf.Tensor, tf.Tensor], record: tf.Tensor,
+                  is_end: tf.Tensor, file_size: tf.Tensor
+                  ) -> Tuple[Tuple[tf.Tensor, tf.Tensor], tf.Tensor]:
+  """One `scan` step over `_records_then_end`.
+
+  Args:
+    state: (valid bytes, records) read so far, int64 scalars.
+    record: string scalar, the record ('' at the end marker).
+    is_end: bool scalar, True at the end marker.
+    file_size: int64 scalar, the file's size in bytes.
+
+  Returns:
+    (the new state, damaged): `damaged` is a bool scalar, True at the end
+    marker of a file whose readable records do not fill it.
+  """
+  valid_bytes, count = state
+  record_bytes = tf.cast(tf.strings.length(record), tf.int64) + (
+      tfrecord_recovery.TFRECORD_FRAMING_BYTES)
+  zero = tf.constant(0, tf.int64)
+  valid_bytes += tf.where(is_end, zero, record_bytes)
+  count += tf.where(is_end, zero, tf.constant(1, tf.int64))
+  damaged = tf.logical_and(is_end, tf.not_equal(valid_bytes, file_size))
+  return (valid_bytes, count), damaged
+
+
+def _read_failing_on_damage(filename: tf.Tensor,
+                            file_size: tf.Tensor) -> tf.data.Dataset:
+  """Strict mode: (file name, record) pairs; a damaged file fails naming it
+  and the byte offset where its readable records end (pure graph)."""
+
+  def scan_fn(state, element):
+    record, is_end = element
+    (valid_bytes, count), damaged = _count_record(state, record, is_end,
+                                                  file_size)
+    check = graph_checks.require(
+        tf.logical_not(damaged), lambda: graph_checks.join(
+            'Corrupted or truncated TFRecord file `', filename,
+            '`: its records are readable only up to byte ', valid_bytes,
+            ' of ', file_size, ' (', count, ' good records before it). '
+            'Re-copy or regenerate the file, or set '
+            'DataConfig.skip_bad_records=True to skip only the damaged '
+            'records.'))
+    with tf.control_dependencies([check]):
+      is_end = tf.identity(is_end)
+    return (valid_bytes, count), (record, is_end)
+
+  ds = _records_then_end(filename).scan(_initial_counts(), scan_fn)
+  ds = ds.filter(lambda record, is_end: tf.logical_not(is_end))
+  return ds.map(lambda record, is_end: (filename, record))
+
+
+def _report_damaged_file(log: BadRecordLog, filename: tf.Tensor,
+                         good: tf.Tensor, valid: tf.Tensor,
+                         size: tf.Tensor) -> np.ndarray:
+  """Skip mode, in `tf.py_function`: recovers the intact records after the
+  damage, logs and counts the file (`BadFileEvent`).
+
+  Returns:
+    The recovered payloads, an object array [num_recovered] of bytes.
+  """
+  name = filename.numpy().decode('utf-8', 'replace')
+  recovered = tfrecord_recovery.recover_records(name, int(valid))
+  event = BadFileEvent(
+      name, int(good), int(valid), int(size), len(recovered),
+      sum(len(r) + tfrecord_recovery.TFRECORD_FRAMING_BYTES
+          for r in recovered))
+  log.add(event)
+  logging.warning(
+      'skip_bad_records: TFRecord file %s is corrupted or truncated at byte '
+      '%d of %d; kept the %d records before it and the %d intact records '
+      'after it, and skipped %d bytes.', event.filename, event.valid_bytes,
+      event.file_size, event.good_records, event.recovered_records,
+      event.file_size - event.valid_bytes - event.recovered_bytes)
+  return np.asarray(recovered, dtype=object).reshape([-1])
+
+
+def _read_skipping_damage(filename: tf.Tensor, file_size: tf.Tensor,
+                          log: BadRecordLog) -> tf.data.Dataset:
+  """Skip mode: (file name, record) pairs of every intact record; a damaged
+  file is reported to `log` at its end (`_report_damaged_file`)."""
+
+  def recovered(count, valid_bytes):
+    out = tf.py_function(
+        lambda *args: _report_damaged_file(log, *args),
+        [filename, count, valid_bytes, file_size], tf.string)
+    out.set_shape([None])
+    return out
+
+  def scan_fn(state, element):
+    record, is_end = element
+    (valid_bytes, count), damaged = _count_record(state, record, is_end,
+                                                  file_size)
+    # At the end of a damaged file: the intact records after the damage.
+    extra = tf.cond(damaged, lambda: recovered(count, valid_bytes),
+                    lambda: tf.zeros([0], tf.string))
+    return (valid_bytes, count), (record, is_end, extra)
+
+  ds = _records_then_end(filename).scan(_initial_counts(), scan_fn)
+  # One record per element, or at the end the recovered ones (one small
+  # dataset per record: skip mode only; strict mode stays filter + map).
+  ds = ds.flat_map(lambda record, is_end, extra: (
+      tf.data.Dataset.from_tensor_slices(tf.cond(
+          is_end, lambda: extra, lambda: tf.reshape(record, [1])))))
+  return ds.map(lambda record: (filename, record))
 
 
 # ---------------------------------------------------------------------------
@@ -468,73 +427,14 @@ def filter_ok(ds: tf.data.Dataset) -> tf.data.Dataset:
   return ds.filter(lambda out, ok: ok).map(lambda out, ok: out)
 
 
-def reader_kwargs(skip_bad_records: bool,
-                  log: Optional[BadRecordLog],
-                  decoder_fn: Callable[..., Any],
-                  parser_fn: Optional[Callable[..., Any]] = None,
-                  sample_fn: Optional[Callable[[tf.data.Dataset],
-                                               tf.data.Dataset]] = None,
-                  transform_and_batch_fn: Optional[Callable[..., Any]] = None,
-                  global_batch_size: Optional[int] = None,
-                  drop_remainder: bool = False,
-                  decoder_source_fn: Optional[Callable[..., tf.Tensor]] = None,
-                  parser_source_fn: Optional[Callable[..., tf.Tensor]] = None,
-                  ) -> Dict[str, Any]:
-  """The `InputReader` stage functions, wrapped for skip mode.
-
-  Strict mode returns them unchanged. Skip mode wraps `decoder_fn` (and
-  `parser_fn`) with `wrap_stage`, drops the failed elements after each stage
-  (before `sample_fn`; in `transform_and_batch_fn` before batching) and
-  passes everything else through. The decoder's arguments are InputReader's
-  elements (file name, record); the parser's, the decoded element.
-
-  Args:
-    skip_bad_records: the DataConfig field.
-    log: where skips are counted (default `bad_record_log()`).
-    decoder_fn, parser_fn, sample_fn, transform_and_batch_fn: as for
-      `official.core.input_reader.InputReader`.
-    global_batch_size, drop_remainder: used when `transform_and_batch_fn` is
-      None (InputReader's default batching).
-    decoder_source_fn: decoder arguments -> file name (default: the first).
-    parser_source_fn: parser arguments -> file name (default: the first
-      argument's `source` entry).
-
-  Returns:
-    kwargs for `InputReader`: decoder_fn, parser_fn, sample_fn,
-    transform_and_batch_fn.
-  """
-  if not skip_bad_records:
-    return dict(decoder_fn=decoder_fn, parser_fn=parser_fn,
-                sample_fn=sample_fn,
-                transform_and_batch_fn=transform_and_batch_fn)
-  log = log or bad_record_log()
-  decoder_source_fn = decoder_source_fn or (lambda *a: a[0])
-  parser_source_fn = parser_source_fn or (lambda *a: a[0]['source'])
-
-  def new_sample_fn(ds):
-    ds = filter_ok(ds)
-    return sample_fn(ds) if sample_fn is not None else ds
-
-  def new_transform_and_batch_fn(ds, context):
-    if parser_fn is not None:
-      ds = filter_ok(ds)
-    if transform_and_batch_fn is not None:
-      return transform_and_batch_fn(ds, context)
-    batch_size = (context.get_per_replica_batch_size(global_batch_size)
-                  if context else global_batch_size)
-    return ds.batch(batch_size, drop_remainder=drop_remainder)
-
-  return dict(
-      decoder_fn=wrap_stage(decoder_fn, decoder_source_fn, log, 'decode'),
-      parser_fn=(wrap_stage(parser_fn, parser_source_fn, log, 'parse')
-                 if parser_fn is not None else None),
-      sample_fn=new_sample_fn,
-      transform_and_batch_fn=new_transform_and_batch_fn)
+# ---------------------------------------------------------------------------
+# Per task.
+# ---------------------------------------------------------------------------
 
 
-def task_log(task: Any, is_training: bool) -> BadRecordLog:
-  """The `BadRecordLog` of a task's train or validation reader (one each per
-  task object, created on first use)."""
+def log_for_split(task: Any, is_training: bool) -> BadRecordLog:
+  """The `BadRecordLog` of a task's train (`is_training`) or validation
+  reader: one each per task object, created on first use."""
   logs = task.__dict__.setdefault('_bad_record_logs', {})
   return logs.setdefault(bool(is_training), BadRecordLog())
 
@@ -545,4 +445,4 @@ def task_metrics(task: Any, data_config: Any, training: bool) -> List[Any]:
   if data_config is None or not getattr(data_config, 'skip_bad_records',
                                         False):
     return []
-  return [BadRecordsSkipped(task_log(task, training))]
+  return [BadRecordsSkipped(log_for_split(task, training))]

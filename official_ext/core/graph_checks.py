@@ -41,6 +41,16 @@ def require(ok: tf.Tensor, message_fn: Callable[[], tf.Tensor]) -> tf.Tensor:
   return tf.cond(ok, lambda: tf.constant(True), _fail)
 
 
-def first(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
-  """The first element of `values` where `mask` (mask must have a True)."""
+def first_where(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+  """The first element of `values` where `mask` is True, for error messages.
+
+  Args:
+    values: a tensor [n] (or any shape; flattened in row-major order with
+      `mask`).
+    mask: bool, `values`' shape; must hold a True (call it in a failing
+      check's message function).
+
+  Returns:
+    A scalar of `values`' dtype.
+  """
   return tf.boolean_mask(values, mask)[0]

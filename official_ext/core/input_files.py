@@ -1,4 +1,6 @@
-"""Input file matching shared by the families' readers."""
+"""Input files of the families' readers: matching, sizes, shard seeds."""
+import concurrent.futures
+import os
 from typing import List, Optional, Sequence, Union
 import zlib
 
@@ -44,6 +46,52 @@ def match_input_files(input_path: Union[str, Sequence[str]]) -> List[str]:
       for f in matched:
         files.setdefault(f, pattern)
   return list(files)
+
+
+
+def file_sizes(files: Sequence[str]) -> List[int]:
+  """Sizes in bytes of `files` (threaded `tf.io.gfile.stat` calls).
+
+  A path that cannot be a TFRecord file (a broken symlink, a directory
+  matched by the glob) is a mistake in `input_path`, not damaged data: an
+  error in strict and skip mode alike. A zero-byte file is legal (an empty
+  shard): it contributes no records, and is logged (absl INFO) by name.
+
+  Args:
+    files: the matched input files (`match_input_files`).
+
+  Returns:
+    Their sizes, in the order of `files`.
+
+  Raises:
+    ValueError: naming a path that does not exist (e.g. a broken symlink
+      matched by a glob) or is a directory.
+  """
+
+  def stat(path):
+    try:
+      info = tf.io.gfile.stat(path)
+    except tf.errors.NotFoundError as e:
+      link = ''
+      if os.path.islink(path):
+        link = f' (a broken symlink to {os.readlink(path)!r})'
+      raise ValueError(f"DataConfig.input_path: file '{path}' does not exist"
+                       f'{link}; expected a readable TFRecord file.') from e
+    if info.is_directory:
+      raise ValueError(f"DataConfig.input_path: '{path}' is a directory; "
+                       'expected TFRecord files.')
+    return int(info.length)
+
+  if len(files) <= 1:
+    sizes = [stat(f) for f in files]
+  else:
+    with concurrent.futures.ThreadPoolExecutor(min(32, len(files))) as pool:
+      sizes = list(pool.map(stat, files))
+  empty = [f for f, s in zip(files, sizes) if s == 0]
+  if empty:
+    logging.info('DataConfig.input_path: %d empty (zero-byte) file(s) '
+                 'contribute no records: %s', len(empty), ', '.join(empty))
+  return sizes
 
 
 def shared_shuffle_seed(params, files: Sequence[str],

@@ -29,9 +29,9 @@ binary/multilabel labels in [0, 1]; multinomial class ids are integers in
 [0, dim); weights >= 0; token and query counts within `max_input_tokens` /
 `max_queries` when set. A record that is not a proto, or a feature stored with
 another dtype, fails in TensorFlow's parser with an error naming the file.
-Files (`official_ext.core.bad_records`): an `input_path` that matches nothing,
-a broken symlink or a directory is a ValueError naming it; a truncated or
-corrupted file fails naming the file and byte offset. With
+Files (`official_ext.core.tfrecord_input`): an `input_path` that matches
+nothing, a broken symlink or a directory is a ValueError naming it; a
+truncated or corrupted file fails naming the file and byte offset. With
 `DataConfig.skip_bad_records` the invalid record, or the damaged records of
 a file, are skipped, logged and counted instead (README "Bad input").
 
@@ -54,16 +54,15 @@ trial: the last batch is filled with copies of a trial marked padding
 `eval_mask` bool [B] (False: padding) and a padding trial's queries have
 weight 0, so they count in no loss and no metric.
 """
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
-from official.core import input_reader
 from official_ext.core import bad_records as bad_records_lib
 from official_ext.core import eval_padding
 from official_ext.core import graph_checks
-from official_ext.core import input_files
+from official_ext.core import tfrecord_input
 from official_ext.readout import configs
 
 _TYPE_CODES = {t: i for i, t in enumerate(configs.READOUT_TYPES)}
@@ -155,11 +154,6 @@ def write_records(path: str, examples) -> int:
 # ---------------------------------------------------------------------------
 # Checks.
 # ---------------------------------------------------------------------------
-
-
-_join = graph_checks.join
-_check = graph_checks.require
-_first = graph_checks.first
 
 
 def _check_config(params: configs.DataConfig) -> None:
@@ -258,123 +252,198 @@ class Parser:
 
     def where(parts_fn):
       # Message parts are built lazily: only when the check fails.
-      return lambda: _join('Record `', rid, '` in file `', source, '`: ',
-                           *parts_fn())
+      return lambda: graph_checks.join('Record `', rid, '` in file `', source,
+                                       '`: ', *parts_fn())
 
-    values, times = f['input_values'], f['input_timestamps']
-    ids, q_times = f['output_task_ids'], f['output_timestamps']
-    weights, sizes = f['output_weights'], f['output_target_sizes']
-    targets = f['output_targets']
-    n_in, n_q = tf.size(times), tf.size(ids)
-    checks = [
-        _check(n_in > 0, where(lambda: (
-            'has no input tokens (input_timestamps is empty); expected at '
-            'least one.',))),
-        _check(tf.equal(tf.size(values), n_in * self._input_dim),
-               where(lambda: (
-            'input_values has ', tf.size(values), ' values for ', n_in,
-            ' input tokens; expected n_in * input_dim = ', n_in,
-            f' * {self._input_dim} (DataConfig.input_dim).'))),
-    ]
-    for key, t in (('output_timestamps', q_times), ('output_weights', weights),
-                   ('output_target_sizes', sizes)):
-      checks.append(_check(tf.equal(tf.size(t), n_q), where(lambda: (
-          key, ' has ', tf.size(t), ' entries for ', n_q,
-          ' output_task_ids; expected one per query.'))))
-    for key, t in (('input_values', values), ('input_timestamps', times),
-                   ('output_timestamps', q_times)):
-      checks.append(_check(tf.reduce_all(tf.math.is_finite(t)), where(lambda: (
-          key, ' has a NaN or infinite value.'))))
-    if self._params.max_input_tokens is not None:
-      checks.append(_check(n_in <= self._params.max_input_tokens,
-                           where(lambda: (
-          'has ', n_in, ' input tokens; DataConfig.max_input_tokens is ',
-          str(self._params.max_input_tokens), '.'))))
-    if self._params.max_queries is not None:
-      checks.append(_check(n_q <= self._params.max_queries, where(lambda: (
-          'has ', n_q, ' queries; DataConfig.max_queries is ',
-          str(self._params.max_queries), '.'))))
+    checks = self._check_lengths(f, where)
     with tf.control_dependencies(checks):
-      ids = tf.identity(ids)
-    qpos = tf.range(n_q)
-
-    # Task ids: known and with a spec.
-    vocab_size = len(self._names)
-    known = tf.logical_and(ids >= 0, ids < vocab_size)
-    safe = tf.where(known, ids, 0)
-    has_spec = tf.logical_and(known, tf.gather(self._has_spec, safe))
-    bad = tf.logical_not(has_spec)
-    name = tf.gather(tf.constant(self._names), safe)
-    check_ids = _check(tf.logical_not(tf.reduce_any(bad)), where(lambda: (
-        'query ', _first(qpos, bad), ' has task id ', _first(ids, bad),
-        ' (', tf.where(_first(known, bad), _first(name, bad),
-                       '<not in task.task_vocabulary>'),
-        '), which has no ReadoutSpec; readouts are '
-        f'{self._spec_names} with ids '
-        f'{[self._names.index(n) for n in self._spec_names]} '
-        '(id 0 is padding, never a query).')))
+      ids = tf.identity(f['output_task_ids'])
+    safe, name, check_ids = self._check_task_ids(ids, where)
     with tf.control_dependencies([check_ids]):
       expected = tf.gather(self._target_sizes, safe)
+    targets, target_checks = self._targets_by_query(
+        f['output_targets'], f['output_target_sizes'], expected, name, where)
+    value_checks = self._check_target_values(
+        f['output_targets'], targets.value_rowids(), safe, name, rid, source)
+    value_checks.append(self._check_weights(f['output_weights'], name, where))
+    # Every output waits for every check.
+    with tf.control_dependencies(checks + value_checks + [check_ids] +
+                                 target_checks):
+      return {
+          'input_values': tf.reshape(f['input_values'],
+                                     [-1, self._input_dim]),
+          'input_timestamps': tf.identity(f['input_timestamps']),
+          'input_mask': tf.ones([tf.size(f['input_timestamps'])], tf.bool),
+          'output_readout_index': tf.cast(ids, tf.int32),
+          'output_timestamps': tf.identity(f['output_timestamps']),
+          'output_weights': tf.identity(f['output_weights']),
+          'output_targets': targets.to_tensor(
+              default_value=0.0, shape=[None, self.max_target_size]),
+      }
+
+  def _check_lengths(self, f: Dict[str, tf.Tensor],
+                     where: Callable[..., Callable[[], tf.Tensor]]
+                     ) -> List[tf.Tensor]:
+    """Checks a parsed record `f` ({feature: [n] values}) for list lengths
+    that agree, finite values and times, and the token / query limits."""
+    values, times = f['input_values'], f['input_timestamps']
+    ids, q_times = f['output_task_ids'], f['output_timestamps']
+    n_in, n_q = tf.size(times), tf.size(ids)
+    checks = [
+        graph_checks.require(n_in > 0, where(lambda: (
+            'has no input tokens (input_timestamps is empty); expected at '
+            'least one.',))),
+        graph_checks.require(
+            tf.equal(tf.size(values), n_in * self._input_dim),
+            where(lambda: (
+                'input_values has ', tf.size(values), ' values for ', n_in,
+                ' input tokens; expected n_in * input_dim = ', n_in,
+                f' * {self._input_dim} (DataConfig.input_dim).'))),
+    ]
+    for key in ('output_timestamps', 'output_weights', 'output_target_sizes'):
+      t = f[key]
+      checks.append(graph_checks.require(
+          tf.equal(tf.size(t), n_q), where(lambda key=key, t=t: (
+              key, ' has ', tf.size(t), ' entries for ', n_q,
+              ' output_task_ids; expected one per query.'))))
+    for key in ('input_values', 'input_timestamps', 'output_timestamps'):
+      checks.append(graph_checks.require(
+          tf.reduce_all(tf.math.is_finite(f[key])), where(lambda key=key: (
+              key, ' has a NaN or infinite value.'))))
+    max_input_tokens = self._params.max_input_tokens
+    if max_input_tokens is not None:
+      checks.append(graph_checks.require(
+          n_in <= max_input_tokens, where(lambda: (
+              'has ', n_in, ' input tokens; DataConfig.max_input_tokens is ',
+              str(max_input_tokens), '.'))))
+    max_queries = self._params.max_queries
+    if max_queries is not None:
+      checks.append(graph_checks.require(n_q <= max_queries, where(lambda: (
+          'has ', n_q, ' queries; DataConfig.max_queries is ',
+          str(max_queries), '.'))))
+    return checks
+
+  def _check_task_ids(self, ids: tf.Tensor,
+                      where: Callable[..., Callable[[], tf.Tensor]]
+                      ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Checks that every query's task id (int64 [n_q]) has a ReadoutSpec.
+
+    Returns:
+      (int64 [n_q] ids with unknown ones replaced by 0 (safe to gather),
+      string [n_q] task names, the check).
+    """
+    qpos = tf.range(tf.size(ids))
+    known = tf.logical_and(ids >= 0, ids < len(self._names))
+    safe = tf.where(known, ids, 0)
+    bad = tf.logical_not(
+        tf.logical_and(known, tf.gather(self._has_spec, safe)))
+    name = tf.gather(tf.constant(self._names), safe)
+    first = lambda values: graph_checks.first_where(values, bad)
+    check = graph_checks.require(
+        tf.logical_not(tf.reduce_any(bad)), where(lambda: (
+            'query ', first(qpos), ' has task id ', first(ids), ' (',
+            tf.where(first(known), first(name),
+                     '<not in task.task_vocabulary>'),
+            '), which has no ReadoutSpec; readouts are '
+            f'{self._spec_names} with ids '
+            f'{[self._names.index(n) for n in self._spec_names]} '
+            '(id 0 is padding, never a query).')))
+    return safe, name, check
+
+  def _targets_by_query(self, targets: tf.Tensor, sizes: tf.Tensor,
+                        expected: tf.Tensor, name: tf.Tensor,
+                        where: Callable[..., Callable[[], tf.Tensor]]
+                        ) -> Tuple[tf.RaggedTensor, List[tf.Tensor]]:
+    """The chained targets (float32 [sum(sizes)]) split per query.
+
+    Args:
+      targets: float32 [sum(sizes)], `output_targets`.
+      sizes: int64 [n_q], `output_target_sizes`.
+      expected: int64 [n_q], each query's task's target size.
+      name: string [n_q], each query's task name.
+      where: message parts -> message function naming the record.
+
+    Returns:
+      (float32 [n_q, None] ragged targets, the checks that each size is the
+      expected one and the sizes add up to the targets).
+    """
+    qpos = tf.range(tf.size(sizes))
     bad = tf.not_equal(sizes, expected)
-    check_sizes = _check(tf.logical_not(tf.reduce_any(bad)), where(lambda: (
-        'query ', _first(qpos, bad), ' of task `', _first(name, bad),
-        '` has a target of ', _first(sizes, bad), ' values; expected ',
-        _first(expected, bad),
-        ' (the ReadoutSpec dim, or 1 class id for multinomial).')))
-    check_total = _check(tf.equal(tf.reduce_sum(sizes), tf.cast(
-        tf.size(targets), tf.int64)), where(lambda: (
+    first = lambda values: graph_checks.first_where(values, bad)
+    check_sizes = graph_checks.require(
+        tf.logical_not(tf.reduce_any(bad)), where(lambda: (
+            'query ', first(qpos), ' of task `', first(name),
+            '` has a target of ', first(sizes), ' values; expected ',
+            first(expected),
+            ' (the ReadoutSpec dim, or 1 class id for multinomial).')))
+    check_total = graph_checks.require(
+        tf.equal(tf.reduce_sum(sizes), tf.cast(tf.size(targets), tf.int64)),
+        where(lambda: (
             'output_targets has ', tf.size(targets),
             ' values but output_target_sizes add up to ', tf.reduce_sum(sizes),
             '.')))
-    with tf.control_dependencies([check_sizes, check_total]):
-      ragged = tf.RaggedTensor.from_row_lengths(targets, sizes)
-    query_of_value = ragged.value_rowids()
+    checks = [check_sizes, check_total]
+    with tf.control_dependencies(checks):
+      return tf.RaggedTensor.from_row_lengths(targets, sizes), checks
+
+  def _check_target_values(self, values: tf.Tensor,
+                           query_of_value: tf.Tensor, safe: tf.Tensor,
+                           name: tf.Tensor, rid: tf.Tensor,
+                           source: tf.Tensor) -> List[tf.Tensor]:
+    """Checks each target value against its query's readout type.
+
+    Args:
+      values: float32 [sum(sizes)], the chained targets (`output_targets`).
+      query_of_value: int64 [sum(sizes)], the query of each value.
+      safe: int64 [n_q], the queries' (known) task ids.
+      name: string [n_q], the queries' task names.
+      rid, source: string scalars, the record's id and file.
+
+    Returns:
+      The checks: finite; event_rate counts >= 0; binary / multilabel labels
+      in [0, 1]; multinomial class ids integers in [0, dim).
+    """
     vname = tf.gather(name, query_of_value)
     vtype = tf.gather(tf.gather(self._types, safe), query_of_value)
     vdim = tf.gather(tf.gather(self._dims, safe), query_of_value)
     vq = tf.cast(query_of_value, tf.int32)
-    nan = tf.logical_not(tf.math.is_finite(targets))
     is_type = lambda t: tf.equal(vtype, _TYPE_CODES[t])
-    negative = tf.logical_and(is_type('event_rate'), targets < 0)
+    nan = tf.logical_not(tf.math.is_finite(values))
+    negative = tf.logical_and(is_type('event_rate'), values < 0)
     not_label = tf.logical_and(
         tf.logical_or(is_type('binary'), is_type('multilabel')),
-        tf.logical_or(targets < 0, targets > 1))
+        tf.logical_or(values < 0, values > 1))
     not_class = tf.logical_and(is_type('multinomial'), tf.logical_or(
-        tf.logical_or(targets < 0, targets >= tf.cast(vdim, tf.float32)),
-        tf.not_equal(targets, tf.round(targets))))
-    value_checks = []
+        tf.logical_or(values < 0, values >= tf.cast(vdim, tf.float32)),
+        tf.not_equal(values, tf.round(values))))
+    checks = []
     for bad, what in ((nan, 'a NaN or infinite target value'),
                       (negative, 'a negative count (event_rate targets are '
                        'counts >= 0)'),
                       (not_label, 'a label outside [0, 1]'),
                       (not_class, 'a class id that is not an integer in '
                        '[0, dim)')):
-      value_checks.append(_check(
+      checks.append(graph_checks.require(
           tf.logical_not(tf.reduce_any(bad)),
-          lambda bad=bad, what=what: _join(
+          lambda bad=bad, what=what: graph_checks.join(
               'Record `', rid, '` in file `', source, '`: query ',
-              _first(vq, bad), ' of task `', _first(vname, bad), '` has ',
-              what, ': ', _first(targets, bad), '.')))
-    bad_w = tf.logical_not(tf.logical_and(tf.math.is_finite(weights),
-                                          weights >= 0))
-    value_checks.append(_check(tf.logical_not(tf.reduce_any(bad_w)),
-                               where(lambda: (
-        'query ', _first(qpos, bad_w), ' of task `', _first(name, bad_w),
-        '` has weight ', _first(weights, bad_w), '; expected a finite weight '
-        '>= 0.'))))
-    # Every output waits for every check.
-    with tf.control_dependencies(checks + value_checks +
-                                 [check_ids, check_sizes, check_total]):
-      return {
-          'input_values': tf.reshape(values, [-1, self._input_dim]),
-          'input_timestamps': tf.identity(times),
-          'input_mask': tf.ones([n_in], tf.bool),
-          'output_readout_index': tf.cast(ids, tf.int32),
-          'output_timestamps': tf.identity(q_times),
-          'output_weights': tf.identity(weights),
-          'output_targets': ragged.to_tensor(
-              default_value=0.0, shape=[None, self.max_target_size]),
-      }
+              graph_checks.first_where(vq, bad), ' of task `',
+              graph_checks.first_where(vname, bad), '` has ', what, ': ',
+              graph_checks.first_where(values, bad), '.')))
+    return checks
+
+  def _check_weights(self, weights: tf.Tensor, name: tf.Tensor,
+                     where: Callable[..., Callable[[], tf.Tensor]]
+                     ) -> tf.Tensor:
+    """Checks that query weights (float32 [n_q]) are finite and >= 0."""
+    bad = tf.logical_not(tf.logical_and(tf.math.is_finite(weights),
+                                        weights >= 0))
+    first = lambda values: graph_checks.first_where(values, bad)
+    return graph_checks.require(
+        tf.logical_not(tf.reduce_any(bad)), where(lambda: (
+            'query ', first(tf.range(tf.size(name))), ' of task `',
+            first(name), '` has weight ', first(weights),
+            '; expected a finite weight >= 0.')))
 
 
 # ---------------------------------------------------------------------------
@@ -467,18 +536,6 @@ def batch_examples(ds: tf.data.Dataset, params: configs.DataConfig,
   return ds.map(finish_varlen, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-class _Reader(input_reader.InputReader):
-  """InputReader over an already matched, sorted file list."""
-
-  def __init__(self, files: Sequence[str], *args, **kwargs):
-    self._readout_files = list(files)
-    super().__init__(*args, **kwargs)
-
-  def get_files(self, input_path):
-    del input_path
-    return self._readout_files
-
-
 def build_dataset(params: configs.DataConfig,
                   readouts: Sequence[configs.ReadoutSpec],
                   task_vocabulary: Sequence[str],
@@ -486,6 +543,10 @@ def build_dataset(params: configs.DataConfig,
                   bad_records: Optional[bad_records_lib.BadRecordLog] = None
                   ) -> tf.data.Dataset:
   """Builds the batched pipeline of one split.
+
+  Files, sharding, the bad-record modes and the evaluation padding are
+  `official_ext.core.tfrecord_input.build_dataset`'s; this adds the readout
+  parser (as the decoder: it reads the serialized record) and batching.
 
   Args:
     params: the split's DataConfig (`input_path` set).
@@ -502,36 +563,11 @@ def build_dataset(params: configs.DataConfig,
     `drop_remainder`: full batches, the last one padded, `eval_mask` [B]).
   """
   _check_config(params)
-  if not params.input_path:
-    raise ValueError('DataConfig.input_path is empty; expected readout '
-                     'TFRecord files.')
-  if not params.global_batch_size or params.global_batch_size <= 0:
-    raise ValueError(f'DataConfig.global_batch_size is '
-                     f'{params.global_batch_size!r}; expected a positive int.')
   parser = Parser(params, readouts, task_vocabulary)
-
-  def decoder_fn(filename, record):
-    return parser.parse(record, source=filename)
-
-  def transform_and_batch_fn(ds, context):
-    batch_size = (context.get_per_replica_batch_size(params.global_batch_size)
-                  if context else params.global_batch_size)
-    if not params.is_training and params.drop_remainder:
-      # Static batch shapes without dropping a trial: pad the last batch.
-      return eval_padding.pad_final_batches(
-          ds, lambda d: batch_examples(d, params, batch_size,
-                                       parser.max_target_size),
-          batch_size, context)
-    return batch_examples(ds, params, batch_size, parser.max_target_size)
-
-  files = input_files.match_input_files(params.input_path)
-  params = input_files.shared_shuffle_seed(params, files, input_context)
-  sizes = bad_records_lib.file_sizes(files)
-  reader = _Reader(
-      files, params,
-      dataset_fn=bad_records_lib.make_file_reader(
-          files, sizes, params.skip_bad_records, bad_records),
-      **bad_records_lib.reader_kwargs(
-          params.skip_bad_records, bad_records, decoder_fn=decoder_fn,
-          transform_and_batch_fn=transform_and_batch_fn))
-  return reader.read(input_context=input_context)
+  stages = tfrecord_input.Stages(
+      decoder_fn=lambda filename, record: parser.parse(record,
+                                                       source=filename),
+      batch_fn=lambda ds, batch_size: batch_examples(
+          ds, params, batch_size, parser.max_target_size))
+  return tfrecord_input.build_dataset(params, input_context, bad_records,
+                                      lambda seeded_params: stages)

@@ -110,7 +110,7 @@ class ReadoutTask(base_task.Task):
     return dataloader.build_dataset(
         resolved, self.task_config.readouts,
         self.task_config.task_vocabulary, input_context=input_context,
-        bad_records=bad_records.task_log(self, params.is_training))
+        bad_records=bad_records.log_for_split(self, params.is_training))
 
   # -- routing targets like predictions --------------------------------------
   def route(self, model: model_lib.ReadoutModel, inputs: Mapping[str, Any],

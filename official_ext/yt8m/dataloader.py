@@ -14,7 +14,9 @@ Record format (the public YouTube-8M frame-level TFRecords):
   frame) and `segment_scores` (float list, 1.0 positive / 0.0 negative), one
   entry per (segment, class) rating.
 
-Pipeline (`build_dataset`), on `official.core.input_reader.InputReader`:
+Pipeline (`build_dataset`), on `official_ext.core.tfrecord_input` (file
+matching, sharding, bad records, evaluation padding, Model Garden's
+InputReader):
 
     files --(per-file reader: (file name, record) pairs, corruption check)-->
     [train: shuffle] --Decoder.decode--> raw tensors
@@ -29,18 +31,17 @@ that does not parse, a frame of the wrong width or dtype, a NaN in a float32
 feature (quantized uint8 features cannot be NaN) or a label id outside
 [0, num_classes) fails with an error naming the file, the video and the
 feature. With `skip_bad_records=True` the damaged records of a file (reading
-goes on past them), or the one invalid record, is skipped, logged and counted in a `BadRecordLog`
-(`bad_record_log()`); every other record is read.
+goes on past them), or the one invalid record, is skipped, logged and counted
+in a `BadRecordLog` (`bad_records.bad_record_log()`, or the task's); every
+other record is read.
 """
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
-from official.core import input_reader
 from official_ext.core import bad_records as bad_records_lib
-from official_ext.core import eval_padding
 from official_ext.core import graph_checks
-from official_ext.core import input_files
+from official_ext.core import tfrecord_input
 from official_ext.yt8m import configs
 
 # Quantization of the YouTube-8M uint8 features (the starter code's
@@ -58,7 +59,7 @@ _DTYPES = {'uint8': tf.uint8, 'float32': tf.float32}
 VIDEO_ID = 'video_id'
 LABELS = 'labels'
 FEATURES = 'features'
-SOURCE = 'source'
+SOURCE = tfrecord_input.SOURCE_KEY  # The record's file.
 SEGMENT_LABELS = 'segment_labels'
 SEGMENT_START_TIMES = 'segment_start_times'
 SEGMENT_SCORES = 'segment_scores'
@@ -123,12 +124,6 @@ def _check_params(params: configs.DataConfig) -> None:
     raise ValueError(f'DataConfig.num_sample_frames is '
                      f'{params.num_sample_frames!r}; expected None or a '
                      'positive int.')
-
-
-# Graph checks shared with the other families.
-_message = graph_checks.join
-_require = graph_checks.require
-_first = graph_checks.first
 
 
 # ---------------------------------------------------------------------------
@@ -210,85 +205,22 @@ class Decoder:
 
     checks = []
     features = {}
-    num_frames = {}
     for name, size, dtype, from_bytes in zip(self._names, self._sizes,
                                              self._dtypes, self._from_bytes):
       if from_bytes:
-        raw = sequence[name]  # [T] string.
-        expected = size * dtype.size
-        lengths = tf.strings.length(raw)  # Bytes.
-        bad = tf.not_equal(lengths, expected)
-        frame_ids = tf.range(tf.size(lengths))
-        checks.append(
-            _require(
-                tf.logical_not(tf.reduce_any(bad)),
-                lambda name=name, lengths=lengths, bad=bad, ids=frame_ids,
-                size=size, dtype=dtype, expected=expected: _message(
-                    'Feature `', name, '`', *where(), ': frame ',
-                    _first(ids, bad),
-                    ' has ', _first(lengths, bad), ' bytes, expected ',
-                    str(expected), f' (feature size {size} x {dtype.name}; '
-                    'DataConfig.feature_sizes / feature_dtypes).')))
-        with tf.control_dependencies(checks[-1:]):
-          values = tf.io.decode_raw(raw, dtype)
-        values = tf.reshape(values, [-1, size])
+        values, feature_checks = _frames_from_bytes(sequence[name], name, size,
+                                                    dtype, where)
       else:
-        ragged = tf.RaggedTensor.from_sparse(sequence[name])
-        lengths = ragged.row_lengths()
-        bad = tf.not_equal(lengths, size)
-        frame_ids = tf.range(tf.size(lengths, out_type=tf.int64))
-        checks.append(
-            _require(
-                tf.logical_not(tf.reduce_any(bad)),
-                lambda name=name, lengths=lengths, bad=bad, ids=frame_ids,
-                size=size: _message(
-                    'Feature `', name, '`', *where(), ': frame ',
-                    _first(ids, bad),
-                    ' has ', _first(lengths, bad), ' values, expected ',
-                    str(size), ' (DataConfig.feature_sizes).')))
-        with tf.control_dependencies(checks[-1:]):
-          values = tf.reshape(ragged.values, [-1, size])
-        if dtype == tf.uint8:
-          in_range = tf.logical_and(values >= 0, values <= 255)
-          checks.append(
-              _require(
-                  tf.reduce_all(in_range),
-                  lambda name=name, values=values, in_range=in_range: _message(
-                      "Feature `", name, "`", *where(), ': value ',
-                      _first(tf.reshape(values, [-1]),
-                             tf.logical_not(tf.reshape(in_range, [-1]))),
-                      ' is not a uint8 (0..255) as DataConfig.feature_dtypes '
-                      'says.')))
-          values = tf.cast(values, tf.uint8)
+        values, feature_checks = _frames_from_lists(sequence[name], name, size,
+                                                    dtype, where)
+      checks += feature_checks
       if dtype == tf.float32:  # Quantized uint8 features cannot be NaN.
-        finite = tf.math.is_finite(values)
-        checks.append(
-            _require(
-                tf.reduce_all(finite),
-                lambda name=name, values=values, finite=finite: _message(
-                    'Feature `', name, '`', *where(), ': frame ',
-                    _first(tf.range(tf.shape(values)[0]), tf.logical_not(
-                        tf.reduce_all(finite, axis=1))),
-                    ' has a NaN or infinite value (',
-                    _first(tf.reshape(values, [-1]),
-                           tf.logical_not(tf.reshape(finite, [-1]))),
-                    ').')))
+        checks.append(_check_finite(values, name, where))
         with tf.control_dependencies(checks[-1:]):
           values = tf.identity(values)
       values.set_shape([None, size])
       features[name] = values
-      num_frames[name] = tf.shape(values)[0]
-
-    first = self._names[0]
-    for name in self._names[1:]:
-      checks.append(
-          _require(
-              tf.equal(num_frames[name], num_frames[first]),
-              lambda name=name: _message(
-                  "Feature `", name, "`", *where(), ': has ', num_frames[name],
-                  " frames but feature `", first, "` has ",
-                  num_frames[first], '; every feature needs one entry per '
-                  'frame.')))
+    checks += self._check_frame_counts(features, where)
 
     decoded = {
         VIDEO_ID: video_id,
@@ -296,29 +228,140 @@ class Decoder:
         SOURCE: source,
     }
     if self._params.segment_labels:
-      seg_labels = context[SEGMENT_LABELS].values
-      seg_starts = context[SEGMENT_START_TIMES].values
-      seg_scores = context[SEGMENT_SCORES].values
-      n_labels = tf.size(seg_labels)
-      same = tf.logical_and(
-          tf.equal(n_labels, tf.size(seg_starts)),
-          tf.equal(n_labels, tf.size(seg_scores)))
-      checks.append(
-          _require(
-              same, lambda: _message(
-                  'Segment ratings', *where(), ': segment_labels has ',
-                  tf.size(seg_labels), ', segment_start_times has ',
-                  tf.size(seg_starts), ' and segment_scores has ',
-                  tf.size(seg_scores), ' entries; expected one entry each '
-                  'per rating.')))
-      decoded.update({
-          SEGMENT_LABELS: seg_labels,
-          SEGMENT_START_TIMES: seg_starts,
-          SEGMENT_SCORES: seg_scores,
-      })
+      ratings, check = _segment_ratings(context, where)
+      decoded.update(ratings)
+      checks.append(check)
     with tf.control_dependencies(checks):
       decoded[FEATURES] = {k: tf.identity(v) for k, v in features.items()}
     return decoded
+
+  def _check_frame_counts(self, features: Dict[str, tf.Tensor],
+                          where: Callable[[], tuple]) -> List[tf.Tensor]:
+    """Checks that every feature of `features` ({name: [T_name, size]}) has
+    as many frames as the first of `feature_names`."""
+    first = self._names[0]
+    num_frames = {name: tf.shape(values)[0]
+                  for name, values in features.items()}
+    return [
+        graph_checks.require(
+            tf.equal(num_frames[name], num_frames[first]),
+            lambda name=name: graph_checks.join(
+                "Feature `", name, "`", *where(), ': has ', num_frames[name],
+                " frames but feature `", first, "` has ",
+                num_frames[first], '; every feature needs one entry per '
+                'frame.'))
+        for name in self._names[1:]
+    ]
+
+
+def _frames_from_bytes(raw: tf.Tensor, name: str, size: int,
+                       dtype: tf.DType, where: Callable[[], tuple]
+                       ) -> Tuple[tf.Tensor, List[tf.Tensor]]:
+  """A feature stored as one bytes string per frame -> its frames.
+
+  Args:
+    raw: string [T], one string of `size` values of `dtype` per frame.
+    name, size, dtype: the feature (DataConfig.feature_names / sizes /
+      dtypes).
+    where: () -> message parts naming the video and file.
+
+  Returns:
+    ([T, size] `dtype` frames, [the check that every frame has size *
+    dtype.size bytes]); the frames depend on the check.
+  """
+  expected = size * dtype.size
+  lengths = tf.strings.length(raw)  # Bytes.
+  bad = tf.not_equal(lengths, expected)
+  frame_ids = tf.range(tf.size(lengths))
+  check = graph_checks.require(
+      tf.logical_not(tf.reduce_any(bad)), lambda: graph_checks.join(
+          'Feature `', name, '`', *where(), ': frame ',
+          graph_checks.first_where(frame_ids, bad),
+          ' has ', graph_checks.first_where(lengths, bad), ' bytes, expected ',
+          str(expected), f' (feature size {size} x {dtype.name}; '
+          'DataConfig.feature_sizes / feature_dtypes).'))
+  with tf.control_dependencies([check]):
+    values = tf.io.decode_raw(raw, dtype)
+  return tf.reshape(values, [-1, size]), [check]
+
+
+def _frames_from_lists(sparse: tf.SparseTensor, name: str, size: int,
+                       dtype: tf.DType, where: Callable[[], tuple]
+                       ) -> Tuple[tf.Tensor, List[tf.Tensor]]:
+  """A feature stored as one float/int64 list per frame -> its frames.
+
+  Args:
+    sparse: [T, None] float32 or int64 values, one row per frame.
+    name, size, dtype: the feature (DataConfig.feature_names / sizes /
+      dtypes).
+    where: () -> message parts naming the video and file.
+
+  Returns:
+    ([T, size] `dtype` frames (float32 or uint8), the checks: every frame has
+    `size` values; uint8 features: every value is in [0, 255]).
+  """
+  ragged = tf.RaggedTensor.from_sparse(sparse)
+  lengths = ragged.row_lengths()
+  bad = tf.not_equal(lengths, size)
+  frame_ids = tf.range(tf.size(lengths, out_type=tf.int64))
+  checks = [graph_checks.require(
+      tf.logical_not(tf.reduce_any(bad)), lambda: graph_checks.join(
+          'Feature `', name, '`', *where(), ': frame ',
+          graph_checks.first_where(frame_ids, bad),
+          ' has ', graph_checks.first_where(lengths, bad), ' values, expected ',
+          str(size), ' (DataConfig.feature_sizes).'))]
+  with tf.control_dependencies(checks):
+    values = tf.reshape(ragged.values, [-1, size])
+  if dtype != tf.uint8:
+    return values, checks
+  in_range = tf.logical_and(values >= 0, values <= 255)
+  checks.append(graph_checks.require(
+      tf.reduce_all(in_range), lambda: graph_checks.join(
+          "Feature `", name, "`", *where(), ': value ',
+          graph_checks.first_where(tf.reshape(values, [-1]), tf.logical_not(
+              tf.reshape(in_range, [-1]))),
+          ' is not a uint8 (0..255) as DataConfig.feature_dtypes says.')))
+  return tf.cast(values, tf.uint8), checks
+
+
+def _check_finite(values: tf.Tensor, name: str,
+                  where: Callable[[], tuple]) -> tf.Tensor:
+  """Checks that float32 frames [T, size] of feature `name` are finite."""
+  finite = tf.math.is_finite(values)
+  return graph_checks.require(
+      tf.reduce_all(finite), lambda: graph_checks.join(
+          'Feature `', name, '`', *where(), ': frame ',
+          graph_checks.first_where(
+              tf.range(tf.shape(values)[0]),
+              tf.logical_not(tf.reduce_all(finite, axis=1))),
+          ' has a NaN or infinite value (',
+          graph_checks.first_where(tf.reshape(values, [-1]), tf.logical_not(
+              tf.reshape(finite, [-1]))),
+          ').'))
+
+
+def _segment_ratings(context: Dict[str, tf.SparseTensor],
+                     where: Callable[[], tuple]
+                     ) -> Tuple[Dict[str, tf.Tensor], tf.Tensor]:
+  """The segment ratings of a parsed context, and the check that its three
+  lists (labels int64, start times int64, scores float32, [R] each) have one
+  entry per rating."""
+  seg_labels = context[SEGMENT_LABELS].values
+  seg_starts = context[SEGMENT_START_TIMES].values
+  seg_scores = context[SEGMENT_SCORES].values
+  n_labels = tf.size(seg_labels)
+  same = tf.logical_and(
+      tf.equal(n_labels, tf.size(seg_starts)),
+      tf.equal(n_labels, tf.size(seg_scores)))
+  check = graph_checks.require(
+      same, lambda: graph_checks.join(
+          'Segment ratings', *where(), ': segment_labels has ',
+          tf.size(seg_labels), ', segment_start_times has ',
+          tf.size(seg_starts), ' and segment_scores has ',
+          tf.size(seg_scores), ' entries; expected one entry each '
+          'per rating.'))
+  return {SEGMENT_LABELS: seg_labels, SEGMENT_START_TIMES: seg_starts,
+          SEGMENT_SCORES: seg_scores}, check
 
 
 # ---------------------------------------------------------------------------
@@ -403,8 +446,8 @@ class Parser:
   def _check_frames(self, decoded) -> Tuple[List[tf.Tensor], tf.Tensor]:
     frames = [decoded[FEATURES][name] for name in self._names]
     total = tf.shape(frames[0])[0]
-    check = _require(
-        total > 0, lambda: _message(
+    check = graph_checks.require(
+        total > 0, lambda: graph_checks.join(
             "Video `", decoded[VIDEO_ID], "` in file `",
             decoded.get(SOURCE, '<unknown file>'), "` has no frames in feature "
             f"`{self._names[0]}`; expected at least one."))
@@ -414,9 +457,10 @@ class Parser:
 
   def _check_class_ids(self, ids: tf.Tensor, decoded, field: str) -> tf.Tensor:
     bad = tf.logical_or(ids < 0, ids >= self._num_classes)
-    return _require(
-        tf.logical_not(tf.reduce_any(bad)), lambda: _message(
-            'Label id ', _first(ids, bad), f" in context feature `{field}`",
+    return graph_checks.require(
+        tf.logical_not(tf.reduce_any(bad)), lambda: graph_checks.join(
+            'Label id ', graph_checks.first_where(ids, bad),
+            f" in context feature `{field}`",
             *self._where(decoded), f' is outside [0, {self._num_classes}) '
             f'(DataConfig.num_classes = {self._num_classes}).'))
 
@@ -544,9 +588,10 @@ class Parser:
     bad_start = tf.logical_or(starts < 0, starts >= tf.cast(total, tf.int64))
     checks = [
         self._check_class_ids(seg_labels, decoded, SEGMENT_LABELS),
-        _require(
-            tf.logical_not(tf.reduce_any(bad_start)), lambda: _message(
-                'Segment start time ', _first(starts, bad_start),
+        graph_checks.require(
+            tf.logical_not(tf.reduce_any(bad_start)), lambda: graph_checks.join(
+                'Segment start time ',
+                graph_checks.first_where(starts, bad_start),
                 " in context feature `segment_start_times`",
                 *self._where(decoded), ' is outside the video (', total,
                 ' frames).')),
@@ -579,52 +624,29 @@ class Parser:
 
 
 # ---------------------------------------------------------------------------
-# Reading files: (file name, record) pairs with corruption detection.
-# ---------------------------------------------------------------------------
-
-
-# Shared with the other families (see `official_ext.core.bad_records`).
-BadFileEvent = bad_records_lib.BadFileEvent
-BadRecordEvent = bad_records_lib.BadRecordEvent
-BadRecordLog = bad_records_lib.BadRecordLog
-bad_record_log = bad_records_lib.bad_record_log
-make_file_reader = bad_records_lib.make_file_reader
-match_input_files = input_files.match_input_files
-_file_sizes = bad_records_lib.file_sizes
-
-
-# ---------------------------------------------------------------------------
 # build_dataset.
 # ---------------------------------------------------------------------------
-
-
-class _Reader(input_reader.InputReader):
-  """InputReader over an already matched, sorted file list."""
-
-  def __init__(self, files: List[str], *args, **kwargs):
-    self._yt8m_files = files
-    super().__init__(*args, **kwargs)
-
-  def get_files(self, input_path):
-    del input_path
-    return self._yt8m_files
 
 
 def build_dataset(
     params: configs.DataConfig,
     input_context: Optional[tf.distribute.InputContext] = None,
-    bad_records: Optional[BadRecordLog] = None,
+    bad_records: Optional[bad_records_lib.BadRecordLog] = None,
     every_segment: bool = False,
     short_last_segment: bool = False,
 ) -> tf.data.Dataset:
   """Builds the batched input pipeline of one split.
+
+  Files, sharding, the bad-record modes and the evaluation padding are
+  `official_ext.core.tfrecord_input.build_dataset`'s; this adds the YT8M
+  stages (`_stages`).
 
   Args:
     params: the split's DataConfig (`input_path` must be set).
     input_context: from `tf.distribute`; shards the files (or records) per
       input pipeline and splits `global_batch_size` per replica.
     bad_records: where skip mode reports damaged files and skipped records
-      (default `bad_record_log()`).
+      (default `official_ext.core.bad_records.bad_record_log()`).
     every_segment: evaluation only: one example per segment of every video
       (`Parser.every_segment_fn`; segment-level inference on unrated test
       records) instead of per video or per rated segment; no `labels`.
@@ -647,22 +669,22 @@ def build_dataset(
       (the message names the pattern).
   """
   _check_params(params)
-  if not params.global_batch_size or params.global_batch_size <= 0:
-    raise ValueError(f'DataConfig.global_batch_size is '
-                     f'{params.global_batch_size!r}; expected a positive int.')
   if every_segment and params.is_training:
     raise ValueError('build_dataset(every_segment=True) is for inference; '
                      'DataConfig.is_training must be False.')
-  files = match_input_files(params.input_path)
-  params = input_files.shared_shuffle_seed(params, files, input_context)
-  sizes = _file_sizes(files)
+  return tfrecord_input.build_dataset(
+      params, input_context, bad_records,
+      lambda p: _stages(p, every_segment, short_last_segment))
+
+
+def _stages(params: configs.DataConfig, every_segment: bool,
+            short_last_segment: bool) -> tfrecord_input.Stages:
+  """YT8M's decoding, parsing and batching for `params` (as read: with the
+  shared file-shuffle seed); the arguments are `build_dataset`'s."""
   decoder = Decoder(params)
   parser = Parser(params)
   segment_mode = bool(params.segment_labels) or every_segment
   is_training = bool(params.is_training)
-
-  def decoder_fn(filename, record):
-    return decoder.decode(record, source=filename)
 
   sample_fn = None
   if is_training and params.num_sample_frames is not None and not segment_mode:
@@ -680,36 +702,19 @@ def build_dataset(
       return tf.data.Dataset.zip((ds, seeds)).map(
           add_seed, num_parallel_calls=tf.data.AUTOTUNE)
 
-  def transform_and_batch_fn(
-      ds: tf.data.Dataset,
-      context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
-    batch_size = (
-        context.get_per_replica_batch_size(params.global_batch_size)
-        if context else params.global_batch_size)
-    if segment_mode:
-      ds = ds.unbatch()  # One example per rated segment.
+  transform_fn = None
+  if segment_mode:
+
+    def transform_fn(ds: tf.data.Dataset) -> tf.data.Dataset:
+      ds = ds.unbatch()  # One example per (rated) segment.
       if is_training:
         ds = ds.shuffle(params.shuffle_buffer_size, seed=params.seed)
-    if not is_training and params.drop_remainder:
-      # Static batch shapes without dropping a video: the last batch is
-      # padded, `eval_mask` [B] marks the padding (core.eval_padding).
-      return eval_padding.pad_final_batches(
-          ds, lambda d: d.batch(batch_size, drop_remainder=True), batch_size,
-          context)
-    return ds.batch(batch_size, drop_remainder=params.drop_remainder)
+      return ds
 
-  stages = bad_records_lib.reader_kwargs(
-      params.skip_bad_records, bad_records,
-      decoder_fn=decoder_fn,
-      sample_fn=sample_fn,
+  return tfrecord_input.Stages(
+      decoder_fn=lambda filename, record: decoder.decode(record,
+                                                         source=filename),
       parser_fn=(parser.every_segment_fn(short_last_segment) if every_segment
                  else parser.parse_fn(is_training)),
-      transform_and_batch_fn=transform_and_batch_fn,
-      parser_source_fn=lambda decoded: decoded[SOURCE])
-  reader = _Reader(
-      files,
-      params,
-      dataset_fn=make_file_reader(files, sizes, params.skip_bad_records,
-                                  bad_records),
-      **stages)
-  return reader.read(input_context=input_context)
+      sample_fn=sample_fn,
+      transform_fn=transform_fn)

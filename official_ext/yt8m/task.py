@@ -77,7 +77,7 @@ class YT8MTask(base_task.Task):
       self._validation_source = resolved.input_path
     return dataloader.build_dataset(
         resolved, input_context=input_context,
-        bad_records=bad_records.task_log(self, params.is_training))
+        bad_records=bad_records.log_for_split(self, params.is_training))
 
   # -- losses and metrics ------------------------------------------------------
   def build_losses(self, labels: tf.Tensor, model_outputs: tf.Tensor,

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
+from official_ext.core import bad_records
 from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
@@ -354,7 +355,7 @@ def test_skip_bad_records_counts(tmp_path, how):
   bad = _damaged(tmp_path, how, num_good=num_good)
   good = _simple_file(tmp_path, 'good.tfrecord', lengths=(2, 2, 2),
                       labels=((1,),) * 3)
-  log = dataloader.BadRecordLog()
+  log = bad_records.BadRecordLog()
   params = _config(f'{bad},{good}', skip_bad_records=True,
                    include_video_id=True)
   batches = _batches(params, bad_records=log)
