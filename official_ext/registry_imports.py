@@ -4,4 +4,5 @@ from official_ext.yt8m import configs as yt8m_configs
 from official_ext.yt8m import task as yt8m_task
 from official_ext.readout import task as readout_task
 from official_ext.assemblenet import task as assemblenet_task
-from official_ext.readout import joint as readout_joint
+from official_ext.joint import configs as joint_configs
+from official_ext.joint import task as joint_task

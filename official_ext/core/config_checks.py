@@ -5,7 +5,9 @@ Model Garden's `hyperparams` rejects an unknown key of a strict override
 `--params_override=task.train_data.global_batch_size=abc` the field holds the
 string 'abc', and the run fails later far from the flag. `check_types` walks
 a config against its dataclass annotations and raises a ValueError naming the
-key, the expected type and the value given.
+key, the expected type and the value given. Lists of configs (a multitask
+experiment's `task.task_routines`) are checked element by element, e.g.
+`task.task_routines[1].task_config.train_data.global_batch_size`.
 """
 import dataclasses
 import typing
@@ -79,6 +81,15 @@ def _errors(config: hyperparams.Config, path: str, baseline: Any
     if isinstance(value, hyperparams.Config):
       errors.extend(_errors(value, key, base))
       continue
+    if _configs(value):
+      # A sequence of configs (e.g. a multitask experiment's
+      # `task.task_routines`): each element, against the baseline's element
+      # at the same position when there is one.
+      for i, element in enumerate(value):
+        element_base = (base[i] if _configs(base) and i < len(base)
+                        else _NO_BASELINE)
+        errors.extend(_errors(element, f'{key}[{i}]', element_base))
+      continue
     if base is not _NO_BASELINE and _same(value, base):
       continue  # As registered: not from a config file or override.
     expected = _expected(hints.get(field.name, field.type))
@@ -97,6 +108,12 @@ def _errors(config: hyperparams.Config, path: str, baseline: Any
           errors.append(f'{key}[{i}]: expected {element.__name__}, got '
                         f'{item!r} ({type(item).__name__}).')
   return errors
+
+
+def _configs(value) -> bool:
+  """Whether `value` is a non-empty list/tuple of configs."""
+  return (isinstance(value, (tuple, list)) and bool(value) and
+          all(isinstance(v, hyperparams.Config) for v in value))
 
 
 def _same(a, b) -> bool:

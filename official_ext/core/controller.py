@@ -1,38 +1,61 @@
-"""Orbit controller pieces shared by every family: progress and results."""
+"""Orbit actions shared by every experiment: progress, last output, results.
+
+`ProgressAction` and `LastOutput` are Orbit actions: callables that
+`orbit.Controller` calls with a loop's output after each train loop
+(`train_actions`) or each evaluation (`eval_actions`). `official_ext.train`
+gives them to the runner with the other actions (`core.trainer`,
+Model Garden's `official.core.actions`).
+"""
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from absl import logging
-import orbit
+import tensorflow as tf
 
 
-class ProgressController(orbit.Controller):
-  """An `orbit.Controller` that also logs progress and time left.
+class ProgressAction:
+  """Orbit train action: logs progress and the time left after each loop.
 
-  After each train loop it logs `progress | step s/total (p%) | elapsed |
-  time left`, the time left extrapolated from the mean rate since this
-  process started training (so a resumed run estimates from its own steps).
-  Set `total_steps` with `with_total_steps`.
+  Logs `progress | step s/total (p%) | elapsed H:MM:SS | time left H:MM:SS`,
+  the time left extrapolated from the mean rate since `start` (so a resumed
+  run estimates from its own steps, not from the steps it restored).
+
+  Args:
+    global_step: the trainer's global step variable.
+    total_steps: the step training ends at (`trainer.train_steps`).
+    clock: seconds, `time.time` (tests pass a fake).
   """
-  total_steps: Optional[int] = None
 
-  @classmethod
-  def with_total_steps(cls, total_steps: int):
-    return type(cls.__name__, (cls,), {'total_steps': int(total_steps)})
+  def __init__(self, global_step: tf.Variable, total_steps: int,
+               clock: Callable[[], float] = time.time):
+    self._global_step = global_step
+    self._total_steps = int(total_steps)
+    self._clock = clock
+    self._start: Optional[tuple] = None
 
-  def _train_n_steps(self, num_steps: int):
-    if not hasattr(self, '_progress_start'):
-      self._progress_start = (time.time(), int(self.global_step.numpy()))
-    super()._train_n_steps(num_steps)
-    start_time, start_step = self._progress_start
-    step = int(self.global_step.numpy())
-    elapsed = time.time() - start_time
+  def start(self) -> None:
+    """Starts the clock at the current step.
+
+    Call once the checkpoint is restored, right before training (the runner
+    restores when it builds the controller). Without it the first call
+    starts the clock instead, and the first loop logs no estimate.
+    """
+    self._start = (self._clock(), int(self._global_step.numpy()))
+
+  def __call__(self, output: Optional[Dict[str, Any]] = None) -> None:
+    if self._start is None:
+      self.start()
+      return
+    start_time, start_step = self._start
+    step = int(self._global_step.numpy())
+    elapsed = self._clock() - start_time
     done = step - start_step
-    if self.total_steps and done > 0:
-      left = max(self.total_steps - step, 0) * elapsed / done
-      logging.info('progress | step %d/%d (%.0f%%) | elapsed %s | time left %s',
-                   step, self.total_steps, 100.0 * step / self.total_steps,
-                   _hms(elapsed), _hms(left))
+    if self._total_steps <= 0 or done <= 0:
+      return
+    left = max(self._total_steps - step, 0) * elapsed / done
+    logging.info('progress | step %d/%d (%.0f%%) | elapsed %s | time left %s',
+                 step, self._total_steps, 100.0 * step / self._total_steps,
+                 _hms(elapsed), _hms(left))
 
 
 def _hms(seconds: float) -> str:
@@ -50,14 +73,42 @@ class LastOutput:
     self.output = dict(output or {})
 
 
+def flatten_metrics(metrics: Dict[str, Any], prefix: str = ''
+                    ) -> Dict[str, Any]:
+  """{task: {metric: v}} (a multitask output) -> {'task/metric': v}.
+
+  Args:
+    metrics: an Orbit output, nested dicts allowed (Model Garden's multitask
+      trainer and evaluator report one dict per task).
+    prefix: prepended to every key, with '/'.
+
+  Returns:
+    A flat dict; a flat input comes back with the same keys.
+  """
+  flat = {}
+  for key, value in (metrics or {}).items():
+    name = f'{prefix}/{key}' if prefix else str(key)
+    if isinstance(value, dict):
+      flat.update(flatten_metrics(value, name))
+    else:
+      flat[name] = value
+  return flat
+
+
 def format_metrics(metrics: Dict[str, Any]) -> str:
-  """Formats scalar metrics as an aligned two-column table."""
-  rows = []
+  """Formats scalar metrics as an aligned two-column table.
+
+  Nested dicts (one per task of a multitask experiment) are flattened to
+  `task/metric` (`flatten_metrics`); non-scalar values are left out. Names
+  are padded to 24 characters, or to the longest name.
+  """
+  metrics = flatten_metrics(metrics)
+  values = {}
   for name in sorted(metrics):
-    value = metrics[name]
     try:
-      value = float(value)
+      values[name] = float(metrics[name])
     except (TypeError, ValueError):
       continue
-    rows.append(f'  {name:<24s} {value:.4f}')
-  return '\n'.join(rows)
+  width = max([24] + [len(name) for name in values])
+  return '\n'.join(f'  {name:<{width}s} {value:.4f}'
+                   for name, value in values.items())

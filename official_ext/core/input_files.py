@@ -159,18 +159,45 @@ def reseed_for_start(params, start_step: int):
   first epoch from its beginning.
 
   Args:
-    params: an `ExperimentConfig` (its `task.train_data.seed` is used).
+    params: an `ExperimentConfig` (its `task.train_data.seed` is used) or a
+      multitask `MultiTaskExperimentConfig` (every routine's
+      `task.task_routines[i].task_config.train_data.seed`).
     start_step: the global step the run restores.
 
   Returns:
-    `params` for a new run, else a copy with `task.train_data.seed` set.
+    `params` for a new run, else a copy with every training input's `seed`
+    set.
   """
-  data = getattr(params.task, 'train_data', None)
-  if data is None or not start_step:
+  if not start_step:
     return params
-  seed = restart_seed(data.seed, start_step)
-  logging.info('Resuming at step %d: the training input is seeded with %d '
-               '(from DataConfig.seed=%s and the step), so it continues with '
-               'a new order instead of replaying the first run\'s.',
-               start_step, seed, data.seed)
+  routines = getattr(params.task, 'task_routines', None)
+  if routines is not None:
+    overrides, reseeded = [], False
+    for i, routine in enumerate(routines):
+      data = getattr(routine.task_config, 'train_data', None)
+      if data is None:
+        overrides.append({})
+        continue
+      overrides.append({'task_config': {'train_data': {
+          'seed': _logged_restart_seed(
+              f'task.task_routines[{i}].task_config.train_data', data.seed,
+              start_step)}}})
+      reseeded = True
+    if not reseeded:
+      return params
+    return params.replace(task={'task_routines': overrides})
+  data = getattr(params.task, 'train_data', None)
+  if data is None:
+    return params
+  seed = _logged_restart_seed('task.train_data', data.seed, start_step)
   return params.replace(task={'train_data': {'seed': seed}})
+
+
+def _logged_restart_seed(key: str, seed: Optional[int],
+                         start_step: int) -> Optional[int]:
+  new_seed = restart_seed(seed, start_step)
+  logging.info('Resuming at step %d: the training input %s is seeded with %d '
+               '(from its seed=%s and the step), so it continues with a new '
+               'order instead of replaying the first run\'s.', start_step,
+               key, new_seed, seed)
+  return new_seed

@@ -125,6 +125,14 @@ def worker_model_dir(strategy: Optional[tf.distribute.Strategy],
 class OrbitExperimentRunner(train_lib.OrbitExperimentRunner):
   """Model Garden's runner; a non-chief worker checkpoints into model_dir.
 
+  The one runner of `official_ext.train`, for single-task and multitask
+  experiments: its `trainer` is Model Garden's `base_trainer.Trainer` (a
+  trainer and evaluator in one) or a multitask trainer of `core.trainer`,
+  which joins Model Garden's multitask trainer and evaluator behind the same
+  interface (Model Garden's own multitask `train_lib.run_experiment` builds a
+  bare `orbit.Controller`: no train/eval actions, no guard on the restored
+  checkpoint, no non-chief model_dir).
+
   Give a non-chief worker its `worker_model_dir`: its CheckpointManager then
   restores the chief's checkpoint copied there and keeps one checkpoint of
   its own there (Model Garden's runner would use a fresh `mkdtemp()`).

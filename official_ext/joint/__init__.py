@@ -1,0 +1,1 @@
+"""Experiments that join tasks of several families on shared modules."""

@@ -1,0 +1,233 @@
+"""The joint model: one sub-model per task routine around one shared encoder.
+
+Variable (and checkpoint) names:
+
+* `model/_sub_tasks/<task name>/...`: each task's sub-model (Model Garden's
+  `MultiTaskBaseModel`); the shared encoder appears in every sub-model that
+  uses it as `encoder/`, and at `model/encoder/`.
+* a readout sub-model is the readout family's `ReadoutModel`
+  (`token_embedding/`, `encoder/`, `decoder/`, `readout/projections/<task>/`),
+  so its head can be grafted into a single-task model
+  (`readout.modeling.model.graft_single_task_head`).
+* a YT8M sub-model is `YT8MTokenModel`: `frame_embedding/`, `encoder/`,
+  `head/` (the YT8M family's MoE or logistic head).
+
+Regularization. A YT8M sub-model's own kernels (frame embedding, head) carry
+the YT8M task's `losses.l2_weight_decay` as the YT8M model's do
+(l2_weight_decay / 2 * sum(w^2) per kernel); the shared encoder's kernels
+carry `task.model.encoder_l2_weight_decay`. Every sub-model holding the
+encoder reports the encoder's term in its `losses`;
+`JointModel.regularization_losses` counts each layer's terms once.
+"""
+from typing import Any, Dict, List, Optional
+
+import tensorflow as tf, tf_keras
+
+from official.modeling.multitask import base_model
+from official_ext.joint import configs
+from official_ext.readout.modeling import layers as readout_layers
+from official_ext.readout.modeling import model as readout_model
+from official_ext.yt8m import configs as yt8m_configs
+from official_ext.yt8m.modeling import heads as yt8m_heads
+
+
+def _l2(l2_weight_decay: Optional[float]):
+  """YT8M's kernel regularizer: decay / 2 * sum(w^2) (tf.nn.l2_loss scaled)."""
+  return (tf_keras.regularizers.l2(l2_weight_decay / 2.0)
+          if l2_weight_decay else None)
+
+
+def build_yt8m_head(model_config: yt8m_configs.VideoClassificationModel,
+                    num_classes: int,
+                    l2_weight_decay: Optional[float] = None,
+                    name: str = 'head') -> tf_keras.layers.Layer:
+  """The YT8M head `model_config.head` names, as the YT8M model builds it.
+
+  Args:
+    model_config: the YT8M task's `model` (head type and sizes;
+      `norm_activation` for the MoE context gates).
+    num_classes: classes C.
+    l2_weight_decay: the YT8M task's `losses.l2_weight_decay`.
+    name: the layer name (its variables' scope).
+
+  Returns:
+    `heads.MoeHead` or `heads.LogisticHead`: `[batch, features]` ->
+    {'predictions': float32 [batch, C]} (logistic with `return_logits`:
+    also 'logits').
+  """
+  head = model_config.head
+  regularizer = _l2(l2_weight_decay)
+  if head.type == 'moe':
+    norm = model_config.norm_activation
+    return yt8m_heads.MoeHead(
+        num_classes=num_classes, kernel_regularizer=regularizer, name=name,
+        norm_momentum=norm.norm_momentum, norm_epsilon=norm.norm_epsilon,
+        use_sync_bn=norm.use_sync_bn, **head.moe.as_dict())
+  if head.type == 'logistic':
+    return yt8m_heads.LogisticHead(num_classes=num_classes,
+                                   kernel_regularizer=regularizer, name=name,
+                                   **head.logistic.as_dict())
+  raise ValueError(f'model.head.type={head.type!r}; expected moe or logistic.')
+
+
+class YT8MTokenModel(tf_keras.Model):
+  """YouTube-8M frames through the shared encoder -> class probabilities.
+
+  Frames become encoder tokens (a Dense projection per frame, timestamps =
+  frame index x `seconds_per_frame`); the encoder's outputs are averaged over
+  the valid frames (masked mean) and go through the YT8M task's head. It has
+  the call signature `YT8MTask` expects, so the YT8M task's losses,
+  `train_step`, `validation_step` and AP metrics run unchanged.
+
+  `call(inputs float [B, T, F], num_frames int [B] or None, training)` ->
+  the head's outputs, {'predictions': float32 [B, C] probabilities} (+
+  'logits' for a logistic head with `return_logits`).
+  Variables: `frame_embedding/`, the shared `encoder/`, `head/`.
+
+  Args:
+    encoder: the shared `TokenEncoder`.
+    model_config: the YT8M task's `model` (its head; the backbone is replaced
+      by the encoder).
+    num_classes: classes C.
+    l2_weight_decay: the YT8M task's `losses.l2_weight_decay`, on the frame
+      embedding's and the head's kernels.
+    seconds_per_frame: timestamp step of a frame.
+  """
+
+  def __init__(self, encoder: readout_layers.TokenEncoder,
+               model_config: yt8m_configs.VideoClassificationModel,
+               num_classes: int,
+               l2_weight_decay: Optional[float] = None,
+               seconds_per_frame: float = 1.0, **kwargs):
+    super().__init__(**kwargs)
+    if not isinstance(model_config, yt8m_configs.VideoClassificationModel):
+      config = yt8m_configs.VideoClassificationModel()
+      config.override(dict(model_config), is_strict=True)
+      model_config = config
+    self._self_setattr_tracking = False
+    self._config_dict = dict(
+        encoder=encoder.get_config(), model_config=model_config.as_dict(),
+        num_classes=num_classes, l2_weight_decay=l2_weight_decay,
+        seconds_per_frame=seconds_per_frame)
+    self._self_setattr_tracking = True
+    self.frame_embedding = tf_keras.layers.Dense(
+        encoder.hidden_size, kernel_regularizer=_l2(l2_weight_decay),
+        name='frame_embedding')
+    self.encoder = encoder
+    self.head = build_yt8m_head(model_config, num_classes, l2_weight_decay)
+    self._seconds_per_frame = float(seconds_per_frame)
+
+  def call(self, inputs: tf.Tensor, num_frames: Optional[tf.Tensor] = None,
+           training=None) -> Dict[str, tf.Tensor]:
+    frames = tf.shape(inputs)[1]
+    if num_frames is None:
+      mask = tf.ones(tf.shape(inputs)[:2], tf.bool)
+    else:
+      mask = tf.sequence_mask(tf.reshape(num_frames, [-1]), frames)
+    times = tf.cast(tf.range(frames), tf.float32) * self._seconds_per_frame
+    times = tf.broadcast_to(times[None], tf.shape(mask))
+    encoded, encoded_mask = self.encoder(self.frame_embedding(inputs), times,
+                                         mask, training=training)
+    weights = tf.cast(encoded_mask, encoded.dtype)[..., None]
+    pooled = tf.math.divide_no_nan(tf.reduce_sum(encoded * weights, 1),
+                                   tf.reduce_sum(weights, 1))
+    return self.head(pooled, training=training)
+
+  def get_config(self) -> Dict[str, Any]:
+    return dict(self._config_dict)
+
+  @classmethod
+  def from_config(cls, config, custom_objects=None):
+    config = dict(config)
+    encoder = readout_layers.TokenEncoder.from_config(config.pop('encoder'))
+    return cls(encoder, **config)
+
+
+def add_kernel_l2(layer: tf_keras.layers.Layer, l2_weight_decay: float) -> None:
+  """Adds l2_weight_decay / 2 * sum(w^2) over `layer`'s kernels to its losses.
+
+  For a layer built without kernel regularizers (the readout family's
+  `TokenEncoder`). Call after its variables exist; `layer.losses` (and the
+  `losses` of every model holding it) then include one such term.
+
+  Args:
+    layer: a built layer.
+    l2_weight_decay: the decay; 0 adds nothing.
+  """
+  if not l2_weight_decay:
+    return
+  kernels = [v for v in layer.trainable_variables
+             if v.name.split('/')[-1].startswith('kernel')]
+  if not kernels:
+    raise ValueError(f'{layer.name} has no kernel to regularize (is it '
+                     'built?).')
+  coefficient = l2_weight_decay / 2.0
+  layer.add_loss(lambda: coefficient * tf.add_n(
+      [tf.reduce_sum(tf.square(tf.cast(k, tf.float32))) for k in kernels]))
+
+
+def regularization_losses(models: List[tf_keras.Model]) -> List[tf.Tensor]:
+  """The regularization terms of several models, each layer's once.
+
+  A layer held by several models (the shared encoder) appears in every
+  model's `losses`; here its terms count once. Layers are compared at the
+  models' top level (`model.layers`), where the joint models hold the shared
+  encoder; losses added to a model itself (not to one of its layers) are not
+  collected (none of the joint sub-models has such).
+
+  Args:
+    models: the sub-models.
+
+  Returns:
+    float32 scalars.
+  """
+  seen, terms = set(), []
+  for model in models:
+    for layer in model.layers:
+      if id(layer) in seen:
+        continue
+      seen.add(id(layer))
+      terms.extend(tf.cast(loss, tf.float32) for loss in layer.losses)
+  return terms
+
+
+class JointModel(base_model.MultiTaskBaseModel):
+  """One sub-model per task routine around one shared `TokenEncoder`.
+
+  `sub_tasks`: {task name: a readout `ReadoutModel` (readout routine) or a
+  `YT8MTokenModel` (YT8M routine)}, all holding `encoder`.
+
+  Args:
+    config: the joint task config (validated here: `configs.validate`).
+  """
+
+  def __init__(self, config: configs.JointTaskConfig, **kwargs):
+    configs.validate(config)
+    self._config = config
+    self.encoder = readout_model.build_encoder(config.model.encoder)
+    super().__init__(**kwargs)
+    self.build()
+    add_kernel_l2(self.encoder, config.model.encoder_l2_weight_decay)
+
+  def _instantiate_sub_tasks(self) -> Dict[str, tf_keras.Model]:
+    sub_tasks = {}
+    for name, routine in zip(configs.task_names(self._config),
+                             self._config.task_routines):
+      task = routine.task_config
+      if routine.family == 'readout':
+        sub_tasks[name] = readout_model.build_model(task, encoder=self.encoder)
+        continue
+      data = task.train_data
+      model = YT8MTokenModel(
+          self.encoder, task.model, num_classes=data.num_classes,
+          l2_weight_decay=task.losses.l2_weight_decay,
+          seconds_per_frame=self._config.model.seconds_per_frame,
+          name=f'{name}_tokens')
+      model(tf.zeros([1, 1, sum(data.feature_sizes)]),
+            num_frames=tf.ones([1], tf.int32), training=False)
+      sub_tasks[name] = model
+    return sub_tasks
+
+  def regularization_losses(self) -> List[tf.Tensor]:
+    """Every regularization term of the sub-models, each layer's once."""
+    return regularization_losses(list(self.sub_tasks.values()))
