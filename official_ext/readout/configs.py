@@ -9,7 +9,7 @@ Experiments registered here:
 
 * `readout_demo`: the eight-readout demo on generated neural-decoding-style
   data (`official_ext.readout.demo_data`); trains on 2 CPU cores.
-* `readout_yt8m_joint` (in `official_ext.readout.joint`): the readout task and
+* `readout_yt8m_joint` (in `official_ext.joint`): the readout task and
   YouTube-8M classification trained jointly on one shared encoder through
   `official.modeling.multitask`.
 

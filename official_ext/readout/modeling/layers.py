@@ -3,7 +3,7 @@
 The shared module is `TokenEncoder`: it takes already-embedded tokens (each
 family projects its own features to `hidden_size`), adds the time embedding
 and encodes them. Several task models can hold the same `TokenEncoder`
-instance (see `official_ext.readout.joint`): its variables then receive the
+instance (see `official_ext.joint`): its variables then receive the
 gradients of every task.
 """
 import math

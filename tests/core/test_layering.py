@@ -1,0 +1,87 @@
+"""The layout's one-way rules, and one implementation per shared concern.
+
+DESIGN.md: families import `core/`, never each other and never the package's
+top level (`registry_imports`, the CLIs); the harness (`benchmarks/`, the
+CLIs) imports families, never the reverse; what two families need lives once
+in `core/`. Checked on the import statements and calls of the source.
+"""
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), '..', '..', 'official_ext')
+FAMILIES = ('yt8m', 'assemblenet', 'readout')
+TOP_LEVEL = ('official_ext.registry_imports', 'official_ext.train',
+             'official_ext.export_saved_model', 'official_ext.benchmark',
+             'official_ext.benchmarks')
+
+
+def _modules(folder):
+  for dirpath, _, names in os.walk(os.path.join(ROOT, folder)):
+    for name in names:
+      if name.endswith('.py'):
+        yield os.path.join(dirpath, name)
+
+
+def _imports(path):
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        yield alias.name
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      yield node.module
+      for alias in node.names:
+        yield f'{node.module}.{alias.name}'
+
+
+def _calls(path):
+  """Names of the functions and methods called, but `gradients.<name>`."""
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call):
+      func = node.func
+      if isinstance(func, ast.Attribute):
+        if not (isinstance(func.value, ast.Name) and
+                func.value.id == 'gradients'):
+          yield func.attr
+      elif isinstance(func, ast.Name):
+        yield func.id
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_a_family_imports_core_only(family):
+  bad = []
+  for path in _modules(family):
+    for name in _imports(path):
+      others = [f for f in FAMILIES if f != family]
+      if (any(name == f'official_ext.{o}' or
+              name.startswith(f'official_ext.{o}.') for o in others) or
+          any(name == t or name.startswith(t + '.') for t in TOP_LEVEL) or
+          name in ('official_ext.joint',) or
+          name.startswith('official_ext.joint.')):
+        bad.append(f'{os.path.relpath(path, ROOT)} imports {name}')
+  assert not bad, '\n'.join(bad)
+
+
+def test_core_imports_no_family():
+  bad = [f'{os.path.relpath(p, ROOT)} imports {n}'
+         for p in _modules('core') for n in _imports(p)
+         if any(n == f'official_ext.{f}' or n.startswith(f'official_ext.{f}.')
+                for f in FAMILIES + ('joint', 'benchmarks'))]
+  assert not bad, '\n'.join(bad)
+
+
+@pytest.mark.parametrize('call', [
+    'get_scaled_loss', 'get_unscaled_gradients', 'clip_by_global_norm',
+    'apply_gradients'])
+def test_one_gradient_path(call):
+  """Loss scaling, unscaling, clipping and applying happen in core.gradients
+  only (every task's train step calls it)."""
+  users = sorted(os.path.relpath(p, ROOT) for folder in FAMILIES + ('joint',)
+                 for p in _modules(folder) if call in set(_calls(p)))
+  users = [u for u in users if not u.startswith('benchmarks')]
+  assert not users, f'{call} called outside core.gradients: {users}'
