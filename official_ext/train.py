@@ -30,8 +30,14 @@ from typing import Any, Dict, Optional, Tuple
 
 from absl import app
 from absl import flags
+from absl import logging
 import gin
-import tensorflow as tf, tf_keras
+
+from official_ext.core import run_logging
+
+run_logging.quiet_tensorflow_cpp()  # Before TensorFlow is imported.
+
+import tensorflow as tf, tf_keras  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 from official.common import flags as tfm_flags
 from official.core import config_definitions
@@ -111,6 +117,8 @@ def run(params: config_definitions.ExperimentConfig,
       eval_actions=[last_eval])
   progress.start()  # The runner's controller has restored the checkpoint.
   model, _ = runner.run()
+  if not getattr(model, 'inputs', None):
+    logging.info(run_logging.flops_note(model))
   return model, controller_lib.flatten_metrics(
       last_eval.output or last_train.output)
 
@@ -129,6 +137,7 @@ def parse_configuration(flags_obj) -> config_definitions.ExperimentConfig:
 
 
 def main(_):
+  run_logging.configure()
   gin.parse_config_files_and_bindings(FLAGS.gin_file, FLAGS.gin_params)
   params = parse_configuration(FLAGS)
   # On a cluster (TPU, several workers) a preemption restarts the run

@@ -18,7 +18,7 @@ class _Clock:
 
 
 def test_progress_action_logs_steps_elapsed_and_time_left(caplog):
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger='absl')
   step, clock = tf.Variable(40, dtype=tf.int64), _Clock()
   progress = controller_lib.ProgressAction(step, total_steps=100, clock=clock)
   progress.start()  # A run resumed at step 40.
@@ -35,7 +35,7 @@ def test_progress_action_logs_steps_elapsed_and_time_left(caplog):
 
 
 def test_without_start_the_first_call_starts_the_clock(caplog):
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger='absl')
   step, clock = tf.Variable(0, dtype=tf.int64), _Clock()
   progress = controller_lib.ProgressAction(step, total_steps=10, clock=clock)
   step.assign(5)

@@ -100,8 +100,10 @@ def test_sigkill_at_any_point_then_same_command_finishes(tmp_path):
   assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-40')
   # The last run restored the newest checkpoint and trained only the rest:
   # its first train loop ends 2 steps after the restored step.
+  # Orbit prints its lines to stdout (their log copies are dropped:
+  # core.run_logging).
   loops = [int(s) for s in re.findall(r'train \| step:\s+(\d+) \| steps/sec',
-                                      final.stderr)]
+                                      final.stdout)]
   assert loops[0] == resumed_from[-1] + 2, (resumed_from, loops)
   assert loops[-1] == 40
 

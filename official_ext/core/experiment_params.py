@@ -290,7 +290,9 @@ def parse_flags(flags_obj, checkpoint_path: Optional[str] = None,
   params.validate()
   if lock:
     params.lock()
-  logging.info('Final experiment parameters:\n%s',
+  # The whole config is in model_dir/params.yaml (training writes it); the
+  # 150-line dump is for --verbosity=1.
+  logging.vlog(1, 'Final experiment parameters:\n%s',
                pprint.PrettyPrinter().pformat(params.as_dict()))
   return params
 

@@ -139,7 +139,7 @@ def test_joint_run_resumes_from_the_newest_checkpoint(joint_run, tmp_path,
 
   for task_cls in (readout_task.ReadoutTask, yt8m_task.YT8MTask):
     monkeypatch.setattr(task_cls, 'build_inputs', recording(task_cls))
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger='absl')
   capsys.readouterr()
   _, logs = train.run(_params(cache, train_steps=6), 'train', model_dir)
   assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-6')
