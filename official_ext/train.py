@@ -13,7 +13,9 @@ naming the key, a value of the wrong type one naming the key and the type:
 comes from `runtime.distribution_strategy`; training runs with Orbit through
 Model Garden's `OrbitExperimentRunner` (`core.multiworker`). model_dir
 receives params.yaml, checkpoints and TensorBoard summaries; the same command
-run again resumes from the latest checkpoint in model_dir.
+run again resumes from the latest checkpoint in model_dir. A model_dir that
+holds another experiment's run, or another model config, is refused before
+anything is written (`core.model_dir`).
 
 Single-task experiments (`ExperimentConfig`) and multitask ones
 (`official.modeling.multitask.configs.MultiTaskExperimentConfig`, e.g.
@@ -50,6 +52,7 @@ from official_ext.core import checkpoints
 from official_ext.core import controller as controller_lib
 from official_ext.core import experiment_params
 from official_ext.core import input_files
+from official_ext.core import model_dir as model_dir_lib
 from official_ext.core import multiworker
 from official_ext.core import trainer as trainer_lib
 
@@ -60,6 +63,7 @@ def run(params: config_definitions.ExperimentConfig,
         mode: str,
         model_dir: str,
         strategy: Optional[tf.distribute.Strategy] = None,
+        experiment: Optional[str] = None,
         ) -> Tuple[Any, Dict[str, Any]]:
   """Runs `mode` for the parsed experiment; returns (model, final metrics).
 
@@ -70,12 +74,29 @@ def run(params: config_definitions.ExperimentConfig,
     model_dir: directory of checkpoints, summaries and params.yaml.
     strategy: a strategy to use instead of the one the runtime config names
       (tests use a MirroredStrategy over logical CPU devices).
+    experiment: the registered experiment name (`--experiment`), recorded in
+      params.yaml; a model_dir holding another experiment's run is an error
+      (`core.model_dir`). None: only the configs are compared.
 
   Returns:
     The model (a `MultiTaskBaseModel` for a multitask config) and the last
     metrics: evaluation metrics when the mode evaluates, otherwise the last
     training outputs; a multitask experiment's as `<task>/<metric>`.
+
+  Raises:
+    core.model_dir.ModelDirInUseError: model_dir holds the run of another
+      experiment or model config (nothing is written).
+    ValueError: `trainer.train_steps` < 1 in a training mode; the checkpoint
+      to restore does not hold every model variable (the unmatched ones are
+      listed).
   """
+  if 'train' in mode and params.trainer.train_steps < 1:
+    raise ValueError(
+        f'trainer.train_steps={params.trainer.train_steps} with --mode={mode}:'
+        ' training needs at least 1 step (use --mode=eval to evaluate a '
+        'checkpoint).')
+  # Before anything is written to model_dir (core.model_dir).
+  model_dir_lib.check_model_dir(params, model_dir, experiment)
   if params.runtime.mixed_precision_dtype:
     performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
   strategy = experiment_params.distribution_strategy(params, strategy)
@@ -86,9 +107,6 @@ def run(params: config_definitions.ExperimentConfig,
   # starts with a copy of the chief's latest checkpoint (core.multiworker).
   model_dir = multiworker.worker_model_dir(strategy, model_dir)
   if 'train' in mode:
-    # Pure eval jobs do not write params.yaml: a continuous-eval job would
-    # race the train job for it.
-    train_utils.serialize_config(params, model_dir)
     # A resumed run continues its data stream (core.input_files).
     params = input_files.reseed_for_start(
         params, checkpoints.checkpoint_step(
@@ -116,6 +134,10 @@ def run(params: config_definitions.ExperimentConfig,
                      last_train],
       eval_actions=[last_eval])
   progress.start()  # The runner's controller has restored the checkpoint.
+  if 'train' in mode:
+    # Written once the config validated and the restore succeeded. Pure eval
+    # jobs do not write it: a continuous-eval job would race the train job.
+    model_dir_lib.write_params_yaml(params, model_dir, experiment)
   model, _ = runner.run()
   if not getattr(model, 'inputs', None):
     logging.info(run_logging.flops_note(model))
@@ -145,7 +167,8 @@ def main(_):
   # never creates the PreemptionWatcher).
   strategy, (_, final_metrics) = multiworker.run_with_preemption_recovery(
       lambda: experiment_params.distribution_strategy(params),
-      lambda strategy: run(params, FLAGS.mode, FLAGS.model_dir, strategy))
+      lambda strategy: run(params, FLAGS.mode, FLAGS.model_dir, strategy,
+                           experiment=FLAGS.experiment))
   if multiworker.is_chief(strategy):
     train_utils.save_gin_config(FLAGS.mode, FLAGS.model_dir)
   if final_metrics:

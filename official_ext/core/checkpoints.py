@@ -65,6 +65,51 @@ def _unmatched(expected: Dict[str, Tuple[int, ...]],
   return unmatched
 
 
+def unmatched_model_variables(model: tf_keras.Model, checkpoint_path: str
+                              ) -> Tuple[Optional[Dict[str, object]],
+                                         List[str]]:
+  """How `model` fits a training checkpoint, without restoring anything.
+
+  Args:
+    model: a built model (variables created).
+    checkpoint_path: a checkpoint prefix.
+
+  Returns:
+    (objects, []) with the layout (`_layouts`) under which every model
+    variable is stored with its shape, or (None, unmatched) listing the
+    model variables of the closest layout that are missing or have another
+    shape (e.g. a checkpoint of another experiment or config).
+
+  Raises:
+    ValueError: the model has no variables yet (nothing could be checked).
+  """
+  stored = {name: tuple(shape)
+            for name, shape in tf.train.list_variables(checkpoint_path)}
+  best = None
+  for objects in _layouts(model):
+    expected = _variable_keys(objects)
+    if not expected:
+      raise ValueError(
+          f'{type(model).__name__} has no variables yet: build it before '
+          f'checking it against {checkpoint_path}.')
+    unmatched = _unmatched(expected, stored)
+    if not unmatched:
+      return objects, []
+    if best is None or len(unmatched) < len(best):
+      best = unmatched
+  return None, best
+
+
+def mismatch_message(checkpoint_path: str, unmatched: List[str]) -> str:
+  """`Checkpoint ... does not match the model`, listing up to 50 variables."""
+  shown = '\n  '.join(unmatched[:50])
+  more = (f'\n  ... and {len(unmatched) - 50} more' if len(unmatched) > 50
+          else '')
+  return (f'Checkpoint {checkpoint_path} does not match the model: '
+          f'{len(unmatched)} model variable(s) unmatched (is it from another '
+          f'experiment or config?):\n  {shown}{more}')
+
+
 def restore_model(model: tf_keras.Model, checkpoint_path: str) -> str:
   """Restores every variable of `model` from a training checkpoint.
 
@@ -72,7 +117,7 @@ def restore_model(model: tf_keras.Model, checkpoint_path: str) -> str:
   checkpoint: the model, its `checkpoint_items`, the optimizer, the step);
   optimizer slots and other entries are ignored. Every model variable must be
   present with its shape, otherwise nothing is restored and a ValueError
-  lists the unmatched variables (e.g. a checkpoint of another experiment).
+  lists the unmatched variables (`unmatched_model_variables`).
 
   Args:
     model: a built model (variables created).
@@ -82,22 +127,12 @@ def restore_model(model: tf_keras.Model, checkpoint_path: str) -> str:
     The checkpoint prefix restored.
   """
   path = resolve_checkpoint(checkpoint_path)
-  stored = {name: tuple(shape) for name, shape in tf.train.list_variables(path)}
-  best = None
-  for objects in _layouts(model):
-    unmatched = _unmatched(_variable_keys(objects), stored)
-    if not unmatched:
-      tf.train.Checkpoint(**objects).read(
-          path).assert_existing_objects_matched().expect_partial()
-      return path
-    if best is None or len(unmatched) < len(best):
-      best = unmatched
-  shown = '\n  '.join(best[:50])
-  more = f'\n  ... and {len(best) - 50} more' if len(best) > 50 else ''
-  raise ValueError(
-      f'Checkpoint {path} does not match the model: {len(best)} model '
-      f'variable(s) unmatched (is it from another experiment or config?):\n'
-      f'  {shown}{more}')
+  objects, unmatched = unmatched_model_variables(model, path)
+  if unmatched:
+    raise ValueError(mismatch_message(path, unmatched))
+  tf.train.Checkpoint(**objects).read(
+      path).assert_existing_objects_matched().expect_partial()
+  return path
 
 
 # ---------------------------------------------------------------------------

@@ -137,6 +137,11 @@ class OrbitExperimentRunner(train_lib.OrbitExperimentRunner):
   restores the chief's checkpoint copied there and keeps one checkpoint of
   its own there (Model Garden's runner would use a fresh `mkdtemp()`).
 
+  The checkpoint the controller is about to restore must hold every model
+  variable with its shape (`checkpoints.unmatched_model_variables`), or a
+  ValueError lists the unmatched ones: Model Garden's non-strict restore
+  would restore only the step counter of another model's checkpoint.
+
   Args:
     resume_from: the checkpoint the caller found to resume from
       (`checkpoints.use_latest_restorable`), or None. TensorFlow's
@@ -165,14 +170,23 @@ class OrbitExperimentRunner(train_lib.OrbitExperimentRunner):
             'found readable (the state file could not be read again?). '
             'Training stops instead of starting from scratch; run the same '
             'command again to resume.')
-      return manager
-    return tf.train.CheckpointManager(
-        self.trainer.checkpoint,
-        directory=self.model_dir,
-        max_to_keep=1,
-        step_counter=self.trainer.global_step,
-        checkpoint_interval=self.params.trainer.checkpoint_interval,
-        init_fn=self.trainer.initialize)
+    else:
+      manager = tf.train.CheckpointManager(
+          self.trainer.checkpoint,
+          directory=self.model_dir,
+          max_to_keep=1,
+          step_counter=self.trainer.global_step,
+          checkpoint_interval=self.params.trainer.checkpoint_interval,
+          init_fn=self.trainer.initialize)
+    if manager and manager.latest_checkpoint:
+      # Model Garden's restore is not strict: a checkpoint of another model
+      # would restore only the step counter. The controller restores it next.
+      _, unmatched = checkpoints.unmatched_model_variables(
+          self.trainer.model, manager.latest_checkpoint)
+      if unmatched:
+        raise ValueError(checkpoints.mismatch_message(
+            manager.latest_checkpoint, unmatched))
+    return manager
 
 
 def run_experiment(**kwargs) -> Tuple[tf_keras.Model, Any]:

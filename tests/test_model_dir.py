@@ -1,0 +1,155 @@
+"""A used model_dir is never taken over (official_ext.core.model_dir).
+
+A tiny YT8M demo run (tests/yt8m/test_train.py's config) is trained once into
+a module-wide model_dir; each test works on a copy and checks that a refused
+run leaves every file of it byte for byte as it was.
+"""
+import hashlib
+import os
+import shutil
+
+import pytest
+
+from official.core import exp_factory
+from official.modeling import hyperparams
+from official_ext import train
+from official_ext.core import model_dir as model_dir_lib
+from tests.readout.test_train import _params as _readout_params
+from tests.yt8m.test_train import _tiny_overrides
+
+
+def _yt8m_params(cache, train_steps=2, **overrides):
+  tiny = _tiny_overrides(cache, train_steps=train_steps)
+  tiny['trainer'].update(steps_per_loop=2, checkpoint_interval=2,
+                         validation_interval=2)
+  params = exp_factory.get_exp_config('yt8m_demo')
+  params.override(tiny, is_strict=True)
+  params.override(overrides, is_strict=True)
+  params.validate()
+  return params
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """(demo data cache, a yt8m_demo model_dir trained 2 steps: ckpt-2)."""
+  root = tmp_path_factory.mktemp('used')
+  cache, model_dir = root / 'cache', str(root / 'model')
+  train.run(_yt8m_params(cache), 'train', model_dir, experiment='yt8m_demo')
+  return cache, model_dir
+
+
+def _copy_of(trained, tmp_path):
+  model_dir = str(tmp_path / 'model')
+  shutil.copytree(trained[1], model_dir)
+  return model_dir
+
+
+def _files(model_dir):
+  """{relative path: md5} of every file under model_dir."""
+  out = {}
+  for root, _, names in os.walk(model_dir):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        out[os.path.relpath(path, model_dir)] = hashlib.md5(
+            f.read()).hexdigest()
+  return out
+
+
+def _checkpoint_files(files):
+  return {k: v for k, v in files.items()
+          if k == 'params.yaml' or k == 'checkpoint' or k.startswith('ckpt-')}
+
+
+def test_another_experiment_is_refused_and_nothing_changes(trained, tmp_path):
+  model_dir = _copy_of(trained, tmp_path)
+  before = _files(model_dir)
+  assert 'ckpt-2.index' in before and 'params.yaml' in before
+  with pytest.raises(model_dir_lib.ModelDirInUseError,
+                     match=r"(?s)holds a run of experiment 'yt8m_demo'.*"
+                     r"this run is experiment 'readout_demo'") as e:
+    train.run(_readout_params(trained[0], train_steps=4), 'train', model_dir,
+              experiment='readout_demo')
+  assert model_dir in str(e.value)
+  assert _files(model_dir) == before
+
+
+def test_another_family_without_a_name_is_refused(trained, tmp_path):
+  """A params.yaml without the experiment line (Model Garden's, an older
+  run's) still does not fit another family's config class."""
+  model_dir = _copy_of(trained, tmp_path)
+  path = os.path.join(model_dir, 'params.yaml')
+  with open(path) as f:
+    lines = f.read().splitlines(keepends=True)
+  assert lines[0] == '# official_ext experiment: yt8m_demo\n'
+  with open(path, 'w') as f:
+    f.writelines(lines[1:])
+  before = _files(model_dir)
+  with pytest.raises(model_dir_lib.ModelDirInUseError,
+                     match='another kind of experiment'):
+    train.run(_readout_params(trained[0], train_steps=4), 'train', model_dir)
+  assert _files(model_dir) == before
+
+
+def test_a_different_model_config_is_refused_naming_both_values(
+    trained, tmp_path):
+  model_dir = _copy_of(trained, tmp_path)
+  before = _files(model_dir)
+  params = _yt8m_params(trained[0], train_steps=4, task={
+      'model': {'backbone': {'dbof': {'cluster_size': 24}}}})
+  with pytest.raises(model_dir_lib.ModelDirInUseError) as e:
+    train.run(params, 'train', model_dir, experiment='yt8m_demo')
+  message = str(e.value)
+  assert 'task.model.backbone.dbof.cluster_size' in message
+  assert 'has 16, this run has 24' in message
+  assert 'train_steps' not in message  # Not a model key.
+  assert _files(model_dir) == before
+
+
+def test_a_config_that_fails_to_build_leaves_params_yaml(trained, tmp_path):
+  """Not a model key, so allowed; it fails while building the input, after
+  the model_dir check and before params.yaml is written."""
+  model_dir = _copy_of(trained, tmp_path)
+  before = _checkpoint_files(_files(model_dir))
+  params = _yt8m_params(trained[0], train_steps=4,
+                        task={'train_data': {'global_batch_size': -8}})
+  with pytest.raises(ValueError, match='global_batch_size is -8'):
+    train.run(params, 'train', model_dir, experiment='yt8m_demo')
+  assert _checkpoint_files(_files(model_dir)) == before
+
+
+def test_train_steps_zero_is_an_error(tmp_path):
+  params = _yt8m_params(tmp_path / 'cache')
+  params.override({'trainer': {'train_steps': 0}})
+  with pytest.raises(ValueError, match=r'trainer.train_steps=0 with '
+                     r'--mode=train_and_eval'):
+    train.run(params, 'train_and_eval', str(tmp_path / 'model'))
+  assert not os.path.exists(tmp_path / 'model')
+
+
+def test_a_checkpoint_of_another_model_is_not_restored(trained, tmp_path):
+  """Without params.yaml nothing tells the runs apart before the restore:
+  the restore itself is strict and lists the model variables it lacks."""
+  model_dir = _copy_of(trained, tmp_path)
+  os.remove(os.path.join(model_dir, 'params.yaml'))
+  before = _checkpoint_files(_files(model_dir))
+  with pytest.raises(ValueError, match=r'(?s)ckpt-2 does not match the '
+                     r'model: \d+ model variable\(s\) unmatched.*\(missing\)'):
+    train.run(_readout_params(trained[0], train_steps=4), 'train', model_dir)
+  assert _checkpoint_files(_files(model_dir)) == before
+
+
+def test_other_changes_continue_the_run_and_are_logged(trained, tmp_path,
+                                                       caplog):
+  caplog.set_level('INFO', logger='absl')
+  model_dir = _copy_of(trained, tmp_path)
+  params = _yt8m_params(trained[0], train_steps=4)
+  train.run(params, 'train', model_dir, experiment='yt8m_demo')
+  assert 'trainer.train_steps: 2 -> 4' in caplog.text
+  assert os.path.exists(os.path.join(model_dir, 'ckpt-4.index'))
+  # params.yaml now holds the new run's config; Model Garden reads it.
+  path = os.path.join(model_dir, 'params.yaml')
+  assert model_dir_lib.recorded_experiment(path) == 'yt8m_demo'
+  loaded = hyperparams.override_params_dict(
+      exp_factory.get_exp_config('yt8m_demo'), path, is_strict=True)
+  assert loaded.trainer.train_steps == 4
