@@ -2,7 +2,8 @@ r"""Exports a trained official_ext model as a SavedModel for serving.
 
   python -m official_ext.export_saved_model --experiment=yt8m_demo \
       [--config_file=x.yaml ...] [--params_override=...] \
-      --checkpoint_path=/tmp/yt8m_demo --export_dir=/tmp/yt8m_demo/export
+      --checkpoint_path=/tmp/yt8m_demo --export_dir=/tmp/yt8m_demo/export \
+      [--overwrite]
 
 Builds the model with the config it was trained with: the `params.yaml`
 that `official_ext.train` wrote to the checkpoint's directory (--checkpoint_path
@@ -16,7 +17,16 @@ the unmatched ones) and writes a SavedModel with the family's signatures (see
 `export_dir/params.yaml`. The model is exported in float32 whatever the
 training precision (mixed-precision variables are float32 already), so
 serving takes and returns float32.
+
+The export is written whole or not at all: into a fresh directory beside
+`export_dir`, moved into place once complete. An `export_dir` that exists and
+is not empty is an error unless `--overwrite` is given; then the previous
+export is replaced whole (no file of it, e.g. an old `assets/`, is packaged
+into the new one). A failure leaves `export_dir` as it was.
 """
+import os
+import uuid
+
 from typing import Dict, Optional, Sequence
 
 from absl import app
@@ -69,8 +79,37 @@ def load_params(experiment: str, config_files: Sequence[str] = (),
                                        params_override, checkpoint_path)
 
 
+class ExportDirNotEmptyError(FileExistsError):
+  """`export_dir` holds files and `overwrite` was not given."""
+
+
+def _check_export_dir(export_dir: str, overwrite: bool) -> None:
+  if (tf.io.gfile.exists(export_dir) and not overwrite and
+      (not tf.io.gfile.isdir(export_dir) or tf.io.gfile.listdir(export_dir))):
+    raise ExportDirNotEmptyError(
+        f'--export_dir={export_dir} exists and is not empty (a previous '
+        'export?); nothing was written. Choose a new directory, or pass '
+        '--overwrite to replace it whole.')
+
+
+def _move_into_place(staging: str, export_dir: str) -> None:
+  """Renames the finished `staging` to `export_dir`, replacing it whole."""
+  previous = None
+  if tf.io.gfile.exists(export_dir):
+    previous = f'{export_dir.rstrip("/")}.replaced-{uuid.uuid4().hex[:8]}'
+    tf.io.gfile.rename(export_dir, previous)
+  try:
+    tf.io.gfile.rename(staging, export_dir)
+  except Exception:
+    if previous:
+      tf.io.gfile.rename(previous, export_dir)
+    raise
+  if previous:
+    tf.io.gfile.rmtree(previous)
+
+
 def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
-           export_dir: str, top_k: int = 20) -> str:
+           export_dir: str, top_k: int = 20, overwrite: bool = False) -> str:
   """Restores `checkpoint_path` into the task's model and writes a SavedModel.
 
   Args:
@@ -78,10 +117,16 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
     checkpoint_path: a checkpoint prefix or a directory (its latest).
     export_dir: the SavedModel directory; also receives `params.yaml`.
     top_k: k of the `top_k_*` serving outputs (YouTube-8M).
+    overwrite: replace an `export_dir` that is not empty (whole).
 
   Returns:
     export_dir.
+
+  Raises:
+    ExportDirNotEmptyError: `export_dir` is not empty and not `overwrite`
+      (checked before anything is built or written).
   """
+  _check_export_dir(export_dir, overwrite)
   tf_keras.mixed_precision.set_global_policy('float32')
   task = task_factory.get_task(params.task)
   model = task.build_model()
@@ -90,11 +135,19 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
   module, signatures = _export_module(params, model, task, top_k)
   function_keys: Dict[str, str] = {
       key: key for key in signatures}
-  export_base.export(module, function_keys=function_keys,
-                     export_savedmodel_dir=export_dir, timestamped=False)
-  # The config travels with the SavedModel (`yt8m.predict --saved_model`
-  # parses its inputs with it), as in Model Garden's vision export.
-  train_utils.serialize_config(params, export_dir)
+  # Beside export_dir (same file system), so the move is a rename.
+  staging = f'{export_dir.rstrip("/")}.partial-{uuid.uuid4().hex[:8]}'
+  try:
+    export_base.export(module, function_keys=function_keys,
+                       export_savedmodel_dir=staging, timestamped=False)
+    # The config travels with the SavedModel (`yt8m.predict --saved_model`
+    # parses its inputs with it), as in Model Garden's vision export.
+    train_utils.serialize_config(params, staging)
+    _check_export_dir(export_dir, overwrite)  # Written meanwhile?
+    _move_into_place(staging, export_dir)
+  finally:
+    if tf.io.gfile.exists(staging):
+      tf.io.gfile.rmtree(staging)
   return export_dir
 
 
@@ -112,13 +165,16 @@ def define_flags():
                       'Checkpoint prefix or a directory (latest checkpoint).')
   flags.DEFINE_string('export_dir', None, 'Where to write the SavedModel.')
   flags.DEFINE_integer('top_k', 20, 'k of the top_k_* serving outputs.')
+  flags.DEFINE_bool('overwrite', False,
+                    'Replace an --export_dir that is not empty (whole).')
 
 
 def main(_):
   params = load_params(FLAGS.experiment, FLAGS.config_file,
                        FLAGS.params_override,
                        checkpoint_path=FLAGS.checkpoint_path)
-  path = export(params, FLAGS.checkpoint_path, FLAGS.export_dir, FLAGS.top_k)
+  path = export(params, FLAGS.checkpoint_path, FLAGS.export_dir, FLAGS.top_k,
+                overwrite=FLAGS.overwrite)
   print(f'Exported {FLAGS.experiment} to {path}')
 
 
