@@ -543,7 +543,7 @@ class Parser:
     valid = idx < total
     clipped = tf.minimum(idx, total - 1)
     matrix = self._to_float([tf.gather(f, clipped) for f in frames])
-    matrix = matrix * tf.cast(valid, tf.float32)[..., None]
+    matrix = tf.where(valid[..., None], matrix, tf.zeros_like(matrix))
     matrix = tf.ensure_shape(matrix, [None, size, self._num_features])
     return matrix, tf.reduce_sum(tf.cast(valid, tf.int32), axis=1)
 

@@ -53,6 +53,27 @@ def test_padding_frames_do_not_change_predictions(pooling):
   np.testing.assert_allclose(a, c, atol=1e-6)
 
 
+@pytest.mark.parametrize('pooling', ['average', 'max', 'swap', 'none'])
+def test_non_finite_padding_frames_are_ignored(pooling):
+  # Padding was masked by multiplying (NaN * 0 = NaN): a NaN or Inf in a
+  # frame past num_frames made every probability of its video NaN (and, in
+  # training, the masked batch-norm moments of the whole batch).
+  model = yt8m_model.build_model(_model_config(pooling), CLASSES, FEATURES)
+  rng = np.random.default_rng(2)
+  zero = np.concatenate([rng.normal(size=[3, 4, FEATURES]),
+                         np.zeros([3, 3, FEATURES])], 1).astype(np.float32)
+  bad = zero.copy()
+  bad[0, 4:] = np.nan
+  bad[1, 5, 2] = np.inf
+  bad[2, 6, :3] = [-np.inf, np.nan, 1e38]
+  num_frames = tf.constant([4, 4, 4])
+  for training in (False, True):
+    a = model(zero, num_frames=num_frames, training=training)['predictions']
+    b = model(bad, num_frames=num_frames, training=training)['predictions']
+    assert np.isfinite(b.numpy()).all(), (training, b.numpy())
+    np.testing.assert_allclose(a, b, atol=1e-6, err_msg=f'{training}')
+
+
 def test_masked_batch_norm_statistics_ignore_padding():
   model = yt8m_model.build_model(_model_config(), CLASSES, FEATURES)
   rng = np.random.default_rng(1)

@@ -19,8 +19,11 @@ class Dbof(tf_keras.layers.Layer):
   Output: [batch, hidden_size]; with pooling 'none' the frames are kept:
   [batch, frames, hidden_size].
 
-  Batch-norm statistics and pooling use only the valid frames
-  (`num_frames`), so zero padding never leaks into the model.
+  Padding frames (past `num_frames`) are replaced by zeros on input, by
+  selection (`tf.where`, not a multiplication: NaN * 0 is NaN), so whatever
+  they hold (NaN, Inf) never reaches a valid output; the parser pads with
+  zeros, so training and evaluation are unchanged. Batch-norm statistics and
+  pooling use only the valid frames.
   """
 
   def __init__(self,
@@ -149,7 +152,10 @@ class Dbof(tf_keras.layers.Layer):
     if num_frames is not None:
       seq_mask = tf.sequence_mask(
           tf.reshape(num_frames, [-1]), max_frames, dtype=tf.bool)
-    x = tf.nn.l2_normalize(tf.cast(inputs, tf.float32), axis=-1)
+    x = tf.cast(inputs, tf.float32)
+    if seq_mask is not None:
+      x = tf.where(seq_mask[:, :, tf.newaxis], x, tf.zeros_like(x))
+    x = tf.nn.l2_normalize(x, axis=-1)
     if self._input_bn is not None:
       x = self._input_bn(x, training=training, mask=seq_mask)
     if self._cluster_dense is not None:

@@ -35,25 +35,28 @@ def pool_frames(frames: tf.Tensor, method: str,
       'swap' (self-weighted average: sum x|x| / sum |x| per feature, as in
       Model Garden's `frame_swap`).
     mask: optional [batch, max_frames, 1] 0/1 mask of valid frames, same dtype
-      as `frames`. None: all frames are valid.
+      as `frames`. None: all frames are valid. Invalid frames are left out by
+      selection (`tf.where`), so whatever they hold (NaN, Inf) is ignored.
 
   Returns:
     [batch, features].
   """
+  valid = None if mask is None else mask > 0
   if method == 'average':
     if mask is None:
       return tf.reduce_mean(frames, axis=1)
     return tf.math.divide_no_nan(
-        tf.reduce_sum(frames * mask, axis=1), tf.reduce_sum(mask, axis=1))
+        tf.reduce_sum(tf.where(valid, frames, tf.zeros_like(frames)), axis=1),
+        tf.reduce_sum(mask, axis=1))
   if method == 'max':
     if mask is not None:
-      frames = tf.where(mask > 0, frames,
+      frames = tf.where(valid, frames,
                         tf.cast(_large_negative(frames.dtype), frames.dtype))
     return tf.reduce_max(frames, axis=1)
   if method == 'swap':
-    weights = tf.abs(frames)
     if mask is not None:
-      weights *= mask
+      frames = tf.where(valid, frames, tf.zeros_like(frames))
+    weights = tf.abs(frames)
     return tf.math.divide_no_nan(
         tf.reduce_sum(weights * frames, axis=1), tf.reduce_sum(weights, axis=1))
   raise ValueError(

@@ -99,10 +99,13 @@ class VideoClassificationModel(tf_keras.Model):
     if num_frames is None:
       pooled = tf.reduce_mean(per_frame, axis=1)
     else:
-      mask = tf.sequence_mask(tf.reshape(num_frames, [-1]), frames,
-                              dtype=per_frame.dtype)[:, :, tf.newaxis]
-      pooled = tf.math.divide_no_nan(tf.reduce_sum(per_frame * mask, axis=1),
-                                     tf.reduce_sum(mask, axis=1))
+      valid = tf.sequence_mask(tf.reshape(num_frames, [-1]),
+                               frames)[:, :, tf.newaxis]
+      # Selected, not multiplied by the mask (NaN * 0 is NaN).
+      pooled = tf.math.divide_no_nan(
+          tf.reduce_sum(tf.where(valid, per_frame, tf.zeros_like(per_frame)),
+                        axis=1),
+          tf.reduce_sum(tf.cast(valid, per_frame.dtype), axis=1))
     return {'predictions': pooled, 'frame_predictions': per_frame}
 
   def get_config(self) -> Dict[str, Any]:
