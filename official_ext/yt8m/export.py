@@ -9,11 +9,21 @@ Signatures:
   [batch, num_classes].
 * `serve_features(features, num_frames)`: dequantized features float32
   [batch, frames, sum(feature_sizes)] and int32 [batch] valid frame counts ->
-  `top_k_classes`, `top_k_scores`, `probabilities`.
+  `top_k_classes`, `top_k_scores`, `probabilities`. Frames past a row's
+  `num_frames` are padding and ignored whatever they hold (NaN included); a
+  `num_frames` above `frames` counts as `frames`.
 
 Serving is deterministic, and `serve_features` fed the dequantized first
 `max_frames` frames of a record returns what `serving_default` returns for
 the serialized record.
+
+What cannot be scored is refused (InvalidArgumentError), never answered
+with NaN or a default: in `serve_features`, inputs of the wrong rank or
+width (the message gives the shape), a `num_frames` whose length is not the
+batch's (both lengths), a clip of 0 frames, a `num_frames` below 1 and a NaN
+or infinite feature in a valid frame (the row, and the frame); in
+`serving_default`, what the evaluation decoder refuses (it names the input
+`examples`[i] and the feature).
 """
 from typing import Dict, Mapping
 
@@ -21,6 +31,7 @@ import tensorflow as tf, tf_keras
 
 from official.core import config_definitions
 from official.core import export_base
+from official_ext.core import graph_checks
 from official_ext.yt8m import dataloader
 
 SIGNATURES = ('serving_default', 'serve_features')
@@ -82,17 +93,60 @@ class YT8MExportModule(export_base.ExportModule):
 
   def serve_features(self, features: tf.Tensor,
                      num_frames: tf.Tensor) -> Dict[str, tf.Tensor]:
-    """Dequantized features [batch, frames, F], num_frames [batch]."""
-    width = tf.shape(features)[2]
-    check = tf.debugging.assert_equal(
-        width, self._num_features, message=(
-            f'serve_features: input `features` has the wrong width (last '
-            f'dimension); expected {self._num_features} '
-            f'({self._feature_desc}).'))
-    with tf.control_dependencies([check]):
+    """Dequantized features [batch, frames, F], num_frames [batch].
+
+    Refuses what it cannot score (see the module docstring); padding frames
+    are ignored by the model (it selects the valid frames).
+    """
+    features = tf.convert_to_tensor(features, tf.float32)
+    num_frames = tf.cast(num_frames, tf.int32)
+    name = 'serve_features: input'
+    shape = lambda: tf.shape(features)
+    rows = lambda: tf.range(tf.shape(num_frames)[0])
+
+    def finite():
+      n = tf.minimum(num_frames, shape()[1])
+      valid = tf.sequence_mask(n, shape()[1])[:, :, tf.newaxis]
+      bad = tf.logical_and(valid, tf.logical_not(tf.math.is_finite(features)))
+
+      def message():
+        first = tf.where(bad)[0]
+        return graph_checks.join(
+            'serve_features: row ', first[0], ' of input `features` has a '
+            'NaN or infinite value (', tf.gather_nd(features, first),
+            ') in frame ', first[1], ', a valid frame (num_frames[', first[0],
+            '] = ', tf.gather(num_frames, first[0]), ').')
+      return graph_checks.require(tf.logical_not(tf.reduce_any(bad)), message)
+
+    checks = graph_checks.in_order([
+        lambda: graph_checks.require_shape(
+            features, f'{name} `features`', [None, None, self._num_features],
+            f'[batch, frames, {self._num_features}] ({self._feature_desc})'),
+        lambda: graph_checks.require_shape(
+            num_frames, f'{name} `num_frames`', [None], '[batch]'),
+        lambda: graph_checks.require(
+            tf.equal(tf.size(num_frames), shape()[0]),
+            lambda: graph_checks.join(
+                f'{name} `num_frames` has ', tf.size(num_frames), ' entries '
+                f'but input `features` has ', shape()[0], ' rows (batch); '
+                'expected one valid frame count per row.')),
+        lambda: graph_checks.require(
+            tf.logical_or(tf.equal(shape()[0], 0), shape()[1] > 0),
+            lambda: graph_checks.join(
+                f'{name} `features` has 0 frames (dimension 1); expected at '
+                'least one.')),
+        lambda: graph_checks.require(
+            tf.reduce_all(num_frames >= 1), lambda: graph_checks.join(
+                'serve_features: row ',
+                graph_checks.first_where(rows(), num_frames < 1),
+                ' of input `num_frames` is ',
+                graph_checks.first_where(num_frames, num_frames < 1),
+                '; expected >= 1 (a video has at least one frame).')),
+        finite,
+    ])
+    with tf.control_dependencies(checks):
       features = tf.identity(features)
-    frames = tf.shape(features)[1]
-    num_frames = tf.minimum(tf.cast(num_frames, tf.int32), frames)
+      num_frames = tf.minimum(num_frames, tf.shape(features)[1])
     return self._predict(features, num_frames)
 
   def get_inference_signatures(

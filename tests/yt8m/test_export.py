@@ -256,3 +256,49 @@ def test_csv_writers_against_hand_written_files():
   assert out.getvalue() == ('Class,Segments\n'
                             '0,v1:5 v2:10\n'
                             '1,v2:10 v1:0\n')
+
+
+def test_serve_features_refuses_what_it_cannot_score(trained):
+  # Before: a NaN or Inf anywhere (even in a padding frame past num_frames,
+  # masked by multiplying) gave NaN probabilities and class 0 on top;
+  # num_frames <= 0 gave a prior-like prediction; num_frames of another
+  # length broadcast or failed deep in the model.
+  fn = tf.saved_model.load(trained['export_dir']).signatures['serve_features']
+  rng = np.random.default_rng(0)
+  features = rng.uniform(0, 1, [3, 6, 1152]).astype(np.float32)
+  num_frames = np.array([6, 4, 2], np.int32)
+  features[1, 4:] = 0
+  features[2, 2:] = 0
+  want = fn(features=features, num_frames=num_frames)
+  # Padding frames are ignored whatever they hold.
+  junk = features.copy()
+  junk[1, 4] = np.nan
+  junk[1, 5, 3] = np.inf
+  junk[2, 2:, :5] = -np.inf
+  junk[2, 5, 9] = 1e38
+  got = fn(features=junk, num_frames=num_frames)
+  for key in ('probabilities', 'top_k_scores'):
+    np.testing.assert_allclose(got[key], want[key], atol=1e-6, err_msg=key)
+  np.testing.assert_array_equal(got['top_k_classes'], want['top_k_classes'])
+
+  def refused(match, features=features, num_frames=num_frames):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+      fn(features=tf.constant(features), num_frames=tf.constant(num_frames))
+
+  for row, frame, value in ((1, 3, np.nan), (2, 0, np.inf), (0, 5, -np.inf)):
+    bad = features.copy()
+    bad[row, frame, 7] = value
+    refused(rf'row {row} of input `features` has a NaN or infinite value '
+            rf'\({value}\) in frame {frame}', features=bad)
+  for value in (0, -3):
+    refused(rf'row 1 of input `num_frames` is {value}; expected >= 1',
+            num_frames=np.array([6, value, 2], np.int32))
+  for n in ([6, 4], [6, 4, 2, 1]):
+    refused(rf'input `num_frames` has {len(n)} entries but input `features` '
+            'has 3 rows', num_frames=np.array(n, np.int32))
+  refused(r'input `features` has 0 frames',
+          features=np.zeros([3, 0, 1152], np.float32))
+  refused(r'input `features` has shape \[3, 1152\]; expected \[batch, '
+          r'frames, 1152\]', features=np.zeros([3, 1152], np.float32))
+  refused(r'input `num_frames` has shape \[3, 1\]; expected \[batch\]',
+          num_frames=np.ones([3, 1], np.int32))
