@@ -20,6 +20,17 @@ logits or log-rates by the task's type); it is the task's prediction where
 `output_readout_index` equals the task's id. `serving_default` also returns
 `targets` float32 [B, n_out, T] and `weights` float32 [B, n_out] of the
 records.
+
+`serve_tokens` refuses what it cannot score (InvalidArgumentError naming the
+input, and the row where one is to blame), never answering NaN: inputs of
+the wrong rank or width (the shape), inputs whose batch, token or query
+lengths disagree (both inputs and both lengths), a row without an unmasked
+input token, a routing id that is neither 0 nor a readout's, and a NaN or
+infinite `input_values` / `input_timestamps` entry of an unmasked token or
+`output_timestamps` entry of a query. Masked input tokens and padding
+queries (id 0) are ignored whatever they hold: they are replaced by zeros
+before the model, by selection (attention masks by adding -1e9, and NaN +
+-1e9 is still NaN).
 """
 from typing import Dict, Mapping
 
@@ -27,6 +38,7 @@ import tensorflow as tf, tf_keras
 
 from official.core import config_definitions
 from official.core import export_base
+from official_ext.core import graph_checks
 from official_ext.readout import dataloader
 
 SIGNATURES = ('serving_default', 'serve_tokens')
@@ -68,16 +80,119 @@ class ReadoutExportModule(export_base.ExportModule):
     outputs['weights'] = batch['output_weights']
     return outputs
 
+  def _token_checks(self, values, times, mask, index, queries):
+    """The checks of `serve_tokens`, in order (see the module docstring)."""
+    p = 'serve_tokens: '
+    dim = self._input_dim
+    shape = tf.shape
+
+    def same(name, tensor, axis, other, other_tensor, what):
+      return lambda: graph_checks.require(
+          tf.equal(shape(tensor)[axis], shape(other_tensor)[axis]),
+          lambda: graph_checks.join(
+              p, name, ' has ', shape(tensor)[axis], f' {what} but ', other,
+              ' has ', shape(other_tensor)[axis], '.'))
+
+    def finite(name, tensor, used, where):
+      """A step: `tensor` [B, n] or [B, n, D] finite where `used()` [B, n]."""
+
+      def step():
+        bad = tf.logical_not(tf.math.is_finite(tensor))
+        if bad.shape.rank == 3:
+          bad = tf.reduce_any(bad, axis=2)
+        bad = tf.logical_and(used(), bad)
+
+        def message():
+          first = tf.where(bad)[0]
+          entry = tf.reshape(tensor[first[0], first[1]], [-1])
+          value = tf.boolean_mask(entry,
+                                  tf.logical_not(tf.math.is_finite(entry)))[0]
+          return graph_checks.join(
+              p, 'row ', first[0], f' of {name} has a NaN or infinite value (',
+              value, ') ', where, ' ', first[1], *(
+                  (', an unmasked token.',) if where == 'in token' else (
+                      ' (routing id ', tf.gather_nd(index, first), ').')))
+        return graph_checks.require(tf.logical_not(tf.reduce_any(bad)),
+                                    message)
+      return step
+
+    ids = sorted(self.model.readout.readout_ids.values())
+
+    def known():
+      ok = tf.equal(index, 0)
+      for i in ids:
+        ok = tf.logical_or(ok, tf.equal(index, i))
+      return ok
+
+    def ids_message():
+      first = tf.where(tf.logical_not(known()))[0]
+      return graph_checks.join(
+          p, 'row ', first[0], ' of output_readout_index has id ',
+          tf.gather_nd(index, first), ' at query ', first[1],
+          f", which is neither 0 (padding) nor a readout's id ({ids}: "
+          f'{self.model.readout.readout_ids}).')
+
+    rows = lambda: tf.range(shape(mask)[0])
+    empty = lambda: tf.logical_not(tf.reduce_any(mask, axis=1))
+    return graph_checks.in_order([
+        lambda: graph_checks.require_shape(
+            values, p + 'input_values', [None, None, dim],
+            f'[batch, tokens, {dim}] (DataConfig.input_dim {dim})'),
+        lambda: graph_checks.require_shape(
+            times, p + 'input_timestamps', [None, None], '[batch, tokens]'),
+        lambda: graph_checks.require_shape(
+            mask, p + 'input_mask', [None, None], '[batch, tokens]'),
+        lambda: graph_checks.require_shape(
+            index, p + 'output_readout_index', [None, None],
+            '[batch, queries]'),
+        lambda: graph_checks.require_shape(
+            queries, p + 'output_timestamps', [None, None],
+            '[batch, queries]'),
+        same('input_timestamps', times, 0, 'input_values', values, 'rows'),
+        same('input_mask', mask, 0, 'input_values', values, 'rows'),
+        same('output_readout_index', index, 0, 'input_values', values,
+             'rows'),
+        same('output_timestamps', queries, 0, 'input_values', values, 'rows'),
+        same('input_timestamps', times, 1, 'input_values', values,
+             'tokens (dimension 1)'),
+        same('input_mask', mask, 1, 'input_values', values,
+             'tokens (dimension 1)'),
+        same('output_timestamps', queries, 1, 'output_readout_index', index,
+             'queries (dimension 1)'),
+        lambda: graph_checks.require(
+            tf.logical_not(tf.reduce_any(empty())), lambda: graph_checks.join(
+                p, 'row ', graph_checks.first_where(rows(), empty()),
+                ' has no unmasked input token (input_mask is all False); '
+                'expected at least one.')),
+        lambda: graph_checks.require(tf.reduce_all(known()), ids_message),
+        finite('input_values', values, lambda: mask, 'in token'),
+        finite('input_timestamps', times, lambda: mask, 'in token'),
+        finite('output_timestamps', queries, lambda: tf.not_equal(index, 0),
+               'at query'),
+    ])
+
   def serve_tokens(self, input_values, input_timestamps, input_mask,
                    output_readout_index, output_timestamps
                    ) -> Dict[str, tf.Tensor]:
     """A padded batch -> outputs (see the module docstring)."""
-    check = tf.debugging.assert_equal(
-        tf.shape(input_values)[2], self._input_dim, message=(
-            'serve_tokens: input_values has the wrong feature width (last '
-            f'dimension); expected {self._input_dim} (DataConfig.input_dim).'))
-    with tf.control_dependencies([check]):
-      input_values = tf.identity(input_values)
+    input_values = tf.convert_to_tensor(input_values, tf.float32)
+    input_timestamps = tf.convert_to_tensor(input_timestamps, tf.float32)
+    input_mask = tf.cast(input_mask, tf.bool)
+    output_readout_index = tf.cast(output_readout_index, tf.int32)
+    output_timestamps = tf.convert_to_tensor(output_timestamps, tf.float32)
+    checks = self._token_checks(input_values, input_timestamps, input_mask,
+                                output_readout_index, output_timestamps)
+    with tf.control_dependencies(checks):
+      # Masked tokens and padding queries: zeros, by selection.
+      input_values = tf.where(input_mask[:, :, tf.newaxis], input_values,
+                              tf.zeros_like(input_values))
+      input_timestamps = tf.where(input_mask, input_timestamps,
+                                  tf.zeros_like(input_timestamps))
+      output_timestamps = tf.where(tf.not_equal(output_readout_index, 0),
+                                   output_timestamps,
+                                   tf.zeros_like(output_timestamps))
+      input_mask = tf.identity(input_mask)
+      output_readout_index = tf.identity(output_readout_index)
     return self._predict({
         'input_values': input_values, 'input_timestamps': input_timestamps,
         'input_mask': input_mask,
