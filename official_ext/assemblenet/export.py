@@ -5,6 +5,13 @@ width, 3] -> `probabilities` float32 [batch, num_classes] (softmax, or sigmoid
 for multi-label), with the evaluation preprocessing of
 `dataloader.Parser.eval_views` (evenly spaced clips, resize, center/multi
 crops, normalization) and the evaluation's averaging over a video's views.
+
+What cannot be scored is refused, naming `frames`: a shape other than
+[batch, frames, height, width, 3] (InvalidArgumentError giving the shape;
+TF Serving and concrete functions do not check a signature's rank), a clip
+of 0 frames, 0 rows or 0 columns (the dimension), and, in-process, frames
+that are not uint8 (TypeError): uint8 pixels cannot be NaN or infinite, and
+float frames (0..1 or 0..255?) would be cast to uint8 whatever they hold.
 """
 from typing import Dict, Mapping
 
@@ -14,6 +21,7 @@ from official.core import base_task
 from official.core import config_definitions
 from official.core import export_base
 from official_ext.assemblenet import dataloader
+from official_ext.core import graph_checks
 
 SIGNATURES = ('serving_default',)
 
@@ -32,7 +40,31 @@ class AssembleNetExportModule(export_base.ExportModule):
     self._views = data.num_test_clips * data.num_test_crops
 
   def serve(self, frames: tf.Tensor) -> Dict[str, tf.Tensor]:
-    """uint8 frames [batch, T, H, W, 3] -> {'probabilities': [batch, K]}."""
+    """uint8 frames [batch, T, H, W, 3] -> {'probabilities': [batch, K]}.
+
+    Refuses what it cannot score (see the module docstring).
+    """
+    frames = tf.convert_to_tensor(frames)
+    if frames.dtype != tf.uint8:
+      raise TypeError(
+          f'AssembleNet serving: input `frames` is {frames.dtype.name}; '
+          'expected uint8 pixel values (0..255) [batch, frames, height, '
+          'width, 3], which cannot be NaN or infinite. Convert float frames '
+          'first, e.g. tf.image.convert_image_dtype(frames, tf.uint8, '
+          'saturate=True) for values in [0, 1].')
+    name = 'AssembleNet serving: input `frames`'
+    steps = [lambda: graph_checks.require_shape(
+        frames, name, [None, None, None, None, 3],
+        '[batch, frames, height, width, 3] (uint8 RGB)')]
+    for axis, what in ((1, '0 frames'), (2, 'height 0'), (3, 'width 0')):
+      steps.append(
+          lambda axis=axis, what=what: graph_checks.require(
+              tf.shape(frames)[axis] > 0, lambda: graph_checks.join(
+                  name, f' has {what} (dimension {axis}) in shape ',
+                  graph_checks.shape_text(tf.shape(frames)),
+                  '; expected at least 1.')))
+    with tf.control_dependencies(graph_checks.in_order(steps)):
+      frames = tf.identity(frames)
     images = tf.map_fn(
         lambda f: self._parser.eval_views(f, tf.constant('input `frames`')),
         frames,

@@ -6,12 +6,14 @@ import os
 import subprocess
 
 import numpy as np
+import pytest
 import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
 from official.core import task_factory
 from official_ext import export_saved_model
 from official_ext.assemblenet import dataloader
+from official_ext.assemblenet import export
 
 
 def _params(tmp_path):
@@ -27,12 +29,22 @@ def _params(tmp_path):
   return params
 
 
-def test_export_serves_frames_like_python(tmp_path):
-  params = _params(tmp_path)
+@pytest.fixture(scope='module')
+def exported(tmp_path_factory):
+  """An untrained tiny model, exported once and loaded."""
+  root = tmp_path_factory.mktemp('assemblenet_export')
+  params = _params(root)
   task = task_factory.get_task(params.task)
   model = task.build_model()
-  ckpt = tf.train.Checkpoint(model=model).write(str(tmp_path / 'ckpt'))
-  export_dir = export_saved_model.export(params, ckpt, str(tmp_path / 'sm'))
+  ckpt = tf.train.Checkpoint(model=model).write(str(root / 'ckpt'))
+  export_dir = export_saved_model.export(params, ckpt, str(root / 'sm'))
+  return dict(params=params, task=task, model=model, export_dir=export_dir,
+              loaded=tf.saved_model.load(export_dir))
+
+
+def test_export_serves_frames_like_python(exported, tmp_path):
+  params, task, model = exported['params'], exported['task'], exported['model']
+  export_dir = exported['export_dir']
 
   rng = np.random.default_rng(0)
   frames = rng.integers(0, 256, [2, 6, 36, 40, 3], dtype=np.uint8)
@@ -43,7 +55,7 @@ def test_export_serves_frames_like_python(tmp_path):
   expected = task.inference_step({'image': images}, model).numpy()
   assert expected.shape == (2, params.task.validation_data.num_classes)
 
-  served = tf.saved_model.load(export_dir).signatures['serving_default'](
+  served = exported['loaded'].signatures['serving_default'](
       frames=tf.constant(frames))['probabilities'].numpy()
   np.testing.assert_allclose(served, expected, atol=1e-5)
 
@@ -58,3 +70,28 @@ def test_export_serves_frames_like_python(tmp_path):
   cli = np.load(glob.glob(str(tmp_path / 'out' / 'probabilities.npy'))[0])
   np.testing.assert_allclose(cli, expected, atol=1e-5)
   assert cli.dtype == np.float32
+
+
+def test_serving_refuses_frames_it_cannot_score(exported):
+  # Before: frames of the wrong rank or channel count failed inside map_fn
+  # ("Specified a list with shape [?,?,?,3] from a tensor with shape ..."),
+  # a clip without frames or pixels in a floor division, and float frames
+  # (in-process) were cast to uint8 whatever they held (NaN included).
+  fn = exported['loaded'].signatures['serving_default']
+  module = export.AssembleNetExportModule(
+      exported['params'], exported['model'], exported['task'])
+  for shape, match in (
+      ([2, 6, 36, 40], r'input `frames` has shape \[2, 6, 36, 40\]; '
+       r'expected \[batch, frames, height, width, 3\]'),
+      ([2, 6, 36, 40, 1], r'input `frames` has shape \[2, 6, 36, 40, 1\]'),
+      ([2, 0, 36, 40, 3], r'input `frames` has 0 frames \(dimension 1\)'),
+      ([2, 6, 0, 40, 3], r'input `frames` has height 0 \(dimension 2\)'),
+      ([2, 6, 36, 0, 3], r'input `frames` has width 0 \(dimension 3\)')):
+    # The SavedModel's graph, except where Python's signature binding already
+    # refuses the rank or channels (TF Serving does not): those run eagerly.
+    call = fn if shape[-1] == 3 else lambda frames: module.serve(frames)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+      call(frames=tf.zeros(shape, tf.uint8))
+  with pytest.raises(TypeError, match=r'input `frames` is float32; expected '
+                     r'uint8'):
+    module.serve(tf.fill([1, 6, 36, 40, 3], np.nan))
