@@ -14,11 +14,20 @@ Configuration: the model and its input pipeline (features, frames, L2
 normalisation, segment_size, num_classes) come from the `params.yaml` next to
 the model: `export_saved_model` writes one into the SavedModel directory and
 `official_ext.train` into the model_dir (--checkpoint_path is that directory
-or a `ckpt-N` prefix inside it). --experiment (default `yt8m`) only gives the
-config class and the values no params.yaml sets; --config_file and
---params_override apply on top, and contradicting params.yaml in a
-model-affecting key is an error naming the key and both values
-(`official_ext.core.experiment_params`).
+or a `ckpt-N` prefix inside it). Without --experiment, a model without a
+params.yaml is an error naming the file (a default pipeline, e.g. 300 frames
+for a model exported with 64, would score every video differently without
+one); --experiment gives the config class and the values no params.yaml
+sets. --config_file and --params_override apply on top, and contradicting
+params.yaml in a model-affecting key is an error naming the key and both
+values (`official_ext.core.experiment_params`); `run` checks the config it
+is given against the model's params.yaml the same way.
+
+The output is written whole or not at all: into a temporary file beside
+--output_file, renamed into place after the last record was read and the
+last line written. On any failure (an unreadable or truncated input, a
+video read twice, ...) an existing --output_file is left as it was and the
+temporary file removed.
 
 Video level (default): header `VideoId,LabelConfidencePairs`, one line a
 video: `<id>,<label> <score> <label> <score> ...`, the top_k (20) classes by
@@ -45,8 +54,10 @@ Memory: one batch, plus for segments the per-class top lists
 fixed 48 MiB candidate buffer and the interned video ids): 1.05 GB for the
 1,000 rated classes and 3.91 GB for all 3,862 at the default cap.
 """
+import os
 from typing import (Callable, Dict, Iterable, Iterator, List, Optional,
-                    Sequence, TextIO)
+                    Sequence, TextIO, TypeVar)
+import uuid
 
 from absl import app
 from absl import flags
@@ -56,6 +67,7 @@ import tensorflow as tf, tf_keras
 
 from official.core import config_definitions
 from official.core import task_factory
+from official.modeling import hyperparams
 from official_ext.core import checkpoints
 from official_ext.core import experiment_params
 from official_ext.yt8m import dataloader
@@ -63,6 +75,8 @@ from official_ext.yt8m import segment_eval
 # Registers YT8MTask with task_factory (a checkpoint's model is built by it).
 from official_ext.yt8m import task  # pylint: disable=unused-import
 
+# The config class when the model's params.yaml gives the values.
+DEFAULT_EXPERIMENT = 'yt8m'
 VIDEO_HEADER = 'VideoId,LabelConfidencePairs'
 SEGMENT_HEADER = segment_eval.SEGMENT_HEADER
 
@@ -355,6 +369,120 @@ def _top(scores: np.ndarray, videos: np.ndarray, segments: np.ndarray,
   return np.concatenate([above, tied[:k - above.size]])
 
 
+_T = TypeVar('_T')
+
+
+def write_atomically(path: str, write: Callable[[TextIO], _T]) -> _T:
+  """`write(stream)` into `path`, whole or not at all.
+
+  Writes a temporary file beside `path` and renames it to `path` (replacing
+  it) once `write` returned and the file is closed. On any failure `path` is
+  left as it was and the temporary file removed.
+
+  Args:
+    path: the file to write.
+    write: writes the contents to the text stream it is given.
+
+  Returns:
+    What `write` returned.
+  """
+  temporary = f'{path}.tmp-{uuid.uuid4().hex[:12]}'
+  try:
+    with tf.io.gfile.GFile(temporary, 'w') as out:
+      result = write(out)
+    tf.io.gfile.rename(temporary, path, overwrite=True)
+  except BaseException:
+    if tf.io.gfile.exists(temporary):
+      tf.io.gfile.remove(temporary)
+    raise
+  return result
+
+
+def _model_path(saved_model: Optional[str],
+                checkpoint_path: Optional[str]) -> str:
+  if bool(saved_model) == bool(checkpoint_path):
+    raise ValueError('Pass exactly one of --saved_model and --checkpoint_path.')
+  return saved_model or checkpoint_path
+
+
+def load_params(experiment: Optional[str] = None,
+                config_files: Sequence[str] = (),
+                params_override: str = '',
+                saved_model: Optional[str] = None,
+                checkpoint_path: Optional[str] = None
+                ) -> config_definitions.ExperimentConfig:
+  """The config of the model predict runs (the module docstring's rules).
+
+  Args:
+    experiment: `--experiment`; None: the model's params.yaml must exist
+      (`DEFAULT_EXPERIMENT` is then only the config class).
+    config_files: YAML files applied after params.yaml.
+    params_override: applied last.
+    saved_model: a SavedModel directory of `export_saved_model`, or
+    checkpoint_path: a model_dir or a `ckpt-N` prefix in one (exactly one).
+
+  Returns:
+    The config (`experiment_params.load_params`).
+
+  Raises:
+    ValueError: no params.yaml beside the model and no `experiment`, or
+      what `experiment_params.load_params` raises.
+  """
+  path = _model_path(saved_model, checkpoint_path)
+  if experiment is None:
+    if not experiment_params.find_params_yaml(path):
+      directory = path if tf.io.gfile.isdir(path) else os.path.dirname(path)
+      flag = '--saved_model' if saved_model else '--checkpoint_path'
+      raise ValueError(
+          f'No {os.path.join(directory, experiment_params.PARAMS_YAML)} '
+          f'({flag}={path}): the input pipeline the model was trained with '
+          '(features, max_frames, normalisation, ...) is unknown, and a '
+          'default one would score differently without an error. Export with '
+          'official_ext.export_saved_model, which writes params.yaml, or pass '
+          'the --experiment (and --config_file / --params_override) the model '
+          'was trained with.')
+    experiment = DEFAULT_EXPERIMENT
+  return experiment_params.load_params(experiment, config_files,
+                                       params_override, checkpoint_path=path)
+
+
+def check_params(params: config_definitions.ExperimentConfig,
+                 model_path: str) -> None:
+  """Checks `params` against the params.yaml beside the model, if any.
+
+  Args:
+    params: the config `run` was given.
+    model_path: the SavedModel directory or checkpoint.
+
+  Raises:
+    ValueError: a model-affecting key (`experiment_params.model_affecting_key`:
+      the model, features, max_frames, segment_size, normalisation, classes)
+      differs; the message lists each with both values and names the file.
+  """
+  path = experiment_params.find_params_yaml(model_path)
+  if not path:
+    return
+  try:
+    trained = hyperparams.override_params_dict(params.replace(), path,
+                                               is_strict=True)
+  except (KeyError, ValueError, TypeError, AttributeError) as e:
+    raise ValueError(f'{path} (the config the model at {model_path} was '
+                     f'trained with) does not fit the config given: {e!r}.'
+                     ) from e
+  differences = experiment_params.contradictions(
+      experiment_params.config_leaves(trained),
+      experiment_params.config_leaves(params))
+  if differences:
+    lines = '\n  '.join(f'{key}: {path} has {old!r}, the config given has '
+                         f'{new!r}' for key, old, new in differences)
+    raise ValueError(
+        f'The config given to predict contradicts the one the model at '
+        f'{model_path} was trained/exported with in {len(differences)} '
+        f'model-affecting key(s):\n  {lines}\nIt would score every video '
+        'differently; load it with predict.load_params (which reads '
+        f'{path}).')
+
+
 def _data_config(params: config_definitions.ExperimentConfig,
                  input_path: str, batch_size: int):
   return params.task.validation_data.replace(
@@ -419,10 +547,13 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
     Videos (video level) or segments (segment level) scored.
 
   Raises:
-    ValueError: segment level and no video of `input_path` has a segment.
+    ValueError: segment level and no video of `input_path` has a segment;
+      `params` contradicts the model's params.yaml (`check_params`).
+
+  `output_file` is written whole or not at all (`write_atomically`): after
+  any failure an existing file is as it was.
   """
-  if bool(saved_model) == bool(checkpoint_path):
-    raise ValueError('Pass exactly one of --saved_model and --checkpoint_path.')
+  check_params(params, _model_path(saved_model, checkpoint_path))
   data = _data_config(params, input_path, batch_size)
   class_ids = None
   if segment_labels:
@@ -436,8 +567,8 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
       short_last_segment=segment_short_last)
   batches = predict_batches(dataset, predictor)
   if not segment_labels:
-    with tf.io.gfile.GFile(output_file, 'w') as out:
-      count = write_video_predictions(batches, out, top_k)
+    count = write_atomically(
+        output_file, lambda out: write_video_predictions(batches, out, top_k))
   else:
     ranking = SegmentRanking(class_ids, segment_max_per_class,
                              data.segment_size)
@@ -451,8 +582,7 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
           f'{"a" if segment_short_last else "a full"} segment of '
           f'{data.segment_size} frames, task.validation_data.segment_size); '
           f'{output_file} not written.')
-    with tf.io.gfile.GFile(output_file, 'w') as out:
-      ranking.write(out)
+    write_atomically(output_file, ranking.write)
     logging.info('Ranked %d segments for %d classes (at most %d each).',
                  count, len(class_ids), segment_max_per_class)
   logging.info('Wrote %d %s to %s', count,
@@ -464,9 +594,11 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-  flags.DEFINE_string('experiment', 'yt8m',
+  flags.DEFINE_string('experiment', None,
                       'Experiment giving the config class and the values no '
-                      'params.yaml sets.')
+                      "params.yaml sets; needed only when the model has no "
+                      'params.yaml (default: the params.yaml beside the model '
+                      f'is read into {DEFAULT_EXPERIMENT!r}).')
   flags.DEFINE_multi_string('config_file', None,
                             'YAML config overrides, after params.yaml.')
   flags.DEFINE_string('params_override', '', 'Comma-separated overrides.')
@@ -489,9 +621,9 @@ def define_flags():
 
 
 def main(_):
-  params = experiment_params.load_params(
-      FLAGS.experiment, FLAGS.config_file, FLAGS.params_override,
-      checkpoint_path=FLAGS.saved_model or FLAGS.checkpoint_path)
+  params = load_params(FLAGS.experiment, FLAGS.config_file,
+                       FLAGS.params_override, saved_model=FLAGS.saved_model,
+                       checkpoint_path=FLAGS.checkpoint_path)
   count = run(params, FLAGS.input_path, FLAGS.output_file,
               saved_model=FLAGS.saved_model,
               checkpoint_path=FLAGS.checkpoint_path, top_k=FLAGS.top_k,

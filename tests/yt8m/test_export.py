@@ -7,6 +7,7 @@ One tiny model is trained with `python -m official_ext.train`, exported with
 import glob
 import io
 import os
+import shutil
 import subprocess
 import sys
 
@@ -218,6 +219,7 @@ def test_predict_writes_submission_csv(trained, tmp_path):
   assert lines[0] == 'VideoId,LabelConfidencePairs'
   assert len(lines) == n + 1 == 17
   assert out_saved.read_text() == out_ckpt.read_text()
+  assert sorted(os.listdir(tmp_path)) == ['ckpt.csv', 'saved.csv']
   for line in lines[1:]:
     vid, pairs = line.split(',')
     values = pairs.split()
@@ -256,6 +258,23 @@ def test_csv_writers_against_hand_written_files():
   assert out.getvalue() == ('Class,Segments\n'
                             '0,v1:5 v2:10\n'
                             '1,v2:10 v1:0\n')
+
+
+def _first_frames(trained, records):
+  """Dequantized first max_frames frames of records, zero-padded, and the
+  valid frame counts (what the pipeline gives `serve_features`)."""
+  data = trained['params'].task.validation_data
+  decoder = dataloader.Decoder(data)
+  features, num_frames = [], []
+  for record in records:
+    raw = decoder.decode(tf.constant(record))['features']
+    frames = tf.concat([dataloader.dequantize(raw['rgb']),
+                        dataloader.dequantize(raw['audio'])], -1).numpy()
+    frames = frames[:data.max_frames]
+    num_frames.append(len(frames))
+    features.append(np.pad(frames, [[0, data.max_frames - len(frames)],
+                                    [0, 0]]))
+  return np.stack(features), np.array(num_frames, np.int32)
 
 
 def test_serve_features_refuses_what_it_cannot_score(trained):
@@ -302,3 +321,55 @@ def test_serve_features_refuses_what_it_cannot_score(trained):
           r'frames, 1152\]', features=np.zeros([3, 1152], np.float32))
   refused(r'input `num_frames` has shape \[3, 1\]; expected \[batch\]',
           num_frames=np.ones([3, 1], np.int32))
+
+
+def test_predict_without_experiment_reads_the_saved_models_data_config(
+    trained, tmp_path):
+  # The model was exported with max_frames 12 (yt8m_demo's default is 64,
+  # yt8m's 300): predict without --experiment must parse 12 frames, so its
+  # scores are serve_features' on the first 12 frames.
+  params = predict.load_params(saved_model=trained['export_dir'])
+  assert params.task.validation_data.max_frames == 12
+  pattern = glob.glob(str(trained['root'] / 'cache' / '*' / '*' /
+                          'validation-*'))[0]
+  records = list(tf.data.TFRecordDataset(pattern).as_numpy_iterator())
+  out = tmp_path / 'saved.csv'
+  predict.run(params, pattern, str(out), saved_model=trained['export_dir'],
+              top_k=5)
+  features, num_frames = _first_frames(trained, records)
+  decoder = dataloader.Decoder(trained['params'].task.validation_data)
+  lengths = [int(tf.shape(decoder.decode(tf.constant(r))['features']['rgb'])
+                 [0]) for r in records]
+  assert max(lengths) > 12  # Cut at 12: 64 or 300 frames would differ.
+  served = tf.saved_model.load(trained['export_dir']).signatures[
+      'serve_features'](features=features, num_frames=num_frames)
+  rows = [line.split(',') for line in out.read_text().splitlines()[1:]]
+  assert len(rows) == len(records)
+  for (vid, pairs), classes, scores in zip(rows, served['top_k_classes'],
+                                           served['top_k_scores']):
+    values = pairs.split()
+    assert [int(c) for c in values[0::2]] == list(classes.numpy()), vid
+    np.testing.assert_allclose([float(s) for s in values[1::2]], scores,
+                               atol=1e-6, err_msg=vid)
+
+  # A config that contradicts the SavedModel's (yt8m_demo's 64 frames) is
+  # refused, not scored differently.
+  demo = export_saved_model.load_params('yt8m_demo')
+  with pytest.raises(ValueError) as e:
+    predict.run(demo, pattern, str(tmp_path / 'other.csv'),
+                saved_model=trained['export_dir'])
+  for text in ('task.validation_data.max_frames', '12', '64',
+               os.path.join(trained['export_dir'], 'params.yaml')):
+    assert text in str(e.value), (text, str(e.value))
+  assert not (tmp_path / 'other.csv').exists()
+  # Without a params.yaml the data config is unknown: an error, unless
+  # --experiment says which one.
+  bare = tmp_path / 'bare'
+  shutil.copytree(trained['export_dir'], bare)
+  os.remove(bare / 'params.yaml')
+  with pytest.raises(ValueError, match=r'params\.yaml.*--experiment') as e:
+    predict.load_params(saved_model=str(bare))
+  assert str(bare) in str(e.value)
+  assert predict.load_params(
+      experiment='yt8m_demo', saved_model=str(bare)
+  ).task.validation_data.max_frames == 64

@@ -115,6 +115,7 @@ def test_every_segment_of_unrated_records_is_scored(tiny, tmp_path):
                       checkpoint_path=tiny['ckpt'], segment_labels=True,
                       segment_max_per_class=10, segment_short_last=True)
   assert count == 6
+  assert sorted(os.listdir(tmp_path)) == ['segments.csv', 'test.tfrecord']
   expected = _expected_scores(tiny, TEST_VIDEOS, short_last=True)
   for cls, ranked in _lines(out).items():
     assert ranked == sorted(expected, key=lambda s: -expected[s][cls]), cls
@@ -164,6 +165,50 @@ def test_no_segment_is_an_error_naming_the_input(tiny, tmp_path):
                 checkpoint_path=tiny['ckpt'], segment_labels=True)
   assert path in str(e.value)
   assert not out.exists()
+
+
+def _cut_in_record(path, index):
+  """Copies TFRecord `path` cut in the middle of record `index`."""
+  data = open(path, 'rb').read()
+  offset = 0
+  for _ in range(index):  # Each record: length, its CRC, data, data CRC.
+    offset += 16 + int(np.frombuffer(data[offset:offset + 8], '<u8')[0])
+  length = int(np.frombuffer(data[offset:offset + 8], '<u8')[0])
+  cut = path + '.cut'
+  with open(cut, 'wb') as f:
+    f.write(data[:offset + 12 + length // 2])
+  return cut
+
+
+@pytest.mark.parametrize('segment_labels', [False, True])
+def test_failed_predict_leaves_the_output_file_untouched(tiny, tmp_path,
+                                                         segment_labels):
+  # Before, the video-level CSV was opened (truncated) before the input was
+  # read: an unreadable input left the header alone, a truncated one a
+  # plausible partial submission; the segment level failed mid-write on a
+  # repeated video.
+  videos = TEST_VIDEOS + [('vD', 7), ('vE', 11)]
+  good = _write(tmp_path / 'test.tfrecord', videos)
+  garbage = tmp_path / 'garbage.tfrecord'
+  garbage.write_bytes(b'not a TFRecord file, ' * 8)
+  repeated = _write(tmp_path / 'repeated.tfrecord', videos + [('vA', 12)])
+  out_dir = tmp_path / 'out'
+  out_dir.mkdir()
+  out = out_dir / 'submission.csv'
+  previous = b'VideoId,LabelConfidencePairs\nprevious,1 0.5\n'
+  out.write_bytes(previous)
+  run = lambda path: predict.run(
+      tiny['params'], path, str(out), checkpoint_path=tiny['ckpt'],
+      segment_labels=segment_labels, batch_size=1)
+  bad_inputs = [(str(garbage), str(garbage)),
+                (_cut_in_record(good, 3), 'truncated')]
+  if segment_labels:
+    bad_inputs.append((repeated, 'vA:0 was read twice'))
+  for path, message in bad_inputs:
+    with pytest.raises((tf.errors.OpError, ValueError), match=message):
+      run(path)
+    assert out.read_bytes() == previous, path
+    assert os.listdir(out_dir) == ['submission.csv'], path
 
 
 def test_ranking_storage_is_bounded_and_exact():
