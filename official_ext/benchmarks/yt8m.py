@@ -10,9 +10,10 @@ Figures (all measured in one process; every time goes through
   `YT8MTask.train_step` (Model Garden's own YT8M task does not import from
   the pip release); for Model Garden's model that step adds the L2
   regularization through `model.losses` as Model Garden's task does
-  (`fast_l2=False`), ours computes it outside XLA. Model Garden's model runs
-  as Model Garden runs it on CPU (no XLA; `runtime.enable_xla` only applies
-  with GPUs), and with XLA as an extra reference;
+  (`analytic_l2_gradient=False`), ours computes it outside XLA. Model
+  Garden's model runs as Model Garden runs it on CPU (no XLA;
+  `runtime.enable_xla` only applies with GPUs), and with XLA as an extra
+  reference;
 * analytic FLOPs per example (only work a training step needs: no gradient
   w.r.t. the frame features), achieved GFLOP/s and fraction of the fp32
   matmul peak measured in the same run;
@@ -141,11 +142,11 @@ def bench_train_step(size: Size, peak_gflops: float, rounds: int = 5
   ours_task = build_task(size, jit_compile=True)
   # The references train Model Garden's model the way Model Garden's YT8M
   # task does: its L2 regularization through `model.losses` in the step
-  # (ours computes its value outside XLA: `YT8MTask.fast_l2`).
+  # (ours computes its value outside XLA: `YT8MTask.analytic_l2_gradient`).
   plain_task = build_task(size, jit_compile=False)
-  plain_task.fast_l2 = False
+  plain_task.analytic_l2_gradient = False
   xla_task = build_task(size, jit_compile=True)
-  xla_task.fast_l2 = False
+  xla_task.analytic_l2_gradient = False
   steps = {
       'ours': _step_fn(ours_task, ours_task.build_model(), batch),
       'reference': _step_fn(plain_task, _model_garden_model(size), batch),

@@ -42,6 +42,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf, tf_keras
 
+from official_ext.core import eval_padding
 from official_ext.core import graph_checks
 from official_ext.core import tfrecord_recovery
 
@@ -353,12 +354,6 @@ def _read_skipping_damage(filename: tf.Tensor, file_size: tf.Tensor,
 # ---------------------------------------------------------------------------
 
 
-def _empty_like(spec) -> Any:
-  if not isinstance(spec, tf.TensorSpec):
-    raise TypeError(f'skip_bad_records needs dense tensors; got {spec}.')
-  return tf.zeros([0 if d is None else d for d in spec.shape], spec.dtype)
-
-
 def _error_text(e: Exception) -> str:
   text = getattr(e, 'message', None) or str(e)
   # Keep TensorFlow's message, not the traceback of where the op was built.
@@ -390,7 +385,9 @@ def wrap_stage(fn: Callable[..., Any], source_fn: Callable[..., tf.Tensor],
   def wrapped(*args):
     inner = tf.data.Dataset.from_tensors(args).map(lambda *a: fn(*a))
     inner = inner.ignore_errors()
-    empty = tf.nest.map_structure(_empty_like, inner.element_spec)
+    empty = tf.nest.map_structure(
+        lambda spec: eval_padding.empty_like(spec, 'skip_bad_records'),
+        inner.element_spec)
     inner = inner.map(lambda *out: (out[0] if len(out) == 1 else out,
                                     tf.constant(True)))
     fallback = tf.data.Dataset.from_tensors((empty, tf.constant(False)))

@@ -65,10 +65,19 @@ def replicas_per_pipeline(
              max(1, input_context.num_input_pipelines))
 
 
-def _zeros_of(spec: tf.TensorSpec) -> tf.Tensor:
+def empty_like(spec: tf.TensorSpec, user: str) -> tf.Tensor:
+  """Zeros of `spec`'s dtype and shape, 0 where a dimension is unknown.
+
+  Args:
+    spec: a dataset element's `tf.TensorSpec`.
+    user: who needs it, for the error (e.g. 'skip_bad_records').
+
+  Raises:
+    TypeError: `spec` is not a dense tensor's (a ragged or sparse one).
+  """
   if not isinstance(spec, tf.TensorSpec):
-    raise TypeError('pad_final_batches: examples must be (nests of) dense '
-                    f'tensors; got a {type(spec).__name__}.')
+    raise TypeError(f'{user} needs (nests of) dense tensors; got '
+                    f'{type(spec).__name__} {spec}.')
   shape = [0 if d is None else d for d in spec.shape.as_list()]
   return tf.zeros(shape, spec.dtype)
 
@@ -107,7 +116,8 @@ def pad_final_batches(
     raise ValueError(f'pad_final_batches: batch_size is {batch_size}; '
                      'expected a positive int.')
   group = batch_size * replicas_per_pipeline(input_context)
-  marker = tf.nest.map_structure(_zeros_of, ds.element_spec)
+  marker = tf.nest.map_structure(
+      lambda spec: empty_like(spec, 'pad_final_batches'), ds.element_spec)
 
   def mark(*example):
     example = example[0] if len(example) == 1 else example

@@ -29,7 +29,30 @@ class YT8MTask(base_task.Task):
   `video_matrix` float32 [batch, frames, features], `num_frames` int32
   [batch], `labels` float32 [batch, classes] and, for segment-level data,
   `label_weights` float32 [batch, classes].
+
+  Attributes:
+    analytic_l2_gradient: True (default): the L2 regularization's gradient
+      is added analytically (`gradients.add_l2_gradients`) and its value
+      computed outside the step's XLA function; False: through
+      `model.losses` inside the step, as Model Garden's YT8M task does (the
+      benchmark's reference runs).
   """
+
+  def __init__(self, params: configs.YT8MTask,
+               logging_dir: Optional[str] = None, name: Optional[str] = None):
+    super().__init__(params, logging_dir=logging_dir, name=name)
+    self.analytic_l2_gradient = True
+    # The validation input's files once resolved (demo data or input_path),
+    # for the error of an evaluation of no video.
+    self._validation_source: Optional[str] = None
+    ap_config = params.evaluation.average_precision
+    self._ap_accumulator = (yt8m_metrics.AveragePrecisionAccumulator(
+        num_classes=params.validation_data.num_classes,
+        top_k=ap_config.top_k) if ap_config is not None else None)
+    # (model, its (kernel, l2) pairs): computed once per model.
+    self._l2_model: Optional[tf_keras.Model] = None
+    self._l2_pairs = None
+    self._jit_fn = None  # `_forward_backward` compiled with XLA, once.
 
   # -- model -----------------------------------------------------------------
   def build_model(self) -> tf_keras.Model:
@@ -66,7 +89,7 @@ class YT8MTask(base_task.Task):
     """(dataset, config keys) for the error of an evaluation of no video."""
     return eval_padding.describe_split(
         self.task_config.validation_data,
-        resolved_input_path=getattr(self, '_validation_source', None))
+        resolved_input_path=self._validation_source)
 
   def build_inputs(self, params: configs.DataConfig,
                    input_context: Optional[tf.distribute.InputContext] = None
@@ -120,11 +143,6 @@ class YT8MTask(base_task.Task):
     metrics += bad_records.task_metrics(  # `bad_records_skipped`.
         self, self.task_config.train_data if training else
         self.task_config.validation_data, training)
-    ap_config = self.task_config.evaluation.average_precision
-    if not training and ap_config is not None:
-      self._ap_accumulator = yt8m_metrics.AveragePrecisionAccumulator(
-          num_classes=self.task_config.validation_data.num_classes,
-          top_k=ap_config.top_k)
     if not training:  # `num_examples`; 0 at the end of an eval is an error.
       metrics.append(eval_padding.EvaluatedExamples(self.validation_dataset))
     return metrics
@@ -167,15 +185,11 @@ class YT8MTask(base_task.Task):
     num_frames = None if sampled else tf.reshape(inputs['num_frames'], [-1])
     return inputs['video_matrix'], num_frames
 
-  # False: regularization through `model.losses` inside the step, as Model
-  # Garden's YT8M task does (the benchmark's reference runs).
-  fast_l2 = True
-
   def _l2_kernels(self, model):
     """(kernel, l2) pairs of the model's L2 regularization, or None."""
-    if not self.fast_l2:
+    if not self.analytic_l2_gradient:
       return None
-    if getattr(self, '_l2_model', None) is not model:
+    if self._l2_model is not model:
       self._l2_model = model
       self._l2_pairs = gradients.l2_regularized_kernels(model)
     return self._l2_pairs
@@ -216,7 +230,7 @@ class YT8MTask(base_task.Task):
 
   @property
   def _jit_forward_backward(self):
-    if getattr(self, '_jit_fn', None) is None:
+    if self._jit_fn is None:
       self._jit_fn = tf.function(self._forward_backward, jit_compile=True)
     return self._jit_fn
 

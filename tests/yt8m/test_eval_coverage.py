@@ -19,33 +19,21 @@ from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
 from official_ext.core import eval_padding
 from official_ext.yt8m import metrics as yt8m_metrics
+from tests.yt8m.test_train import _tiny_overrides
 
 _NUM_VALIDATION = 20
 _AP_KEYS = ('hit_at_one', 'perr', 'gap', 'map', 'map_all_classes')
 
 
 def _params(cache_dir):
+  overrides = _tiny_overrides(cache_dir, train_steps=1)
+  overrides['task']['validation_data']['drop_remainder'] = False
+  overrides['task']['demo_data'].update(
+      num_train_videos=16, num_validation_videos=_NUM_VALIDATION)
+  overrides['trainer'].update(steps_per_loop=1, checkpoint_interval=1,
+                              summary_interval=1, validation_interval=1)
   params = exp_factory.get_exp_config('yt8m_demo')
-  params.override({
-      'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
-      'task': {
-          'model': {
-              'backbone': {'dbof': {'cluster_size': 16, 'hidden_size': 16}},
-              'head': {'moe': {'num_mixtures': 2}},
-          },
-          'train_data': {'global_batch_size': 8, 'max_frames': 12,
-                         'num_sample_frames': None, 'seed': 7,
-                         'shuffle_buffer_size': 16},
-          'validation_data': {'global_batch_size': 8, 'max_frames': 12,
-                              'drop_remainder': False},
-          'demo_data': {'cache_dir': str(cache_dir), 'num_train_videos': 16,
-                        'num_validation_videos': _NUM_VALIDATION,
-                        'num_shards': 2},
-      },
-      'trainer': {'train_steps': 1, 'steps_per_loop': 1,
-                  'checkpoint_interval': 1, 'summary_interval': 1,
-                  'validation_interval': 1, 'validation_steps': -1},
-  }, is_strict=True)
+  params.override(overrides, is_strict=True)
   params.validate()
   return params
 

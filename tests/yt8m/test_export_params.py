@@ -28,28 +28,18 @@ from official_ext.core import checkpoints
 from official_ext.core import experiment_params
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import predict
+from tests.yt8m.test_train import _tiny_overrides
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 
 # Shape-changing keys of the tiny model (written to tiny.yaml).
 def _shapes(cache_dir):
-  return {
-      'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
-      'task': {
-          'model': {'backbone': {'dbof': {'cluster_size': 16,
-                                          'hidden_size': 16}},
-                    'head': {'moe': {'num_mixtures': 2}}},
-          'train_data': {'global_batch_size': 8, 'max_frames': 12,
-                         'num_sample_frames': None},
-          'validation_data': {'global_batch_size': 8, 'max_frames': 12},
-          'demo_data': {'cache_dir': str(cache_dir), 'num_train_videos': 32,
-                        'num_validation_videos': 16, 'num_shards': 1},
-          'jit_compile': False,  # Not model-affecting; faster to build.
-      },
-      'trainer': {'train_steps': 4, 'steps_per_loop': 4,
-                  'checkpoint_interval': 4, 'summary_interval': 4,
-                  'validation_interval': 4, 'validation_steps': 1},
-  }
+  overrides = _tiny_overrides(cache_dir, train_steps=4)
+  overrides['task']['demo_data'].update(
+      num_train_videos=32, num_validation_videos=16, num_shards=1)
+  overrides['task']['jit_compile'] = False  # Not model-affecting; faster.
+  overrides['trainer']['validation_steps'] = 1
+  return overrides
 
 
 # Shape-neutral keys: the same variables, different predictions.

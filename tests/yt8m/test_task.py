@@ -14,8 +14,9 @@ def _tiny_task():
   return task_factory.get_task(config.replace(losses={'l2_weight_decay': 0.1}))
 
 
-def _step(task, use_fast_l2):
-  task.fast_l2 = use_fast_l2  # False: the generic `model.losses` path.
+def _step(task, analytic_l2_gradient):
+  # False: the generic `model.losses` path.
+  task.analytic_l2_gradient = analytic_l2_gradient
   tf_keras.utils.set_random_seed(4)
   model = task.build_model()
   optimizer = tf_keras.optimizers.legacy.SGD(1.0)
@@ -26,7 +27,7 @@ def _step(task, use_fast_l2):
   return float(logs['loss']), [v.numpy() for v in model.trainable_variables]
 
 
-def test_fast_l2_gives_the_same_loss_and_update():
+def test_analytic_l2_gradient_gives_the_same_loss_and_update():
   task = _tiny_task()
   model = task.build_model()
   pairs = gradients.l2_regularized_kernels(model)
