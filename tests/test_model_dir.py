@@ -15,15 +15,13 @@ from official.modeling import hyperparams
 from official_ext import train
 from official_ext.core import model_dir as model_dir_lib
 from tests.readout.test_train import _params as _readout_params
-from tests.yt8m.test_train import _tiny_overrides
+from tests.test_resilience import _params as _resilience_params
 
 
 def _yt8m_params(cache, train_steps=2, **overrides):
-  tiny = _tiny_overrides(cache, train_steps=train_steps)
-  tiny['trainer'].update(steps_per_loop=2, checkpoint_interval=2,
-                         validation_interval=2)
-  params = exp_factory.get_exp_config('yt8m_demo')
-  params.override(tiny, is_strict=True)
+  params = _resilience_params(cache, train_steps=train_steps,
+                              steps_per_loop=2, checkpoint_interval=2,
+                              validation_interval=2)
   params.override(overrides, is_strict=True)
   params.validate()
   return params

@@ -186,6 +186,32 @@ def contradictions(trained: Dict[str, Any], final: Dict[str, Any]
   return out
 
 
+def load_trained_config(params, params_yaml: str):
+  """`params_yaml` loaded over a fresh copy of `params`' config class.
+
+  Args:
+    params: a config of the experiment (its class and, for keys the file
+      lacks, its values).
+    params_yaml: a params.yaml written by training or export.
+
+  Returns:
+    A new, unlocked config holding the file's values.
+
+  Raises:
+    ValueError: the file does not fit the config class (a key it lacks,
+      a value of the wrong kind): e.g. another family's params.yaml; the
+      message names the file and the config class.
+  """
+  trained = type(params)(params.as_dict())
+  try:
+    return hyperparams.override_params_dict(trained, params_yaml,
+                                            is_strict=True)
+  except (KeyError, ValueError, TypeError, AttributeError) as e:
+    raise ValueError(
+        f'{params_yaml} does not fit the config of this experiment '
+        f'({type(params).__name__}): {e!r}') from e
+
+
 class ExperimentParser(train_utils.ExperimentParser):
   """Model Garden's `ExperimentParser` with the trained model's params.yaml.
 

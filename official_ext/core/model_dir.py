@@ -20,7 +20,7 @@ guards a model_dir instead (`train.run`):
    (`checkpoints.unmatched_model_variables`, in the runner): every model
    variable present with its shape, or an error listing the unmatched ones.
 3. `write_params_yaml`, only after the config validated and the restore
-   succeeded; written to a temporary file and renamed into place.
+   succeeded; whole or not at all (`core.output_files.write_atomically`).
 """
 import os
 import re
@@ -30,9 +30,9 @@ from typing import Any, List, Optional, Tuple
 from absl import logging
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
-from official.modeling import hyperparams
 from official.modeling.hyperparams import params_dict
 from official_ext.core import experiment_params
+from official_ext.core import output_files
 
 _EXPERIMENT_LINE = '# official_ext experiment: '
 _EXPERIMENT_RE = re.compile(r'^# official_ext experiment: (\S+)\s*$')
@@ -58,17 +58,13 @@ def recorded_experiment(params_yaml: str) -> Optional[str]:
 
 
 def _trained_config(params, params_yaml: str):
-  """`params.yaml` loaded into a fresh copy of `params`' config class."""
-  trained = type(params)(params.as_dict())
   try:
-    return hyperparams.override_params_dict(trained, params_yaml,
-                                            is_strict=True)
-  except (KeyError, ValueError, TypeError, AttributeError) as e:
+    return experiment_params.load_trained_config(params, params_yaml)
+  except ValueError as e:
     raise ModelDirInUseError(
         f'{os.path.dirname(params_yaml)} holds the run of another kind of '
-        f'experiment: its {os.path.basename(params_yaml)} does not fit this '
-        f'experiment\'s config ({type(params).__name__}): {e}. Use a new '
-        '--model_dir; nothing was written.') from e
+        f'experiment: {e}. Use a new --model_dir; nothing was written.'
+    ) from e
 
 
 def _differences(old: Any, new: Any) -> List[Tuple[str, Any, Any]]:
@@ -134,7 +130,7 @@ def check_model_dir(params, model_dir: str,
 
 def write_params_yaml(params, model_dir: str,
                       experiment: Optional[str] = None) -> str:
-  """Writes `model_dir/params.yaml` whole (temporary file, then rename).
+  """Writes `model_dir/params.yaml` whole (`output_files.write_atomically`).
 
   Model Garden's `train_utils.serialize_config` format, with the experiment
   name on a first comment line (`recorded_experiment`); YAML readers ignore
@@ -157,9 +153,6 @@ def write_params_yaml(params, model_dir: str,
       text = f.read()
   if experiment:
     text = f'{_EXPERIMENT_LINE}{experiment}\n{text}'
-  partial = path + '.partial'
-  with tf.io.gfile.GFile(partial, 'w') as f:
-    f.write(text)
-  tf.io.gfile.rename(partial, path, overwrite=True)
+  output_files.write_atomically(path, lambda out: out.write(text))
   logging.info('Saved the experiment configuration to %s', path)
   return path

@@ -56,8 +56,7 @@ fixed 48 MiB candidate buffer and the interned video ids): 1.05 GB for the
 """
 import os
 from typing import (Callable, Dict, Iterable, Iterator, List, Optional,
-                    Sequence, TextIO, TypeVar)
-import uuid
+                    Sequence, TextIO)
 
 from absl import app
 from absl import flags
@@ -67,9 +66,9 @@ import tensorflow as tf, tf_keras
 
 from official.core import config_definitions
 from official.core import task_factory
-from official.modeling import hyperparams
 from official_ext.core import checkpoints
 from official_ext.core import experiment_params
+from official_ext.core import output_files
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import segment_eval
 # Registers YT8MTask with task_factory (a checkpoint's model is built by it).
@@ -369,35 +368,6 @@ def _top(scores: np.ndarray, videos: np.ndarray, segments: np.ndarray,
   return np.concatenate([above, tied[:k - above.size]])
 
 
-_T = TypeVar('_T')
-
-
-def write_atomically(path: str, write: Callable[[TextIO], _T]) -> _T:
-  """`write(stream)` into `path`, whole or not at all.
-
-  Writes a temporary file beside `path` and renames it to `path` (replacing
-  it) once `write` returned and the file is closed. On any failure `path` is
-  left as it was and the temporary file removed.
-
-  Args:
-    path: the file to write.
-    write: writes the contents to the text stream it is given.
-
-  Returns:
-    What `write` returned.
-  """
-  temporary = f'{path}.tmp-{uuid.uuid4().hex[:12]}'
-  try:
-    with tf.io.gfile.GFile(temporary, 'w') as out:
-      result = write(out)
-    tf.io.gfile.rename(temporary, path, overwrite=True)
-  except BaseException:
-    if tf.io.gfile.exists(temporary):
-      tf.io.gfile.remove(temporary)
-    raise
-  return result
-
-
 def _model_path(saved_model: Optional[str],
                 checkpoint_path: Optional[str]) -> str:
   if bool(saved_model) == bool(checkpoint_path):
@@ -462,13 +432,7 @@ def check_params(params: config_definitions.ExperimentConfig,
   path = experiment_params.find_params_yaml(model_path)
   if not path:
     return
-  try:
-    trained = hyperparams.override_params_dict(params.replace(), path,
-                                               is_strict=True)
-  except (KeyError, ValueError, TypeError, AttributeError) as e:
-    raise ValueError(f'{path} (the config the model at {model_path} was '
-                     f'trained with) does not fit the config given: {e!r}.'
-                     ) from e
+  trained = experiment_params.load_trained_config(params, path)
   differences = experiment_params.contradictions(
       experiment_params.config_leaves(trained),
       experiment_params.config_leaves(params))
@@ -550,7 +514,7 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
     ValueError: segment level and no video of `input_path` has a segment;
       `params` contradicts the model's params.yaml (`check_params`).
 
-  `output_file` is written whole or not at all (`write_atomically`): after
+  `output_file` is written whole or not at all (`core.output_files.write_atomically`): after
   any failure an existing file is as it was.
   """
   check_params(params, _model_path(saved_model, checkpoint_path))
@@ -567,7 +531,7 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
       short_last_segment=segment_short_last)
   batches = predict_batches(dataset, predictor)
   if not segment_labels:
-    count = write_atomically(
+    count = output_files.write_atomically(
         output_file, lambda out: write_video_predictions(batches, out, top_k))
   else:
     ranking = SegmentRanking(class_ids, segment_max_per_class,
@@ -582,7 +546,7 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
           f'{"a" if segment_short_last else "a full"} segment of '
           f'{data.segment_size} frames, task.validation_data.segment_size); '
           f'{output_file} not written.')
-    write_atomically(output_file, ranking.write)
+    output_files.write_atomically(output_file, ranking.write)
     logging.info('Ranked %d segments for %d classes (at most %d each).',
                  count, len(class_ids), segment_max_per_class)
   logging.info('Wrote %d %s to %s', count,
