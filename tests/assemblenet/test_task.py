@@ -135,8 +135,13 @@ def test_train_and_eval_on_two_replicas(tmp_path, mirrored):
   params.override({
       'runtime': {'distribution_strategy': 'mirrored'},
       'task': {
+          # Synchronized batch norm: without it each replica's copy of the
+          # moving statistics follows its half of every batch, the replicas
+          # evaluate with different statistics and the argmax of a
+          # near-tied clip can differ from the one-process evaluation below.
           'model': {'backbone': {'assemblenet_plus_lite': {
-              'recompute_grad': True, 'rep_flow': {'num_iter': 3}}},
+              'recompute_grad': True, 'use_sync_bn': True,
+              'rep_flow': {'num_iter': 3}}},
                     'head_filters': [16, 24]},
           'train_data': data,
           'validation_data': dict(data, global_batch_size=8),
