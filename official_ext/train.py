@@ -106,6 +106,7 @@ def run(params: config_definitions.ExperimentConfig,
   # A non-chief worker writes to a temporary directory of its own, which
   # starts with a copy of the chief's latest checkpoint (core.multiworker).
   model_dir = multiworker.worker_model_dir(strategy, model_dir)
+  configured = params  # What params.yaml records (not the per-start seed).
   if 'train' in mode:
     # A resumed run continues its data stream (core.input_files).
     params = input_files.reseed_for_start(
@@ -137,7 +138,7 @@ def run(params: config_definitions.ExperimentConfig,
   if 'train' in mode:
     # Written once the config validated and the restore succeeded. Pure eval
     # jobs do not write it: a continuous-eval job would race the train job.
-    model_dir_lib.write_params_yaml(params, model_dir, experiment)
+    model_dir_lib.write_params_yaml(configured, model_dir, experiment)
   model, _ = runner.run()
   if not getattr(model, 'inputs', None):
     logging.info(run_logging.flops_note(model))
