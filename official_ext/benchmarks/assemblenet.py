@@ -1,7 +1,8 @@
 """AssembleNet++lite speed and memory figures (`run()`), for the benchmark CLI.
 
-Figures (full run; `quick=True` uses a tiny structure at tiny sizes so the
-whole thing takes seconds):
+Figures (full run; `quick=True` uses the smallest structure,
+`QUICK_STRUCTURE`, at tiny sizes so the whole thing takes seconds: tracing
+the forward pass and the training step of both variants is most of it):
 
 * `forward_clips_per_sec`, `train_clips_per_sec`: the published network
   (Charades experiment: 157 classes, peer attention, published edge weights)
@@ -49,19 +50,27 @@ import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
 from official.core import task_factory
-from official_ext.assemblenet import structures
 from official_ext.assemblenet import task as assemblenet_task  # pylint: disable=unused-import  (registers the experiment and task)
 from official_ext.assemblenet.modeling import complexity
 from official_ext.benchmarks import timing
 
 
+# Quick runs: both stems, one fused (learned edge weights, peer attention over
+# the stems), one strided level-3 block; its original-width variant differs
+# (the fusion projects the stems to their width, 16 at 32^2).
+QUICK_STRUCTURE = [[-1, 1], [-2, 1], [3, [0, 1], [8, 8, 8], 1, 2]]
+QUICK_BLOCKS_PER_LEVEL = (1, 1, 1, 1)
+
+
 def _backbone_overrides(quick: bool, **extra) -> Dict[str, Any]:
   b = dict(extra)
   if quick:
-    b.update(model_structure=json.dumps(structures.TINY_STRUCTURE),
+    # 2 flow iterations (20 in full runs): each is unrolled in the flow's
+    # XLA program, compiled once per network.
+    b.update(model_structure=json.dumps(QUICK_STRUCTURE),
              model_edge_weights='',
-             blocks_per_level=list(structures.TINY_BLOCKS_PER_LEVEL),
-             stem_filters=8)
+             blocks_per_level=list(QUICK_BLOCKS_PER_LEVEL),
+             stem_filters=8, rep_flow={'num_iter': 2})
   return b
 
 
@@ -204,7 +213,8 @@ def run(quick: bool = False, memory: bool = True,
   """Measures the figures described in the module docstring.
 
   Args:
-    quick: tiny structure and sizes (seconds), for smoke tests.
+    quick: `QUICK_STRUCTURE`, 2 flow iterations, tiny sizes (seconds), for
+      smoke tests.
     memory: also run the 8 x 32 x 224^2 peak-RSS subprocess (minutes and
       about 10 GB of RAM in the full run).
     reference: also time the original-width architecture.
@@ -215,8 +225,8 @@ def run(quick: bool = False, memory: bool = True,
   out: Dict[str, Any] = {'quick': quick}
   cx = dict(num_classes=157)
   if quick:
-    cx.update(structure=structures.TINY_STRUCTURE,
-              blocks_per_level=structures.TINY_BLOCKS_PER_LEVEL,
+    cx.update(structure=QUICK_STRUCTURE,
+              blocks_per_level=QUICK_BLOCKS_PER_LEVEL,
               edge_weights_given=False, stem_filters=8, head_filters=(16, 24))
   out['gflops_per_clip'] = complexity.analyze(**cx).flops / 1e9
   out['gflops_per_clip_original_width'] = complexity.analyze(

@@ -15,14 +15,9 @@ from official.core import exp_factory
 from official.core import task_factory
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.assemblenet import demo_data
-from official_ext.assemblenet import structures
 from official_ext.core import eval_padding
+from tests.assemblenet import minimal
 
-_TINY_BACKBONE = {'assemblenet_plus_lite': {
-    'model_structure': str(structures.TINY_STRUCTURE),
-    'model_edge_weights': '',
-    'blocks_per_level': list(structures.TINY_BLOCKS_PER_LEVEL),
-    'stem_filters': 8, 'rep_flow': {'num_iter': 3}}}
 _LABELS = [[0, 3], [1], [2, 3]]  # Three videos, four classes.
 
 
@@ -33,7 +28,7 @@ def _task(path, multilabel, **validation):
   data = {'input_path': str(path), 'feature_shape': [4, 32, 32, 3],
           'num_classes': 4, 'global_batch_size': 2, 'min_image_size': 32}
   params.override({'task': {
-      'model': {'backbone': _TINY_BACKBONE, 'head_filters': [16, 24]},
+      'model': {'backbone': minimal.backbone(), 'head_filters': [16, 24]},
       'train_data': data, 'validation_data': dict(data, **validation)}},
                   is_strict=True)
   return task_factory.get_task(params.task)
@@ -61,14 +56,24 @@ def _evaluate(task, model):
   return out
 
 
+@pytest.fixture(scope='module')
+def model(tmp_path_factory):
+  """The model both parametrizations evaluate: the task builds the same
+  network for single- and multi-label data (4 classes; only the losses and
+  metrics differ), so it is built, and its flow compiled, once."""
+  path = tmp_path_factory.mktemp('eval_coverage') / 'unread.tfrecord'
+  tf_keras.utils.set_random_seed(1)
+  return _task(path, True, global_batch_size=4,
+               drop_remainder=True).build_model()
+
+
 @pytest.mark.parametrize('multilabel', [True, False])
-def test_static_batch_larger_than_the_validation_set(tmp_path, multilabel):
+def test_static_batch_larger_than_the_validation_set(tmp_path, multilabel,
+                                                     model):
   path = tmp_path / 'valid.tfrecord'
   _write(path, multilabel)
   padded = _task(path, multilabel, global_batch_size=4, drop_remainder=True)
   small = _task(path, multilabel, global_batch_size=2, drop_remainder=False)
-  tf_keras.utils.set_random_seed(1)
-  model = padded.build_model()
   out_padded, out_small = _evaluate(padded, model), _evaluate(small, model)
   keys = ['map'] if multilabel else ['accuracy', 'top_5_accuracy']
   assert set(keys + ['total_loss', 'model_loss']) <= set(out_padded)

@@ -14,15 +14,17 @@ from official.core import task_factory
 from official_ext import export_saved_model
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import export
+from tests.assemblenet import minimal
 
 
 def _params(tmp_path):
+  # The minimal network (peer attention, as the demo): exporting traces every
+  # layer's call and the serving function, loading restores them all.
   params = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
   data = {'tfds_name': 'moving_shapes/tiny', 'feature_shape': [4, 32, 32, 3],
           'global_batch_size': 2}
   params.override({'task': {
-      'model': {'backbone': {'assemblenet_plus_lite': {
-          'rep_flow': {'num_iter': 3}}}, 'head_filters': [16, 24]},
+      'model': {'backbone': minimal.backbone(), 'head_filters': [16, 24]},
       'train_data': data, 'validation_data': data,
       'demo_data': {'data_dir': str(tmp_path / 'tfds')}}}, is_strict=True)
   params.validate()

@@ -7,6 +7,7 @@ import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
 from official.core import task_factory
+from official.vision.modeling.backbones import factory as backbone_factory
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.assemblenet import structures
 from official_ext.assemblenet.modeling import assemblenet_plus_lite as anet
@@ -21,20 +22,53 @@ def _count(variables):
 
 
 def _tiny(attention_mode='peer', edge_weights=None, **kwargs):
+  # Two flow iterations: shapes and variables do not depend on their number
+  # (each is an unrolled step of the flow's XLA program, ~0.4 s to compile).
+  kwargs.setdefault('rep_flow_options', {'num_iter': 2})
   return anet.AssembleNetPlusLite(
       structures.TINY_STRUCTURE, edge_weights, structures.TINY_BLOCKS_PER_LEVEL,
       input_specs=tf_keras.layers.InputSpec(shape=[None, T, S, S, 3]),
       stem_filters=8, attention_mode=attention_mode, **kwargs)
 
 
-@pytest.mark.parametrize('attention_mode', [None, 'self', 'peer'])
-def test_output_shapes(attention_mode):
-  backbone = _tiny(attention_mode)
+NUM_CLASSES = 7
+HEAD_FILTERS = (16, 24)
+
+
+@pytest.fixture(scope='module')
+def tiny_models():
+  """`get(attention_mode, given)`: (backbone, model), each built once per
+  module: the tiny backbone (edge weights `_tiny_edge_weights()` if `given`,
+  else learned) and a model on it (NUM_CLASSES classes, HEAD_FILTERS, average
+  pooling, dropout 0.3). Tests only read their variables or call them (which
+  moves nothing but batch-norm moving statistics)."""
+  cache = {}
+
+  def get(attention_mode, given):
+    key = (attention_mode, given)
+    if key not in cache:
+      backbone = _tiny(attention_mode, _tiny_edge_weights() if given else None)
+      cache[key] = backbone, anet.AssembleNetPlusLiteModel(
+          backbone, num_classes=NUM_CLASSES, head_filters=HEAD_FILTERS,
+          dropout_rate=0.3)
+    return cache[key]
+
+  return get
+
+
+# 'self' with given edge weights, the others learn them: the forward pass of
+# both kinds of fusion weights (and the models are shared with the parameter
+# counts below).
+@pytest.mark.parametrize('attention_mode, given', [
+    (None, False), ('self', True), ('peer', False)])
+def test_output_shapes(tiny_models, attention_mode, given):
+  backbone, average_pooled = tiny_models(attention_mode, given)
   clips = tf.random.uniform([2, T, S, S, 3])
   for max_pool_predictions in (False, True):
-    model = anet.AssembleNetPlusLiteModel(
-        backbone, num_classes=7, head_filters=(16, 24),
-        max_pool_predictions=max_pool_predictions, dropout_rate=0.3)
+    model = average_pooled if not max_pool_predictions else (
+        anet.AssembleNetPlusLiteModel(
+            backbone, num_classes=NUM_CLASSES, head_filters=HEAD_FILTERS,
+            max_pool_predictions=True, dropout_rate=0.3))
     logits = model({'image': clips}, training=True)
     assert logits.shape == (2, 7) and logits.dtype == tf.float32
     assert np.all(np.isfinite(logits.numpy()))
@@ -138,10 +172,10 @@ def _tiny_edge_weights():
   return weights
 
 
-def test_fixed_vs_trainable_edge_weights():
+def test_fixed_vs_trainable_edge_weights(tiny_models):
   weights = _tiny_edge_weights()
-  learned = _tiny('peer', None)
-  fixed = _tiny('peer', weights)
+  learned, _ = tiny_models('peer', False)
+  fixed, _ = tiny_models('peer', True)
   multi_input = [i for i, n in enumerate(structures.TINY_STRUCTURE)
                  if n[0] >= 0 and len(n[1]) > 1]
   agg = lambda m, trainable: [  # pylint: disable=g-long-lambda
@@ -185,12 +219,27 @@ def test_fusion_pools_weights_and_projects():
   assert sorted(orig._projections) == ['4', '6']
 
 
-def _charades_model(**backbone_overrides):
+def _charades_params(**backbone_overrides):
   params = exp_factory.get_exp_config('assemblenet_plus_lite_charades')
   params.override({'task': {'model': {'backbone': {
       'assemblenet_plus_lite': backbone_overrides}}}}, is_strict=True)
-  task = task_factory.get_task(params.task)
-  return task.build_model()
+  return params
+
+
+def _charades_model(**backbone_overrides):
+  params = _charades_params(**backbone_overrides)
+  return task_factory.get_task(params.task).build_model()
+
+
+def _charades_backbone(**backbone_overrides):
+  """The backbone alone, as the model builder makes it (Model Garden's
+  backbone factory): the model calls the backbone again to wire the head to
+  it, which adds ~40 % to the backbone's build time."""
+  task = _charades_params(**backbone_overrides).task
+  return backbone_factory.build_backbone(
+      input_specs=tf_keras.layers.InputSpec(
+          shape=[None] + list(task.train_data.feature_shape)),
+      backbone_config=task.model.backbone, norm_activation_config=None)
 
 
 def test_published_parameter_counts():
@@ -217,13 +266,19 @@ def test_published_parameter_counts():
   assert original.params == 50_108_773
   assert original.fusion_widths[2:] == [112] * 8 + [14]
   assert round(original.flops / 1e9, 1) == 394.1
+  # Building the network is graph construction (~17,000 ops; no forward
+  # pass over a clip): its time (~25 s per network on 2 idle cores) does not
+  # depend on the clip size, so the published 32 x 224^2 clip, which the
+  # original's count needs, costs nothing extra.
+  head = 192 * 432 + 2 * 432 + 432 * 2048 + 2 * 2048 + 2048 * 157 + 157
   model = _charades_model()
+  assert model.backbone.input_shape == (None, 32, 224, 224, 3)
   assert _count(model.trainable_variables) == intended.params
-  assert _count(model.backbone.trainable_variables) == (
-      intended.params - (192 * 432 + 2 * 432 + 432 * 2048 + 2 * 2048 +
-                         2048 * 157 + 157))
-  model = _charades_model(fusion_width_as_channels=True)
-  assert _count(model.trainable_variables) == original.params
+  assert _count(model.backbone.trainable_variables) == intended.params - head
+  # The head does not depend on the fusion: the original's backbone alone.
+  backbone = _charades_backbone(fusion_width_as_channels=True)
+  assert backbone.input_shape == (None, 32, 224, 224, 3)
+  assert _count(backbone.trainable_variables) == original.params - head
   # The original's count depends on the resolution; the intended one not.
   assert complexity.analyze(fusion_width_as_channels=True, height=112,
                             width=112).params == 50_042_413
@@ -232,15 +287,14 @@ def test_published_parameter_counts():
 
 @pytest.mark.parametrize('attention_mode, given', [
     (None, False), ('self', True), ('peer', False), ('peer', True)])
-def test_tiny_model_matches_analytic_count(attention_mode, given):
-  weights = _tiny_edge_weights() if given else None
-  model = anet.AssembleNetPlusLiteModel(_tiny(attention_mode, weights), 5,
-                                        head_filters=(16, 24))
+def test_tiny_model_matches_analytic_count(tiny_models, attention_mode,
+                                          given):
+  _, model = tiny_models(attention_mode, given)
   expected = complexity.analyze(
       structures.TINY_STRUCTURE, structures.TINY_BLOCKS_PER_LEVEL,
       edge_weights_given=given, attention_mode=attention_mode,
-      num_frames=T, height=S, width=S, num_classes=5, stem_filters=8,
-      head_filters=(16, 24))
+      num_frames=T, height=S, width=S, num_classes=NUM_CLASSES,
+      stem_filters=8, head_filters=HEAD_FILTERS)
   assert _count(model.trainable_variables) == expected.params
 
 
@@ -274,12 +328,27 @@ def _moving_pattern(shift, frames=3, size=24):
   return tf.constant(v[None])
 
 
+_SHIFTS = [(0, 1), (0, -1), (1, 0), (-1, 0)]
+
+
+@pytest.fixture(scope='module')
+def known_motion_flow():
+  """The default flow layer (20 iterations) and its flow of every pattern of
+  `_SHIFTS`, in one batch: the layer rescales each clip by its own extremes,
+  so a clip's flow does not depend on its batch (checked below), and one
+  batch compiles the layer's XLA program once."""
+  layer = anet_layers.RepresentationFlow(num_iter=20)
+  clips = tf.concat([_moving_pattern(shift) for shift in _SHIFTS], axis=0)
+  return layer, layer(clips).numpy()
+
+
 @pytest.mark.parametrize('shift, axis, sign', [
     ((0, 1), 0, 1), ((0, -1), 0, -1), ((1, 0), 1, 1), ((-1, 0), 1, -1)])
-def test_rep_flow_known_motion(shift, axis, sign):
-  layer = anet_layers.RepresentationFlow(num_iter=20)
-  flow = layer(_moving_pattern(shift)).numpy()
-  assert flow.shape == (1, 3, 24, 24, 2)
+def test_rep_flow_known_motion(known_motion_flow, shift, axis, sign):
+  layer, flows = known_motion_flow
+  assert flows.shape == (len(_SHIFTS), 3, 24, 24, 2)
+  i = _SHIFTS.index(shift)
+  flow = flows[i:i + 1]
   np.testing.assert_array_equal(flow[:, -1], flow[:, -2])  # last repeated
   component = flow[0, 0, :, :, axis]
   other = flow[0, 0, :, :, 1 - axis]
@@ -302,7 +371,7 @@ def test_rep_flow_trainable_options_and_still_frames():
 # tests/assemblenet/test_recompute.py.
 
 
-def test_layer_configs_round_trip():
+def test_layer_configs_round_trip(tiny_models):
   for layer in [
       anet_layers.BatchNormRelu(relu=False, init_zero=True, bn_decay=0.9),
       anet_layers.RepresentationFlow(num_iter=3, train_hyper=True),
@@ -314,7 +383,7 @@ def test_layer_configs_round_trip():
     config = layer.get_config()
     clone = type(layer).from_config(config)
     assert clone.get_config() == config
-  backbone = _tiny('self')
+  backbone, _ = tiny_models('self', True)  # Edge weights in the config too.
   clone = anet.AssembleNetPlusLite.from_config(backbone.get_config())
   assert _count(clone.trainable_variables) == _count(
       backbone.trainable_variables)
@@ -325,9 +394,11 @@ def test_rep_flow_of_a_clip_does_not_depend_on_its_batch():
   clip = tf.constant(rng.uniform(0, 100, [1, 3, 12, 12, 3]), tf.float32)
   other = tf.constant(rng.uniform(0, 255, [1, 3, 12, 12, 3]), tf.float32)
   batch = tf.concat([clip, other], axis=0)
-  per_clip = anet_layers.RepresentationFlow(num_iter=3)
+  # Two iterations: every term of the scheme (the dual variables enter the
+  # flow from the second one on); each shape is an XLA compilation.
+  per_clip = anet_layers.RepresentationFlow(num_iter=2)
   np.testing.assert_allclose(per_clip(batch)[:1], per_clip(clip),
                              rtol=1e-5, atol=1e-5)
   # The original rescales by the batch's min/max: the other clip changes it.
-  original = anet_layers.RepresentationFlow(num_iter=3, rescale_per_batch=True)
+  original = anet_layers.RepresentationFlow(num_iter=2, rescale_per_batch=True)
   assert np.abs(original(batch)[:1] - original(clip)).max() > 1e-2

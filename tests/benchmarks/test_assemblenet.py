@@ -42,8 +42,15 @@ def test_quick_run_figures_are_consistent():
   # The sizes asked for.
   assert benchmark.QUICK_SPEED == (1, 4, 32)
   assert f['bench_size'] == '1x4x32^2'
-  tiny = dict(structure=structures.TINY_STRUCTURE,
-              blocks_per_level=structures.TINY_BLOCKS_PER_LEVEL,
+  # The smallest structure (both stems fused, one level-3 block): tracing
+  # both variants' forward pass and training step is most of this test.
+  assert benchmark.QUICK_STRUCTURE == [
+      [-1, 1], [-2, 1], [3, [0, 1], [8, 8, 8], 1, 2]]
+  structures.validate_structure(
+      benchmark.QUICK_STRUCTURE,
+      blocks_per_level=benchmark.QUICK_BLOCKS_PER_LEVEL)
+  tiny = dict(structure=benchmark.QUICK_STRUCTURE,
+              blocks_per_level=benchmark.QUICK_BLOCKS_PER_LEVEL,
               edge_weights_given=False, stem_filters=8, head_filters=(16, 24),
               num_classes=157)
   assert f['gflops_per_clip'] == complexity.analyze(**tiny).flops / 1e9
