@@ -87,16 +87,31 @@ def _loops(records):
 
 
 @pytest.fixture(scope='module')
-def joint_run(tmp_path_factory):
+def cache(tmp_path_factory):
+  """The demo data cache of every test here (each dataset generated once)."""
+  return tmp_path_factory.mktemp('joint_cache')
+
+
+@pytest.fixture(scope='module')
+def joint_run(tmp_path_factory, cache):
   """(cache, model_dir, params, model, final metrics) of a 4-step run."""
   root = tmp_path_factory.mktemp('joint')
-  params = _params(root / 'cache')
+  params = _params(cache)
   tf_keras.utils.set_random_seed(1)
   model, logs = train.run(params, 'train_and_eval', str(root / 'model'))
-  return root / 'cache', str(root / 'model'), params, model, logs
+  return cache, str(root / 'model'), params, model, logs
 
 
-def test_joint_train_eval_and_graft(joint_run):
+@pytest.fixture(scope='module')
+def train_batches(cache):
+  """{routine: its first training batch} of `_params` (each input pipeline
+  costs seconds to build)."""
+  multi = task_factory.get_task(_params(cache).task)
+  return {name: next(iter(task.build_inputs(task.task_config.train_data)))
+          for name, task in multi.tasks.items()}
+
+
+def test_joint_train_eval_and_graft(joint_run, train_batches):
   _, model_dir, params, model, logs = joint_run
   readout_sub = model.sub_tasks['readout']
   yt8m_sub = model.sub_tasks['yt8m']
@@ -111,8 +126,7 @@ def test_joint_train_eval_and_graft(joint_run):
   readout_config = params.task.task_routines[0].task_config
   single = readout_model.graft_single_task_head(readout_config, 'wheel_speed',
                                                 model_dir)
-  task = readout_task.ReadoutTask(readout_config)
-  batch = next(iter(task.build_inputs(readout_config.validation_data)))
+  batch = train_batches['readout']
   np.testing.assert_allclose(single(batch)['wheel_speed'],
                              readout_sub(batch)['wheel_speed'], atol=1e-5)
 
@@ -151,8 +165,8 @@ def test_joint_run_resumes_from_the_newest_checkpoint(joint_run, tmp_path,
   assert 'readout/training_loss' in logs and 'yt8m/training_loss' in logs
 
 
-def test_batch_check_names_the_routine_key(tmp_path, mirrored):
-  params = _params(tmp_path / 'cache')
+def test_batch_check_names_the_routine_key(tmp_path, cache, mirrored):
+  params = _params(cache)
   params.task.task_routines[1].task_config.train_data.global_batch_size = 7
   with pytest.raises(ValueError, match=re.escape(
       'task.task_routines[1].task_config.train_data.global_batch_size=7 does '
@@ -165,17 +179,17 @@ def _yt8m_alone(cache_dir, **kwargs):
   return _params(cache_dir, routines=[('video', _yt8m(cache_dir))], **kwargs)
 
 
-def test_yt8m_alone_on_the_token_encoder(tmp_path):
-  params = _yt8m_alone(tmp_path / 'cache', train_steps=2)
+def test_yt8m_alone_on_the_token_encoder(tmp_path, cache):
+  params = _yt8m_alone(cache, train_steps=2)
   model, logs = train.run(params, 'train', str(tmp_path / 'model'))
   assert list(model.sub_tasks) == ['video']
   assert model.sub_tasks['video'].encoder is model.encoder
   assert np.isfinite(logs['video/training_loss'])
 
 
-def test_non_finite_loss_stops_a_joint_run(tmp_path):
+def test_non_finite_loss_stops_a_joint_run(tmp_path, cache):
   params = _yt8m_alone(
-      tmp_path / 'cache', train_steps=8, steps_per_loop=4,
+      cache, train_steps=8, steps_per_loop=4,
       summary_interval=4, checkpoint_interval=4,
       optimizer_config={
           'learning_rate': {'type': 'stepwise', 'stepwise': {
@@ -198,10 +212,9 @@ def test_non_finite_loss_stops_a_joint_run(tmp_path):
                if dtype.is_floating)
 
 
-def test_two_readout_routines_interleaved(tmp_path):
+def test_two_readout_routines_interleaved(tmp_path, cache):
   """Two readout tasks (two datasets) on one encoder, Model Garden's
   interleaving trainer: each step trains one task, sampled uniformly."""
-  cache = tmp_path / 'cache'
   params = _params(cache, train_steps=4, trainer_type='interleaving',
                    steps_per_loop=4, summary_interval=4,
                    checkpoint_interval=4,
@@ -237,10 +250,10 @@ def _sum_sq(variables):
 
 
 def test_total_loss_is_the_hand_sum_of_task_losses_and_regularization(
-    tmp_path):
+    train_batches, cache):
   """total = 0.7 readout + 1.3 yt8m + each L2 term once, and one SGD step
   moves every variable by the gradient of that hand-computed sum."""
-  params = _params(tmp_path / 'cache')
+  params = _params(cache)
   params.task.gradient_clip_norm = 0.0
   params.task.model.encoder_l2_weight_decay = 0.2
   readout, yt8m = params.task.task_routines
@@ -249,8 +262,7 @@ def test_total_loss_is_the_hand_sum_of_task_losses_and_regularization(
   tf_keras.utils.set_random_seed(2)
   multi = task_factory.get_task(params.task)
   model = multi.build_multitask_model()
-  inputs = {name: next(iter(task.build_inputs(task.task_config.train_data)))
-            for name, task in multi.tasks.items()}
+  inputs = dict(train_batches)  # `_params`' batches: the same data configs.
   readout_sub, yt8m_sub = model.sub_tasks['readout'], model.sub_tasks['yt8m']
   encoder = model.encoder.trainable_variables
   tvars = model.trainable_variables
@@ -303,8 +315,8 @@ def test_total_loss_is_the_hand_sum_of_task_losses_and_regularization(
     ({'type': 'moe', 'moe': {'num_mixtures': 3}},
      {'head/gate/kernel': (8, 5 * 4), 'head/expert/kernel': (8, 5 * 3)}),
 ])
-def test_yt8m_head_and_l2_follow_the_yt8m_task_config(tmp_path, head, shapes):
-  params = _yt8m_alone(tmp_path / 'cache')
+def test_yt8m_head_and_l2_follow_the_yt8m_task_config(cache, head, shapes):
+  params = _yt8m_alone(cache)
   task = params.task.task_routines[0].task_config
   task.model.head.override(head)
   task.losses.l2_weight_decay = 0.3

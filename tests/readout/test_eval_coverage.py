@@ -49,9 +49,16 @@ def _params(cache_dir):
 
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
-  """(params, model_dir): one training step, checkpointed."""
+  """(params, model_dir): one training step, checkpointed.
+
+  The step runs eagerly (`trainer.train_tf_function` false): the evaluations
+  only need a checkpoint, and tracing a training step costs ~10x running it.
+  The evaluations run in graphs, as configured.
+  """
   root = tmp_path_factory.mktemp('readout_eval')
   params = _params(root / 'cache')
+  params.override({'trainer': {'train_tf_function': False,
+                               'train_tf_while_loop': False}}, is_strict=True)
   tf_keras.utils.set_random_seed(3)
   train.run(params, 'train', str(root / 'model'))
   return params, str(root / 'model')
@@ -64,12 +71,25 @@ def _evaluate(params, model_dir, strategy=None, **validation):
   return logs
 
 
-def test_static_batch_larger_than_the_validation_set(trained):
+# As readout_tpu.yaml: a static batch larger than the validation set
+# (drop_remainder, fixed token and query counts).
+_TPU = dict(global_batch_size=64, drop_remainder=True, max_input_tokens=24,
+            max_queries=40)
+
+
+@pytest.fixture(scope='module')
+def tpu_one_device(trained):
+  """The one-device evaluation with `_TPU` batches (two tests compare
+  with it)."""
+  params, model_dir = trained
+  return _evaluate(params, model_dir, **_TPU)
+
+
+def test_static_batch_larger_than_the_validation_set(trained, tpu_one_device):
   """As readout_tpu.yaml (batch > trials, drop_remainder, fixed sizes): every
   trial is evaluated, and the metrics equal a small-batch run's."""
   params, model_dir = trained
-  tpu = _evaluate(params, model_dir, global_batch_size=64,
-                  drop_remainder=True, max_input_tokens=24, max_queries=40)
+  tpu = tpu_one_device
   small = _evaluate(params, model_dir, global_batch_size=8,
                     drop_remainder=False)
   keys = sorted(k for k in small if '/' in k)
@@ -97,14 +117,12 @@ def test_empty_validation_set_is_an_error_naming_it(trained, tmp_path,
               drop_remainder=drop_remainder)
 
 
-def test_static_batch_on_two_replicas(trained, mirrored):
+def test_static_batch_on_two_replicas(trained, tpu_one_device, mirrored):
   """Two replicas: the padded pipeline gives every replica a batch at every
   step (one of them all padding here); the metrics are one device's."""
   params, model_dir = trained
-  kwargs = dict(global_batch_size=64, drop_remainder=True,
-                max_input_tokens=24, max_queries=40)
-  one = _evaluate(params, model_dir, **kwargs)
-  two = _evaluate(params, model_dir, strategy=mirrored, **kwargs)
+  one = tpu_one_device
+  two = _evaluate(params, model_dir, strategy=mirrored, **_TPU)
   assert int(two['num_examples']) == _NUM_VALIDATION
   keys = sorted(k for k in one if '/' in k)
   assert keys == sorted(k for k in two if '/' in k)

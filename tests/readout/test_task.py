@@ -84,7 +84,13 @@ def _half(batch, i):
   return {k: v[2 * i:2 * i + 2] for k, v in batch.items()}
 
 
-def _updated_weights(task, strategy, per_replica_batches, initial):
+def _updated_weights(task, strategy, per_replica_batches, initial,
+                     graph=True):
+  """Weights and per-replica losses after one `task.train_step`.
+
+  `graph`: run the step in a `tf.function`, as the trainer does; False runs
+  it eagerly (one device only: tracing the step costs ~10x its eager run).
+  """
   with strategy.scope():
     model = task.build_model()
     model.set_weights(initial)
@@ -93,11 +99,10 @@ def _updated_weights(task, strategy, per_replica_batches, initial):
       lambda ctx: {k: tf.constant(v) for k, v in
                    per_replica_batches[ctx.replica_id_in_sync_group].items()})
 
-  @tf.function
   def step(inputs):
     return strategy.run(task.train_step, args=(inputs, model, optimizer))
 
-  logs = step(inputs)
+  logs = (tf.function(step) if graph else step)(inputs)
   loss = strategy.experimental_local_results(logs['loss'])
   return [v.numpy() for v in model.trainable_variables], [float(l)
                                                            for l in loss]
@@ -131,8 +136,11 @@ def test_two_replica_update_equals_one_device(mirrored, batching, clip_norm):
     grads, _ = tf.clip_by_global_norm(grads, clip_norm)
   expected = [b - g.numpy() for b, g in zip(before, grads)]
 
+  # One device eagerly (the end-to-end tests run it in the trainer's graph);
+  # two replicas in a graph, as the trainer runs them.
   one, one_loss = _updated_weights(
-      task, tf.distribute.OneDeviceStrategy('/cpu:0'), [batch], initial)
+      task, tf.distribute.OneDeviceStrategy('/cpu:0'), [batch], initial,
+      graph=False)
   two, two_loss = _updated_weights(task, mirrored, halves, initial)
   assert one_loss[0] == pytest.approx(float(loss), rel=1e-5)
   assert two_loss == pytest.approx([float(loss)] * 2, rel=1e-5)

@@ -7,7 +7,6 @@ from official.core import exp_factory
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
 from official_ext.readout import configs
-from official_ext.readout import dataloader
 from official_ext.readout import demo_data
 from official_ext.readout import task as task_lib
 
@@ -42,17 +41,46 @@ def _run(params, model_dir, strategy):
                    strategy=strategy)
 
 
-def test_mirrored_two_replicas_matches_one_device(tmp_path, capsys, mirrored):
+@pytest.fixture(scope='module')
+def cache(tmp_path_factory):
+  """The demo data cache of the tests here (generated once)."""
+  return tmp_path_factory.mktemp('readout_cache')
+
+
+@pytest.fixture(scope='module')
+def validation_batch(cache):
+  """The first validation batch of `_params(cache)` (padded queries), for
+  two tests (an input pipeline costs seconds to build)."""
+  params = _params(cache)
+  task = task_lib.ReadoutTask(params.task)
+  return next(iter(task.build_inputs(params.task.validation_data)))
+
+
+def test_mirrored_two_replicas_matches_one_device(tmp_path, capsys, mirrored,
+                                                  cache, validation_batch):
   """train.run (train + eval) under 2 replicas equals one device.
 
   Training uses chained (varlen) queries, so replicas hold different numbers
   of queries (and sparse task-embedding gradients of different sizes);
   evaluation uses padded queries. Clipping is active.
+
+  Two steps, without the demo's warmup (its first steps have a learning rate
+  of ~3e-5, which moves Adam's weights by less than the tolerance): each
+  step moves a weight by ~0.01, so a different update on two replicas (e.g.
+  each replica clipping its own gradient) shows in the weights. The
+  one-device reference trains eagerly (`trainer.train_tf_function` false:
+  tracing the training step costs ~10x running it twice); both evaluate in
+  graphs, and the two replicas train in one, as configured.
   """
-  params = _params(tmp_path / 'cache', 'varlen')
+  params = _params(cache, 'varlen', train_steps=2)
   params.task.validation_data.batching = 'padded'
   params.task.gradient_clip_norm = 0.5
-  one_model, one = _run(params, tmp_path / 'one',
+  params.override({'trainer': {'optimizer_config': {
+      'learning_rate': {'cosine': {'initial_learning_rate': 0.01}},
+      'warmup': {'type': None}}}}, is_strict=True)
+  reference = params.replace(trainer=params.trainer.replace(
+      train_tf_function=False, train_tf_while_loop=False))
+  one_model, one = _run(reference, tmp_path / 'one',
                         tf.distribute.OneDeviceStrategy('/cpu:0'))
   two_model, two = _run(params, tmp_path / 'two',
                         mirrored)
@@ -68,28 +96,27 @@ def test_mirrored_two_replicas_matches_one_device(tmp_path, capsys, mirrored):
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-3, atol=1e-5,
                                err_msg=a.name)
   out = capsys.readouterr().out
-  assert 'Readout evaluation at step 6' in out and 'trial_events' in out
+  assert 'Readout evaluation at step 2' in out and 'trial_events' in out
   # A head grafted out of the trainer's checkpoint predicts like the model.
   single = task_lib.ReadoutTask(params.task).build_single_task_model(
       'paw_speed', str(tmp_path / 'two'))
-  batch = next(iter(task_lib.ReadoutTask(params.task).build_inputs(
-      params.task.validation_data)))
+  # The validation batch of these params (their validation data is
+  # `_params(cache)`'s).
+  batch = validation_batch
   np.testing.assert_allclose(single(batch)['paw_speed'],
                              one_model(batch)['paw_speed'], rtol=1e-3,
                              atol=1e-4)
 
 
-def test_demo_data_is_deterministic_and_valid(tmp_path):
+def test_demo_data_is_deterministic_and_valid(validation_batch):
   a = list(demo_data.generate_trials(5, seed=1, split_id=1))
   b = list(demo_data.generate_trials(5, seed=1, split_id=1))
   c = list(demo_data.generate_trials(5, seed=1, split_id=2))
   assert a == b and a != c
-  path = str(tmp_path / 'demo.tfrecord')
-  dataloader.write_records(path, a)
-  data = configs.DataConfig(input_path=path, global_batch_size=5,
-                            input_dim=configs.DEMO_INPUT_DIM)
-  (batch,) = list(dataloader.build_dataset(data, configs.DEMO_READOUTS,
-                                           configs.DEMO_VOCABULARY))
+  # Generated trials pass the dataloader's checks: a batch of 16 of the
+  # generated validation split (`ensure_demo_data`), read by the dataloader.
+  batch = validation_batch
+  assert batch['input_values'].shape[0] == 16
   index = batch['output_readout_index'].numpy()
   # Every one of the eight readouts has queries; choice and reward once per
   # trial.
@@ -122,8 +149,9 @@ def test_demo_trial_noise_is_a_parameter_of_the_data(tmp_path):
   assert demo_data.demo_data_params(config) != key
 
 
-def test_static_shapes_give_the_same_losses_and_metrics(tmp_path):
-  params = _params(tmp_path / 'cache', 'padded')
+def test_static_shapes_give_the_same_losses_and_metrics(cache,
+                                                        validation_batch):
+  params = _params(cache, 'padded')
   task = task_lib.ReadoutTask(params.task)
   dynamic = task.build_model()
   static_config = params.task.replace(model=params.task.model.replace(
@@ -131,7 +159,7 @@ def test_static_shapes_give_the_same_losses_and_metrics(tmp_path):
   static_task = task_lib.ReadoutTask(static_config)
   static = static_task.build_model()
   static.set_weights(dynamic.get_weights())
-  batch = next(iter(task.build_inputs(params.task.validation_data)))
+  batch = validation_batch
   results = []
   for t, model in ((task, dynamic), (static_task, static)):
     _, global_losses, _ = t.compute_losses(batch, model, training=False)
