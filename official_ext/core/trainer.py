@@ -271,14 +271,21 @@ def create_multitask_trainer(
                      f'{type(params.task).__name__}.')
   model = task.build_multitask_model()
   optimizer = train_utils.create_optimizer(task, params)
+  # As Model Garden's single-task trainer reads them (Model Garden's
+  # multitask runner passes none, so the two fields had no effect there).
+  options = orbit.StandardTrainerOptions(
+      use_tf_function=params.trainer.train_tf_function,
+      use_tf_while_loop=params.trainer.train_tf_while_loop)
   if train and trainer_type == 'interleaving':
     trainer = MultiTaskInterleavingTrainer(
         multi_task=task, multi_task_model=model, optimizer=optimizer,
         task_sampler=task_sampler.get_task_sampler(
-            params.trainer.task_sampler, task.task_weights))
+            params.trainer.task_sampler, task.task_weights),
+        trainer_options=options)
   else:
     trainer = MultiTaskTrainer(multi_task=task, multi_task_model=model,
-                               optimizer=optimizer, train=train)
+                               optimizer=optimizer, train=train,
+                               trainer_options=options)
   if evaluate:
     trainer.attach_evaluator(multitask_evaluator.MultiTaskEvaluator(
         eval_tasks=list(task.tasks.values()), model=model,
