@@ -237,6 +237,16 @@ class YT8MTask(cfg.TaskConfig):
   """The YouTube-8M task.
 
   Attributes:
+    init_checkpoint: a checkpoint (prefix, or a directory: its latest) to
+      start training from, as Model Garden's tasks do: loaded only when
+      model_dir has no checkpoint of its own (a restarted run resumes from
+      model_dir). '' trains from scratch.
+    init_checkpoint_modules: what `init_checkpoint` initializes: 'all' (every
+      model variable: the config must match) or 'backbone' (the backbone
+      only; the head starts fresh, e.g. for another label set or number of
+      classes). The restore is strict for the modules named: a variable
+      missing from the checkpoint, or of another shape, is an error naming
+      it. The log lists the variables restored.
     gradient_clip_norm: clip gradients by this global norm (<= 0: off).
     demo_data: generated data used when an `input_path` is empty.
     jit_compile: XLA-compile each training step's forward and backward pass
@@ -254,6 +264,7 @@ class YT8MTask(cfg.TaskConfig):
   evaluation: Evaluation = dataclasses.field(
       default_factory=lambda: Evaluation(  # pylint: disable=g-long-lambda
           average_precision=AveragePrecisionConfig()))
+  init_checkpoint_modules: str = 'all'
   gradient_clip_norm: float = 1.0
   demo_data: DemoDataConfig = dataclasses.field(default_factory=DemoDataConfig)
   jit_compile: bool = True

@@ -9,6 +9,7 @@ from official.core import base_task
 from official.core import task_factory
 from official.modeling import tf_utils
 from official_ext.core import bad_records
+from official_ext.core import checkpoints
 from official_ext.core import eval_padding
 from official_ext.core import gradients
 from official_ext.core import multiworker
@@ -19,6 +20,9 @@ from official_ext.yt8m import metrics as yt8m_metrics
 from official_ext.yt8m.modeling import model as yt8m_model
 
 _AP_KEY = 'average_precision'
+# task.init_checkpoint_modules -> the model's checkpoint items restored
+# (None: the whole model).
+_INIT_MODULES = {'all': None, 'backbone': ('backbone',)}
 
 
 @task_factory.register_task_cls(configs.YT8MTask)
@@ -66,6 +70,42 @@ class YT8MTask(base_task.Task):
                  len(model.trainable_variables),
                  sum(int(np.prod(v.shape)) for v in model.trainable_variables))
     return model
+
+  def initialize(self, model: tf_keras.Model):
+    """Loads `task.init_checkpoint` (fine-tuning, transfer).
+
+    Called by the checkpoint manager only when model_dir has no checkpoint,
+    so a restarted run resumes from its own checkpoint instead. The restore
+    (`core.checkpoints.restore_modules`) is strict for the modules of
+    `task.init_checkpoint_modules`: a missing or reshaped variable there is
+    an error naming it (e.g. 'all' with another number of classes names the
+    head's variables); entries of other modules are ignored.
+
+    Args:
+      model: the model of `build_model`, variables created.
+
+    Raises:
+      ValueError: `init_checkpoint_modules` is neither 'all' nor 'backbone',
+        `init_checkpoint` holds no checkpoint, or the checkpoint does not
+        match the modules named.
+    """
+    path = self.task_config.init_checkpoint
+    if not path:
+      return
+    modules = self.task_config.init_checkpoint_modules
+    if modules not in _INIT_MODULES:
+      raise ValueError(
+          f'task.init_checkpoint_modules={modules!r}: expected one of '
+          f'{list(_INIT_MODULES)} (with task.init_checkpoint={path!r}).')
+    prefix, restored = checkpoints.restore_modules(
+        model, path, _INIT_MODULES[modules], key='task.init_checkpoint')
+    fresh = sorted(set(getattr(model, 'checkpoint_items', {})) -
+                   set(_INIT_MODULES[modules] or
+                       getattr(model, 'checkpoint_items', {})))
+    logging.info(
+        'task.init_checkpoint: initialized %s from %s (%d variables: %s)%s.',
+        modules, prefix, len(restored), ', '.join(restored),
+        f'; freshly initialized: {", ".join(fresh)}' if fresh else '')
 
   # -- data ------------------------------------------------------------------
   def _resolve_input_path(self, params: configs.DataConfig
