@@ -49,10 +49,15 @@ class DataConfig(cfg.DataConfig):
     label_field: context feature holding the video-level label ids.
     max_frames: frames kept per video; longer videos are cut, shorter ones
       padded with zeros (the true count is returned as `num_frames`).
-    num_sample_frames: in training, number of frames sampled per video (random
-      frames or a random window, see `sample_random_frames`); the model then
-      sees exactly this many valid frames. None: no sampling, videos padded to
-      `max_frames`. Evaluation never samples.
+    num_sample_frames: number of frames sampled per video (random frames or
+      a random window of the first `max_frames`, see `sample_random_frames`);
+      the model then sees exactly this many valid frames. None: no sampling,
+      videos padded to `max_frames`. In training a new sample every epoch. In
+      evaluation (`validation_data`; off by default) as Model Garden's YT8M
+      input does it, but deterministic: each video's sample is seeded by
+      `seed` and its video id, so every evaluation of a checkpoint sees the
+      same frames whatever the file order, sharding or batch size. Segment
+      mode never samples.
     sample_random_frames: True samples frames uniformly at random (sorted in
       time); False samples a random window of consecutive frames.
     input_per_feature_l2_norm: L2-normalize each feature block of each frame

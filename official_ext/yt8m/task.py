@@ -216,11 +216,10 @@ class YT8MTask(base_task.Task):
     return logs
 
   # -- steps -----------------------------------------------------------------
-  def _model_inputs(self, inputs, data_config: configs.DataConfig,
-                    training: bool):
-    # With frame sampling (training, video level) every frame is valid: skip
-    # the mask. Segment mode never samples: its segments end in padding.
-    sampled = (training and data_config.num_sample_frames is not None and
+  def _model_inputs(self, inputs, data_config: configs.DataConfig):
+    # With frame sampling (video level) every frame is valid: skip the mask.
+    # Segment mode never samples: its segments end in padding.
+    sampled = (data_config.num_sample_frames is not None and
                not data_config.segment_labels)
     num_frames = None if sampled else tf.reshape(inputs['num_frames'], [-1])
     return inputs['video_matrix'], num_frames
@@ -287,7 +286,7 @@ class YT8MTask(base_task.Task):
       logs: {'loss': total loss, 'total_loss', 'model_loss'}.
     """
     features, num_frames = self._model_inputs(
-        inputs, self.task_config.train_data, training=True)
+        inputs, self.task_config.train_data)
     labels = inputs['labels']
     label_weights = inputs.get('label_weights')
     forward_backward = self._forward_backward
@@ -310,7 +309,7 @@ class YT8MTask(base_task.Task):
 
   def inference_step(self, inputs, model):
     features, num_frames = self._model_inputs(
-        inputs, self.task_config.validation_data, training=False)
+        inputs, self.task_config.validation_data)
     return model(features, num_frames=num_frames, training=False)
 
   def validation_step(self, inputs, model, metrics=None):
