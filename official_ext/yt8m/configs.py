@@ -207,7 +207,20 @@ class AveragePrecisionConfig(hyperparams.Config):
 
 @dataclasses.dataclass
 class Evaluation(hyperparams.Config):
+  """Evaluation metrics and log.
+
+  Attributes:
+    average_precision: the AP metrics (None: none).
+    num_best_worst_classes: the evaluation log lists the N best and N worst
+      per-class APs (of the classes with positives; with `average_precision`);
+      0: no list.
+    vocabulary_path: the dataset's vocabulary.csv (`Index` and `Name`
+      columns, see `official_ext.yt8m.vocabulary`): names beside the class
+      ids in that list. '': ids only.
+  """
   average_precision: Optional[AveragePrecisionConfig] = None
+  num_best_worst_classes: int = 5
+  vocabulary_path: str = ''
 
 
 @dataclasses.dataclass

@@ -17,6 +17,7 @@ from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import metrics as yt8m_metrics
+from official_ext.yt8m import vocabulary
 from official_ext.yt8m.modeling import model as yt8m_model
 
 _AP_KEY = 'average_precision'
@@ -53,6 +54,14 @@ class YT8MTask(base_task.Task):
     self._ap_accumulator = (yt8m_metrics.AveragePrecisionAccumulator(
         num_classes=params.validation_data.num_classes,
         top_k=ap_config.top_k) if ap_config is not None else None)
+    evaluation = params.evaluation
+    if evaluation.num_best_worst_classes < 0:
+      raise ValueError('task.evaluation.num_best_worst_classes='
+                       f'{evaluation.num_best_worst_classes}; expected >= 0.')
+    self._class_names = (vocabulary.load_vocabulary(
+        evaluation.vocabulary_path, params.validation_data.num_classes,
+        key='task.evaluation.vocabulary_path')
+                         if evaluation.vocabulary_path else None)
     # (model, its (kernel, l2) pairs): computed once per model.
     self._l2_model: Optional[tf_keras.Model] = None
     self._l2_pairs = None
@@ -369,17 +378,22 @@ class YT8MTask(base_task.Task):
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
     """The AP metrics; an `EmptyEvaluationError` naming the dataset if no
-    video was accumulated."""
+    video was accumulated. Logs the `evaluation.num_best_worst_classes` best
+    and worst per-class APs, named from `evaluation.vocabulary_path`."""
     ap_config = self.task_config.evaluation.average_precision
     if ap_config is None or aggregated_logs is None:
       return {}
     eval_padding.check_examples_seen(aggregated_logs.num_videos,
                                      *self.validation_dataset())
-    results = aggregated_logs.result(
-        return_per_class_ap=ap_config.return_per_class_ap)
+    results = aggregated_logs.result(return_per_class_ap=True)
+    class_positives = aggregated_logs.class_positives
     aggregated_logs.reset()
-    per_class_ap = results.pop('per_class_ap', None)
-    if per_class_ap is not None:
+    per_class_ap = results.pop('per_class_ap')
+    n = self.task_config.evaluation.num_best_worst_classes
+    if n:
+      logging.info('%s', vocabulary.best_and_worst_classes(
+          per_class_ap, class_positives, n, self._class_names))
+    if ap_config.return_per_class_ap:
       # Scalars only (summaries): one entry per class.
       results.update({f'per_class_ap/{i}': float(ap)
                       for i, ap in enumerate(per_class_ap)})
