@@ -636,7 +636,7 @@ def define_flags():
   flags.DEFINE_string('vocabulary', None,
                       "The dataset's vocabulary.csv (Index and Name columns; "
                       'video level): also writes the predictions with class '
-                      'names, to <output_file>_names.csv.')
+                      'names, to <output_file stem>_names.csv.')
 
 
 def main(_):
@@ -652,8 +652,10 @@ def main(_):
               segment_label_ids=FLAGS.segment_label_ids,
               segment_short_last=FLAGS.segment_short_last,
               vocabulary=FLAGS.vocabulary)
+  named = (f' and {named_predictions_path(FLAGS.output_file)}'
+           if FLAGS.vocabulary else '')
   print(f'Wrote {count} {"segments" if FLAGS.segment_labels else "videos"} '
-        f'to {FLAGS.output_file}')
+        f'to {FLAGS.output_file}{named}')
 
 
 if __name__ == '__main__':

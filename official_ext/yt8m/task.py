@@ -58,10 +58,11 @@ class YT8MTask(base_task.Task):
     if evaluation.num_best_worst_classes < 0:
       raise ValueError('task.evaluation.num_best_worst_classes='
                        f'{evaluation.num_best_worst_classes}; expected >= 0.')
-    self._class_names = (vocabulary.load_vocabulary(
-        evaluation.vocabulary_path, params.validation_data.num_classes,
-        key='task.evaluation.vocabulary_path')
-                         if evaluation.vocabulary_path else None)
+    self._class_names = None  # By class id, for the evaluation log.
+    if evaluation.vocabulary_path:
+      self._class_names = vocabulary.load_vocabulary(
+          evaluation.vocabulary_path, params.validation_data.num_classes,
+          key='task.evaluation.vocabulary_path')
     # (model, its (kernel, l2) pairs): computed once per model.
     self._l2_model: Optional[tf_keras.Model] = None
     self._l2_pairs = None
@@ -108,9 +109,8 @@ class YT8MTask(base_task.Task):
           f'{list(_INIT_MODULES)} (with task.init_checkpoint={path!r}).')
     prefix, restored = checkpoints.restore_modules(
         model, path, _INIT_MODULES[modules], key='task.init_checkpoint')
-    fresh = sorted(set(getattr(model, 'checkpoint_items', {})) -
-                   set(_INIT_MODULES[modules] or
-                       getattr(model, 'checkpoint_items', {})))
+    items = sorted(getattr(model, 'checkpoint_items', {}))
+    fresh = [m for m in items if m not in (_INIT_MODULES[modules] or items)]
     logging.info(
         'task.init_checkpoint: initialized %s from %s (%d variables: %s)%s.',
         modules, prefix, len(restored), ', '.join(restored),

@@ -35,6 +35,7 @@ def _params(cache_dir, num_classes, train_steps=2, **task):
           'validation_data': data,
           'demo_data': {'cache_dir': str(cache_dir), 'num_train_videos': 16,
                         'num_validation_videos': 8, 'num_shards': 1},
+          'jit_compile': False,  # Spares the XLA compilation (seconds).
           **task,
       },
       'trainer': {'train_steps': train_steps, 'steps_per_loop': train_steps,
