@@ -2,7 +2,7 @@
 import os
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from absl import logging
 from google.protobuf import text_format
@@ -15,29 +15,46 @@ T = TypeVar('T')
 _SUFFIX = '/.ATTRIBUTES/VARIABLE_VALUE'
 
 
-def resolve_checkpoint(checkpoint_path: str) -> str:
-  """A checkpoint prefix from a prefix or a directory (its latest)."""
+def resolve_checkpoint(checkpoint_path: str,
+                       key: str = '--checkpoint_path') -> str:
+  """A checkpoint prefix from a prefix or a directory (its latest).
+
+  `key` names the flag or config key the path came from, in the errors.
+  """
   if tf.io.gfile.isdir(checkpoint_path):
     latest = tf.train.latest_checkpoint(checkpoint_path)
     if not latest:
-      raise ValueError(f'--checkpoint_path={checkpoint_path!r} is a directory '
+      raise ValueError(f'{key}={checkpoint_path!r} is a directory '
                        'without a checkpoint.')
     return latest
   if not tf.io.gfile.glob(checkpoint_path + '.index'):
-    raise ValueError(f'--checkpoint_path={checkpoint_path!r}: no checkpoint '
+    raise ValueError(f'{key}={checkpoint_path!r}: no checkpoint '
                      f'({checkpoint_path}.index does not exist).')
   return checkpoint_path
 
 
-def _layouts(model: tf_keras.Model) -> List[Dict[str, object]]:
+def _layouts(model: tf_keras.Model,
+             modules: Optional[Sequence[str]] = None
+             ) -> List[Dict[str, object]]:
   """Object layouts a training checkpoint may store the model under.
 
   Model Garden's trainer saves `model` and, at the root, the items of
   `model.checkpoint_items` (e.g. `backbone`, `head`); a variable's key is the
-  first path to it, so the keys start with either.
+  first path to it, so the keys start with either. With `modules` (names of
+  checkpoint items) only those items, at the root or inside `model` (where
+  the model tracks each item under its item name, as Model Garden's models
+  do: `self.backbone` is item `backbone`).
   """
-  layouts = []
   items = getattr(model, 'checkpoint_items', None)
+  if modules is not None:
+    unknown = [m for m in modules if m not in (items or {})]
+    if unknown or not modules:
+      raise ValueError(
+          f'{type(model).__name__} has no checkpoint item(s) {unknown} to '
+          f'restore on their own; its items are {sorted(items or {})}.')
+    subset = {m: items[m] for m in modules}
+    return [subset, {'model': tf.train.Checkpoint(**subset)}]
+  layouts = []
   if items:
     layouts.append(dict(items))
   layouts.append({'model': model})
@@ -65,28 +82,16 @@ def _unmatched(expected: Dict[str, Tuple[int, ...]],
   return unmatched
 
 
-def unmatched_model_variables(model: tf_keras.Model, checkpoint_path: str
-                              ) -> Tuple[Optional[Dict[str, object]],
-                                         List[str]]:
-  """How `model` fits a training checkpoint, without restoring anything.
-
-  Args:
-    model: a built model (variables created).
-    checkpoint_path: a checkpoint prefix.
-
-  Returns:
-    (objects, []) with the layout (`_layouts`) under which every model
-    variable is stored with its shape, or (None, unmatched) listing the
-    model variables of the closest layout that are missing or have another
-    shape (e.g. a checkpoint of another experiment or config).
-
-  Raises:
-    ValueError: the model has no variables yet (nothing could be checked).
-  """
+def _match(model: tf_keras.Model, checkpoint_path: str,
+           modules: Optional[Sequence[str]]
+           ) -> Tuple[Optional[Dict[str, object]], List[str], List[str]]:
+  """(objects, their variable names, []) for the layout under which every
+  variable of `model` (or of its `modules`) is stored with its shape, or
+  (None, [], unmatched) for the closest layout."""
   stored = {name: tuple(shape)
             for name, shape in tf.train.list_variables(checkpoint_path)}
   best = None
-  for objects in _layouts(model):
+  for objects in _layouts(model, modules):
     expected = _variable_keys(objects)
     if not expected:
       raise ValueError(
@@ -94,30 +99,87 @@ def unmatched_model_variables(model: tf_keras.Model, checkpoint_path: str
           f'checking it against {checkpoint_path}.')
     unmatched = _unmatched(expected, stored)
     if not unmatched:
-      return objects, []
+      return objects, sorted(k.replace(_SUFFIX, '') for k in expected), []
     if best is None or len(unmatched) < len(best):
       best = unmatched
-  return None, best
+  return None, [], best
 
 
-def mismatch_message(checkpoint_path: str, unmatched: List[str]) -> str:
-  """`Checkpoint ... does not match the model`, listing up to 50 variables."""
+def unmatched_model_variables(model: tf_keras.Model, checkpoint_path: str,
+                              modules: Optional[Sequence[str]] = None
+                              ) -> Tuple[Optional[Dict[str, object]],
+                                         List[str]]:
+  """How `model` fits a training checkpoint, without restoring anything.
+
+  Args:
+    model: a built model (variables created).
+    checkpoint_path: a checkpoint prefix.
+    modules: names of `model.checkpoint_items` (e.g. ['backbone']) to check
+      alone; None: the whole model.
+
+  Returns:
+    (objects, []) with the layout (`_layouts`) under which every model
+    variable (of `modules`) is stored with its shape, or (None, unmatched)
+    listing the variables of the closest layout that are missing or have
+    another shape (e.g. a checkpoint of another experiment or config).
+
+  Raises:
+    ValueError: the model has no variables yet (nothing could be checked),
+      or no checkpoint item of a name in `modules`.
+  """
+  objects, _, unmatched = _match(model, checkpoint_path, modules)
+  return objects, unmatched
+
+
+def mismatch_message(checkpoint_path: str, unmatched: List[str],
+                     what: str = 'the model') -> str:
+  """`Checkpoint ... does not match <what>`, listing up to 50 variables."""
   shown = '\n  '.join(unmatched[:50])
   more = (f'\n  ... and {len(unmatched) - 50} more' if len(unmatched) > 50
           else '')
-  return (f'Checkpoint {checkpoint_path} does not match the model: '
+  return (f'Checkpoint {checkpoint_path} does not match {what}: '
           f'{len(unmatched)} model variable(s) unmatched (is it from another '
           f'experiment or config?):\n  {shown}{more}')
+
+
+def restore_modules(model: tf_keras.Model, checkpoint_path: str,
+                    modules: Optional[Sequence[str]] = None,
+                    key: str = '--checkpoint_path') -> Tuple[str, List[str]]:
+  """Restores `model`, or only its `modules`, strictly from a checkpoint.
+
+  The checkpoint is one `official_ext.train` writes (Model Garden's trainer
+  checkpoint: the model, its `checkpoint_items`, the optimizer, the step) or
+  one of `tf.train.Checkpoint(model=...)`; optimizer slots and other entries
+  (with `modules`, also the other items, e.g. a head of another class count)
+  are ignored. Every variable restored must be present with its shape,
+  otherwise nothing is restored and a ValueError lists the unmatched ones.
+
+  Args:
+    model: a built model (variables created).
+    checkpoint_path: a checkpoint prefix or a directory (latest checkpoint).
+    modules: names of `model.checkpoint_items` to restore (e.g.
+      ['backbone'], for fine-tuning with a fresh head); None: every variable.
+    key: the flag or config key `checkpoint_path` came from, for the errors.
+
+  Returns:
+    (the checkpoint prefix restored, the names of the variables restored as
+    the checkpoint stores them, e.g. 'backbone/cluster/kernel').
+  """
+  path = resolve_checkpoint(checkpoint_path, key)
+  objects, names, unmatched = _match(model, path, modules)
+  if unmatched:
+    what = 'the model' if modules is None else f'module(s) {list(modules)}'
+    raise ValueError(f'{key}: {mismatch_message(path, unmatched, what)}')
+  tf.train.Checkpoint(**objects).read(
+      path).assert_existing_objects_matched().expect_partial()
+  return path, names
 
 
 def restore_model(model: tf_keras.Model, checkpoint_path: str) -> str:
   """Restores every variable of `model` from a training checkpoint.
 
-  The checkpoint is one `official_ext.train` writes (Model Garden's trainer
-  checkpoint: the model, its `checkpoint_items`, the optimizer, the step);
-  optimizer slots and other entries are ignored. Every model variable must be
-  present with its shape, otherwise nothing is restored and a ValueError
-  lists the unmatched variables (`unmatched_model_variables`).
+  `restore_modules(model, checkpoint_path)`: strict, nothing restored on a
+  mismatch (the error lists the unmatched variables).
 
   Args:
     model: a built model (variables created).
@@ -126,13 +188,7 @@ def restore_model(model: tf_keras.Model, checkpoint_path: str) -> str:
   Returns:
     The checkpoint prefix restored.
   """
-  path = resolve_checkpoint(checkpoint_path)
-  objects, unmatched = unmatched_model_variables(model, path)
-  if unmatched:
-    raise ValueError(mismatch_message(path, unmatched))
-  tf.train.Checkpoint(**objects).read(
-      path).assert_existing_objects_matched().expect_partial()
-  return path
+  return restore_modules(model, checkpoint_path)[0]
 
 
 # ---------------------------------------------------------------------------

@@ -49,10 +49,15 @@ class DataConfig(cfg.DataConfig):
     label_field: context feature holding the video-level label ids.
     max_frames: frames kept per video; longer videos are cut, shorter ones
       padded with zeros (the true count is returned as `num_frames`).
-    num_sample_frames: in training, number of frames sampled per video (random
-      frames or a random window, see `sample_random_frames`); the model then
-      sees exactly this many valid frames. None: no sampling, videos padded to
-      `max_frames`. Evaluation never samples.
+    num_sample_frames: number of frames sampled per video (random frames or
+      a random window of the first `max_frames`, see `sample_random_frames`);
+      the model then sees exactly this many valid frames. None: no sampling,
+      videos padded to `max_frames`. In training a new sample every epoch. In
+      evaluation (`validation_data`; off by default) as Model Garden's YT8M
+      input does it, but deterministic: each video's sample is seeded by
+      `seed` and its video id, so every evaluation of a checkpoint sees the
+      same frames whatever the file order, sharding or batch size. Segment
+      mode never samples.
     sample_random_frames: True samples frames uniformly at random (sorted in
       time); False samples a random window of consecutive frames.
     input_per_feature_l2_norm: L2-normalize each feature block of each frame
@@ -202,7 +207,20 @@ class AveragePrecisionConfig(hyperparams.Config):
 
 @dataclasses.dataclass
 class Evaluation(hyperparams.Config):
+  """Evaluation metrics and log.
+
+  Attributes:
+    average_precision: the AP metrics (None: none).
+    num_best_worst_classes: the evaluation log lists the N best and N worst
+      per-class APs (of the classes with positives; with `average_precision`);
+      0: no list.
+    vocabulary_path: the dataset's vocabulary.csv (`Index` and `Name`
+      columns, see `official_ext.yt8m.vocabulary`): names beside the class
+      ids in that list. '': ids only.
+  """
   average_precision: Optional[AveragePrecisionConfig] = None
+  num_best_worst_classes: int = 5
+  vocabulary_path: str = ''
 
 
 @dataclasses.dataclass
@@ -237,6 +255,16 @@ class YT8MTask(cfg.TaskConfig):
   """The YouTube-8M task.
 
   Attributes:
+    init_checkpoint: a checkpoint (prefix, or a directory: its latest) to
+      start training from, as Model Garden's tasks do: loaded only when
+      model_dir has no checkpoint of its own (a restarted run resumes from
+      model_dir). '' trains from scratch.
+    init_checkpoint_modules: what `init_checkpoint` initializes: 'all' (every
+      model variable: the config must match) or 'backbone' (the backbone
+      only; the head starts fresh, e.g. for another label set or number of
+      classes). The restore is strict for the modules named: a variable
+      missing from the checkpoint, or of another shape, is an error naming
+      it. The log lists the variables restored.
     gradient_clip_norm: clip gradients by this global norm (<= 0: off).
     demo_data: generated data used when an `input_path` is empty.
     jit_compile: XLA-compile each training step's forward and backward pass
@@ -254,6 +282,7 @@ class YT8MTask(cfg.TaskConfig):
   evaluation: Evaluation = dataclasses.field(
       default_factory=lambda: Evaluation(  # pylint: disable=g-long-lambda
           average_precision=AveragePrecisionConfig()))
+  init_checkpoint_modules: str = 'all'
   gradient_clip_norm: float = 1.0
   demo_data: DemoDataConfig = dataclasses.field(default_factory=DemoDataConfig)
   jit_compile: bool = True

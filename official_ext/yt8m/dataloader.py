@@ -394,10 +394,12 @@ class Parser:
       `video_matrix`: float32 [T, sum(feature_sizes)], the features
         concatenated in `feature_names` order, dequantized when uint8,
         L2-normalised per feature block if `input_per_feature_l2_norm`.
-        Training with `num_sample_frames` S: T = S frames sampled from the
-        first min(frames, max_frames) frames (random sorted frames, or a
-        random window, repeating frames of videos shorter than S). Otherwise:
-        T = max_frames, the first frames, zero-padded.
+        With `num_sample_frames` S: T = S frames sampled from the first
+        min(frames, max_frames) frames (random sorted frames, or a random
+        window, repeating frames of videos shorter than S); in training a new
+        sample every epoch, in evaluation the same sample every run (seeded
+        by `seed` and the video id). Otherwise: T = max_frames, the first
+        frames, zero-padded.
       `num_frames`: int32 scalar, S when sampling, else min(frames,
         max_frames).
       `labels`: float32 [num_classes] multi-hot.
@@ -416,7 +418,8 @@ class Parser:
       `video_ids`: string [R], when `include_video_id`.
 
     Args:
-      is_training: whether frames are sampled (video level only).
+      is_training: training (a new frame sample every epoch, from the
+        per-example seeds of `build_dataset`) or evaluation.
     """
 
     def parse(decoded: Dict[str, Any]) -> Dict[str, tf.Tensor]:
@@ -465,14 +468,15 @@ class Parser:
             f'(DataConfig.num_classes = {self._num_classes}).'))
 
   def _sample_seed(self, decoded) -> tf.Tensor:
-    if SAMPLE_SEED in decoded:
+    if SAMPLE_SEED in decoded:  # Training in `build_dataset`.
       return decoded[SAMPLE_SEED]
-    # Used when the parser runs outside `build_dataset`: deterministic per
-    # video (the same frames every epoch).
-    key = tf.strings.join([decoded[VIDEO_ID], decoded.get(SOURCE, '')])
+    # Evaluation (and the parser run outside `build_dataset`): deterministic
+    # per video, from `seed` and the video id alone, so the same video gets
+    # the same frames run to run, whatever the file order, sharding, batch
+    # size or the files' location.
     return tf.stack([
         tf.constant(self._params.seed or 0, tf.int64),
-        tf.strings.to_hash_bucket_fast(key, 2**62)
+        tf.strings.to_hash_bucket_fast(decoded[VIDEO_ID], 2**62)
     ])
 
   def _sample_indices(self, n: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
@@ -516,7 +520,7 @@ class Parser:
         [self._check_class_ids(labels, decoded, self._params.label_field)]):
       labels = self._multi_hot(labels)
 
-    if is_training and self._num_sample_frames is not None:
+    if self._num_sample_frames is not None:
       idx = self._sample_indices(n, self._sample_seed(decoded))
       matrix = self._to_float([tf.gather(f, idx) for f in frames])
       num_frames = tf.constant(self._num_sample_frames, tf.int32)

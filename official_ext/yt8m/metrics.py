@@ -205,6 +205,11 @@ class AveragePrecisionAccumulator:
     """Rows (videos or segments) accumulated since construction / reset()."""
     return self._num_videos
 
+  @property
+  def class_positives(self) -> np.ndarray:
+    """int64 [C]: positives of each class accumulated so far (a copy)."""
+    return self._class_positives.copy()
+
   def reset(self) -> None:
     """Forgets everything accumulated so far."""
     self._num_videos = 0

@@ -33,6 +33,12 @@ Video level (default): header `VideoId,LabelConfidencePairs`, one line a
 video: `<id>,<label> <score> <label> <score> ...`, the top_k (20) classes by
 descending score (ties: lower class id first).
 
+With `--vocabulary` (the dataset's vocabulary.csv, `official_ext.yt8m.
+vocabulary`), the same predictions are also written with class names beside
+the ids, to `<output_file stem>_names.csv` (header
+`VideoId,Rank,LabelId,Name,Score`, one row per video and rank, CSV-quoted);
+the submission CSV is unchanged.
+
 Segment level (`--segment_labels`), as the 3rd YouTube-8M challenge defines
 it: every segment of `segment_size` (5) frames of every video is scored,
 starting at frames 0, 5, 10, ... of the whole video (not cut at max_frames);
@@ -54,6 +60,7 @@ Memory: one batch, plus for segments the per-class top lists
 fixed 48 MiB candidate buffer and the interned video ids): 1.05 GB for the
 1,000 rated classes and 3.91 GB for all 3,862 at the default cap.
 """
+import csv
 import os
 from typing import (Callable, Dict, Iterable, Iterator, List, Optional,
                     Sequence, TextIO)
@@ -71,12 +78,15 @@ from official_ext.core import experiment_params
 from official_ext.core import output_files
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import segment_eval
+from official_ext.yt8m import vocabulary as vocabulary_lib
 # Registers YT8MTask with task_factory (a checkpoint's model is built by it).
 from official_ext.yt8m import task  # pylint: disable=unused-import
 
 # The config class when the model's params.yaml gives the values.
 DEFAULT_EXPERIMENT = 'yt8m'
 VIDEO_HEADER = 'VideoId,LabelConfidencePairs'
+# The predictions with class names (`--vocabulary`).
+NAMED_HEADER = ('VideoId', 'Rank', 'LabelId', 'Name', 'Score')
 SEGMENT_HEADER = segment_eval.SEGMENT_HEADER
 
 Predictor = Callable[[tf.Tensor, tf.Tensor], np.ndarray]
@@ -90,7 +100,9 @@ def top_k_pairs(probabilities: np.ndarray, k: int) -> List[List[tuple]]:
 
 
 def write_video_predictions(batches: Iterable[Dict[str, np.ndarray]],
-                            out: TextIO, top_k: int = 20) -> int:
+                            out: TextIO, top_k: int = 20,
+                            names: Optional[Sequence[str]] = None,
+                            named_out: Optional[TextIO] = None) -> int:
   """Writes the video-level CSV from batches with `video_ids`, predictions.
 
   Args:
@@ -98,19 +110,38 @@ def write_video_predictions(batches: Iterable[Dict[str, np.ndarray]],
       float [b, num_classes].
     out: text stream.
     top_k: pairs per video.
+    names: class names by id (`vocabulary.load_vocabulary`), with
+    named_out: the stream of the same predictions with names: header
+      `NAMED_HEADER`, one row per (video, rank), CSV-quoted.
 
   Returns:
     Number of videos written.
   """
+  if (names is None) != (named_out is None):
+    raise ValueError('names and named_out go together.')
   out.write(VIDEO_HEADER + '\n')
+  named = None
+  if named_out is not None:
+    named = csv.writer(named_out, lineterminator='\n')
+    named.writerow(NAMED_HEADER)
   count = 0
   for batch in batches:
     for vid, pairs in zip(batch['video_ids'],
                           top_k_pairs(batch['probabilities'], top_k)):
       vid = vid.decode() if isinstance(vid, bytes) else str(vid)
       out.write(vid + ',' + ' '.join(f'{c} {s:.6f}' for c, s in pairs) + '\n')
+      if named is not None:
+        named.writerows([vid, rank, c, names[c], f'{s:.6f}']
+                        for rank, (c, s) in enumerate(pairs, 1))
       count += 1
   return count
+
+
+def named_predictions_path(output_file: str) -> str:
+  """Where `--vocabulary` writes the named predictions: `pred.csv` ->
+  `pred_names.csv`, beside the submission CSV."""
+  root, ext = os.path.splitext(output_file)
+  return f'{root}_names{ext or ".csv"}'
 
 
 # Bytes per entry of the ranking: kept (float32 score, int32 video index,
@@ -490,7 +521,8 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
         checkpoint_path: Optional[str] = None, top_k: int = 20,
         segment_labels: bool = False, segment_max_per_class: int = 100000,
         batch_size: int = 64, segment_label_ids: Optional[str] = None,
-        segment_short_last: bool = False) -> int:
+        segment_short_last: bool = False,
+        vocabulary: Optional[str] = None) -> int:
   """Predicts every record of `input_path` into `output_file`.
 
   Args:
@@ -506,19 +538,31 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
     batch_size: inference batch size (videos, or segments).
     segment_label_ids: file of the class ids to rank (segment level).
     segment_short_last: also score each video's last, short segment.
+    vocabulary: the dataset's vocabulary.csv (video level): the predictions
+      are also written with class names, to `named_predictions_path(
+      output_file)` (`write_video_predictions`).
 
   Returns:
     Videos (video level) or segments (segment level) scored.
 
   Raises:
     ValueError: segment level and no video of `input_path` has a segment;
-      `params` contradicts the model's params.yaml (`check_params`).
+      `params` contradicts the model's params.yaml (`check_params`); a
+      `vocabulary` with segment level, or one that does not load
+      (`vocabulary.load_vocabulary`).
 
   `output_file` is written whole or not at all (`core.output_files.write_atomically`): after
   any failure an existing file is as it was.
   """
   check_params(params, _model_path(saved_model, checkpoint_path))
   data = _data_config(params, input_path, batch_size)
+  names = None
+  if vocabulary:
+    if segment_labels:
+      raise ValueError('--vocabulary names the classes of video-level '
+                       'predictions; with --segment_labels the output lists '
+                       'segments per class id.')
+    names = vocabulary_lib.load_vocabulary(vocabulary, data.num_classes)
   class_ids = None
   if segment_labels:
     class_ids = (segment_eval.read_class_ids(segment_label_ids,
@@ -530,9 +574,16 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
       data, every_segment=segment_labels,
       short_last_segment=segment_short_last)
   batches = predict_batches(dataset, predictor)
-  if not segment_labels:
+  if not segment_labels and names is None:
     count = output_files.write_atomically(
         output_file, lambda out: write_video_predictions(batches, out, top_k))
+  elif not segment_labels:  # Each whole; a failed read replaces neither.
+    named_file = named_predictions_path(output_file)
+    count = output_files.write_atomically(
+        named_file, lambda named_out: output_files.write_atomically(
+            output_file, lambda out: write_video_predictions(
+                batches, out, top_k, names, named_out)))
+    logging.info('Wrote the predictions with class names to %s', named_file)
   else:
     ranking = SegmentRanking(class_ids, segment_max_per_class,
                              data.segment_size)
@@ -582,6 +633,10 @@ def define_flags():
                     "Also score each video's last segment when shorter than "
                     'segment_size frames (segment level).')
   flags.DEFINE_integer('batch_size', 64, 'Inference batch size.')
+  flags.DEFINE_string('vocabulary', None,
+                      "The dataset's vocabulary.csv (Index and Name columns; "
+                      'video level): also writes the predictions with class '
+                      'names, to <output_file stem>_names.csv.')
 
 
 def main(_):
@@ -595,9 +650,12 @@ def main(_):
               segment_max_per_class=FLAGS.segment_max_per_class,
               batch_size=FLAGS.batch_size,
               segment_label_ids=FLAGS.segment_label_ids,
-              segment_short_last=FLAGS.segment_short_last)
+              segment_short_last=FLAGS.segment_short_last,
+              vocabulary=FLAGS.vocabulary)
+  named = (f' and {named_predictions_path(FLAGS.output_file)}'
+           if FLAGS.vocabulary else '')
   print(f'Wrote {count} {"segments" if FLAGS.segment_labels else "videos"} '
-        f'to {FLAGS.output_file}')
+        f'to {FLAGS.output_file}{named}')
 
 
 if __name__ == '__main__':

@@ -9,6 +9,7 @@ from official.core import base_task
 from official.core import task_factory
 from official.modeling import tf_utils
 from official_ext.core import bad_records
+from official_ext.core import checkpoints
 from official_ext.core import eval_padding
 from official_ext.core import gradients
 from official_ext.core import multiworker
@@ -16,9 +17,13 @@ from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import metrics as yt8m_metrics
+from official_ext.yt8m import vocabulary
 from official_ext.yt8m.modeling import model as yt8m_model
 
 _AP_KEY = 'average_precision'
+# task.init_checkpoint_modules -> the model's checkpoint items restored
+# (None: the whole model).
+_INIT_MODULES = {'all': None, 'backbone': ('backbone',)}
 
 
 @task_factory.register_task_cls(configs.YT8MTask)
@@ -49,6 +54,15 @@ class YT8MTask(base_task.Task):
     self._ap_accumulator = (yt8m_metrics.AveragePrecisionAccumulator(
         num_classes=params.validation_data.num_classes,
         top_k=ap_config.top_k) if ap_config is not None else None)
+    evaluation = params.evaluation
+    if evaluation.num_best_worst_classes < 0:
+      raise ValueError('task.evaluation.num_best_worst_classes='
+                       f'{evaluation.num_best_worst_classes}; expected >= 0.')
+    self._class_names = None  # By class id, for the evaluation log.
+    if evaluation.vocabulary_path:
+      self._class_names = vocabulary.load_vocabulary(
+          evaluation.vocabulary_path, params.validation_data.num_classes,
+          key='task.evaluation.vocabulary_path')
     # (model, its (kernel, l2) pairs): computed once per model.
     self._l2_model: Optional[tf_keras.Model] = None
     self._l2_pairs = None
@@ -66,6 +80,41 @@ class YT8MTask(base_task.Task):
                  len(model.trainable_variables),
                  sum(int(np.prod(v.shape)) for v in model.trainable_variables))
     return model
+
+  def initialize(self, model: tf_keras.Model):
+    """Loads `task.init_checkpoint` (fine-tuning, transfer).
+
+    Called by the checkpoint manager only when model_dir has no checkpoint,
+    so a restarted run resumes from its own checkpoint instead. The restore
+    (`core.checkpoints.restore_modules`) is strict for the modules of
+    `task.init_checkpoint_modules`: a missing or reshaped variable there is
+    an error naming it (e.g. 'all' with another number of classes names the
+    head's variables); entries of other modules are ignored.
+
+    Args:
+      model: the model of `build_model`, variables created.
+
+    Raises:
+      ValueError: `init_checkpoint_modules` is neither 'all' nor 'backbone',
+        `init_checkpoint` holds no checkpoint, or the checkpoint does not
+        match the modules named.
+    """
+    path = self.task_config.init_checkpoint
+    if not path:
+      return
+    modules = self.task_config.init_checkpoint_modules
+    if modules not in _INIT_MODULES:
+      raise ValueError(
+          f'task.init_checkpoint_modules={modules!r}: expected one of '
+          f'{list(_INIT_MODULES)} (with task.init_checkpoint={path!r}).')
+    prefix, restored = checkpoints.restore_modules(
+        model, path, _INIT_MODULES[modules], key='task.init_checkpoint')
+    items = sorted(getattr(model, 'checkpoint_items', {}))
+    fresh = [m for m in items if m not in (_INIT_MODULES[modules] or items)]
+    logging.info(
+        'task.init_checkpoint: initialized %s from %s (%d variables: %s)%s.',
+        modules, prefix, len(restored), ', '.join(restored),
+        f'; freshly initialized: {", ".join(fresh)}' if fresh else '')
 
   # -- data ------------------------------------------------------------------
   def _resolve_input_path(self, params: configs.DataConfig
@@ -176,11 +225,10 @@ class YT8MTask(base_task.Task):
     return logs
 
   # -- steps -----------------------------------------------------------------
-  def _model_inputs(self, inputs, data_config: configs.DataConfig,
-                    training: bool):
-    # With frame sampling (training, video level) every frame is valid: skip
-    # the mask. Segment mode never samples: its segments end in padding.
-    sampled = (training and data_config.num_sample_frames is not None and
+  def _model_inputs(self, inputs, data_config: configs.DataConfig):
+    # With frame sampling (video level) every frame is valid: skip the mask.
+    # Segment mode never samples: its segments end in padding.
+    sampled = (data_config.num_sample_frames is not None and
                not data_config.segment_labels)
     num_frames = None if sampled else tf.reshape(inputs['num_frames'], [-1])
     return inputs['video_matrix'], num_frames
@@ -247,7 +295,7 @@ class YT8MTask(base_task.Task):
       logs: {'loss': total loss, 'total_loss', 'model_loss'}.
     """
     features, num_frames = self._model_inputs(
-        inputs, self.task_config.train_data, training=True)
+        inputs, self.task_config.train_data)
     labels = inputs['labels']
     label_weights = inputs.get('label_weights')
     forward_backward = self._forward_backward
@@ -270,7 +318,7 @@ class YT8MTask(base_task.Task):
 
   def inference_step(self, inputs, model):
     features, num_frames = self._model_inputs(
-        inputs, self.task_config.validation_data, training=False)
+        inputs, self.task_config.validation_data)
     return model(features, num_frames=num_frames, training=False)
 
   def validation_step(self, inputs, model, metrics=None):
@@ -330,17 +378,22 @@ class YT8MTask(base_task.Task):
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
     """The AP metrics; an `EmptyEvaluationError` naming the dataset if no
-    video was accumulated."""
+    video was accumulated. Logs the `evaluation.num_best_worst_classes` best
+    and worst per-class APs, named from `evaluation.vocabulary_path`."""
     ap_config = self.task_config.evaluation.average_precision
     if ap_config is None or aggregated_logs is None:
       return {}
     eval_padding.check_examples_seen(aggregated_logs.num_videos,
                                      *self.validation_dataset())
-    results = aggregated_logs.result(
-        return_per_class_ap=ap_config.return_per_class_ap)
+    results = aggregated_logs.result(return_per_class_ap=True)
+    class_positives = aggregated_logs.class_positives
     aggregated_logs.reset()
-    per_class_ap = results.pop('per_class_ap', None)
-    if per_class_ap is not None:
+    per_class_ap = results.pop('per_class_ap')
+    n = self.task_config.evaluation.num_best_worst_classes
+    if n:
+      logging.info('%s', vocabulary.best_and_worst_classes(
+          per_class_ap, class_positives, n, self._class_names))
+    if ap_config.return_per_class_ap:
       # Scalars only (summaries): one entry per class.
       results.update({f'per_class_ap/{i}': float(ap)
                       for i, ap in enumerate(per_class_ap)})

@@ -212,6 +212,50 @@ def test_reproducible_with_seed(tmp_path):
   assert len(v3) >= 3 and len(set(v3)) == len(v3)
 
 
+def _sampled_rows(params):
+  """{video id: (frame indices, row)} of an evaluation with sampling."""
+  rows = {}
+  for batch in _batches(params):
+    np.testing.assert_array_equal(batch['num_frames'],
+                                  params.num_sample_frames)
+    for vid, row in zip(batch['video_ids'], batch['video_matrix']):
+      i = int(vid[1:])
+      idx = np.rint((row[:, 0] - BIAS) / SCALE).astype(int) - 10 * i
+      rows[vid] = (idx, row)
+  return rows
+
+
+def test_evaluation_sampling_is_deterministic(tmp_path):
+  """validation_data.num_sample_frames: every video sampled (as in
+  training), the same frames run to run and whatever the batching; the
+  sample follows the seed."""
+  lengths = (30, 4, 12, 30)
+  path = _simple_file(tmp_path, lengths=lengths,
+                      labels=((0,), (1,), (2,), (3,)))
+  params = _config(path, max_frames=24, num_sample_frames=6,
+                   include_video_id=True, global_batch_size=3)
+  # Off by default: evaluation pads to max_frames.
+  assert configs.yt8m_data(is_training=False).num_sample_frames is None
+  first = _sampled_rows(params)
+  again = _sampled_rows(params.replace(global_batch_size=1))
+  other_seed = _sampled_rows(params.replace(seed=8))
+  assert sorted(first) == [b'v0', b'v1', b'v2', b'v3']
+  for vid, (idx, row) in first.items():
+    i = int(vid[1:])
+    n = min(lengths[i], 24)
+    assert idx.min() >= 0 and idx.max() < n and np.all(np.diff(idx) >= 0)
+    rgb, audio = _video(lengths[i], offset=10 * i)
+    np.testing.assert_allclose(
+        row, np.concatenate([_deq(rgb), _deq(audio)], axis=1)[idx],
+        atol=1e-6)
+    np.testing.assert_array_equal(again[vid][1], row)
+  # A sample, not the first frames; per video (v0 and v3 have the same
+  # frame count), and another seed gives another one.
+  assert list(first[b'v0'][0]) != list(range(6))
+  assert list(first[b'v0'][0]) != list(first[b'v3'][0])
+  assert any(list(first[v][0]) != list(other_seed[v][0]) for v in first)
+
+
 def test_input_context_splits_batch(tmp_path):
   for k in range(2):
     _simple_file(tmp_path, f's{k}.tfrecord')
