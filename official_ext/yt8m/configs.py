@@ -195,14 +195,41 @@ class Losses(hyperparams.Config):
 
 @dataclasses.dataclass
 class AveragePrecisionConfig(hyperparams.Config):
-  """AP metrics: GAP/mAP over each video's top_k predictions."""
+  """AP metrics: GAP/mAP over each video's top_k predictions.
+
+  Attributes:
+    top_k: predictions of each video pooled into GAP / mAP.
+    top_n: also report AP@n, the starter's `top_n`: `map_at_{n}` and
+      `gap_at_{n}` count only the first n ranks of each class's (of the
+      pooled) list, over min(positives, n) (`yt8m.metrics`). None or 0:
+      off.
+    return_per_class_ap: write every class's AP (and AP@n) to TensorBoard,
+      in the evaluation's summary directory: a histogram `per_class_ap` and
+      a text table `per_class_ap_table`.
+  """
   top_k: int = 20
+  top_n: Optional[int] = None
   return_per_class_ap: bool = False
 
 
 @dataclasses.dataclass
 class Evaluation(hyperparams.Config):
+  """Evaluation metrics.
+
+  Attributes:
+    average_precision: the AP metrics (None: losses only).
+    video_and_segment_level: one evaluation reports both levels, for
+      validation records that carry video labels and segment ratings: the
+      video-level metrics under `video/` (every video, as with
+      `validation_data.segment_labels: false`) and the segment-level ones
+      under `segment/` (every rated segment, as with `segment_labels:
+      true; `segment/num_videos` counts the segments). The validation
+      records are read twice, once per level; `trainer.validation_steps`
+      counts the batches of both, videos first (-1: all); the losses are
+      over the rows of both. Needs `validation_data.segment_labels: false`.
+  """
   average_precision: Optional[AveragePrecisionConfig] = None
+  video_and_segment_level: bool = False
 
 
 @dataclasses.dataclass
