@@ -226,7 +226,9 @@ class Evaluation(hyperparams.Config):
       true; `segment/num_videos` counts the segments). The validation
       records are read twice, once per level; `trainer.validation_steps`
       counts the batches of both, videos first (-1: all); the losses are
-      over the rows of both. Needs `validation_data.segment_labels: false`.
+      the mean over the batches of both. Needs `validation_data.segment_labels: false`.
+      CPU / GPU: the frame axis of the batches differs between the levels
+      (max_frames, segment_size), which a TPU's static shapes do not allow.
   """
   average_precision: Optional[AveragePrecisionConfig] = None
   video_and_segment_level: bool = False
