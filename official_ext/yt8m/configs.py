@@ -222,11 +222,12 @@ class Evaluation(hyperparams.Config):
       validation records that carry video labels and segment ratings: the
       video-level metrics under `video/` (every video, as with
       `validation_data.segment_labels: false`) and the segment-level ones
-      under `segment/` (every rated segment, as with `segment_labels:
-      true; `segment/num_videos` counts the segments). The validation
+      under `segment/` (every rated segment, as with `segment_labels: true`;
+      `segment/num_videos` counts the segments). The validation
       records are read twice, once per level; `trainer.validation_steps`
       counts the batches of both, videos first (-1: all); the losses are
-      the mean over the batches of both. Needs `validation_data.segment_labels: false`.
+      the mean over the batches of both, and `num_examples` counts the rows
+      of both. Needs `validation_data.segment_labels: false`.
       CPU / GPU: the frame axis of the batches differs between the levels
       (max_frames, segment_size), which a TPU's static shapes do not allow.
   """
