@@ -45,7 +45,7 @@ Definitions (those of the YouTube-8M challenge):
   `gap` is that one). `core.average_precision` defines the cut, ties
   included. The starter's `top_k` is the other cut: how many predictions of
   each video enter the pooled lists at all. AP@n ranks the pooled pairs a
-  second time: `result()` takes about twice as long.
+  second time: `result()` takes about 2.3x as long.
 * Empty input (N = 0, or no positives at all) gives 0.0 for every metric
   here; an evaluation must not report those zeros as results: the task checks
   `num_videos` (`official_ext.core.eval_padding.check_examples_seen`) and
