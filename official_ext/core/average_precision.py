@@ -42,6 +42,22 @@ no precision. Precisions are measured over the kept pairs only. A cut that
 falls inside a tie group is the caller's to resolve deterministically (YT8M
 keeps the lower class ids).
 
+AP@n (the YouTube-8M starter's `top_n`): only the first n ranks of the
+list count, and the denominator is min(num_positives, n):
+
+    AP@n = sum over positives ranked within the first n of P(rank)
+           / min(num_positives, n),
+
+the starter's `average_precision_calculator.ap_at_n` (which the starter's
+mAP uses per class; its GAP is the AP of the whole pooled top-k list).
+Ranks are weight units (n unit-weight pairs). With the tie rule, a tie group
+that straddles rank n is kept in part: if r of its W weight lie within the
+first n, each of its pairs keeps weight w * r / W, so the group ends exactly
+at rank n with its positive weight scaled by r / W, and every positive of it
+gets the precision measured there. Without ties this is the starter's value;
+it stays independent of the input order (the starter shuffles ties with a
+fixed seed instead).
+
 No positive: AP is undefined (0/0) when `num_positives` is 0; these functions
 return NaN for it and each metric decides what such a class / list
 contributes (YT8M `map` and AssembleNet / readout mAP leave it out of the
@@ -180,6 +196,59 @@ def _tie_group_sums(s, pos, w, groups, num_groups: int) -> np.ndarray:
                      minlength=num_groups)
 
 
+def _check_top_n(top_n) -> Optional[int]:
+  """top_n as an int, or None (the whole list)."""
+  if top_n is None:
+    return None
+  if (isinstance(top_n, bool) or not isinstance(top_n, (int, np.integer)) or
+      top_n < 1):
+    raise ValueError(f'top_n must be None (the whole list) or a positive '
+                     f'int, got {top_n!r}.')
+  return int(top_n)
+
+
+def _cut_top_n(s, pos, w, groups, top_n: int):
+  """The pairs within the first top_n ranks of each group (module docstring).
+
+  Args:
+    s: [P] scores, descending within each group.
+    pos: [P] bool, same order.
+    w: [P] float64 weights, same order, or None (all 1).
+    groups: [P] group ids, same order, each group's pairs contiguous; or
+      None (one group).
+    top_n: n >= 1, in weight units.
+
+  Returns:
+    (s, pos, w, groups) of the kept pairs, in the same order; w is None when
+    it was None and no tie group straddles rank n (every kept pair whole).
+  """
+  if s.size == 0:
+    return s, pos, w, groups
+  weight = np.ones(s.size) if w is None else w
+  tie_starts = np.append(True, s[1:] != s[:-1])
+  group_starts = np.zeros(s.size, bool)
+  group_starts[0] = True
+  if groups is not None:
+    group_starts[1:] = groups[1:] != groups[:-1]
+    tie_starts |= group_starts
+  before = np.cumsum(weight) - weight  # Weight ranked before each pair.
+  first = np.flatnonzero(tie_starts)
+  group_first = np.flatnonzero(group_starts)
+  group_of_tie = np.searchsorted(group_first, first, side='right') - 1
+  # Weight ranked before each tie group within its group, and its weight.
+  tie_before = before[first] - before[group_first][group_of_tie]
+  tie_weight = np.add.reduceat(weight, first)
+  kept = np.clip((top_n - tie_before) / tie_weight, 0.0, 1.0)
+  kept = kept[np.cumsum(tie_starts) - 1]  # Per pair.
+  keep = kept > 0
+  if w is None and (kept[keep] == 1.0).all():
+    w_out = None
+  else:
+    w_out = (weight * kept)[keep]
+  return (s[keep], pos[keep], w_out,
+          None if groups is None else groups[keep])
+
+
 def _positive_weight(positive, weights, groups=None, num_groups=1):
   """Positive weight in the list: [G] float64 (scalar array without groups)."""
   values = positive if weights is None else np.where(positive, weights, 0.0)
@@ -190,7 +259,8 @@ def _positive_weight(positive, weights, groups=None, num_groups=1):
 
 
 def average_precision(scores, labels, weights=None,
-                      num_positives: Optional[float] = None) -> float:
+                      num_positives: Optional[float] = None,
+                      top_n: Optional[int] = None) -> float:
   """AP of one ranked list (module docstring's definition and tie rule).
 
   Args:
@@ -201,27 +271,36 @@ def average_precision(scores, labels, weights=None,
       (>= the positive weight in the list; larger after a cut). Default:
       the positive weight in the list (then equal to scikit-learn's
       `average_precision_score`).
+    top_n: AP@n: only the first n ranks count and the denominator is
+      min(num_positives, n) (module docstring). None: the whole list.
 
   Returns:
     AP in [0, 1] as a python float; NaN when num_positives is 0 (no
     positive).
 
   Raises:
-    ValueError: on bad shapes, NaN scores, bad weights or a num_positives
-      below the positive weight in the list.
+    ValueError: on bad shapes, NaN scores, bad weights, a num_positives
+      below the positive weight in the list or a top_n that is not None or
+      a positive int.
   """
+  top_n = _check_top_n(top_n)
   scores, positive, weights, _ = _validate(scores, labels, weights)
   denominator = _denominators(num_positives,
                               _positive_weight(positive, weights))
   order = np.argsort(-scores)
-  sums = _tie_group_sums(scores[order], positive[order],
-                         None if weights is None else weights[order], None, 1)
+  s, pos = scores[order], positive[order]
+  w = None if weights is None else weights[order]
+  if top_n is not None:
+    s, pos, w, _ = _cut_top_n(s, pos, w, None, top_n)
+    denominator = np.minimum(denominator, top_n)
+  sums = _tie_group_sums(s, pos, w, None, 1)
   return float(_divide(sums[0], denominator))
 
 
 def grouped_average_precision(
     scores, labels, groups, num_groups: int, weights=None,
-    num_positives=None, return_pooled: bool = False
+    num_positives=None, return_pooled: bool = False,
+    top_n: Optional[int] = None
 ) -> Union[np.ndarray, Tuple[np.ndarray, float]]:
   """AP of every group of a pooled list of pairs, from one sort.
 
@@ -240,6 +319,9 @@ def grouped_average_precision(
       positive weight of the group's pairs in the list.
     return_pooled: also return the AP of all P pairs ranked together as one
       list (groups ignored) over sum(num_positives): YouTube-8M's GAP.
+    top_n: AP@n of every group (and of the pooled list): only the first n
+      ranks of a list count and its denominator is min(its num_positives,
+      n) (module docstring). None: whole lists.
 
   Returns:
     [G] float64 APs, NaN for a group whose num_positives is 0. With
@@ -248,28 +330,38 @@ def grouped_average_precision(
 
   Raises:
     ValueError: on bad shapes, NaN scores, bad weights, group ids out of
-      range, or a num_positives below the positive weight in the list.
+      range, a num_positives below the positive weight in the list or a
+      top_n that is not None or a positive int.
   """
+  top_n = _check_top_n(top_n)
   scores, positive, weights, groups = _validate(scores, labels, weights,
                                                 groups, num_groups)
   num_groups = int(num_groups)
   denominators = _denominators(
       num_positives, _positive_weight(positive, weights, groups, num_groups))
+
+  def ranked(order, list_groups):
+    """The pairs in `order`, cut to each list's first top_n ranks."""
+    s, pos = scores[order], positive[order]
+    w = None if weights is None else weights[order]
+    g = None if list_groups is None else list_groups[order]
+    if top_n is None:
+      return s, pos, w, g
+    return _cut_top_n(s, pos, w, g, top_n)
+
   by_score = np.argsort(-scores)
   key = groups[by_score]
   if num_groups <= _RADIX_GROUPS:
     key = key.astype(np.uint16)  # numpy radix-sorts 16-bit ints.
   order = by_score[np.argsort(key, kind='stable')]
-  sums = _tie_group_sums(scores[order], positive[order],
-                         None if weights is None else weights[order],
-                         groups[order], num_groups)
-  per_group = _divide(sums, denominators)
+  sums = _tie_group_sums(*ranked(order, groups), num_groups)
+  cut = (lambda d: d) if top_n is None else (
+      lambda d: np.minimum(d, top_n))
+  per_group = _divide(sums, cut(denominators))
   if not return_pooled:
     return per_group
-  pooled = _tie_group_sums(scores[by_score], positive[by_score],
-                           None if weights is None else weights[by_score],
-                           None, 1)
-  return per_group, float(_divide(pooled[0], denominators.sum()))
+  pooled = _tie_group_sums(*ranked(by_score, None), 1)
+  return per_group, float(_divide(pooled[0], cut(denominators.sum())))
 
 
 def per_class_average_precision(scores, labels, weights=None) -> np.ndarray:

@@ -200,8 +200,20 @@ class Losses(hyperparams.Config):
 
 @dataclasses.dataclass
 class AveragePrecisionConfig(hyperparams.Config):
-  """AP metrics: GAP/mAP over each video's top_k predictions."""
+  """AP metrics: GAP/mAP over each video's top_k predictions.
+
+  Attributes:
+    top_k: predictions of each video pooled into GAP / mAP.
+    top_n: also report AP@n, the starter's `top_n`: `map_at_{n}` and
+      `gap_at_{n}` count only the first n ranks of each class's (of the
+      pooled) list, over min(positives, n) (`yt8m.metrics`). None or 0:
+      off.
+    return_per_class_ap: write every class's AP (and AP@n) to TensorBoard,
+      in the evaluation's summary directory: a histogram `per_class_ap` and
+      a text table `per_class_ap_table`.
+  """
   top_k: int = 20
+  top_n: Optional[int] = None
   return_per_class_ap: bool = False
 
 
@@ -210,17 +222,30 @@ class Evaluation(hyperparams.Config):
   """Evaluation metrics and log.
 
   Attributes:
-    average_precision: the AP metrics (None: none).
+    average_precision: the AP metrics (None: losses only).
     num_best_worst_classes: the evaluation log lists the N best and N worst
       per-class APs (of the classes with positives; with `average_precision`);
       0: no list.
     vocabulary_path: the dataset's vocabulary.csv (`Index` and `Name`
       columns, see `official_ext.yt8m.vocabulary`): names beside the class
       ids in that list. '': ids only.
+    video_and_segment_level: one evaluation reports both levels, for
+      validation records that carry video labels and segment ratings: the
+      video-level metrics under `video/` (every video, as with
+      `validation_data.segment_labels: false`) and the segment-level ones
+      under `segment/` (every rated segment, as with `segment_labels: true`;
+      `segment/num_videos` counts the segments). The validation
+      records are read twice, once per level; `trainer.validation_steps`
+      counts the batches of both, videos first (-1: all); the losses are
+      the mean over the batches of both, and `num_examples` counts the rows
+      of both. Needs `validation_data.segment_labels: false`.
+      CPU / GPU: the frame axis of the batches differs between the levels
+      (max_frames, segment_size), which a TPU's static shapes do not allow.
   """
   average_precision: Optional[AveragePrecisionConfig] = None
   num_best_worst_classes: int = 5
   vocabulary_path: str = ''
+  video_and_segment_level: bool = False
 
 
 @dataclasses.dataclass

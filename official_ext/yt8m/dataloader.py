@@ -65,6 +65,10 @@ SEGMENT_START_TIMES = 'segment_start_times'
 SEGMENT_SCORES = 'segment_scores'
 SAMPLE_SEED = 'sample_seed'
 
+# Key of the bool [batch] level flag of `build_video_and_segment_dataset`'s
+# batches: True for a segment-level row, False for a video-level row.
+SEGMENT_LEVEL = 'segment_level'
+
 
 def dequantize(x: tf.Tensor,
                max_quantized_value: float = MAX_QUANTIZED_VALUE,
@@ -679,6 +683,59 @@ def build_dataset(
   return tfrecord_input.build_dataset(
       params, input_context, bad_records,
       lambda p: _stages(p, every_segment, short_last_segment))
+
+
+def build_video_and_segment_dataset(
+    params: configs.DataConfig,
+    input_context: Optional[tf.distribute.InputContext] = None,
+    bad_records: Optional[bad_records_lib.BadRecordLog] = None,
+) -> tf.data.Dataset:
+  """Evaluation of both levels: every video, then every rated segment.
+
+  The video-level batches of `params` (`segment_labels` False), followed by
+  the segment-level batches of the same records (`segment_labels` True):
+  two `build_dataset` pipelines over the records (each read once per
+  level; in skip mode a bad record is counted once per level), each padded
+  on its own with `drop_remainder`. Every batch holds one level.
+
+  Args:
+    params: the validation split's DataConfig, `segment_labels` False.
+    input_context: as `build_dataset`'s.
+    bad_records: as `build_dataset`'s.
+
+  Returns:
+    A Dataset of dicts, `build_dataset`'s keys of both levels with the frame
+    axis of `video_matrix` [B, None, F] (max_frames for videos,
+    segment_size for segments), plus `SEGMENT_LEVEL` bool [B]; video rows
+    carry `label_weights` of ones (every class rated, which is what no
+    weights mean), and `segment_start_times` is left out.
+
+  Raises:
+    ValueError: `params` is a training split or already segment-level.
+  """
+  if params.is_training or params.segment_labels:
+    raise ValueError(
+        'build_video_and_segment_dataset reads a validation split at video '
+        'level and at segment level; task.validation_data must have '
+        f'is_training=false and segment_labels=false (got is_training='
+        f'{params.is_training}, segment_labels={params.segment_labels}).')
+
+  def levelled(ds: tf.data.Dataset, segment_level: bool) -> tf.data.Dataset:
+    def add_level(batch):
+      batch = dict(batch)
+      if segment_level:
+        batch.pop('segment_start_times')
+      else:
+        batch['label_weights'] = tf.ones_like(batch['labels'])
+      batch[SEGMENT_LEVEL] = tf.fill([tf.shape(batch['labels'])[0]],
+                                     segment_level)
+      return batch
+    return ds.map(add_level, num_parallel_calls=tf.data.AUTOTUNE)
+
+  videos = build_dataset(params, input_context, bad_records)
+  segments = build_dataset(params.replace(segment_labels=True), input_context,
+                           bad_records)
+  return levelled(videos, False).concatenate(levelled(segments, True))
 
 
 def _stages(params: configs.DataConfig, every_segment: bool,

@@ -37,6 +37,15 @@ Definitions (those of the YouTube-8M challenge):
   top-k, never its top-1 hit, never a positive and not counted in k_v. Pairs
   with score -inf are never pooled. Any non-zero weight means "rated"; weights
   do not otherwise scale anything.
+* AP@n (`top_n`, the starter's `top_n`; off by default): `map_at_{n}` is
+  the mean, over the classes with a positive, of each class's AP over only
+  the first n of its ranked pooled top-k pairs, divided by min(the class's
+  positives, n) (the starter's mAP with `top_n`); `gap_at_{n}` is the same
+  cut applied to the GAP's pooled list (the starter's GAP ignores `top_n`:
+  `gap` is that one). `core.average_precision` defines the cut, ties
+  included. The starter's `top_k` is the other cut: how many predictions of
+  each video enter the pooled lists at all. AP@n ranks the pooled pairs a
+  second time: `result()` takes about 2.3x as long.
 * Empty input (N = 0, or no positives at all) gives 0.0 for every metric
   here; an evaluation must not report those zeros as results: the task checks
   `num_videos` (`official_ext.core.eval_padding.check_examples_seen`) and
@@ -55,7 +64,7 @@ the pooled pairs to `core.average_precision.grouped_average_precision`, which
 computes every class's AP and the GAP from one sort.
 The straightforward per-video oracle lives in `metrics_reference.py`.
 """
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -65,6 +74,11 @@ from official_ext.core import average_precision
 _CHUNK_ROWS = 8192
 
 METRIC_KEYS = ('hit_at_one', 'perr', 'gap', 'map', 'map_all_classes')
+
+
+def top_n_keys(top_n: int) -> tuple:
+  """The keys of the AP@n metrics `result()` adds with top_n set."""
+  return (f'gap_at_{top_n}', f'map_at_{top_n}')
 
 
 def _as_2d_inputs(predictions, labels, label_weights):
@@ -165,21 +179,25 @@ class AveragePrecisionAccumulator:
   for hit@1 / perr.
 
   Usage:
-    acc = AveragePrecisionAccumulator(num_classes=3862, top_k=20)
+    acc = AveragePrecisionAccumulator(num_classes=3862, top_k=20, top_n=None)
     for preds, labels in batches:   # numpy [n, C] each
       acc.accumulate(preds, labels)
     metrics = acc.result()
   """
 
-  def __init__(self, num_classes: int, top_k: int = 20):
+  def __init__(self, num_classes: int, top_k: int = 20,
+               top_n: Optional[int] = None):
     """Creates an empty accumulator.
 
     Args:
       num_classes: C, number of classes (positive int).
       top_k: predictions per video pooled into gap / map (positive int).
+      top_n: also report AP@n (`gap_at_{n}`, `map_at_{n}`; module
+        docstring): a positive int, or None (no AP@n).
 
     Raises:
-      ValueError: if num_classes or top_k is not a positive integer.
+      ValueError: if num_classes or top_k is not a positive integer, or
+        top_n is neither None nor a positive integer.
     """
     if isinstance(num_classes, bool) or not isinstance(
         num_classes, (int, np.integer)) or num_classes < 1:
@@ -188,8 +206,13 @@ class AveragePrecisionAccumulator:
     if isinstance(top_k, bool) or not isinstance(
         top_k, (int, np.integer)) or top_k < 1:
       raise ValueError(f'top_k must be a positive int, got {top_k!r}.')
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(
+        top_n, (int, np.integer)) or top_n < 1):
+      raise ValueError(
+          f'top_n must be None or a positive int, got {top_n!r}.')
     self._num_classes = int(num_classes)
     self._top_k = int(top_k)
+    self._top_n = None if top_n is None else int(top_n)
     self.reset()
 
   @property
@@ -201,14 +224,18 @@ class AveragePrecisionAccumulator:
     return self._top_k
 
   @property
-  def num_videos(self) -> int:
-    """Rows (videos or segments) accumulated since construction / reset()."""
-    return self._num_videos
+  def top_n(self) -> Optional[int]:
+    return self._top_n
 
   @property
   def class_positives(self) -> np.ndarray:
-    """int64 [C]: positives of each class accumulated so far (a copy)."""
+    """[C] int64: positives of each class accumulated so far (a copy)."""
     return self._class_positives.copy()
+
+  @property
+  def num_videos(self) -> int:
+    """Rows (videos or segments) accumulated since construction / reset()."""
+    return self._num_videos
 
   def reset(self) -> None:
     """Forgets everything accumulated so far."""
@@ -312,13 +339,14 @@ class AveragePrecisionAccumulator:
 
     Args:
       return_per_class_ap: also return `per_class_ap`, [C] float64 array of
-        per-class AP (0 for classes without positives).
+        per-class AP (0 for classes without positives), and with top_n
+        `per_class_ap_at_n`, the same for AP@n.
 
     Returns:
       dict with python floats `hit_at_one`, `perr`, `gap`, `map`,
-      `map_all_classes`, python int `num_videos`, and optionally
-      `per_class_ap`. All metrics are 0.0 when there are no videos or no
-      positives.
+      `map_all_classes`, with top_n also `gap_at_{n}` and `map_at_{n}`,
+      python int `num_videos`, and optionally the per-class arrays. All
+      metrics are 0.0 when there are no videos or no positives.
     """
     def cat(parts, dtype):
       return np.concatenate(parts) if parts else np.zeros(0, dtype)
@@ -346,11 +374,23 @@ class AveragePrecisionAccumulator:
       out[key] = float(out[key])
     if return_per_class_ap:
       out['per_class_ap'] = per_class_ap
+    if self._top_n is not None:
+      per_class_at_n, gap_at_n = average_precision.grouped_average_precision(
+          scores, positive, classes, self._num_classes,
+          num_positives=class_pos, return_pooled=True, top_n=self._top_n)
+      per_class_at_n[~has_pos] = 0.0
+      gap_key, map_key = top_n_keys(self._top_n)
+      out[gap_key] = float(gap_at_n) if has_pos.any() else 0.0
+      out[map_key] = (float(per_class_at_n[has_pos].mean()) if has_pos.any()
+                      else 0.0)
+      if return_per_class_ap:
+        out['per_class_ap_at_n'] = per_class_at_n
     return out
 
 
 def evaluate(predictions, labels, top_k: int = 20,
-             label_weights=None) -> Dict[str, object]:
+             label_weights=None, top_n: Optional[int] = None
+             ) -> Dict[str, object]:
   """YouTube-8M metrics of a whole evaluation set in one call.
 
   Args:
@@ -358,10 +398,12 @@ def evaluate(predictions, labels, top_k: int = 20,
     labels: [N, C] ground truth; a value > 0 is a positive.
     top_k: predictions per video pooled into gap / map.
     label_weights: optional [N, C]; weight 0 excludes that (video, class).
+    top_n: also AP@n, `gap_at_{n}` and `map_at_{n}` (None: not reported).
 
   Returns:
     dict of python floats `hit_at_one`, `perr`, `gap`, `map`,
-    `map_all_classes` and python int `num_videos` (see module docstring).
+    `map_all_classes` (with top_n the AP@n keys) and python int
+    `num_videos` (see module docstring).
 
   Raises:
     ValueError: if predictions and labels are not 2-D with equal shape (the
@@ -370,6 +412,6 @@ def evaluate(predictions, labels, top_k: int = 20,
   """
   predictions, labels, label_weights = _as_2d_inputs(predictions, labels,
                                                      label_weights)
-  acc = AveragePrecisionAccumulator(predictions.shape[1], top_k)
+  acc = AveragePrecisionAccumulator(predictions.shape[1], top_k, top_n)
   acc.accumulate(predictions, labels, label_weights)
   return acc.result()

@@ -22,18 +22,18 @@ import numpy as np
 from official_ext.core import average_precision
 
 
-def _average_precision(pairs, num_positives: int) -> float:
-  """`core.average_precision` of (score, is_positive) pairs; 0.0 without a
-  positive (num_positives counts positives outside `pairs` too)."""
+def _average_precision(pairs, num_positives: int, top_n=None) -> float:
+  """`core.average_precision` (AP@top_n) of (score, is_positive) pairs; 0.0
+  without a positive (num_positives counts positives outside `pairs` too)."""
   if num_positives == 0:
     return 0.0
   return average_precision.average_precision(
       [score for score, _ in pairs], [bool(p) for _, p in pairs],
-      num_positives=num_positives)
+      num_positives=num_positives, top_n=top_n)
 
 
 def evaluate_reference(predictions, labels, top_k: int = 20,
-                       label_weights=None) -> Dict[str, object]:
+                       label_weights=None, top_n=None) -> Dict[str, object]:
   """Per-video / per-class reference of `metrics.evaluate`.
 
   Args:
@@ -41,10 +41,12 @@ def evaluate_reference(predictions, labels, top_k: int = 20,
     labels: [N, C] ground truth; a value > 0 is a positive.
     top_k: predictions per video pooled into gap / map.
     label_weights: optional [N, C]; weight 0 excludes that (video, class).
+    top_n: also `gap_at_{n}` and `map_at_{n}` (AP@n of the pooled list and
+      of each class's list), or None.
 
   Returns:
     dict of python floats `hit_at_one`, `perr`, `gap`, `map`,
-    `map_all_classes` and python int `num_videos`.
+    `map_all_classes` (and the AP@n keys) and python int `num_videos`.
 
   Raises:
     ValueError: on shape mismatch, C == 0, top_k < 1 or NaN predictions.
@@ -121,7 +123,7 @@ def evaluate_reference(predictions, labels, top_k: int = 20,
   else:
     mean_ap = 0.0
 
-  return {
+  out = {
       'hit_at_one': hits_at_one / num_videos if num_videos else 0.0,
       'perr': perr_sum / num_videos if num_videos else 0.0,
       'gap': float(gap),
@@ -129,3 +131,10 @@ def evaluate_reference(predictions, labels, top_k: int = 20,
       'map_all_classes': float(sum(per_class_ap) / num_classes),
       'num_videos': int(num_videos),
   }
+  if top_n is not None:
+    out[f'gap_at_{top_n}'] = float(_average_precision(
+        [(s, p) for s, p, _ in pooled], total_positives, top_n))
+    out[f'map_at_{top_n}'] = float(np.mean([
+        _average_precision(pairs_by_class[c], class_positives[c], top_n)
+        for c in rated_classes])) if rated_classes else 0.0
+  return out

@@ -24,6 +24,86 @@ _AP_KEY = 'average_precision'
 # task.init_checkpoint_modules -> the model's checkpoint items restored
 # (None: the whole model).
 _INIT_MODULES = {'all': None, 'backbone': ('backbone',)}
+# Metric prefixes of `evaluation.video_and_segment_level`.
+_VIDEO_PREFIX = 'video/'
+_SEGMENT_PREFIX = 'segment/'
+
+
+def _ap_accumulators(params: configs.YT8MTask
+                     ) -> Dict[str, yt8m_metrics.AveragePrecisionAccumulator]:
+  """{metric prefix: accumulator} of one evaluation ({} without AP).
+
+  One accumulator with prefix '', or with `video_and_segment_level` one per
+  level ('video/', 'segment/').
+
+  Raises:
+    ValueError: naming the config keys of a negative `top_n`, or of
+      `video_and_segment_level` with segment-level validation data or
+      without AP metrics.
+  """
+  ap_config = params.evaluation.average_precision
+  if params.evaluation.video_and_segment_level:
+    if params.validation_data.segment_labels:
+      raise ValueError(
+          'task.evaluation.video_and_segment_level evaluates the video and '
+          'the segment level of the same records; set '
+          'task.validation_data.segment_labels=false (it is true).')
+    if ap_config is None:
+      raise ValueError(
+          'task.evaluation.video_and_segment_level reports the AP metrics of '
+          'both levels, but task.evaluation.average_precision is None.')
+  if ap_config is None:
+    return {}
+  top_n = ap_config.top_n
+  if top_n is not None and top_n < 0:
+    raise ValueError(
+        f'task.evaluation.average_precision.top_n={top_n}; expected a '
+        'positive int (AP@n), or None or 0 (off).')
+  prefixes = ((_VIDEO_PREFIX, _SEGMENT_PREFIX)
+              if params.evaluation.video_and_segment_level else ('',))
+  return {prefix: yt8m_metrics.AveragePrecisionAccumulator(
+      num_classes=params.validation_data.num_classes, top_k=ap_config.top_k,
+      top_n=top_n or None) for prefix in prefixes}
+
+
+def _write_per_class_ap(prefix: str, results: Dict[str, Any],
+                        class_positives: np.ndarray, top_n: Optional[int],
+                        step) -> None:
+  """Writes the per-class APs to the default summary writer, if any.
+
+  A histogram `{prefix}per_class_ap` (and `{prefix}per_class_ap_at_{n}`)
+  over the classes with a positive, and a text table
+  `{prefix}per_class_ap_table` of those classes, best first (class id,
+  AP, AP@n, positives). Orbit's controller makes the evaluation summary
+  writer the default one while it evaluates.
+
+  Args:
+    prefix: metric prefix ('' or a level's).
+    results: the accumulator's result with `per_class_ap` [C] (and
+      `per_class_ap_at_n` [C] with top_n).
+    class_positives: [C] positives of each class.
+    top_n: the n of AP@n, or None.
+    step: the summary step (the global step).
+  """
+  has = class_positives > 0
+  classes = np.flatnonzero(has)
+  columns = {'AP': results['per_class_ap']}
+  tf.summary.histogram(f'{prefix}per_class_ap', columns['AP'][has],
+                       step=step)
+  if top_n is not None:
+    columns[f'AP@{top_n}'] = results['per_class_ap_at_n']
+    tf.summary.histogram(f'{prefix}per_class_ap_at_{top_n}',
+                         columns[f'AP@{top_n}'][has], step=step)
+  order = classes[np.lexsort((classes, -columns['AP'][classes]))]
+  lines = [
+      f'{classes.size} classes with a positive, best AP first '
+      f'({class_positives.size - classes.size} without a positive are left '
+      'out).', '',
+      '| class | ' + ' | '.join(columns) + ' | positives |',
+      '|---:|' + '---:|' * (len(columns) + 1)]
+  lines += [f'| {c} | ' + ' | '.join(f'{v[c]:.4f}' for v in columns.values())
+            + f' | {class_positives[c]} |' for c in order]
+  tf.summary.text(f'{prefix}per_class_ap_table', '\n'.join(lines), step=step)
 
 
 @task_factory.register_task_cls(configs.YT8MTask)
@@ -50,10 +130,8 @@ class YT8MTask(base_task.Task):
     # The validation input's files once resolved (demo data or input_path),
     # for the error of an evaluation of no video.
     self._validation_source: Optional[str] = None
-    ap_config = params.evaluation.average_precision
-    self._ap_accumulator = (yt8m_metrics.AveragePrecisionAccumulator(
-        num_classes=params.validation_data.num_classes,
-        top_k=ap_config.top_k) if ap_config is not None else None)
+    # {metric prefix: AP accumulator}: one per evaluated level.
+    self._ap_accumulators = _ap_accumulators(params)
     evaluation = params.evaluation
     if evaluation.num_best_worst_classes < 0:
       raise ValueError('task.evaluation.num_best_worst_classes='
@@ -147,7 +225,11 @@ class YT8MTask(base_task.Task):
     resolved = self._resolve_input_path(params)
     if not params.is_training:
       self._validation_source = resolved.input_path
-    return dataloader.build_dataset(
+    build = dataloader.build_dataset
+    if (not params.is_training and
+        self.task_config.evaluation.video_and_segment_level):
+      build = dataloader.build_video_and_segment_dataset
+    return build(
         resolved, input_context=input_context,
         bad_records=bad_records.log_for_split(self, params.is_training))
 
@@ -198,10 +280,12 @@ class YT8MTask(base_task.Task):
 
   def process_metrics(self, metrics, labels, outputs, model_losses=None,
                       label_weights=None, training=True, example_mask=None,
-                      **kwargs):
+                      segment_level=None, **kwargs):
     """Updates the loss metrics; in eval passes AP inputs to aggregate_logs.
 
     `example_mask` (bool [batch], evaluation): False marks padding rows.
+    `segment_level` (bool [batch], `video_and_segment_level` evaluation):
+    True marks segment-level rows.
     """
     model_losses = model_losses or {}
     logs = {}
@@ -211,6 +295,8 @@ class YT8MTask(base_task.Task):
         ap_inputs['label_weights'] = label_weights
       if example_mask is not None:
         ap_inputs['example_mask'] = example_mask
+      if segment_level is not None:
+        ap_inputs[dataloader.SEGMENT_LEVEL] = segment_level
       # With several workers, every worker accumulates all replicas' rows.
       logs[_AP_KEY] = multiworker.gather_for_host(ap_inputs)
     for m in metrics:
@@ -344,7 +430,8 @@ class YT8MTask(base_task.Task):
     logs.update(self.process_metrics(
         metrics, labels=labels, outputs=predictions, model_losses=all_losses,
         label_weights=label_weights, training=False,
-        example_mask=example_mask))
+        example_mask=example_mask,
+        segment_level=inputs.get(dataloader.SEGMENT_LEVEL)))
     return logs
 
   # -- AP aggregation on the host ---------------------------------------------
@@ -356,45 +443,69 @@ class YT8MTask(base_task.Task):
     them are accumulated, so metrics cover every replica's examples (with
     several workers, `validation_step` gathered every worker's rows and one
     copy is accumulated: `core.multiworker.host_parts`).
+
+    The state is {metric prefix: accumulator}; with
+    `video_and_segment_level` the rows go to the accumulator of their level
+    (video rows without their all-ones `label_weights`).
     """
     if self.task_config.evaluation.average_precision is None:
       return state
     if state is None:
-      self._ap_accumulator.reset()
-      state = self._ap_accumulator
-    ap_inputs = step_outputs[_AP_KEY]
-
-    def _concat(values):
-      return np.concatenate(multiworker.host_parts(values), axis=0)
-
-    state.accumulate(
-        predictions=_concat(ap_inputs['predictions']),
-        labels=_concat(ap_inputs['labels']),
-        label_weights=(_concat(ap_inputs['label_weights'])
-                       if 'label_weights' in ap_inputs else None),
-        example_mask=(_concat(ap_inputs['example_mask'])
-                      if 'example_mask' in ap_inputs else None))
+      for accumulator in self._ap_accumulators.values():
+        accumulator.reset()
+      state = self._ap_accumulators
+    ap_inputs = {key: np.concatenate(multiworker.host_parts(values), axis=0)
+                 for key, values in step_outputs[_AP_KEY].items()}
+    segment_level = ap_inputs.pop(dataloader.SEGMENT_LEVEL, None)
+    if segment_level is None:
+      levels = {'': (slice(None), True)}
+    else:
+      segment_level = segment_level.astype(bool)
+      levels = {_VIDEO_PREFIX: (~segment_level, False),
+                _SEGMENT_PREFIX: (segment_level, True)}
+    for prefix, (rows, weighted) in levels.items():
+      state[prefix].accumulate(
+          predictions=ap_inputs['predictions'][rows],
+          labels=ap_inputs['labels'][rows],
+          label_weights=(ap_inputs['label_weights'][rows]
+                         if weighted and 'label_weights' in ap_inputs
+                         else None),
+          example_mask=(ap_inputs['example_mask'][rows]
+                        if 'example_mask' in ap_inputs else None))
     return state
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
-    """The AP metrics; an `EmptyEvaluationError` naming the dataset if no
-    video was accumulated. Logs the `evaluation.num_best_worst_classes` best
-    and worst per-class APs, named from `evaluation.vocabulary_path`."""
+    """The AP metrics (each level's under its prefix); an
+    `EmptyEvaluationError` naming the dataset if a level accumulated no
+    example. Logs the `evaluation.num_best_worst_classes` best and worst
+    per-class APs of each level, named from `evaluation.vocabulary_path`.
+    With `return_per_class_ap` the per-class APs go to TensorBoard
+    (`_write_per_class_ap`), not into the returned scalars."""
     ap_config = self.task_config.evaluation.average_precision
     if ap_config is None or aggregated_logs is None:
       return {}
-    eval_padding.check_examples_seen(aggregated_logs.num_videos,
-                                     *self.validation_dataset())
-    results = aggregated_logs.result(return_per_class_ap=True)
-    class_positives = aggregated_logs.class_positives
-    aggregated_logs.reset()
-    per_class_ap = results.pop('per_class_ap')
-    n = self.task_config.evaluation.num_best_worst_classes
-    if n:
-      logging.info('%s', vocabulary.best_and_worst_classes(
-          per_class_ap, class_positives, n, self._class_names))
-    if ap_config.return_per_class_ap:
-      # Scalars only (summaries): one entry per class.
-      results.update({f'per_class_ap/{i}': float(ap)
-                      for i, ap in enumerate(per_class_ap)})
-    return results
+    step = (global_step if global_step is not None else
+            tf.summary.experimental.get_step())
+    num_listed = self.task_config.evaluation.num_best_worst_classes
+    out = {}
+    for prefix, accumulator in aggregated_logs.items():
+      dataset, settings = self.validation_dataset()
+      if prefix == _SEGMENT_PREFIX:
+        dataset += (' at segment level (task.evaluation.'
+                    'video_and_segment_level: no rated segment)')
+      eval_padding.check_examples_seen(accumulator.num_videos, dataset,
+                                       settings)
+      results = accumulator.result(return_per_class_ap=True)
+      class_positives = accumulator.class_positives
+      if num_listed:
+        logging.info('%s%s', f'[{prefix[:-1]}] ' if prefix else '',
+                     vocabulary.best_and_worst_classes(
+            results['per_class_ap'], class_positives, num_listed,
+            self._class_names))
+      if ap_config.return_per_class_ap:
+        _write_per_class_ap(prefix, results, class_positives,
+                            accumulator.top_n, step)
+      accumulator.reset()
+      out.update({prefix + key: value for key, value in results.items()
+                  if not key.startswith('per_class_ap')})
+    return out

@@ -242,3 +242,92 @@ def test_bad_inputs_are_named():
                                    [1, 1, 1])
   with pytest.raises(ValueError, match=r'\(2, 2\).*\(2, 3\)'):
     ap.per_class_average_precision(np.zeros((2, 2)), np.zeros((2, 3)))
+
+
+def _starter_ap_at_n(scores, labels, n, num_positives=None):
+  """AP@n as the YouTube-8M starter defines it (`ap_at_n`), for lists
+  without ties: sum of precision@i over the positives among the first n
+  ranks, divided by min(positives, n). Written independently of `ap`."""
+  ranked = np.asarray(labels)[np.argsort(-np.asarray(scores))] > 0
+  total = ranked.sum() if num_positives is None else num_positives
+  if total == 0:
+    return float('nan')
+  hits = np.cumsum(ranked[:n])
+  at_hits = hits[ranked[:n]] / (np.flatnonzero(ranked[:n]) + 1)
+  return float(at_hits.sum() / min(total, n))
+
+
+def test_ap_at_n_hand_computed_with_ties_and_n_below_the_positives():
+  # Scores 0.9 | 0.8 0.8 0.8 | 0.5 | 0.3, labels P | N P P | P | N:
+  # 4 positives, n = 3. The tie group {0.8} spans ranks 2-4: 2 of its 3
+  # ranks lie within the first 3, so it is kept at 2/3 of its weight:
+  # positive weight 2 * 2/3 = 4/3, and it ends at rank 3 with
+  # 1 + 4/3 = 7/3 positives: precision 7/9.
+  # AP@3 = (1 * 1 + 4/3 * 7/9) / min(4, 3) = (1 + 28/27) / 3 = 55/81.
+  scores = [0.9, 0.8, 0.8, 0.8, 0.5, 0.3]
+  labels = [1, 0, 1, 1, 1, 0]
+  assert ap.average_precision(scores, labels, top_n=3) == pytest.approx(
+      55 / 81, abs=1e-15)
+  # n = 4 ends the tie group: (1 + 2 * 3/4) / 4 = 5/8; n = 1: 1 / 1.
+  assert ap.average_precision(scores, labels, top_n=4) == pytest.approx(
+      5 / 8, abs=1e-15)
+  assert ap.average_precision(scores, labels, top_n=1) == 1.0
+  # n beyond the list: the whole list over min(num_positives, n).
+  whole = ap.average_precision(scores, labels)
+  assert ap.average_precision(scores, labels, top_n=100) == whole
+  assert ap.average_precision(scores, labels, top_n=6) == whole
+  # A cut list (num_positives 10): n = 3 divides by 3, not 10.
+  assert ap.average_precision(scores, labels, num_positives=10,
+                              top_n=3) == pytest.approx(55 / 81, abs=1e-15)
+  # Without ties: the starter's formula, n below and above the positives.
+  rng = np.random.default_rng(21)
+  for _ in range(20):
+    size = int(rng.integers(1, 40))
+    s = rng.permutation(size) / size  # Distinct scores.
+    y = (rng.random(size) < 0.4).astype(np.int64)
+    for n in (1, 2, 5, 50):
+      got = ap.average_precision(s, y, top_n=n)
+      want = _starter_ap_at_n(s, y, n)
+      assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(
+          want, abs=1e-12), (size, n)
+      extra = int(y.sum()) + 3
+      assert ap.average_precision(s, y, num_positives=extra, top_n=n) == (
+          pytest.approx(_starter_ap_at_n(s, y, n, extra), abs=1e-12))
+
+
+def test_ap_at_n_grouped_pooled_and_order_independent():
+  rng = np.random.default_rng(12)
+  size = 300
+  scores = rng.integers(0, 6, size).astype(np.float32)  # Many ties.
+  labels = (rng.random(size) < 0.4).astype(np.int64)
+  groups = rng.integers(0, 4, size)
+  num_positives = np.bincount(groups, labels, 4) + np.arange(4)
+  for n in (7, 40):
+    per_group, pooled = ap.grouped_average_precision(
+        scores, labels, groups, 4, num_positives=num_positives,
+        return_pooled=True, top_n=n)
+    # Each group is its own AP@n list; the pooled list is cut as a whole.
+    for g in range(4):
+      sel = groups == g
+      assert per_group[g] == pytest.approx(ap.average_precision(
+          scores[sel], labels[sel], num_positives=num_positives[g],
+          top_n=n), abs=1e-15)
+    assert pooled == ap.average_precision(
+        scores, labels, num_positives=num_positives.sum(), top_n=n)
+    # Any input order: bit-identical.
+    for seed in range(2):
+      p = np.random.default_rng(seed).permutation(size)
+      again = ap.grouped_average_precision(
+          scores[p], labels[p], groups[p], 4, num_positives=num_positives,
+          return_pooled=True, top_n=n)
+      np.testing.assert_array_equal(again[0], per_group)
+      assert again[1] == pooled
+  # Integer weights are repetitions, under the cut too.
+  assert ap.average_precision([0.8, 0.5, 0.5, 0.2], [1, 1, 0, 1],
+                              [2, 1, 1, 1], top_n=3) == pytest.approx(
+                                  ap.average_precision(
+                                      [0.8, 0.8, 0.5, 0.5, 0.2],
+                                      [1, 1, 1, 0, 1], top_n=3), abs=1e-15)
+  for bad in (0, -1, 2.5, True):
+    with pytest.raises(ValueError, match='top_n must be None'):
+      ap.average_precision([0.1], [1], top_n=bad)

@@ -14,28 +14,13 @@ import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
 
-from official.core import exp_factory
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
 from official_ext.core import eval_padding
 from official_ext.yt8m import metrics as yt8m_metrics
-from tests.yt8m.test_train import _tiny_overrides
+from tests.yt8m.conftest import NUM_VALIDATION as _NUM_VALIDATION
 
-_NUM_VALIDATION = 20
 _AP_KEYS = ('hit_at_one', 'perr', 'gap', 'map', 'map_all_classes')
-
-
-def _params(cache_dir):
-  overrides = _tiny_overrides(cache_dir, train_steps=1)
-  overrides['task']['validation_data']['drop_remainder'] = False
-  overrides['task']['demo_data'].update(
-      num_train_videos=16, num_validation_videos=_NUM_VALIDATION)
-  overrides['trainer'].update(steps_per_loop=1, checkpoint_interval=1,
-                              summary_interval=1, validation_interval=1)
-  params = exp_factory.get_exp_config('yt8m_demo')
-  params.override(overrides, is_strict=True)
-  params.validate()
-  return params
 
 
 def test_accumulator_ignores_masked_rows():
@@ -53,13 +38,9 @@ def test_accumulator_ignores_masked_rows():
 
 
 @pytest.fixture(scope='module')
-def trained(tmp_path_factory):
-  """(params, model_dir): one training step, checkpointed."""
-  root = tmp_path_factory.mktemp('yt8m_eval')
-  params = _params(root / 'cache')
-  tf_keras.utils.set_random_seed(3)
-  train.run(params, 'train', str(root / 'model'))
-  return params, str(root / 'model')
+def trained(yt8m_eval_checkpoint):
+  """(params, model_dir): one training step, checkpointed (conftest)."""
+  return yt8m_eval_checkpoint
 
 
 def _evaluate(params, model_dir, **validation):

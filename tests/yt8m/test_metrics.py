@@ -387,3 +387,55 @@ def test_segment_eval_ap_is_the_core_average_precision(tmp_path):
         num_positives=positives[cls]))
     assert result['per_class_ap'][cls] == pytest.approx(want[-1], abs=1e-15)
   assert 0 < result['map'] == pytest.approx(np.mean(want))
+
+
+def test_ap_at_n_hand_computed():
+  """`top_n` (the starter's AP@n): each class's ranked pooled list, and the
+  GAP's pooled list, cut to n ranks, over min(positives, n)."""
+  predictions, labels, _ = _tie_case()
+  # Pooled lists of _tie_case with top_k=2 (see there). n = 1:
+  #   gap: the first rank is half of the tie {0.9: N, N}: no positive -> 0.
+  #   c0 {0.5: N, P}: half the tie kept, positive weight 1/2 at precision
+  #     (1/2) / 1 -> 1/4 over min(1, 1).   c1 {0.9 N, ...}: 0.
+  #   c2 {0.7: P, N}: 1/4.                 c3: 0.   map@1 = 1/2 / 4 = 1/8.
+  # The other metrics are _tie_case's, unchanged.
+  expected = dict(gap_at_1=0.0, map_at_1=1 / 8, hit_at_one=0.25, perr=0.25,
+                  gap=25 / 96, map=1 / 3)
+  _check_both(predictions, labels, expected, top_k=2, top_n=1)
+  # n = 3: gap: {0.9: N, N} then 1 of the 4 ranks of {0.7: N, P, P, N}:
+  #   positive weight 2/4 at precision (1/2) / 3 -> (1/12) / min(4, 3) =
+  #   1/36. Per class, n = 3 covers every list: map@3 = map = 1/3.
+  _check_both(predictions, labels, dict(gap_at_3=1 / 36, map_at_3=1 / 3),
+              top_k=2, top_n=3)
+  # Three videos of test_three_videos_four_classes, top_k=2, n = 2:
+  # gap {0.9 P, 0.8 N} -> 1 / min(5, 2) = 1/2; per class c0 1, c1 1/2, c2 1,
+  # c3 0 -> map@2 = 0.625.
+  predictions = np.array([[0.9, 0.8, 0.1, 0.3], [0.2, 0.7, 0.6, 0.1],
+                          [0.5, 0.4, 0.3, 0.05]])
+  labels = np.array([[1, 0, 0, 1], [0, 1, 1, 0], [0, 0, 0, 1]])
+  _check_both(predictions, labels, dict(gap_at_2=0.5, map_at_2=0.625),
+              top_k=2, top_n=2)
+  # Without top_n no AP@n key; with it, per-class AP@n on request.
+  assert not any('_at_' in k and k != 'hit_at_one'
+                 for k in metrics.evaluate(predictions, labels))
+  acc = metrics.AveragePrecisionAccumulator(4, top_k=2, top_n=2)
+  acc.accumulate(predictions, labels)
+  np.testing.assert_allclose(
+      acc.result(return_per_class_ap=True)['per_class_ap_at_n'],
+      [1, 0.5, 1, 0])
+  np.testing.assert_array_equal(acc.class_positives, [1, 1, 1, 2])
+  with pytest.raises(ValueError, match='top_n must be None or a positive'):
+    metrics.AveragePrecisionAccumulator(4, top_n=0)
+
+
+@pytest.mark.parametrize('case', [CASES[3], CASES[6]])
+def test_ap_at_n_random_matches_reference(case):
+  case = dict(case)
+  top_k = case.pop('top_k')
+  predictions, labels, weights = _random_case(**case)
+  for top_n in (5, 60):
+    got = metrics.evaluate(predictions, labels, top_k=top_k,
+                           label_weights=weights, top_n=top_n)
+    want = metrics_reference.evaluate_reference(
+        predictions, labels, top_k=top_k, label_weights=weights, top_n=top_n)
+    _check(got, {k: want[k] for k in metrics.top_n_keys(top_n)}, tol=1e-9)
