@@ -334,10 +334,9 @@ class VideoLevelDecoder:
     """
     if source is None:
       source = tf.constant('<unknown file>')
-    parsed = tf.io.parse_example(
-        serialized[tf.newaxis], self._features,
-        example_names=source[tf.newaxis])
-    video_id = parsed['id'][0]
+    parsed = tf.io.parse_single_example(serialized, self._features,
+                                        example_names=source)
+    video_id = parsed['id']
 
     def where():
       return (' of video `', video_id, '` in file `', source, '`')

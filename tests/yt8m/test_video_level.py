@@ -10,6 +10,7 @@ import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
 from official.core import task_factory
+from official.modeling import optimization
 from official_ext import export_saved_model
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
@@ -164,6 +165,34 @@ def test_config_keys_video_records_cannot_honour_are_errors():
     task_factory.get_task(frame_backbone).build_model()
 
 
+def test_yt8m_video_level_is_the_starter_training():
+  """The starter's train.py defaults on mean_rgb,mean_audio; input_path
+  required."""
+  config = exp_factory.get_exp_config('yt8m_video_level')
+  config.validate()
+  task = config.task
+  assert task.model.backbone.type == 'identity'
+  assert task.model.head.type == 'logistic'
+  assert task.losses.l2_weight_decay == 1e-8
+  assert task.gradient_clip_norm == 1.0
+  for data in (task.train_data, task.validation_data):
+    assert data.record_type == 'video' and data.global_batch_size == 1024
+    assert tuple(data.feature_names) == ('mean_rgb', 'mean_audio')
+    assert tuple(data.feature_sizes) == (1024, 128)
+  assert config.trainer.train_steps == 5 * (configs.YT8M_TRAIN_EXAMPLES //
+                                            1024)
+  optimizer = config.trainer.optimizer_config
+  assert optimizer.optimizer.type == 'adam' and optimizer.warmup.type is None
+  schedule = optimization.OptimizerFactory(optimizer).build_learning_rate()
+  # x0.95 every 4,000,000 examples (3,906 steps of 1,024), staircase.
+  np.testing.assert_allclose(
+      [float(schedule(step)) for step in (0, 3905, 3906, 7812)],
+      [0.01, 0.01, 0.0095, 0.009025], rtol=1e-6)
+  with pytest.raises(ValueError, match=r'task.train_data.input_path is empty'
+                     r'.*video-level.*youtube8m-ml/2/video/train'):
+    task_factory.get_task(task).build_inputs(task.train_data)
+
+
 @pytest.mark.parametrize('head', ['logistic', 'moe'])
 def test_starter_video_level_models(head):
   """The starter's LogisticModel and MoeModel (2 mixtures + a dummy expert
@@ -203,6 +232,8 @@ def trained(tmp_path_factory):
   params.override({
       'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
       'task': {
+          # XLA steps: the demo run of the README; here they cost time only.
+          'jit_compile': False,
           'model': {'head': {'type': 'moe', 'moe': {'num_mixtures': 2}}},
           'train_data': {'global_batch_size': 8, 'seed': 3},
           # 14 videos in batches of 4: the last one padded.
