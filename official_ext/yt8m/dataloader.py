@@ -179,6 +179,10 @@ class Decoder:
   def __init__(self, params: configs.DataConfig):
     """Args: params: the split's `DataConfig`."""
     _check_params(params)
+    if params.record_type != 'frame':
+      raise ValueError(f'Decoder reads frame-level records; '
+                       f'DataConfig.record_type is {params.record_type!r} '
+                       '(use make_decoder).')
     self._params = params
     self._names = tuple(params.feature_names)
     self._sizes = tuple(int(s) for s in params.feature_sizes)

@@ -156,6 +156,8 @@ def test_config_keys_video_records_cannot_honour_are_errors():
     dataloader.Parser(_data('x', num_sample_frames=4))
   with pytest.raises(ValueError, match='DataConfig.feature_from_bytes'):
     dataloader.make_decoder(_data('x', feature_from_bytes=(True, False)))
+  with pytest.raises(ValueError, match="record_type is 'video'"):
+    dataloader.Decoder(_data('x'))  # The frame-level decoder.
   with pytest.raises(ValueError, match='every_segment'):
     dataloader.build_dataset(_data('x'), every_segment=True)
   frame_backbone = exp_factory.get_exp_config('yt8m_video_level_demo').task
