@@ -72,8 +72,9 @@ MODEL_DATA_KEYS = (
     'num_classes',
     # YouTube-8M: which features, how they are decoded and normalised, how
     # many frames, the segment length.
-    'feature_names', 'feature_sizes', 'feature_dtypes', 'feature_from_bytes',
-    'max_frames', 'segment_size', 'input_per_feature_l2_norm',
+    'record_type', 'feature_names', 'feature_sizes', 'feature_dtypes',
+    'feature_from_bytes', 'max_frames', 'segment_size',
+    'input_per_feature_l2_norm',
     # AssembleNet: clip shape, frame stride, evaluation clips/crops, pixel
     # scaling, label type.
     'feature_shape', 'temporal_stride', 'num_test_clips', 'num_test_crops',

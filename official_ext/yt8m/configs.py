@@ -11,6 +11,17 @@ are registered:
   TFRecords.
 * `yt8m_demo`: a small model on 100 classes that trains on generated data in
   the real record format (see `official_ext.yt8m.demo_data`); no download.
+
+and two on the video-level records (`DataConfig.record_type='video'`: one
+`tf.Example` per video holding `mean_rgb` and `mean_audio`), with the
+starter code's video-level models (the logistic or MoE head on the
+concatenated mean features; backbone type 'identity'):
+
+* `yt8m_video_level`: the YouTube-8M starter code's defaults (logistic
+  model, batch 1024, Adam at 0.01 decayed by 0.95 every 4,000,000 examples,
+  5 epochs); needs both `input_path`s.
+* `yt8m_video_level_demo`: the same model on the demo videos' mean features
+  (generated, cached; no download).
 """
 import dataclasses
 from typing import Optional, Tuple
@@ -28,20 +39,36 @@ YT8M_NUM_CLASSES = 3862
 # copy the files and point `input_path` at them).
 YT8M_PUBLIC_TRAIN_PATH = 'gs://youtube8m-ml/2/frame/train/train*.tfrecord'
 YT8M_PUBLIC_VAL_PATH = 'gs://youtube8m-ml/3/frame/validate/validate*.tfrecord'
+# The video-level data (`record_type='video'`), as the starter code names it.
+YT8M_PUBLIC_VIDEO_TRAIN_PATH = 'gs://youtube8m-ml/2/video/train/train*.tfrecord'
+YT8M_PUBLIC_VIDEO_VAL_PATH = (
+    'gs://youtube8m-ml/2/video/validate/validate*.tfrecord')
+
+RECORD_TYPES = ('frame', 'video')
 
 POOLING_METHODS = ('average', 'max', 'swap', 'none')
 
 
 @dataclasses.dataclass
 class DataConfig(cfg.DataConfig):
-  """Input pipeline of YouTube-8M frame-level `tf.SequenceExample` records.
+  """Input pipeline of YouTube-8M records.
 
   Attributes:
     name: dataset name, informational.
     split: 'train' or 'valid', informational.
-    feature_names: sequence features read from each record, in the order they
-      are concatenated along the feature axis.
-    feature_sizes: width of each feature per frame (1024 rgb, 128 audio).
+    record_type: 'frame': frame-level `tf.SequenceExample`s (sequence
+      features, one entry per frame); 'video': video-level `tf.Example`s, one
+      float list per feature and video (the frames' mean: `mean_rgb`,
+      `mean_audio`), which need `feature_dtypes` 'float32',
+      `feature_from_bytes` False, `num_sample_frames` None and
+      `segment_labels` False (the frame keys `max_frames`,
+      `sample_random_frames` and `segment_size` are not used), and the
+      'identity' backbone.
+    feature_names: features read from each record, in the order they are
+      concatenated along the feature axis: sequence features (frame level)
+      or features (video level).
+    feature_sizes: width of each feature per frame, or per video (1024 rgb,
+      128 audio).
     feature_dtypes: dtype of each stored feature ('uint8' quantized or
       'float32').
     feature_from_bytes: True when a frame is stored as a bytes string
@@ -77,6 +104,7 @@ class DataConfig(cfg.DataConfig):
   """
   name: Optional[str] = 'yt8m'
   split: Optional[str] = 'train'
+  record_type: str = 'frame'
   feature_names: Tuple[str, ...] = ('rgb', 'audio')
   feature_sizes: Tuple[int, ...] = (1024, 128)
   feature_dtypes: Tuple[str, ...] = ('uint8', 'uint8')
@@ -136,9 +164,18 @@ class DbofModel(hyperparams.Config):
 
 
 @dataclasses.dataclass
+class IdentityBackbone(hyperparams.Config):
+  """No backbone: the head reads the video-level features [batch, features]
+  as they come (video-level records, `DataConfig.record_type='video'`)."""
+
+
+@dataclasses.dataclass
 class Backbone(hyperparams.OneOfConfig):
+  """'dbof' (frame-level records) or 'identity' (video-level records)."""
   type: Optional[str] = 'dbof'
   dbof: DbofModel = dataclasses.field(default_factory=DbofModel)
+  identity: IdentityBackbone = dataclasses.field(
+      default_factory=IdentityBackbone)
 
 
 @dataclasses.dataclass
@@ -412,4 +449,129 @@ def yt8m_demo() -> cfg.ExperimentConfig:
           optimizer_config=_optimizer(
               learning_rate=0.002, decay_steps=steps_per_epoch,
               warmup_steps=steps_per_epoch // 2)),
+      restrictions=list(_RESTRICTIONS))
+
+
+# ---------------------------------------------------------------------------
+# Video-level records (`record_type='video'`).
+# ---------------------------------------------------------------------------
+
+# The starter code's names and widths of the video-level features.
+VIDEO_LEVEL_FEATURES = dict(
+    record_type='video', feature_names=('mean_rgb', 'mean_audio'),
+    feature_sizes=(1024, 128), feature_dtypes=('float32', 'float32'),
+    feature_from_bytes=(False, False), num_sample_frames=None)
+
+
+def video_level_model(head: str, num_mixtures: int = 2
+                      ) -> VideoClassificationModel:
+  """The starter code's video-level models: `head` ('logistic' or 'moe',
+  with `num_mixtures` experts, the starter's default 2) on the concatenated
+  mean features, no backbone."""
+  return VideoClassificationModel(
+      backbone=Backbone(type='identity'),
+      head=Head(type=head, moe=MoeModel(num_mixtures=num_mixtures)))
+
+
+def _starter_optimizer(learning_rate: float,
+                       decay_steps: int) -> optimization.OptimizationConfig:
+  """The starter code's optimizer: Adam, learning rate multiplied by 0.95
+  every `decay_steps` (staircase), no warmup."""
+  return optimization.OptimizationConfig({
+      'optimizer': {'type': 'adam', 'adam': {}},
+      'learning_rate': {
+          'type': 'exponential',
+          'exponential': {
+              'initial_learning_rate': learning_rate,
+              'decay_rate': 0.95,
+              'decay_steps': decay_steps,
+              'staircase': True,
+          },
+      },
+  })
+
+
+@exp_factory.register_config_factory('yt8m_video_level')
+def yt8m_video_level() -> cfg.ExperimentConfig:
+  """The starter code's video-level training (needs input_path).
+
+  `train.py --feature_names=mean_rgb,mean_audio --feature_sizes=1024,128`
+  with its defaults: LogisticModel (L2 1e-8), batch 1024, Adam at
+  base_learning_rate 0.01 multiplied by 0.95 every 4,000,000 examples
+  (staircase), gradients clipped to norm 1.0, 5 epochs; eval.py's top_k 20.
+  One difference: the starter sums the cross-entropy over the classes, this
+  task averages it (Adam's updates do not depend on the loss scale, but the
+  L2 term weighs 3,862 times more relative to it; at 1e-8 it is negligible
+  either way).
+  """
+  train_batch_size = 1024
+  eval_batch_size = 1024
+  steps_per_epoch = YT8M_TRAIN_EXAMPLES // train_batch_size
+  steps_per_loop = 500
+  task = YT8MTask(
+      model=video_level_model('logistic'),
+      train_data=DataConfig(
+          is_training=True, split='train', drop_remainder=True,
+          global_batch_size=train_batch_size,
+          num_examples=YT8M_TRAIN_EXAMPLES, **VIDEO_LEVEL_FEATURES),
+      validation_data=DataConfig(
+          is_training=False, split='valid', drop_remainder=False,
+          global_batch_size=eval_batch_size, num_examples=YT8M_VAL_EXAMPLES,
+          **VIDEO_LEVEL_FEATURES),
+      losses=Losses(l2_weight_decay=1e-8))
+  return cfg.ExperimentConfig(
+      runtime=cfg.RuntimeConfig(mixed_precision_dtype='float32'),
+      task=task,
+      trainer=cfg.TrainerConfig(
+          steps_per_loop=steps_per_loop,
+          summary_interval=steps_per_loop,
+          checkpoint_interval=steps_per_loop,
+          train_steps=5 * steps_per_epoch,
+          validation_steps=-1,
+          validation_interval=steps_per_epoch,
+          optimizer_config=_starter_optimizer(
+              learning_rate=0.01,
+              decay_steps=4_000_000 // train_batch_size)),
+      restrictions=list(_RESTRICTIONS))
+
+
+@exp_factory.register_config_factory('yt8m_video_level_demo')
+def yt8m_video_level_demo() -> cfg.ExperimentConfig:
+  """`yt8m_video_level` on the demo videos' mean features (no download).
+
+  The videos are `yt8m_demo`'s (100 classes, lengths up to 1.5 x 64
+  frames), written as video-level `tf.Example`s (`demo_data`).
+  """
+  num_train = 4000
+  num_val = 1000
+  train_batch_size = 64
+  eval_batch_size = 100
+  steps_per_epoch = num_train // train_batch_size
+  epochs = 16
+  data = dict(num_classes=DEMO_NUM_CLASSES, max_frames=DEMO_MAX_FRAMES,
+              **VIDEO_LEVEL_FEATURES)
+  task = YT8MTask(
+      model=video_level_model('logistic'),
+      train_data=DataConfig(
+          is_training=True, split='train', drop_remainder=True,
+          global_batch_size=train_batch_size, num_examples=num_train, **data),
+      validation_data=DataConfig(
+          is_training=False, split='valid', drop_remainder=False,
+          global_batch_size=eval_batch_size, num_examples=num_val, **data),
+      losses=Losses(l2_weight_decay=1e-8),
+      demo_data=DemoDataConfig(
+          enabled=True, num_train_videos=num_train,
+          num_validation_videos=num_val))
+  return cfg.ExperimentConfig(
+      runtime=cfg.RuntimeConfig(mixed_precision_dtype='float32'),
+      task=task,
+      trainer=cfg.TrainerConfig(
+          steps_per_loop=steps_per_epoch,
+          summary_interval=steps_per_epoch,
+          checkpoint_interval=steps_per_epoch,
+          train_steps=epochs * steps_per_epoch,
+          validation_steps=-1,
+          validation_interval=4 * steps_per_epoch,
+          optimizer_config=_starter_optimizer(
+              learning_rate=0.01, decay_steps=steps_per_epoch)),
       restrictions=list(_RESTRICTIONS))

@@ -1,6 +1,7 @@
-"""Input pipeline of YouTube-8M frame-level `tf.train.SequenceExample` records.
+"""Input pipeline of YouTube-8M frame-level and video-level records.
 
-Record format (the public YouTube-8M frame-level TFRecords):
+Frame-level record format (the public YouTube-8M frame-level TFRecords,
+`DataConfig.record_type='frame'`), a `tf.train.SequenceExample`:
 
 * context `id` (bytes): the video id.
 * context `labels` (int64 list; `DataConfig.label_field`): video-level class
@@ -14,12 +15,18 @@ Record format (the public YouTube-8M frame-level TFRecords):
   frame) and `segment_scores` (float list, 1.0 positive / 0.0 negative), one
   entry per (segment, class) rating.
 
+Video-level record format (`record_type='video'`; the public video-level
+TFRecords, `VideoLevelDecoder`), a `tf.train.Example`: `id` (bytes), `labels`
+(int64 list) and one float list per feature (`mean_rgb` 1024 and
+`mean_audio` 128 floats, the mean of the video's dequantized frames). Each
+video is one example [sum(feature_sizes)]; nothing is sampled or padded.
+
 Pipeline (`build_dataset`), on `official_ext.core.tfrecord_input` (file
 matching, sharding, bad records, evaluation padding, Model Garden's
 InputReader):
 
     files --(per-file reader: (file name, record) pairs, corruption check)-->
-    [train: shuffle] --Decoder.decode--> raw tensors
+    [train: shuffle] --Decoder.decode (VideoLevelDecoder)--> raw tensors
     [train with sampling: + per-example seed from Dataset.random(seed)]
     --Parser.parse_fn--> example dicts [segment mode: unbatch] --> batch.
 
@@ -35,7 +42,7 @@ goes on past them), or the one invalid record, is skipped, logged and counted
 in a `BadRecordLog` (`bad_records.bad_record_log()`, or the task's); every
 other record is read.
 """
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
@@ -128,6 +135,32 @@ def _check_params(params: configs.DataConfig) -> None:
     raise ValueError(f'DataConfig.num_sample_frames is '
                      f'{params.num_sample_frames!r}; expected None or a '
                      'positive int.')
+  if params.record_type not in configs.RECORD_TYPES:
+    raise ValueError(f'DataConfig.record_type is {params.record_type!r}; '
+                     f'expected one of {configs.RECORD_TYPES}.')
+  if params.record_type == 'video':
+    _check_video_level_params(params)
+
+
+def _check_video_level_params(params: configs.DataConfig) -> None:
+  """Raises ValueError naming the DataConfig key that video-level records
+  (one float list per feature) cannot honour."""
+  video = "video-level records (DataConfig.record_type='video')"
+  for key, expected in (('feature_dtypes', 'float32'),
+                        ('feature_from_bytes', False)):
+    values = tuple(getattr(params, key))
+    if any(v != expected for v in values):
+      raise ValueError(f'DataConfig.{key} is {values}; {video} store each '
+                       f'feature as one float list: expected {expected!r} '
+                       'for every feature.')
+  if params.num_sample_frames is not None:
+    raise ValueError(f'DataConfig.num_sample_frames is '
+                     f'{params.num_sample_frames!r}; {video} have no frames '
+                     'to sample: set it to None.')
+  if params.segment_labels:
+    raise ValueError(f'DataConfig.segment_labels is True; {video} carry no '
+                     "segment ratings: use frame-level records (record_type="
+                     "'frame') for segment labels.")
 
 
 # ---------------------------------------------------------------------------
@@ -150,6 +183,10 @@ class Decoder:
   def __init__(self, params: configs.DataConfig):
     """Args: params: the split's `DataConfig`."""
     _check_params(params)
+    if params.record_type != 'frame':
+      raise ValueError(f'Decoder reads frame-level records; '
+                       f'DataConfig.record_type is {params.record_type!r} '
+                       '(use make_decoder).')
     self._params = params
     self._names = tuple(params.feature_names)
     self._sizes = tuple(int(s) for s in params.feature_sizes)
@@ -258,6 +295,98 @@ class Decoder:
     ]
 
 
+class VideoLevelDecoder:
+  """Decodes one serialized video-level `tf.Example` into raw tensors.
+
+  Record format (the public YouTube-8M video-level TFRecords): `id` (bytes),
+  `labels` (int64 list; `DataConfig.label_field`) and one float list of
+  `feature_sizes[i]` values per feature (`mean_rgb` 1024, `mean_audio` 128).
+  Checks, with errors naming the file, video and feature: every feature has
+  `feature_sizes[i]` values (a missing one has 0: e.g. a frame-level
+  SequenceExample read as video level) and they are finite. A record that
+  is not a `tf.Example`, or a feature stored with another dtype, fails in
+  TensorFlow's parser, whose error names the file (`example_names`) and the
+  feature.
+  """
+
+  def __init__(self, params: configs.DataConfig):
+    """Args: params: the split's `DataConfig`, `record_type` 'video'."""
+    _check_params(params)
+    if params.record_type != 'video':
+      raise ValueError(f'VideoLevelDecoder: DataConfig.record_type is '
+                       f"{params.record_type!r}; expected 'video'.")
+    self._params = params
+    self._names = tuple(params.feature_names)
+    self._sizes = tuple(int(s) for s in params.feature_sizes)
+    self._features = {
+        'id': tf.io.FixedLenFeature([], tf.string, default_value=''),
+        params.label_field: tf.io.VarLenFeature(tf.int64),
+    }
+    for name in self._names:
+      self._features[name] = tf.io.VarLenFeature(tf.float32)
+
+  def decode(self,
+             serialized: tf.Tensor,
+             source: Optional[tf.Tensor] = None) -> Dict[str, Any]:
+    """Parses one record.
+
+    Args:
+      serialized: string scalar, a serialized `tf.train.Example`.
+      source: optional string scalar naming where the record comes from (its
+        file); used in error messages and returned as `source`.
+
+    Returns:
+      A dict: `video_id` string scalar ('' if absent), `labels` int64
+      [num_labels] as stored, `features` {feature name: float32
+      [feature_size]}, `source` string scalar.
+    """
+    if source is None:
+      source = tf.constant('<unknown file>')
+    parsed = tf.io.parse_single_example(serialized, self._features,
+                                        example_names=source)
+    video_id = parsed['id']
+
+    def where():
+      return (' of video `', video_id, '` in file `', source, '`')
+
+    checks = []
+    features = {}
+    for name, size in zip(self._names, self._sizes):
+      values = parsed[name].values
+      count = tf.size(values)
+      checks.append(graph_checks.require(
+          tf.equal(count, size),
+          lambda name=name, size=size, count=count: graph_checks.join(
+              'Feature `', name, '`', *where(), ': has ', count,
+              f' values, expected {size} (DataConfig.feature_sizes; '
+              "video-level records, DataConfig.record_type='video').")))
+      # Cut or zero-padded to `size` (the check above fails otherwise), not
+      # `tf.reshape(values, [size])`: from such a reshape Grappler's constant
+      # folding infers that `count == size` holds and drops the check, so a
+      # record of the wrong width would be served.
+      values = tf.reshape(
+          tf.pad(values, [[0, tf.maximum(size - count, 0)]])[:size], [size])
+      checks.append(_check_finite(values, name, where))
+      features[name] = values
+    decoded = {
+        VIDEO_ID: video_id,
+        LABELS: parsed[self._params.label_field].values,
+        SOURCE: source,
+    }
+    with tf.control_dependencies(checks):
+      decoded[FEATURES] = {k: tf.identity(v) for k, v in features.items()}
+    return decoded
+
+
+def make_decoder(params: configs.DataConfig
+                 ) -> Union[Decoder, VideoLevelDecoder]:
+  """The decoder of `params.record_type`'s records."""
+  _check_params(params)
+  if params.record_type == 'video':
+    return VideoLevelDecoder(params)
+  return Decoder(params)
+
+
 def _frames_from_bytes(raw: tf.Tensor, name: str, size: int,
                        dtype: tf.DType, where: Callable[[], tuple]
                        ) -> Tuple[tf.Tensor, List[tf.Tensor]]:
@@ -330,18 +459,26 @@ def _frames_from_lists(sparse: tf.SparseTensor, name: str, size: int,
 
 def _check_finite(values: tf.Tensor, name: str,
                   where: Callable[[], tuple]) -> tf.Tensor:
-  """Checks that float32 frames [T, size] of feature `name` are finite."""
+  """Checks that float32 values of feature `name` are finite: frames
+  [T, size] (the message names the frame), or one video's [size] (video
+  level: the message names the value's index)."""
   finite = tf.math.is_finite(values)
-  return graph_checks.require(
-      tf.reduce_all(finite), lambda: graph_checks.join(
-          'Feature `', name, '`', *where(), ': frame ',
-          graph_checks.first_where(
-              tf.range(tf.shape(values)[0]),
-              tf.logical_not(tf.reduce_all(finite, axis=1))),
-          ' has a NaN or infinite value (',
-          graph_checks.first_where(tf.reshape(values, [-1]), tf.logical_not(
-              tf.reshape(finite, [-1]))),
-          ').'))
+  flat_bad = tf.logical_not(tf.reshape(finite, [-1]))
+
+  def message():
+    if values.shape.rank == 1:
+      position = (': value ', graph_checks.first_where(
+          tf.range(tf.size(values)), flat_bad), ' is NaN or infinite (')
+    else:
+      position = (': frame ', graph_checks.first_where(
+          tf.range(tf.shape(values)[0]),
+          tf.logical_not(tf.reduce_all(finite, axis=1))),
+                  ' has a NaN or infinite value (')
+    return graph_checks.join(
+        'Feature `', name, '`', *where(), *position,
+        graph_checks.first_where(tf.reshape(values, [-1]), flat_bad), ').')
+
+  return graph_checks.require(tf.reduce_all(finite), message)
 
 
 def _segment_ratings(context: Dict[str, tf.SparseTensor],
@@ -409,6 +546,13 @@ class Parser:
       `labels`: float32 [num_classes] multi-hot.
       `video_ids`: string scalar, when `include_video_id`.
 
+    Video-level records (`record_type` 'video'), one example per video:
+      `video_matrix`: float32 [sum(feature_sizes)], the features
+        concatenated in `feature_names` order (L2-normalised per feature if
+        `input_per_feature_l2_norm`).
+      `num_frames`: int32 scalar 1 (one aggregated vector).
+      `labels`, `video_ids`: as above.
+
     Segment level (`segment_labels` True), one example per distinct segment
     start time (sorted), with a leading dimension R (unbatched later):
       `video_matrix`: float32 [R, segment_size, F], frames start..start +
@@ -427,6 +571,8 @@ class Parser:
     """
 
     def parse(decoded: Dict[str, Any]) -> Dict[str, tf.Tensor]:
+      if self._params.record_type == 'video':
+        return self._parse_video_level(decoded)
       if self._params.segment_labels:
         return self._parse_segments(decoded)
       return self._parse_video(decoded, is_training)
@@ -536,6 +682,19 @@ class Parser:
       length = self._max_frames
     matrix = tf.ensure_shape(matrix, [length, self._num_features])
     out = {'video_matrix': matrix, 'num_frames': num_frames, 'labels': labels}
+    if self._params.include_video_id:
+      out['video_ids'] = decoded[VIDEO_ID]
+    return out
+
+  def _parse_video_level(self, decoded) -> Dict[str, tf.Tensor]:
+    labels = decoded[LABELS]
+    with tf.control_dependencies(
+        [self._check_class_ids(labels, decoded, self._params.label_field)]):
+      labels = self._multi_hot(labels)
+    matrix = self._to_float([decoded[FEATURES][name] for name in self._names])
+    matrix.shape.assert_is_compatible_with([self._num_features])
+    out = {'video_matrix': matrix, 'num_frames': tf.constant(1, tf.int32),
+           'labels': labels}
     if self._params.include_video_id:
       out['video_ids'] = decoded[VIDEO_ID]
     return out
@@ -664,7 +823,8 @@ def build_dataset(
     A Dataset of dicts, batch dimension first (B = per-replica batch size):
       `video_matrix` float32 [B, T, sum(feature_sizes)] (T: num_sample_frames
       when sampling in training, max_frames otherwise, segment_size in segment
-      mode), `num_frames` int32 [B], `labels` float32 [B, num_classes],
+      mode; video-level records: [B, sum(feature_sizes)]), `num_frames` int32
+      [B] (video-level records: 1), `labels` float32 [B, num_classes],
       segment mode: `label_weights` float32 [B, num_classes] and
       `segment_start_times` int32 [B]; `video_ids` string [B] when
       `include_video_id`. Training: shuffled (seeded by `params.seed`) and
@@ -677,6 +837,10 @@ def build_dataset(
       (the message names the pattern).
   """
   _check_params(params)
+  if every_segment and params.record_type == 'video':
+    raise ValueError('build_dataset(every_segment=True) scores the segments of '
+                     'frame-level records; DataConfig.record_type is '
+                     "'video' (one vector per video, no segments).")
   if every_segment and params.is_training:
     raise ValueError('build_dataset(every_segment=True) is for inference; '
                      'DataConfig.is_training must be False.')
@@ -742,7 +906,7 @@ def _stages(params: configs.DataConfig, every_segment: bool,
             short_last_segment: bool) -> tfrecord_input.Stages:
   """YT8M's decoding, parsing and batching for `params` (as read: with the
   shared file-shuffle seed); the arguments are `build_dataset`'s."""
-  decoder = Decoder(params)
+  decoder = make_decoder(params)
   parser = Parser(params)
   segment_mode = bool(params.segment_labels) or every_segment
   is_training = bool(params.is_training)

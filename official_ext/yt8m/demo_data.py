@@ -16,10 +16,17 @@ The records are real YouTube-8M frame-level `tf.train.SequenceExample`s (see
   then show that label) and usually negative (score 0.0) for one class the
   video does not have.
 
+With `record_type='video'` the same videos (same seed, same draws) are
+written as video-level `tf.train.Example`s instead: `id`, `labels` and
+`mean_rgb` / `mean_audio`, the mean over all the video's frames of the
+dequantized frame features (what the frame-level record would give with
+`dataloader.dequantize`), as float lists.
+
 The output is a deterministic function of the arguments (same seed, same
 bytes). `ensure_demo_data` caches it per parameter set; the CLI writes it:
 
-    python -m official_ext.yt8m.demo_data --output_dir=/tmp/yt8m_demo
+    python -m official_ext.yt8m.demo_data --output_dir=/tmp/yt8m_demo \
+        [--record_type=video]
 """
 import hashlib
 import json
@@ -124,6 +131,44 @@ def make_sequence_example(
   return example
 
 
+def make_video_level_example(video_id: str, labels: Sequence[int],
+                             mean_rgb: np.ndarray,
+                             mean_audio: np.ndarray) -> tf.train.Example:
+  """Builds one YouTube-8M video-level record.
+
+  Args:
+    video_id: feature `id`.
+    labels: feature `labels`, video-level class ids.
+    mean_rgb: float [rgb_size] (1024 in YouTube-8M), feature `mean_rgb`.
+    mean_audio: float [audio_size] (128), feature `mean_audio`.
+
+  Returns:
+    The `tf.train.Example`.
+
+  Raises:
+    ValueError: naming the argument that is not a float vector.
+  """
+  example = tf.train.Example()
+  feature = example.features.feature
+  feature['id'].bytes_list.value.append(video_id.encode('utf-8'))
+  feature['labels'].int64_list.value.extend(int(l) for l in labels)
+  for name, values in (('mean_rgb', mean_rgb), ('mean_audio', mean_audio)):
+    values = np.asarray(values)
+    if values.ndim != 1 or values.dtype.kind != 'f':
+      raise ValueError(f'make_video_level_example: {name} must be a float '
+                       f'vector [size]; got {values.dtype} {values.shape}.')
+    feature[name].float_list.value.extend(values.tolist())
+  return example
+
+
+def dequantized_mean(frames: np.ndarray) -> np.ndarray:
+  """uint8 frames [T, size] -> float32 [size], the mean over the frames of
+  `dataloader.dequantize` (accumulated in float64)."""
+  mean = frames.astype(np.float64).mean(axis=0)
+  return (mean * dataloader.QUANTIZATION_SCALE +
+          dataloader.QUANTIZATION_BIAS).astype(np.float32)
+
+
 def _prototypes(rng: np.random.Generator, num_classes: int,
                 feature_sizes: Sequence[int]) -> List[np.ndarray]:
   return [
@@ -135,8 +180,11 @@ def _prototypes(rng: np.random.Generator, num_classes: int,
 def _split_examples(rng: np.random.Generator, split: str, num_videos: int,
                     num_classes: int, max_frames: int,
                     class_log_weights: np.ndarray,
-                    prototypes: List[np.ndarray], segment_fraction: float):
-  """Yields the serialized records of one split, in order."""
+                    prototypes: List[np.ndarray], segment_fraction: float,
+                    record_type: str = 'frame'):
+  """Yields the serialized records of one split, in order: frame-level
+  SequenceExamples, or (`record_type` 'video') the same videos' video-level
+  Examples."""
   max_length = max(max_frames + 1, int(1.5 * max_frames))
   lengths = rng.integers(2, max_length + 1, num_videos)
   lengths[rng.random(num_videos) < _LENGTH_ONE_FRACTION] = 1
@@ -182,9 +230,15 @@ def _split_examples(rng: np.random.Generator, split: str, num_videos: int,
       noise += prototype[frame_labels]
       noise += offset
       features.append(quantize(noise))
-    example = make_sequence_example(
-        f'{split[:2]}{i:06d}', labels.tolist(), features[0], features[1],
-        seg_labels, seg_starts, seg_scores)
+    video_id = f'{split[:2]}{i:06d}'
+    if record_type == 'video':
+      example = make_video_level_example(
+          video_id, labels.tolist(), dequantized_mean(features[0]),
+          dequantized_mean(features[1]))
+    else:
+      example = make_sequence_example(
+          video_id, labels.tolist(), features[0], features[1], seg_labels,
+          seg_starts, seg_scores)
     yield example.SerializeToString()
 
 
@@ -201,7 +255,8 @@ def write_demo_dataset(output_dir: str,
                        num_shards: int,
                        seed: int,
                        segment_fraction: float,
-                       feature_sizes: Sequence[int] = (1024, 128)
+                       feature_sizes: Sequence[int] = (1024, 128),
+                       record_type: str = 'frame'
                       ) -> Dict[str, str]:
   """Writes train and validation shards of generated data.
 
@@ -216,6 +271,8 @@ def write_demo_dataset(output_dir: str,
     seed: random seed; the same arguments give the same bytes.
     segment_fraction: share of videos (in [0, 1]) with segment ratings.
     feature_sizes: (rgb, audio) widths.
+    record_type: 'frame' (SequenceExamples) or 'video' (the same videos as
+      video-level Examples; segment ratings are drawn but not written).
 
   Returns:
     {'train': glob pattern, 'validation': glob pattern}.
@@ -234,6 +291,9 @@ def write_demo_dataset(output_dir: str,
   if not 0.0 <= segment_fraction <= 1.0:
     raise ValueError(f'segment_fraction is {segment_fraction}; expected a '
                      'value in [0, 1].')
+  if record_type not in configs.RECORD_TYPES:
+    raise ValueError(f'record_type is {record_type!r}; expected one of '
+                     f'{configs.RECORD_TYPES}.')
   if len(feature_sizes) != 2 or min(feature_sizes) < 1:
     raise ValueError(f'feature_sizes is {feature_sizes}; expected positive '
                      '(rgb, audio) widths.')
@@ -247,7 +307,7 @@ def write_demo_dataset(output_dir: str,
     rng = np.random.default_rng([seed, split_id])
     records = _split_examples(rng, split, counts[split], num_classes,
                               max_frames, class_log_weights, prototypes,
-                              segment_fraction)
+                              segment_fraction, record_type)
     bounds = np.linspace(0, counts[split], num_shards + 1).astype(int)
     for shard in range(num_shards):
       path = os.path.join(
@@ -274,12 +334,24 @@ def demo_data_params(task_config: configs.YT8MTask) -> Dict[str, object]:
     ValueError: naming the config key that the generator cannot honour.
   """
   train, val = task_config.train_data, task_config.validation_data
+  record_type = train.record_type
+  video = record_type == 'video'
+  names = ('mean_rgb', 'mean_audio') if video else ('rgb', 'audio')
   for key, data in (('task.train_data', train), ('task.validation_data', val)):
-    if tuple(data.feature_names) != ('rgb', 'audio'):
+    if data.record_type != record_type:
+      raise ValueError(f'{key}.record_type is {data.record_type!r} but '
+                       f'task.train_data.record_type is {record_type!r}; '
+                       'demo data has one record type.')
+    if tuple(data.feature_names) != names:
       raise ValueError(f'{key}.feature_names is {tuple(data.feature_names)}; '
-                       "demo data has ('rgb', 'audio').")
-    if tuple(data.feature_dtypes) != ('uint8', 'uint8') or not all(
-        data.feature_from_bytes):
+                       f'{record_type}-level demo data has {names}.')
+    if video and (tuple(data.feature_dtypes) != ('float32', 'float32') or
+                  any(data.feature_from_bytes)):
+      raise ValueError(f'{key}.feature_dtypes / feature_from_bytes: '
+                       'video-level demo data is float32 stored as float '
+                       'lists.')
+    if not video and (tuple(data.feature_dtypes) != ('uint8', 'uint8') or
+                      not all(data.feature_from_bytes)):
       raise ValueError(f'{key}.feature_dtypes / feature_from_bytes: demo data '
                        'is uint8 stored as bytes.')
   if tuple(val.feature_sizes) != tuple(train.feature_sizes):
@@ -298,6 +370,7 @@ def demo_data_params(task_config: configs.YT8MTask) -> Dict[str, object]:
       'num_shards': int(demo.num_shards),
       'seed': int(demo.seed),
       'segment_fraction': float(demo.segment_fraction),
+      'record_type': record_type,
   }
 
 
@@ -344,7 +417,8 @@ def ensure_demo_data(task_config: configs.YT8MTask) -> Tuple[str, str]:
           num_shards=params['num_shards'],
           seed=params['seed'],
           segment_fraction=params['segment_fraction'],
-          feature_sizes=params['feature_sizes'])
+          feature_sizes=params['feature_sizes'],
+          record_type=params['record_type'])
       with open(os.path.join(tmp_dir, _COMPLETE_MARKER), 'w') as f:
         json.dump(params, f, sort_keys=True)
       try:
@@ -385,6 +459,9 @@ def _define_flags() -> None:
   flags.DEFINE_integer('seed', task.demo_data.seed, 'Random seed.')
   flags.DEFINE_float('segment_fraction', task.demo_data.segment_fraction,
                      'Share of videos with segment ratings.')
+  flags.DEFINE_enum('record_type', 'frame', list(configs.RECORD_TYPES),
+                    "'frame': SequenceExamples; 'video': the same videos as "
+                    'video-level Examples (mean_rgb, mean_audio).')
   flags.mark_flag_as_required('output_dir')
 
 
@@ -399,7 +476,8 @@ def main(argv: List[str]) -> None:
       num_validation_videos=f.num_validation_videos,
       num_shards=f.num_shards,
       seed=f.seed,
-      segment_fraction=f.segment_fraction)
+      segment_fraction=f.segment_fraction,
+      record_type=f.record_type)
   print(f"train: {patterns['train']}")
   print(f"validation: {patterns['validation']}")
 

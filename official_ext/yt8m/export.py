@@ -13,6 +13,14 @@ Signatures:
   `num_frames` are padding and ignored whatever they hold (NaN included); a
   `num_frames` above `frames` counts as `frames`.
 
+A video-level model (`record_type` 'video', the 'identity' backbone) has
+the same two signatures on its own records: `serving_default(examples)`
+takes serialized video-level `tf.Example`s (decoded by the evaluation's
+`dataloader.VideoLevelDecoder`), and `serve_features(features)` takes the
+features float32 [batch, sum(feature_sizes)] alone (no `num_frames`), with
+the same refusals (wrong rank or width; a NaN or infinite value, naming the
+row and column).
+
 Serving is deterministic, and `serve_features` fed the dequantized first
 `max_frames` frames of a record returns what `serving_default` returns for
 the serialized record.
@@ -46,7 +54,8 @@ class YT8MExportModule(export_base.ExportModule):
     super().__init__(params, model)
     data = params.task.validation_data.replace(
         segment_labels=False, include_video_id=True, num_sample_frames=None)
-    self._decoder = dataloader.Decoder(data)
+    self._decoder = dataloader.make_decoder(data)
+    self._video_level = data.record_type == 'video'
     self._parser = dataloader.Parser(data).parse_fn(is_training=False)
     self._num_features = sum(int(s) for s in data.feature_sizes)
     self._num_classes = int(data.num_classes)
@@ -79,11 +88,12 @@ class YT8MExportModule(export_base.ExportModule):
                                        'video_ids')}
 
     indices = tf.range(tf.shape(examples)[0])
+    frames = [] if self._video_level else [self._max_frames]
     parsed = tf.map_fn(
         parse, (examples, indices),
         fn_output_signature={
-            'video_matrix': tf.TensorSpec([self._max_frames,
-                                           self._num_features], tf.float32),
+            'video_matrix': tf.TensorSpec([*frames, self._num_features],
+                                          tf.float32),
             'num_frames': tf.TensorSpec([], tf.int32),
             'video_ids': tf.TensorSpec([], tf.string),
         })
@@ -149,6 +159,35 @@ class YT8MExportModule(export_base.ExportModule):
       num_frames = tf.minimum(num_frames, tf.shape(features)[1])
     return self._predict(features, num_frames)
 
+  def serve_video_features(self, features: tf.Tensor
+                           ) -> Dict[str, tf.Tensor]:
+    """Video-level features float32 [batch, F] -> predictions.
+
+    Refuses inputs of the wrong rank or width and a NaN or infinite value
+    (naming its row and column).
+    """
+    features = tf.convert_to_tensor(features, tf.float32)
+    bad = lambda: tf.logical_not(tf.math.is_finite(features))
+
+    def message():
+      first = tf.where(bad())[0]
+      return graph_checks.join(
+          'serve_features: row ', first[0], ' of input `features` has a NaN '
+          'or infinite value (', tf.gather_nd(features, first), ') in column ',
+          first[1], '.')
+
+    checks = graph_checks.in_order([
+        lambda: graph_checks.require_shape(
+            features, 'serve_features: input `features`',
+            [None, self._num_features],
+            f'[batch, {self._num_features}] ({self._feature_desc})'),
+        lambda: graph_checks.require(
+            tf.logical_not(tf.reduce_any(bad())), message),
+    ])
+    with tf.control_dependencies(checks):
+      features = tf.identity(features)
+    return self._predict(features, None)
+
   def get_inference_signatures(
       self, function_keys: Mapping[str, str]) -> Dict[str, object]:
     signatures = {}
@@ -156,6 +195,11 @@ class YT8MExportModule(export_base.ExportModule):
       if key == 'serving_default':
         signatures[name] = tf.function(self.serve).get_concrete_function(
             tf.TensorSpec([None], tf.string, name='examples'))
+      elif key == 'serve_features' and self._video_level:
+        signatures[name] = tf.function(
+            self.serve_video_features).get_concrete_function(
+                tf.TensorSpec([None, self._num_features], tf.float32,
+                              name='features'))
       elif key == 'serve_features':
         signatures[name] = tf.function(
             self.serve_features).get_concrete_function(

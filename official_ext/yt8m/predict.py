@@ -32,6 +32,9 @@ temporary file removed.
 Video level (default): header `VideoId,LabelConfidencePairs`, one line a
 video: `<id>,<label> <score> <label> <score> ...`, the top_k (20) classes by
 descending score (ties: lower class id first).
+A model trained on video-level records (`record_type` 'video') reads its
+own records the same way (its SavedModel's `serve_features` takes no
+`num_frames`); `--segment_labels` needs frame-level records.
 
 With `--vocabulary` (the dataset's vocabulary.csv, `official_ext.yt8m.
 vocabulary`), the same predictions are also written with class names beside
@@ -501,6 +504,8 @@ def _checkpoint_predictor(params, checkpoint_path: str) -> Predictor:
 def _saved_model_predictor(saved_model_dir: str) -> Predictor:
   loaded = tf.saved_model.load(saved_model_dir)
   fn = loaded.signatures['serve_features']
+  if 'num_frames' not in fn.structured_input_signature[1]:  # Video level.
+    return lambda f, n: fn(features=f)['probabilities'].numpy()
   return lambda f, n: fn(features=f, num_frames=tf.cast(n, tf.int32))[
       'probabilities'].numpy()
 

@@ -106,14 +106,30 @@ def _write_per_class_ap(prefix: str, results: Dict[str, Any],
   tf.summary.text(f'{prefix}per_class_ap_table', '\n'.join(lines), step=step)
 
 
+def _check_record_type(config: configs.YT8MTask) -> None:
+  """Both splits read the records the backbone takes: frame level (DBoF) or
+  video level ('identity'); raises ValueError naming the keys otherwise."""
+  backbone = config.model.backbone.type
+  expected = 'video' if backbone == 'identity' else 'frame'
+  for key in ('train_data', 'validation_data'):
+    record_type = getattr(config, key).record_type
+    if record_type != expected:
+      raise ValueError(
+          f'task.{key}.record_type={record_type!r} but '
+          f'task.model.backbone.type={backbone!r} takes {expected}-level '
+          "records: video-level records need the 'identity' backbone, "
+          'frame-level ones a frame backbone (dbof).')
+
+
 @task_factory.register_task_cls(configs.YT8MTask)
 class YT8MTask(base_task.Task):
-  """Frame-level YouTube-8M classification: DBoF + MoE/logistic head.
+  """YouTube-8M classification: DBoF + MoE/logistic head on frame-level
+  records, or the head alone on video-level records.
 
   Inputs (from `dataloader.build_dataset`) are dicts with
-  `video_matrix` float32 [batch, frames, features], `num_frames` int32
-  [batch], `labels` float32 [batch, classes] and, for segment-level data,
-  `label_weights` float32 [batch, classes].
+  `video_matrix` float32 [batch, frames, features] (video level: [batch,
+  features]), `num_frames` int32 [batch], `labels` float32 [batch, classes]
+  and, for segment-level data, `label_weights` float32 [batch, classes].
 
   Attributes:
     analytic_l2_gradient: True (default): the L2 regularization's gradient
@@ -149,6 +165,7 @@ class YT8MTask(base_task.Task):
   # -- model -----------------------------------------------------------------
   def build_model(self) -> tf_keras.Model:
     data = self.task_config.train_data
+    _check_record_type(self.task_config)
     model = yt8m_model.build_model(
         self.task_config.model,
         num_classes=data.num_classes,
@@ -202,9 +219,12 @@ class YT8MTask(base_task.Task):
     key = ('task.train_data.input_path' if params.is_training else
            'task.validation_data.input_path')
     if not self.task_config.demo_data.enabled:
+      level, public = (('video', configs.YT8M_PUBLIC_VIDEO_TRAIN_PATH)
+                       if params.record_type == 'video' else
+                       ('frame', configs.YT8M_PUBLIC_TRAIN_PATH))
       raise ValueError(
-          f'{key} is empty: point it at YouTube-8M frame-level TFRecords '
-          f'(e.g. a copy of {configs.YT8M_PUBLIC_TRAIN_PATH}), or set '
+          f'{key} is empty: point it at YouTube-8M {level}-level TFRecords '
+          f'(e.g. a copy of {public}), or set '
           'task.demo_data.enabled=true to train on generated data.')
     train_pattern, validation_pattern = demo_data.ensure_demo_data(
         self.task_config)

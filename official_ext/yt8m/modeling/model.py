@@ -1,4 +1,5 @@
-"""The YouTube-8M video classification model: DBoF backbone + head."""
+"""The YouTube-8M video classification model: DBoF backbone + head, or (video
+level) the head alone on the video's features."""
 from typing import Any, Dict, Mapping, Optional, Union
 
 import tensorflow as tf, tf_keras
@@ -31,8 +32,13 @@ class VideoClassificationModel(tf_keras.Model):
   'predictions' is the mean of the per-frame probabilities over the valid
   frames ('frame_predictions' [batch, frames, num_classes] is returned too).
 
+  With the 'identity' backbone (video-level records) the head reads
+  `inputs` float32 [batch, features] as they are, `num_frames` is ignored,
+  and there is no `backbone` (None): the starter code's video-level models
+  (logistic, MoE).
+
   Variables are named `backbone/...` and `head/...` (checkpoint items
-  `backbone` and `head`).
+  `backbone` and `head`; `head` only with the 'identity' backbone).
   """
 
   def __init__(self,
@@ -63,14 +69,18 @@ class VideoClassificationModel(tf_keras.Model):
     norm_kwargs = dict(norm_momentum=norm.norm_momentum,
                        norm_epsilon=norm.norm_epsilon,
                        use_sync_bn=norm.use_sync_bn)
-    if params.backbone.type != 'dbof':
-      raise ValueError(
-          f'task.model.backbone.type={params.backbone.type!r}; expected dbof.')
-    backbone_cfg = params.backbone.dbof
-    self._pooling = backbone_cfg.pooling_method
-    self.backbone = dbof.Dbof(
-        activation=norm.activation, kernel_regularizer=regularizer,
-        name='backbone', **backbone_cfg.as_dict(), **norm_kwargs)
+    if params.backbone.type == 'dbof':
+      backbone_cfg = params.backbone.dbof
+      self._pooling = backbone_cfg.pooling_method
+      self.backbone = dbof.Dbof(
+          activation=norm.activation, kernel_regularizer=regularizer,
+          name='backbone', **backbone_cfg.as_dict(), **norm_kwargs)
+    elif params.backbone.type == 'identity':
+      self._pooling = None
+      self.backbone = None
+    else:
+      raise ValueError(f'task.model.backbone.type={params.backbone.type!r}; '
+                       'expected dbof or identity.')
     if params.head.type == 'moe':
       self.head = heads.MoeHead(
           num_classes=num_classes, kernel_regularizer=regularizer,
@@ -87,6 +97,16 @@ class VideoClassificationModel(tf_keras.Model):
 
   def call(self, inputs: tf.Tensor, num_frames: Optional[tf.Tensor] = None,
            training=None) -> Dict[str, tf.Tensor]:
+    video_level = self.backbone is None
+    if inputs.shape.rank != (2 if video_level else 3):
+      raise ValueError(
+          f'task.model.backbone.type={self._params.backbone.type!r} takes '
+          + ('video-level features [batch, features] (DataConfig.record_type='
+             "'video')" if video_level else 'frame features [batch, frames, '
+             "features] (DataConfig.record_type='frame')")
+          + f'; got inputs of shape {inputs.shape}.')
+    if video_level:
+      return self.head(inputs, training=training)
     features = self.backbone(inputs, num_frames=num_frames, training=training)
     if self._pooling != 'none':
       return self.head(features, training=training)
@@ -117,6 +137,8 @@ class VideoClassificationModel(tf_keras.Model):
 
   @property
   def checkpoint_items(self) -> Dict[str, Any]:
+    if self.backbone is None:
+      return dict(head=self.head)
     return dict(backbone=self.backbone, head=self.head)
 
 
@@ -128,6 +150,7 @@ def build_model(model_config: ModelConfig, num_classes: int,
   model = VideoClassificationModel(
       model_config, num_classes=num_classes,
       input_feature_size=input_feature_size, l2_weight_decay=l2_weight_decay)
-  model(tf.zeros([1, 1, input_feature_size], tf.float32),
+  frames = [] if model.backbone is None else [1]  # Video level: no frames.
+  model(tf.zeros([1, *frames, input_feature_size], tf.float32),
         num_frames=tf.ones([1], tf.int32), training=False)
   return model
