@@ -76,7 +76,7 @@ def test_backbone_initializes_a_new_label_set_with_a_fresh_head(
   task, model = _build(params)
   backbone_before = _values(model.backbone.variables)
   head_before = _values(model.head.variables)
-  with caplog.at_level(std_logging.INFO):
+  with caplog.at_level(std_logging.INFO, logger='absl'):
     task.initialize(model)
   trained = pretrained['model'].backbone.variables
   assert len(trained) == len(model.backbone.variables) > 0

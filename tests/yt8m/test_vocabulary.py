@@ -89,8 +89,8 @@ def test_evaluation_log_names_the_best_and_worst_classes(tmp_path, caplog):
   acc.accumulate(predictions=np.array([[0.9, 0.1, 0.8, 0.2],
                                        [0.1, 0.7, 0.9, 0.3]]),
                  labels=np.array([[1, 0, 0, 1], [0, 0, 1, 0]]))
-  with caplog.at_level(std_logging.INFO):
-    results = task.reduce_aggregated_logs(acc)
+  with caplog.at_level(std_logging.INFO, logger='absl'):
+    results = task.reduce_aggregated_logs({'': acc})  # {prefix: accumulator}
   assert 'per_class_ap/0' not in results  # return_per_class_ap is off.
   assert ('best:\n  0 (Game): AP 1.0000, 1 positives\n'
           'worst:\n  3 (Car, sports): AP 0.5000, 1 positives') in caplog.text
