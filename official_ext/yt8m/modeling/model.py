@@ -1,4 +1,4 @@
-"""The YouTube-8M video classification model: DBoF backbone + head."""
+"""The YouTube-8M video classification model: DBoF or NeXtVLAD backbone + head."""
 from typing import Any, Dict, Mapping, Optional, Union
 
 import tensorflow as tf, tf_keras
@@ -6,6 +6,7 @@ import tensorflow as tf, tf_keras
 from official_ext.yt8m import configs
 from official_ext.yt8m.modeling import dbof
 from official_ext.yt8m.modeling import heads
+from official_ext.yt8m.modeling import nextvlad
 
 ModelConfig = Union[configs.VideoClassificationModel, Mapping[str, Any]]
 
@@ -63,14 +64,23 @@ class VideoClassificationModel(tf_keras.Model):
     norm_kwargs = dict(norm_momentum=norm.norm_momentum,
                        norm_epsilon=norm.norm_epsilon,
                        use_sync_bn=norm.use_sync_bn)
-    if params.backbone.type != 'dbof':
+    if params.backbone.type == 'dbof':
+      backbone_cfg = params.backbone.dbof
+      self._pooling = backbone_cfg.pooling_method
+      self.backbone = dbof.Dbof(
+          activation=norm.activation, kernel_regularizer=regularizer,
+          name='backbone', **backbone_cfg.as_dict(), **norm_kwargs)
+    elif params.backbone.type == 'nextvlad':
+      backbone_cfg = params.backbone.nextvlad.as_dict()
+      regularize = backbone_cfg.pop('regularize_backbone')
+      self._pooling = None  # Aggregates the frames itself.
+      self.backbone = nextvlad.NextVlad(
+          kernel_regularizer=regularizer if regularize else None,
+          name='backbone', **backbone_cfg, **norm_kwargs)
+    else:
       raise ValueError(
-          f'task.model.backbone.type={params.backbone.type!r}; expected dbof.')
-    backbone_cfg = params.backbone.dbof
-    self._pooling = backbone_cfg.pooling_method
-    self.backbone = dbof.Dbof(
-        activation=norm.activation, kernel_regularizer=regularizer,
-        name='backbone', **backbone_cfg.as_dict(), **norm_kwargs)
+          f'task.model.backbone.type={params.backbone.type!r}; expected dbof '
+          'or nextvlad.')
     if params.head.type == 'moe':
       self.head = heads.MoeHead(
           num_classes=num_classes, kernel_regularizer=regularizer,
