@@ -247,9 +247,16 @@ def test_experiments():
   dbof_demo = exp_factory.get_exp_config('yt8m_demo')
   demo.validate()
   assert demo.task.model.backbone.type == 'nextvlad'
-  # Same generated data and validation videos as the DBoF demo.
-  for key in ('train_data', 'validation_data', 'demo_data'):
+  # Same generated data and validation videos as the DBoF demo; in training
+  # 16 frames sampled per video instead of 32.
+  for key in ('validation_data', 'demo_data'):
     assert demo.task.as_dict()[key] == dbof_demo.task.as_dict()[key], key
+  train = demo.task.train_data.as_dict()
+  assert train.pop('num_sample_frames') == 16
+  dbof_train = dbof_demo.task.train_data.as_dict()
+  assert dbof_train.pop('num_sample_frames') == 32
+  assert train == dbof_train
+  assert demo.trainer.train_steps == 7 * (4000 // 64)
 
 
 def test_demo_task_trains():
@@ -257,7 +264,7 @@ def test_demo_task_trains():
   params.override({'task': {
       'model': {'backbone': {'nextvlad': {
           'feature_sizes': FEATURE_SIZES, 'cluster_sizes': [4, 2],
-          'hidden_size': 16}}},
+          'groups': [2, 1], 'hidden_size': 16}}},
       'train_data': {'feature_sizes': FEATURE_SIZES},
       'jit_compile': False}}, is_strict=True)
   task = task_factory.get_task(params.task)
