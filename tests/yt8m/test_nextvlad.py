@@ -1,4 +1,4 @@
-"""NeXtVLAD backbone: the paper's equations, padding, parameter count, configs."""
+"""NeXtVLAD: the paper's equations, padding, parameter count, configs."""
 import numpy as np
 import pytest
 import tensorflow as tf, tf_keras

@@ -1,4 +1,4 @@
-"""The YouTube-8M video classification model: DBoF or NeXtVLAD backbone + head."""
+"""The YouTube-8M video classification model: DBoF or NeXtVLAD + a head."""
 from typing import Any, Dict, Mapping, Optional, Union
 
 import tensorflow as tf, tf_keras
