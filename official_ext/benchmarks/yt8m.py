@@ -17,13 +17,17 @@ Figures (all measured in one process; every time goes through
 * analytic FLOPs per example (only work a training step needs: no gradient
   w.r.t. the frame features), achieved GFLOP/s and fraction of the fp32
   matmul peak measured in the same run;
+* the NeXtVLAD training step (`yt8m_nextvlad`: NeXtVLAD + logistic
+  classifier, padding masked) at the published size: examples/sec, analytic
+  FLOPs per example from the layer shapes and fraction of the same matmul
+  peak (no reference implementation runs here: the authors' code is TF1);
 * the input pipeline: examples/sec from TFRecord files to batches;
 * `metrics.evaluate` on 100,000 x 3,862 predictions vs the straightforward
   reference (`metrics_reference`) on a 2,000-video slice, scaled.
 """
 import dataclasses
 import tempfile
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf, tf_keras
@@ -74,6 +78,100 @@ def train_flops_per_example(size: Size) -> float:
   return 2 * cluster + 3 * 2 * k * h + 3 * 2 * moe
 
 
+@dataclasses.dataclass(frozen=True)
+class NextVladSize:
+  """A NeXtVLAD training step's shapes (`configs.NextVladModel` fields)."""
+  name: str
+  batch: int
+  frames: int
+  cluster_sizes: Tuple[int, ...]
+  groups: Tuple[int, ...]
+  expansion: int
+  hidden: int
+  gating_reduction: int
+  classes: int
+  feature_sizes: Tuple[int, ...] = (1024, 128)
+
+  @property
+  def features(self) -> int:
+    return sum(self.feature_sizes)
+
+
+# The authors' configuration (`yt8m_nextvlad`) at the DBoF benchmark's batch.
+NEXTVLAD_PUBLISHED = NextVladSize(
+    'published', batch=32, frames=300, cluster_sizes=(128, 64), groups=(8, 4),
+    expansion=2, hidden=2048, gating_reduction=8, classes=3862)
+NEXTVLAD_TINY = NextVladSize(
+    'tiny', batch=8, frames=8, cluster_sizes=(4, 2), groups=(2, 1),
+    expansion=2, hidden=16, gating_reduction=4, classes=20,
+    feature_sizes=(24, 8))
+
+
+def nextvlad_train_flops_per_example(size: NextVladSize) -> float:
+  """FLOPs one NeXtVLAD training example needs (multiply-add = 2 FLOPs).
+
+  Per stream of N features (λN = expansion x N, N' = λN / G, T frames):
+  the expansion [N, λN] per frame, forward and weight gradient only (no
+  gradient w.r.t. the frame features); forward, weight and input gradients
+  (x3) of the group attention [λN, G] and the assignment [λN, G K] per
+  frame and of the aggregation (T G x K by T G x N' contraction, gradients
+  w.r.t. both operands). Then x3 for the hidden layer [Σ N' K, H], the SE
+  gate's two [H, H / r] layers and the classifier [H, C]. Not counted:
+  batch norm, softmax, normalization and other element-wise work, the
+  optimizer.
+  """
+  t = size.frames
+  flops = 0
+  vlad_width = 0
+  for n, k, g in zip(size.feature_sizes, size.cluster_sizes, size.groups):
+    wide = size.expansion * n
+    flops += 2 * (2 * t * n * wide)
+    flops += 3 * (2 * t * wide * g + 2 * t * wide * g * k)
+    flops += 3 * (2 * t * g * k * (wide // g))
+    vlad_width += wide // g * k
+  h = size.hidden
+  flops += 3 * 2 * (vlad_width * h + 2 * h * (h // size.gating_reduction) +
+                    h * size.classes)
+  return flops
+
+
+def build_nextvlad_task(size: NextVladSize):
+  """A `YT8MTask` of the 'yt8m_nextvlad' experiment at `size`."""
+  params = exp_factory.get_exp_config('yt8m_nextvlad')
+  params.override({'task': {
+      'model': {'backbone': {'nextvlad': {
+          'feature_sizes': list(size.feature_sizes),
+          'cluster_sizes': list(size.cluster_sizes),
+          'groups': list(size.groups), 'expansion': size.expansion,
+          'hidden_size': size.hidden,
+          'gating_reduction': size.gating_reduction}}},
+      'train_data': {'num_classes': size.classes, 'max_frames': size.frames,
+                     'feature_sizes': list(size.feature_sizes),
+                     'feature_dtypes': ['uint8'] * len(size.feature_sizes),
+                     'feature_from_bytes': [True] * len(size.feature_sizes),
+                     'global_batch_size': size.batch},
+      'validation_data': {'num_classes': size.classes},
+  }}, is_strict=True)
+  return task_factory.get_task(params.task)
+
+
+def bench_nextvlad_train_step(size: NextVladSize, peak_gflops: float,
+                              rounds: int = 5) -> Dict[str, float]:
+  """Examples/sec of the NeXtVLAD training step at `size` (XLA, padding
+  masked: every video has all `size.frames` frames)."""
+  task = build_nextvlad_task(size)
+  step = _step_fn(task, task.build_model(), make_batch(size))
+  seconds = timing.interleaved_seconds({'nextvlad': step},
+                                       rounds=rounds)['nextvlad']
+  flops = nextvlad_train_flops_per_example(size)
+  examples_per_sec = size.batch / seconds
+  achieved = examples_per_sec * flops / 1e9
+  return {'examples_per_sec': examples_per_sec,
+          'gflops_per_example': flops / 1e9,
+          'achieved_gflops': achieved,
+          'peak_fraction': achieved / peak_gflops}
+
+
 def build_task(size: Size, jit_compile: bool = True):
   """A `YT8MTask` of the 'yt8m' experiment at `size` (model and train data)."""
   params = exp_factory.get_exp_config('yt8m')
@@ -116,8 +214,8 @@ def _step_fn(task, model, batch):
   return step
 
 
-def make_batch(size: Size, seed: int = 0) -> Dict[str, tf.Tensor]:
-  """A random in-memory training batch at `size`.
+def make_batch(size, seed: int = 0) -> Dict[str, tf.Tensor]:
+  """A random in-memory training batch at `size` (a Size or NextVladSize).
 
   Returns:
     {'video_matrix': float32 [batch, frames, features] (dequantized uint8),
@@ -232,6 +330,8 @@ def run(quick: bool = False) -> Dict[str, object]:
   sizes = [TINY] if quick else [DEMO, PUBLISHED]
   rounds = 2 if quick else 5
   per_size = {s.name: bench_train_step(s, peak, rounds=rounds) for s in sizes}
+  nextvlad_size = NEXTVLAD_TINY if quick else NEXTVLAD_PUBLISHED
+  nextvlad = bench_nextvlad_train_step(nextvlad_size, peak, rounds=rounds)
   main = per_size[sizes[-1].name]
   main_size = sizes[-1]
   pipeline = bench_pipeline(main_size, num_batches=3 if quick else 20)
@@ -248,6 +348,7 @@ def run(quick: bool = False) -> Dict[str, object]:
       **metric_figures,
       'sizes': {s.name: dataclasses.asdict(s) for s in sizes},
       'per_size': per_size,
+      'nextvlad': {**nextvlad, 'size': dataclasses.asdict(nextvlad_size)},
   }
   return figures
 
@@ -272,6 +373,18 @@ def table(figures: Dict[str, object]) -> str:
                  f"{f['gflops_per_example']:.3f}"))
     rows.append(('  achieved GFLOP/s (fraction of peak)',
                  f"{f['achieved_gflops']:.1f} ({f['peak_fraction']:.0%})"))
+  nv = figures['nextvlad']
+  s = nv['size']
+  rows.append((f"NeXtVLAD train step, {s['name']}: batch {s['batch']} x "
+               f"{s['frames']} frames, K {tuple(s['cluster_sizes'])}, G "
+               f"{tuple(s['groups'])}, λ {s['expansion']}, hidden "
+               f"{s['hidden']}, SE r {s['gating_reduction']}, logistic, "
+               f"{s['classes']} classes", ''))
+  rows.append(('  examples/sec', f"{nv['examples_per_sec']:.1f}"))
+  rows.append(('  GFLOP per example (analytic)',
+               f"{nv['gflops_per_example']:.3f}"))
+  rows.append(('  achieved GFLOP/s (fraction of peak)',
+               f"{nv['achieved_gflops']:.1f} ({nv['peak_fraction']:.0%})"))
   rows.append(('input pipeline (examples/sec)',
                f"{figures['pipeline_examples_per_sec']:.1f} "
                f"({figures['pipeline_vs_train_step']:.1f}x the train step)"))

@@ -170,12 +170,47 @@ class IdentityBackbone(hyperparams.Config):
 
 
 @dataclasses.dataclass
+class NextVladModel(hyperparams.Config):
+  """NeXtVLAD backbone (Lin, Xiao and Fan, 2018); see `modeling/nextvlad.py`.
+
+  Defaults are the authors' configuration (github.com/linrongc/youtube-8m,
+  `scripts/train_nextvlad_local.sh` and `nextvlad.py`): λ = 2, G = 8,
+  K = 128, hidden 2048, SE gating reduction 8, dropout 0.5; the audio stream
+  has its own module with half the clusters and groups (K = 64, G = 4).
+
+  Attributes:
+    feature_sizes: width of each stream, in input order; must equal
+      `task.train_data.feature_sizes` (each stream is aggregated by its own
+      NeXtVLAD module).
+    cluster_sizes: K of each stream's module.
+    groups: G of each stream's module.
+    expansion: λ, width multiplier of each module's first layer.
+    hidden_size: width of the hidden layer (the head's input).
+    gating_reduction: r of the SE context gating.
+    dropout_rate: dropout on the concatenated VLAD vectors in training.
+    regularize_backbone: apply `task.losses.l2_weight_decay` to this
+      backbone's kernels and cluster centers too. The authors regularize only
+      the classifier (False).
+  """
+  feature_sizes: Tuple[int, ...] = (1024, 128)
+  cluster_sizes: Tuple[int, ...] = (128, 64)
+  groups: Tuple[int, ...] = (8, 4)
+  expansion: int = 2
+  hidden_size: int = 2048
+  gating_reduction: int = 8
+  dropout_rate: float = 0.5
+  regularize_backbone: bool = False
+
+
+@dataclasses.dataclass
 class Backbone(hyperparams.OneOfConfig):
-  """'dbof' (frame-level records) or 'identity' (video-level records)."""
+  """'dbof' or 'nextvlad' (frame-level records), or 'identity' (video-level
+  records)."""
   type: Optional[str] = 'dbof'
   dbof: DbofModel = dataclasses.field(default_factory=DbofModel)
   identity: IdentityBackbone = dataclasses.field(
       default_factory=IdentityBackbone)
+  nextvlad: NextVladModel = dataclasses.field(default_factory=NextVladModel)
 
 
 @dataclasses.dataclass
@@ -358,24 +393,28 @@ _RESTRICTIONS = [
 ]
 
 
-def _optimizer(learning_rate: float, decay_steps: int,
-               warmup_steps: int) -> optimization.OptimizationConfig:
-  return optimization.OptimizationConfig({
+def _optimizer(learning_rate: float, decay_steps: int, warmup_steps: int,
+               decay_rate: float = 0.95, staircase: Optional[bool] = None
+               ) -> optimization.OptimizationConfig:
+  """Adam, exponential decay (after a linear warmup if warmup_steps > 0)."""
+  config = {
       'optimizer': {'type': 'adam', 'adam': {}},
       'learning_rate': {
           'type': 'exponential',
           'exponential': {
               'initial_learning_rate': learning_rate,
-              'decay_rate': 0.95,
+              'decay_rate': decay_rate,
               'decay_steps': decay_steps,
               'offset': warmup_steps,
+              'staircase': staircase,
           },
       },
-      'warmup': {
-          'type': 'linear',
-          'linear': {'warmup_learning_rate': 0, 'warmup_steps': warmup_steps},
-      },
-  })
+  }
+  if warmup_steps > 0:
+    config['warmup'] = {
+        'type': 'linear',
+        'linear': {'warmup_learning_rate': 0, 'warmup_steps': warmup_steps}}
+  return optimization.OptimizationConfig(config)
 
 
 @exp_factory.register_config_factory('yt8m')
@@ -473,24 +512,6 @@ def video_level_model(head: str, num_mixtures: int = 2
       head=Head(type=head, moe=MoeModel(num_mixtures=num_mixtures)))
 
 
-def _starter_optimizer(learning_rate: float,
-                       decay_steps: int) -> optimization.OptimizationConfig:
-  """The starter code's optimizer: Adam, learning rate multiplied by 0.95
-  every `decay_steps` (staircase), no warmup."""
-  return optimization.OptimizationConfig({
-      'optimizer': {'type': 'adam', 'adam': {}},
-      'learning_rate': {
-          'type': 'exponential',
-          'exponential': {
-              'initial_learning_rate': learning_rate,
-              'decay_rate': 0.95,
-              'decay_steps': decay_steps,
-              'staircase': True,
-          },
-      },
-  })
-
-
 @exp_factory.register_config_factory('yt8m_video_level')
 def yt8m_video_level() -> cfg.ExperimentConfig:
   """The starter code's video-level training (needs input_path).
@@ -529,9 +550,10 @@ def yt8m_video_level() -> cfg.ExperimentConfig:
           train_steps=5 * steps_per_epoch,
           validation_steps=-1,
           validation_interval=steps_per_epoch,
-          optimizer_config=_starter_optimizer(
-              learning_rate=0.01,
-              decay_steps=4_000_000 // train_batch_size)),
+          # The starter's: x 0.95 every 4M examples (staircase), no warmup.
+          optimizer_config=_optimizer(
+              learning_rate=0.01, decay_steps=4_000_000 // train_batch_size,
+              warmup_steps=0, staircase=True)),
       restrictions=list(_RESTRICTIONS))
 
 
@@ -572,6 +594,76 @@ def yt8m_video_level_demo() -> cfg.ExperimentConfig:
           train_steps=epochs * steps_per_epoch,
           validation_steps=-1,
           validation_interval=4 * steps_per_epoch,
-          optimizer_config=_starter_optimizer(
-              learning_rate=0.01, decay_steps=steps_per_epoch)),
+          optimizer_config=_optimizer(
+              learning_rate=0.01, decay_steps=steps_per_epoch,
+              warmup_steps=0, staircase=True)),
       restrictions=list(_RESTRICTIONS))
+
+
+# NeXtVLAD (Lin, Xiao and Fan, 2018) as its authors trained it: the flags of
+# `scripts/train_nextvlad_local.sh` in github.com/linrongc/youtube-8m.
+NEXTVLAD_BATCH_SIZE = 160  # 80 per GPU on 2 GPUs.
+NEXTVLAD_EPOCHS = 5
+NEXTVLAD_DECAY_EXAMPLES = 2_000_000  # lr x 0.8 every 2M examples.
+
+
+@exp_factory.register_config_factory('yt8m_nextvlad')
+def yt8m_nextvlad() -> cfg.ExperimentConfig:
+  """NeXtVLAD + logistic classifier, the authors' setup (needs input_path).
+
+  λ = 2, G = 8, K = 128 (audio: its own module with K = 64, G = 4), hidden
+  2048, SE gating reduction 8, dropout 0.5, logistic classifier, L2 1e-5 on
+  the classifier only; all 300 frames, no frame sampling (padding masked);
+  batch 160, Adam 2e-4 x 0.8 (staircase) every 2M examples, gradients
+  clipped to norm 1, 5 epochs (the paper's local experiments), float32.
+  """
+  batch = NEXTVLAD_BATCH_SIZE
+  steps_per_epoch = YT8M_TRAIN_EXAMPLES // batch
+  steps_per_loop = 500
+  task = YT8MTask(
+      model=VideoClassificationModel(
+          backbone=Backbone(type='nextvlad', nextvlad=NextVladModel()),
+          head=Head(type='logistic', logistic=LogisticModel())),
+      losses=Losses(l2_weight_decay=1e-5),
+      gradient_clip_norm=1.0)
+  task.train_data.num_sample_frames = None
+  task.train_data.global_batch_size = batch
+  task.validation_data.global_batch_size = batch
+  return cfg.ExperimentConfig(
+      runtime=cfg.RuntimeConfig(mixed_precision_dtype='float32'),
+      task=task,
+      trainer=cfg.TrainerConfig(
+          steps_per_loop=steps_per_loop,
+          summary_interval=steps_per_loop,
+          checkpoint_interval=steps_per_loop,
+          train_steps=NEXTVLAD_EPOCHS * steps_per_epoch,
+          validation_steps=YT8M_VAL_EXAMPLES // batch,
+          validation_interval=10 * steps_per_loop,
+          optimizer_config=_optimizer(
+              learning_rate=0.0002,
+              decay_steps=NEXTVLAD_DECAY_EXAMPLES // batch,
+              warmup_steps=0, decay_rate=0.8, staircase=True)),
+      restrictions=list(_RESTRICTIONS))
+
+
+@exp_factory.register_config_factory('yt8m_nextvlad_demo')
+def yt8m_nextvlad_demo() -> cfg.ExperimentConfig:
+  """A small NeXtVLAD on `yt8m_demo`'s generated data and validation videos.
+
+  λ = 1 (the first layer costs λ² x 1024² multiply-adds per rgb frame, 7x
+  the DBoF demo's whole per-frame cost at λ = 2), G = 8 / 4, K = 16 / 8,
+  hidden 256, dropout 0.25; 7 epochs of 16 sampled frames per video (the
+  DBoF demo: 16 epochs of 32 frames), evaluated once, at the end.
+  """
+  config = yt8m_demo()
+  config.task.model = VideoClassificationModel(
+      backbone=Backbone(type='nextvlad', nextvlad=NextVladModel(
+          cluster_sizes=(16, 8), groups=(8, 4), expansion=1, hidden_size=256,
+          gating_reduction=8, dropout_rate=0.25)),
+      head=Head(type='logistic', logistic=LogisticModel()))
+  data = config.task.train_data
+  data.num_sample_frames = 16
+  steps_per_epoch = data.num_examples // data.global_batch_size
+  config.trainer.train_steps = 7 * steps_per_epoch
+  config.trainer.validation_interval = config.trainer.train_steps
+  return config

@@ -31,6 +31,37 @@ def test_analytic_flops_tiny_size():
   assert benchmark.train_flops_per_example(benchmark.TINY) == 1_204_992
 
 
+def test_nextvlad_analytic_flops_published_size():
+  # Per example, T = 300 frames. rgb (N 1024, λN 2048, G 8, K 128, N' 256):
+  rgb = (2 * (2 * 300 * 1024 * 2048)        # expansion: fwd + weight grad
+         + 3 * 2 * 300 * 2048 * 8           # group attention: x3
+         + 3 * 2 * 300 * 2048 * 8 * 128     # cluster assignment: x3
+         + 3 * 2 * 300 * 8 * 128 * 256)     # aggregation: x3
+  # audio (N 128, λN 256, G 4, K 64, N' 64):
+  audio = (2 * (2 * 300 * 128 * 256) + 3 * 2 * 300 * 256 * 4 +
+           3 * 2 * 300 * 256 * 4 * 64 + 3 * 2 * 300 * 4 * 64 * 64)
+  # hidden [256*128 + 64*64, 2048], SE [2048, 256] + [256, 2048], logistic.
+  top = 3 * 2 * (36864 * 2048 + 2 * 2048 * 256 + 2048 * 3862)
+  assert rgb + audio + top == 7_488_159_744
+  assert benchmark.nextvlad_train_flops_per_example(
+      benchmark.NEXTVLAD_PUBLISHED) == 7_488_159_744
+
+
+def test_nextvlad_analytic_flops_tiny_size():
+  # T = 8; stream 0: N 24, λN 48, G 2, K 4, N' 24; stream 1: N 8, λN 16,
+  # G 1, K 2, N' 16; hidden 16, SE r 4, 20 classes.
+  # Per stream: expansion x2, attention + assignment x3 (G (1 + K) columns),
+  # aggregation x3.
+  stream0 = (2 * 2 * 8 * 24 * 48 + 3 * 2 * 8 * 48 * 2 * (1 + 4) +
+             3 * 2 * 8 * 2 * 4 * 24)
+  stream1 = (2 * 2 * 8 * 8 * 16 + 3 * 2 * 8 * 16 * 1 * (1 + 2) +
+             3 * 2 * 8 * 1 * 2 * 16)
+  top = 3 * 2 * ((24 * 4 + 16 * 2) * 16 + 2 * 16 * 4 + 16 * 20)
+  assert stream0 + stream1 + top == 92_032
+  assert benchmark.nextvlad_train_flops_per_example(
+      benchmark.NEXTVLAD_TINY) == 92_032
+
+
 def test_task_and_batch_have_the_size_asked_for():
   size = benchmark.TINY
   config = benchmark.build_task(size, jit_compile=False).task_config
@@ -75,7 +106,7 @@ def test_quick_run_figures_are_consistent(tmp_path):
       'reference_metrics_seconds_scaled',
       'metrics_max_abs_diff_vs_reference', 'metrics_num_videos',
       'metrics_num_classes', 'metrics_reference_videos', 'sizes',
-      'per_size', 'machine'}
+      'per_size', 'machine', 'nextvlad'}
   # Only the tiny size ran, with the sizes asked for.
   assert f['sizes'] == {'tiny': dataclasses.asdict(benchmark.TINY)}
   assert set(f['per_size']) == {'tiny'}
@@ -99,5 +130,16 @@ def test_quick_run_figures_are_consistent(tmp_path):
                                       f['matmul_peak_gflops'])
   assert f['pipeline_vs_train_step'] == approx(
       f['pipeline_examples_per_sec'] / f['ours_examples_per_sec'])
+  # The NeXtVLAD step ran at its tiny size.
+  nv = f['nextvlad']
+  assert nv['size'] == json.loads(json.dumps(
+      dataclasses.asdict(benchmark.NEXTVLAD_TINY)))  # tuples as lists
+  assert 'NeXtVLAD train step, tiny: batch 8 x 8 frames' in result.stdout
+  assert nv['gflops_per_example'] == approx(92_032 / 1e9)
+  assert nv['examples_per_sec'] > 0
+  assert nv['achieved_gflops'] == approx(nv['examples_per_sec'] *
+                                         nv['gflops_per_example'])
+  assert nv['peak_fraction'] == approx(nv['achieved_gflops'] /
+                                       f['matmul_peak_gflops'])
   # The vectorized metrics equal the straightforward reference.
   assert 0 <= f['metrics_max_abs_diff_vs_reference'] < 1e-9

@@ -1,6 +1,7 @@
 """YT8M experiment configs: registration, YAML round trip, strict overrides."""
 import glob
 import os
+import re
 
 import pytest
 
@@ -58,7 +59,8 @@ def test_strict_override_names_the_key():
 @pytest.mark.parametrize(
     'path', sorted(glob.glob(os.path.join(REPO, 'configs', 'yt8m', '*.yaml'))))
 def test_shipped_yaml_files_parse_and_validate(path):
-  experiment = 'yt8m_demo' if 'demo' in os.path.basename(path) else 'yt8m'
+  with open(path) as f:  # Each file names its experiment in a comment.
+    experiment = re.search(r'--experiment=(\w+)', f.read()).group(1)
   config = exp_factory.get_exp_config(experiment)
   config = hyperparams.override_params_dict(config, path, is_strict=True)
   config.validate()

@@ -135,6 +135,75 @@ class ContextGate(tf_keras.layers.Layer):
     return config
 
 
+class SeContextGate(tf_keras.layers.Layer):
+  """SE context gating of NeXtVLAD: y = x * sigmoid(W2 relu(BN(W1 x))).
+
+  Squeeze-and-excitation style gating (Lin et al., 2018, Fig. 4; the
+  authors' `nextvlad.py`, github.com/linrongc/youtube-8m): a bottleneck
+  `squeeze` [F, F // reduction] without bias, batch norm (`squeeze_bn`),
+  ReLU, `excite` [F // reduction, F] without bias, sigmoid. 2F^2 / reduction
+  weights against F^2 of `ContextGate`, whose bottleneck is ordered
+  differently (dense with bias and relu6, then batch norm; batch norm on the
+  gates).
+
+  Input/output: [batch, features]; the gate acts on the last axis.
+  """
+
+  def __init__(self,
+               reduction: int = 8,
+               norm_momentum: float = 0.99,
+               norm_epsilon: float = 1e-3,
+               use_sync_bn: bool = False,
+               kernel_regularizer: Optional[Any] = None,
+               **kwargs):
+    """Args: reduction r (bottleneck width features // r); batch norm
+    momentum, epsilon and synchronization; the kernels' regularizer."""
+    super().__init__(**kwargs)
+    self._config = dict(reduction=reduction, norm_momentum=norm_momentum,
+                        norm_epsilon=norm_epsilon, use_sync_bn=use_sync_bn)
+    self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+
+  def build(self, input_shape):
+    features = int(input_shape[-1])
+    bottleneck = features // self._config['reduction']
+    if bottleneck < 1:
+      raise ValueError(
+          f'SeContextGate: {features} features // reduction '
+          f'{self._config["reduction"]} leaves no bottleneck unit.')
+    self._squeeze = tf_keras.layers.Dense(
+        bottleneck, use_bias=False,
+        kernel_initializer=variance_scaling_fan_in(),
+        kernel_regularizer=self._kernel_regularizer, name='squeeze')
+    self._squeeze_bn = tf_keras.layers.BatchNormalization(
+        momentum=self._config['norm_momentum'],
+        epsilon=self._config['norm_epsilon'],
+        synchronized=self._config['use_sync_bn'], name='squeeze_bn')
+    self._excite = tf_keras.layers.Dense(
+        features, use_bias=False,
+        kernel_initializer=variance_scaling_fan_in(),
+        kernel_regularizer=self._kernel_regularizer, name='excite')
+    super().build(input_shape)
+
+  def call(self, inputs, training=None):
+    gates = tf.nn.relu(self._squeeze_bn(self._squeeze(inputs),
+                                        training=training))
+    return inputs * tf.sigmoid(self._excite(gates))
+
+  def get_config(self) -> Mapping[str, Any]:
+    config = super().get_config()
+    config.update(self._config)
+    config['kernel_regularizer'] = serialize_regularizer(
+        self._kernel_regularizer)
+    return config
+
+
+def variance_scaling_fan_in() -> tf_keras.initializers.Initializer:
+  """`slim.variance_scaling_initializer()` as the NeXtVLAD authors use it:
+  truncated normal of variance 2 / fan_in."""
+  return tf_keras.initializers.VarianceScaling(
+      scale=2.0, mode='fan_in', distribution='truncated_normal')
+
+
 def serialize_regularizer(regularizer) -> Optional[Mapping[str, Any]]:
   """A regularizer's get_config form for a layer config (None stays None)."""
   return (tf_keras.regularizers.serialize(regularizer)

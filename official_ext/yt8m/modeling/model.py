@@ -1,5 +1,5 @@
-"""The YouTube-8M video classification model: DBoF backbone + head, or (video
-level) the head alone on the video's features."""
+"""The YouTube-8M video classification model: DBoF or NeXtVLAD + a head, or
+(video level) the head alone on the video's features."""
 from typing import Any, Dict, Mapping, Optional, Union
 
 import tensorflow as tf, tf_keras
@@ -7,6 +7,7 @@ import tensorflow as tf, tf_keras
 from official_ext.yt8m import configs
 from official_ext.yt8m.modeling import dbof
 from official_ext.yt8m.modeling import heads
+from official_ext.yt8m.modeling import nextvlad
 
 ModelConfig = Union[configs.VideoClassificationModel, Mapping[str, Any]]
 
@@ -75,12 +76,19 @@ class VideoClassificationModel(tf_keras.Model):
       self.backbone = dbof.Dbof(
           activation=norm.activation, kernel_regularizer=regularizer,
           name='backbone', **backbone_cfg.as_dict(), **norm_kwargs)
+    elif params.backbone.type == 'nextvlad':
+      backbone_cfg = params.backbone.nextvlad.as_dict()
+      regularize = backbone_cfg.pop('regularize_backbone')
+      self._pooling = None  # Aggregates the frames itself.
+      self.backbone = nextvlad.NextVlad(
+          kernel_regularizer=regularizer if regularize else None,
+          name='backbone', **backbone_cfg, **norm_kwargs)
     elif params.backbone.type == 'identity':
       self._pooling = None
       self.backbone = None
     else:
       raise ValueError(f'task.model.backbone.type={params.backbone.type!r}; '
-                       'expected dbof or identity.')
+                       'expected dbof, nextvlad or identity.')
     if params.head.type == 'moe':
       self.head = heads.MoeHead(
           num_classes=num_classes, kernel_regularizer=regularizer,

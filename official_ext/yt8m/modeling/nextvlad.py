@@ -1,0 +1,300 @@
+"""NeXtVLAD backbone (Lin, Xiao and Fan, 2018) for YouTube-8M frame features.
+
+"NeXtVLAD: An Efficient Neural Network to Aggregate Frame-level Features for
+Large-scale Video Classification" (ECCV 2018 workshops), the best single model
+of the 2nd YouTube-8M challenge. The layer order, which layers carry a bias or
+a batch norm, and how the rgb and audio streams are aggregated follow the
+authors' released code, github.com/linrongc/youtube-8m: `nextvlad.py`
+(`NeXtVLAD.forward`, `NeXtVLADModel.create_model`) with the flags of
+`scripts/train_nextvlad_local.sh`. This is a re-implementation in tf_keras, not
+a copy:
+
+* every feature stream (rgb, audio) has its own NeXtVLAD module; the authors
+  give audio half the clusters and half the groups of rgb (128/8 and 64/4);
+* the per-stream VLAD vectors are concatenated, dropped out, reduced by a
+  fully-connected layer without bias followed by batch norm and no activation
+  (the authors removed the ReLU: "remove relu in nextvlad model"), then
+  re-weighted by SE context gating (`layers.SeContextGate`).
+
+Padded frames (past `num_frames`) are removed from the aggregation by
+selection (`tf.where`): their features are replaced by zeros, their group
+attention is 0 and the per-frame batch-norm statistics use only the valid
+frames, so whatever a padded frame holds (NaN, Inf) changes nothing. The
+authors multiply the attention by the mask (the paper's eq. 18) and let the
+padded frames into the batch-norm statistics.
+"""
+from typing import Any, Mapping, Optional, Sequence
+
+import tensorflow as tf, tf_keras
+
+from official_ext.yt8m.modeling import layers as yt8m_layers
+
+_KEY = 'task.model.backbone.nextvlad'
+
+
+class NextVladAggregation(tf_keras.layers.Layer):
+  """One NeXtVLAD module: frames of one stream -> a video-level VLAD vector.
+
+  With N input features, expansion λ, G groups and K clusters (N' = λN / G):
+
+    x [batch, T, N] -> expansion dense (bias) -> x' [batch, T, λN]
+    group attention  a_g = sigmoid(x' W_g + b_g)            [batch, T, G]
+    assignment       α_gk = softmax_k(BN(x' W_gk))          [batch, T, G, K]
+    group vectors    x'_g = x' split in G slices of N'      [batch, T, G, N']
+    VLAD             y_jk = Σ_t,g a_g α_gk (x'_gj - c_jk)   [batch, N', K]
+    -> intra-normalization (L2 over j, per cluster k) -> flatten [batch, N'K]
+    -> batch norm
+
+  The global L2 normalization of NetVLAD is not applied, as in the authors'
+  code: after the intra-normalization every cluster's vector has norm 1, so
+  it would only divide by sqrt(K), which the batch norm that follows cancels.
+
+  Variables: `expansion/{kernel,bias}`, `group_attention/{kernel,bias}`,
+  `cluster_assignment/kernel` (no bias, batch-normalized: `cluster_bn`),
+  `cluster_centers` [N', K], `vlad_bn`.
+  """
+
+  def __init__(self,
+               cluster_size: int,
+               groups: int,
+               expansion: int = 2,
+               norm_momentum: float = 0.99,
+               norm_epsilon: float = 1e-3,
+               use_sync_bn: bool = False,
+               kernel_regularizer: Optional[Any] = None,
+               **kwargs):
+    """Initializes the module.
+
+    Args:
+      cluster_size: K, clusters of the soft assignment.
+      groups: G, groups each expanded frame vector is split into; λN must be
+        divisible by G.
+      expansion: λ, width multiplier of the first (expansion) layer.
+      norm_momentum: batch norm momentum.
+      norm_epsilon: batch norm epsilon.
+      use_sync_bn: synchronized batch norm across replicas.
+      kernel_regularizer: regularizer of the kernels and the cluster centers.
+      **kwargs: tf_keras.layers.Layer arguments.
+    """
+    super().__init__(**kwargs)
+    for key, value in (('cluster_sizes', cluster_size), ('groups', groups),
+                       ('expansion', expansion)):
+      if int(value) < 1:
+        raise ValueError(f'{_KEY}.{key} has {value!r}; expected >= 1.')
+    self._config = dict(
+        cluster_size=cluster_size, groups=groups, expansion=expansion,
+        norm_momentum=norm_momentum, norm_epsilon=norm_epsilon,
+        use_sync_bn=use_sync_bn)
+    self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+
+  def _norm(self, name):
+    return tf_keras.layers.BatchNormalization(
+        momentum=self._config['norm_momentum'],
+        epsilon=self._config['norm_epsilon'],
+        synchronized=self._config['use_sync_bn'], name=name)
+
+  def _dense(self, units, name, use_bias=True, activation=None):
+    return tf_keras.layers.Dense(
+        units, use_bias=use_bias, activation=activation,
+        kernel_initializer=yt8m_layers.variance_scaling_fan_in(),
+        kernel_regularizer=self._kernel_regularizer, name=name)
+
+  @property
+  def output_size(self) -> int:
+    """N'K: width of the output vector (needs `build`)."""
+    return self._group_size * self._config['cluster_size']
+
+  def build(self, input_shape):
+    c = self._config
+    feature_size = int(input_shape[-1])
+    expanded = c['expansion'] * feature_size
+    if expanded % c['groups']:
+      raise ValueError(
+          f'{_KEY}: expansion {c["expansion"]} x {feature_size} features = '
+          f'{expanded} is not divisible by groups={c["groups"]}.')
+    self._group_size = expanded // c['groups']
+    self._expansion = self._dense(expanded, 'expansion')
+    self._attention = self._dense(c['groups'], 'group_attention',
+                                  activation='sigmoid')
+    self._assignment = self._dense(c['groups'] * c['cluster_size'],
+                                   'cluster_assignment', use_bias=False)
+    self._assignment_bn = self._norm('cluster_bn')
+    self.cluster_centers = self.add_weight(
+        'cluster_centers', shape=[self._group_size, c['cluster_size']],
+        initializer=yt8m_layers.variance_scaling_fan_in(),
+        regularizer=self._kernel_regularizer,
+        trainable=True)
+    self._vlad_bn = self._norm('vlad_bn')
+    super().build(input_shape)
+
+  def call(self, inputs: tf.Tensor, valid: Optional[tf.Tensor] = None,
+           training=None) -> tf.Tensor:
+    """Aggregates the frames of one stream.
+
+    Args:
+      inputs: float [batch, frames, N] frame features; padded frames must
+        already be finite (the backbone zeroes them).
+      valid: optional bool [batch, frames], True for the frames to aggregate;
+        None: all frames.
+      training: training mode (batch norm).
+
+    Returns:
+      [batch, N' * K] (compute dtype).
+    """
+    c = self._config
+    groups, clusters = c['groups'], c['cluster_size']
+    batch, frames = tf.shape(inputs)[0], tf.shape(inputs)[1]
+    x = self._expansion(inputs)                              # [B, T, λN]
+    attention = self._attention(x)                           # [B, T, G]
+    if valid is not None:
+      attention = tf.where(valid[:, :, tf.newaxis], attention,
+                           tf.zeros_like(attention))
+    logits = self._assignment_bn(self._assignment(x), training=training,
+                                 mask=valid)                 # [B, T, G*K]
+    assignment = tf.nn.softmax(
+        tf.reshape(logits, [batch, frames * groups, clusters]), axis=-1)
+    assignment *= tf.reshape(attention, [batch, frames * groups, 1])
+    grouped = tf.reshape(x, [batch, frames * groups, self._group_size])
+    # y_jk = Σ_m α_mk x_mj - (Σ_m α_mk) c_jk, m over frames and groups.
+    vlad = tf.einsum('bmk,bmj->bjk', assignment, grouped)
+    mass = tf.reduce_sum(assignment, axis=1)[:, tf.newaxis, :]  # [B, 1, K]
+    vlad -= mass * tf.cast(self.cluster_centers, vlad.dtype)[tf.newaxis]
+    vlad = tf.nn.l2_normalize(vlad, axis=1)  # intra-normalization
+    vlad = tf.reshape(vlad, [batch, self._group_size * clusters])
+    return self._vlad_bn(vlad, training=training)
+
+  def get_config(self) -> Mapping[str, Any]:
+    config = super().get_config()
+    config.update(self._config)
+    config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
+        self._kernel_regularizer)
+    return config
+
+
+class NextVlad(tf_keras.layers.Layer):
+  """The NeXtVLAD backbone: one NeXtVLAD module per stream, hidden, SE gate.
+
+  inputs [batch, frames, sum(feature_sizes)] float
+    -> split into streams along the features (`feature_sizes`)
+    -> stream i: NextVladAggregation(cluster_sizes[i], groups[i], expansion)
+       (variables under `nextvlad_{i}/`)
+    -> concatenate -> dropout(dropout_rate)
+    -> `hidden_dense` [Σ N'_i K_i, hidden_size], no bias -> `hidden_bn`
+    -> SE context gating (`se_gate`, reduction `gating_reduction`)
+  Output: [batch, hidden_size].
+  """
+
+  def __init__(self,
+               feature_sizes: Sequence[int] = (1024, 128),
+               cluster_sizes: Sequence[int] = (128, 64),
+               groups: Sequence[int] = (8, 4),
+               expansion: int = 2,
+               hidden_size: int = 2048,
+               gating_reduction: int = 8,
+               dropout_rate: float = 0.5,
+               norm_momentum: float = 0.99,
+               norm_epsilon: float = 1e-3,
+               use_sync_bn: bool = False,
+               kernel_regularizer: Optional[Any] = None,
+               **kwargs):
+    """Initializes the backbone.
+
+    Args:
+      feature_sizes: width of each stream, in input order (1024 rgb, 128
+        audio); they must add up to the input's feature width.
+      cluster_sizes: K of each stream's NeXtVLAD module.
+      groups: G of each stream's NeXtVLAD module.
+      expansion: λ of every module.
+      hidden_size: width of the hidden layer (and the output).
+      gating_reduction: r of the SE context gating (bottleneck hidden / r).
+      dropout_rate: dropout on the concatenated VLAD vector, in training.
+      norm_momentum: batch norm momentum.
+      norm_epsilon: batch norm epsilon.
+      use_sync_bn: synchronized batch norm across replicas.
+      kernel_regularizer: regularizer of the kernels and cluster centers.
+      **kwargs: tf_keras.layers.Layer arguments.
+    """
+    super().__init__(**kwargs)
+    feature_sizes = tuple(int(s) for s in feature_sizes)
+    cluster_sizes = tuple(int(s) for s in cluster_sizes)
+    groups = tuple(int(s) for s in groups)
+    if not feature_sizes or len({len(feature_sizes), len(cluster_sizes),
+                                 len(groups)}) != 1:
+      raise ValueError(
+          f'{_KEY}: feature_sizes {feature_sizes}, cluster_sizes '
+          f'{cluster_sizes} and groups {groups} need one entry per stream '
+          '(the same, non-zero, length).')
+    if not 0.0 <= dropout_rate < 1.0:
+      raise ValueError(f'{_KEY}.dropout_rate={dropout_rate!r}; expected a '
+                       'value in [0, 1).')
+    if gating_reduction < 1 or hidden_size // gating_reduction < 1:
+      raise ValueError(
+          f'{_KEY}.gating_reduction={gating_reduction!r}; expected 1 <= it '
+          f'<= hidden_size ({hidden_size}).')
+    self._config = dict(
+        feature_sizes=feature_sizes, cluster_sizes=cluster_sizes,
+        groups=groups, expansion=expansion, hidden_size=hidden_size,
+        gating_reduction=gating_reduction, dropout_rate=dropout_rate,
+        norm_momentum=norm_momentum, norm_epsilon=norm_epsilon,
+        use_sync_bn=use_sync_bn)
+    self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+    norm_kwargs = dict(norm_momentum=norm_momentum, norm_epsilon=norm_epsilon,
+                       use_sync_bn=use_sync_bn)
+    self._streams = [
+        NextVladAggregation(
+            cluster_size=k, groups=g, expansion=expansion,
+            kernel_regularizer=self._kernel_regularizer,
+            name=f'nextvlad_{i}', **norm_kwargs)
+        for i, (k, g) in enumerate(zip(cluster_sizes, groups))]
+    self._dropout = tf_keras.layers.Dropout(dropout_rate, name='vlad_dropout')
+    self._hidden_dense = tf_keras.layers.Dense(
+        hidden_size, use_bias=False,
+        kernel_initializer=yt8m_layers.variance_scaling_fan_in(),
+        kernel_regularizer=self._kernel_regularizer, name='hidden_dense')
+    self._hidden_bn = tf_keras.layers.BatchNormalization(
+        momentum=norm_momentum, epsilon=norm_epsilon,
+        synchronized=use_sync_bn, name='hidden_bn')
+    self._gate = yt8m_layers.SeContextGate(
+        reduction=gating_reduction, kernel_regularizer=self._kernel_regularizer,
+        name='se_gate', **norm_kwargs)
+
+  def build(self, input_shape):
+    width = int(input_shape[-1])
+    if sum(self._config['feature_sizes']) != width:
+      raise ValueError(
+          f'{_KEY}.feature_sizes={self._config["feature_sizes"]} add up to '
+          f'{sum(self._config["feature_sizes"])}, but the frames have {width} '
+          'features (task.train_data.feature_sizes); make them match.')
+    super().build(input_shape)
+
+  def call(self, inputs: tf.Tensor, num_frames: Optional[tf.Tensor] = None,
+           training=None) -> tf.Tensor:
+    """Runs the backbone.
+
+    Args:
+      inputs: float [batch, frames, features] dequantized frame features.
+      num_frames: optional int [batch] (or [batch, 1]) valid frame counts;
+        None means every frame is valid.
+      training: training mode (batch norm, dropout).
+
+    Returns:
+      [batch, hidden_size].
+    """
+    x = tf.cast(inputs, tf.float32)
+    valid = None
+    if num_frames is not None:
+      valid = tf.sequence_mask(tf.reshape(num_frames, [-1]), tf.shape(x)[1])
+      x = tf.where(valid[:, :, tf.newaxis], x, tf.zeros_like(x))
+    parts = tf.split(x, list(self._config['feature_sizes']), axis=-1)
+    vlad = tf.concat([stream(part, valid=valid, training=training)
+                      for stream, part in zip(self._streams, parts)], axis=-1)
+    vlad = self._dropout(vlad, training=training)
+    hidden = self._hidden_bn(self._hidden_dense(vlad), training=training)
+    return self._gate(hidden, training=training)
+
+  def get_config(self) -> Mapping[str, Any]:
+    config = super().get_config()
+    config.update(self._config)
+    config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
+        self._kernel_regularizer)
+    return config
