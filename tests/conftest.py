@@ -16,6 +16,7 @@ except RuntimeError:  # Already initialized (should not happen under pytest).
   pass
 
 
+import gc  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import itertools  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 import pytest  # pylint: disable=g-import-not-at-top,g-bad-import-order
@@ -40,3 +41,15 @@ def make_mirrored() -> tf.distribute.MirroredStrategy:
 @pytest.fixture
 def mirrored():
   return make_mirrored()
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _release_module_state():
+  """After each test module: Keras' global state reset and the module's
+  models, graphs and datasets collected, so a worker process that runs many
+  modules does not carry them into the next one."""
+  yield
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  tf_keras.backend.clear_session()
+  gc.collect()
+

@@ -37,6 +37,8 @@ def _tiny(cache_dir):
           'validation_data': {'global_batch_size': 8, 'max_frames': 12},
           'demo_data': {'cache_dir': str(cache_dir), 'num_train_videos': 32,
                         'num_validation_videos': 16, 'num_shards': 1},
+          # Not model-affecting; the CLI's XLA step is tests/yt8m/test_train's.
+          'jit_compile': False,
       },
       'trainer': {'train_steps': 4, 'steps_per_loop': 4,
                   'checkpoint_interval': 4, 'summary_interval': 4,
