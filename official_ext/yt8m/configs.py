@@ -417,6 +417,26 @@ def _optimizer(learning_rate: float, decay_steps: int, warmup_steps: int,
   return optimization.OptimizationConfig(config)
 
 
+def _experiment(task, steps_per_loop: int, train_steps: int,
+                validation_steps: int, validation_interval: int,
+                optimizer_config: optimization.OptimizationConfig,
+                mixed_precision_dtype: str = 'float32'
+                ) -> cfg.ExperimentConfig:
+  """An experiment of this family: summaries and checkpoints every loop."""
+  return cfg.ExperimentConfig(
+      runtime=cfg.RuntimeConfig(mixed_precision_dtype=mixed_precision_dtype),
+      task=task,
+      trainer=cfg.TrainerConfig(
+          steps_per_loop=steps_per_loop,
+          summary_interval=steps_per_loop,
+          checkpoint_interval=steps_per_loop,
+          train_steps=train_steps,
+          validation_steps=validation_steps,
+          validation_interval=validation_interval,
+          optimizer_config=optimizer_config),
+      restrictions=list(_RESTRICTIONS))
+
+
 @exp_factory.register_config_factory('yt8m')
 def yt8m() -> cfg.ExperimentConfig:
   """Model Garden's published YouTube-8M configuration (needs input_path)."""
@@ -424,21 +444,16 @@ def yt8m() -> cfg.ExperimentConfig:
   eval_batch_size = 1024
   steps_per_epoch = YT8M_TRAIN_EXAMPLES // train_batch_size
   steps_per_loop = 500
-  config = cfg.ExperimentConfig(
-      runtime=cfg.RuntimeConfig(mixed_precision_dtype='bfloat16'),
-      task=YT8MTask(),
-      trainer=cfg.TrainerConfig(
-          steps_per_loop=steps_per_loop,
-          summary_interval=steps_per_loop,
-          checkpoint_interval=steps_per_loop,
-          train_steps=100 * steps_per_epoch,
-          validation_steps=YT8M_VAL_EXAMPLES // eval_batch_size,
-          validation_interval=steps_per_loop,
-          optimizer_config=_optimizer(
-              learning_rate=0.0001 * train_batch_size / 512,
-              decay_steps=int(steps_per_epoch * 1.5),
-              warmup_steps=500)),
-      restrictions=list(_RESTRICTIONS))
+  config = _experiment(
+      YT8MTask(), steps_per_loop=steps_per_loop,
+      train_steps=100 * steps_per_epoch,
+      validation_steps=YT8M_VAL_EXAMPLES // eval_batch_size,
+      validation_interval=steps_per_loop,
+      optimizer_config=_optimizer(
+          learning_rate=0.0001 * train_batch_size / 512,
+          decay_steps=int(steps_per_epoch * 1.5),
+          warmup_steps=500),
+      mixed_precision_dtype='bfloat16')
   config.task.train_data.global_batch_size = train_batch_size
   config.task.validation_data.global_batch_size = eval_batch_size
   return config
@@ -475,20 +490,12 @@ def yt8m_demo() -> cfg.ExperimentConfig:
       demo_data=DemoDataConfig(
           enabled=True, num_train_videos=num_train,
           num_validation_videos=num_val))
-  return cfg.ExperimentConfig(
-      runtime=cfg.RuntimeConfig(mixed_precision_dtype='float32'),
-      task=task,
-      trainer=cfg.TrainerConfig(
-          steps_per_loop=steps_per_epoch,
-          summary_interval=steps_per_epoch,
-          checkpoint_interval=steps_per_epoch,
-          train_steps=train_steps,
-          validation_steps=-1,
-          validation_interval=4 * steps_per_epoch,
-          optimizer_config=_optimizer(
-              learning_rate=0.002, decay_steps=steps_per_epoch,
-              warmup_steps=steps_per_epoch // 2)),
-      restrictions=list(_RESTRICTIONS))
+  return _experiment(
+      task, steps_per_loop=steps_per_epoch, train_steps=train_steps,
+      validation_steps=-1, validation_interval=4 * steps_per_epoch,
+      optimizer_config=_optimizer(
+          learning_rate=0.002, decay_steps=steps_per_epoch,
+          warmup_steps=steps_per_epoch // 2))
 
 
 # ---------------------------------------------------------------------------
@@ -540,21 +547,13 @@ def yt8m_video_level() -> cfg.ExperimentConfig:
           global_batch_size=eval_batch_size, num_examples=YT8M_VAL_EXAMPLES,
           **VIDEO_LEVEL_FEATURES),
       losses=Losses(l2_weight_decay=1e-8))
-  return cfg.ExperimentConfig(
-      runtime=cfg.RuntimeConfig(mixed_precision_dtype='float32'),
-      task=task,
-      trainer=cfg.TrainerConfig(
-          steps_per_loop=steps_per_loop,
-          summary_interval=steps_per_loop,
-          checkpoint_interval=steps_per_loop,
-          train_steps=5 * steps_per_epoch,
-          validation_steps=-1,
-          validation_interval=steps_per_epoch,
-          # The starter's: x 0.95 every 4M examples (staircase), no warmup.
-          optimizer_config=_optimizer(
-              learning_rate=0.01, decay_steps=4_000_000 // train_batch_size,
-              warmup_steps=0, staircase=True)),
-      restrictions=list(_RESTRICTIONS))
+  return _experiment(
+      task, steps_per_loop=steps_per_loop, train_steps=5 * steps_per_epoch,
+      validation_steps=-1, validation_interval=steps_per_epoch,
+      # The starter's: x 0.95 every 4M examples (staircase), no warmup.
+      optimizer_config=_optimizer(
+          learning_rate=0.01, decay_steps=4_000_000 // train_batch_size,
+          warmup_steps=0, staircase=True))
 
 
 @exp_factory.register_config_factory('yt8m_video_level_demo')
@@ -584,20 +583,13 @@ def yt8m_video_level_demo() -> cfg.ExperimentConfig:
       demo_data=DemoDataConfig(
           enabled=True, num_train_videos=num_train,
           num_validation_videos=num_val))
-  return cfg.ExperimentConfig(
-      runtime=cfg.RuntimeConfig(mixed_precision_dtype='float32'),
-      task=task,
-      trainer=cfg.TrainerConfig(
-          steps_per_loop=steps_per_epoch,
-          summary_interval=steps_per_epoch,
-          checkpoint_interval=steps_per_epoch,
-          train_steps=epochs * steps_per_epoch,
-          validation_steps=-1,
-          validation_interval=4 * steps_per_epoch,
-          optimizer_config=_optimizer(
-              learning_rate=0.01, decay_steps=steps_per_epoch,
-              warmup_steps=0, staircase=True)),
-      restrictions=list(_RESTRICTIONS))
+  return _experiment(
+      task, steps_per_loop=steps_per_epoch,
+      train_steps=epochs * steps_per_epoch,
+      validation_steps=-1, validation_interval=4 * steps_per_epoch,
+      optimizer_config=_optimizer(
+          learning_rate=0.01, decay_steps=steps_per_epoch,
+          warmup_steps=0, staircase=True))
 
 
 # NeXtVLAD (Lin, Xiao and Fan, 2018) as its authors trained it: the flags of
@@ -629,21 +621,15 @@ def yt8m_nextvlad() -> cfg.ExperimentConfig:
   task.train_data.num_sample_frames = None
   task.train_data.global_batch_size = batch
   task.validation_data.global_batch_size = batch
-  return cfg.ExperimentConfig(
-      runtime=cfg.RuntimeConfig(mixed_precision_dtype='float32'),
-      task=task,
-      trainer=cfg.TrainerConfig(
-          steps_per_loop=steps_per_loop,
-          summary_interval=steps_per_loop,
-          checkpoint_interval=steps_per_loop,
-          train_steps=NEXTVLAD_EPOCHS * steps_per_epoch,
-          validation_steps=YT8M_VAL_EXAMPLES // batch,
-          validation_interval=10 * steps_per_loop,
-          optimizer_config=_optimizer(
-              learning_rate=0.0002,
-              decay_steps=NEXTVLAD_DECAY_EXAMPLES // batch,
-              warmup_steps=0, decay_rate=0.8, staircase=True)),
-      restrictions=list(_RESTRICTIONS))
+  return _experiment(
+      task, steps_per_loop=steps_per_loop,
+      train_steps=NEXTVLAD_EPOCHS * steps_per_epoch,
+      validation_steps=YT8M_VAL_EXAMPLES // batch,
+      validation_interval=10 * steps_per_loop,
+      optimizer_config=_optimizer(
+          learning_rate=0.0002,
+          decay_steps=NEXTVLAD_DECAY_EXAMPLES // batch,
+          warmup_steps=0, decay_rate=0.8, staircase=True))
 
 
 @exp_factory.register_config_factory('yt8m_nextvlad_demo')
