@@ -44,6 +44,13 @@ def count_params(variables) -> int:
   return int(sum(int(np.prod(v.shape)) for v in variables))
 
 
+def check_eval_aggregation(method: str) -> None:
+  """ValueError naming `task.eval_aggregation` unless it is 'mean' or 'max'."""
+  if method not in EVAL_AGGREGATIONS:
+    raise ValueError(f'task.eval_aggregation must be one of '
+                     f'{EVAL_AGGREGATIONS}; got {method!r}.')
+
+
 def aggregate_views(scores: tf.Tensor, num_views: int,
                     method: str) -> tf.Tensor:
   """Combines each video's evaluation views into the video's scores.
@@ -59,9 +66,7 @@ def aggregate_views(scores: tf.Tensor, num_views: int,
   Returns:
     float [B, K].
   """
-  if method not in EVAL_AGGREGATIONS:
-    raise ValueError(f'task.eval_aggregation must be one of '
-                     f'{EVAL_AGGREGATIONS}; got {method!r}.')
+  check_eval_aggregation(method)
   if num_views == 1:
     return scores
   scores = tf.reshape(scores, [-1, num_views, scores.shape[-1]])
@@ -81,9 +86,7 @@ class AssembleNetTask(base_task.Task):
   def __init__(self, params: configs.AssembleNetTask,
                logging_dir: Optional[str] = None, name: Optional[str] = None):
     super().__init__(params, logging_dir=logging_dir, name=name)
-    if params.eval_aggregation not in EVAL_AGGREGATIONS:
-      raise ValueError(f'task.eval_aggregation must be one of '
-                       f'{EVAL_AGGREGATIONS}; got {params.eval_aggregation!r}.')
+    check_eval_aggregation(params.eval_aggregation)  # Before any evaluation.
 
   @property
   def multilabel(self) -> bool:
