@@ -10,7 +10,8 @@ Experiments:
 
 * `assemblenet_plus_lite_charades`: multi-label (157 classes, sigmoid
   cross-entropy, mAP), 32 frames at 224x224, the published structure with its
-  published edge weights, peer attention. Needs Charades as TFRecords
+  published edge weights, peer attention, a video's evaluation views
+  aggregated by their maximum. Needs Charades as TFRecords
   (`input_path`) or TFDS (`tfds_name`).
 * `assemblenet_plus_lite_kinetics`: single-label Kinetics-400 (softmax
   cross-entropy, top-1/top-5), same backbone.
@@ -48,9 +49,14 @@ class DataConfig(cfg.DataConfig):
 
   Attributes:
     feature_shape: [num_frames, crop_height, crop_width, channels] of a clip.
+      Evaluation clips may have more (or fewer) frames than training clips
+      (the model is then built with an unknown frame count, as Model
+      Garden's video classification); height, width and channels must be
+      the same in both splits.
     temporal_stride: frame stride of the sampled clip.
     num_test_clips: evaluation: clips per video (linearly spaced; 1: the
-      middle clip); predictions are averaged over clips x crops.
+      middle clip); a video's clips x crops views are scored one by one and
+      aggregated by `task.eval_aggregation`.
     num_test_crops: evaluation: 1 (center crop) or 3 (left/center/right).
     num_classes: number of classes; a label outside [0, num_classes) is an
       error naming the record's file.
@@ -208,6 +214,14 @@ class AssembleNetTask(cfg.TaskConfig):
 
   Attributes:
     gradient_clip_norm: clip the global gradient norm (<= 0: off).
+    eval_aggregation: how a video's evaluation views
+      (`validation_data.num_test_clips` x `num_test_crops`) are combined
+      into its scores: 'mean' (Model Garden's video classification,
+      Kinetics) or 'max' (the Charades protocol: per class, the highest
+      score of any view). Either is taken over the views' probabilities
+      (softmax, or sigmoid for multi-label), as Model Garden's
+      `inference_step` averages them; the evaluation losses, metrics and
+      the SavedModel's `probabilities` use the aggregate.
   """
   model: VideoClassificationModel = dataclasses.field(
       default_factory=VideoClassificationModel)
@@ -218,6 +232,7 @@ class AssembleNetTask(cfg.TaskConfig):
                                          drop_remainder=False))
   losses: Losses = dataclasses.field(default_factory=Losses)
   gradient_clip_norm: float = 0.0
+  eval_aggregation: str = 'mean'
   demo_data: DemoDataConfig = dataclasses.field(default_factory=DemoDataConfig)
 
 
@@ -250,7 +265,8 @@ def _published_backbone() -> Backbone3D:
 
 
 def _full_experiment(num_classes: int, multilabel: bool, num_train: int,
-                     num_val: int, epochs: int) -> cfg.ExperimentConfig:
+                     num_val: int, epochs: int,
+                     eval_aggregation: str) -> cfg.ExperimentConfig:
   batch_size = 64  # 8 clips on each of 8 GPUs.
   steps_per_epoch = num_train // batch_size
   data = dict(feature_shape=(32, 224, 224, 3), num_classes=num_classes,
@@ -263,7 +279,8 @@ def _full_experiment(num_classes: int, multilabel: bool, num_train: int,
       validation_data=DataConfig(is_training=False, drop_remainder=False,
                                  num_examples=num_val, temporal_stride=2,
                                  num_test_clips=1, **data),
-      losses=Losses(l2_weight_decay=1e-4))
+      losses=Losses(l2_weight_decay=1e-4),
+      eval_aggregation=eval_aggregation)
   return cfg.ExperimentConfig(
       runtime=cfg.RuntimeConfig(mixed_precision_dtype='float32'),
       task=task,
@@ -282,9 +299,15 @@ def _full_experiment(num_classes: int, multilabel: bool, num_train: int,
 
 @exp_factory.register_config_factory('assemblenet_plus_lite_charades')
 def assemblenet_plus_lite_charades() -> cfg.ExperimentConfig:
-  """Charades (multi-label, 157 classes), the published lite network."""
+  """Charades (multi-label, 157 classes), the published lite network.
+
+  Views are aggregated by their maximum (`eval_aggregation: max`), the
+  Charades protocol (a video's actions occupy parts of it: a class scores
+  what its best clip scores). The TF1 original ships no evaluation code.
+  """
   return _full_experiment(CHARADES_NUM_CLASSES, True, CHARADES_TRAIN_EXAMPLES,
-                          CHARADES_VAL_EXAMPLES, epochs=50)
+                          CHARADES_VAL_EXAMPLES, epochs=50,
+                          eval_aggregation='max')
 
 
 @exp_factory.register_config_factory('assemblenet_plus_lite_kinetics')
@@ -292,7 +315,7 @@ def assemblenet_plus_lite_kinetics() -> cfg.ExperimentConfig:
   """Kinetics-400 (single-label), the published lite network."""
   return _full_experiment(KINETICS400_NUM_CLASSES, False,
                           KINETICS400_TRAIN_EXAMPLES, KINETICS400_VAL_EXAMPLES,
-                          epochs=100)
+                          epochs=100, eval_aggregation='mean')
 
 
 DEMO_TFDS_NAME = 'moving_shapes'

@@ -1,10 +1,13 @@
 """SavedModel export of AssembleNet++lite video classifiers.
 
 Signature `serving_default(frames)`: uint8 frames [batch, frames, height,
-width, 3] -> `probabilities` float32 [batch, num_classes] (softmax, or sigmoid
-for multi-label), with the evaluation preprocessing of
-`dataloader.Parser.eval_views` (evenly spaced clips, resize, center/multi
-crops, normalization) and the evaluation's averaging over a video's views.
+width, 3] (any number of frames and any size) -> `probabilities` float32
+[batch, num_classes] (softmax, or sigmoid for multi-label), with the
+evaluation preprocessing of `dataloader.Parser.eval_views` (evenly spaced
+clips, resize, center/multi crops, normalization) and the evaluation's
+aggregation of a video's views (`task.eval_aggregation`). The clips the
+model scores have the *validation* shape, `validation_data.feature_shape`
+[T, H, W, 3], which may have more frames than training clips.
 
 What cannot be scored is refused, naming `frames`: a shape other than
 [batch, frames, height, width, 3] (InvalidArgumentError giving the shape;

@@ -214,6 +214,39 @@ def normalize_edge_weights(edge_weights: Optional[StructureLike]
   return [list(w) if isinstance(w, (list, tuple)) else w for w in edge_weights]
 
 
+def min_num_frames(structure: StructureLike) -> int:
+  """The fewest frames a clip may have for a network of this structure.
+
+  Every temporal operation of AssembleNet++lite has temporal stride 1 (the
+  convolutions are 'same'-padded and only dilated in time; pooling and the
+  fusion's resizing are spatial), so any frame count works except for the
+  flow stem: representation flow is computed between consecutive frames and
+  needs at least 2. Returns 2 when the structure has a flow stem (-2), else 1.
+  """
+  structure = _loads(structure, 'model structure')
+  return 2 if any(n[0] == STEM_FLOW for n in structure) else 1
+
+
+def check_num_frames(structure: StructureLike, num_frames: int,
+                     what: str) -> None:
+  """ValueError naming `what` unless a clip of `num_frames` frames fits.
+
+  Args:
+    structure: the node list, or its JSON text.
+    num_frames: the clip's frame count (static).
+    what: what holds the frame count, for the message (a config key).
+  """
+  least = min_num_frames(structure)
+  if num_frames < least:
+    structure = _loads(structure, 'model structure')
+    flow = [i for i, n in enumerate(structure) if n[0] == STEM_FLOW]
+    why = (f'the flow stem (node {flow[0]}) computes optical flow between '
+           'consecutive frames' if flow else 'a clip needs a frame')
+    raise ValueError(
+        f'{what}: {num_frames} frames; AssembleNet++lite takes any frame '
+        f'count >= {least} (all its temporal strides are 1; {why}).')
+
+
 def nodes_below(structure: Sequence[Sequence[Any]], level: int) -> List[int]:
   """Indices of the nodes whose level is lower than `level` (stems included),
 

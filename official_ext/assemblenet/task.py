@@ -3,9 +3,13 @@
 Single-label (softmax cross-entropy; metrics `accuracy` = top-1 and
 `top_5_accuracy`) or multi-label (`train_data.is_multilabel`: sigmoid
 cross-entropy; metric `map`, the mean over classes of the average precision,
-computed on the host over the whole evaluation set). Evaluation averages the
-probabilities of the `num_test_clips x num_test_crops` views of each video,
-covers every validation video (a static-shape last batch is padded and the
+computed on the host over the whole evaluation set). Evaluation clips may
+have more frames than training clips (`validation_data.feature_shape`; the
+model is then built with an unknown frame count, as Model Garden's video
+classification does). Evaluation combines the probabilities of the
+`num_test_clips x num_test_crops` views of each video by their mean or
+their maximum (`task.eval_aggregation`; `aggregate_views`), covers every
+validation video (a static-shape last batch is padded and the
 padding masked out of losses and metrics: `core.eval_padding`), reports
 `num_examples` (videos evaluated), and an evaluation of zero videos is an
 `EmptyEvaluationError` naming the dataset.
@@ -23,6 +27,7 @@ from official_ext.assemblenet import configs
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import metrics as anet_metrics
+from official_ext.assemblenet import structures
 from official_ext.assemblenet.modeling import assemblenet_plus_lite  # pylint: disable=unused-import  (registers builders)
 from official_ext.core import bad_records
 from official_ext.core import eval_padding
@@ -32,8 +37,41 @@ from official_ext.core import multiworker
 _MAP_KEY = 'map_inputs'
 
 
+EVAL_AGGREGATIONS = ('mean', 'max')
+
+
 def count_params(variables) -> int:
   return int(sum(int(np.prod(v.shape)) for v in variables))
+
+
+def check_eval_aggregation(method: str) -> None:
+  """ValueError naming `task.eval_aggregation` unless it is 'mean' or 'max'."""
+  if method not in EVAL_AGGREGATIONS:
+    raise ValueError(f'task.eval_aggregation must be one of '
+                     f'{EVAL_AGGREGATIONS}; got {method!r}.')
+
+
+def aggregate_views(scores: tf.Tensor, num_views: int,
+                    method: str) -> tf.Tensor:
+  """Combines each video's evaluation views into the video's scores.
+
+  Args:
+    scores: float [B * num_views, K], the views of video b in rows
+      b * num_views ... (b + 1) * num_views - 1 (as the dataloader folds
+      them into the batch).
+    num_views: views per video (`num_test_clips * num_test_crops`).
+    method: 'mean' or 'max' over a video's views, per class
+      (`task.eval_aggregation`).
+
+  Returns:
+    float [B, K].
+  """
+  check_eval_aggregation(method)
+  if num_views == 1:
+    return scores
+  scores = tf.reshape(scores, [-1, num_views, scores.shape[-1]])
+  reduce = tf.reduce_mean if method == 'mean' else tf.reduce_max
+  return reduce(scores, axis=1)
 
 
 @task_factory.register_task_cls(configs.AssembleNetTask)
@@ -45,26 +83,55 @@ class AssembleNetTask(base_task.Task):
   maps {'image': ...} to float32 logits [B * views, K].
   """
 
+  def __init__(self, params: configs.AssembleNetTask,
+               logging_dir: Optional[str] = None, name: Optional[str] = None):
+    super().__init__(params, logging_dir=logging_dir, name=name)
+    check_eval_aggregation(params.eval_aggregation)  # Before any evaluation.
+
   @property
   def multilabel(self) -> bool:
     return bool(self.task_config.train_data.is_multilabel)
 
   # -- model -----------------------------------------------------------------
-  def build_model(self) -> tf_keras.Model:
+  def model_input_shape(self) -> List[Optional[int]]:
+    """[T, H, W, C] the model is built for: T is None (any frame count)
+    when the splits' clips differ in length, as Model Garden's video
+    classification does.
+
+    Raises:
+      ValueError: naming the config key, if the splits' clips differ in
+        height, width or channels (the fusions' pooling ratios are fixed when
+        the model is built), or a split's frame count is one the network
+        cannot take (`structures.check_num_frames`).
+    """
     train, val = self.task_config.train_data, self.task_config.validation_data
-    if tuple(train.feature_shape) != tuple(val.feature_shape):
+    if tuple(train.feature_shape[1:]) != tuple(val.feature_shape[1:]):
       raise ValueError(
           'task.train_data.feature_shape '
-          f'{list(train.feature_shape)} != task.validation_data.feature_shape '
-          f'{list(val.feature_shape)}: AssembleNet++lite fixes its fusion '
-          'shapes when built, so both splits need the same clip shape.')
+          f'{list(train.feature_shape)} and task.validation_data.feature_shape '
+          f'{list(val.feature_shape)} differ in height, width or channels: '
+          'AssembleNet++lite fixes its fusions\' spatial pooling when built, '
+          'so both splits need the same clip size (the frame count may '
+          'differ).')
+    backbone = self.task_config.model.backbone.get()
+    for key, data in (('train_data', train), ('validation_data', val)):
+      structures.check_num_frames(
+          backbone.model_structure, data.feature_shape[0],
+          f'task.{key}.feature_shape {list(data.feature_shape)}')
+    num_frames = train.feature_shape[0]
+    if num_frames != val.feature_shape[0]:
+      num_frames = None
+    return [num_frames] + list(train.feature_shape[1:])
+
+  def build_model(self) -> tf_keras.Model:
+    train = self.task_config.train_data
+    shape = self.model_input_shape()
     wd = float(self.task_config.losses.l2_weight_decay)
     # Halved to match tf.nn.l2_loss, as Model Garden's video task.
     l2 = tf_keras.regularizers.l2(wd / 2.0) if wd else None
     model = factory_3d.build_model(
         self.task_config.model.model_type,
-        input_specs=tf_keras.layers.InputSpec(
-            shape=[None] + list(train.feature_shape)),
+        input_specs=tf_keras.layers.InputSpec(shape=[None] + shape),
         model_config=self.task_config.model,
         num_classes=train.num_classes,
         l2_regularizer=l2)
@@ -226,7 +293,12 @@ class AssembleNetTask(base_task.Task):
     return logs
 
   def inference_step(self, features, model):
-    """Probabilities [B, K], averaged over each video's evaluation views.
+    """Probabilities [B, K]: each video's views' probabilities combined by
+    `task.eval_aggregation` (mean or max, per class; `aggregate_views`).
+
+    With 'max', single-label rows no longer sum to 1; the evaluation's
+    cross-entropy then normalizes them (`categorical_crossentropy` of
+    probabilities), accuracy takes their argmax.
 
     Args:
       features: {'image': float32 [B * views, T, H, W, 3]} (an `eval_mask`
@@ -237,11 +309,8 @@ class AssembleNetTask(base_task.Task):
                 if k != eval_padding.MASK_KEY}
     probs = self._probabilities(model(features, training=False))
     data = self.task_config.validation_data
-    views = data.num_test_clips * data.num_test_crops
-    if views > 1:
-      probs = tf.reduce_mean(
-          tf.reshape(probs, [-1, views, probs.shape[-1]]), axis=1)
-    return probs
+    return aggregate_views(probs, data.num_test_clips * data.num_test_crops,
+                           self.task_config.eval_aggregation)
 
   def validation_step(self, inputs, model, metrics=None):
     """Losses and metrics of the batch's real videos (`eval_mask`)."""

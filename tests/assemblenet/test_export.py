@@ -1,6 +1,8 @@
 """AssembleNet++lite SavedModel: uint8 frames -> probabilities, served by
 TensorFlow's own saved_model_cli, equal to the Python model with the
-evaluation preprocessing."""
+evaluation preprocessing. The model is trained on 4-frame clips and
+evaluated (and served) on 6-frame clips: the export module's clips are the
+validation data's."""
 import glob
 import os
 import subprocess
@@ -17,6 +19,9 @@ from official_ext.assemblenet import export
 from tests.assemblenet import minimal
 
 
+_EVAL_FRAMES = 6  # Frames of an evaluation (and served) clip; training: 4.
+
+
 def _params(tmp_path):
   # The minimal network (peer attention, as the demo): exporting traces every
   # layer's call and the serving function, loading restores them all.
@@ -25,7 +30,8 @@ def _params(tmp_path):
           'global_batch_size': 2}
   params.override({'task': {
       'model': {'backbone': minimal.backbone(), 'head_filters': [16, 24]},
-      'train_data': data, 'validation_data': data,
+      'train_data': data,
+      'validation_data': dict(data, feature_shape=[_EVAL_FRAMES, 32, 32, 3]),
       'demo_data': {'data_dir': str(tmp_path / 'tfds')}}}, is_strict=True)
   params.validate()
   return params
@@ -53,7 +59,7 @@ def test_export_serves_frames_like_python(exported, tmp_path):
   parser = dataloader.Parser(params.task.validation_data)
   images = tf.stack([parser.eval_views(tf.constant(f), tf.constant('t'))
                      for f in frames])
-  images = tf.reshape(images, [-1, 4, 32, 32, 3])
+  images = tf.reshape(images, [-1, _EVAL_FRAMES, 32, 32, 3])
   expected = task.inference_step({'image': images}, model).numpy()
   assert expected.shape == (2, params.task.validation_data.num_classes)
 

@@ -21,13 +21,13 @@ def _count(variables):
   return int(sum(int(np.prod(v.shape)) for v in variables))
 
 
-def _tiny(attention_mode='peer', edge_weights=None, **kwargs):
+def _tiny(attention_mode='peer', edge_weights=None, frames=T, **kwargs):
   # Two flow iterations: shapes and variables do not depend on their number
   # (each is an unrolled step of the flow's XLA program, ~0.4 s to compile).
   kwargs.setdefault('rep_flow_options', {'num_iter': 2})
   return anet.AssembleNetPlusLite(
       structures.TINY_STRUCTURE, edge_weights, structures.TINY_BLOCKS_PER_LEVEL,
-      input_specs=tf_keras.layers.InputSpec(shape=[None, T, S, S, 3]),
+      input_specs=tf_keras.layers.InputSpec(shape=[None, frames, S, S, 3]),
       stem_filters=8, attention_mode=attention_mode, **kwargs)
 
 
@@ -102,6 +102,33 @@ def test_max_pool_predictions_is_softmax_over_time():
   acts = tf.nn.softmax(per_frame / np.sqrt(6.0), axis=1)
   np.testing.assert_allclose(out, tf.reduce_sum(per_frame * acts, 1),
                              rtol=1e-5, atol=1e-6)
+
+
+def test_frame_counts_the_network_cannot_take_are_named():
+  """Every temporal stride is 1: any frame count works but for the flow
+  stem's 2 (flow between consecutive frames). A static count is checked
+  when the network is built, an unknown one (T None, built for evaluation
+  clips longer than training clips) when it is called: eagerly or traced
+  with a known count a ValueError, in a graph where it is known only at run
+  time an InvalidArgumentError. (That a network built with T None computes
+  what a static one does: tests/assemblenet/test_eval_coverage.py.)"""
+  assert structures.min_num_frames(structures.TINY_STRUCTURE) == 2
+  assert structures.min_num_frames([[-1, 1], [3, [0], [4, 4, 4], 1, 1]]) == 1
+  with pytest.raises(ValueError, match=r'input_specs \[None, 1, 32, 32, 3\]: '
+                     r'1 frames; AssembleNet\+\+lite takes any frame count '
+                     r'>= 2 \(all its temporal strides are 1; the flow stem '
+                     r'\(node 1\) computes optical flow between consecutive '
+                     r'frames\)'):
+    _tiny(frames=1)
+  # A known count when called: test_rep_flow_trainable_options_and_still_
+  # frames; a count known only at run time:
+  flow = anet_layers.RepresentationFlow(num_iter=1, name='rep_flow')
+  unknown = tf.function(flow, input_signature=[
+      tf.TensorSpec([None, None, 8, 8, 3], tf.float32)])
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r'rep_flow: the flow stem needs clips of at least '
+                     r'2 frames.*\[1\]'):
+    unknown(tf.zeros([2, 1, 8, 8, 3]))
 
 
 def test_dropout_rate_is_a_drop_rate():
@@ -372,7 +399,8 @@ def test_rep_flow_trainable_options_and_still_frames():
   assert np.all(np.isfinite(flow)) and np.abs(flow).max() < 1e-6
   assert sorted(v.name.split('/')[-1].split(':')[0]
                 for v in layer.trainable_weights) == ['lambda', 'tau', 'theta']
-  with pytest.raises(ValueError, match='at least 2 frames'):
+  with pytest.raises(ValueError, match='a clip of 1 frames; the flow stem .* '
+                     'needs at least 2 frames'):
     anet_layers.RepresentationFlow()(tf.zeros([1, 1, 8, 8, 3]))
 
 

@@ -35,6 +35,9 @@ def test_experiments_are_registered(name, multilabel, classes):
     assert eval(backbone.model_edge_weights) == (  # pylint: disable=eval-used
         structures.ASSEMBLENET_PLUS_LITE_EDGE_WEIGHTS)
     assert tuple(params.task.train_data.feature_shape) == (32, 224, 224, 3)
+  # Charades: a class scores what a video's best view scores.
+  assert params.task.eval_aggregation == (
+      'max' if name == 'assemblenet_plus_lite_charades' else 'mean')
 
 
 @pytest.mark.parametrize('path', sorted(glob.glob(

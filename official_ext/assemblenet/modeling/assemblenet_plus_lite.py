@@ -113,7 +113,13 @@ class AssembleNetPlusLite(tf_keras.Model):
     model_edge_weights: per-node edge weights (or JSON); None / '' / '[]'
       make every fusion's edge weights trainable.
     blocks_per_level: blocks per block group for levels 0..3.
-    input_specs: InputSpec of [B, T, H, W, 3]; T, H and W must be static.
+    input_specs: InputSpec of [B, T, H, W, 3]; H and W must be static (the
+      fusions' pooling ratios are fixed when the model is built). T may be
+      None: the model then takes clips of any frame count its temporal
+      strides allow (`structures.min_num_frames`: all are 1; 2 frames with
+      a flow stem), as when evaluation clips are longer than training
+      clips. A static T is checked here, a None T by the flow stem when the
+      model is called.
     stem_filters: filters of every stem (24 in the original).
     attention_mode: None, 'self' or 'peer'.
     fusion_width_as_channels: the original's width-as-channels fusion.
@@ -164,9 +170,13 @@ class AssembleNetPlusLite(tf_keras.Model):
     if input_specs is None:
       input_specs = layers.InputSpec(shape=[None, 32, 224, 224, 3])
     shape = list(input_specs.shape)
-    if len(shape) != 5 or None in shape[1:]:
-      raise ValueError('AssembleNet++lite needs static input shape '
-                       f'[batch, T, H, W, C]; got {shape}.')
+    if len(shape) != 5 or None in shape[2:]:
+      raise ValueError('AssembleNet++lite needs input shape [batch, T, H, W, '
+                       f'C] with static H, W and C (T may be None); got '
+                       f'{shape}.')
+    if shape[1] is not None:
+      structures.check_num_frames(structure, shape[1],
+                                  f'input_specs {shape}')
     rep_flow_options = dict(rep_flow_options or {})
     bn = dict(bn_decay=bn_decay, bn_epsilon=bn_epsilon,
               use_sync_bn=use_sync_bn)
