@@ -73,7 +73,8 @@ class DataConfig(cfg.DataConfig):
       (statistics-based ops: `AutoContrast` and `Equalize` use the clip's
       statistics, `Contrast` each frame's mean), except RandAugment's `Cutout`,
       which Model Garden applies to video as a spatio-temporal box through a
-      few consecutive frames (`augment.cutout_video`); put 'Cutout' in
+      few consecutive frames (`augment.cutout_video`, which draws the box's
+      size itself: `cutout_const` has no effect on clips); put 'Cutout' in
       `randaug.exclude_ops` for strictly per-clip transforms.
     mixup_and_cutmix: training only, off (None) by default: Model Garden's
       `common.MixupAndCutmix`, applied per batch to the [B, T, H, W, 3] clips

@@ -159,8 +159,13 @@ def test_cutmix_pastes_one_box_through_all_frames_and_mixes_multihot():
 def test_mixup_in_the_training_pipeline(still_clip):
   """`mixup_and_cutmix` on: the batch's labels are smoothed mixtures."""
   path, _, _ = still_clip
-  images, labels = _first_batch(_train_params(
+  ds = dataloader.build_dataset(_train_params(
       path, mixup_and_cutmix=common.MixupAndCutmix(label_smoothing=0.1)))
+  # Static shapes (drop_remainder), as TPUs need.
+  assert ds.element_spec[0]['image'].shape == (COPIES, T, SIZE, SIZE, 3)
+  assert ds.element_spec[1].shape == (COPIES, K)
+  features, labels = next(iter(ds))
+  images = features['image']
   assert images.shape == (COPIES, T, SIZE, SIZE, 3)
   assert images.dtype == tf.float32
   # Every copy has class 2: smoothing, then mixing, keeps 0.9 + 0.1 / K.
