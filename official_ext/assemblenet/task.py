@@ -114,7 +114,7 @@ class AssembleNetTask(base_task.Task):
   def build_inputs(self, params: configs.DataConfig,
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:
-    if (params.mixup_and_cutmix is not None and
+    if (params.mixup_and_cutmix is not None and not self.multilabel and
         self.task_config.losses.label_smoothing):
       raise ValueError(
           'task.losses.label_smoothing '
