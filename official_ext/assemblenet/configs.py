@@ -27,6 +27,7 @@ from official.core import config_definitions as cfg
 from official.core import exp_factory
 from official.modeling import hyperparams
 from official.modeling import optimization
+from official.vision.configs import common
 from official_ext.assemblenet import structures
 
 CHARADES_NUM_CLASSES = 157
@@ -69,6 +70,25 @@ class DataConfig(cfg.DataConfig):
     aug_max_area_ratio: training random resized crop ranges.
     random_flip: training random left-right flip (turn it off when the label
       depends on the direction of motion).
+    aug_type: training only, off (None) by default: Model Garden's
+      `common.Augmentation` with `type` 'randaug' (`augment.RandAugment`) or
+      'autoaug' (`augment.AutoAugment`), applied to the uint8 clip after the
+      crop and flip, before normalization, as Model Garden's
+      `video_input.process_image`. One call on the whole [T, H, W, 3] clip:
+      one sampled policy, the same ops and magnitudes on every frame
+      (statistics-based ops: `AutoContrast` and `Equalize` use the clip's
+      statistics, `Contrast` each frame's mean), except RandAugment's `Cutout`,
+      which Model Garden applies to video as a spatio-temporal box through a
+      few consecutive frames (`augment.cutout_video`, which draws the box's
+      size itself: `cutout_const` has no effect on clips); put 'Cutout' in
+      `randaug.exclude_ops` for strictly per-clip transforms.
+    mixup_and_cutmix: training only, off (None) by default: Model Garden's
+      `common.MixupAndCutmix`, applied per batch to the [B, T, H, W, 3] clips
+      and their labels (`augment.MixupAndCutmix`: each clip mixed with the
+      batch's reversed partner, cutmix boxes through all frames); labels are
+      smoothed by its `label_smoothing` (y * (1 - s) + s / num_classes, for
+      one-hot and multi-hot labels), so `task.losses.label_smoothing` must
+      then be 0.
     image_field_key, label_field_key: feature names of the records.
     name_file_in_decode_errors: decode frames in a `tf.py_function` so that a
       corrupt frame fails with an error naming the record's file and frame
@@ -95,6 +115,8 @@ class DataConfig(cfg.DataConfig):
   aug_min_area_ratio: float = 0.49
   aug_max_area_ratio: float = 1.0
   random_flip: bool = True
+  aug_type: Optional[common.Augmentation] = None
+  mixup_and_cutmix: Optional[common.MixupAndCutmix] = None
   image_field_key: str = 'image/encoded'
   label_field_key: str = 'clip/label/index'
   name_file_in_decode_errors: bool = True

@@ -12,9 +12,11 @@ TFDS, sharding, bad records, evaluation padding, Model Garden's InputReader):
     --parse--> temporal sampling (num_frames, temporal_stride; training: a
     random window; evaluation: the middle clip, or `num_test_clips` linearly
     spaced clips) --> frame decoding (sampled frames only) --> training:
-    random resized crop + random flip; evaluation: short side resized to
+    random resized crop + random flip (+ `aug_type`: RandAugment /
+    AutoAugment on the uint8 clip); evaluation: short side resized to
     `min_image_size`, center crop (or `num_test_crops` crops) --> [0, 1] (or
-    [-1, 1]) float32 --> batch --> evaluation views folded into the batch.
+    [-1, 1]) float32 --> batch --> evaluation views folded into the batch
+    (training + `mixup_and_cutmix`: clips and labels mixed per batch).
 
 Bad input fails loudly: a label outside [0, num_classes), a video without
 a label, or (single-label) with several labels is an InvalidArgumentError
@@ -27,17 +29,20 @@ fails naming the file and byte offset (`official_ext.core.bad_records`). With
 file, are skipped, logged and counted instead. JPEG frames cannot be NaN.
 
 Outputs: ({'image': float32 [B * views, T, H, W, 3]}, float32 [B, K] labels,
-one-hot (single-label) or multi-hot (multi-label)); views = num_test_clips x
+one-hot (single-label) or multi-hot (multi-label); with `mixup_and_cutmix`,
+smoothed and mixed with the batch partner's); views = num_test_clips x
 num_test_crops in evaluation, 1 in training. Evaluation with `drop_remainder`
 (static batch shapes) drops no video: the last batch is filled with copies of
 a video marked padding (`official_ext.core.eval_padding.pad_final_batches`)
 and the features carry `eval_mask` bool [B] (False: padding).
 """
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
+from official.vision.configs import common
+from official.vision.ops import augment
 from official.vision.ops import preprocess_ops_3d
 from official_ext.assemblenet import configs
 from official_ext.core import bad_records as bad_records_lib
@@ -72,6 +77,134 @@ def check_params(params: configs.DataConfig) -> None:
     raise ValueError('Set exactly one of DataConfig.input_path (TFRecords) and '
                      'DataConfig.tfds_name (TFDS); got input_path='
                      f'{params.input_path!r}, tfds_name={params.tfds_name!r}.')
+  _check_augmentation(params)
+
+
+# RandAugment's ops and the AutoAugment policies that take a clip alone (the
+# others move bounding boxes), as Model Garden names them.
+RANDAUG_OPS = tuple(augment.RandAugment().available_ops)
+AUTOAUG_POLICIES = tuple(
+    name for name, policy in augment.AutoAugment().available_policies.items()
+    if not any(op in augment.REQUIRE_BOXES_FUNCS
+               for sub_policy in policy for op, _, _ in sub_policy))
+
+
+def _check_range(key: str, value, low, high=None) -> None:
+  if value is None or value < low or (high is not None and value > high):
+    bound = f'>= {low}' if high is None else f'in [{low}, {high}]'
+    raise ValueError(f'DataConfig.{key} must be {bound}; got {value!r}.')
+
+
+def _check_augmentation(params: configs.DataConfig) -> None:
+  """ValueError naming the `aug_type` / `mixup_and_cutmix` key that is
+  invalid, or set on evaluation data (`is_training=False`)."""
+  aug, mix = params.aug_type, params.mixup_and_cutmix
+  for key, value in (('aug_type', aug), ('mixup_and_cutmix', mix)):
+    if value is not None and not params.is_training:
+      raise ValueError(
+          f'DataConfig.{key} is set on evaluation data (is_training=False): '
+          'augmentation is for training data only; set it on '
+          f'task.train_data.{key}.')
+  if aug is not None:
+    if aug.type == 'randaug':
+      r = aug.randaug
+      _check_range('aug_type.randaug.num_layers', r.num_layers, 1)
+      _check_range('aug_type.randaug.magnitude', r.magnitude, 0,
+                   augment._MAX_LEVEL)  # pylint: disable=protected-access
+      _check_range('aug_type.randaug.magnitude_std', r.magnitude_std, 0)
+      if r.prob_to_apply is not None:
+        _check_range('aug_type.randaug.prob_to_apply', r.prob_to_apply, 0, 1)
+      _check_range('aug_type.randaug.cutout_const', r.cutout_const, 0)
+      _check_range('aug_type.randaug.translate_const', r.translate_const, 0)
+      unknown = [op for op in r.exclude_ops if op not in RANDAUG_OPS]
+      if unknown or set(RANDAUG_OPS) <= set(r.exclude_ops):
+        raise ValueError(
+            'DataConfig.aug_type.randaug.exclude_ops must name some, not all, '
+            f'of RandAugment\'s ops {list(RANDAUG_OPS)}; got '
+            f'{list(r.exclude_ops)}' + (f' (unknown: {unknown}).' if unknown
+                                        else ' (all of them).'))
+    elif aug.type == 'autoaug':
+      a = aug.autoaug
+      if a.augmentation_name not in AUTOAUG_POLICIES:
+        raise ValueError(
+            'DataConfig.aug_type.autoaug.augmentation_name must be one of '
+            f'{list(AUTOAUG_POLICIES)} (the AutoAugment policies without '
+            f'bounding boxes); got {a.augmentation_name!r}.')
+      _check_range('aug_type.autoaug.cutout_const', a.cutout_const, 0)
+      _check_range('aug_type.autoaug.translate_const', a.translate_const, 0)
+    else:
+      raise ValueError(
+          "DataConfig.aug_type.type must be 'randaug' or 'autoaug' (or "
+          f'aug_type None: no augmentation); got {aug.type!r}.')
+  if mix is not None:
+    _check_range('mixup_and_cutmix.mixup_alpha', mix.mixup_alpha, 0)
+    _check_range('mixup_and_cutmix.cutmix_alpha', mix.cutmix_alpha, 0)
+    if not mix.mixup_alpha and not mix.cutmix_alpha:
+      raise ValueError(
+          'DataConfig.mixup_and_cutmix: mixup_alpha and cutmix_alpha are both '
+          '0 (neither is on); set mixup_and_cutmix None for no mixing.')
+    _check_range('mixup_and_cutmix.prob', mix.prob, 0, 1)
+    _check_range('mixup_and_cutmix.switch_prob', mix.switch_prob, 0, 1)
+    if not 0 <= mix.label_smoothing < 1:
+      raise ValueError('DataConfig.mixup_and_cutmix.label_smoothing must be in '
+                       f'[0, 1); got {mix.label_smoothing!r}.')
+
+
+def build_augmenter(aug: Optional[common.Augmentation]
+                    ) -> Optional[augment.ImageAugment]:
+  """Model Garden's RandAugment / AutoAugment from `DataConfig.aug_type`
+  (checked by `check_params`), or None."""
+  if aug is None:
+    return None
+  if aug.type == 'randaug':
+    r = aug.randaug
+    return augment.RandAugment(
+        num_layers=r.num_layers, magnitude=r.magnitude,
+        cutout_const=r.cutout_const, translate_const=r.translate_const,
+        magnitude_std=r.magnitude_std, prob_to_apply=r.prob_to_apply,
+        exclude_ops=list(r.exclude_ops))
+  a = aug.autoaug
+  return augment.AutoAugment(augmentation_name=a.augmentation_name,
+                             cutout_const=a.cutout_const,
+                             translate_const=a.translate_const)
+
+
+def mix_clips(mix: common.MixupAndCutmix, num_classes: int,
+              max_batch_size: int, images: tf.Tensor, labels: tf.Tensor
+              ) -> Tuple[tf.Tensor, tf.Tensor]:
+  """Model Garden's mixup / cutmix of a training batch of clips.
+
+  `augment.MixupAndCutmix` mixes clip i with clip B-1-i (mixup: by a Beta
+  sampled weight lam_i; cutmix: a box through all frames, lam_i its
+  complement's area fraction), and mixes one-hot labels made from class ids
+  alike. Here its class ids are the clips' batch indices (of at most
+  `max_batch_size` "classes", without smoothing), so the labels it returns
+  are the mixing matrix M (row i: lam_i at i, 1 - lam_i at B-1-i; the
+  identity when the batch is not mixed, probability 1 - `mix.prob`); the
+  labels are then M @ (y * (1 - s) + s / num_classes), s =
+  `mix.label_smoothing`: Model Garden's smoothing and mixing, for one-hot
+  and multi-hot labels alike.
+
+  Args:
+    mix: the `mixup_and_cutmix` config.
+    num_classes: K.
+    max_batch_size: an upper bound of B (the global batch size).
+    images: float32 [B, T, H, W, 3] clips.
+    labels: float32 [B, K] one-hot / multi-hot labels.
+
+  Returns:
+    (images float32 [B, T, H, W, 3], labels float32 [B, K]), each label row
+    summing to the partner rows' mixture of label sums (1 for one-hot).
+  """
+  batch_size = tf.shape(labels)[0]
+  mixer = augment.MixupAndCutmix(
+      num_classes=max_batch_size, mixup_alpha=mix.mixup_alpha,
+      cutmix_alpha=mix.cutmix_alpha, prob=mix.prob,
+      switch_prob=mix.switch_prob, label_smoothing=0.0)
+  images, mixing = mixer(images, tf.range(batch_size))
+  s = mix.label_smoothing
+  smoothed = labels * (1.0 - s) + s / num_classes
+  return images, tf.matmul(mixing[:, :batch_size], smoothed)
 
 
 class Decoder:
@@ -128,6 +261,7 @@ class Parser:
   def __init__(self, params: configs.DataConfig):
     self._p = params
     self._num_frames, self._height, self._width, _ = params.feature_shape
+    self._augmenter = build_augmenter(params.aug_type)
 
   def _decode(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
     if frames.dtype != tf.string:
@@ -187,6 +321,10 @@ class Parser:
           (p.aug_min_area_ratio, p.aug_max_area_ratio))
       if p.random_flip:
         images = preprocess_ops_3d.random_flip_left_right(images)
+      if self._augmenter is not None:
+        # One call on the uint8 [T, H, W, 3] clip: the same ops and
+        # magnitudes on every frame (see DataConfig.aug_type).
+        images = self._augmenter.distort(images)
       images = preprocess_ops_3d.normalize_image(images,
                                                  p.zero_centering_image)
       images = tf.ensure_shape(images, [t, self._height, self._width, 3])
@@ -259,6 +397,15 @@ def build_dataset(params: configs.DataConfig,
     features['image'] = tf.reshape(image, [-1, t] + image.shape[2:].as_list())
     return features, labels
 
+  mix = params.mixup_and_cutmix  # Training data only (check_params).
+
+  def fold_views_and_mix(features, labels):
+    features, labels = fold_views(features, labels)
+    features['image'], labels = mix_clips(
+        mix, params.num_classes, params.global_batch_size, features['image'],
+        labels)
+    return features, labels
+
   def attach_mask(example, valid):
     # The evaluation mask goes with the features: ({..., eval_mask}, labels).
     features, labels = example
@@ -269,6 +416,6 @@ def build_dataset(params: configs.DataConfig,
       tfds_decoder_fn=decoder.decode_tfds,
       parser_fn=parser.parse_fn(params.is_training),
       attach_mask=attach_mask,
-      postprocess_fn=fold_views)
+      postprocess_fn=fold_views if mix is None else fold_views_and_mix)
   return tfrecord_input.build_dataset(params, input_context, bad_records,
                                       lambda seeded_params: stages)
