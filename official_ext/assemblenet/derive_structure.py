@@ -47,6 +47,7 @@ import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from tensorflow.core.protobuf import trackable_object_graph_pb2
+# configs registers the experiments.
 from official_ext.assemblenet import configs  # pylint: disable=unused-import
 from official_ext.assemblenet import structures
 from official_ext.core import experiment_params

@@ -23,7 +23,7 @@ the original code (google-research/assemblenet, `asnp_lite_structure` and
 `asnp_lite_structure_weights`), with blocks per level [3, 5, 11, 7].
 """
 import json
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 STEM_RGB = -1
 STEM_FLOW = -2
@@ -269,7 +269,7 @@ def from_config_fields(model_structure: StructureLike,
                        model_edge_weights: Optional[StructureLike],
                        model_edge_weights_path: str,
                        prefix: str = 'model.backbone.assemblenet_plus_lite.'
-                       ) -> tuple:
+                       ) -> Tuple[StructureLike, Optional[StructureLike]]:
   """The structure and edge weights a backbone config names.
 
   Each comes either inline (`model_structure`, `model_edge_weights`: JSON
