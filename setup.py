@@ -21,6 +21,7 @@ setuptools.setup(
         "pyyaml",
         "importlib_resources",  # tensorflow-datasets needs it to prepare builders
         "opencv-python-headless",  # scripts/assemblenet_videos_to_tfrecord.py
+        "matplotlib",  # official_ext.assemblenet.derive_structure --png
     ],
     extras_require={
         "test": ["pytest", "pytest-xdist", "scikit-learn"],  # readout metric tests

@@ -147,6 +147,12 @@ class AssembleNetPlusLite(hyperparams.Config):
       published lite structure.
     model_edge_weights: per-node edge weights as JSON; '' (or '[]') learns
       them (trainable, the one-shot connectivity search).
+    model_structure_path, model_edge_weights_path: the same, read from a
+      JSON file (e.g. written by `official_ext.assemblenet.derive_structure`);
+      set the inline field to '' when giving its path (both set is an error,
+      as is a file that is missing or not JSON; the message names the key and
+      the file). The file is read whenever the model is built (training,
+      export), so it must stay where it is.
     blocks_per_level: inverted-bottleneck blocks per block group, levels 0-3.
     stem_filters: filters of every stem (24 in the original).
     attention_mode: None (off), 'self' or 'peer'.
@@ -168,6 +174,8 @@ class AssembleNetPlusLite(hyperparams.Config):
   """
   model_structure: str = json.dumps(structures.ASSEMBLENET_PLUS_LITE_STRUCTURE)
   model_edge_weights: str = ''
+  model_structure_path: str = ''
+  model_edge_weights_path: str = ''
   blocks_per_level: Tuple[int, ...] = structures.ASSEMBLENET_PLUS_LITE_BLOCKS_PER_LEVEL
   stem_filters: int = 24
   attention_mode: Optional[str] = 'peer'
@@ -343,9 +351,10 @@ def assemblenet_plus_lite_kinetics() -> cfg.ExperimentConfig:
 DEMO_TFDS_NAME = 'moving_shapes'
 
 
-@exp_factory.register_config_factory('assemblenet_plus_lite_demo')
-def assemblenet_plus_lite_demo() -> cfg.ExperimentConfig:
-  """A tiny AssembleNet++lite on generated moving shapes (CPU, minutes)."""
+def _demo_experiment(model_structure) -> cfg.ExperimentConfig:
+  """The demo's data, model sizes and schedule around `model_structure`
+
+  (edge weights learned: `model_edge_weights` '')."""
   from official_ext.assemblenet import demo_data  # pylint: disable=g-import-not-at-top
   num_train, num_val = 2400, 480  # moving_shapes/default
   num_frames, size = 8, 32
@@ -362,7 +371,7 @@ def assemblenet_plus_lite_demo() -> cfg.ExperimentConfig:
           backbone=Backbone3D(
               type='assemblenet_plus_lite',
               assemblenet_plus_lite=AssembleNetPlusLite(
-                  model_structure=json.dumps(structures.TINY_STRUCTURE),
+                  model_structure=json.dumps(model_structure),
                   blocks_per_level=structures.TINY_BLOCKS_PER_LEVEL,
                   stem_filters=8, attention_mode='peer', bn_decay=0.9,
                   rep_flow=RepFlow(num_iter=10))),
@@ -397,3 +406,28 @@ def assemblenet_plus_lite_demo() -> cfg.ExperimentConfig:
                   'warmup_learning_rate': 0.0}},
           })),
       restrictions=list(_RESTRICTIONS))
+
+
+@exp_factory.register_config_factory('assemblenet_plus_lite_demo')
+def assemblenet_plus_lite_demo() -> cfg.ExperimentConfig:
+  """A tiny AssembleNet++lite on generated moving shapes (CPU, minutes)."""
+  return _demo_experiment(structures.TINY_STRUCTURE)
+
+
+@exp_factory.register_config_factory('assemblenet_plus_lite_search_demo')
+def assemblenet_plus_lite_search_demo() -> cfg.ExperimentConfig:
+  """The connectivity search on the demo: `TINY_SEARCH_STRUCTURE`.
+
+  Step 1 of the schedule of the AssembleNet papers' one-shot search
+  (google-research/assemblenet: assemblenet.py, `multi_connection_fusion`,
+  and its README, "Fixed Connectivity vs. Connectivity Learning"): the demo's
+  nodes, every block taking every lower-level node, trained with learnable
+  edge weights (`model_edge_weights` '': one logit per input, `agg_weights`,
+  truncated normal 0.01 initial, sigmoid applied) jointly with the filters,
+  by the same optimizer and schedule as the demo. Step 2,
+  `python -m official_ext.assemblenet.derive_structure`, drops the edges whose
+  sigmoid weight is below a threshold; step 3 trains
+  `assemblenet_plus_lite_demo` on the derived structure with the kept
+  weights fixed (`model_structure_path`, `model_edge_weights_path`).
+  """
+  return _demo_experiment(structures.TINY_SEARCH_STRUCTURE)

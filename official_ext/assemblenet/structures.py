@@ -23,7 +23,7 @@ the original code (google-research/assemblenet, `asnp_lite_structure` and
 `asnp_lite_structure_weights`), with blocks per level [3, 5, 11, 7].
 """
 import json
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 STEM_RGB = -1
 STEM_FLOW = -2
@@ -81,6 +81,7 @@ TINY_STRUCTURE = [
     [3, [3, 4, 5], [32, 32, 16], 1, 1, 0],
 ]
 TINY_BLOCKS_PER_LEVEL = (1, 1, 1, 1)
+
 
 StructureLike = Union[str, Sequence[Any]]
 
@@ -256,3 +257,92 @@ def nodes_below(structure: Sequence[Sequence[Any]], level: int) -> List[int]:
   for lv in range(-3, level):
     out.extend(i for i, n in enumerate(structure) if n[0] == lv)
   return out
+
+
+def dense_search_structure(structure: StructureLike) -> List[List[Any]]:
+  """The connectivity-search space of `structure`: the same nodes (levels,
+
+  filters, dilations, strides), every block node taking every node of a lower
+  level (stems included) as input, as the AssembleNet papers' one-shot search
+  starts from an overly connected graph (google-research/assemblenet,
+  assemblenet.py: "giving an overly connected structure as
+  FLAGS.model_structure" with `model_edge_weights` '[]').
+  """
+  nodes = validate_structure(structure)
+  out = []
+  for node in nodes:
+    if is_stem(node):
+      out.append(list(node))
+    else:
+      inputs = sorted(nodes_below(nodes, node[0]))
+      out.append([node[0], inputs] + list(node[2:]))
+  return out
+
+
+# `TINY_STRUCTURE`'s nodes with every lower-level node as an input (16 edges
+# instead of 12): the space `assemblenet_plus_lite_search_demo` searches.
+TINY_SEARCH_STRUCTURE = dense_search_structure(TINY_STRUCTURE)
+
+
+def _read_json_file(path: str, key: str) -> Any:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    with tf.io.gfile.GFile(path, 'r') as f:
+      text = f.read()
+  except (tf.errors.OpError, OSError) as e:
+    raise ValueError(f'{key}={path!r}: cannot read the file: {e}') from e
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{key}={path!r}: not valid JSON: {e}') from e
+
+
+def from_config_fields(model_structure: StructureLike,
+                       model_structure_path: str,
+                       model_edge_weights: Optional[StructureLike],
+                       model_edge_weights_path: str,
+                       prefix: str = 'model.backbone.assemblenet_plus_lite.'
+                       ) -> Tuple[StructureLike, Optional[StructureLike]]:
+  """The structure and edge weights a backbone config names.
+
+  Each comes either inline (`model_structure`, `model_edge_weights`: JSON
+  text) or from a JSON file (`model_structure_path`,
+  `model_edge_weights_path`, e.g. written by
+  `official_ext.assemblenet.derive_structure`); giving both for one of them
+  is an error (set the inline field to '' when giving the path).
+
+  Args:
+    model_structure, model_edge_weights: the inline values (JSON text or
+      lists; '' for none).
+    model_structure_path, model_edge_weights_path: file paths ('' for none).
+    prefix: the config keys' prefix, for the error messages.
+
+  Returns:
+    (structure, edge_weights): the structure as given (text or list, not yet
+    validated) and the edge weights (text, list, or None when neither is
+    given: learned).
+
+  Raises:
+    ValueError: both given, or a file missing, unreadable or not JSON (the
+      message names the config key and the file).
+  """
+  if model_structure_path:
+    if model_structure:
+      raise ValueError(
+          f'{prefix}model_structure and {prefix}model_structure_path are '
+          f'both set (path {model_structure_path!r}); give one: set '
+          f"{prefix}model_structure to '' to read the structure from the "
+          'file.')
+    model_structure = _read_json_file(model_structure_path,
+                                      prefix + 'model_structure_path')
+  elif not model_structure:
+    raise ValueError(f'{prefix}model_structure is empty and no '
+                     f'{prefix}model_structure_path is given.')
+  if model_edge_weights_path:
+    if model_edge_weights:
+      raise ValueError(
+          f'{prefix}model_edge_weights and {prefix}model_edge_weights_path '
+          f'are both set (path {model_edge_weights_path!r}); give one.')
+    model_edge_weights = _read_json_file(model_edge_weights_path,
+                                         prefix + 'model_edge_weights_path')
+  return model_structure, (model_edge_weights or None)

@@ -362,12 +362,18 @@ class AssembleNetPlusLiteModel(tf_keras.Model):
 def build_backbone_from_config(input_specs, backbone_config,
                                kernel_regularizer=None
                                ) -> AssembleNetPlusLite:
-  """Builds the backbone from an `AssembleNetPlusLite` config."""
+  """Builds the backbone from an `AssembleNetPlusLite` config (the structure
+
+  and edge weights inline or from the files its `*_path` fields name).
+  """
   c = backbone_config
+  structure, edge_weights = structures.from_config_fields(
+      c.model_structure, c.model_structure_path, c.model_edge_weights,
+      c.model_edge_weights_path)
   with _policy(c.precision):
     return AssembleNetPlusLite(
-        model_structure=c.model_structure,
-        model_edge_weights=c.model_edge_weights or None,
+        model_structure=structure,
+        model_edge_weights=edge_weights,
         blocks_per_level=tuple(c.blocks_per_level),
         input_specs=input_specs,
         stem_filters=c.stem_filters,

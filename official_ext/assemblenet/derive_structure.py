@@ -1,0 +1,444 @@
+r"""Derives an AssembleNet++lite structure from a connectivity search.
+
+  python -m official_ext.assemblenet.derive_structure \
+      --model_dir=/tmp/search_demo (or --checkpoint=/tmp/search_demo/ckpt-400) \
+      --experiment=assemblenet_plus_lite_search_demo \
+      [--config_file=x.yaml ...] [--params_override=...] \
+      --threshold=0.5 --output=/tmp/derived/structure.json \
+      [--png=/tmp/derived/graph.png]
+
+Step 2 of the one-shot connectivity search (see
+`configs.assemblenet_plus_lite_search_demo`). The searched structure is the
+experiment's (with the checkpoint directory's params.yaml, as training wrote
+it, then --config_file / --params_override: `core.experiment_params`, as
+export and predict load theirs). The learned edge weights are read from the
+checkpoint without building the model: each fusion's `agg_weights` variable
+is named `node_<i>_fusion/agg_weights` (`edge_weight_logits`), and they are
+logits (the model multiplies input k of node i by sigmoid(agg_weights[k]);
+google-research/assemblenet, assemblenet.py `multi_connection_fusion`), so
+the sigmoid is applied here.
+
+An edge is kept when its weight is >= --threshold; then (`prune`) every block
+node keeps at least its strongest input, and every node (stems included)
+keeps a path to the output (the first level-3 node) through its strongest
+edge to a node that has one; nodes after the output, which cannot feed it,
+are dropped. The derived structure (`--output`) and the kept edges' weights
+(`--edge_weights_output`, default `<output stem>_edge_weights.json`) pass
+`structures.validate_structure`; train on them with
+
+  --params_override=task.model.backbone.assemblenet_plus_lite.model_structure='',\
+task.model.backbone.assemblenet_plus_lite.model_structure_path=STRUCTURE.json,\
+task.model.backbone.assemblenet_plus_lite.model_edge_weights_path=WEIGHTS.json
+
+(the kept weights are then fixed, as the original code fixes given edge
+weights). `--png` draws the graph (`draw_graph`).
+"""
+import dataclasses
+import io
+import json
+import os
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+
+from tensorflow.core.protobuf import trackable_object_graph_pb2
+# configs registers the experiments.
+from official_ext.assemblenet import configs  # pylint: disable=unused-import
+from official_ext.assemblenet import structures
+from official_ext.core import experiment_params
+from official_ext.core import output_files
+
+# The whole name: optimizer slots are named '<slot>/node_<i>_fusion/...'.
+_AGG_WEIGHTS = re.compile(r'^node_(\d+)_fusion/agg_weights(?::0)?$')
+
+KEPT = 'kept'
+KEPT_STRONGEST_INPUT = 'kept (strongest input of a node with none kept)'
+KEPT_TO_OUTPUT = 'kept (strongest path to the output)'
+DROPPED = 'dropped'
+
+
+def resolve_checkpoint(model_dir: str = '', checkpoint: str = '') -> str:
+  """The checkpoint prefix: `checkpoint`, or the newest in `model_dir`."""
+  if bool(model_dir) == bool(checkpoint):
+    raise ValueError('Give exactly one of --model_dir and --checkpoint.')
+  if checkpoint:
+    return checkpoint
+  path = tf.train.latest_checkpoint(model_dir)
+  if not path:
+    raise ValueError(f'--model_dir={model_dir}: no checkpoint in it.')
+  return path
+
+
+def edge_weight_logits(checkpoint_path: str) -> Dict[int, np.ndarray]:
+  """Node index -> its fusion's `agg_weights` (logits, [num_inputs]).
+
+  Reads the checkpoint's object graph: every saved variable records its
+  full name, and a fusion's edge weights are `node_<i>_fusion/agg_weights`
+  (`PeerAttentionFusion`, built by `AssembleNetPlusLite` as
+  'node_<i>_fusion'), whatever path (`backbone/layer_with_weights-7/...`)
+  the checkpoint stores it under. Optimizer slots ('m/node_<i>_fusion/...')
+  are not matched.
+
+  Args:
+    checkpoint_path: a checkpoint prefix (e.g. model_dir/ckpt-400).
+
+  Returns:
+    {node index: float32 logits}, for every node with several inputs.
+
+  Raises:
+    ValueError: naming the checkpoint, when it has no such variable or one
+      node twice.
+  """
+  reader = tf.train.load_checkpoint(checkpoint_path)
+  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  graph.ParseFromString(reader.get_tensor('_CHECKPOINTABLE_OBJECT_GRAPH'))
+  out = {}
+  for node in graph.nodes:
+    for attribute in node.attributes:
+      match = _AGG_WEIGHTS.search(attribute.full_name)
+      if not match or attribute.name != 'VARIABLE_VALUE':
+        continue
+      i = int(match.group(1))
+      if i in out:
+        raise ValueError(f'{checkpoint_path}: two variables for node {i}\'s '
+                         f'edge weights ({attribute.full_name}).')
+      out[i] = np.asarray(reader.get_tensor(attribute.checkpoint_key),
+                          np.float32)
+  if not out:
+    raise ValueError(f'{checkpoint_path}: no node_<i>_fusion/agg_weights '
+                     'variable (not an AssembleNet++lite checkpoint, or a '
+                     'structure without multi-input nodes).')
+  return out
+
+
+def learned_edge_weights(structure: Sequence[Sequence[Any]],
+                         logits: Dict[int, np.ndarray],
+                         where: str = 'the checkpoint'
+                         ) -> List[Optional[List[float]]]:
+  """Per node: sigmoid(logits) of its inputs (None: stem; [1.0]: one input).
+
+  Raises:
+    ValueError: naming the node, when the checkpoint's weights do not fit
+      the structure (another structure was trained).
+  """
+  out = []
+  for i, node in enumerate(structure):
+    if structures.is_stem(node):
+      if i in logits:
+        raise ValueError(f'{where} has edge weights for node {i}, a stem in '
+                         'the structure: it was trained with another one.')
+      out.append(None)
+      continue
+    n = len(node[1])
+    if n == 1:
+      if i in logits:
+        raise ValueError(f'{where} has edge weights for node {i}, which has '
+                         'one input in the structure: it was trained with '
+                         'another one.')
+      out.append([1.0])
+      continue
+    if i not in logits or logits[i].shape != (n,):
+      got = 'none' if i not in logits else f'shape {list(logits[i].shape)}'
+      raise ValueError(f'{where}: node {i} has {n} inputs {node[1]}; its '
+                       f'edge weights (node_{i}_fusion/agg_weights) are {got}. '
+                       'Was it trained with another structure?')
+    out.append([float(x) for x in 1.0 / (1.0 + np.exp(-logits[i]))])
+  extra = sorted(set(logits) - set(range(len(structure))))
+  if extra:
+    raise ValueError(f'{where} has edge weights for nodes {extra}, which the '
+                     f'{len(structure)}-node structure lacks.')
+  return out
+
+
+@dataclasses.dataclass
+class Derived:
+  """What `prune` decided.
+
+  Attributes:
+    structure: the derived structure (validated; 5-entry block nodes).
+    edge_weights: its edge weights (`[]` for stems and single-input nodes,
+      `[[w, ...]]` of the kept inputs otherwise).
+    edges: every searched edge as (source, target, weight, status), status
+      one of KEPT, KEPT_STRONGEST_INPUT, KEPT_TO_OUTPUT, DROPPED; weight is
+      1.0 for the only input of a single-input node.
+    dropped_nodes: nodes after the output, left out.
+  """
+  structure: List[List[Any]]
+  edge_weights: List[Any]
+  edges: List[Tuple[int, int, float, str]]
+  dropped_nodes: List[int]
+
+  @property
+  def num_kept(self) -> int:
+    return sum(1 for e in self.edges if e[3] != DROPPED)
+
+
+def prune(structure: Sequence[Sequence[Any]],
+          weights: Sequence[Optional[Sequence[float]]],
+          threshold: float) -> Derived:
+  """Drops the edges whose weight is below `threshold`, keeping the graph whole.
+
+  1. Edge j -> i is kept when its weight >= `threshold`.
+  2. A block node with no kept input keeps its strongest input.
+  3. From the output (the first level-3 node) back to node 0, a node with no
+     kept edge to a node that reaches the output keeps its strongest edge to
+     such a node (every node reaches the output, every block node has an
+     input, so every node is reachable from a stem).
+  Nodes after the output cannot feed it and are dropped (indices below the
+  output are unchanged).
+
+  Args:
+    structure: the searched structure (validated).
+    weights: per node, the post-sigmoid weight of each input
+      (`learned_edge_weights`).
+    threshold: in [0, 1].
+
+  Returns:
+    A `Derived`.
+  """
+  if not 0.0 <= threshold <= 1.0:
+    raise ValueError(f'--threshold is a sigmoid weight in [0, 1]; got '
+                     f'{threshold}.')
+  structure = structures.validate_structure(structure)
+  output = next(i for i, n in enumerate(structure) if n[0] == 3)
+  kept = {}  # (j, i) -> status
+  for i, node in enumerate(structure[:output + 1]):
+    if structures.is_stem(node):
+      continue
+    ws = weights[i]
+    for j, w in zip(node[1], ws):
+      if w >= threshold:
+        kept[(j, i)] = KEPT
+    if not any((j, i) in kept for j in node[1]):
+      k = int(np.argmax(ws))
+      kept[(node[1][k], i)] = KEPT_STRONGEST_INPUT
+  weight_of = {}
+  consumers: Dict[int, List[int]] = {j: [] for j in range(output + 1)}
+  for i, node in enumerate(structure[:output + 1]):
+    if not structures.is_stem(node):
+      for j, w in zip(node[1], weights[i]):
+        weight_of[(j, i)] = w
+        consumers[j].append(i)
+  reaches = {output: True}
+  for j in range(output - 1, -1, -1):
+    live = [i for i in consumers[j] if reaches.get(i)]
+    if any((j, i) in kept for i in live):
+      reaches[j] = True
+    elif live:
+      i = max(live, key=lambda i: weight_of[(j, i)])
+      kept[(j, i)] = KEPT_TO_OUTPUT
+      reaches[j] = True
+    else:
+      raise ValueError(f'node {j} feeds no node that reaches the output '
+                       f'(node {output}) even in the searched structure; '
+                       'remove it from the search space.')
+  edges = []
+  derived = []
+  derived_weights = []
+  for i, node in enumerate(structure[:output + 1]):
+    if structures.is_stem(node):
+      derived.append(list(node))
+      derived_weights.append([])
+      continue
+    ins, ws = [], []
+    for j, w in zip(node[1], weights[i]):
+      status = kept.get((j, i), DROPPED)
+      edges.append((j, i, float(w), status))
+      if status != DROPPED:
+        ins.append(j)
+        ws.append(float(w))
+    derived.append([node[0], ins] + list(node[2:5]))
+    derived_weights.append([ws] if len(ins) > 1 else [])
+  derived = structures.validate_structure(derived, derived_weights)
+  return Derived(derived, derived_weights, edges,
+                 list(range(output + 1, len(structure))))
+
+
+def _node_label(node: Sequence[Any], i: int) -> str:
+  if structures.is_stem(node):
+    return {structures.STEM_RGB: 'RGB', structures.STEM_FLOW: 'flow',
+            structures.STEM_OBJECT: 'object'}[node[0]] + f'\nnode {i}'
+  return f'node {i}\nlevel {node[0]}'
+
+
+def draw_graph(structure: Sequence[Sequence[Any]],
+               edges: Sequence[Tuple[int, int, float, str]],
+               path: str, title: str = '') -> Tuple[int, int]:
+  """Writes a PNG of the searched graph with the derive decisions.
+
+  Stems in the left column, block nodes in one column per level; every
+  searched edge drawn with its weight as a label and as line width and
+  alpha; kept edges solid and blue, dropped ones dashed and grey.
+
+  Args:
+    structure: the searched structure.
+    edges: (source, target, weight, status) as in `Derived.edges`.
+    path: the PNG file to write.
+    title: the figure's title.
+
+  Returns:
+    (kept edges drawn, dropped edges drawn).
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  columns: Dict[int, List[int]] = {}
+  for i, node in enumerate(structure):
+    columns.setdefault(-1 if structures.is_stem(node) else node[0],
+                       []).append(i)
+  pos = {}
+  for column, ids in columns.items():
+    for r, i in enumerate(ids):
+      pos[i] = (column + 1, (len(ids) - 1) / 2.0 - r)
+  fig, ax = plt.subplots(figsize=(9, 5), dpi=80)
+  kept = dropped = 0
+  for j, i, w, status in edges:
+    (x0, y0), (x1, y1) = pos[j], pos[i]
+    # Edges that skip a column bend (a quadratic curve), so they do not run
+    # through the nodes between.
+    bend = 0.12 * (x1 - x0 - 1)
+    cx, cy = (x0 + x1) / 2 + bend * (y1 - y0), (y0 + y1) / 2 - bend * (x1 - x0)
+    t = np.linspace(0.0, 1.0, 32)[:, None]
+    curve = ((1 - t) ** 2 * np.array([x0, y0]) + 2 * t * (1 - t) *
+             np.array([cx, cy]) + t ** 2 * np.array([x1, y1]))
+    if status == DROPPED:
+      dropped += 1
+      style = dict(color='grey', linestyle='--', linewidth=0.5 + 2 * w,
+                   alpha=0.25 + 0.5 * w, zorder=1)
+    else:
+      kept += 1
+      style = dict(color='tab:blue', linestyle='-', linewidth=1 + 3 * w,
+                   alpha=0.4 + 0.6 * w, zorder=2)
+    ax.plot(curve[:, 0], curve[:, 1], **style)
+    # Labels of the edges into one node at staggered points along them.
+    x, y = curve[int(31 * (0.3 + 0.12 * (j % 4)))]
+    ax.text(x, y, f'{w:.2f}', fontsize=7, ha='center', va='center',
+            zorder=4, color='tab:blue' if status != DROPPED else 'dimgrey',
+            bbox=dict(boxstyle='round,pad=0.1', fc='white', ec='none',
+                      alpha=0.8))
+  for i, (x, y) in pos.items():
+    stem = structures.is_stem(structure[i])
+    ax.scatter([x], [y], s=1400, zorder=3,
+               color='tab:orange' if stem else 'lightsteelblue',
+               edgecolors='black')
+    ax.text(x, y, _node_label(structure[i], i), fontsize=7, ha='center',
+            va='center', zorder=5)
+  ax.set_xticks(sorted(c + 1 for c in columns))
+  ax.set_xticklabels(['stems' if c < 0 else f'level {c}'
+                      for c in sorted(columns)])
+  ax.set_yticks([])
+  ax.margins(y=0.12)
+  ax.set_xlim(min(columns) + 0.5, max(columns) + 1.5)
+  for side in ('top', 'right', 'left'):
+    ax.spines[side].set_visible(False)
+  ax.set_title(title or f'{kept} edges kept (solid), {dropped} dropped '
+               '(dashed); labels: sigmoid edge weights', fontsize=9)
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format='png', bbox_inches='tight')
+  plt.close(fig)
+  with tf.io.gfile.GFile(path, 'wb') as f:
+    f.write(buffer.getvalue())
+  return kept, dropped
+
+
+def edge_weights_output_path(output: str) -> str:
+  stem, _ = os.path.splitext(output)
+  return stem + '_edge_weights.json'
+
+
+def derive(params, checkpoint_path: str, threshold: float, output: str,
+           edge_weights_output: str = '', png: str = '') -> Derived:
+  """Reads, prunes, logs and writes (see the module docstring).
+
+  Args:
+    params: the search experiment's config (`experiment_params.load_params`).
+    checkpoint_path: the checkpoint prefix.
+    threshold: keep edges whose sigmoid weight is >= this.
+    output: the structure JSON to write.
+    edge_weights_output: its edge weights JSON ('' for the default
+      `edge_weights_output_path(output)`).
+    png: a PNG of the graph to write ('' for none).
+
+  Returns:
+    The `Derived` structure.
+  """
+  backbone = params.task.model.backbone.get()
+  key = 'task.model.backbone.assemblenet_plus_lite.'
+  structure, _ = structures.from_config_fields(
+      backbone.model_structure, backbone.model_structure_path,
+      backbone.model_edge_weights, backbone.model_edge_weights_path,
+      prefix=key)
+  structure = structures.validate_structure(structure)
+  weights = learned_edge_weights(structure, edge_weight_logits(
+      checkpoint_path), where=checkpoint_path)
+  derived = prune(structure, weights, threshold)
+  for i, node in enumerate(structure):
+    if structures.is_stem(node):
+      continue
+    parts = [f'{j}: {w:.3f} {status}' for j, t, w, status in derived.edges
+             if t == i]
+    logging.info('node %d (level %d) inputs: %s', i, node[0],
+                 '; '.join(parts) if parts else 'dropped (after the output)')
+  edge_weights_output = edge_weights_output or edge_weights_output_path(
+      output)
+  for path in (output, edge_weights_output, png):
+    if path and os.path.dirname(path):
+      tf.io.gfile.makedirs(os.path.dirname(path))
+  for path, value in ((output, derived.structure),
+                      (edge_weights_output, derived.edge_weights)):
+    output_files.write_atomically(
+        path, lambda f, v=value: f.write(json.dumps(v) + '\n'))
+  if png:
+    draw_graph(structure, derived.edges, png)
+  return derived
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  flags.DEFINE_string('experiment', 'assemblenet_plus_lite_search_demo',
+                      'The search experiment (its structure; params.yaml '
+                      'beside the checkpoint is applied on top).')
+  flags.DEFINE_multi_string('config_file', None,
+                            'YAML config overrides, after params.yaml.')
+  flags.DEFINE_string('params_override', '', 'Comma-separated overrides.')
+  flags.DEFINE_string('model_dir', '', 'The search run (its newest '
+                      'checkpoint).')
+  flags.DEFINE_string('checkpoint', '', 'Or a checkpoint prefix.')
+  flags.DEFINE_float('threshold', None, 'Keep the edges whose sigmoid '
+                     'weight is >= this.')
+  flags.DEFINE_string('output', None, 'The derived structure JSON.')
+  flags.DEFINE_string('edge_weights_output', '', 'The kept edge weights '
+                      'JSON (default: <output stem>_edge_weights.json).')
+  flags.DEFINE_string('png', '', 'A PNG of the graph (optional).')
+
+
+def main(_):
+  checkpoint_path = resolve_checkpoint(FLAGS.model_dir, FLAGS.checkpoint)
+  params = experiment_params.load_params(
+      FLAGS.experiment, FLAGS.config_file, FLAGS.params_override,
+      checkpoint_path=FLAGS.model_dir or checkpoint_path)
+  derived = derive(params, checkpoint_path, FLAGS.threshold, FLAGS.output,
+                   FLAGS.edge_weights_output, FLAGS.png)
+  weights_path = FLAGS.edge_weights_output or edge_weights_output_path(
+      FLAGS.output)
+  print(f'{checkpoint_path}: kept {derived.num_kept} of '
+        f'{len(derived.edges)} edges at threshold {FLAGS.threshold}; wrote '
+        f'{FLAGS.output} and {weights_path}'
+        + (f' and {FLAGS.png}' if FLAGS.png else ''))
+  key = 'task.model.backbone.assemblenet_plus_lite'
+  print(f"Train on it: --params_override={key}.model_structure='',"
+        f'{key}.model_structure_path={FLAGS.output},'
+        f'{key}.model_edge_weights_path={weights_path}')
+
+
+if __name__ == '__main__':
+  define_flags()
+  flags.mark_flags_as_required(['threshold', 'output'])
+  app.run(main)
