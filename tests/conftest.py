@@ -23,6 +23,16 @@ import pytest  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 _KEY_BASES = itertools.count(start=7000, step=1000)
 
+# Python's cyclic garbage collector: TensorFlow's and Keras' import-time
+# objects (millions) are moved out of its reach (`gc.freeze`), and it runs
+# less often while tests trace graphs (which allocate many short-lived
+# objects). Each test module's garbage is still collected after it
+# (`_release_module_state`). Five heavy test files in one process, this
+# against the defaults, side by side: 1,055 s against 1,181 s.
+gc.collect()
+gc.freeze()
+gc.set_threshold(50_000, 20, 20)
+
 
 def make_mirrored() -> tf.distribute.MirroredStrategy:
   """A fresh 2-replica MirroredStrategy over the two logical CPUs.
@@ -47,9 +57,12 @@ def mirrored():
 def _release_module_state():
   """After each test module: Keras' global state reset and the module's
   models, graphs and datasets collected, so a worker process that runs many
-  modules does not carry them into the next one."""
+  modules does not carry them into the next one. What survives the
+  collection is frozen (`gc.freeze`): later collections do not walk it
+  again."""
   yield
   import tf_keras  # pylint: disable=g-import-not-at-top
   tf_keras.backend.clear_session()
   gc.collect()
+  gc.freeze()
 

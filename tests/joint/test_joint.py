@@ -81,6 +81,12 @@ def _params(cache_dir, train_steps=4, routines=None, **trainer):
   return params
 
 
+# Tests whose subject is not graph training train eagerly: tracing the joint
+# training step (every task's forward and backward) costs ~10x running a few
+# of its steps; `joint_run` trains in a graph, as configured.
+_EAGER = {'train_tf_function': False, 'train_tf_while_loop': False}
+
+
 def _loops(records):
   return [int(s) for s in re.findall(r'train \| step:\s+(\d+) \| steps/sec',
                                      records)]
@@ -155,7 +161,8 @@ def test_joint_run_resumes_from_the_newest_checkpoint(joint_run, tmp_path,
     monkeypatch.setattr(task_cls, 'build_inputs', recording(task_cls))
   caplog.set_level(logging.INFO, logger='absl')
   capsys.readouterr()
-  _, logs = train.run(_params(cache, train_steps=6), 'train', model_dir)
+  _, logs = train.run(_params(cache, train_steps=6, **_EAGER), 'train',
+                      model_dir)
   assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-6')
   assert _loops(capsys.readouterr().out) == [6]  # Steps 5-6 only.
   assert seeds == {'readout': input_files.restart_seed(1, 4),
@@ -180,7 +187,7 @@ def _yt8m_alone(cache_dir, **kwargs):
 
 
 def test_yt8m_alone_on_the_token_encoder(tmp_path, cache):
-  params = _yt8m_alone(cache, train_steps=2)
+  params = _yt8m_alone(cache, train_steps=2, **_EAGER)
   model, logs = train.run(params, 'train', str(tmp_path / 'model'))
   assert list(model.sub_tasks) == ['video']
   assert model.sub_tasks['video'].encoder is model.encoder
@@ -194,7 +201,7 @@ def test_non_finite_loss_stops_a_joint_run(tmp_path, cache):
       optimizer_config={
           'learning_rate': {'type': 'stepwise', 'stepwise': {
               'boundaries': [2], 'values': [0.002, 1e38]}},
-          'warmup': {'type': None}})
+          'warmup': {'type': None}}, **_EAGER)
   params.task.gradient_clip_norm = 0.0
   model_dir = str(tmp_path / 'model')
   with pytest.raises(trainer_lib.NonFiniteLossError) as e:
@@ -226,9 +233,8 @@ def test_two_readout_routines_interleaved(tmp_path, cache, monkeypatch):
                    checkpoint_interval=4,
                    routines=[('lab_a', _readout(cache, seed=0)),
                              ('lab_b', _readout(cache, seed=1))])
-  params.override({'trainer': {'task_sampler': {'type': 'uniform'},
-                               'train_tf_function': False,
-                               'train_tf_while_loop': False}})
+  params.override({'trainer': dict({'task_sampler': {'type': 'uniform'}},
+                                   **_EAGER)})
   task_steps = []
   task_step = readout_task.ReadoutTask.train_step
 

@@ -1,7 +1,8 @@
 """SavedModel export and YT8M inference outputs.
 
-One tiny model is trained with `python -m official_ext.train`, exported with
-`python -m official_ext.export_saved_model`, and served by TensorFlow's own
+One tiny model is trained and exported in this process (`train.run`,
+`export_saved_model.export`: the two CLIs' wiring is tests/yt8m/test_train.py's
+and tests/yt8m/test_export_params.py's) and served by TensorFlow's own
 `saved_model_cli` in fresh processes.
 """
 import glob
@@ -9,7 +10,6 @@ import io
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +17,7 @@ import tensorflow as tf, tf_keras
 import yaml
 
 from official_ext import export_saved_model
+from official_ext import train
 from official_ext.core import checkpoints
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
@@ -46,28 +47,16 @@ def _tiny(cache_dir):
   }
 
 
-def _cli(module, *args):
-  result = subprocess.run([sys.executable, '-m', module, *args],
-                          capture_output=True, text=True, env=ENV,
-                          timeout=600, check=False)
-  return result
-
-
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
   root = tmp_path_factory.mktemp('export')
   config = root / 'tiny.yaml'
   config.write_text(yaml.safe_dump(_tiny(root / 'cache')))
   model_dir = root / 'model'
-  result = _cli('official_ext.train', '--experiment=yt8m_demo', '--mode=train',
-                f'--model_dir={model_dir}', f'--config_file={config}')
-  assert result.returncode == 0, result.stderr[-3000:]
-  export_dir = root / 'saved_model'
-  result = _cli('official_ext.export_saved_model', '--experiment=yt8m_demo',
-                f'--config_file={config}', f'--checkpoint_path={model_dir}',
-                f'--export_dir={export_dir}', '--top_k=5')
-  assert result.returncode == 0, result.stderr[-3000:]
   params = export_saved_model.load_params('yt8m_demo', [str(config)])
+  train.run(params, 'train', str(model_dir))
+  export_dir = root / 'saved_model'
+  export_saved_model.export(params, str(model_dir), str(export_dir), top_k=5)
   return dict(root=root, config=str(config), model_dir=str(model_dir),
               export_dir=str(export_dir), params=params)
 
@@ -118,22 +107,22 @@ def test_saved_model_cli_run_matches_python(trained, tmp_path):
 
   examples = np.array(records, dtype=object)
   np.save(tmp_path / 'examples.npy', examples, allow_pickle=True)
-  np.save(tmp_path / 'features.npy', features)
-  np.save(tmp_path / 'num_frames.npy', num_frames)
-  outputs = {}
-  for signature, inputs in (
-      ('serving_default', f'examples={tmp_path / "examples.npy"}'),
-      ('serve_features', f'features={tmp_path / "features.npy"};'
-                         f'num_frames={tmp_path / "num_frames.npy"}')):
-    outdir = tmp_path / signature
-    result = _saved_model_cli('run', '--dir', trained['export_dir'],
-                              '--tag_set', 'serve', '--signature_def',
-                              signature, '--inputs', inputs, '--outdir',
-                              str(outdir))
-    assert result.returncode == 0, result.stderr[-3000:]
-    outputs[signature] = {
-        os.path.basename(f)[:-4]: np.load(f, allow_pickle=True)
-        for f in glob.glob(str(outdir / '*.npy'))}
+  outdir = tmp_path / 'serving_default'
+  result = _saved_model_cli('run', '--dir', trained['export_dir'],
+                            '--tag_set', 'serve', '--signature_def',
+                            'serving_default', '--inputs',
+                            f'examples={tmp_path / "examples.npy"}',
+                            '--outdir', str(outdir))
+  assert result.returncode == 0, result.stderr[-3000:]
+  outputs = {'serving_default': {
+      os.path.basename(f)[:-4]: np.load(f, allow_pickle=True)
+      for f in glob.glob(str(outdir / '*.npy'))}}
+  # The features signature on the parsed features, in this process (one
+  # fresh process shows the SavedModel stands alone).
+  served = tf.saved_model.load(trained['export_dir']).signatures[
+      'serve_features'](features=tf.constant(features),
+                        num_frames=tf.constant(num_frames))
+  outputs['serve_features'] = {k: v.numpy() for k, v in served.items()}
   for signature, out in outputs.items():
     np.testing.assert_allclose(out['probabilities'], expected, atol=1e-5,
                                err_msg=signature)

@@ -37,7 +37,6 @@ def _shapes(cache_dir):
   overrides = _tiny_overrides(cache_dir, train_steps=4)
   overrides['task']['demo_data'].update(
       num_train_videos=32, num_validation_videos=16, num_shards=1)
-  overrides['task']['jit_compile'] = False  # Not model-affecting; faster.
   overrides['trainer']['validation_steps'] = 1
   return overrides
 
@@ -111,11 +110,15 @@ def test_export_without_flags_uses_params_yaml(trained, tmp_path):
   export_dir = tmp_path / 'export'
   result = _cli('official_ext.export_saved_model', '--experiment=yt8m_demo',
                 f'--checkpoint_path={trained["model_dir"]}',
-                f'--export_dir={export_dir}')
+                f'--export_dir={export_dir}', '--top_k=3')
   assert result.returncode == 0, result.stderr[-3000:]
   assert os.path.join(trained['model_dir'], 'params.yaml') in result.stderr
   _assert_matches(_served(str(export_dir), trained['records']),
                   trained['expected'])
+  # --top_k reaches the serving outputs (default 20).
+  out = tf.saved_model.load(str(export_dir)).signatures['serving_default'](
+      examples=tf.constant(trained['records'][:2]))
+  assert out['top_k_classes'].shape == (2, 3)
   # The export directory keeps the configuration it was exported with.
   saved = experiment_params.load_params('yt8m', checkpoint_path=str(export_dir))
   assert saved.task.model.backbone.dbof.pooling_method == 'max'

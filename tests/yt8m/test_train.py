@@ -14,7 +14,10 @@ from official_ext import train
 from official_ext import registry_imports  # pylint: disable=unused-import
 
 
-def _tiny_overrides(cache_dir, train_steps=8):
+def _tiny_overrides(cache_dir, train_steps=8, jit_compile=False):
+  """The tiny yt8m_demo of the tests that train. `jit_compile` (the demo's
+  XLA training step) costs a compilation per process: the CLI test and the
+  2-replica test here keep it; tests of other subjects leave it off."""
   return {
       'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
       'task': {
@@ -28,6 +31,7 @@ def _tiny_overrides(cache_dir, train_steps=8):
           'validation_data': {'global_batch_size': 8, 'max_frames': 12},
           'demo_data': {'cache_dir': str(cache_dir), 'num_train_videos': 48,
                         'num_validation_videos': 32, 'num_shards': 2},
+          'jit_compile': jit_compile,
       },
       'trainer': {'train_steps': train_steps, 'steps_per_loop': 4,
                   'checkpoint_interval': 4, 'summary_interval': 4,
@@ -61,7 +65,8 @@ def test_train_py_writes_model_dir_and_reads_cleanly(tmp_path):
   `core.run_logging`). Resuming through the CLI: tests/test_resilience.py
   (`test_sigkill_at_any_point_then_same_command_finishes`)."""
   model_dir = tmp_path / 'model'
-  config = _yaml(tmp_path / 'tiny.yaml', _tiny_overrides(tmp_path / 'cache'))
+  config = _yaml(tmp_path / 'tiny.yaml',
+                 _tiny_overrides(tmp_path / 'cache', jit_compile=True))
   # Without TF_CPP_MIN_LOG_LEVEL: official_ext.train sets it.
   env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
   args = ['--experiment=yt8m_demo', '--mode=train_and_eval',
@@ -114,7 +119,7 @@ def _train_and_eval(params, model_dir, strategy):
 
 
 def test_mirrored_two_replicas_matches_one_device(tmp_path, mirrored):
-  params = _params(tmp_path / 'cache')
+  params = _params(tmp_path / 'cache', jit_compile=True)
   # Synchronized batch norm: the 2-replica batch statistics equal the global
   # batch's, so the two runs compute the same updates.
   params.override({'task': {'model': {'norm_activation': {
