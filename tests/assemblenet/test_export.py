@@ -2,6 +2,7 @@
 TensorFlow's own saved_model_cli, equal to the Python model with the
 evaluation preprocessing."""
 import glob
+import json
 import os
 import subprocess
 
@@ -22,14 +23,22 @@ from official_ext.assemblenet import export
 from tests.assemblenet import minimal
 
 
+# The minimal network (peer attention, as the demo) with what TFLite cannot
+# take as TensorFlow computes it: a temporally dilated stem and block (5-D
+# SpaceToBatchND) and a fusion of inputs at two resolutions (MaxPool3D).
+STRUCTURE = [[-1, 2], [-2, 1], [0, [0, 1], [8, 8, 8], 2, 2],
+             [3, [0, 2], [8, 8, 8], 1, 2]]
+
+
 def _params(tmp_path):
-  # The minimal network (peer attention, as the demo): exporting traces every
-  # layer's call and the serving function, loading restores them all.
+  # Exporting traces every layer's call and the serving function, loading
+  # restores them all.
   params = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
   data = {'tfds_name': 'moving_shapes/tiny', 'feature_shape': [4, 32, 32, 3],
           'global_batch_size': 2}
+  backbone = minimal.backbone(model_structure=json.dumps(STRUCTURE))
   params.override({'task': {
-      'model': {'backbone': minimal.backbone(), 'head_filters': [16, 24]},
+      'model': {'backbone': backbone, 'head_filters': [16, 24]},
       'train_data': data, 'validation_data': data,
       'demo_data': {'data_dir': str(tmp_path / 'tfds')}}}, is_strict=True)
   params.validate()
