@@ -22,15 +22,18 @@ shape taken from the validation data config:
   `top_k_scores` (`--top_k`); video level: `features` [1, sum(...)] alone.
 
 The model has one signature, `serving_default`, with these names; run it with
-`ai_edge_litert.interpreter.Interpreter(...).get_signature_runner()`. The
-interpreter takes exactly this shape (another one fails in the interpreter or
-is scored wrongly). The SavedModel's value checks (`tf.debugging.Assert`:
+`ai_edge_litert.interpreter.Interpreter(...).get_signature_runner()`, fed
+exactly this shape (the model's reshapes and crops were traced for it; there
+is no shape check on device). The SavedModel's value checks (`tf.debugging.Assert`:
 a NaN feature in a valid frame, a `num_frames` below 1) are not in the
 TFLite model: the converter drops Assert ops, so on device the caller checks
 its inputs.
 
 Only TFLite builtin ops are allowed (no SELECT_TF_OPS: both families convert
-without TensorFlow kernels, so the model runs in the plain LiteRT runtime).
+without TensorFlow kernels, so the model runs in the plain LiteRT runtime;
+AssembleNet's temporally dilated convolutions and spatial max pools are
+written with ops TFLite has, `assemblenet.modeling.layers.Conv3D` and
+`spatial_max_pool`).
 If a model holds an op the converter cannot take (e.g. a `tf.py_function`,
 shown as `tf.EagerPyFunc`), the error (`UnsupportedOpsError`) names the ops.
 
