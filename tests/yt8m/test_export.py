@@ -11,12 +11,15 @@ import shutil
 import subprocess
 import sys
 
+from absl import flags
+from ai_edge_litert import interpreter
 import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
 import yaml
 
 from official_ext import export_saved_model
+from official_ext import export_tflite
 from official_ext.core import checkpoints
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
@@ -388,8 +391,6 @@ TFLITE_ATOL = {'none': 1e-5, 'dynamic_range': 1e-3, 'float16': 1e-4}
 @pytest.fixture(scope='module')
 def tflite_none(trained):
   """The float32 TFLite model, written by the CLI's main in-process."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from official_ext import export_tflite  # pylint: disable=g-import-not-at-top
   output = str(trained['root'] / 'none.tflite')
   flag_values = flags.FlagValues()
   export_tflite.define_flags(flag_values)
@@ -407,7 +408,6 @@ def tflite_none(trained):
 
 
 def _tflite_outputs(path, features, num_frames):
-  from ai_edge_litert import interpreter  # pylint: disable=g-import-not-at-top
   runner = interpreter.Interpreter(model_path=path).get_signature_runner()
   rows = [runner(features=features[i:i + 1], num_frames=num_frames[i:i + 1])
           for i in range(len(features))]
@@ -462,7 +462,6 @@ def tflite_function(trained):
 @pytest.mark.parametrize('quantization', ['dynamic_range', 'float16'])
 def test_tflite_quantized_agrees_within_tolerance(tflite_function, tflite_none,
                                                   quantization, tmp_path):
-  from official_ext import export_tflite  # pylint: disable=g-import-not-at-top
   flat_buffer = export_tflite.convert(tflite_function[1], quantization)
   # Quantized weights: a smaller file than float32's.
   assert len(flat_buffer) < 0.7 * tflite_none['info']['bytes']
