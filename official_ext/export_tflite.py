@@ -214,10 +214,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                                flag_values=flag_values)
 
 
-def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS
-         ) -> Dict[str, Any]:
-  """Runs the export with parsed `flag_values`; prints and returns `export`'s
-  summary."""
+def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
+  """Runs the export with the parsed `flag_values`; prints its summary."""
   del argv
   fv = flag_values
   check_quantization(fv.quantization)  # Before the config is loaded.
@@ -229,7 +227,6 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS
   print(f'Wrote {info["output"]} ({info["bytes"]:,} bytes, quantization '
         f'{info["quantization"]}): serving_default({", ".join(info["inputs"])})'
         f' -> {", ".join(info["outputs"])}')
-  return info
 
 
 if __name__ == '__main__':

@@ -115,7 +115,7 @@ def test_serving_refuses_frames_it_cannot_score(exported):
     module.serve(tf.fill([1, 6, 36, 40, 3], np.nan))
 
 
-def test_tflite_cli_serves_a_clip_like_the_saved_model(exported):
+def test_tflite_cli_serves_a_clip_like_the_saved_model(exported, capsys):
   """`python -m official_ext.export_tflite` (its main, in-process): a
   builtins-only float16 model whose interpreter output is the SavedModel's
   for the same uint8 clip."""
@@ -126,10 +126,11 @@ def test_tflite_cli_serves_a_clip_like_the_saved_model(exported):
   flag_values(['export_tflite', '--experiment=assemblenet_plus_lite_demo',
                f'--checkpoint_path={exported["ckpt"]}', f'--output={output}',
                '--quantization=float16'])
-  info = export_tflite.main([], flag_values)
+  export_tflite.main([], flag_values)
   # validation_data: 1 clip of 4 frames at stride 1, min_image_size 32.
-  assert info['inputs'] == ['frames: uint8 [1, 4, 32, 32, 3]']
-  assert info['outputs'] == ['probabilities: float32 [1, 8]']
+  assert ('quantization float16): serving_default(frames: uint8 '
+          '[1, 4, 32, 32, 3]) -> probabilities: float32 [1, 8]'
+          ) in capsys.readouterr().out
   runner = interpreter.Interpreter(model_path=output).get_signature_runner()
   fn = exported['loaded'].signatures['serving_default']
   rng = np.random.default_rng(1)
