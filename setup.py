@@ -14,6 +14,7 @@ setuptools.setup(
         "tensorflow~=2.20.0",
         "tf-keras~=2.20.0",
         "tf-models-official==2.20.0",
+        "ai-edge-litert~=2.3.0",  # LiteRT interpreter: official_ext.export_tflite
         "tensorflow-datasets",
         "gin-config",
         "absl-py",

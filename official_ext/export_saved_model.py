@@ -27,7 +27,7 @@ into the new one). A failure leaves `export_dir` as it was.
 import os
 import uuid
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 from absl import app
 from absl import flags
@@ -108,6 +108,31 @@ def _move_into_place(staging: str, export_dir: str) -> None:
     tf.io.gfile.rmtree(previous)
 
 
+def export_module(params: config_definitions.ExperimentConfig,
+                  checkpoint_path: str, top_k: int = 20
+                  ) -> Tuple[export_base.ExportModule, Tuple[str, ...]]:
+  """The family's export module over the restored model, in float32.
+
+  Shared by `export` and `official_ext.export_tflite`.
+
+  Args:
+    params: the experiment config (`load_params`).
+    checkpoint_path: a checkpoint prefix or a directory (its latest);
+      restored strictly (`core.checkpoints.restore_model`).
+    top_k: k of the `top_k_*` serving outputs (YouTube-8M).
+
+  Returns:
+    (the module, e.g. `assemblenet.export.AssembleNetExportModule`, the
+    names of its signatures).
+  """
+  tf_keras.mixed_precision.set_global_policy('float32')
+  task = task_factory.get_task(params.task)
+  model = task.build_model()
+  restored = checkpoints.restore_model(model, checkpoint_path)
+  logging.info('Restored %s', restored)
+  return _export_module(params, model, task, top_k)
+
+
 def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
            export_dir: str, top_k: int = 20, overwrite: bool = False) -> str:
   """Restores `checkpoint_path` into the task's model and writes a SavedModel.
@@ -127,12 +152,7 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
       (checked before anything is built or written).
   """
   _check_export_dir(export_dir, overwrite)
-  tf_keras.mixed_precision.set_global_policy('float32')
-  task = task_factory.get_task(params.task)
-  model = task.build_model()
-  restored = checkpoints.restore_model(model, checkpoint_path)
-  logging.info('Restored %s', restored)
-  module, signatures = _export_module(params, model, task, top_k)
+  module, signatures = export_module(params, checkpoint_path, top_k)
   function_keys: Dict[str, str] = {
       key: key for key in signatures}
   # Beside export_dir (same file system), so the move is a rename.

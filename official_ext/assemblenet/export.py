@@ -16,7 +16,7 @@ of 0 frames, 0 rows or 0 columns (the dimension), and, in-process, frames
 that are not uint8 (TypeError): uint8 pixels cannot be NaN or infinite, and
 float frames (0..1 or 0..255?) would be cast to uint8 whatever they hold.
 """
-from typing import Dict, Mapping
+from typing import Dict, List, Mapping
 
 import tensorflow as tf, tf_keras
 
@@ -78,6 +78,31 @@ class AssembleNetExportModule(export_base.ExportModule):
         images, [-1, self._num_frames, self._height, self._width, 3])
     probabilities = self._task.inference_step({'image': images}, self.model)
     return {'probabilities': tf.cast(probabilities, tf.float32)}
+
+  def tflite_input_shape(self) -> List[int]:
+    """The fixed `frames` shape of the TFLite model (`tflite_function`).
+
+    [1, num_test_clips * T * temporal_stride, min_image_size, min_image_size,
+    3] of `validation_data` (T = `feature_shape[0]`): one video, as many
+    frames as the evaluation's clips span laid end to end, the short side
+    already at the evaluation's `min_image_size` (square).
+    """
+    data = self.params.task.validation_data
+    frames = data.num_test_clips * self._num_frames * data.temporal_stride
+    size = data.min_image_size
+    return [1, frames, size, size, 3]
+
+  def tflite_function(self) -> tf.types.experimental.ConcreteFunction:
+    """`serve` traced for one video of `tflite_input_shape` uint8 frames.
+
+    For TFLite (`official_ext.export_tflite`), which takes a fixed input
+    shape: the same preprocessing (clip sampling, center or multi crops to
+    `feature_shape`'s height and width, normalization) and model as the
+    SavedModel's `serving_default`; returns {'probabilities': float32
+    [1, num_classes]}.
+    """
+    return tf.function(self.serve).get_concrete_function(
+        tf.TensorSpec(self.tflite_input_shape(), tf.uint8, name='frames'))
 
   def get_inference_signatures(
       self, function_keys: Mapping[str, str]) -> Dict[str, object]:

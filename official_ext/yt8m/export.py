@@ -188,6 +188,24 @@ class YT8MExportModule(export_base.ExportModule):
       features = tf.identity(features)
     return self._predict(features, None)
 
+  def tflite_function(self) -> tf.types.experimental.ConcreteFunction:
+    """`serve_features` traced for one video, with fixed shapes for TFLite.
+
+    For `official_ext.export_tflite` (TFLite takes a fixed input shape):
+    `features` float32 [1, max_frames, sum(feature_sizes)] (frames past
+    `num_frames` are padding) and `num_frames` int32 [1]; a video-level
+    model: `features` [1, sum(feature_sizes)] alone. Returns
+    `top_k_classes`, `top_k_scores` and `probabilities`, as the SavedModel's
+    `serve_features`.
+    """
+    if self._video_level:
+      return tf.function(self.serve_video_features).get_concrete_function(
+          tf.TensorSpec([1, self._num_features], tf.float32, name='features'))
+    return tf.function(self.serve_features).get_concrete_function(
+        tf.TensorSpec([1, self._max_frames, self._num_features], tf.float32,
+                      name='features'),
+        tf.TensorSpec([1], tf.int32, name='num_frames'))
+
   def get_inference_signatures(
       self, function_keys: Mapping[str, str]) -> Dict[str, object]:
     signatures = {}

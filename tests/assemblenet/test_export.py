@@ -4,32 +4,44 @@ evaluation preprocessing. The model is trained on 4-frame clips and
 evaluated (and served) on 6-frame clips: the export module's clips are the
 validation data's."""
 import glob
+import json
 import os
 import subprocess
 
 import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
+from ai_edge_litert import interpreter
+
+from absl import flags
 
 from official.core import exp_factory
 from official.core import task_factory
+from official.core import train_utils
 from official_ext import export_saved_model
+from official_ext import export_tflite
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import export
 from tests.assemblenet import minimal
 
 
 _EVAL_FRAMES = 6  # Frames of an evaluation (and served) clip; training: 4.
+# The minimal network (peer attention, as the demo) with what TFLite cannot
+# take as TensorFlow computes it: a temporally dilated stem and block (5-D
+# SpaceToBatchND) and a fusion of inputs at two resolutions (MaxPool3D).
+STRUCTURE = [[-1, 2], [-2, 1], [0, [0, 1], [8, 8, 8], 2, 2],
+             [3, [0, 2], [8, 8, 8], 1, 2]]
 
 
 def _params(tmp_path):
-  # The minimal network (peer attention, as the demo): exporting traces every
-  # layer's call and the serving function, loading restores them all.
+  # Exporting traces every layer's call and the serving function, loading
+  # restores them all.
   params = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
   data = {'tfds_name': 'moving_shapes/tiny', 'feature_shape': [4, 32, 32, 3],
           'global_batch_size': 2}
+  backbone = minimal.backbone(model_structure=json.dumps(STRUCTURE))
   params.override({'task': {
-      'model': {'backbone': minimal.backbone(), 'head_filters': [16, 24]},
+      'model': {'backbone': backbone, 'head_filters': [16, 24]},
       'train_data': data,
       'validation_data': dict(data, feature_shape=[_EVAL_FRAMES, 32, 32, 3]),
       'demo_data': {'data_dir': str(tmp_path / 'tfds')}}}, is_strict=True)
@@ -45,9 +57,11 @@ def exported(tmp_path_factory):
   task = task_factory.get_task(params.task)
   model = task.build_model()
   ckpt = tf.train.Checkpoint(model=model).write(str(root / 'ckpt'))
+  # The config beside the checkpoint, as official_ext.train writes it.
+  train_utils.serialize_config(params, str(root))
   export_dir = export_saved_model.export(params, ckpt, str(root / 'sm'))
   return dict(params=params, task=task, model=model, export_dir=export_dir,
-              loaded=tf.saved_model.load(export_dir))
+              loaded=tf.saved_model.load(export_dir), ckpt=ckpt, root=root)
 
 
 def test_export_serves_frames_like_python(exported, tmp_path):
@@ -103,3 +117,33 @@ def test_serving_refuses_frames_it_cannot_score(exported):
   with pytest.raises(TypeError, match=r'input `frames` is float32; expected '
                      r'uint8'):
     module.serve(tf.fill([1, 6, 36, 40, 3], np.nan))
+
+
+def test_tflite_cli_serves_a_clip_like_the_saved_model(exported, capsys):
+  """`python -m official_ext.export_tflite` (its main, in-process): a
+  builtins-only float16 model whose interpreter output is the SavedModel's
+  for the same uint8 clip."""
+  output = str(exported['root'] / 'model.tflite')
+  flag_values = flags.FlagValues()
+  export_tflite.define_flags(flag_values)
+  # The config comes from the params.yaml beside the checkpoint.
+  flag_values(['export_tflite', '--experiment=assemblenet_plus_lite_demo',
+               f'--checkpoint_path={exported["ckpt"]}', f'--output={output}',
+               '--quantization=float16'])
+  export_tflite.main([], flag_values)
+  # validation_data: 1 clip of 4 frames at stride 1, min_image_size 32.
+  assert ('quantization float16): serving_default(frames: uint8 '
+          '[1, 4, 32, 32, 3]) -> probabilities: float32 [1, 8]'
+          ) in capsys.readouterr().out
+  runner = interpreter.Interpreter(model_path=output).get_signature_runner()
+  fn = exported['loaded'].signatures['serving_default']
+  rng = np.random.default_rng(1)
+  for _ in range(2):
+    frames = rng.integers(0, 256, [1, 4, 32, 32, 3], dtype=np.uint8)
+    got = runner(frames=frames)['probabilities']
+    want = fn(frames=tf.constant(frames))['probabilities'].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got.sum(), 1.0, atol=1e-5)
+  # A second export to the same file is refused; nothing is rebuilt.
+  with pytest.raises(FileExistsError, match=r'--output=.*model\.tflite exists'):
+    export_tflite.main([], flag_values)

@@ -345,6 +345,37 @@ def test_conv3d_same_padding_kernels():
   assert conv3d.dilation_rate == (2, 1, 1) and conv3d.strides == (1, 1, 1)
 
 
+@pytest.mark.parametrize('kernel,dilation,shape', [
+    ([3, 1, 1], 2, [2, 8, 5, 5, 3]),  # A stem's / strided block's temporal.
+    ([3, 1, 1], 4, [1, 3, 4, 4, 2]),  # Fewer frames than the dilation.
+    ([3, 3, 3], 2, [2, 5, 7, 6, 3]),  # An unstrided block's conv_b.
+])
+def test_temporal_dilation_without_space_to_batch(kernel, dilation, shape):
+  """The dilated conv (TFLite has no 5-D SpaceToBatchND) gives TensorFlow's
+  dilated convolution's values exactly, also for a batch and frame count
+  known only at run time."""
+  x = tf.constant(np.random.default_rng(0).normal(size=shape), tf.float32)
+  conv = anet_layers.conv3d_same_padding(4, kernel, 1, dilation)
+  conv.build(x.shape)
+  expected = tf.nn.convolution(x, conv.kernel, padding='SAME',
+                               dilations=[dilation, 1, 1])
+  dynamic = tf.function(conv).get_concrete_function(
+      tf.TensorSpec([None, None, *shape[2:]], tf.float32))
+  graph = dynamic.graph.as_graph_def()
+  assert not [n.op for n in graph.node if n.op == 'SpaceToBatchND']
+  for got in (conv(x), dynamic(x)):
+    np.testing.assert_array_equal(got.numpy(), expected.numpy())
+
+
+def test_spatial_max_pool_is_max_pool3d():
+  x = tf.constant(np.random.default_rng(1).normal(size=[2, 3, 7, 5, 4]),
+                  tf.float32)
+  for r in (2, 4):
+    np.testing.assert_array_equal(
+        anet_layers.spatial_max_pool(x, r).numpy(),
+        tf.nn.max_pool3d(x, [1, 1, r, r, 1], [1, 1, r, r, 1], 'SAME').numpy())
+
+
 def test_batch_norm_relu_init_zero():
   bn = anet_layers.BatchNormRelu(relu=False, init_zero=True)
   x = tf.random.normal([2, 3, 4])

@@ -13,7 +13,8 @@ import pytest
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..', 'official_ext')
 FAMILIES = ('yt8m', 'assemblenet', 'readout')
 TOP_LEVEL = ('official_ext.registry_imports', 'official_ext.train',
-             'official_ext.export_saved_model', 'official_ext.benchmark',
+             'official_ext.export_saved_model', 'official_ext.export_tflite',
+             'official_ext.benchmark',
              'official_ext.benchmarks')
 
 

@@ -96,6 +96,91 @@ class BatchNormalization(tf_keras.layers.BatchNormalization):
     super().add_update(updates)
 
 
+def _dims(x: tf.Tensor) -> List[Any]:
+  """x's dimensions: python ints where static, scalar tensors elsewhere."""
+  dynamic = tf.shape(x)
+  return [d if d is not None else dynamic[i] for i, d in enumerate(x.shape)]
+
+
+def spatial_max_pool(x: tf.Tensor, r: int) -> tf.Tensor:
+  """`tf.nn.max_pool3d(x, [1, 1, r, r, 1], [1, 1, r, r, 1], 'SAME')`.
+
+  Computed as a 2-D max pool of every frame (the window holds one frame), so
+  the values are the same, in an op TFLite has (it has no 3-D max pool).
+
+  Args:
+    x: [B, T, H, W, C].
+    r: the spatial window and stride.
+
+  Returns:
+    [B, T, ceil(H / r), ceil(W / r), C], x's dtype.
+  """
+  b, t, h, w, c = _dims(x)
+  pooled = tf.nn.max_pool2d(tf.reshape(x, [-1, h, w, c]), r, r, 'SAME')
+  out = tf.reshape(pooled, [b, t, *_dims(pooled)[1:]])
+  out.set_shape([x.shape[0], x.shape[1], *pooled.shape[1:]])
+  return out
+
+
+class Conv3D(tf_keras.layers.Conv3D):
+  """`tf_keras.layers.Conv3D`, its temporal dilation in ops TFLite has.
+
+  The same layer (variables, config, outputs); only a temporal dilation d > 1
+  is computed differently. TensorFlow computes a dilated 3-D convolution as
+  SpaceToBatchND -> Conv3D -> BatchToSpaceND, whose 5-D space-to-batch TFLite
+  cannot take. Here the frames are split into their d phases by reshapes and
+  a 4-D transpose (t = m * d + p -> phase p, position m), each phase is
+  convolved without dilation ('VALID' in time after the 'same' zero padding,
+  'same' in space by explicit zero padding), and the phases are interleaved
+  back: the same products summed, as `tests/assemblenet/test_modeling.py`
+  checks against TensorFlow's dilated convolution.
+  Strides are spatial only, padding 'same', channels last (as
+  `conv3d_same_padding` builds it).
+  """
+
+  def convolution_op(self, inputs, kernel):
+    d = self.dilation_rate[0]
+    if d == 1:
+      return super().convolution_op(inputs, kernel)
+    if (self.padding != 'same' or self.strides[0] != 1 or
+        tuple(self.dilation_rate[1:]) != (1, 1) or
+        self.data_format != 'channels_last'):
+      raise ValueError(
+          f'{self.name}: temporal dilation {d} is computed for padding '
+          f"'same', temporal stride 1, no spatial dilation, channels_last; "
+          f'got padding {self.padding!r}, strides {self.strides}, dilation '
+          f'{self.dilation_rate}, {self.data_format}.')
+    kt, kh, kw = self.kernel_size
+    _, sh, sw = self.strides
+    b, t, h, w, c = _dims(inputs)
+    # 'same' in time: d * (kt - 1) zero frames, split as TensorFlow's SAME;
+    # then up to d - 1 more at the end, for whole phases.
+    before = d * (kt - 1) // 2
+    length = t + d * (kt - 1)
+    extra = (-length) % d  # Python's or TensorFlow's floor modulo.
+    x = tf.pad(inputs, [[0, 0], [before, d * (kt - 1) - before + extra],
+                        [0, 0], [0, 0], [0, 0]])
+    per_phase = (length + extra) // d
+    x = tf.reshape(x, [b, per_phase, d, h * w * c])
+    x = tf.reshape(tf.transpose(x, [0, 2, 1, 3]), [-1, per_phase, h, w, c])
+    # 'same' in space, as TensorFlow pads it.
+    spatial = []
+    for size, k, stride in ((h, kh, sh), (w, kw, sw)):
+      total = tf.maximum(((size + stride - 1) // stride - 1) * stride + k -
+                         size, 0) if isinstance(size, tf.Tensor) else max(
+                             ((size + stride - 1) // stride - 1) * stride + k
+                             - size, 0)
+      spatial.append([total // 2, total - total // 2])
+    x = tf.pad(x, [[0, 0], [0, 0], *spatial, [0, 0]])
+    y = tf.nn.conv3d(x, kernel, [1, 1, sh, sw, 1], 'VALID')
+    _, out_t, oh, ow, f = _dims(y)
+    y = tf.reshape(y, [b, d, out_t, oh * ow * f])
+    y = tf.reshape(tf.transpose(y, [0, 2, 1, 3]), [b, out_t * d, oh, ow, f])
+    y = y[:, :t]
+    y.set_shape(self.compute_output_shape(inputs.shape))
+    return y
+
+
 def conv3d_same_padding(filters: int,
                         kernel_size,
                         strides: int = 1,
@@ -119,13 +204,14 @@ def conv3d_same_padding(filters: int,
     name: layer name.
 
   Returns:
-    A `tf_keras.layers.Conv3D` mapping [B, T, H, W, C] to
-    [B, T, ceil(H / s), ceil(W / s), filters].
+    A `Conv3D` (`tf_keras.layers.Conv3D` whose temporal dilation TFLite can
+    take) mapping [B, T, H, W, C] to [B, T, ceil(H / s), ceil(W / s),
+    filters].
   """
   if isinstance(kernel_size, int):
     kernel_size = ([1, kernel_size, kernel_size] if do_2d_conv else
                    [kernel_size] * 3)
-  return tf_keras.layers.Conv3D(
+  return Conv3D(
       filters=filters,
       kernel_size=list(kernel_size),
       strides=[1, strides, strides],
@@ -518,7 +604,7 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
     for i, x in enumerate(xs):
       r = self._ratios[i]
       if r > 1:
-        x = tf.nn.max_pool3d(x, [1, 1, r, r, 1], [1, 1, r, r, 1], 'SAME')
+        x = spatial_max_pool(x, r)
       if self._num_inputs > 1:
         x = weights[i] * x
       if self._attention_mode:

@@ -1,0 +1,41 @@
+"""official_ext.export_tflite's refusals (the conversions themselves:
+tests/assemblenet/test_export.py and tests/yt8m/test_export.py)."""
+import pytest
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+
+from official.core import exp_factory
+from official_ext import export_tflite
+from official_ext import registry_imports  # pylint: disable=unused-import
+
+
+def test_unknown_quantization_and_missing_checkpoint_are_named(tmp_path):
+  params = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
+  output = str(tmp_path / 'm.tflite')
+  with pytest.raises(ValueError, match=r"--quantization='int4' is not one of "
+                     r'none, dynamic_range, float16'):
+    export_tflite.export(params, str(tmp_path), output, 'int4')
+  with pytest.raises(ValueError, match=r'--checkpoint_path=.*no checkpoint'):
+    export_tflite.export(params, str(tmp_path / 'ckpt-9'), output)
+  with pytest.raises(ValueError, match='no TFLite export for task config '
+                     'ReadoutTaskConfig'):
+    export_tflite.export(exp_factory.get_exp_config('readout_demo'),
+                         str(tmp_path), output)
+  assert not tf.io.gfile.exists(output)
+
+
+def test_ops_the_converter_cannot_take_are_named():
+  # No family's serving function holds such an op (both convert to builtins
+  # alone); a tf.py_function and an op without a TFLite kernel stand in for
+  # a future layer that would.
+  def serve(x):
+    y = tf.reshape(tf.py_function(lambda v: v * 2.0, [x], tf.float32), [1, 3])
+    return {'y': tf.math.special.bessel_i0e(x) + y}
+
+  fn = tf.function(serve).get_concrete_function(
+      tf.TensorSpec([1, 3], tf.float32, name='x'))
+  with pytest.raises(export_tflite.UnsupportedOpsError,
+                     match=r'cannot take op\(s\) tf\.BesselI0e, '
+                     r'tf\.EagerPyFunc as TFLite builtin ops') as error:
+    export_tflite.convert(fn, 'none', what='the test function')
+  assert error.value.ops == ['tf.BesselI0e', 'tf.EagerPyFunc']
+  assert 'the test function' in str(error.value)
