@@ -83,6 +83,16 @@ MODEL_DATA_KEYS = (
     'input_dim',
 )
 
+# `task.validation_data` keys among MODEL_DATA_KEYS that choose the
+# evaluation protocol, not the model: AssembleNet++lite scores a video on
+# num_test_clips x num_test_crops views of clips of
+# validation_data.feature_shape, which may have another frame count than
+# training clips (the task then builds the model with an unknown frame count;
+# height, width and channels must equal train_data's, which stays checked).
+# An evaluation or export of a trained model may choose them anew.
+EVALUATION_PROTOCOL_KEYS = ('feature_shape', 'temporal_stride',
+                            'num_test_clips', 'num_test_crops')
+
 
 def model_affecting_key(key: str) -> bool:
   """Whether dotted config key `key` (e.g. 'task.model.head.moe') is one.
@@ -93,12 +103,16 @@ def model_affecting_key(key: str) -> bool:
   Returns:
     True for anything under `MODEL_PREFIXES`, the `MODEL_TASK_KEYS` and
     `task.<split>.<k>` with split in `MODEL_DATA_SPLITS` and k in
-    `MODEL_DATA_KEYS`.
+    `MODEL_DATA_KEYS`, except the `EVALUATION_PROTOCOL_KEYS` of
+    `task.validation_data`.
   """
   for prefix in MODEL_PREFIXES + MODEL_TASK_KEYS:
     if key == prefix or key.startswith(prefix + '.'):
       return True
   parts = key.split('.')
+  if (len(parts) >= 3 and parts[:2] == ['task', 'validation_data'] and
+      parts[2] in EVALUATION_PROTOCOL_KEYS):
+    return False
   return (len(parts) >= 3 and parts[0] == 'task' and
           parts[1] in MODEL_DATA_SPLITS and parts[2] in MODEL_DATA_KEYS)
 

@@ -193,3 +193,26 @@ def test_train_on_short_clips_evaluate_on_longer_clips(tmp_path, model):
        r'height, width or channels')):
     with pytest.raises(ValueError, match=match):
       _task(path, False, **validation).build_model()
+
+
+def test_a_trained_model_dir_may_be_evaluated_with_another_protocol(tmp_path):
+  """The evaluation protocol (views per video, evaluation clip length) is not
+  part of the model: an evaluation or export of a trained model_dir may
+  choose it anew; the training clip shape may not change."""
+  from official.core import train_utils  # pylint: disable=g-import-not-at-top
+  from official_ext.core import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  params = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
+  train_utils.serialize_config(params, str(tmp_path))
+  protocol = params.replace(task=params.task.replace(
+      validation_data=params.task.validation_data.replace(
+          feature_shape=(16, 32, 32, 3), num_test_clips=2,
+          num_test_crops=3, temporal_stride=2)))
+  model_dir_lib.check_model_dir(protocol, str(tmp_path),
+                                'assemblenet_plus_lite_demo')
+  retrained = params.replace(task=params.task.replace(
+      train_data=params.task.train_data.replace(
+          feature_shape=(16, 32, 32, 3))))
+  with pytest.raises(model_dir_lib.ModelDirInUseError,
+                     match=r'task.train_data.feature_shape'):
+    model_dir_lib.check_model_dir(retrained, str(tmp_path),
+                                  'assemblenet_plus_lite_demo')

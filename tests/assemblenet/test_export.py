@@ -131,15 +131,17 @@ def test_tflite_cli_serves_a_clip_like_the_saved_model(exported, capsys):
                f'--checkpoint_path={exported["ckpt"]}', f'--output={output}',
                '--quantization=float16'])
   export_tflite.main([], flag_values)
-  # validation_data: 1 clip of 4 frames at stride 1, min_image_size 32.
+  # validation_data: 1 clip of _EVAL_FRAMES frames at stride 1 (training
+  # clips have 4: the network has an unknown frame count), min_image_size 32.
   assert ('quantization float16): serving_default(frames: uint8 '
-          '[1, 4, 32, 32, 3]) -> probabilities: float32 [1, 8]'
+          f'[1, {_EVAL_FRAMES}, 32, 32, 3]) -> probabilities: float32 [1, 8]'
           ) in capsys.readouterr().out
   runner = interpreter.Interpreter(model_path=output).get_signature_runner()
   fn = exported['loaded'].signatures['serving_default']
   rng = np.random.default_rng(1)
   for _ in range(2):
-    frames = rng.integers(0, 256, [1, 4, 32, 32, 3], dtype=np.uint8)
+    frames = rng.integers(0, 256, [1, _EVAL_FRAMES, 32, 32, 3],
+                          dtype=np.uint8)
     got = runner(frames=frames)['probabilities']
     want = fn(frames=tf.constant(frames))['probabilities'].numpy()
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
