@@ -49,6 +49,9 @@ def _tiny_overrides(cache_dir):
           'validation_data': {'global_batch_size': 8, 'max_frames': 12},
           'demo_data': {'cache_dir': str(cache_dir), 'num_train_videos': 32,
                         'num_validation_videos': 32, 'num_shards': 1},
+          # The subject is the equality of the runs, not XLA (an XLA
+          # compilation per process).
+          'jit_compile': False,
       },
       'trainer': {'train_steps': 2, 'steps_per_loop': 2,
                   'checkpoint_interval': 2, 'summary_interval': 2,
