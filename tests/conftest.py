@@ -65,4 +65,3 @@ def _release_module_state():
   tf_keras.backend.clear_session()
   gc.collect()
   gc.freeze()
-

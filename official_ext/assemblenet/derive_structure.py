@@ -50,6 +50,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 # configs registers the experiments.
 from official_ext.assemblenet import configs  # pylint: disable=unused-import
 from official_ext.assemblenet import structures
+from official_ext.core import checkpoints
 from official_ext.core import experiment_params
 from official_ext.core import output_files
 
@@ -63,15 +64,13 @@ DROPPED = 'dropped'
 
 
 def resolve_checkpoint(model_dir: str = '', checkpoint: str = '') -> str:
-  """The checkpoint prefix: `checkpoint`, or the newest in `model_dir`."""
+  """The checkpoint prefix: `checkpoint`, or the newest in `model_dir`
+  (`core.checkpoints.resolve_checkpoint`, errors naming the flag)."""
   if bool(model_dir) == bool(checkpoint):
     raise ValueError('Give exactly one of --model_dir and --checkpoint.')
   if checkpoint:
-    return checkpoint
-  path = tf.train.latest_checkpoint(model_dir)
-  if not path:
-    raise ValueError(f'--model_dir={model_dir}: no checkpoint in it.')
-  return path
+    return checkpoints.resolve_checkpoint(checkpoint, '--checkpoint')
+  return checkpoints.resolve_checkpoint(model_dir, '--model_dir')
 
 
 def edge_weight_logits(checkpoint_path: str) -> Dict[int, np.ndarray]:

@@ -165,3 +165,14 @@ def test_demo_trains_on_files_via_params_override(tmp_path):
                      match=r'model_edge_weights_path=.*bad\.json.*not valid'):
     structures.from_config_fields('', str(tmp_path / 's.json'), '',
                                   str(tmp_path / 'bad.json'))
+
+
+def test_checkpoint_flags_name_themselves(tmp_path, search_checkpoint):
+  assert ds.resolve_checkpoint(checkpoint=search_checkpoint) == (
+      search_checkpoint)
+  with pytest.raises(ValueError, match='exactly one of --model_dir'):
+    ds.resolve_checkpoint(str(tmp_path), search_checkpoint)
+  with pytest.raises(ValueError, match=r'--model_dir=.* without a checkpoint'):
+    ds.resolve_checkpoint(model_dir=str(tmp_path))
+  with pytest.raises(ValueError, match=r'--checkpoint=.*no checkpoint'):
+    ds.resolve_checkpoint(checkpoint=str(tmp_path / 'ckpt-9'))
