@@ -87,6 +87,14 @@ class AssembleNetTask(base_task.Task):
                logging_dir: Optional[str] = None, name: Optional[str] = None):
     super().__init__(params, logging_dir=logging_dir, name=name)
     check_eval_aggregation(params.eval_aggregation)  # Before any evaluation.
+    if (params.train_data.mixup_and_cutmix is not None and
+        not params.train_data.is_multilabel and params.losses.label_smoothing):
+      raise ValueError(
+          f'task.losses.label_smoothing ({params.losses.label_smoothing}) and '
+          'task.train_data.mixup_and_cutmix are both set: the labels would be '
+          'smoothed twice. With mixup / cutmix, as in Model Garden, smooth by '
+          'mixup_and_cutmix.label_smoothing and set losses.label_smoothing '
+          'to 0.')
 
   @property
   def multilabel(self) -> bool:
@@ -181,15 +189,6 @@ class AssembleNetTask(base_task.Task):
   def build_inputs(self, params: configs.DataConfig,
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:
-    if (params.mixup_and_cutmix is not None and not self.multilabel and
-        self.task_config.losses.label_smoothing):
-      raise ValueError(
-          'task.losses.label_smoothing '
-          f'({self.task_config.losses.label_smoothing}) and '
-          'task.train_data.mixup_and_cutmix are both set: the labels would be '
-          'smoothed twice. With mixup / cutmix, as in Model Garden, smooth by '
-          'mixup_and_cutmix.label_smoothing and set losses.label_smoothing '
-          'to 0.')
     return dataloader.build_dataset(
         self._resolve(params), input_context,
         bad_records=bad_records.log_for_split(self, params.is_training))
