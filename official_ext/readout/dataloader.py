@@ -17,6 +17,11 @@ Record schema: one `tf.train.Example` per sample (e.g. a trial), features
 * `output_targets` (float list, sum of sizes): the queries' targets chained.
   continuous: values; binary / multilabel: labels in [0, 1]; multinomial: the
   class id in [0, dim); event_rate: counts >= 0.
+* `session_id` (bytes, optional): the recording session the sample comes
+  from (e.g. an NWB file's identifier).
+* `window_start` (float, optional): the session time (seconds) of the
+  sample's time 0; `window_start + output_timestamps` place its queries on
+  the session's clock.
 
 `make_example` writes one record; `write_records` a file of them.
 
@@ -79,7 +84,9 @@ def make_example(example_id: str,
                  output_task_ids: Sequence[int],
                  output_timestamps: Sequence[float],
                  output_targets: Sequence[Sequence[float]],
-                 output_weights: Optional[Sequence[float]] = None
+                 output_weights: Optional[Sequence[float]] = None,
+                 session_id: Optional[str] = None,
+                 window_start: Optional[float] = None
                  ) -> tf.train.Example:
   """Builds one readout record (see the module docstring).
 
@@ -91,6 +98,8 @@ def make_example(example_id: str,
     output_timestamps: float [n_q].
     output_targets: n_q sequences of floats (the target of each query).
     output_weights: float [n_q]; None: all 1.
+    session_id: the recording session; None: not stored.
+    window_start: session time of the sample's time 0; None: not stored.
 
   Returns:
     The `tf.train.Example`.
@@ -128,6 +137,11 @@ def make_example(example_id: str,
           value=[t.size for t in targets])),
       'output_targets': _floats(np.concatenate(targets) if targets else []),
   }
+  if session_id is not None:
+    feature['session_id'] = tf.train.Feature(bytes_list=tf.train.BytesList(
+        value=[session_id.encode('utf-8')]))
+  if window_start is not None:
+    feature['window_start'] = _floats([window_start])
   return tf.train.Example(features=tf.train.Features(feature=feature))
 
 

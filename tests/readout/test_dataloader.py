@@ -172,3 +172,16 @@ def test_writer_rejects_mismatched_lengths():
   with pytest.raises(ValueError, match='2 output_timestamps for 1'):
     dataloader.make_example('x', np.zeros([1, 2]), [0.0], [1], [0.0, 1.0],
                             [[1.0]])
+
+
+def test_writer_stores_session_and_window_start_only_when_given(parse):
+  ex = dataloader.make_example('x', np.zeros([1, INPUT_DIM]), [0.0], [1],
+                               [0.5], [[1.0, 2.0]], session_id='mouse-3',
+                               window_start=12.25)
+  feature = ex.features.feature
+  assert feature['session_id'].bytes_list.value == [b'mouse-3']
+  assert feature['window_start'].float_list.value == [12.25]
+  assert 'session_id' not in GOOD[0].features.feature
+  assert 'window_start' not in GOOD[0].features.feature
+  out = parse(ex.SerializeToString(), 'f.rec')  # Still a valid record.
+  np.testing.assert_array_equal(out['output_readout_index'], [1])
