@@ -9,6 +9,8 @@ Experiments registered here:
 
 * `readout_demo`: the eight-readout demo on generated neural-decoding-style
   data (`official_ext.readout.demo_data`); trains on 2 CPU cores.
+* `readout_demo_named_eval`: the demo over four recording sessions,
+  evaluated on two named sets, held-out trials and held-out sessions.
 * `readout_yt8m_joint` (in `official_ext.joint`): the readout task and
   YouTube-8M classification trained jointly on one shared encoder through
   `official.modeling.multitask`.
@@ -22,6 +24,7 @@ spec), never by reordering the vocabulary. The model itself skips ids without
 a head, so a single-task model runs on multitask batches.
 """
 import dataclasses
+import re
 from typing import Dict, Optional, Tuple
 
 from official.core import config_definitions as cfg
@@ -123,6 +126,68 @@ def validate_readouts(readouts, task_vocabulary) -> None:
                      f'task.task_vocabulary (now {vocab}).')
 
 
+def selected_eval_sets(task_config: 'ReadoutTaskConfig'
+                       ) -> Tuple['EvalSet', ...]:
+  """The evaluation sets an evaluation reads (`Evaluation`), checked.
+
+  Returns:
+    () when `task.evaluation.eval_sets` is empty (the evaluation reads
+    `task.validation_data`), else the selected sets in config order.
+
+  Raises:
+    ValueError: naming the key at fault: a set name that is empty, repeated
+      or not made of letters, digits, '_', '.', '-'; `eval_set` not a known
+      name; a set whose data is for training, whose `input_dim` differs from
+      `task.train_data.input_dim`, or whose `demo_split` is unknown; selected
+      sets whose `batching` or `drop_remainder` differ (their batches share
+      one pipeline); `task.validation_data.input_path` set beside the sets.
+  """
+  evaluation = task_config.evaluation
+  sets = tuple(evaluation.eval_sets)
+  names = [s.name for s in sets]
+  if evaluation.eval_set and evaluation.eval_set not in names:
+    raise ValueError(
+        f'task.evaluation.eval_set={evaluation.eval_set!r} names no '
+        f'evaluation set; known names (task.evaluation.eval_sets): {names} '
+        "('' evaluates them all).")
+  if not sets:
+    return ()
+  if len(set(names)) != len(names):
+    raise ValueError(f'task.evaluation.eval_sets: names {names} repeat a '
+                     'name.')
+  if task_config.validation_data.input_path:
+    raise ValueError(
+        'task.validation_data.input_path is set '
+        f'({task_config.validation_data.input_path!r}) beside '
+        f'task.evaluation.eval_sets {names}: an evaluation reads the sets '
+        'only. Make it a set, or clear task.validation_data.input_path.')
+  for i, s in enumerate(sets):
+    key = f'task.evaluation.eval_sets[{i}]'
+    if not _SET_NAME.match(s.name):
+      raise ValueError(f'{key}.name={s.name!r}: expected letters, digits, '
+                       "'_', '.' or '-' (it prefixes metric names).")
+    if s.data.is_training:
+      raise ValueError(f'{key}.data.is_training is True ({s.name!r}); an '
+                       'evaluation set is read once, unshuffled.')
+    if int(s.data.input_dim) != int(task_config.train_data.input_dim):
+      raise ValueError(f'{key}.data.input_dim={s.data.input_dim} '
+                       f'({s.name!r}) differs from task.train_data.'
+                       f'input_dim={task_config.train_data.input_dim}.')
+    if s.demo_split not in ('',) + DEMO_EVAL_SPLITS:
+      raise ValueError(f'{key}.demo_split={s.demo_split!r} ({s.name!r}); '
+                       f"expected '' or one of {DEMO_EVAL_SPLITS}.")
+  selected = tuple(s for s in sets
+                   if evaluation.eval_set in ('', s.name))
+  for field in ('batching', 'drop_remainder'):
+    values = {s.name: getattr(s.data, field) for s in selected}
+    if len(set(values.values())) > 1:
+      raise ValueError(
+          f'task.evaluation.eval_sets: data.{field} differs between the '
+          f'selected sets ({values}); one evaluation pass reads them all, '
+          'so their batches must have the same fields.')
+  return selected
+
+
 def task_index(task_vocabulary) -> Dict[str, int]:
   """{task name: routing id}, ids 1..len(vocabulary) (0 is padding)."""
   return {name: i + 1 for i, name in enumerate(task_vocabulary)}
@@ -210,13 +275,49 @@ class ReadoutModel(hyperparams.Config):
   static_shapes: bool = False
 
 
+# The generated splits an evaluation set can read (`demo_data`):
+# 'validation': held-out trials of the training sessions; 'held_out_sessions':
+# trials of sessions no training trial comes from.
+DEMO_EVAL_SPLITS = ('validation', 'held_out_sessions')
+_SET_NAME = re.compile(r'^[A-Za-z0-9_.-]+$')
+
+
+@dataclasses.dataclass
+class EvalSet(hyperparams.Config):
+  """A named evaluation set (see `Evaluation`).
+
+  Attributes:
+    name: names the set's metrics (`<name>/<task>/<metric>`,
+      `<name>/average/<metric>`, `<name>/<task>_loss`, `<name>/total_loss`,
+      `<name>/num_examples`) and its table. Letters, digits, '_', '.', '-'.
+    data: the set's input pipeline (`is_training` False; `input_dim` that of
+      `task.train_data`).
+    demo_split: the generated split read when `data.input_path` is empty and
+      `task.demo_data.enabled`: one of `DEMO_EVAL_SPLITS`; '': none (then
+      `data.input_path` must be set).
+  """
+  name: str = ''
+  data: DataConfig = dataclasses.field(
+      default_factory=lambda: DataConfig(is_training=False))
+  demo_split: str = ''
+
+
 @dataclasses.dataclass
 class Evaluation(hyperparams.Config):
   """Attributes:
     print_table: print the per-task metric table (stdout) after each
-      evaluation.
+      evaluation (one per evaluation set).
+    eval_sets: named evaluation sets. Empty: an evaluation reads
+      `task.validation_data` and reports `<task>/<metric>`. Otherwise it
+      reads the selected sets (one after the other, in one pass) and
+      reports every metric under its set's name; `task.validation_data` is
+      then not read (its `input_path` must be empty).
+    eval_set: the set to evaluate: '' every set of `eval_sets`, else the
+      name of one.
   """
   print_table: bool = True
+  eval_sets: Tuple[EvalSet, ...] = ()
+  eval_set: str = ''
 
 
 @dataclasses.dataclass
@@ -236,6 +337,16 @@ class DemoDataConfig(hyperparams.Config):
     trial_noise_std: std of the per-trial error with which the units encode
       the task variables (stimulus, choice, reward); it bounds how well the
       classification readouts can be decoded.
+    num_sessions: recording sessions the train and validation trials are
+      dealt over (trial i: session i mod num_sessions). Session 0 records
+      with the shared mixing of latents into units; every other session
+      scales each unit by its own random gain.
+    num_held_out_sessions: sessions of the `held_out_sessions` split, none
+      of them in the train split (each with its own gains).
+    num_held_out_session_trials: records of the `held_out_sessions` split
+      (0: not written; then num_held_out_sessions must be 0).
+    session_gain_std: std of the log of the per-unit gains of a session
+      (session 0 excepted).
   """
   enabled: bool = False
   cache_dir: str = ''
@@ -245,6 +356,10 @@ class DemoDataConfig(hyperparams.Config):
   num_shards: int = 2
   noise_std: float = 0.5
   trial_noise_std: float = 0.7
+  num_sessions: int = 1
+  num_held_out_sessions: int = 0
+  num_held_out_session_trials: int = 0
+  session_gain_std: float = 0.5
 
 
 @dataclasses.dataclass
@@ -340,3 +455,21 @@ def readout_demo() -> cfg.ExperimentConfig:
           validation_interval=4 * steps_per_epoch,
           optimizer_config=demo_optimizer(2e-3, train_steps, steps_per_epoch)),
       restrictions=list(_RESTRICTIONS))
+
+
+@exp_factory.register_config_factory('readout_demo_named_eval')
+def readout_demo_named_eval() -> cfg.ExperimentConfig:
+  """`readout_demo` over four recording sessions, evaluated on two named
+  sets: `held_out_trials` (new trials of the training sessions) and
+  `held_out_sessions` (two sessions no training trial comes from)."""
+  params = readout_demo()
+  task = params.task
+  data = task.validation_data
+  task.demo_data = task.demo_data.replace(
+      num_sessions=4, num_held_out_sessions=2, num_held_out_session_trials=512)
+  task.evaluation = task.evaluation.replace(eval_sets=(
+      EvalSet(name='held_out_trials', data=data, demo_split='validation'),
+      EvalSet(name='held_out_sessions', data=data,
+              demo_split='held_out_sessions'),
+  ))
+  return params

@@ -31,6 +31,15 @@ they are nearly trivial). Queries: one each for choice, reward and stimulus
 readout and 1-3 for trial_events at random bins; ~5% of queries have
 weight 0.
 
+Sessions: trials are dealt over `num_sessions` recording sessions and carry
+their `session_id` and `window_start` (a session's trials follow each other
+on its clock). Session 0 records with the shared mixing of latents into
+units; every other session scales each unit by its own random gain (drawn
+from its own seed), so a held-out session (the `held_out_sessions` split,
+`num_held_out_sessions` sessions that no train trial comes from) asks whether
+a decoder generalises to units that encode the same variables differently.
+With one session (the default) the data are those of one fixed mixing.
+
 Deterministic in its arguments; `ensure_demo_data` caches the files. CLI:
 
     python -m official_ext.readout.demo_data --output_dir=/tmp/readout_demo
@@ -40,7 +49,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 from absl import app
 from absl import flags
@@ -50,12 +59,15 @@ import numpy as np
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 BIN_SECONDS = 0.1
+# Session time between the end of a trial and the start of the next one of
+# its session (`window_start`).
+INTER_TRIAL_SECONDS = 1.0
 _NUM_LATENTS = 12  # stimulus one-hot (5), choice, reward, wheel, paw (2),
 # whisker, lick log-rate.
 _COMPLETE_MARKER = 'COMPLETE.json'
-_SPLITS = ('train', 'validation')
+_SPLITS = ('train', 'validation', 'held_out_sessions')
 
 
 def _smooth(rng: np.random.Generator, times: np.ndarray, scale: float,
@@ -69,8 +81,9 @@ def _smooth(rng: np.random.Generator, times: np.ndarray, scale: float,
 
 
 def _trial(rng: np.random.Generator, mixing: np.ndarray, noise_std: float,
-           trial_noise_std: float, ids: Dict[str, int], example_id: str):
-  """One trial's record."""
+           trial_noise_std: float, ids: Dict[str, int], example_id: str,
+           session_id: str, window_start: float):
+  """One trial's record and its duration (seconds)."""
   n_bins = int(rng.integers(16, 25))
   t = (np.arange(n_bins) + 0.5) * BIN_SECONDS
   t_stim = rng.uniform(0.2, 0.5)
@@ -122,19 +135,43 @@ def _trial(rng: np.random.Generator, mixing: np.ndarray, noise_std: float,
       output_task_ids=[ids[q[0]] for q in queries],
       output_timestamps=[q[1] for q in queries],
       output_targets=[q[2] for q in queries],
-      output_weights=weights)
+      output_weights=weights, session_id=session_id,
+      window_start=window_start), n_bins * BIN_SECONDS
+
+
+def session_mixing(mixing: np.ndarray, seed: int, session: int,
+                   gain_std: float) -> np.ndarray:
+  """Session `session`'s mixing of latents into units: `mixing` [latents,
+  units] with each unit's column scaled by the session's gain (log-normal,
+  std `gain_std` of the log, from its own seed `[seed, 1, session]`);
+  session 0 keeps `mixing`."""
+  if session == 0:
+    return mixing
+  gains = np.exp(np.random.default_rng([seed, 1, session]).normal(
+      0, gain_std, mixing.shape[1]))
+  return mixing * gains[None, :]
+
+
+def session_name(session: int) -> str:
+  """The `session_id` of session number `session`."""
+  return f'session-{session:03d}'
 
 
 def generate_trials(num_trials: int, *, seed: int, split_id: int,
                     input_dim: int = configs.DEMO_INPUT_DIM,
                     noise_std: float = 0.5,
                     trial_noise_std: float = 0.7,
-                    task_vocabulary=configs.DEMO_VOCABULARY
+                    task_vocabulary=configs.DEMO_VOCABULARY,
+                    sessions: Sequence[int] = (0,),
+                    session_gain_std: float = 0.5
                     ) -> Iterator[bytes]:
   """Yields `num_trials` serialized records (split `split_id` of `seed`).
 
   The mixing of latents into units depends on `seed` only, so splits of one
-  seed share it.
+  seed share it; a session other than 0 scales it per unit
+  (`session_mixing`). Trial i belongs to `sessions[i % len(sessions)]` and
+  records its `session_id` (`session_name`) and `window_start`: its
+  session's trials follow each other, `INTER_TRIAL_SECONDS` apart.
   """
   ids = configs.task_index(task_vocabulary)
   missing = sorted(set(configs.DEMO_VOCABULARY) - set(ids))
@@ -142,10 +179,17 @@ def generate_trials(num_trials: int, *, seed: int, split_id: int,
     raise ValueError(f'task_vocabulary lacks the demo readouts {missing}.')
   mixing = np.random.default_rng([seed, 0]).normal(
       0, 1.0 / np.sqrt(_NUM_LATENTS), [_NUM_LATENTS, input_dim])
+  mixings = {k: session_mixing(mixing, seed, k, session_gain_std)
+             for k in sessions}
+  clock = {k: 0.0 for k in sessions}
   rng = np.random.default_rng([seed, split_id])
   for i in range(num_trials):
-    yield _trial(rng, mixing, noise_std, trial_noise_std, ids,
-                 f'{_SPLITS[split_id - 1][:2]}{i:06d}').SerializeToString()
+    k = sessions[i % len(sessions)]
+    example, seconds = _trial(
+        rng, mixings[k], noise_std, trial_noise_std, ids,
+        f'{_SPLITS[split_id - 1][:2]}{i:06d}', session_name(k), clock[k])
+    clock[k] += seconds + INTER_TRIAL_SECONDS
+    yield example.SerializeToString()
 
 
 def write_demo_dataset(output_dir: str, *, num_train_trials: int,
@@ -153,26 +197,52 @@ def write_demo_dataset(output_dir: str, *, num_train_trials: int,
                        input_dim: int = configs.DEMO_INPUT_DIM,
                        noise_std: float = 0.5,
                        trial_noise_std: float = 0.7,
-                       task_vocabulary=configs.DEMO_VOCABULARY
+                       task_vocabulary=configs.DEMO_VOCABULARY,
+                       num_sessions: int = 1,
+                       num_held_out_sessions: int = 0,
+                       num_held_out_session_trials: int = 0,
+                       session_gain_std: float = 0.5
                        ) -> Dict[str, str]:
-  """Writes `train-0000i-of-0000n.tfrecord` and `validation-...` shards.
+  """Writes `train-0000i-of-0000n.tfrecord` and `validation-...` shards, and
+  `held_out_sessions-...` when `num_held_out_session_trials` > 0.
+
+  Train and validation trials are dealt over sessions 0..num_sessions-1; the
+  held-out sessions are num_sessions..num_sessions+num_held_out_sessions-1.
 
   Returns:
-    {'train': glob pattern, 'validation': glob pattern}.
+    {split: glob pattern} of the splits written.
   """
   if num_train_trials < 1 or num_validation_trials < 1 or num_shards < 1:
     raise ValueError('num_train_trials, num_validation_trials and num_shards '
                      f'must be >= 1; got {num_train_trials}, '
                      f'{num_validation_trials}, {num_shards}.')
+  if num_sessions < 1:
+    raise ValueError(f'num_sessions is {num_sessions}; expected >= 1.')
+  if (num_held_out_session_trials < 0 or num_held_out_sessions < 0 or
+      (num_held_out_session_trials > 0) != (num_held_out_sessions > 0)):
+    raise ValueError(
+        'num_held_out_sessions and num_held_out_session_trials are '
+        f'{num_held_out_sessions} and {num_held_out_session_trials}; '
+        'expected both 0 (no held-out sessions) or both >= 1.')
   os.makedirs(output_dir, exist_ok=True)
-  counts = {'train': num_train_trials, 'validation': num_validation_trials}
+  training_sessions = tuple(range(num_sessions))
+  plan = {'train': (num_train_trials, training_sessions),
+          'validation': (num_validation_trials, training_sessions)}
+  if num_held_out_session_trials:
+    plan['held_out_sessions'] = (num_held_out_session_trials, tuple(range(
+        num_sessions, num_sessions + num_held_out_sessions)))
   patterns = {}
   for split_id, split in enumerate(_SPLITS, start=1):
-    records = generate_trials(counts[split], seed=seed, split_id=split_id,
+    if split not in plan:
+      continue
+    count, sessions = plan[split]
+    records = generate_trials(count, seed=seed, split_id=split_id,
                               input_dim=input_dim, noise_std=noise_std,
                               trial_noise_std=trial_noise_std,
-                              task_vocabulary=task_vocabulary)
-    bounds = np.linspace(0, counts[split], num_shards + 1).astype(int)
+                              task_vocabulary=task_vocabulary,
+                              sessions=sessions,
+                              session_gain_std=session_gain_std)
+    bounds = np.linspace(0, count, num_shards + 1).astype(int)
     for shard in range(num_shards):
       path = os.path.join(
           output_dir, f'{split}-{shard:05d}-of-{num_shards:05d}.tfrecord')
@@ -207,6 +277,10 @@ def demo_data_params(task_config: configs.ReadoutTaskConfig
       'seed': int(demo.seed),
       'noise_std': float(demo.noise_std),
       'trial_noise_std': float(demo.trial_noise_std),
+      'num_sessions': int(demo.num_sessions),
+      'num_held_out_sessions': int(demo.num_held_out_sessions),
+      'num_held_out_session_trials': int(demo.num_held_out_session_trials),
+      'session_gain_std': float(demo.session_gain_std),
   }
 
 
@@ -222,11 +296,35 @@ def ensure_demo_data(task_config: configs.ReadoutTaskConfig
   Returns:
     (train glob pattern, validation glob pattern).
   """
+  return (demo_split_pattern(task_config, 'train'),
+          demo_split_pattern(task_config, 'validation'))
+
+
+def demo_split_pattern(task_config: configs.ReadoutTaskConfig,
+                       split: str) -> str:
+  """The glob pattern of one generated split ('train', 'validation' or
+  'held_out_sessions'), generating the data first if needed
+  (`ensure_demo_data`).
+
+  Raises:
+    ValueError: demo data is disabled; `split` is unknown; the
+      'held_out_sessions' split is asked for while
+      `task.demo_data.num_held_out_session_trials` is 0.
+  """
   if not task_config.demo_data.enabled:
     raise ValueError('task.demo_data.enabled is False: set it, or set '
                      'task.train_data.input_path and '
                      'task.validation_data.input_path.')
+  if split not in _SPLITS:
+    raise ValueError(f'Unknown demo split {split!r}; expected one of '
+                     f'{_SPLITS}.')
   params = demo_data_params(task_config)
+  if split == 'held_out_sessions' and not params[
+      'num_held_out_session_trials']:
+    raise ValueError(
+        "The demo split 'held_out_sessions' is not generated: "
+        'task.demo_data.num_held_out_session_trials is 0 (set it and '
+        'task.demo_data.num_held_out_sessions).')
   key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
   root = os.path.join(_cache_root(task_config.demo_data.cache_dir),
                       'readout_demo')
@@ -243,7 +341,11 @@ def ensure_demo_data(task_config: configs.ReadoutTaskConfig
           num_shards=params['num_shards'], seed=params['seed'],
           input_dim=params['input_dim'], noise_std=params['noise_std'],
           trial_noise_std=params['trial_noise_std'],
-          task_vocabulary=params['task_vocabulary'])
+          task_vocabulary=params['task_vocabulary'],
+          num_sessions=params['num_sessions'],
+          num_held_out_sessions=params['num_held_out_sessions'],
+          num_held_out_session_trials=params['num_held_out_session_trials'],
+          session_gain_std=params['session_gain_std'])
       with open(os.path.join(tmp_dir, _COMPLETE_MARKER), 'w') as f:
         json.dump(params, f, sort_keys=True)
       try:
@@ -256,8 +358,7 @@ def ensure_demo_data(task_config: configs.ReadoutTaskConfig
       if os.path.exists(tmp_dir):
         shutil.rmtree(tmp_dir, ignore_errors=True)
   n = params['num_shards']
-  return tuple(os.path.join(final_dir, f'{split}-*-of-{n:05d}.tfrecord')
-               for split in _SPLITS)
+  return os.path.join(final_dir, f'{split}-*-of-{n:05d}.tfrecord')
 
 
 def _define_flags() -> None:
@@ -271,6 +372,15 @@ def _define_flags() -> None:
   flags.DEFINE_float('noise_std', demo.noise_std, 'Unit noise std.')
   flags.DEFINE_float('trial_noise_std', demo.trial_noise_std,
                      'Per-trial encoding error of the task variables.')
+  flags.DEFINE_integer('num_sessions', demo.num_sessions,
+                       'Sessions of the train and validation trials.')
+  flags.DEFINE_integer('num_held_out_sessions', demo.num_held_out_sessions,
+                       'Sessions of the held_out_sessions split.')
+  flags.DEFINE_integer('num_held_out_session_trials',
+                       demo.num_held_out_session_trials,
+                       'Trials of the held_out_sessions split (0: none).')
+  flags.DEFINE_float('session_gain_std', demo.session_gain_std,
+                     'Std of the log per-unit gains of a session.')
   flags.mark_flag_as_required('output_dir')
 
 
@@ -281,7 +391,10 @@ def main(argv):
       f.output_dir, num_train_trials=f.num_train_trials,
       num_validation_trials=f.num_validation_trials,
       num_shards=f.num_shards, seed=f.seed, noise_std=f.noise_std,
-      trial_noise_std=f.trial_noise_std)
+      trial_noise_std=f.trial_noise_std, num_sessions=f.num_sessions,
+      num_held_out_sessions=f.num_held_out_sessions,
+      num_held_out_session_trials=f.num_held_out_session_trials,
+      session_gain_std=f.session_gain_std)
   for split, pattern in patterns.items():
     print(f'{split}: {pattern}')
 

@@ -1,4 +1,5 @@
 """The multitask readout task (`ReadoutTask`)."""
+import functools
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from absl import logging
@@ -22,6 +23,12 @@ from official_ext.readout.modeling import multitask_readout
 _EVAL_KEY = 'readout_eval'
 # The batch's trial mask (1: a real trial, 0: padding), for the trial count.
 _TRIALS_KEY = 'readout_eval_trials'
+# Evaluation batches of named sets (`configs.Evaluation.eval_sets`) carry
+# int32 [B]: each trial's set, its position among the selected sets. Set
+# names stay on the host (no string tensor enters a replica step).
+SET_KEY = 'eval_set'
+# The trials' set indices, for the per-set trial count.
+_TRIAL_SETS_KEY = 'readout_eval_trial_sets'
 
 Routed = Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor],
                Dict[str, tf.Tensor]]
@@ -46,6 +53,17 @@ class ReadoutTask(base_task.Task):
   padded, the padding masked: `core.eval_padding`); an evaluation of zero
   trials is an `EmptyEvaluationError` naming the dataset, and a metric with
   nothing to measure is left out (logged), never NaN.
+
+  Named evaluation sets (`task.evaluation.eval_sets`, the one named by
+  `task.evaluation.eval_set` or all): the evaluation input is the selected
+  sets' batches one set after the other, each batch tagged with its set's
+  index (`SET_KEY`), and every key above is reported per set as
+  `<set>/<key>` (`<set>/<task>/<metric>`, `<set>/average/score`,
+  `<set>/total_loss`, `<set>/<task>_loss`, `<set>/num_examples`), each set's
+  table printed under its name; a set of zero trials is an
+  `EmptyEvaluationError` naming that set. The losses of a set are the mean
+  over its batches, as without sets; Model Garden's `validation_loss` is the
+  mean over every batch of every set.
   """
 
   def __init__(self, params: configs.ReadoutTaskConfig, logging_dir=None,
@@ -53,12 +71,20 @@ class ReadoutTask(base_task.Task):
     super().__init__(params, logging_dir=logging_dir, name=name)
     configs.validate_readouts(params.readouts, params.task_vocabulary)
     self._specs = {s.name: s for s in params.readouts}
+    self._eval_sets = configs.selected_eval_sets(params)
     self._eval_metrics = None
     self._validation_source = None  # Set by build_inputs.
+    self._set_sources = {}  # {set name: the files read}, set by build_inputs.
 
   @property
   def readout_specs(self) -> Dict[str, configs.ReadoutSpec]:
     return dict(self._specs)
+
+  @property
+  def eval_set_names(self) -> Tuple[str, ...]:
+    """The evaluation sets an evaluation reads, in order (() without
+    named sets: it reads `task.validation_data`)."""
+    return tuple(s.name for s in self._eval_sets)
 
   # -- model -----------------------------------------------------------------
   def build_model(self, encoder=None) -> model_lib.ReadoutModel:
@@ -77,18 +103,20 @@ class ReadoutTask(base_task.Task):
                                             checkpoint_path)
 
   # -- data ------------------------------------------------------------------
-  def _resolve_input_path(self, params: configs.DataConfig
-                          ) -> configs.DataConfig:
+  def _resolve_input_path(self, params: configs.DataConfig, key: str,
+                          demo_split: str) -> configs.DataConfig:
+    """`params` with the generated `demo_split` as input when its
+    `input_path` (config key `key`) is empty."""
     if params.input_path:
       return params
-    key = ('task.train_data.input_path' if params.is_training else
-           'task.validation_data.input_path')
     if not self.task_config.demo_data.enabled:
       raise ValueError(f'{key} is empty: point it at readout TFRecords (see '
                        'official_ext.readout.dataloader for the schema), or '
                        'set task.demo_data.enabled=true for generated data.')
-    train, validation = demo_data.ensure_demo_data(self.task_config)
-    pattern = train if params.is_training else validation
+    if not demo_split:
+      raise ValueError(f"{key} is empty and the set's demo_split is '': "
+                       'set one of them.')
+    pattern = demo_data.demo_split_pattern(self.task_config, demo_split)
     logging.info('%s is empty: using generated demo data %s', key, pattern)
     return params.replace(input_path=pattern)
 
@@ -99,18 +127,54 @@ class ReadoutTask(base_task.Task):
         self.task_config.validation_data,
         resolved_input_path=self._validation_source)
 
+  def _set_key(self, i: int) -> str:
+    """The config key of the i-th selected set's data."""
+    names = [s.name for s in self.task_config.evaluation.eval_sets]
+    return (f'task.evaluation.eval_sets[{names.index(self._eval_sets[i].name)}]'
+            '.data')
+
+  def eval_set_dataset(self, i: int) -> Tuple[str, Dict[str, Any]]:
+    """`validation_dataset` of the i-th selected evaluation set."""
+    eval_set = self._eval_sets[i]
+    dataset, settings = eval_padding.describe_split(
+        eval_set.data, key=self._set_key(i),
+        resolved_input_path=self._set_sources.get(eval_set.name))
+    return f'evaluation set {eval_set.name!r}: {dataset}', settings
+
   def build_inputs(self, params: configs.DataConfig,
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:
     """The batched split (`dataloader.build_dataset`); in evaluation every
-    record once, a static-shape last batch padded (`eval_mask`)."""
-    resolved = self._resolve_input_path(params)
-    if not params.is_training:
-      self._validation_source = resolved.input_path
-    return dataloader.build_dataset(
-        resolved, self.task_config.readouts,
-        self.task_config.task_vocabulary, input_context=input_context,
-        bad_records=bad_records.log_for_split(self, params.is_training))
+    record once, a static-shape last batch padded (`eval_mask`).
+
+    With named evaluation sets, an evaluation input (`params.is_training`
+    False: the trainer passes `task.validation_data`, which is not read) is
+    the selected sets' batches, one set after the other, each batch with
+    `SET_KEY` int32 [B] (the set's index); no batch mixes two sets.
+    """
+    if params.is_training or not self._eval_sets:
+      split = 'train' if params.is_training else 'validation'
+      resolved = self._resolve_input_path(
+          params, f'task.{split}_data.input_path', split)
+      if not params.is_training:
+        self._validation_source = resolved.input_path
+      return dataloader.build_dataset(
+          resolved, self.task_config.readouts,
+          self.task_config.task_vocabulary, input_context=input_context,
+          bad_records=bad_records.log_for_split(self, params.is_training))
+    combined = None
+    for i, eval_set in enumerate(self._eval_sets):
+      resolved = self._resolve_input_path(
+          eval_set.data, f'{self._set_key(i)}.input_path ({eval_set.name!r})',
+          eval_set.demo_split)
+      self._set_sources[eval_set.name] = resolved.input_path
+      ds = dataloader.build_dataset(
+          resolved, self.task_config.readouts,
+          self.task_config.task_vocabulary, input_context=input_context,
+          bad_records=bad_records.log_for_split(self, False))
+      ds = ds.map(functools.partial(_tag_batch, index=i))
+      combined = ds if combined is None else combined.concatenate(ds)
+    return combined
 
   # -- routing targets like predictions --------------------------------------
   def route(self, model: model_lib.ReadoutModel, inputs: Mapping[str, Any],
@@ -174,7 +238,13 @@ class ReadoutTask(base_task.Task):
     """
     outputs = model(inputs, training=training)
     routed = self.route(model, inputs, outputs)
-    sums = readout_losses.loss_sums(self._specs, *routed)
+    share, global_losses = self._losses_of_rows(model, *routed)
+    return share, global_losses, routed
+
+  def _losses_of_rows(self, model, predictions, targets, weights):
+    """(share, global losses) of routed rows, regularization included."""
+    sums = readout_losses.loss_sums(self._specs, predictions, targets,
+                                    weights)
     share, global_losses = readout_losses.global_task_losses(self._specs, sums)
     if model.losses:
       reg = tf.add_n([tf.cast(l, tf.float32) for l in model.losses])
@@ -182,10 +252,47 @@ class ReadoutTask(base_task.Task):
       share = dict(share, total_loss=share['total_loss'] + reg / replicas)
       global_losses = dict(global_losses,
                            total_loss=global_losses['total_loss'] + reg)
-    return share, global_losses, routed
+    return share, global_losses
+
+  def route_eval_sets(self, model: model_lib.ReadoutModel,
+                      inputs: Mapping[str, Any]) -> Dict[str, tf.Tensor]:
+    """{task: int32 [n_t]}: the evaluation set of each routed row (the rows
+    of `route`, in its order), from the batch's `SET_KEY` [B]."""
+    trial_sets = tf.reshape(tf.cast(inputs[SET_KEY], tf.int32), [-1])
+    if 'output_batch_index' in inputs:  # Chained queries [N].
+      rows = tf.gather(trial_sets, inputs['output_batch_index'])
+    else:  # Padded queries [B, n_out].
+      rows = tf.broadcast_to(trial_sets[:, tf.newaxis],
+                             tf.shape(inputs['output_weights']))
+    rows = tf.reshape(rows, [-1])
+    if model.static_shapes:
+      return {name: rows for name in self._specs}
+    index = tf.reshape(inputs['output_readout_index'], [-1])
+    return model.readout.route(rows, index)
 
   def build_metrics(self, training: bool = True):
-    """Mean of the total and of each task's loss; eval: host accumulator."""
+    """Mean of the total and of each task's loss; eval: host accumulator.
+
+    Evaluation with named sets: the same metrics per set, as
+    `<set>/total_loss`, `<set>/<task>_loss` and `<set>/num_examples`.
+    """
+    if not training and self._eval_sets:
+      metrics = []
+      for i, eval_set in enumerate(self._eval_sets):
+        prefix = f'{eval_set.name}/'
+        metrics.append(tf_keras.metrics.Mean(f'{prefix}total_loss',
+                                             dtype=tf.float32))
+        metrics += [tf_keras.metrics.Mean(f'{prefix}{_loss_metric_name(n)}',
+                                          dtype=tf.float32)
+                    for n in self._specs]
+        metrics.append(eval_padding.EvaluatedExamples(
+            functools.partial(self.eval_set_dataset, i),
+            name=f'{prefix}num_examples'))
+      skipping = [s.data for s in self._eval_sets if s.data.skip_bad_records]
+      metrics += bad_records.task_metrics(  # All sets' `bad_records_skipped`.
+          self, skipping[0] if skipping else None, training)
+      self._eval_metrics = self._new_eval_state()
+      return metrics
     metrics = [tf_keras.metrics.Mean('total_loss', dtype=tf.float32)]
     metrics += [tf_keras.metrics.Mean(_loss_metric_name(n), dtype=tf.float32)
                 for n in self._specs]
@@ -196,8 +303,14 @@ class ReadoutTask(base_task.Task):
       # `num_examples`: trials evaluated; zero at the end of an evaluation is
       # an error naming the dataset.
       metrics.append(eval_padding.EvaluatedExamples(self.validation_dataset))
-      self._eval_metrics = readout_metrics.ReadoutMetrics(self._specs)
+      self._eval_metrics = self._new_eval_state()
     return metrics
+
+  def _new_eval_state(self) -> Dict[str, readout_metrics.ReadoutMetrics]:
+    """{metric prefix: accumulator}: '' without sets, else `<set>/`."""
+    prefixes = ([f'{s.name}/' for s in self._eval_sets] if self._eval_sets
+                else [''])
+    return {p: readout_metrics.ReadoutMetrics(self._specs) for p in prefixes}
 
   def process_metrics(self, metrics, labels=None, outputs=None,
                       model_losses=None, **kwargs):
@@ -235,7 +348,9 @@ class ReadoutTask(base_task.Task):
     """Losses and the routed rows for the host metrics (aggregate_logs).
 
     Padding trials (`eval_mask` False) have query weight 0 (dataloader): they
-    count in no loss and no metric, nor in `num_examples`.
+    count in no loss and no metric, nor in `num_examples`. With named sets
+    each set's losses are those of the batch's rows of that set (the step's
+    global batch), averaged over the steps that hold a trial of it.
     """
     _, global_losses, (p, t, w) = self.compute_losses(inputs, model,
                                                       training=False)
@@ -243,67 +358,144 @@ class ReadoutTask(base_task.Task):
     logs.update(self.process_metrics(metrics, model_losses=global_losses))
     trials = eval_padding.example_mask(
         inputs, tf.shape(inputs['input_values'])[0])
-    for m in metrics or []:
-      if isinstance(m, eval_padding.EvaluatedExamples):
-        m.update_state(trials)
+    rows = {name: {'predictions': tf.cast(p[name], tf.float32),
+                   'targets': t[name], 'weights': w[name]}
+            for name in self._specs}
+    if not self._eval_sets:
+      for m in metrics or []:
+        if isinstance(m, eval_padding.EvaluatedExamples):
+          m.update_state(trials)
+    else:
+      if SET_KEY not in inputs:
+        raise ValueError(
+            f'An evaluation batch without `{SET_KEY}` while task.evaluation.'
+            f'eval_sets selects {list(self.eval_set_names)}: evaluate the '
+            'batches of build_inputs(task.validation_data), which tag each '
+            "trial's set.")
+      row_sets = self.route_eval_sets(model, inputs)
+      trial_sets = tf.reshape(tf.cast(inputs[SET_KEY], tf.int32), [-1])
+      by_name = {m.name: m for m in metrics or []}
+      replicas = tf.distribute.get_strategy().num_replicas_in_sync
+      for i, eval_set in enumerate(self._eval_sets):
+        prefix = f'{eval_set.name}/'
+        in_set = tf.logical_and(trials, tf.equal(trial_sets, i))
+        set_trials = tf.reduce_sum(tf.cast(in_set, tf.int32))
+        if replicas > 1:
+          set_trials = tf.distribute.get_replica_context().all_reduce(
+              tf.distribute.ReduceOp.SUM, set_trials)
+        _, set_losses = self._losses_of_rows(model, p, t, {
+            name: w[name] * tf.cast(tf.equal(row_sets[name], i), tf.float32)
+            for name in self._specs})
+        step_weight = tf.cast(set_trials > 0, tf.float32)
+        for key, value in set_losses.items():
+          name = prefix + ('total_loss' if key == 'total_loss' else
+                           _loss_metric_name(key))
+          if name in by_name:
+            by_name[name].update_state(value, sample_weight=step_weight)
+        if f'{prefix}num_examples' in by_name:
+          by_name[f'{prefix}num_examples'].update_state(in_set)
+      for name in self._specs:
+        rows[name]['sets'] = row_sets[name]
+      logs[_TRIAL_SETS_KEY] = multiworker.gather_for_host(trial_sets)
     # With several workers, every worker accumulates all replicas' rows.
-    logs[_EVAL_KEY] = multiworker.gather_for_host({
-        name: {'predictions': tf.cast(p[name], tf.float32),
-               'targets': t[name], 'weights': w[name]}
-        for name in self._specs
-    })
+    logs[_EVAL_KEY] = multiworker.gather_for_host(rows)
     logs[_TRIALS_KEY] = multiworker.gather_for_host(tf.cast(trials, tf.int32))
     return logs
 
   def aggregate_logs(self, state=None, step_outputs=None):
-    """Accumulates every local replica's rows into the metric accumulator."""
+    """Accumulates every local replica's rows into the metric accumulators
+    ({metric prefix: `ReadoutMetrics`}, one per evaluation set)."""
     if state is None:
       if self._eval_metrics is None:
-        self._eval_metrics = readout_metrics.ReadoutMetrics(self._specs)
-      self._eval_metrics.reset()
+        self._eval_metrics = self._new_eval_state()
+      for accumulator in self._eval_metrics.values():
+        accumulator.reset()
       state = self._eval_metrics
+    # [(prefix, set index)]; without sets one accumulator takes every row.
+    destinations = ([(f'{s.name}/', i)
+                     for i, s in enumerate(self._eval_sets)]
+                    if self._eval_sets else [('', None)])
     for name, rows in step_outputs[_EVAL_KEY].items():
       parts = {k: multiworker.host_parts(v) for k, v in rows.items()}
-      for p, t, w in zip(parts['predictions'], parts['targets'],
-                         parts['weights']):
-        state.accumulate(name, p, t, w)
+      for j, (p, t, w) in enumerate(zip(parts['predictions'],
+                                        parts['targets'],
+                                        parts['weights'])):
+        for prefix, i in destinations:
+          if i is None:
+            state[prefix].accumulate(name, p, t, w)
+          else:
+            keep = parts['sets'][j] == i
+            if np.any(keep):
+              state[prefix].accumulate(name, p[keep], t[keep], w[keep])
     if _TRIALS_KEY in step_outputs:
-      for trials in multiworker.host_parts(step_outputs[_TRIALS_KEY]):
-        state.add_examples(int(np.sum(trials)))
+      trial_parts = multiworker.host_parts(step_outputs[_TRIALS_KEY])
+      set_parts = (multiworker.host_parts(step_outputs[_TRIAL_SETS_KEY])
+                   if self._eval_sets else [None] * len(trial_parts))
+      for trials, sets in zip(trial_parts, set_parts):
+        for prefix, i in destinations:
+          state[prefix].add_examples(int(np.sum(
+              trials if i is None else trials[sets == i])))
     return state
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
-    """The host metrics over every evaluated query.
+    """The host metrics over every evaluated query (each set's under its
+    prefix).
 
     Raises:
-      EmptyEvaluationError: the evaluation saw no trial, or no query of
-        positive weight (message: the dataset and its config keys).
+      EmptyEvaluationError: the evaluation (or an evaluation set) saw no
+        trial, or no query of positive weight (message: the dataset and its
+        config keys).
     """
-    dataset, settings = self.validation_dataset()
     if aggregated_logs is None:
+      dataset, settings = (self.eval_set_dataset(0) if self._eval_sets else
+                           self.validation_dataset())
       eval_padding.check_examples_seen(0, dataset, settings)
-    eval_padding.check_examples_seen(aggregated_logs.num_examples, dataset,
+    describe = ({f'{s.name}/': functools.partial(self.eval_set_dataset, i)
+                 for i, s in enumerate(self._eval_sets)} if self._eval_sets
+                else {'': self.validation_dataset})
+    step = ('' if global_step is None else
+            f' at step {int(tf.convert_to_tensor(global_step).numpy())}')
+    results = {}
+    for prefix, accumulator in aggregated_logs.items():
+      dataset, settings = describe[prefix]()
+      values = self._reduce_one(accumulator, dataset, settings,
+                                prefix.rstrip('/'), step)
+      results.update({prefix + k: v for k, v in values.items()})
+    return results
+
+  def _reduce_one(self, accumulator: readout_metrics.ReadoutMetrics,
+                  dataset: str, settings: Mapping[str, Any], set_name: str,
+                  step: str) -> Dict[str, float]:
+    """One accumulator's metrics (unprefixed); logs and prints its table."""
+    eval_padding.check_examples_seen(accumulator.num_examples, dataset,
                                      settings)
-    counts = {n: aggregated_logs.num_queries(n) for n in self._specs}
+    counts = {n: accumulator.num_queries(n) for n in self._specs}
     if not any(counts.values()):
       raise eval_padding.EmptyEvaluationError(
-          f'Evaluation saw {aggregated_logs.num_examples} trials of {dataset} '
+          f'Evaluation saw {accumulator.num_examples} trials of {dataset} '
           'but no query of positive weight in any of the tasks '
           f'{sorted(self._specs)}: no readout metric has a value.')
-    results = aggregated_logs.result()
-    for key, reason in aggregated_logs.unmeasured().items():
+    results = accumulator.result()
+    for key, reason in accumulator.unmeasured().items():
       logging.warning('Readout evaluation of %s: no value for %s (%s).',
                       dataset, key, reason)
     table = readout_metrics.format_table(results, self._specs, counts)
-    step = ('' if global_step is None else
-            f' at step {int(tf.convert_to_tensor(global_step).numpy())}')
-    step += f' ({aggregated_logs.num_examples} trials)'
-    logging.info('Readout evaluation%s:\n%s', step, table)
+    title = f'Readout evaluation{step} ({accumulator.num_examples} trials'
+    title += f', set {set_name})' if set_name else ')'
+    logging.info('%s:\n%s', title, table)
     if self.task_config.evaluation.print_table:
-      print(f'Readout evaluation{step} ({self.name or "readout"}):\n{table}',
-            flush=True)
-    aggregated_logs.reset()
+      print(f'{title} ({self.name or "readout"}):\n{table}', flush=True)
+    accumulator.reset()
     return results
+
+
+def _tag_batch(batch: Dict[str, tf.Tensor], index: int
+               ) -> Dict[str, tf.Tensor]:
+  """`batch` with `SET_KEY`: int32 [B] filled with `index`."""
+  batch = dict(batch)
+  batch[SET_KEY] = tf.fill(tf.shape(batch['input_values'])[:1],
+                           tf.constant(index, tf.int32))
+  return batch
 
 
 class _RoutingOnly:
