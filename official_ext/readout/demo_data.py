@@ -171,7 +171,9 @@ def generate_trials(num_trials: int, *, seed: int, split_id: int,
   seed share it; a session other than 0 scales it per unit
   (`session_mixing`). Trial i belongs to `sessions[i % len(sessions)]` and
   records its `session_id` (`session_name`) and `window_start`: its
-  session's trials follow each other, `INTER_TRIAL_SECONDS` apart.
+  session's trials of this split follow each other, `INTER_TRIAL_SECONDS`
+  apart, from 0 s (two splits of one session are not placed apart on its
+  clock; the held-out sessions appear in no other split).
   """
   ids = configs.task_index(task_vocabulary)
   missing = sorted(set(configs.DEMO_VOCABULARY) - set(ids))
