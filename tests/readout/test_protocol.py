@@ -368,3 +368,36 @@ def test_sample_share_weighting_equals_numpy(mirrored):
   assert sum(shares) == pytest.approx(expected, rel=1e-6)
   assert [float(t) for t in strategy.experimental_local_results(total)] == (
       pytest.approx([expected] * 2, rel=1e-6))
+
+
+def test_task_config_chooses_the_weighting(data):
+  """`task.loss_weighting` reaches the task's loss (and the joint path's
+  `global_losses`): sample_share total = sum_t w_t n_t / n loss_t."""
+  _, _, model = data
+  rng = np.random.default_rng(2)
+  batch = {
+      'input_values': rng.normal(size=[4, 3, INPUT_DIM]).astype(np.float32),
+      'input_timestamps': np.tile(np.float32([0.0, 0.4, 0.8]), [4, 1]),
+      'input_mask': np.ones([4, 3], bool),
+      'output_readout_index': _INDEX,
+      'output_timestamps': np.full([4, 3], 0.1, np.float32),
+      'output_weights': _WEIGHTS,
+      'output_targets': np.ones([4, 3, 1], np.float32),
+  }
+  outputs = model(batch)
+  plain = task_lib.ReadoutTask(_task_config())
+  shared = task_lib.ReadoutTask(_task_config(loss_weighting='sample_share'))
+  per_task = losses.task_losses(
+      plain.readout_specs, losses.loss_sums(
+          plain.readout_specs, *plain.route(model, batch, outputs)))
+  # speed (loss_weight 1): 2 of 4 samples; choice: 1 of 4.
+  expected = per_task['speed'] * 2 / 4 + per_task['choice'] * 1 / 4
+  assert float(shared.build_losses(batch, outputs, model=model)) == (
+      pytest.approx(float(expected), rel=1e-6))
+  assert float(shared.global_losses(batch, shared.route(
+      model, batch, outputs))[1]['total_loss']) == pytest.approx(
+          float(expected), rel=1e-6)
+  assert float(plain.build_losses(batch, outputs, model=model)) == (
+      pytest.approx(float(per_task['speed'] + per_task['choice']), rel=1e-6))
+  with pytest.raises(ValueError, match="task.loss_weighting is 'mean'"):
+    task_lib.ReadoutTask(_task_config(loss_weighting='mean'))
