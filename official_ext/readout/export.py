@@ -18,9 +18,9 @@ Both return `output_readout_index` int32 [B, n_out] and, per task, `<task>`
 float32 [B, n_out, dim]: the head's output at every position (values,
 logits or log-rates by the task's type; a readout with `normalize_mean` /
 `normalize_std` de-normalised: in the target's units); it is the task's
-prediction where `output_readout_index` equals the task's id. `serving_default` also returns
-`targets` float32 [B, n_out, T] and `weights` float32 [B, n_out] of the
-records.
+prediction where `output_readout_index` equals the task's id.
+`serving_default` also returns `targets` float32 [B, n_out, T] and `weights`
+float32 [B, n_out] of the records.
 
 `serve_tokens` refuses what it cannot score (InvalidArgumentError naming the
 input, and the row where one is to blame), never answering NaN: inputs of
