@@ -31,7 +31,6 @@ from official.modeling.multitask import multitask
 from official_ext.core import gradients
 from official_ext.joint import configs
 from official_ext.joint import modeling
-from official_ext.readout import losses as readout_losses
 from official_ext.readout import task as readout_task
 from official_ext.yt8m import task as yt8m_task
 
@@ -43,15 +42,14 @@ def readout_data_loss(task: readout_task.ReadoutTask, model, inputs
                       ) -> TaskLoss:
   """The readout task's global-batch loss, without regularization.
 
-  sum_r loss_weight_r * loss_r over the task's readouts, each loss the
-  weighted mean over the global batch's queries (`readout.losses`).
+  sum_r loss_weight_r * loss_r over the task's readouts (scaled as
+  `task.loss_weighting` says), each loss the weighted mean over the global
+  batch's queries (`readout.losses`, `ReadoutTask.global_losses`).
   Metric inputs: {readout: loss, 'total_loss': that sum}.
   """
   outputs = model(inputs, training=True)
-  routed = task.route(model, inputs, outputs)
-  specs = task.readout_specs
-  share, global_losses = readout_losses.global_task_losses(
-      specs, readout_losses.loss_sums(specs, *routed))
+  share, global_losses = task.global_losses(
+      inputs, task.route(model, inputs, outputs))
   return share['total_loss'], global_losses['total_loss'], global_losses
 
 

@@ -27,6 +27,8 @@ import dataclasses
 import re
 from typing import Dict, Optional, Tuple
 
+import numpy as np
+
 from official.core import config_definitions as cfg
 from official.core import exp_factory
 from official.modeling import hyperparams
@@ -46,6 +48,9 @@ METRICS_BY_TYPE: Dict[str, Tuple[str, ...]] = {
 }
 
 PADDING_ID = 0
+
+# `ReadoutTaskConfig.loss_weighting` values (see `losses`).
+LOSS_WEIGHTINGS = ('weighted_sum', 'sample_share')
 
 # Readout names that would collide with the task's own log keys
 # (`<task>_loss` vs `total_loss`, `<task>/<metric>` vs `average/<metric>`).
@@ -70,12 +75,20 @@ class ReadoutSpec(hyperparams.Config):
     loss_weight: this task's weight in the total loss.
     metrics: metrics to report; empty: every metric of the type
       (`METRICS_BY_TYPE`).
+    normalize_mean, normalize_std: target normalisation of a continuous
+      readout (torch_brain's `normalize_mean` / `normalize_std`): one value,
+      or one per channel (`dim`); both empty (default): off; set together.
+      The loss sees (y - mean) / std, so the head learns normalised values;
+      evaluation and serving report its predictions de-normalised
+      (p * std + mean), in the target's own units. std > 0.
   """
   name: str = ''
   dim: int = 1
   type: str = 'continuous'
   loss_weight: float = 1.0
   metrics: Tuple[str, ...] = ()
+  normalize_mean: Tuple[float, ...] = ()
+  normalize_std: Tuple[float, ...] = ()
 
 
 def target_size(spec: ReadoutSpec) -> int:
@@ -85,6 +98,56 @@ def target_size(spec: ReadoutSpec) -> int:
 
 def spec_metrics(spec: ReadoutSpec) -> Tuple[str, ...]:
   return tuple(spec.metrics) or METRICS_BY_TYPE[spec.type]
+
+
+def target_normalization(spec: ReadoutSpec
+                         ) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+  """(mean, std), float32 [dim] each, of a normalised readout; else None.
+
+  Raises:
+    ValueError: naming the spec, for a normalisation of a type other than
+      continuous, only one of mean / std set, a length other than 1 or
+      `dim`, or a std that is not > 0.
+  """
+  mean, std = tuple(spec.normalize_mean or ()), tuple(spec.normalize_std or ())
+  if not mean and not std:
+    return None
+  where = f'task.readouts `{spec.name}`'
+  if spec.type != 'continuous':
+    raise ValueError(f'{where}: normalize_mean / normalize_std are set but '
+                     f'its type is {spec.type!r}; target normalisation '
+                     'applies to continuous readouts only.')
+  if not mean or not std:
+    raise ValueError(f'{where}: normalize_mean {list(mean)} and '
+                     f'normalize_std {list(std)}; set both or neither.')
+  out = []
+  for key, values in (('normalize_mean', mean), ('normalize_std', std)):
+    if len(values) not in (1, int(spec.dim)):
+      raise ValueError(f'{where}: {key} has {len(values)} values; expected '
+                       f'1 or dim = {spec.dim}.')
+    array = np.broadcast_to(np.asarray(values, np.float32), [int(spec.dim)])
+    if not np.all(np.isfinite(array)):
+      raise ValueError(f'{where}: {key} {list(values)} is not finite.')
+    out.append(array.copy())
+  if not np.all(out[1] > 0):
+    raise ValueError(f'{where}: normalize_std {list(std)}; expected every '
+                     'value > 0.')
+  return out[0], out[1]
+
+
+def normalize_targets(spec: ReadoutSpec, targets):
+  """(targets - mean) / std for a normalised readout, else `targets`.
+
+  targets: float [n, dim] (numpy or tf)."""
+  norm = target_normalization(spec)
+  return targets if norm is None else (targets - norm[0]) / norm[1]
+
+
+def denormalize_predictions(spec: ReadoutSpec, predictions):
+  """predictions * std + mean for a normalised readout (the inverse of
+  `normalize_targets`), else `predictions`; float [..., dim]."""
+  norm = target_normalization(spec)
+  return predictions if norm is None else predictions * norm[1] + norm[0]
 
 
 def validate_readouts(readouts, task_vocabulary) -> None:
@@ -115,6 +178,7 @@ def validate_readouts(readouts, task_vocabulary) -> None:
     if not spec.loss_weight >= 0:
       raise ValueError(f'{where}: loss_weight {spec.loss_weight}; expected '
                        '>= 0.')
+    target_normalization(spec)  # Raises for a bad normalisation.
     unknown = set(spec.metrics) - set(METRICS_BY_TYPE[spec.type])
     if unknown:
       raise ValueError(f'{where}: metrics {sorted(unknown)} are not defined '
@@ -314,10 +378,29 @@ class Evaluation(hyperparams.Config):
       then not read (its `input_path` must be empty).
     eval_set: the set to evaluate: '' every set of `eval_sets`, else the
       name of one.
+    stitch: the neural-decoding protocol of overlapping windows (`metrics`):
+      the predictions of queries at the same (session, session time, task)
+      are averaged before any metric (the records' `session_id` and
+      `window_start`; a record without them is its own session at time 0),
+      and with more than one session the metrics are also reported per
+      session (`sessions/<session>/<task>/<metric>`) and averaged over
+      sessions (`<task>/<metric>/session_mean`). False: every query is
+      scored as it is (no session is read). With named sets each set is
+      stitched on its own, its keys under its prefix
+      (`<set>/sessions/<session>/<task>/<metric>`,
+      `<set>/<task>/<metric>/session_mean`): queries of two sets are never
+      averaged together.
+    stitch_resolution: seconds; session times are rounded to a multiple of
+      this before they are compared. `window_start` is stored as float32,
+      so a session time carries its rounding (up to 6e-8 x the time: 6e-5 s
+      at 1000 s): raise this for long sessions, below half the sampling
+      period of the targets.
   """
   print_table: bool = True
   eval_sets: Tuple[EvalSet, ...] = ()
   eval_set: str = ''
+  stitch: bool = False
+  stitch_resolution: float = 1e-6
 
 
 @dataclasses.dataclass
@@ -370,6 +453,11 @@ class ReadoutTaskConfig(cfg.TaskConfig):
     readouts: one ReadoutSpec per task with a head.
     task_vocabulary: task names; routing id = 1 + position (0: padding).
     gradient_clip_norm: clip the global gradient norm (<= 0: off).
+    loss_weighting: how task losses add up to the total (`losses`):
+      'weighted_sum': sum_t loss_weight_t * loss_t; 'sample_share':
+      sum_t loss_weight_t * (n_t / n) * loss_t, n_t the samples of the
+      global batch with a query of task t of positive weight, n its samples
+      (torch_brain's POYO+ scaling, with loss_weight applied as well).
     evaluation: evaluation options.
     demo_data: generated data used when an `input_path` is empty.
   """
@@ -381,6 +469,7 @@ class ReadoutTaskConfig(cfg.TaskConfig):
   readouts: Tuple[ReadoutSpec, ...] = ()
   task_vocabulary: Tuple[str, ...] = ()
   gradient_clip_norm: float = 1.0
+  loss_weighting: str = 'weighted_sum'
   evaluation: Evaluation = dataclasses.field(default_factory=Evaluation)
   demo_data: DemoDataConfig = dataclasses.field(default_factory=DemoDataConfig)
 

@@ -10,8 +10,14 @@ Record schema: one `tf.train.Example` per sample (e.g. a trial), features
   (1 + the task's position in `task.task_vocabulary`; 0 is padding and never
   stored). n_q may be 0.
 * `output_timestamps` (float list, n_q): time of each query.
-* `output_weights` (float list, n_q): weight of each query in the loss and
-  metrics (>= 0; 0 is legal and contributes nothing).
+* `output_weights` (float list, n_q): weight of each query in the loss and,
+  without `output_eval_mask`, the metrics (>= 0; 0 is legal and contributes
+  nothing).
+* `output_eval_mask` (int64 list, n_q, optional): 1: the query is scored by
+  the metrics (with weight 1), 0: not; separate from `output_weights`, so a
+  query can be trained on but not scored (weight > 0, mask 0) or scored but
+  not trained (weight 0, mask 1). Absent: the metrics weigh queries by
+  `output_weights`, as the loss does.
 * `output_target_sizes` (int64 list, n_q): number of target values of each
   query: the task's `dim`, or 1 for multinomial (the class id).
 * `output_targets` (float list, sum of sizes): the queries' targets chained.
@@ -21,7 +27,8 @@ Record schema: one `tf.train.Example` per sample (e.g. a trial), features
   from (e.g. an NWB file's identifier).
 * `window_start` (float, optional): the session time (seconds) of the
   sample's time 0; `window_start + output_timestamps` place its queries on
-  the session's clock.
+  the session's clock. Both are read only for stitched evaluation
+  (`Evaluation.stitch`, `Parser(session_names=...)`).
 
 `make_example` writes one record; `write_records` a file of them.
 
@@ -31,8 +38,9 @@ lengths agree; every task id has a ReadoutSpec (0 is padding, an id not in the
 vocabulary or whose task has no spec is an error); each target has its task's
 size; targets, weights and timestamps are finite; event_rate counts >= 0;
 binary/multilabel labels in [0, 1]; multinomial class ids are integers in
-[0, dim); weights >= 0; token and query counts within `max_input_tokens` /
-`max_queries` when set. A record that is not a proto, or a feature stored with
+[0, dim); weights >= 0; an `output_eval_mask` has one 0 or 1 per query; a
+read `window_start` is finite; token and query counts within
+`max_input_tokens` / `max_queries` when set. A record that is not a proto, or a feature stored with
 another dtype, fails in TensorFlow's parser with an error naming the file.
 Files (`official_ext.core.tfrecord_input`): an `input_path` that matches
 nothing, a broken symlink or a directory is a ValueError naming it; a
@@ -48,8 +56,13 @@ up to a multiple of `pad_multiple` (or exactly `max_input_tokens` /
   [B, n_in], `input_mask` bool [B, n_in] (False: padding).
 * padded batching: `output_readout_index` int32 [B, n_out] (0: padding),
   `output_timestamps` float32 [B, n_out], `output_weights` float32 [B, n_out]
-  (0 on padding), `output_targets` float32 [B, n_out, T] (zeros past a
-  query's target size).
+  (0 on padding), `output_metric_weights` float32 [B, n_out] (each query's
+  weight in the metrics: its `output_eval_mask` if the record has one, else
+  its weight; 0 on padding), `output_targets` float32 [B, n_out, T] (zeros
+  past a query's target size).
+* with session names (stitched evaluation): `session_index` int32 [B] (the
+  position of the record's `session_id` in the names, -1 without one; no
+  string enters a batch) and `window_start` float32 [B] (0 without one).
 * varlen batching: the same query fields chained over the batch, [N] / [N, T]
   (N = queries in the batch, no padding), plus `output_batch_index` int32 [N].
 
@@ -57,7 +70,7 @@ Evaluation with `drop_remainder` (static batch shapes, e.g. on TPU) drops no
 trial: the last batch is filled with copies of a trial marked padding
 (`official_ext.core.eval_padding.pad_final_batches`), batches carry
 `eval_mask` bool [B] (False: padding) and a padding trial's queries have
-weight 0, so they count in no loss and no metric.
+weight and metric weight 0, so they count in no loss and no metric.
 """
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -67,6 +80,7 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 from official_ext.core import bad_records as bad_records_lib
 from official_ext.core import eval_padding
 from official_ext.core import graph_checks
+from official_ext.core import input_files
 from official_ext.core import tfrecord_input
 from official_ext.readout import configs
 
@@ -86,7 +100,8 @@ def make_example(example_id: str,
                  output_targets: Sequence[Sequence[float]],
                  output_weights: Optional[Sequence[float]] = None,
                  session_id: Optional[str] = None,
-                 window_start: Optional[float] = None
+                 window_start: Optional[float] = None,
+                 output_eval_mask: Optional[Sequence[int]] = None
                  ) -> tf.train.Example:
   """Builds one readout record (see the module docstring).
 
@@ -100,6 +115,8 @@ def make_example(example_id: str,
     output_weights: float [n_q]; None: all 1.
     session_id: the recording session; None: not stored.
     window_start: session time of the sample's time 0; None: not stored.
+    output_eval_mask: int [n_q], 0/1: which queries the metrics score;
+      None: not stored (the metrics use `output_weights`).
 
   Returns:
     The `tf.train.Example`.
@@ -119,7 +136,9 @@ def make_example(example_id: str,
   weights = np.ones([n_q]) if output_weights is None else output_weights
   for key, seq in (('output_timestamps', output_timestamps),
                    ('output_targets', output_targets),
-                   ('output_weights', weights)):
+                   ('output_weights', weights)) + (
+                       (('output_eval_mask', output_eval_mask),)
+                       if output_eval_mask is not None else ()):
     if len(seq) != n_q:
       raise ValueError(f'make_example({example_id!r}): {len(seq)} {key} for '
                        f'{n_q} output_task_ids.')
@@ -142,12 +161,37 @@ def make_example(example_id: str,
         value=[session_id.encode('utf-8')]))
   if window_start is not None:
     feature['window_start'] = _floats([window_start])
+  if output_eval_mask is not None:
+    feature['output_eval_mask'] = tf.train.Feature(
+        int64_list=tf.train.Int64List(value=[int(m) for m in
+                                             output_eval_mask]))
   return tf.train.Example(features=tf.train.Features(feature=feature))
 
 
 def _floats(values) -> tf.train.Feature:
   return tf.train.Feature(float_list=tf.train.FloatList(
       value=np.asarray(values, np.float32).reshape([-1]).tolist()))
+
+
+def session_names(input_path) -> List[str]:
+  """The distinct non-empty `session_id`s of the records, sorted.
+
+  Reads every record of the files `input_path` matches (one pass, only this
+  feature): the names a stitched evaluation maps `session_index` back to.
+
+  Args:
+    input_path: `DataConfig.input_path` (file, glob, comma-separated, list).
+  """
+  files = input_files.match_input_files(input_path)
+  feature = {'session_id': tf.io.FixedLenFeature([], tf.string,
+                                                 default_value='')}
+  ds = tf.data.TFRecordDataset(files).batch(4096).map(
+      lambda records: tf.io.parse_example(records, feature)['session_id'])
+  names = set()
+  for batch in ds.as_numpy_iterator():
+    names.update(batch.tolist())
+  names.discard(b'')
+  return sorted(n.decode('utf-8') for n in names)
 
 
 def write_records(path: str, examples) -> int:
@@ -199,11 +243,17 @@ class Parser:
 
   def __init__(self, params: configs.DataConfig,
                readouts: Sequence[configs.ReadoutSpec],
-               task_vocabulary: Sequence[str]):
+               task_vocabulary: Sequence[str],
+               session_names: Optional[Sequence[str]] = None):
     """Args:
       params: the split's DataConfig.
       readouts: the task's ReadoutSpecs.
       task_vocabulary: task names; id = 1 + position.
+      session_names: the sessions of the records (`session_names()`); given,
+        `session_id` and `window_start` are read and the examples carry
+        `session_index` (position here, -1 without a session_id; a name not
+        here is an error naming the record) and `window_start`. None: they
+        are not read.
     """
     _check_config(params)
     configs.validate_readouts(readouts, task_vocabulary)
@@ -239,7 +289,18 @@ class Parser:
         'output_weights': tf.io.RaggedFeature(tf.float32),
         'output_target_sizes': tf.io.RaggedFeature(tf.int64),
         'output_targets': tf.io.RaggedFeature(tf.float32),
+        'output_eval_mask': tf.io.RaggedFeature(tf.int64),
     }
+    self._session_names = (None if session_names is None else
+                           [str(n) for n in session_names])
+    if self._session_names is not None:
+      if '' in self._session_names:
+        raise ValueError('Parser: session_names holds an empty name; an '
+                         'empty session_id means "no session".')
+      self._features['session_id'] = tf.io.FixedLenFeature(
+          [], tf.string, default_value='')
+      self._features['window_start'] = tf.io.FixedLenFeature(
+          [], tf.float32, default_value=0.0)
 
   def parse(self, serialized: tf.Tensor,
             source: Optional[tf.Tensor] = None) -> Dict[str, tf.Tensor]:
@@ -253,7 +314,9 @@ class Parser:
       `input_values` float32 [n_in, input_dim], `input_timestamps` [n_in],
       `input_mask` bool [n_in] (all True), `output_readout_index` int32
       [n_q], `output_timestamps` float32 [n_q], `output_weights` float32
-      [n_q], `output_targets` float32 [n_q, T].
+      [n_q], `output_metric_weights` float32 [n_q], `output_targets` float32
+      [n_q, T]; with session names also `session_index` int32 and
+      `window_start` float32 scalars.
     """
     if source is None:
       source = tf.constant('<unknown file>')
@@ -280,10 +343,17 @@ class Parser:
     value_checks = self._check_target_values(
         f['output_targets'], targets.value_rowids(), safe, name, rid, source)
     value_checks.append(self._check_weights(f['output_weights'], name, where))
+    metric_weights, mask_checks = self._metric_weights(f, where)
+    sample = {}
+    if self._session_names is not None:
+      sample, session_checks = self._session(f, where)
+      mask_checks += session_checks
     # Every output waits for every check.
     with tf.control_dependencies(checks + value_checks + [check_ids] +
-                                 target_checks):
+                                 target_checks + mask_checks):
       return {
+          **{k: tf.identity(v) for k, v in sample.items()},
+          'output_metric_weights': tf.identity(metric_weights),
           'input_values': tf.reshape(f['input_values'],
                                      [-1, self._input_dim]),
           'input_timestamps': tf.identity(f['input_timestamps']),
@@ -294,6 +364,57 @@ class Parser:
           'output_targets': targets.to_tensor(
               default_value=0.0, shape=[None, self.max_target_size]),
       }
+
+  def _metric_weights(self, f: Dict[str, tf.Tensor],
+                      where: Callable[..., Callable[[], tf.Tensor]]
+                      ) -> Tuple[tf.Tensor, List[tf.Tensor]]:
+    """Each query's weight in the metrics: `output_eval_mask` (checked: one
+    0 or 1 per query) if the record has one, else `output_weights`.
+
+    Returns:
+      (float32 [n_q], the checks).
+    """
+    mask, weights = f['output_eval_mask'], f['output_weights']
+    n_q = tf.size(f['output_task_ids'])
+    has_mask = tf.size(mask) > 0
+    bad = tf.logical_and(tf.not_equal(mask, 0), tf.not_equal(mask, 1))
+    checks = [
+        graph_checks.require(
+            tf.logical_or(tf.logical_not(has_mask),
+                          tf.equal(tf.size(mask), n_q)),
+            where(lambda: ('output_eval_mask has ', tf.size(mask),
+                           ' entries for ', n_q,
+                           ' output_task_ids; expected one per query.'))),
+        graph_checks.require(
+            tf.logical_not(tf.reduce_any(bad)), where(lambda: (
+                'query ', graph_checks.first_where(tf.range(tf.size(mask)),
+                                                   bad),
+                ' has output_eval_mask ', graph_checks.first_where(mask, bad),
+                '; expected 0 or 1.'))),
+    ]
+    with tf.control_dependencies(checks):
+      return tf.cond(has_mask, lambda: tf.cast(mask, tf.float32),
+                     lambda: tf.identity(weights)), checks
+
+  def _session(self, f: Dict[str, tf.Tensor],
+               where: Callable[..., Callable[[], tf.Tensor]]
+               ) -> Tuple[Dict[str, tf.Tensor], List[tf.Tensor]]:
+    """`session_index` (int32, -1 without a session_id) and `window_start`
+    (float32, checked finite) of the record, and the checks."""
+    sid, start = f['session_id'], f['window_start']
+    names = tf.constant(self._session_names + [''])  # Never empty.
+    match = tf.equal(names, sid)
+    index = tf.cast(tf.argmax(tf.cast(match, tf.int32)), tf.int32)
+    checks = [
+        graph_checks.require(tf.reduce_any(match), where(lambda: (
+            'session_id `', sid, '` is not among the ',
+            str(len(self._session_names)),
+            ' sessions read from the evaluation files.'))),
+        graph_checks.require(tf.math.is_finite(start), where(lambda: (
+            'window_start is ', start, '; expected a finite time.'))),
+    ]
+    return {'session_index': tf.where(tf.equal(sid, ''), -1, index),
+            'window_start': start}, checks
 
   def _check_lengths(self, f: Dict[str, tf.Tensor],
                      where: Callable[..., Callable[[], tf.Tensor]]
@@ -466,7 +587,9 @@ class Parser:
 
 _INPUT_KEYS = ('input_values', 'input_timestamps', 'input_mask')
 _QUERY_KEYS = ('output_readout_index', 'output_timestamps', 'output_weights',
-               'output_targets')
+               'output_metric_weights', 'output_targets')
+# Per-sample keys of stitched evaluation ([B]).
+_SAMPLE_KEYS = ('session_index', 'window_start')
 
 
 def _round_up(n: tf.Tensor, multiple: int) -> tf.Tensor:
@@ -480,7 +603,8 @@ def _pad_axis1(x: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
 
 
 def _mask_padding_trials(batch: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-  """Zeroes the query weights of the trials `eval_mask` marks padding."""
+  """Zeroes the query (and metric) weights of the trials `eval_mask` marks
+  padding."""
   if eval_padding.MASK_KEY not in batch:
     return batch
   mask = tf.cast(batch[eval_padding.MASK_KEY], tf.float32)  # [B]
@@ -489,7 +613,8 @@ def _mask_padding_trials(batch: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
   else:  # Padded queries [B, n_out].
     mask = mask[:, tf.newaxis]
   batch = dict(batch)
-  batch['output_weights'] = batch['output_weights'] * mask
+  for key in ('output_weights', 'output_metric_weights'):
+    batch[key] = batch[key] * mask
   return batch
 
 
@@ -543,6 +668,9 @@ def batch_examples(ds: tf.data.Dataset, params: configs.DataConfig,
       out[k] = batch[k].flat_values if k != 'output_targets' else tf.reshape(
           batch[k].flat_values, [-1, max_target_size])
     out['output_batch_index'] = tf.cast(index.value_rowids(), tf.int32)
+    for k in _SAMPLE_KEYS:
+      if k in batch:
+        out[k] = batch[k]
     if eval_padding.MASK_KEY in batch:
       out[eval_padding.MASK_KEY] = batch[eval_padding.MASK_KEY]
     return _mask_padding_trials(out)
@@ -554,7 +682,8 @@ def build_dataset(params: configs.DataConfig,
                   readouts: Sequence[configs.ReadoutSpec],
                   task_vocabulary: Sequence[str],
                   input_context: Optional[tf.distribute.InputContext] = None,
-                  bad_records: Optional[bad_records_lib.BadRecordLog] = None
+                  bad_records: Optional[bad_records_lib.BadRecordLog] = None,
+                  session_names: Optional[Sequence[str]] = None
                   ) -> tf.data.Dataset:
   """Builds the batched pipeline of one split.
 
@@ -570,6 +699,8 @@ def build_dataset(params: configs.DataConfig,
       batch size.
     bad_records: where `skip_bad_records` mode counts what it skips (default
       `official_ext.core.bad_records.bad_record_log()`).
+    session_names: see `Parser` (stitched evaluation); None: sessions are
+      not read.
 
   Returns:
     A Dataset of batch dicts (module docstring); training: shuffled and
@@ -577,7 +708,8 @@ def build_dataset(params: configs.DataConfig,
     `drop_remainder`: full batches, the last one padded, `eval_mask` [B]).
   """
   _check_config(params)
-  parser = Parser(params, readouts, task_vocabulary)
+  parser = Parser(params, readouts, task_vocabulary,
+                  session_names=session_names)
   stages = tfrecord_input.Stages(
       decoder_fn=lambda filename, record: parser.parse(record,
                                                        source=filename),

@@ -16,10 +16,11 @@ Signatures:
 
 Both return `output_readout_index` int32 [B, n_out] and, per task, `<task>`
 float32 [B, n_out, dim]: the head's output at every position (values,
-logits or log-rates by the task's type); it is the task's prediction where
-`output_readout_index` equals the task's id. `serving_default` also returns
-`targets` float32 [B, n_out, T] and `weights` float32 [B, n_out] of the
-records.
+logits or log-rates by the task's type; a readout with `normalize_mean` /
+`normalize_std` de-normalised: in the target's units); it is the task's
+prediction where `output_readout_index` equals the task's id.
+`serving_default` also returns `targets` float32 [B, n_out, T] and `weights`
+float32 [B, n_out] of the records.
 
 `serve_tokens` refuses what it cannot score (InvalidArgumentError naming the
 input, and the row where one is to blame), never answering NaN: inputs of
@@ -39,6 +40,7 @@ import tensorflow as tf, tf_keras
 from official.core import config_definitions
 from official.core import export_base
 from official_ext.core import graph_checks
+from official_ext.readout import configs
 from official_ext.readout import dataloader
 
 SIGNATURES = ('serving_default', 'serve_tokens')
@@ -56,11 +58,14 @@ class ReadoutExportModule(export_base.ExportModule):
     self._parser = dataloader.Parser(self._data, params.task.readouts,
                                      params.task.task_vocabulary)
     self._input_dim = int(self._data.input_dim)
+    self._specs = {spec.name: spec for spec in params.task.readouts}
 
   def _predict(self, batch: Mapping[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
     embs = self.model.output_embeddings(batch, training=False)
     index = tf.cast(batch['output_readout_index'], tf.int32)
-    outputs = {name: tf.cast(values, tf.float32) for name, (values, _) in
+    outputs = {name: configs.denormalize_predictions(
+                   self._specs[name], tf.cast(values, tf.float32))
+               for name, (values, _) in
                self.model.readout.call_static(embs, index).items()}
     outputs['output_readout_index'] = index
     return outputs

@@ -30,6 +30,26 @@ measure (no query of positive weight, or no positive label for mAP);
 that has a value, `average/<metric>` (mean over the tasks reporting it) and
 `average/score` (mean of each task's primary metric: r2, balanced_accuracy,
 map or poisson_d2), each only when at least one task gives it a value.
+
+The weights are the queries' metric weights (`dataloader`: the record's
+`output_eval_mask`, or without one its loss weights).
+
+Stitching (`ReadoutMetrics(stitch_resolution=...)`, the neural-decoding
+protocol of overlapping evaluation windows, as torch_brain's stitching
+evaluator): each query carries its session and its session time
+(`window_start + output_timestamp`, seconds). Before any metric, the queries
+of positive weight of one task are grouped by (session, session time rounded
+to a multiple of `stitch_resolution`); a group is scored once, with the mean
+of its predictions (head outputs: values, logits, log-rates), its target
+(every query of the group must have the same one: a disagreement is a
+ValueError naming the session, time and task) and the mean of its weights.
+Then `result()` reports the pooled metrics above over all groups and, when
+more than one named session was evaluated, for each session
+`sessions/<session>/<key>` (every key above, computed on that session's
+groups alone) and, for each such key, `<key>/session_mean`: the mean over
+the sessions that give it a value. Queries of records without a session_id
+are each record's own session (stitched within the record only) and have no
+per-session keys; an evaluation mixing them with named sessions is an error.
 """
 import math
 from typing import Dict, List, Mapping, Optional
@@ -144,6 +164,60 @@ def poisson_d2(log_rate, target, weights=None) -> float:
   return float(np.mean(scores))
 
 
+def stitch(predictions, targets, weights, sessions, times,
+           resolution: float, task: str = '',
+           session_names: Optional[Mapping[int, str]] = None):
+  """Averages the predictions of queries at the same session and time.
+
+  Args:
+    predictions: float [n, dim] (one task's queries).
+    targets: float [n, T].
+    weights: float [n]; rows of weight 0 are dropped first.
+    sessions: int [n] session keys.
+    times: float [n] session times (seconds).
+    resolution: times are compared as round(time / resolution).
+    task: the task's name, for errors.
+    session_names: {session key: name}, for errors.
+
+  Returns:
+    (predictions [m, dim], targets [m, T], weights [m], sessions [m]): one
+    row per (session, rounded time), in (session, time) order.
+
+  Raises:
+    ValueError: two queries of a group have different targets (naming the
+      session, time and task).
+  """
+  p, y, w = (np.asarray(a, np.float64) for a in (predictions, targets,
+                                                  weights))
+  sessions = np.asarray(sessions, np.int64)
+  times = np.asarray(times, np.float64)
+  keep = w > 0
+  p, y, w, sessions, times = (a[keep] for a in (p, y, w, sessions, times))
+  ticks = np.round(times / float(resolution)).astype(np.int64)
+  keys = np.stack([sessions, ticks], axis=1).reshape([-1, 2])
+  unique, first, inverse = np.unique(keys, axis=0, return_index=True,
+                                     return_inverse=True)
+  inverse = inverse.reshape([-1])
+  same = np.all(y == y[first][inverse], axis=1)
+  if not np.all(same):
+    bad = int(np.argmin(same))
+    session = int(sessions[bad])
+    name = (session_names or {}).get(session, f'<record {-session - 1}>'
+                                     if session < 0 else str(session))
+    raise ValueError(
+        f'Stitching task `{task}`: session `{name}` at session time '
+        f'{times[first[inverse[bad]]]:.9g} s has two queries with different '
+        'targets '
+        f'({y[first[inverse[bad]]].tolist()} and {y[bad].tolist()}); '
+        'overlapping windows must agree on the target of a shared time.')
+  m = unique.shape[0]
+  counts = np.bincount(inverse, minlength=m).astype(np.float64)
+  sum_p = np.zeros([m, p.shape[1]])
+  np.add.at(sum_p, inverse, p)
+  sum_w = np.bincount(inverse, weights=w, minlength=m)
+  return sum_p / counts[:, None], y[first], sum_w / counts, unique[:, 0]
+
+
 def task_metrics(spec: configs.ReadoutSpec, predictions, targets,
                  weights=None) -> Dict[str, float]:
   """The metrics of one task ({metric: value}, those of `spec.metrics`)."""
@@ -165,6 +239,35 @@ def task_metrics(spec: configs.ReadoutSpec, predictions, targets,
   return {m: values[m] for m in configs.spec_metrics(spec)}
 
 
+def _score_tasks(specs: Mapping[str, configs.ReadoutSpec],
+                 rows: Mapping[str, tuple]) -> Dict[str, Dict[str, float]]:
+  """{task: {metric: value}} of (predictions, targets, weights) per task."""
+  return {name: task_metrics(spec, *rows[name])
+          for name, spec in specs.items()}
+
+
+def _summarize(specs: Mapping[str, configs.ReadoutSpec],
+               values: Mapping[str, Mapping[str, float]]) -> Dict[str, float]:
+  """`<task>/<metric>`, `average/<metric>`, `average/score` of the values
+  that are not NaN (module docstring)."""
+  out = {}
+  by_metric: Dict[str, List[float]] = {}
+  primaries = []
+  for name, spec in specs.items():
+    measured = {m: v for m, v in values[name].items() if not math.isnan(v)}
+    for metric, value in measured.items():
+      out[f'{name}/{metric}'] = value
+      by_metric.setdefault(metric, []).append(value)
+    primary = configs.METRICS_BY_TYPE[spec.type][0]
+    if primary in measured:
+      primaries.append(measured[primary])
+  for metric, metric_values in by_metric.items():
+    out[f'average/{metric}'] = float(np.mean(metric_values))
+  if primaries:
+    out['average/score'] = float(np.mean(primaries))
+  return out
+
+
 class ReadoutMetrics:
   """Accumulates every task's (predictions, targets, weights) and scores them.
 
@@ -173,14 +276,31 @@ class ReadoutMetrics:
   `add_examples`), which the task checks is not zero.
   """
 
-  def __init__(self, specs: Mapping[str, configs.ReadoutSpec]):
+  def __init__(self, specs: Mapping[str, configs.ReadoutSpec],
+               stitch_resolution: Optional[float] = None):
+    """Args:
+      specs: {task: ReadoutSpec}.
+      stitch_resolution: seconds; given, queries are stitched (module
+        docstring) and `accumulate` needs their sessions and times. None:
+        every query is scored as it is.
+    """
+    if stitch_resolution is not None and not stitch_resolution > 0:
+      raise ValueError('task.evaluation.stitch_resolution is '
+                       f'{stitch_resolution}; expected seconds > 0.')
     self._specs = dict(specs)
+    self._resolution = stitch_resolution
+    self._session_names: Dict[int, str] = {}
     self.reset()
 
   def reset(self) -> None:
     self._chunks: Dict[str, List[tuple]] = {n: [] for n in self._specs}
     self._num_examples = 0
     self._unmeasured: Dict[str, str] = {}
+
+  def set_session_names(self, names) -> None:
+    """Names of the session keys >= 0 (key i: names[i]); keys < 0 are
+    records without a session_id."""
+    self._session_names = {i: str(n) for i, n in enumerate(names)}
 
   def add_examples(self, n: int) -> None:
     """Counts `n` more evaluated samples (real trials, not padding)."""
@@ -192,15 +312,26 @@ class ReadoutMetrics:
     return self._num_examples
 
   def accumulate(self, task: str, predictions, targets,
-                 weights: Optional[np.ndarray] = None) -> None:
+                 weights: Optional[np.ndarray] = None,
+                 sessions: Optional[np.ndarray] = None,
+                 times: Optional[np.ndarray] = None) -> None:
     """Adds queries of one task: predictions [n, dim], targets [n, >=size],
-    weights [n] (None: all 1)."""
+    weights [n] (None: all 1); when stitching, sessions int [n] (keys of
+    `set_session_names`; < 0: a record without a session_id, one key per
+    record) and times float [n] (session times, seconds)."""
     predictions = np.asarray(predictions, np.float64)
     n = predictions.shape[0]
     targets = np.asarray(targets, np.float64).reshape([n, -1])
     weights = (np.ones([n]) if weights is None else
                np.asarray(weights, np.float64).reshape([n]))
-    self._chunks[task].append((predictions.reshape([n, -1]), targets, weights))
+    chunk = (predictions.reshape([n, -1]), targets, weights)
+    if self._resolution is not None:
+      if sessions is None or times is None:
+        raise ValueError(f'ReadoutMetrics.accumulate({task!r}): stitching '
+                         'needs the sessions and times of the queries.')
+      chunk += (np.asarray(sessions, np.int64).reshape([n]),
+                np.asarray(times, np.float64).reshape([n]))
+    self._chunks[task].append(chunk)
 
   def num_queries(self, task: str) -> int:
     return int(sum(np.sum(c[2] > 0) for c in self._chunks[task]))
@@ -211,42 +342,64 @@ class ReadoutMetrics:
     label)."""
     return dict(self._unmeasured)
 
-  def _task_values(self, name: str) -> Dict[str, float]:
+  def _rows(self, name: str) -> tuple:
+    """The task's accumulated (predictions, targets, weights[, sessions])
+    rows, stitched when stitching."""
     spec = self._specs[name]
     chunks = self._chunks[name]
+    stitching = self._resolution is not None
     if chunks:
-      p, y, w = (np.concatenate(parts, 0) for parts in zip(*chunks))
+      parts = [np.concatenate(c, 0) for c in zip(*chunks)]
     else:
       size = configs.target_size(spec)
-      p, y, w = np.zeros([0, spec.dim]), np.zeros([0, size]), np.zeros([0])
-    return task_metrics(spec, p, y, w)
+      parts = [np.zeros([0, spec.dim]), np.zeros([0, size]), np.zeros([0])]
+      parts += [np.zeros([0], np.int64), np.zeros([0])] if stitching else []
+    if not stitching:
+      return tuple(parts)
+    return stitch(*parts, resolution=self._resolution, task=name,
+                  session_names=self._session_names)
 
   def result(self) -> Dict[str, float]:
     """The metrics with a value (module docstring); no NaN."""
-    out = {}
-    by_metric: Dict[str, List[float]] = {}
-    primaries = []
+    rows = {name: self._rows(name) for name in self._specs}
+    values = _score_tasks(self._specs, {n: r[:3] for n, r in rows.items()})
     self._unmeasured = {}
-    for name, spec in self._specs.items():
-      values = {}
-      for metric, value in self._task_values(name).items():
-        if not math.isnan(value):
-          values[metric] = value
-        else:
+    for name, task_values in values.items():
+      for metric, value in task_values.items():
+        if math.isnan(value):
           self._unmeasured[f'{name}/{metric}'] = (
               'no query of positive weight' if not self.num_queries(name)
               else 'no positive label' if metric == 'map' else
               'nothing to measure')
-      for metric, value in values.items():
-        out[f'{name}/{metric}'] = value
-        by_metric.setdefault(metric, []).append(value)
-      primary = configs.METRICS_BY_TYPE[spec.type][0]
-      if primary in values:
-        primaries.append(values[primary])
-    for metric, values in by_metric.items():
-      out[f'average/{metric}'] = float(np.mean(values))
-    if primaries:
-      out['average/score'] = float(np.mean(primaries))
+    out = _summarize(self._specs, values)
+    if self._resolution is not None:
+      out.update(self._session_results(rows))
+    return out
+
+  def _session_results(self, rows: Mapping[str, tuple]) -> Dict[str, float]:
+    """`sessions/<session>/<key>` and `<key>/session_mean` (module
+    docstring) of stitched rows; {} with fewer than two named sessions."""
+    keys = np.unique(np.concatenate([r[3] for r in rows.values()]))
+    named = keys[keys >= 0]
+    if named.size and named.size < keys.size:
+      raise ValueError(
+          f'Stitched evaluation: {named.size} sessions have a session_id but '
+          f'{keys.size - named.size} records have none; give every record of '
+          'the evaluation a session_id, or none.')
+    if named.size < 2:
+      return {}
+    out = {}
+    by_key: Dict[str, List[float]] = {}
+    for key in named.tolist():
+      name = self._session_names.get(key, str(key))
+      sub = {task: tuple(a[r[3] == key] for a in r[:3])
+             for task, r in rows.items()}
+      for k, v in _summarize(self._specs,
+                             _score_tasks(self._specs, sub)).items():
+        out[f'sessions/{name}/{k}'] = v
+        by_key.setdefault(k, []).append(v)
+    for k, session_values in by_key.items():
+      out[f'{k}/session_mean'] = float(np.mean(session_values))
     return out
 
 
@@ -278,4 +431,12 @@ def format_table(results: Mapping[str, float],
   lines.append('average/score (mean primary metric): ' +
                ('n/a (no task has a value)' if score is None else
                 f'{score:.4f}'))
+  sessions = [k[len('sessions/'):-len('/average/score')] for k in results
+              if k.startswith('sessions/') and k.endswith('/average/score')]
+  for session in sessions:
+    lines.append(f'  session {session}: average/score '
+                 f"{results[f'sessions/{session}/average/score']:.4f}")
+  if 'average/score/session_mean' in results:
+    lines.append('average/score/session_mean (mean over sessions): '
+                 f"{results['average/score/session_mean']:.4f}")
   return '\n'.join(lines)

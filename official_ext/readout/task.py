@@ -43,16 +43,23 @@ class ReadoutTask(base_task.Task):
   """Routed per-task heads on a shared encoder (see `configs`).
 
   Inputs are batch dicts of `dataloader.build_dataset` (padded or chained
-  queries). Training minimizes sum_t loss_weight_t * loss_t (`losses`), with
-  each task's weighted mean taken over the global batch (exact under a
-  distribution strategy). Evaluation reports the per-task losses,
+  queries). Training minimizes sum_t loss_weight_t * loss_t (`losses`;
+  `task.loss_weighting` 'sample_share' scales each term by the share of the
+  global batch's samples holding the task), with each task's weighted mean
+  taken over the global batch (exact under a distribution strategy).
+  Normalised readouts (`ReadoutSpec.normalize_mean`) are trained on
+  normalised targets and evaluated on de-normalised predictions. Evaluation
+  reports the per-task losses,
   `<task>/<metric>` for every metric of every spec, `average/<metric>` and
   `average/score` (metrics are computed on the host over every replica's
   queries), `num_examples` (the trials evaluated), and prints the per-task
   table. Every validation trial is evaluated (a static-shape last batch is
   padded, the padding masked: `core.eval_padding`); an evaluation of zero
   trials is an `EmptyEvaluationError` naming the dataset, and a metric with
-  nothing to measure is left out (logged), never NaN.
+  nothing to measure is left out (logged), never NaN. Metrics weigh queries
+  by their metric weights (`output_eval_mask`, else the loss weights);
+  `task.evaluation.stitch` averages the predictions of overlapping windows
+  and adds per-session metrics (`metrics`).
 
   Named evaluation sets (`task.evaluation.eval_sets`, the one named by
   `task.evaluation.eval_set` or all): the evaluation input is the selected
@@ -63,18 +70,37 @@ class ReadoutTask(base_task.Task):
   table printed under its name; a set of zero trials is an
   `EmptyEvaluationError` naming that set. The losses of a set are the mean
   over its batches, as without sets; Model Garden's `validation_loss` is the
-  mean over every batch of every set.
+  mean over every batch of every set. Each set has its own metric
+  accumulator: stitched, a set's sessions are read from its own files and
+  its per-session keys carry its prefix
+  (`<set>/sessions/<session>/<task>/<metric>`,
+  `<set>/<task>/<metric>/session_mean`); queries of two sets are never
+  stitched together.
   """
 
   def __init__(self, params: configs.ReadoutTaskConfig, logging_dir=None,
                name=None):
     super().__init__(params, logging_dir=logging_dir, name=name)
     configs.validate_readouts(params.readouts, params.task_vocabulary)
+    if params.loss_weighting not in configs.LOSS_WEIGHTINGS:
+      raise ValueError(f'task.loss_weighting is {params.loss_weighting!r}; '
+                       f'expected one of {configs.LOSS_WEIGHTINGS}.')
+    evaluation = params.evaluation
+    if evaluation.stitch and not evaluation.stitch_resolution > 0:
+      raise ValueError('task.evaluation.stitch_resolution is '
+                       f'{evaluation.stitch_resolution}; expected seconds '
+                       '> 0.')
     self._specs = {s.name: s for s in params.readouts}
+    self._task_index = configs.task_index(params.task_vocabulary)
     self._eval_sets = configs.selected_eval_sets(params)
     self._eval_metrics = None
     self._validation_source = None  # Set by build_inputs.
     self._set_sources = {}  # {set name: the files read}, set by build_inputs.
+    # Stitched evaluation: {metric prefix ('' without sets, else `<set>/`):
+    # the session names of that evaluation's records} (build_inputs), and
+    # the records without a session_id counted so far (aggregate_logs).
+    self._session_names: Dict[str, List[str]] = {}
+    self._record_offset = 0
 
   @property
   def readout_specs(self) -> Dict[str, configs.ReadoutSpec]:
@@ -150,7 +176,9 @@ class ReadoutTask(base_task.Task):
     With named evaluation sets, an evaluation input (`params.is_training`
     False: the trainer passes `task.validation_data`, which is not read) is
     the selected sets' batches, one set after the other, each batch with
-    `SET_KEY` int32 [B] (the set's index); no batch mixes two sets.
+    `SET_KEY` int32 [B] (the set's index); no batch mixes two sets. A
+    stitched evaluation reads the session names of each set's (or the
+    validation data's) files here, once (`dataloader.session_names`).
     """
     if params.is_training or not self._eval_sets:
       split = 'train' if params.is_training else 'validation'
@@ -158,23 +186,33 @@ class ReadoutTask(base_task.Task):
           params, f'task.{split}_data.input_path', split)
       if not params.is_training:
         self._validation_source = resolved.input_path
-      return dataloader.build_dataset(
-          resolved, self.task_config.readouts,
-          self.task_config.task_vocabulary, input_context=input_context,
-          bad_records=bad_records.log_for_split(self, params.is_training))
+      return self._build_split(resolved, input_context, prefix='')
     combined = None
     for i, eval_set in enumerate(self._eval_sets):
       resolved = self._resolve_input_path(
           eval_set.data, f'{self._set_key(i)}.input_path ({eval_set.name!r})',
           eval_set.demo_split)
       self._set_sources[eval_set.name] = resolved.input_path
-      ds = dataloader.build_dataset(
-          resolved, self.task_config.readouts,
-          self.task_config.task_vocabulary, input_context=input_context,
-          bad_records=bad_records.log_for_split(self, False))
+      ds = self._build_split(resolved, input_context,
+                             prefix=f'{eval_set.name}/')
       ds = ds.map(functools.partial(_tag_batch, index=i))
       combined = ds if combined is None else combined.concatenate(ds)
     return combined
+
+  def _build_split(self, resolved: configs.DataConfig, input_context,
+                   prefix: str) -> tf.data.Dataset:
+    """`dataloader.build_dataset` of one split (`input_path` resolved); an
+    evaluation split, stitched, with its session names (kept under the
+    metric `prefix` of its accumulator)."""
+    sessions = None
+    if not resolved.is_training and self.task_config.evaluation.stitch:
+      sessions = self._session_names[prefix] = dataloader.session_names(
+          resolved.input_path)
+    return dataloader.build_dataset(
+        resolved, self.task_config.readouts,
+        self.task_config.task_vocabulary, input_context=input_context,
+        bad_records=bad_records.log_for_split(self, resolved.is_training),
+        session_names=sessions)
 
   # -- routing targets like predictions --------------------------------------
   def route(self, model: model_lib.ReadoutModel, inputs: Mapping[str, Any],
@@ -185,19 +223,74 @@ class ReadoutTask(base_task.Task):
     [n_t, dim]: the same rows in the same order. With static shapes every
     row is kept and the weights are zeroed outside the task's mask.
     """
-    index = tf.reshape(inputs['output_readout_index'], [-1])
-    weights = tf.reshape(tf.cast(inputs['output_weights'], tf.float32), [-1])
     width = inputs['output_targets'].shape[-1]
     targets = tf.reshape(inputs['output_targets'], [-1, width])
     if model.static_shapes:
-      predictions, routed_t, routed_w = {}, {}, {}
-      for name, (out, mask) in outputs.items():
-        predictions[name] = tf.reshape(out, [-1, out.shape[-1]])
-        routed_t[name] = targets
-        routed_w[name] = weights * tf.cast(tf.reshape(mask, [-1]), tf.float32)
-      return predictions, routed_t, routed_w
-    return (dict(outputs), model.readout.route(targets, index),
-            model.readout.route(weights, index))
+      predictions = {name: tf.reshape(out, [-1, out.shape[-1]])
+                     for name, (out, _) in outputs.items()}
+    else:
+      predictions = dict(outputs)
+    return (predictions,
+            self._route_like_targets(model, inputs, outputs, targets),
+            self._route_weights(model, inputs, outputs, 'output_weights'))
+
+  def _route_like_targets(self, model, inputs, tasks, values: tf.Tensor
+                          ) -> Dict[str, tf.Tensor]:
+    """{task: the rows of `values` ([queries, ...], queries flattened
+    row-major) of the task's predictions}; `tasks`: the task names (the
+    model's outputs dict), used with static shapes (every row per task)."""
+    if model.static_shapes:
+      return {name: values for name in tasks}
+    index = tf.reshape(inputs['output_readout_index'], [-1])
+    return model.readout.route(values, index)
+
+  def _route_weights(self, model, inputs, outputs, key: str
+                     ) -> Dict[str, tf.Tensor]:
+    """The per-query weights `inputs[key]` routed; with static shapes every
+    row, zeroed outside the task's mask."""
+    weights = tf.reshape(tf.cast(inputs[key], tf.float32), [-1])
+    routed = self._route_like_targets(model, inputs, outputs, weights)
+    if model.static_shapes:
+      routed = {name: routed[name] * tf.cast(tf.reshape(mask, [-1]),
+                                             tf.float32)
+                for name, (_, mask) in outputs.items()}
+    return routed
+
+  def _per_query(self, inputs, values: tf.Tensor) -> tf.Tensor:
+    """Per-sample values [B] repeated for each query: [queries], flattened
+    row-major like `output_readout_index`."""
+    if 'output_batch_index' in inputs:
+      return tf.gather(values, inputs['output_batch_index'])
+    index = inputs['output_readout_index']
+    return tf.reshape(tf.broadcast_to(values[:, tf.newaxis], tf.shape(index)),
+                      [-1])
+
+  def global_losses(self, inputs, routed: Routed,
+                    samples: Optional[tf.Tensor] = None
+                    ) -> Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor]]:
+    """(this replica's share, the global batch's) task losses and total of a
+    routed batch (`losses.global_task_losses`), weighted by
+    `task.loss_weighting`.
+
+    samples: bool [B], the samples 'sample_share' counts (those of one
+    evaluation set); None: every real trial of the batch."""
+    sums = readout_losses.loss_sums(self._specs, *routed)
+    return readout_losses.global_task_losses(
+        self._specs, sums, self._sample_counts(inputs, samples))
+
+  def _sample_counts(self, inputs, samples: Optional[tf.Tensor] = None
+                     ) -> Optional[readout_losses.Counts]:
+    """This batch's `losses.sample_counts` ('sample_share') over `samples`
+    (bool [B]; None: its real trials), else None."""
+    if self.task_config.loss_weighting != 'sample_share':
+      return None
+    if samples is None:
+      samples = eval_padding.example_mask(
+          inputs, tf.shape(inputs['input_values'])[0])
+    return readout_losses.sample_counts(
+        self._specs, self._task_index, inputs['output_readout_index'],
+        tf.cast(inputs['output_weights'], tf.float32),
+        inputs.get('output_batch_index'), samples)
 
   # -- losses and metrics ----------------------------------------------------
   def build_losses(self, labels: Mapping[str, Any],
@@ -219,10 +312,10 @@ class ReadoutTask(base_task.Task):
     """
     if model is None:
       model = _RoutingOnly(self.task_config, model_outputs)
-    p, t, w = self.route(model, labels, model_outputs)
+    routed = self.route(model, labels, model_outputs)
     total = readout_losses.task_losses(
-        self._specs, readout_losses.loss_sums(self._specs, p, t, w))
-    total = total['total_loss']
+        self._specs, readout_losses.loss_sums(self._specs, *routed),
+        counts=self._sample_counts(labels))['total_loss']
     if aux_losses:
       total += tf.add_n([tf.cast(l, tf.float32) for l in aux_losses])
     return total
@@ -236,16 +329,20 @@ class ReadoutTask(base_task.Task):
       to them); `global_losses` the global-batch losses; `routed` the
       (predictions, targets, weights) of `route`.
     """
+    return self._forward_losses(inputs, model, training)[:3]
+
+  def _forward_losses(self, inputs, model, training: bool):
+    """`compute_losses` and the model's outputs (4th)."""
     outputs = model(inputs, training=training)
     routed = self.route(model, inputs, outputs)
-    share, global_losses = self._losses_of_rows(model, *routed)
-    return share, global_losses, routed
+    share, global_losses = self._losses(model, inputs, routed)
+    return share, global_losses, routed, outputs
 
-  def _losses_of_rows(self, model, predictions, targets, weights):
-    """(share, global losses) of routed rows, regularization included."""
-    sums = readout_losses.loss_sums(self._specs, predictions, targets,
-                                    weights)
-    share, global_losses = readout_losses.global_task_losses(self._specs, sums)
+  def _losses(self, model, inputs, routed: Routed,
+              samples: Optional[tf.Tensor] = None):
+    """(share, global losses) of routed rows (`global_losses`), the model's
+    regularization included; `samples` as in `global_losses`."""
+    share, global_losses = self.global_losses(inputs, routed, samples)
     if model.losses:
       reg = tf.add_n([tf.cast(l, tf.float32) for l in model.losses])
       replicas = tf.distribute.get_strategy().num_replicas_in_sync
@@ -259,16 +356,8 @@ class ReadoutTask(base_task.Task):
     """{task: int32 [n_t]}: the evaluation set of each routed row (the rows
     of `route`, in its order), from the batch's `SET_KEY` [B]."""
     trial_sets = tf.reshape(tf.cast(inputs[SET_KEY], tf.int32), [-1])
-    if 'output_batch_index' in inputs:  # Chained queries [N].
-      rows = tf.gather(trial_sets, inputs['output_batch_index'])
-    else:  # Padded queries [B, n_out].
-      rows = tf.broadcast_to(trial_sets[:, tf.newaxis],
-                             tf.shape(inputs['output_weights']))
-    rows = tf.reshape(rows, [-1])
-    if model.static_shapes:
-      return {name: rows for name in self._specs}
-    index = tf.reshape(inputs['output_readout_index'], [-1])
-    return model.readout.route(rows, index)
+    return self._route_like_targets(model, inputs, self._specs,
+                                    self._per_query(inputs, trial_sets))
 
   def build_metrics(self, training: bool = True):
     """Mean of the total and of each task's loss; eval: host accumulator.
@@ -307,10 +396,18 @@ class ReadoutTask(base_task.Task):
     return metrics
 
   def _new_eval_state(self) -> Dict[str, readout_metrics.ReadoutMetrics]:
-    """{metric prefix: accumulator}: '' without sets, else `<set>/`."""
-    prefixes = ([f'{s.name}/' for s in self._eval_sets] if self._eval_sets
-                else [''])
-    return {p: readout_metrics.ReadoutMetrics(self._specs) for p in prefixes}
+    """{metric prefix: accumulator}: '' without sets, else `<set>/`; each
+    stitching when `task.evaluation.stitch`."""
+    evaluation = self.task_config.evaluation
+    resolution = evaluation.stitch_resolution if evaluation.stitch else None
+    return {p: readout_metrics.ReadoutMetrics(self._specs,
+                                              stitch_resolution=resolution)
+            for p in self._prefixes()}
+
+  def _prefixes(self) -> List[str]:
+    """The metric prefixes of the accumulators, in set order."""
+    return ([f'{s.name}/' for s in self._eval_sets] if self._eval_sets
+            else [''])
 
   def process_metrics(self, metrics, labels=None, outputs=None,
                       model_losses=None, **kwargs):
@@ -348,19 +445,38 @@ class ReadoutTask(base_task.Task):
     """Losses and the routed rows for the host metrics (aggregate_logs).
 
     Padding trials (`eval_mask` False) have query weight 0 (dataloader): they
-    count in no loss and no metric, nor in `num_examples`. With named sets
-    each set's losses are those of the batch's rows of that set (the step's
-    global batch), averaged over the steps that hold a trial of it.
+    count in no loss and no metric, nor in `num_examples`. The host gets, per
+    task, the predictions (de-normalised), targets and metric weights; with
+    named sets each query's set; when stitching each query's session key,
+    window start, timestamp and row in the batch (numbers only: no string
+    enters the step). With named sets each set's losses are those of the
+    batch's rows of that set (the step's global batch), averaged over the
+    steps that hold a trial of it.
     """
-    _, global_losses, (p, t, w) = self.compute_losses(inputs, model,
-                                                      training=False)
+    _, global_losses, routed, outputs = self._forward_losses(
+        inputs, model, training=False)
+    p, t, loss_weights = routed
+    w = self._route_weights(model, inputs, outputs, 'output_metric_weights')
     logs = {self.loss: global_losses['total_loss']}
     logs.update(self.process_metrics(metrics, model_losses=global_losses))
     trials = eval_padding.example_mask(
         inputs, tf.shape(inputs['input_values'])[0])
-    rows = {name: {'predictions': tf.cast(p[name], tf.float32),
+    rows = {name: {'predictions': configs.denormalize_predictions(
+                       spec, tf.cast(p[name], tf.float32)),
                    'targets': t[name], 'weights': w[name]}
-            for name in self._specs}
+            for name, spec in self._specs.items()}
+    if self.task_config.evaluation.stitch:
+      batch_size = tf.shape(inputs['input_values'])[0]
+      per_query = {
+          'sessions': self._per_query(inputs, inputs['session_index']),
+          'starts': self._per_query(inputs, inputs['window_start']),
+          'records': self._per_query(inputs, tf.range(batch_size)),
+          'timestamps': tf.reshape(inputs['output_timestamps'], [-1]),
+      }
+      for key, values in per_query.items():
+        for name, routed_values in self._route_like_targets(
+            model, inputs, outputs, values).items():
+          rows[name][key] = routed_values
     if not self._eval_sets:
       for m in metrics or []:
         if isinstance(m, eval_padding.EvaluatedExamples):
@@ -376,16 +492,18 @@ class ReadoutTask(base_task.Task):
       trial_sets = tf.reshape(tf.cast(inputs[SET_KEY], tf.int32), [-1])
       by_name = {m.name: m for m in metrics or []}
       replicas = tf.distribute.get_strategy().num_replicas_in_sync
-      for i, eval_set in enumerate(self._eval_sets):
-        prefix = f'{eval_set.name}/'
+      for i, prefix in enumerate(self._prefixes()):
         in_set = tf.logical_and(trials, tf.equal(trial_sets, i))
         set_trials = tf.reduce_sum(tf.cast(in_set, tf.int32))
         if replicas > 1:
           set_trials = tf.distribute.get_replica_context().all_reduce(
               tf.distribute.ReduceOp.SUM, set_trials)
-        _, set_losses = self._losses_of_rows(model, p, t, {
-            name: w[name] * tf.cast(tf.equal(row_sets[name], i), tf.float32)
-            for name in self._specs})
+        # The set's rows keep their loss weights, the others weigh 0; its
+        # samples alone count for 'sample_share'.
+        _, set_losses = self._losses(model, inputs, (p, t, {
+            name: loss_weights[name] * tf.cast(
+                tf.equal(row_sets[name], i), tf.float32)
+            for name in self._specs}), samples=in_set)
         step_weight = tf.cast(set_trials > 0, tf.float32)
         for key, value in set_losses.items():
           name = prefix + ('total_loss' if key == 'total_loss' else
@@ -404,29 +522,46 @@ class ReadoutTask(base_task.Task):
 
   def aggregate_logs(self, state=None, step_outputs=None):
     """Accumulates every local replica's rows into the metric accumulators
-    ({metric prefix: `ReadoutMetrics`}, one per evaluation set)."""
+    ({metric prefix: `ReadoutMetrics`}, one per evaluation set); stitched,
+    with each query's session key and session time."""
     if state is None:
       if self._eval_metrics is None:
         self._eval_metrics = self._new_eval_state()
-      for accumulator in self._eval_metrics.values():
+      for prefix, accumulator in self._eval_metrics.items():
         accumulator.reset()
+        accumulator.set_session_names(self._session_names.get(prefix, ()))
       state = self._eval_metrics
+      self._record_offset = 0
     # [(prefix, set index)]; without sets one accumulator takes every row.
-    destinations = ([(f'{s.name}/', i)
-                     for i, s in enumerate(self._eval_sets)]
+    destinations = (list(zip(self._prefixes(), range(len(self._eval_sets))))
                     if self._eval_sets else [('', None)])
-    for name, rows in step_outputs[_EVAL_KEY].items():
-      parts = {k: multiworker.host_parts(v) for k, v in rows.items()}
-      for j, (p, t, w) in enumerate(zip(parts['predictions'],
-                                        parts['targets'],
-                                        parts['weights'])):
+    parts = {name: {k: multiworker.host_parts(v) for k, v in rows.items()}
+             for name, rows in step_outputs[_EVAL_KEY].items()}
+    num_parts = len(next(iter(parts.values()))['predictions'])
+    for j in range(num_parts):  # One part per replica.
+      last_record = -1
+      for name, task_parts in parts.items():
+        columns = {k: task_parts[k][j] for k in ('predictions', 'targets',
+                                                 'weights')}
+        if 'sessions' in task_parts:
+          records = task_parts['records'][j]
+          # A record without a session_id is its own session: key -1 - its
+          # number in the evaluation.
+          columns['sessions'] = np.where(
+              task_parts['sessions'][j] >= 0, task_parts['sessions'][j],
+              -1 - (self._record_offset + records))
+          columns['times'] = (task_parts['starts'][j].astype(np.float64) +
+                              task_parts['timestamps'][j].astype(np.float64))
+          last_record = max(last_record, int(np.max(records, initial=-1)))
         for prefix, i in destinations:
           if i is None:
-            state[prefix].accumulate(name, p, t, w)
-          else:
-            keep = parts['sets'][j] == i
-            if np.any(keep):
-              state[prefix].accumulate(name, p[keep], t[keep], w[keep])
+            state[prefix].accumulate(name, **columns)
+            continue
+          keep = task_parts['sets'][j] == i
+          if np.any(keep):
+            state[prefix].accumulate(
+                name, **{k: v[keep] for k, v in columns.items()})
+      self._record_offset += last_record + 1
     if _TRIALS_KEY in step_outputs:
       trial_parts = multiworker.host_parts(step_outputs[_TRIALS_KEY])
       set_parts = (multiworker.host_parts(step_outputs[_TRIAL_SETS_KEY])
