@@ -32,8 +32,10 @@ readout and 1-3 for trial_events at random bins; ~5% of queries have
 weight 0.
 
 Sessions: trials are dealt over `num_sessions` recording sessions and carry
-their `session_id` and `window_start` (a session's trials follow each other
-on its clock). Session 0 records with the shared mixing of latents into
+their `session_id` and `window_start`: a session's trials follow each other
+on its clock, `INTER_TRIAL_SECONDS` apart, across its splits too (its
+validation trials start after its last train trial), so no two trials of one
+session share a session time and stitching never averages two trials. Session 0 records with the shared mixing of latents into
 units; every other session scales each unit by its own random gain (drawn
 from its own seed), so a held-out session (the `held_out_sessions` split,
 `num_held_out_sessions` sessions that no train trial comes from) asks whether
@@ -49,7 +51,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from absl import app
 from absl import flags
@@ -59,7 +61,7 @@ import numpy as np
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4  # 4: the splits of a session follow each other.
 BIN_SECONDS = 0.1
 # Session time between the end of a trial and the start of the next one of
 # its session (`window_start`).
@@ -163,7 +165,8 @@ def generate_trials(num_trials: int, *, seed: int, split_id: int,
                     trial_noise_std: float = 0.7,
                     task_vocabulary=configs.DEMO_VOCABULARY,
                     sessions: Sequence[int] = (0,),
-                    session_gain_std: float = 0.5
+                    session_gain_std: float = 0.5,
+                    clock: Optional[Dict[int, float]] = None
                     ) -> Iterator[bytes]:
   """Yields `num_trials` serialized records (split `split_id` of `seed`).
 
@@ -171,9 +174,14 @@ def generate_trials(num_trials: int, *, seed: int, split_id: int,
   seed share it; a session other than 0 scales it per unit
   (`session_mixing`). Trial i belongs to `sessions[i % len(sessions)]` and
   records its `session_id` (`session_name`) and `window_start`: its
-  session's trials of this split follow each other, `INTER_TRIAL_SECONDS`
-  apart, from 0 s (two splits of one session are not placed apart on its
-  clock; the held-out sessions appear in no other split).
+  session's trials follow each other, `INTER_TRIAL_SECONDS` apart.
+
+  Args:
+    clock: {session: the session time (s) at which its next trial starts},
+      advanced in place as each trial is yielded, so that a split generated
+      with the clock an earlier split left continues that session's clock
+      (`write_demo_dataset`: no two trials of a session overlap); a session
+      missing from it starts at 0 s. None: every session starts at 0 s.
   """
   ids = configs.task_index(task_vocabulary)
   missing = sorted(set(configs.DEMO_VOCABULARY) - set(ids))
@@ -183,7 +191,9 @@ def generate_trials(num_trials: int, *, seed: int, split_id: int,
       0, 1.0 / np.sqrt(_NUM_LATENTS), [_NUM_LATENTS, input_dim])
   mixings = {k: session_mixing(mixing, seed, k, session_gain_std)
              for k in sessions}
-  clock = {k: 0.0 for k in sessions}
+  clock = {} if clock is None else clock
+  for k in sessions:
+    clock.setdefault(k, 0.0)
   rng = np.random.default_rng([seed, split_id])
   for i in range(num_trials):
     k = sessions[i % len(sessions)]
@@ -210,6 +220,8 @@ def write_demo_dataset(output_dir: str, *, num_train_trials: int,
 
   Train and validation trials are dealt over sessions 0..num_sessions-1; the
   held-out sessions are num_sessions..num_sessions+num_held_out_sessions-1.
+  A session's clock runs on from one split to the next (`generate_trials`'
+  `clock`): its validation trials start after its train trials end.
 
   Returns:
     {split: glob pattern} of the splits written.
@@ -234,6 +246,7 @@ def write_demo_dataset(output_dir: str, *, num_train_trials: int,
     plan['held_out_sessions'] = (num_held_out_session_trials, tuple(range(
         num_sessions, num_sessions + num_held_out_sessions)))
   patterns = {}
+  clock: Dict[int, float] = {}  # Each session's clock, over the splits.
   for split_id, split in enumerate(_SPLITS, start=1):
     if split not in plan:
       continue
@@ -243,7 +256,7 @@ def write_demo_dataset(output_dir: str, *, num_train_trials: int,
                               trial_noise_std=trial_noise_std,
                               task_vocabulary=task_vocabulary,
                               sessions=sessions,
-                              session_gain_std=session_gain_std)
+                              session_gain_std=session_gain_std, clock=clock)
     bounds = np.linspace(0, count, num_shards + 1).astype(int)
     for shard in range(num_shards):
       path = os.path.join(

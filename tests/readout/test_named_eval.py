@@ -151,7 +151,7 @@ def test_an_empty_set_is_an_error_naming_that_set(both, tmp_path):
 def test_demo_data_has_sessions(both):
   params, _, _ = both
   records = {}
-  for split in ('validation', 'held_out_sessions'):
+  for split in ('train', 'validation', 'held_out_sessions'):
     pattern = demo_data.demo_split_pattern(params.task, split)
     files = sorted(tf.io.gfile.glob(pattern))
     records[split] = [tf.train.Example.FromString(r.numpy())
@@ -162,10 +162,25 @@ def test_demo_data_has_sessions(both):
       b'session-000', b'session-001'}
   assert {session(r) for r in records['held_out_sessions']} == {
       b'session-002'}
-  # A session's trials follow each other on its clock.
-  starts = [start(r) for r in records['validation']
-            if session(r) == b'session-000']
+  # A session's trials follow each other on its clock, its train trials
+  # first, then its validation trials.
+  starts = [start(r) for split in ('train', 'validation')
+            for r in records[split] if session(r) == b'session-000']
   assert starts[0] == 0.0 and np.all(np.diff(starts) > 1.0)
+  # No two trials of one session overlap on its clock, in any split: each
+  # trial spans [window_start, window_start + its last input or query time].
+  spans = {}
+  for split_records in records.values():
+    for r in split_records:
+      f = r.features.feature
+      end = max(max(f['input_timestamps'].float_list.value),
+                max(f['output_timestamps'].float_list.value))
+      spans.setdefault(session(r), []).append((start(r), start(r) + end))
+  assert set(spans) == {b'session-000', b'session-001', b'session-002'}
+  for session_spans in spans.values():
+    session_spans.sort()
+    for (_, end), (next_start, _) in zip(session_spans, session_spans[1:]):
+      assert next_start > end, session_spans
   # Session 0 keeps the shared mixing; another session has its own gains.
   mixing = np.ones([3, 4])
   assert demo_data.session_mixing(mixing, 0, 0, 0.5) is mixing
