@@ -123,11 +123,19 @@ def _stitching_task():
       evaluation=configs.Evaluation(print_table=False, stitch=True)))
 
 
-def test_stitched_per_session_metrics_equal_numpy(data):
+@pytest.fixture(scope='module')
+def stitched(data):
+  """(batches, logs): the stitched evaluation of the records with sessions
+  (no named sets)."""
   new, _, model = data
   task = _stitching_task()
   batches = _batches(task, new)
-  logs = _evaluate(task, model, batches)
+  return batches, _evaluate(task, model, batches)
+
+
+def test_stitched_per_session_metrics_equal_numpy(data, stitched):
+  _, _, model = data
+  batches, logs = stitched
   (batch,) = batches
   # No string in the batch: the sessions are integers (names on the host);
   # padding queries (pad_multiple 16) have metric weight 0.
@@ -401,3 +409,36 @@ def test_task_config_chooses_the_weighting(data):
       pytest.approx(float(per_task['speed'] + per_task['choice']), rel=1e-6))
   with pytest.raises(ValueError, match="task.loss_weighting is 'mean'"):
     task_lib.ReadoutTask(_task_config(loss_weighting='mean'))
+
+
+def test_named_sets_are_stitched_each_on_its_own(data, stitched, tmp_path):
+  """Two named evaluation sets with stitching, in one pass: set `x` (the
+  records with sessions A, B) reports under `x/` exactly the pooled,
+  per-session and session-mean keys of its stitched evaluation alone, so
+  set `y` (a window of session A that overlaps x's A windows on the session
+  clock, and a session C that x lacks) was neither stitched with it nor
+  named with x's sessions; y has its own per-session keys."""
+  new, _, model = data
+  _, alone = stitched
+  other = str(tmp_path / 'other.tfrecord')
+  rng = np.random.default_rng(1)
+  dataloader.write_records(other, [
+      _window(rng, name, session, start)
+      for name, session, start in (('a3', 'A', 0.25), ('c1', 'C', 3.0),
+                                   ('c2', 'C', 3.5))])
+  base = _task_config()
+  set_data = lambda path: base.validation_data.replace(  # No padding batch.
+      input_path=path, is_training=False, drop_remainder=False)
+  evaluation = configs.Evaluation(print_table=False, stitch=True, eval_sets=(
+      configs.EvalSet(name='x', data=set_data(new)),
+      configs.EvalSet(name='y', data=set_data(other))))
+  task = task_lib.ReadoutTask(base.replace(evaluation=evaluation))
+  logs = _evaluate(task, model,
+                   list(task.build_inputs(task.task_config.validation_data)))
+  assert {'sessions/A/speed/r2', 'sessions/B/choice/balanced_accuracy',
+          'speed/r2/session_mean', 'average/score/session_mean'} <= set(alone)
+  assert {k[len('x/'):]: v for k, v in logs.items()
+          if k.startswith('x/')} == pytest.approx(alone, rel=1e-6)
+  y = {k[len('y/'):] for k in logs if k.startswith('y/')}
+  assert {k.replace('sessions/B/', 'sessions/C/') for k in alone} == y
+  assert logs['x/sessions/A/speed/r2'] != logs['y/sessions/A/speed/r2']
