@@ -1,27 +1,28 @@
 """Readout throughput and memory: padded vs chained (varlen) queries.
 
 Two sections. The readout layer alone (`run_heads`, the `padded_*` /
-`varlen_*` figures): the same queries (same embeddings, same routing ids, same heads) are routed
-once as a padded batch `[B, n_out, dim]` (padding to the batch's longest
-sample, rounded up to a multiple of 8, padding id 0) and once chained
-`[N, dim]` with a batch index, each under `tf.function`, in this process.
-Query counts per sample are skewed (most samples short, a few long), as in
-neural-decoding data, so padding is a large share of the padded batch.
-Throughput counts real (non-padding) query rows per second; the outputs of
-the two paths are checked equal before timing. The two are timed
+`varlen_*` figures): the same queries (same embeddings, same routing ids,
+same heads) are routed once as a padded batch `[B, n_out, dim]` (padding to
+the batch's longest sample, rounded up to a multiple of 8, padding id 0) and
+once chained `[N, dim]` with a batch index, each under `tf.function`, in
+this process. Query counts per sample are skewed (most samples short, a few
+long), as in neural-decoding data, so padding is a large share of the padded
+batch. Throughput counts real (non-padding) query rows per second; the
+outputs of the two paths are checked equal before timing. The two are timed
 interleaved (`timing.interleaved_seconds`: one warm-up call each, 3 rounds,
 each sample at least `min_seconds` of back-to-back calls; medians).
 
 The whole model (`run_model`, the `model_*` figures): token embedding,
-encoder, query decoder and heads, timed as a full training step
-(forward, the task's losses (`ReadoutTask.compute_losses`) and the
-gradients of every variable; no optimizer update, the same for both)
-on one batch of demo trials (`demo_data.generate_trials`: the demo's query
-mix, 14-31 queries per trial) with the demo's encoder (hidden 64, 4 heads,
-2 layers, intermediate 128; `MODEL`), batched by the dataloader both ways
-(padded: to the batch's longest trial, rounded up to 8; varlen: chained).
-The two models' outputs and gradients are checked equal before timing.
-Rates are real query rows per second. Peak memory: each variant runs in a
+encoder, query decoder and heads, timed as the forward and backward pass of
+training (the task's losses, `ReadoutTask.compute_losses`, and the gradients
+of every variable; no optimizer update, which is the same for both
+batchings) on one batch of demo trials (`demo_data.generate_trials`: the
+demo's query mix, 11-26 queries per trial) with the demo's encoder (hidden
+64, 4 heads, 2 layers, intermediate 128; `MODEL`), batched by the dataloader
+both ways (padded: to the batch's longest trial, rounded up to 8; varlen:
+chained). The outputs, losses and gradients of the two are checked equal
+before timing. Rates are real query rows per second; `quick` runs the steps
+eagerly (tracing them is most of a smoke test's time). Peak memory: each variant runs in a
 child process of its own (`memory.run_child`), which traces the step and
 runs it once on the first `WARMUP_TRIALS` trials (the function and its graph
 optimizations exist then); `model_<variant>_step_peak_mb` is how far the
@@ -241,8 +242,7 @@ def run_model(quick: bool = False, memory: bool = True) -> Dict[str, Any]:
   """Measures the whole model, padded vs varlen (module docstring).
 
   Args:
-    quick: `QUICK_MODEL` sizes, short timings and eager steps (tracing two
-      steps would take most of the time of a smoke test).
+    quick: `QUICK_MODEL` sizes, short timings and eager steps.
     memory: also measure each variant's peak memory in a child process.
 
   Returns:

@@ -69,6 +69,7 @@ def test_memory_child_program_calls_this_module(monkeypatch, capsys):
   calls = []
   monkeypatch.setattr(benchmark, 'memory_child',
                       lambda *args: calls.append(args) or {'step_peak_mb': 2})
-  exec(benchmark.memory_child_code('varlen', True), {})  # pylint: disable=exec-used
+  code = benchmark.memory_child_code('varlen', True)
+  exec(code, {})  # pylint: disable=exec-used
   assert calls == [('varlen', True)]
   assert capsys.readouterr().out == 'RESULT {"step_peak_mb": 2}\n'
