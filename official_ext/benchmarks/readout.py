@@ -242,7 +242,7 @@ def run_model(quick: bool = False, memory: bool = True) -> Dict[str, Any]:
   """Measures the whole model, padded vs varlen (module docstring).
 
   Args:
-    quick: `QUICK_MODEL` sizes, short timings and eager steps.
+    quick: `QUICK_MODEL` sizes, eager steps timed once each.
     memory: also measure each variant's peak memory in a child process.
 
   Returns:
@@ -278,7 +278,8 @@ def run_model(quick: bool = False, memory: bool = True) -> Dict[str, Any]:
                                rtol=1e-4, atol=1e-6, err_msg=var.name)
   seconds = timing.interleaved_seconds(
       {b: (lambda b=b: steps[b](batches[b])) for b in BATCHINGS},
-      rounds=3, warmup=0, min_seconds=0.02 if quick else 1.0)
+      rounds=1 if quick else 3, warmup=0,
+      min_seconds=0.0 if quick else 1.0)
   padded_rows = int(np.prod(padded['output_readout_index'].shape))
   out = {
       'model_padded_rows_per_sec': rows / seconds['padded'],
