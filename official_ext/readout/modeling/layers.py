@@ -102,9 +102,9 @@ class AttentionBlock(tf_keras.layers.Layer):
     q = self.query_norm(x)
     kv = q if context is None else self.context_norm(context)
     if query_slots is not None:
-      if context is None:
+      if context is None or block_length is None:
         raise ValueError('AttentionBlock: query_slots (chained queries) need '
-                         'a context to attend to.')
+                         'a context to attend to and a block_length.')
       q = tf.scatter_nd(query_slots, q[:, 0, :], tf.stack(
           [tf.shape(kv)[0], block_length, tf.shape(q)[-1]]))
     attention_mask = None
