@@ -420,8 +420,9 @@ def convert(nwb: str, output_dir: str, *, trial_columns: str = '',
     i = outside[0]
     raise NWBConversionError(
         f'{nwb}: trial {session.trial_ids[i]}: --trial_query_time '
-        f'{trial_query_time} is {query_time[i] + window_start[i]} s, outside '
-        f'its window [{window_start[i]}, {window_start[i] + duration[i]}] s '
+        f'{trial_query_time} is {query_time[i] + window_start[i]:.6g} s, '
+        f'outside its window [{window_start[i]:.6g}, '
+        f'{window_start[i] + duration[i]:.6g}] s '
         '(widen it with --pre_time / --post_time).')
 
   left_out = {r.name: 0 for r in readouts}

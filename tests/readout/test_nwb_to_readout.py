@@ -235,4 +235,8 @@ def test_missing_tables_columns_and_series_are_named(converted):
   with pytest.raises(script.NWBConversionError,
                      match=r"'stimulus': type binary needs values in"):
     convert(good, trial_columns='stimulus:binary')
+  with pytest.raises(script.NWBConversionError,
+                     match=r'trial 1: --trial_query_time reaction_time is '
+                     r'0.23 s, outside its window \[1.2, 1.85\]'):
+    convert(good, trial_query_time='reaction_time')  # Not session times.
   assert not os.path.exists(tmp / 'error')  # Nothing written.
