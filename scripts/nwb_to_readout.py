@@ -230,10 +230,10 @@ def read_session(path: str, trial_columns: Sequence[str],
             f'{path} has no {table} table (nwbfile.{table}; the {what}); the '
             f'file has {_file_contents(nwbfile)}.')
     units, trials = nwbfile.units, nwbfile.trials
-    if 'spike_times' not in units.colnames:
+    if 'spike_times' not in units.colnames or not len(units):
       raise NWBConversionError(
-          f'{path}: the units table has no spike_times column; its columns '
-          f'are {list(units.colnames)}.')
+          f'{path}: the units table has {len(units)} units and the columns '
+          f'{list(units.colnames)}; expected units with spike_times.')
     wanted = list(trial_columns)
     if trial_query_time != 'stop_time':
       wanted.append(trial_query_time)
@@ -264,7 +264,13 @@ def read_session(path: str, trial_columns: Sequence[str],
             f'{path}: TimeSeries {location} has {len(times)} timestamps for '
             f'{len(data)} samples; expected one strictly increasing '
             'timestamp per sample, at least 2.')
-      series[name.rsplit('/', 1)[-1]] = (location, times, data)
+      readout = name.rsplit('/', 1)[-1]
+      if readout in series:
+        raise NWBConversionError(
+            f'{path}: --timeseries names two series called {readout!r} '
+            f'({series[readout][0]} and {location}); a readout name is '
+            'the last part of the path, so convert one of them.')
+      series[readout] = (location, times, data)
     return Session(
         path=path, identifier=str(nwbfile.identifier),
         unit_ids=np.asarray(units.id[:]),
@@ -360,6 +366,42 @@ def _query_times(duration: float, interval: float) -> np.ndarray:
   return (np.arange(max(n, 0)) + 0.5) * interval
 
 
+def trial_queries(session: Session, readouts: Sequence[Readout],
+                  window_start: float, duration: float, query_time: float,
+                  query_interval: float, trial: int,
+                  left_out: Dict[str, int]) -> List[Tuple[str, float, list]]:
+  """The queries of trial number `trial` (its position in the table).
+
+  Args:
+    session: the file's contents.
+    readouts: the readouts (a trials column's with `targets`).
+    window_start, duration: the trial's window (session seconds, seconds).
+    query_time: the trial-column queries' time from the window start.
+    query_interval: seconds between time-series queries.
+    trial: the trial's row.
+    left_out: {readout: queries left out}, incremented here.
+
+  Returns:
+    [(readout name, time from the window start, target values)].
+  """
+  queries = []
+  for r in readouts:
+    if r.targets is not None:  # A trials column.
+      if np.isnan(r.targets[trial]):
+        left_out[r.name] += 1
+      else:
+        queries.append((r.name, float(query_time), [r.targets[trial]]))
+      continue
+    _, times, data = session.series[r.name]
+    at = _query_times(duration, query_interval)
+    values = interpolate(times, data, window_start + at)
+    keep = ~np.any(np.isnan(values), 1)
+    left_out[r.name] += int(np.sum(~keep))
+    queries += [(r.name, float(t), list(v))
+                for t, v in zip(at[keep], values[keep])]
+  return queries
+
+
 def convert(nwb: str, output_dir: str, *, trial_columns: str = '',
             timeseries: str = '', bin_size: float = 0.1,
             pre_time: float = 0.0, post_time: float = 0.0,
@@ -431,21 +473,8 @@ def convert(nwb: str, output_dir: str, *, trial_columns: str = '',
     n_bins = max(1, int(math.ceil(duration[i] / bin_size - 1e-9)))
     tokens = bin_spikes(session.spike_times, window_start[i], n_bins,
                         bin_size)
-    queries = []  # (readout name, time, target)
-    for r in readouts:
-      if r.targets is not None:  # A trials column.
-        if np.isnan(r.targets[i]):
-          left_out[r.name] += 1
-        else:
-          queries.append((r.name, float(query_time[i]), [r.targets[i]]))
-      else:
-        _, times, data = session.series[r.name]
-        at = _query_times(duration[i], query_interval)
-        values = interpolate(times, data, window_start[i] + at)
-        keep = ~np.any(np.isnan(values), 1)
-        left_out[r.name] += int(np.sum(~keep))
-        queries += [(r.name, float(t), list(v))
-                    for t, v in zip(at[keep], values[keep])]
+    queries = trial_queries(session, readouts, window_start[i], duration[i],
+                            query_time[i], query_interval, i, left_out)
     targets_by_trial.append(queries)
     examples.append(dataloader.make_example(
         f'{session.identifier}/trial{session.trial_ids[i]}', tokens,

@@ -54,6 +54,10 @@ def _wheel(t):
   return 2.0 * t + 1.0  # Linear: interpolation recovers it exactly.
 
 
+def _paw(t):
+  return np.stack([3.0 - t, 0.5 * t], 1)
+
+
 def _write(path, units=True, trials=True):
   nwbfile = _nwbfile()
   rng = np.random.default_rng(0)
@@ -74,13 +78,18 @@ def _write(path, units=True, trials=True):
       name='wheel_speed', data=_wheel(times), unit='m/s', rate=100.0,
       starting_time=_WHEEL_START))
   nwbfile.create_processing_module('behavior', 'behaviour').add(series)
+  # Two channels at stored (irregular) timestamps, in acquisition.
+  paw_times = np.cumsum(np.full(800, 0.015) + 0.01 * (np.arange(800) % 2))
+  nwbfile.add_acquisition(pynwb.TimeSeries(
+      name='paw_speed', data=_paw(paw_times), unit='m/s',
+      timestamps=paw_times))
   with pynwb.NWBHDF5IO(str(path), 'w') as io:
     io.write(nwbfile)
   return spikes, table
 
 
 _FLAGS = ['--trial_columns=choice,reward,stimulus,reaction_time',
-          '--timeseries=wheel_speed', f'--bin_size={_BIN}',
+          '--timeseries=wheel_speed,paw_speed', f'--bin_size={_BIN}',
           f'--pre_time={_PRE}', f'--post_time={_POST}',
           f'--query_interval={_INTERVAL}', '--validation_fraction=0.3',
           '--batch_size=4', '--train_epochs=1']
@@ -123,10 +132,11 @@ def test_every_trial_with_its_counts_and_targets(converted, capsys):
   assert [(n, r['type'], r['dim']) for n, r in readouts.items()] == [
       ('choice', 'binary', 1), ('reward', 'binary', 1),
       ('stimulus', 'multinomial', 3), ('reaction_time', 'continuous', 1),
-      ('wheel_speed', 'continuous', 1)]
+      ('wheel_speed', 'continuous', 1), ('paw_speed', 'continuous', 2)]
   assert readouts['stimulus']['classes'] == [-1, 0, 2]
   assert readouts['wheel_speed']['source'] == (
       'processing/behavior/BehavioralTimeSeries/wheel_speed')
+  assert readouts['paw_speed']['source'] == 'acquisition/paw_speed'
   task_of = {i + 1: n for i, n in enumerate(readouts)}
   left_out_wheel = 0
   for name, r in {**train_records, **val_records}.items():
@@ -147,7 +157,8 @@ def test_every_trial_with_its_counts_and_targets(converted, capsys):
                                (np.arange(n_bins) + 0.5) * _BIN, atol=1e-6)
     # Targets against the trials table and the wheel series.
     tasks = [task_of[t] for t in r['output_task_ids']]
-    targets = r['output_targets']  # One value per query here.
+    targets = np.split(r['output_targets'],
+                       np.cumsum(r['output_target_sizes'])[:-1])
     by_task = {}
     for task, time, value in zip(tasks, r['output_timestamps'], targets):
       by_task.setdefault(task, []).append((time, value))
@@ -161,14 +172,18 @@ def test_every_trial_with_its_counts_and_targets(converted, capsys):
         continue
       (time, got), = by_task[task]
       assert time == pytest.approx(stop, abs=1e-6)
-      assert got == pytest.approx(float(value), abs=1e-6), (name, task)
+      assert got[0] == pytest.approx(float(value), abs=1e-6), (name, task)
     centres = (np.arange(20) + 0.5) * _INTERVAL
     centres = centres[centres <= duration + 1e-9]  # The script's tolerance.
     kept = centres[start + centres >= _WHEEL_START]
     left_out_wheel += len(centres) - len(kept)
-    times, values = np.array(by_task['wheel_speed']).T
+    times, values = zip(*by_task['wheel_speed'])
     np.testing.assert_allclose(times, kept, atol=1e-6)
-    np.testing.assert_allclose(values, _wheel(start + kept), rtol=1e-5)
+    np.testing.assert_allclose(np.concatenate(values), _wheel(start + kept),
+                               rtol=1e-5)
+    times, values = zip(*by_task['paw_speed'])
+    np.testing.assert_allclose(times, centres, atol=1e-6)
+    np.testing.assert_allclose(values, _paw(start + centres), rtol=1e-5)
   assert left_out_wheel > 0
   assert readouts['wheel_speed']['left_out_queries'] == left_out_wheel
   assert readouts['reaction_time']['left_out_queries'] == 1
@@ -229,9 +244,12 @@ def test_missing_tables_columns_and_series_are_named(converted):
                      match=r"no column 'side'.*'reaction_time'"):
     convert(good, trial_columns='choice,side')
   with pytest.raises(script.NWBConversionError,
-                     match=r"no TimeSeries 'pupil'.*BehavioralTimeSeries/"
-                     r'wheel_speed'):
+                     match=r"no TimeSeries 'pupil'.*'acquisition/paw_speed', "
+                     r"'processing/behavior/BehavioralTimeSeries/wheel_speed'"):
     convert(good, timeseries='pupil')
+  with pytest.raises(script.NWBConversionError,
+                     match=r"no TimeSeries 'processing/behavior/paw_speed'"):
+    convert(good, timeseries='processing/behavior/paw_speed')  # A path.
   with pytest.raises(script.NWBConversionError,
                      match=r"'stimulus': type binary needs values in"):
     convert(good, trial_columns='stimulus:binary')
