@@ -8,8 +8,8 @@ readout family's records (`official_ext.readout.dataloader`, one per trial)
 and the readout specs they imply:
 
 * `DIR/train.tfrecord`, `DIR/validation.tfrecord`: the trials, split by a
-  seeded permutation (`--validation_fraction`, `--split_seed`; the same
-  arguments give the same split), each file in trial order.
+  seeded permutation (`--validation_fraction`, `--split_seed`), each file in
+  trial order; the same file and arguments give the same bytes.
 * `DIR/readout.yaml`: `task.readouts`, `task.task_vocabulary`, both splits'
   `input_path`, `input_dim` and `num_examples`, `task.demo_data.enabled:
   false` and a schedule (`--batch_size`, `--train_epochs`), for
@@ -476,13 +476,16 @@ def convert(nwb: str, output_dir: str, *, trial_columns: str = '',
     queries = trial_queries(session, readouts, window_start[i], duration[i],
                             query_time[i], query_interval, i, left_out)
     targets_by_trial.append(queries)
-    examples.append(dataloader.make_example(
+    example = dataloader.make_example(
         f'{session.identifier}/trial{session.trial_ids[i]}', tokens,
         (np.arange(n_bins) + 0.5) * bin_size,
         output_task_ids=[ids[q[0]] for q in queries],
         output_timestamps=[q[1] for q in queries],
         output_targets=[q[2] for q in queries],
-        session_id=session.identifier, window_start=float(window_start[i])))
+        session_id=session.identifier, window_start=float(window_start[i]))
+    # Map keys sorted: the same file and flags give the same bytes in every
+    # process (the default order follows Python's per-process string hash).
+    examples.append(example.SerializeToString(deterministic=True))
 
   n_val = int(round(validation_fraction * n_trials))
   if not 1 <= n_val <= n_trials - 1:
@@ -599,7 +602,10 @@ def _print_summary(summary: Dict[str, Any]) -> None:
   files = summary['files']
   print(f'Session {summary["session_id"]} ({summary["nwb"]}): '
         f'{summary["num_trials"]} trials, {len(summary["unit_ids"])} units '
-        f'(input_dim), {summary["bin_size"]} s bins.')
+        f'(input_dim), {summary["bin_size"]} s bins over [start_time - '
+        f'{summary["pre_time"]}, stop_time + {summary["post_time"]}] s; '
+        f'trial-column queries at {summary["trial_query_time"]}, time-series '
+        f'queries every {summary["query_interval"]} s.')
   for split in ('train', 'validation'):
     print(f'  {split}: {files[split]} '
           f'({len(summary["trial_ids"][split])} trials)')

@@ -187,7 +187,7 @@ def test_every_trial_with_its_counts_and_targets(converted, capsys):
   assert left_out_wheel > 0
   assert readouts['wheel_speed']['left_out_queries'] == left_out_wheel
   assert readouts['reaction_time']['left_out_queries'] == 1
-  # The same flags give the same records (the split is seeded).
+  # The same flags give the same bytes (a seeded split, sorted map keys).
   again = _script().main([f'--nwb={tmp / "session.nwb"}',
                           f'--output_dir={tmp / "again"}'] + _FLAGS)
   out = capsys.readouterr().out
