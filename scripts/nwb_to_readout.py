@@ -45,7 +45,8 @@ post_time]` of the trials table (`nwbfile.trials`), in session seconds.
 * Time-series readouts (`--timeseries=wheel_speed`): a `pynwb.TimeSeries`
   found by name in `nwbfile.acquisition`, in every processing module
   (`nwbfile.processing[m]`) and in the containers of a module that hold time
-  series (e.g. `BehavioralTimeSeries`); or given by its path, e.g.
+  series (e.g. `BehavioralTimeSeries`, or `Position` with its
+  `SpatialSeries`); or given by its path, e.g.
   `processing/behavior/BehavioralTimeSeries/wheel_speed` (the readout is
   named by the path's last part). Continuous, dim = the series' channels
   (its data's second axis; 1 for a 1-D series), in its unit after NWB's
@@ -169,7 +170,7 @@ def _file_contents(nwbfile) -> str:
 
 def _time_series(nwbfile) -> Dict[str, Any]:
   """{path: TimeSeries} of acquisition, processing modules and the
-  containers inside them that hold time series."""
+  containers inside them that hold time series (a `SpatialSeries` too)."""
   import pynwb  # pylint: disable=g-import-not-at-top
   found = {}
   for name, obj in nwbfile.acquisition.items():
@@ -179,8 +180,10 @@ def _time_series(nwbfile) -> Dict[str, Any]:
     for name, obj in module.data_interfaces.items():
       if isinstance(obj, pynwb.TimeSeries):
         found[f'processing/{module_name}/{name}'] = obj
-      for inner, ts in (getattr(obj, 'time_series', None) or {}).items():
-        found[f'processing/{module_name}/{name}/{inner}'] = ts
+      else:  # A container: BehavioralTimeSeries, Position, ...
+        for ts in obj.children:
+          if isinstance(ts, pynwb.TimeSeries):
+            found[f'processing/{module_name}/{name}/{ts.name}'] = ts
   return found
 
 
