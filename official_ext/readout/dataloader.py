@@ -33,9 +33,10 @@ lengths agree; every task id has a ReadoutSpec (0 is padding, an id not in the
 vocabulary or whose task has no spec is an error); each target has its task's
 size; targets, weights and timestamps are finite; event_rate counts >= 0;
 binary/multilabel labels in [0, 1]; multinomial class ids are integers in
-[0, dim) (each readout type's `invalid_targets`); weights >= 0; token and query counts within `max_input_tokens` /
-`max_queries` when set. A record that is not a proto, or a feature stored with
-another dtype, fails in TensorFlow's parser with an error naming the file.
+[0, dim) (each readout type's `invalid_targets`); weights >= 0; token and
+query counts within `max_input_tokens` / `max_queries` when set. A record
+that is not a proto, or a feature stored with another dtype, fails in
+TensorFlow's parser with an error naming the file.
 Files (`official_ext.core.tfrecord_input`): an `input_path` that matches
 nothing, a broken symlink or a directory is a ValueError naming it; a
 truncated or corrupted file fails naming the file and byte offset. With

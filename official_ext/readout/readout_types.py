@@ -38,8 +38,8 @@ width of its head, size = `target_size(spec)`):
 * `compute_metrics(spec, predictions, targets, weights)`: numpy float64
   [n, dim], [n, size], [n] (all weights > 0 are rows to score; n may be 0)
   -> {metric: float} for at least every name in `metrics`; NaN for a metric
-  with nothing to measure. Every metric of `metrics[0]` (the primary) must be
-  "higher is better": `average/score` is the mean of the tasks' primaries.
+  with nothing to measure. The primary metric, `metrics[0]`, must be "higher
+  is better": `average/score` is the mean of the tasks' primary metrics.
 * `target_size(spec)`: the number of values each query stores.
 * `invalid_targets`: (what, fn) pairs; fn(values float32 [k], dims float32
   [k]) -> bool [k], True for a stored target value the type refuses (each
@@ -56,8 +56,8 @@ import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 # Modules whose import registers the family's own types; imported by the
-# first lookup (they import the loss and metric modules, which look types up
-# here, so this module cannot import them itself).
+# first lookup or registration (they import the loss and metric modules,
+# which look types up here, so this module cannot import them itself).
 TYPE_MODULES = ('official_ext.readout.builtin_types',
                 'official_ext.readout.von_mises')
 
