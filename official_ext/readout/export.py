@@ -15,8 +15,11 @@ Signatures:
   [B, n_out] (0: padding), float32 [B, n_out].
 
 Both return `output_readout_index` int32 [B, n_out] and, per task, `<task>`
-float32 [B, n_out, dim]: the head's output at every position (values,
-logits or log-rates by the task's type); it is the task's prediction where
+float32 [B, n_out, k]: the served output of the task's readout type
+(`ReadoutType.serve` of `readout_types`) at every position: the head's
+output (k = dim) as values, logits or log-rates for the five original
+types; for von_mises (k = 2) the mean direction in radians, in (-pi, pi],
+and the concentration kappa. It is the task's prediction where
 `output_readout_index` equals the task's id. `serving_default` also returns
 `targets` float32 [B, n_out, T] and `weights` float32 [B, n_out] of the
 records.
@@ -32,6 +35,7 @@ queries (id 0) are ignored whatever they hold: they are replaced by zeros
 before the model, by selection (attention masks by adding -1e9, and NaN +
 -1e9 is still NaN).
 """
+import functools
 from typing import Dict, Mapping
 
 import tensorflow as tf, tf_keras
@@ -40,6 +44,7 @@ from official.core import config_definitions
 from official.core import export_base
 from official_ext.core import graph_checks
 from official_ext.readout import dataloader
+from official_ext.readout import readout_types
 
 SIGNATURES = ('serving_default', 'serve_tokens')
 
@@ -56,11 +61,17 @@ class ReadoutExportModule(export_base.ExportModule):
     self._parser = dataloader.Parser(self._data, params.task.readouts,
                                      params.task.task_vocabulary)
     self._input_dim = int(self._data.input_dim)
+    # {task: head outputs -> served output}, by the task's readout type.
+    self._serve_fns = {
+        spec.name: functools.partial(
+            readout_types.get_readout_type(spec).serve, spec)
+        for spec in params.task.readouts}
 
   def _predict(self, batch: Mapping[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
     embs = self.model.output_embeddings(batch, training=False)
     index = tf.cast(batch['output_readout_index'], tf.int32)
-    outputs = {name: tf.cast(values, tf.float32) for name, (values, _) in
+    outputs = {name: self._serve_fns[name](tf.cast(values, tf.float32))
+               for name, (values, _) in
                self.model.readout.call_static(embs, index).items()}
     outputs['output_readout_index'] = index
     return outputs
