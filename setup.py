@@ -1,6 +1,10 @@
 """official_ext: YouTube-8M, AssembleNet++lite and multitask readout on TF Model Garden."""
 import setuptools
 
+# scripts/nwb_to_readout.py: Neurodata Without Borders files in (the version
+# its tests ran with).
+NWB = ["pynwb~=4.2.0"]
+
 setuptools.setup(
     name="official_ext",
     version="0.1.0",
@@ -25,6 +29,8 @@ setuptools.setup(
         "matplotlib",  # official_ext.assemblenet.derive_structure --png
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "scikit-learn"],  # readout metric tests
+        "nwb": NWB,
+        # scikit-learn: readout metric tests; NWB: the NWB converter's tests.
+        "test": ["pytest", "pytest-xdist", "scikit-learn"] + NWB,
     },
 )

@@ -2,7 +2,8 @@
 
 `harness` runs a family's section and prints/writes its figures; one module
 per family (`yt8m`, `readout`, `assemblenet`) measures them, each timing
-through the one interleaved helper in `timing`. This package imports the
-families; no family imports it. Importing the package imports nothing else
-(the AssembleNet++lite memory child process imports only its own module).
+through the one interleaved helper in `timing`; peak memory is measured in
+child processes through `memory`. This package imports the families; no
+family imports it. Importing the package imports nothing else (a memory
+child process imports only its family's module and `memory`).
 """

@@ -39,10 +39,6 @@ each; medians), so `train_speedup_vs_original_width` is a side-by-side ratio;
 the Conv3D peak and the memory child's single step use the same helper.
 """
 import json
-import os
-import resource
-import subprocess
-import sys
 from typing import Any, Dict
 
 import numpy as np
@@ -52,6 +48,7 @@ from official.core import exp_factory
 from official.core import task_factory
 from official_ext.assemblenet import task as assemblenet_task  # pylint: disable=unused-import  (registers the experiment and task)
 from official_ext.assemblenet.modeling import complexity
+from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
 
 
@@ -178,34 +175,22 @@ def memory_child(batch: int, frames: int, size: int, quick: bool,
   seconds = timing.interleaved_seconds({'step': first_step}, rounds=1,
                                        warmup=0)['step']
   return {'loss': loss[0], 'step_sec': seconds,
-          'peak_rss_gb': resource.getrusage(
-              resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+          'peak_rss_gb': memory_lib.peak_rss_gb()}
 
 
 def memory_child_code(batch: int, frames: int, size: int, quick: bool,
                       recompute: bool) -> str:
   """The `python -c` program of the memory child: prints 'RESULT {json}'."""
-  return ('import json; from official_ext.benchmarks import assemblenet; '
+  return ('from official_ext.benchmarks import assemblenet, memory; '
           f'r = assemblenet.memory_child({batch}, {frames}, {size}, {quick}, '
-          f'{recompute}); print("RESULT " + json.dumps(r))')
+          f'{recompute}); print(memory.result_line(r))')
 
 
 def peak_rss_gb(batch: int, frames: int, size: int, quick: bool,
                 recompute: bool = True, timeout: int = 3600) -> Dict[str, Any]:
   """Peak RSS of a training step, measured in a fresh subprocess."""
-  code = memory_child_code(batch, frames, size, quick, recompute)
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  proc = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                        text=True, env=env, timeout=timeout, check=False)
-  children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20
-  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-  if proc.returncode != 0 or not lines:
-    raise RuntimeError(
-        f'memory child failed (exit {proc.returncode}; a negative code is a '
-        f'signal, -9 usually out of memory):\n{proc.stderr[-3000:]}')
-  result = json.loads(lines[-1][len('RESULT '):])
-  result['children_max_rss_gb'] = children
-  return result
+  return memory_lib.run_child(
+      memory_child_code(batch, frames, size, quick, recompute), timeout)
 
 
 def run(quick: bool = False, memory: bool = True,

@@ -1,25 +1,47 @@
-"""Readout layer throughput: padded vs chained (varlen) queries.
+"""Readout throughput and memory: padded vs chained (varlen) queries.
 
-The same queries (same embeddings, same routing ids, same heads) are routed
-once as a padded batch `[B, n_out, dim]` (padding to the batch's longest
-sample, rounded up to a multiple of 8, padding id 0) and once chained
-`[N, dim]` with a batch index, each under `tf.function`, in this process.
-Query counts per sample are skewed (most samples short, a few long), as in
-neural-decoding data, so padding is a large share of the padded batch.
-Throughput counts real (non-padding) query rows per second; the outputs of
-the two paths are checked equal before timing. The two are timed
+Two sections. The readout layer alone (`run_heads`, the `padded_*` /
+`varlen_*` figures): the same queries (same embeddings, same routing ids,
+same heads) are routed once as a padded batch `[B, n_out, dim]` (padding to
+the batch's longest sample, rounded up to a multiple of 8, padding id 0) and
+once chained `[N, dim]` with a batch index, each under `tf.function`, in
+this process. Query counts per sample are skewed (most samples short, a few
+long), as in neural-decoding data, so padding is a large share of the padded
+batch. Throughput counts real (non-padding) query rows per second; the
+outputs of the two paths are checked equal before timing. The two are timed
 interleaved (`timing.interleaved_seconds`: one warm-up call each, 3 rounds,
 each sample at least `min_seconds` of back-to-back calls; medians).
 
+The whole model (`run_model`, the `model_*` figures): token embedding,
+encoder, query decoder and heads, timed as the forward and backward pass of
+training (the task's losses, `ReadoutTask.compute_losses`, and the gradients
+of every variable; no optimizer update, which is the same for both
+batchings) on one batch of demo trials (`demo_data.generate_trials`: the
+demo's query mix, 11-26 queries per trial) with the demo's encoder (hidden
+64, 4 heads, 2 layers, intermediate 128; `MODEL`), batched by the dataloader
+both ways (padded: to the batch's longest trial, rounded up to 8; varlen:
+chained). The outputs, losses and gradients of the two are checked equal
+before timing. Rates are real query rows per second; `quick` runs the steps
+eagerly (tracing them is most of a smoke test's time). Peak memory: each variant runs in a
+child process of its own (`memory.run_child`), which traces the step and
+runs it once on the first `WARMUP_TRIALS` trials (the function and its graph
+optimizations exist then); `model_<variant>_step_peak_mb` is how far the
+step on the whole batch then raises the resident memory above what the
+process held before it (`memory.step_peak_mb`: the peak reset first, MiB).
+
     python -m official_ext.benchmark readout [--quick]
 """
-from typing import Dict, NamedTuple
+from typing import Any, Dict, NamedTuple
 
 import numpy as np
-import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+import tensorflow as tf, tf_keras
 
+from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
 from official_ext.readout import configs
+from official_ext.readout import dataloader
+from official_ext.readout import demo_data
+from official_ext.readout import task as task_lib
 from official_ext.readout.modeling import multitask_readout
 
 
@@ -34,7 +56,7 @@ FULL = Size(batch=256, max_queries=512, dim=128)
 QUICK = Size(batch=8, max_queries=16, dim=16)
 
 
-def run(quick: bool = False) -> Dict[str, float]:
+def run_heads(quick: bool = False) -> Dict[str, Any]:
   """Measures the readout layer, padded vs varlen; returns the figures.
 
   Args:
@@ -95,3 +117,189 @@ def run(quick: bool = False) -> Dict[str, float]:
       'max_queries': int(max_queries),
   }
 
+
+
+class ModelSize(NamedTuple):
+  """Trials per batch and the encoder (the decoder has one block)."""
+  batch: int
+  hidden_size: int
+  num_heads: int
+  num_layers: int
+  intermediate_size: int
+
+
+# The demo's encoder (`configs.readout_demo_task`) on 256 trials.
+MODEL = ModelSize(batch=256, hidden_size=64, num_heads=4, num_layers=2,
+                  intermediate_size=128)
+QUICK_MODEL = ModelSize(batch=6, hidden_size=8, num_heads=2, num_layers=1,
+                        intermediate_size=8)
+WARMUP_TRIALS = 2
+BATCHINGS = ('padded', 'varlen')
+
+
+def model_task(quick: bool) -> task_lib.ReadoutTask:
+  """The demo task with `MODEL` (or `QUICK_MODEL`) sizes."""
+  size = QUICK_MODEL if quick else MODEL
+  config = configs.readout_demo_task(batch_size=size.batch)
+  config.model.encoder.override(
+      dict(hidden_size=size.hidden_size, num_heads=size.num_heads,
+           num_layers=size.num_layers,
+           intermediate_size=size.intermediate_size), is_strict=True)
+  return task_lib.ReadoutTask(config)
+
+
+def demo_batches(task: task_lib.ReadoutTask, num_trials: int
+                 ) -> Dict[str, Dict[str, tf.Tensor]]:
+  """{'padded': batch, 'varlen': batch} of the first `num_trials` demo
+  trials, parsed and batched by the dataloader."""
+  config = task.task_config
+  records = list(demo_data.generate_trials(
+      num_trials, seed=0, split_id=1, input_dim=config.train_data.input_dim))
+  parser = dataloader.Parser(config.train_data, config.readouts,
+                             config.task_vocabulary)
+  parsed = tf.data.Dataset.from_tensor_slices(records).map(parser.parse)
+  out = {}
+  for batching in BATCHINGS:
+    ds = dataloader.batch_examples(
+        parsed, config.train_data.replace(batching=batching), num_trials,
+        parser.max_target_size)
+    out[batching] = next(iter(ds))
+  return out
+
+
+def _signature(batch: Dict[str, tf.Tensor]) -> Dict[str, tf.TensorSpec]:
+  """Every dimension unknown but feature widths: one trace for any batch."""
+  spec = {}
+  for key, value in batch.items():
+    shape = [None] * value.shape.rank
+    if key in ('input_values', 'output_targets'):
+      shape[-1] = value.shape[-1]
+    spec[key] = tf.TensorSpec(shape, value.dtype)
+  return spec
+
+
+def step_fn(task: task_lib.ReadoutTask, model, batch, traced: bool = True):
+  """Forward and backward as in training: a `tf.function` traced for the
+  batch's keys and dtypes at any size (`traced`), or the eager function.
+
+  `step(batch)` -> (outputs {task: [rows, dim]}, the replica's total loss
+  (`task.compute_losses`), its gradients w.r.t. `model.trainable_variables`).
+  No optimizer update: it would be the same for both batchings.
+  """
+
+  def step(inputs):
+    with tf.GradientTape() as tape:
+      share, _, (outputs, _, _) = task.compute_losses(inputs, model,
+                                                      training=True)
+    loss = share['total_loss']
+    return outputs, loss, tape.gradient(loss, model.trainable_variables)
+
+  if not traced:
+    return step
+  return tf.function(step, input_signature=[_signature(batch)])
+
+
+def first_trials(batch: Dict[str, tf.Tensor], n: int
+                 ) -> Dict[str, tf.Tensor]:
+  """The sub-batch of the first `n` trials (padded or chained layout)."""
+  out = {k: batch[k][:n] for k in ('input_values', 'input_timestamps',
+                                   'input_mask')}
+  if 'output_batch_index' not in batch:
+    out.update({k: v[:n] for k, v in batch.items() if k not in out})
+    return out
+  keep = batch['output_batch_index'] < n
+  out.update({k: tf.boolean_mask(v, keep) for k, v in batch.items()
+              if k not in out})
+  return out
+
+
+def memory_child(batching: str, quick: bool) -> Dict[str, Any]:
+  """Runs in the child process: the memory one whole-batch step takes."""
+  task = model_task(quick)
+  model = task.build_model()
+  size = QUICK_MODEL if quick else MODEL
+  batch = demo_batches(task, size.batch)[batching]
+  step = step_fn(task, model, batch)
+  timing.block(step(first_trials(batch, WARMUP_TRIALS)))
+  results = []
+
+  def whole_batch():
+    results.append(step(batch))
+    timing.block(results[-1])
+
+  grown = memory_lib.step_peak_mb(whole_batch)
+  return {'loss': float(results[0][1]), 'step_peak_mb': grown}
+
+
+def memory_child_code(batching: str, quick: bool) -> str:
+  """The `python -c` program of the memory child: prints 'RESULT {json}'."""
+  return ('from official_ext.benchmarks import readout, memory; '
+          f'r = readout.memory_child({batching!r}, {quick}); '
+          'print(memory.result_line(r))')
+
+
+def run_model(quick: bool = False, memory: bool = True) -> Dict[str, Any]:
+  """Measures the whole model, padded vs varlen (module docstring).
+
+  Args:
+    quick: `QUICK_MODEL` sizes, eager steps timed once each.
+    memory: also measure each variant's peak memory in a child process.
+
+  Returns:
+    {'model_padded_rows_per_sec', 'model_varlen_rows_per_sec',
+     'model_varlen_speedup' (varlen / padded), 'model_num_samples',
+     'model_num_queries', 'model_padded_rows', 'model_padding_fraction',
+     'model_hidden_size', 'model_input_tokens'} and, with `memory`,
+    'model_<batching>_step_peak_mb'.
+
+  Raises:
+    AssertionError: the two batchings hold different queries, or give
+      different outputs, losses or gradients.
+  """
+  task = model_task(quick)
+  size = QUICK_MODEL if quick else MODEL
+  model = task.build_model()
+  batches = demo_batches(task, size.batch)
+  padded, varlen = batches['padded'], batches['varlen']
+  rows = int(varlen['output_readout_index'].shape[0])
+  if rows != int(np.sum(padded['output_readout_index'].numpy() != 0)):
+    raise AssertionError('padded and chained batches hold different queries')
+  steps = {b: step_fn(task, model, batches[b], traced=not quick)
+           for b in BATCHINGS}
+  # The same predictions, loss and gradients both ways (and the traces).
+  (out_p, loss_p, grad_p), (out_v, loss_v, grad_v) = (
+      steps[b](batches[b]) for b in BATCHINGS)
+  np.testing.assert_allclose(loss_p, loss_v, rtol=1e-5, err_msg='loss')
+  for name in out_p:
+    np.testing.assert_allclose(out_p[name], out_v[name], rtol=1e-4,
+                               atol=1e-5, err_msg=name)
+  for var, a, b in zip(model.trainable_variables, grad_p, grad_v):
+    np.testing.assert_allclose(tf.convert_to_tensor(a), tf.convert_to_tensor(b),
+                               rtol=1e-4, atol=1e-6, err_msg=var.name)
+  seconds = timing.interleaved_seconds(
+      {b: (lambda b=b: steps[b](batches[b])) for b in BATCHINGS},
+      rounds=1 if quick else 3, warmup=0,
+      min_seconds=0.0 if quick else 1.0)
+  padded_rows = int(np.prod(padded['output_readout_index'].shape))
+  out = {
+      'model_padded_rows_per_sec': rows / seconds['padded'],
+      'model_varlen_rows_per_sec': rows / seconds['varlen'],
+      'model_varlen_speedup': seconds['padded'] / seconds['varlen'],
+      'model_num_samples': int(size.batch),
+      'model_num_queries': rows,
+      'model_padded_rows': padded_rows,
+      'model_padding_fraction': 1.0 - rows / padded_rows,
+      'model_hidden_size': int(size.hidden_size),
+      'model_input_tokens': int(padded['input_mask'].shape[1]),
+  }
+  if memory:
+    for batching in BATCHINGS:
+      child = memory_lib.run_child(memory_child_code(batching, quick))
+      out[f'model_{batching}_step_peak_mb'] = child['step_peak_mb']
+  return out
+
+
+def run(quick: bool = False, memory: bool = True) -> Dict[str, Any]:
+  """The readout layer's figures (`run_heads`) and the whole model's
+  (`run_model`, memory children with `memory`)."""
+  return dict(run_heads(quick), **run_model(quick, memory=memory))

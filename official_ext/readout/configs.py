@@ -33,19 +33,21 @@ from official.core import config_definitions as cfg
 from official.core import exp_factory
 from official.modeling import hyperparams
 from official.modeling import optimization
+from official_ext.readout import readout_types
 
-READOUT_TYPES = ('continuous', 'binary', 'multinomial', 'multilabel',
-                 'event_rate')
+# `READOUT_TYPES` (the registered readout types) and `METRICS_BY_TYPE`
+# ({type: its metrics}, the first one its primary metric, averaged into
+# `average/score`) are looked up in `readout_types` when read (module
+# `__getattr__`), so a type registered later is in them.
 
-# Metrics each readout type can report; the first one is its primary metric
-# (the one averaged into `average/score`).
-METRICS_BY_TYPE: Dict[str, Tuple[str, ...]] = {
-    'continuous': ('r2', 'pearson'),
-    'binary': ('balanced_accuracy', 'macro_f1'),
-    'multinomial': ('balanced_accuracy', 'macro_f1'),
-    'multilabel': ('map',),
-    'event_rate': ('poisson_d2',),
-}
+
+def __getattr__(name):
+  if name == 'READOUT_TYPES':
+    return readout_types.registered_types()
+  if name == 'METRICS_BY_TYPE':
+    return readout_types.metrics_by_type()
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
 
 PADDING_ID = 0
 
@@ -67,14 +69,18 @@ class ReadoutSpec(hyperparams.Config):
       not 'total' or 'average' (`RESERVED_NAMES`).
     dim: output width of the head. continuous: number of channels; binary /
       multilabel: number of independent labels; multinomial: number of
-      classes; event_rate: number of event channels.
-    type: 'continuous' | 'binary' | 'multinomial' | 'multilabel' |
-      'event_rate'. Decides the loss and the metrics (see `losses`,
-      `metrics`). The head outputs: values (continuous), logits (binary,
-      multilabel, multinomial), log-rates (event_rate).
+      classes; event_rate: number of event channels; von_mises: 2 (the
+      vector whose direction and length are the angle's mean and
+      concentration).
+    type: a registered readout type (`readout_types`): 'continuous' |
+      'binary' | 'multinomial' | 'multilabel' | 'event_rate' | 'von_mises'
+      or one you register. Decides the target size and checks, the loss,
+      the metrics and the served output. The head outputs: values
+      (continuous), logits (binary, multilabel, multinomial), log-rates
+      (event_rate), a 2-vector (von_mises).
     loss_weight: this task's weight in the total loss.
     metrics: metrics to report; empty: every metric of the type
-      (`METRICS_BY_TYPE`).
+      (`ReadoutType.metrics`).
     normalize_mean, normalize_std: target normalisation of a continuous
       readout (torch_brain's `normalize_mean` / `normalize_std`): one value,
       or one per channel (`dim`); both empty (default): off; set together.
@@ -92,12 +98,14 @@ class ReadoutSpec(hyperparams.Config):
 
 
 def target_size(spec: ReadoutSpec) -> int:
-  """Values stored per query: 1 (class id) for multinomial, else `dim`."""
-  return 1 if spec.type == 'multinomial' else int(spec.dim)
+  """Values stored per query (the type's `target_size`: e.g. 1 class id for
+  multinomial, else `dim`)."""
+  return readout_types.get_readout_type(spec).target_size(spec)
 
 
 def spec_metrics(spec: ReadoutSpec) -> Tuple[str, ...]:
-  return tuple(spec.metrics) or METRICS_BY_TYPE[spec.type]
+  return (tuple(spec.metrics) or
+          readout_types.get_readout_type(spec).metrics)
 
 
 def target_normalization(spec: ReadoutSpec
@@ -169,21 +177,19 @@ def validate_readouts(readouts, task_vocabulary) -> None:
       raise ValueError(f'{where}: the name is reserved ({RESERVED_NAMES}: '
                        "the logs' `total_loss` and `average/<metric>`); "
                        'rename the readout.')
-    if spec.type not in READOUT_TYPES:
-      raise ValueError(f'{where}: type {spec.type!r}; expected one of '
-                       f'{READOUT_TYPES}.')
-    if int(spec.dim) < 1 or (spec.type == 'multinomial' and spec.dim < 2):
-      raise ValueError(f'{where}: dim {spec.dim}; expected >= 1 (>= 2 '
-                       'classes for multinomial).')
+    readout_type = readout_types.get_readout_type(spec, where)
+    problem = readout_type.dim_problem(spec.dim)
+    if problem:
+      raise ValueError(f'{where}: dim {spec.dim}; {problem}.')
     if not spec.loss_weight >= 0:
       raise ValueError(f'{where}: loss_weight {spec.loss_weight}; expected '
                        '>= 0.')
     target_normalization(spec)  # Raises for a bad normalisation.
-    unknown = set(spec.metrics) - set(METRICS_BY_TYPE[spec.type])
+    unknown = set(spec.metrics) - set(readout_type.metrics)
     if unknown:
       raise ValueError(f'{where}: metrics {sorted(unknown)} are not defined '
                        f'for type {spec.type}; expected a subset of '
-                       f'{METRICS_BY_TYPE[spec.type]}.')
+                       f'{readout_type.metrics}.')
   missing = [n for n in names if n not in vocab]
   if missing:
     raise ValueError(f'No routing index for readouts {missing}: add them to '

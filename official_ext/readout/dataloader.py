@@ -19,10 +19,12 @@ Record schema: one `tf.train.Example` per sample (e.g. a trial), features
   not trained (weight 0, mask 1). Absent: the metrics weigh queries by
   `output_weights`, as the loss does.
 * `output_target_sizes` (int64 list, n_q): number of target values of each
-  query: the task's `dim`, or 1 for multinomial (the class id).
+  query: its readout type's target size (`readout_types`): the task's `dim`,
+  or 1 for multinomial (the class id) and von_mises (the angle).
 * `output_targets` (float list, sum of sizes): the queries' targets chained.
   continuous: values; binary / multilabel: labels in [0, 1]; multinomial: the
-  class id in [0, dim); event_rate: counts >= 0.
+  class id in [0, dim); event_rate: counts >= 0; von_mises: an angle in
+  radians.
 * `session_id` (bytes, optional): the recording session the sample comes
   from (e.g. an NWB file's identifier).
 * `window_start` (float, optional): the session time (seconds) of the
@@ -38,10 +40,11 @@ lengths agree; every task id has a ReadoutSpec (0 is padding, an id not in the
 vocabulary or whose task has no spec is an error); each target has its task's
 size; targets, weights and timestamps are finite; event_rate counts >= 0;
 binary/multilabel labels in [0, 1]; multinomial class ids are integers in
-[0, dim); weights >= 0; an `output_eval_mask` has one 0 or 1 per query; a
-read `window_start` is finite; token and query counts within
-`max_input_tokens` / `max_queries` when set. A record that is not a proto, or a feature stored with
-another dtype, fails in TensorFlow's parser with an error naming the file.
+[0, dim) (each readout type's `invalid_targets`); weights >= 0; an
+`output_eval_mask` has one 0 or 1 per query; a read `window_start` is
+finite; token and query counts within `max_input_tokens` / `max_queries`
+when set. A record that is not a proto, or a feature stored with another
+dtype, fails in TensorFlow's parser with an error naming the file.
 Files (`official_ext.core.tfrecord_input`): an `input_path` that matches
 nothing, a broken symlink or a directory is a ValueError naming it; a
 truncated or corrupted file fails naming the file and byte offset. With
@@ -83,8 +86,7 @@ from official_ext.core import graph_checks
 from official_ext.core import input_files
 from official_ext.core import tfrecord_input
 from official_ext.readout import configs
-
-_TYPE_CODES = {t: i for i, t in enumerate(configs.READOUT_TYPES)}
+from official_ext.readout import readout_types
 
 
 # ---------------------------------------------------------------------------
@@ -265,19 +267,27 @@ class Parser:
     has_spec = np.zeros([size], bool)
     names = ['<padding>'] + vocab
     target_sizes = np.zeros([size], np.int64)
+    # The readout types of these specs; a task's type code is the position
+    # of its type here.
+    self._readout_types = readout_types.types_of(readouts)
+    codes = {t.name: i for i, t in enumerate(self._readout_types)}
     types = np.full([size], -1, np.int32)
     dims = np.zeros([size], np.int64)
+    target_docs = [''] * size
     for i, name in enumerate(vocab, start=1):
       if name in specs:
         has_spec[i] = True
         target_sizes[i] = configs.target_size(specs[name])
-        types[i] = _TYPE_CODES[specs[name].type]
+        types[i] = codes[specs[name].type]
         dims[i] = specs[name].dim
+        target_docs[i] = (f'{specs[name].type}: '
+                          f'{self._readout_types[types[i]].target_doc}')
     self._has_spec = has_spec
     self._names = names
     self._target_sizes = target_sizes
     self._types = types
     self._dims = dims
+    self._target_docs = target_docs
     self._spec_names = [s.name for s in readouts]
     self.max_target_size = int(target_sizes.max())
     self._features = {
@@ -339,7 +349,8 @@ class Parser:
     with tf.control_dependencies([check_ids]):
       expected = tf.gather(self._target_sizes, safe)
     targets, target_checks = self._targets_by_query(
-        f['output_targets'], f['output_target_sizes'], expected, name, where)
+        f['output_targets'], f['output_target_sizes'], expected, name,
+        tf.gather(self._target_docs, safe), where)
     value_checks = self._check_target_values(
         f['output_targets'], targets.value_rowids(), safe, name, rid, source)
     value_checks.append(self._check_weights(f['output_weights'], name, where))
@@ -487,6 +498,7 @@ class Parser:
 
   def _targets_by_query(self, targets: tf.Tensor, sizes: tf.Tensor,
                         expected: tf.Tensor, name: tf.Tensor,
+                        target_doc: tf.Tensor,
                         where: Callable[..., Callable[[], tf.Tensor]]
                         ) -> Tuple[tf.RaggedTensor, List[tf.Tensor]]:
     """The chained targets (float32 [sum(sizes)]) split per query.
@@ -496,6 +508,7 @@ class Parser:
       sizes: int64 [n_q], `output_target_sizes`.
       expected: int64 [n_q], each query's task's target size.
       name: string [n_q], each query's task name.
+      target_doc: string [n_q], what each query's readout type stores.
       where: message parts -> message function naming the record.
 
     Returns:
@@ -509,8 +522,7 @@ class Parser:
         tf.logical_not(tf.reduce_any(bad)), where(lambda: (
             'query ', first(qpos), ' of task `', first(name),
             '` has a target of ', first(sizes), ' values; expected ',
-            first(expected),
-            ' (the ReadoutSpec dim, or 1 class id for multinomial).')))
+            first(expected), ' (', first(target_doc), ').')))
     check_total = graph_checks.require(
         tf.equal(tf.reduce_sum(sizes), tf.cast(tf.size(targets), tf.int64)),
         where(lambda: (
@@ -535,29 +547,23 @@ class Parser:
       rid, source: string scalars, the record's id and file.
 
     Returns:
-      The checks: finite; event_rate counts >= 0; binary / multilabel labels
-      in [0, 1]; multinomial class ids integers in [0, dim).
+      The checks: finite; then the `invalid_targets` of each readout type
+      (e.g. event_rate counts >= 0; binary / multilabel labels in [0, 1];
+      multinomial class ids integers in [0, dim)).
     """
     vname = tf.gather(name, query_of_value)
     vtype = tf.gather(tf.gather(self._types, safe), query_of_value)
-    vdim = tf.gather(tf.gather(self._dims, safe), query_of_value)
+    vdim = tf.cast(tf.gather(tf.gather(self._dims, safe), query_of_value),
+                   tf.float32)
     vq = tf.cast(query_of_value, tf.int32)
-    is_type = lambda t: tf.equal(vtype, _TYPE_CODES[t])
-    nan = tf.logical_not(tf.math.is_finite(values))
-    negative = tf.logical_and(is_type('event_rate'), values < 0)
-    not_label = tf.logical_and(
-        tf.logical_or(is_type('binary'), is_type('multilabel')),
-        tf.logical_or(values < 0, values > 1))
-    not_class = tf.logical_and(is_type('multinomial'), tf.logical_or(
-        tf.logical_or(values < 0, values >= tf.cast(vdim, tf.float32)),
-        tf.not_equal(values, tf.round(values))))
+    refused = [(tf.logical_not(tf.math.is_finite(values)),
+                'a NaN or infinite target value')]
+    for code, readout_type in enumerate(self._readout_types):
+      for what, invalid in readout_type.invalid_targets:
+        refused.append((tf.logical_and(tf.equal(vtype, code),
+                                       invalid(values, vdim)), what))
     checks = []
-    for bad, what in ((nan, 'a NaN or infinite target value'),
-                      (negative, 'a negative count (event_rate targets are '
-                       'counts >= 0)'),
-                      (not_label, 'a label outside [0, 1]'),
-                      (not_class, 'a class id that is not an integer in '
-                       '[0, dim)')):
+    for bad, what in refused:
       checks.append(graph_checks.require(
           tf.logical_not(tf.reduce_any(bad)),
           lambda bad=bad, what=what: graph_checks.join(

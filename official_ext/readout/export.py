@@ -15,12 +15,15 @@ Signatures:
   [B, n_out] (0: padding), float32 [B, n_out].
 
 Both return `output_readout_index` int32 [B, n_out] and, per task, `<task>`
-float32 [B, n_out, dim]: the head's output at every position (values,
-logits or log-rates by the task's type; a readout with `normalize_mean` /
-`normalize_std` de-normalised: in the target's units); it is the task's
-prediction where `output_readout_index` equals the task's id.
-`serving_default` also returns `targets` float32 [B, n_out, T] and `weights`
-float32 [B, n_out] of the records.
+float32 [B, n_out, k]: the served output of the task's readout type
+(`ReadoutType.serve` of `readout_types`) at every position: the head's
+output (k = dim) as values, logits or log-rates for the five original
+types (a continuous readout with `normalize_mean` / `normalize_std`
+de-normalised: in the target's units); for von_mises (k = 2) the mean
+direction in radians, in (-pi, pi], and the concentration kappa. It is the
+task's prediction where `output_readout_index` equals the task's id.
+`serving_default` also returns `targets` float32 [B, n_out, T] and
+`weights` float32 [B, n_out] of the records.
 
 `serve_tokens` refuses what it cannot score (InvalidArgumentError naming the
 input, and the row where one is to blame), never answering NaN: inputs of
@@ -33,6 +36,7 @@ queries (id 0) are ignored whatever they hold: they are replaced by zeros
 before the model, by selection (attention masks by adding -1e9, and NaN +
 -1e9 is still NaN).
 """
+import functools
 from typing import Dict, Mapping
 
 import tensorflow as tf, tf_keras
@@ -42,8 +46,17 @@ from official.core import export_base
 from official_ext.core import graph_checks
 from official_ext.readout import configs
 from official_ext.readout import dataloader
+from official_ext.readout import readout_types
 
 SIGNATURES = ('serving_default', 'serve_tokens')
+
+
+def _serve(spec: configs.ReadoutSpec, outputs: tf.Tensor) -> tf.Tensor:
+  """One task's served output of its head's outputs [..., dim]: in the
+  target's units (`configs.denormalize_predictions`), then its readout
+  type's `serve`."""
+  return readout_types.get_readout_type(spec).serve(
+      spec, configs.denormalize_predictions(spec, outputs))
 
 
 class ReadoutExportModule(export_base.ExportModule):
@@ -58,13 +71,16 @@ class ReadoutExportModule(export_base.ExportModule):
     self._parser = dataloader.Parser(self._data, params.task.readouts,
                                      params.task.task_vocabulary)
     self._input_dim = int(self._data.input_dim)
-    self._specs = {spec.name: spec for spec in params.task.readouts}
+    # {task: head outputs -> served output}: de-normalised (a readout with
+    # target normalisation), then its readout type's serving function.
+    self._serve_fns = {
+        spec.name: functools.partial(_serve, spec)
+        for spec in params.task.readouts}
 
   def _predict(self, batch: Mapping[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
     embs = self.model.output_embeddings(batch, training=False)
     index = tf.cast(batch['output_readout_index'], tf.int32)
-    outputs = {name: configs.denormalize_predictions(
-                   self._specs[name], tf.cast(values, tf.float32))
+    outputs = {name: self._serve_fns[name](tf.cast(values, tf.float32))
                for name, (values, _) in
                self.model.readout.call_static(embs, index).items()}
     outputs['output_readout_index'] = index

@@ -1,6 +1,8 @@
 """Readout losses by type, weighted by per-query weights.
 
-Per query i of a task (predictions p_i = the head's output, targets y_i):
+Per query i of a task (predictions p_i = the head's output, targets y_i),
+the loss of its readout type (`readout_types`); the shipped types' losses
+(`builtin_types`, `von_mises`):
 
 * continuous: mean squared error over the `dim` channels,
   mean_c (p_ic - y_ic)^2.
@@ -11,6 +13,8 @@ Per query i of a task (predictions p_i = the head's output, targets y_i):
 * event_rate: Poisson negative log-likelihood with log-rate input,
   mean_c (exp(p_ic) - y_ic * p_ic) (the constant log(y!) is left out, as in
   `torch.nn.PoissonNLLLoss(log_input=True, full=False)`).
+* von_mises: the von Mises negative log-likelihood of an angle, the head
+  giving the mean direction and concentration (`von_mises`).
 
 Task loss = sum_i w_i l_i / sum_i w_i over the task's queries (0 when the task
 has no query of positive weight); a query of weight 0 contributes nothing to
@@ -39,6 +43,7 @@ from typing import Dict, Mapping, Optional, Tuple
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official_ext.readout import configs
+from official_ext.readout import readout_types
 
 Sums = Dict[str, Tuple[tf.Tensor, tf.Tensor]]
 # ({task: samples holding the task}, samples): see `sample_counts`.
@@ -47,30 +52,23 @@ Counts = Tuple[Dict[str, tf.Tensor], tf.Tensor]
 
 def per_query_loss(spec: configs.ReadoutSpec, predictions: tf.Tensor,
                    targets: tf.Tensor) -> tf.Tensor:
-  """Unweighted loss of each query.
+  """Unweighted loss of each query: the loss of the spec's readout type
+  (`readout_types`).
 
   Args:
     spec: the task's ReadoutSpec.
     predictions: float [n, dim] head outputs.
-    targets: float [n, target_size] (target_size = 1 for multinomial).
+    targets: float [n, target_size] (`configs.target_size`).
 
   Returns:
     float32 [n].
+
+  Raises:
+    ValueError: the spec's type is not registered (naming the spec).
   """
-  p = tf.cast(predictions, tf.float32)
-  y = tf.cast(targets, tf.float32)
-  if spec.type == 'continuous':
-    return tf.reduce_mean(tf.math.squared_difference(p, y), axis=-1)
-  if spec.type in ('binary', 'multilabel'):
-    return tf.reduce_mean(
-        tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=p), axis=-1)
-  if spec.type == 'multinomial':
-    labels = tf.cast(tf.round(y[:, 0]), tf.int32)
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.clip_by_value(labels, 0, spec.dim - 1), logits=p)
-  if spec.type == 'event_rate':
-    return tf.reduce_mean(tf.exp(p) - y * p, axis=-1)
-  raise ValueError(f'Readout {spec.name!r}: unknown type {spec.type!r}.')
+  readout_type = readout_types.get_readout_type(spec)
+  return readout_type.loss(spec, tf.cast(predictions, tf.float32),
+                           tf.cast(targets, tf.float32))
 
 
 def loss_sums(specs: Mapping[str, configs.ReadoutSpec],

@@ -26,10 +26,16 @@ measure (no query of positive weight, or no positive label for mAP);
   D(y, ybar_w) with the Poisson deviance D(y, mu) = 2 sum w (y log(y / mu) -
   y + mu) (0 log 0 = 0).
 
+* `mean_cosine`, `angular_error_deg` (von_mises): see `von_mises`.
+
+A task's metrics are computed by its readout type (`readout_types`:
+`task_metrics`); the ones above are those of the shipped types.
+
 `ReadoutMetrics.result()` reports `<task>/<metric>` for each task's metrics
 that has a value, `average/<metric>` (mean over the tasks reporting it) and
-`average/score` (mean of each task's primary metric: r2, balanced_accuracy,
-map or poisson_d2), each only when at least one task gives it a value.
+`average/score` (mean of each task's primary metric, the first of its type's
+metrics, always "higher is better": r2, balanced_accuracy, map, poisson_d2,
+mean_cosine), each only when at least one task gives it a value.
 
 The weights are the queries' metric weights (`dataloader`: the record's
 `output_eval_mask`, or without one its loss weights).
@@ -58,6 +64,7 @@ import numpy as np
 
 from official_ext.core import average_precision as core_ap
 from official_ext.readout import configs
+from official_ext.readout import readout_types
 
 
 def _prep(pred, target, weights):
@@ -220,22 +227,19 @@ def stitch(predictions, targets, weights, sessions, times,
 
 def task_metrics(spec: configs.ReadoutSpec, predictions, targets,
                  weights=None) -> Dict[str, float]:
-  """The metrics of one task ({metric: value}, those of `spec.metrics`)."""
-  size = configs.target_size(spec)
-  targets = np.asarray(targets)[:, :size]
-  if spec.type == 'continuous':
-    values = {'r2': r2_score(predictions, targets, weights),
-              'pearson': pearson(predictions, targets, weights)}
-  elif spec.type == 'binary':
-    values = binary_scores(predictions, targets, weights)
-  elif spec.type == 'multinomial':
-    values = multinomial_scores(predictions, targets, weights)
-  elif spec.type == 'multilabel':
-    values = {'map': mean_average_precision(predictions, targets, weights)}
-  elif spec.type == 'event_rate':
-    values = {'poisson_d2': poisson_d2(predictions, targets, weights)}
-  else:
-    raise ValueError(f'Readout {spec.name!r}: unknown type {spec.type!r}.')
+  """The metrics of one task ({metric: value}, those of `spec.metrics`),
+  computed by its readout type (`readout_types`).
+
+  Args:
+    spec: the task's ReadoutSpec.
+    predictions: [n, dim] head outputs.
+    targets: [n, >= target_size]; extra columns are ignored.
+    weights: [n] (None: all 1).
+  """
+  readout_type = readout_types.get_readout_type(spec)
+  targets = np.asarray(targets)[:, :configs.target_size(spec)]
+  p, y, w = _prep(predictions, targets, weights)
+  values = readout_type.compute_metrics(spec, p, y, w)
   return {m: values[m] for m in configs.spec_metrics(spec)}
 
 
@@ -258,7 +262,7 @@ def _summarize(specs: Mapping[str, configs.ReadoutSpec],
     for metric, value in measured.items():
       out[f'{name}/{metric}'] = value
       by_metric.setdefault(metric, []).append(value)
-    primary = configs.METRICS_BY_TYPE[spec.type][0]
+    primary = readout_types.get_readout_type(spec).metrics[0]
     if primary in measured:
       primaries.append(measured[primary])
   for metric, metric_values in by_metric.items():

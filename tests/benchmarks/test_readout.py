@@ -1,12 +1,14 @@
-"""The readout benchmark: a quick run reports the sizes asked for."""
+"""The readout benchmark: quick runs report the sizes asked for."""
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from official_ext.benchmarks import readout as benchmark
+from official_ext.readout import demo_data
 
 
 def test_quick_run_reports_the_sizes_asked_for():
-  f = benchmark.run(quick=True)
+  f = benchmark.run_heads(quick=True)
   assert set(f) == {'padded_rows_per_sec', 'varlen_rows_per_sec',
                     'varlen_speedup', 'num_samples', 'num_queries',
                     'padded_rows', 'padding_fraction', 'dim', 'max_queries'}
@@ -30,3 +32,44 @@ def test_quick_run_reports_the_sizes_asked_for():
   assert f['padding_fraction'] == pytest.approx(1 - f['num_queries'] / 128)
   assert f['varlen_speedup'] == pytest.approx(
       f['varlen_rows_per_sec'] / f['padded_rows_per_sec'], rel=1e-12)
+
+
+def _round_up_8(n):
+  return -(-n // 8) * 8
+
+
+def test_quick_whole_model_run_counts_the_demo_queries():
+  # Without the memory children (`python -m official_ext.benchmark readout
+  # --quick` runs them); the padded and chained steps' outputs, loss and
+  # gradients are checked equal inside `run_model` before timing.
+  f = benchmark.run_model(quick=True, memory=False)
+  assert not any('peak' in k for k in f)
+  assert benchmark.QUICK_MODEL == (6, 8, 2, 1, 8)
+  assert (f['model_num_samples'], f['model_hidden_size']) == (6, 8)
+  # The first 6 demo trials, read here from the records themselves.
+  queries, tokens = [], []
+  for record in demo_data.generate_trials(6, seed=0, split_id=1):
+    feature = tf.train.Example.FromString(record).features.feature
+    queries.append(len(feature['output_task_ids'].int64_list.value))
+    tokens.append(len(feature['input_timestamps'].float_list.value))
+  assert f['model_num_queries'] == sum(queries)
+  assert f['model_padded_rows'] == 6 * _round_up_8(max(queries))
+  assert f['model_input_tokens'] == _round_up_8(max(tokens))
+  assert f['model_padding_fraction'] == pytest.approx(
+      1 - sum(queries) / f['model_padded_rows'], rel=1e-12)
+  assert 0 < f['model_padding_fraction'] < 1
+  assert f['model_varlen_speedup'] == pytest.approx(
+      f['model_varlen_rows_per_sec'] / f['model_padded_rows_per_sec'],
+      rel=1e-12)
+
+
+def test_memory_child_program_calls_this_module(monkeypatch, capsys):
+  # The child process runs this program; here it runs in this process with
+  # `memory_child` replaced (a real child costs a TensorFlow start-up).
+  calls = []
+  monkeypatch.setattr(benchmark, 'memory_child',
+                      lambda *args: calls.append(args) or {'step_peak_mb': 2})
+  code = benchmark.memory_child_code('varlen', True)
+  exec(code, {})  # pylint: disable=exec-used
+  assert calls == [('varlen', True)]
+  assert capsys.readouterr().out == 'RESULT {"step_peak_mb": 2}\n'

@@ -153,3 +153,89 @@ def test_model_config_round_trip():
   clone.set_weights(model.get_weights())
   np.testing.assert_allclose(clone(batch())['speed'], model(batch())['speed'],
                              atol=1e-6)
+
+
+@pytest.fixture(scope='module')
+def two_block_model():
+  """Two decoder blocks, random weights (so every path carries signal)."""
+  config = task_config()
+  config.model.decoder.num_layers = 2
+  model = model_lib.build_model(config)
+  _randomize(model)
+  return model
+
+
+def _with_empty_sample(seed=0):
+  """`batch()` plus a fourth sample without queries (second from the end)."""
+  b = batch(seed)
+  extra = batch(seed + 1)
+  out = {k: np.concatenate([b[k][:2], extra[k][:1], b[k][2:]]) for k in b}
+  out['output_readout_index'][2] = 0
+  return out
+
+
+def _outputs_and_gradients(model, inputs):
+  with tf.GradientTape() as tape:
+    out = model(inputs, training=True)
+    loss = tf.add_n([tf.reduce_sum(tf.sin(o)) for o in out.values()])
+  return out, tape.gradient(loss, model.trainable_variables)
+
+
+def test_chained_decoder_equals_padded_outputs_and_gradients(two_block_model):
+  model = two_block_model
+  b = _with_empty_sample()
+  assert not (b['output_readout_index'][2] != 0).any()
+  padded, padded_grads = _outputs_and_gradients(model, b)
+  varlen, varlen_grads = _outputs_and_gradients(model, chained(b))
+  for name in VOCAB:
+    np.testing.assert_allclose(padded[name], varlen[name], rtol=1e-5,
+                               atol=1e-5, err_msg=name)
+  for var, p, v in zip(model.trainable_variables, padded_grads,
+                       varlen_grads):
+    assert p is not None, var.name
+    np.testing.assert_allclose(tf.convert_to_tensor(p),
+                               tf.convert_to_tensor(v), rtol=1e-4,
+                               atol=1e-5, err_msg=var.name)
+  # A chain in another order (samples interleaved) decodes each query the
+  # same: its embedding is the padded one of the same (sample, query).
+  c = chained(b)
+  order = np.random.default_rng(1).permutation(len(c['output_batch_index']))
+  shuffled = dict(c, **{k: c[k][order] for k in (
+      'output_readout_index', 'output_timestamps', 'output_batch_index')})
+  assert (np.diff(shuffled['output_batch_index']) < 0).any()
+  valid = b['output_readout_index'] != 0
+  np.testing.assert_allclose(
+      model.output_embeddings(shuffled),
+      model.output_embeddings(b).numpy()[valid][order], atol=1e-5)
+
+
+def test_chained_decoder_makes_no_per_query_copy_of_the_context(
+    two_block_model):
+  # The decoder attends in per-sample blocks: no tensor of its forward or
+  # backward graph is [queries, context tokens, ...] (what a per-query
+  # gather of the encoder output, or per-query keys and values, would be).
+  decoder = two_block_model.decoder
+  c = {k: tf.constant(v) for k, v in chained(_with_empty_sample()).items()}
+  num_queries, num_tokens = (int(c['output_batch_index'].shape[0]),
+                             int(c['input_mask'].shape[1]))
+  assert num_queries not in (num_tokens, 4)  # Shapes tell them apart.
+  encoded = tf.random.normal([4, num_tokens, 8], seed=0)
+
+  @tf.function
+  def step():
+    with tf.GradientTape() as tape:
+      out = decoder.call_varlen(c['output_readout_index'],
+                                c['output_timestamps'],
+                                c['output_batch_index'], encoded,
+                                c['input_mask'], training=True)
+      loss = tf.reduce_sum(tf.sin(out))
+    return tape.gradient(loss, decoder.trainable_variables)
+
+  graph = step.get_concrete_function().graph
+  shapes = [t.shape for op in graph.get_operations() for t in op.outputs]
+  # Keys and values: projected once per sample, [B, tokens, heads, dh].
+  assert [4, num_tokens, 2, 4] in [s.as_list() for s in shapes
+                                   if s.rank == 4]
+  per_query = [s for s in shapes if s.rank is not None and s.rank >= 2 and
+               s[:2].as_list() == [num_queries, num_tokens]]
+  assert not per_query, per_query

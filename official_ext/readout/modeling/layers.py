@@ -46,7 +46,8 @@ class AttentionBlock(tf_keras.layers.Layer):
   """Pre-norm attention + feed-forward block with residuals.
 
   `call(x [B, Tq, H], context [B, Tk, H] or None (self-attention),
-  mask bool [B, Tk] or None) -> [B, Tq, H]`.
+  mask bool [B, Tk] or None) -> [B, Tq, H]`; chained queries
+  `x [N, 1, H]` with `query_slots` (see `call`) -> [N, 1, H].
   """
 
   def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int,
@@ -73,20 +74,79 @@ class AttentionBlock(tf_keras.layers.Layer):
     self.dropout = tf_keras.layers.Dropout(dropout_rate)
 
   def call(self, x: tf.Tensor, context: Optional[tf.Tensor] = None,
-           mask: Optional[tf.Tensor] = None, training=None) -> tf.Tensor:
+           mask: Optional[tf.Tensor] = None,
+           query_slots: Optional[tf.Tensor] = None,
+           block_length: Optional[tf.Tensor] = None,
+           training=None) -> tf.Tensor:
+    """The block on `x`; with `query_slots`, on chained queries.
+
+    Args:
+      x: float [B, Tq, H]; or, with `query_slots`, the queries of all
+        samples chained, [N, 1, H] (a query per row: the norms keep the
+        rank they were built with).
+      context: float [B, Tk, H], or None (self-attention).
+      mask: bool [B, Tk] (False: padding), or None.
+      query_slots: None, or int32 [N, 2]: (sample, position in the sample's
+        block) of each chained query, distinct (`chained_slots`). The
+        queries are placed into per-sample blocks [B, block_length, H]
+        (zeros elsewhere) and cross-attend to their own sample's context:
+        its keys and values are projected once per sample, not per query.
+        The attended rows are gathered back; the norms and feed-forward run
+        on the N rows. Equals `call` on the padded layout, row for row.
+      block_length: int32 scalar, more than every position of `query_slots`.
+      training: dropout on or off.
+
+    Returns:
+      float, the shape of `x`.
+    """
     q = self.query_norm(x)
     kv = q if context is None else self.context_norm(context)
+    if query_slots is not None:
+      if context is None or block_length is None:
+        raise ValueError('AttentionBlock: query_slots (chained queries) need '
+                         'a context to attend to and a block_length.')
+      q = tf.scatter_nd(query_slots, q[:, 0, :], tf.stack(
+          [tf.shape(kv)[0], block_length, tf.shape(q)[-1]]))
     attention_mask = None
     if mask is not None:
       attention_mask = tf.logical_and(
           tf.ones_like(q[..., :1], tf.bool), mask[:, None, :])
-    x = x + self.dropout(self.attention(q, kv, attention_mask=attention_mask,
-                                        training=training), training=training)
+    attended = self.attention(q, kv, attention_mask=attention_mask,
+                              training=training)
+    if query_slots is not None:
+      attended = tf.gather_nd(attended, query_slots)[:, None, :]
+    x = x + self.dropout(attended, training=training)
     h = self.ffn_out(self.ffn_in(self.ffn_norm(x)))
     return x + self.dropout(h, training=training)
 
   def get_config(self) -> Dict[str, Any]:
     return dict(super().get_config(), **self._config)
+
+
+def chained_slots(batch_index: tf.Tensor, batch_size: tf.Tensor
+                  ) -> Tuple[tf.Tensor, tf.Tensor]:
+  """Where chained queries go in per-sample blocks.
+
+  Args:
+    batch_index: int [N], the sample (0..batch_size-1) of each query, in any
+      order.
+    batch_size: int scalar, B.
+
+  Returns:
+    (slots int32 [N, 2]: (sample, the query's rank among its sample's
+    queries in chain order), block_length int32 scalar: the most queries of
+    one sample, 0 without queries).
+  """
+  index = tf.cast(batch_index, tf.int32)
+  counts = tf.math.bincount(index, minlength=batch_size,
+                            maxlength=batch_size, dtype=tf.int32)
+  starts = tf.cumsum(counts, exclusive=True)
+  order = tf.argsort(index, stable=True)
+  rank_in_order = (tf.range(tf.size(index)) -
+                   tf.gather(starts, tf.gather(index, order)))
+  rank = tf.gather(rank_in_order, tf.math.invert_permutation(order))
+  block_length = tf.reduce_max(tf.concat([counts, [0]], 0))
+  return tf.stack([index, rank], -1), block_length
 
 
 class TokenEncoder(tf_keras.layers.Layer):
@@ -158,7 +218,11 @@ class QueryDecoder(tf_keras.layers.Layer):
   `call(readout_index int [B, n_out], timestamps [B, n_out], encoded
   [B, L, H], encoded_mask [B, L])` -> [B, n_out, H];
   `call_varlen(readout_index [N], timestamps [N], batch_index [N], encoded,
-  encoded_mask)` -> [N, H] (each query attends to its own sample).
+  encoded_mask)` -> [N, H] (each query attends to its own sample). The
+  chained queries attend in per-sample blocks (`AttentionBlock.call` with
+  `query_slots`): keys and values are projected once per sample, and no
+  per-query copy of the context is made; the embeddings, feed-forward and
+  norms run on the N rows only.
   """
 
   def __init__(self, num_task_ids: int, hidden_size: int = 64,
@@ -200,10 +264,10 @@ class QueryDecoder(tf_keras.layers.Layer):
   def call_varlen(self, readout_index, timestamps, batch_index, encoded,
                   encoded_mask, training=None) -> tf.Tensor:
     x = self._queries(readout_index, timestamps)[:, None, :]  # [N, 1, H]
-    context = tf.gather(encoded, batch_index)  # [N, L, H]
-    mask = tf.gather(encoded_mask, batch_index)
+    slots, block_length = chained_slots(batch_index, tf.shape(encoded)[0])
     for block in self.blocks:
-      x = block(x, context=context, mask=mask, training=training)
+      x = block(x, context=encoded, mask=encoded_mask, query_slots=slots,
+                block_length=block_length, training=training)
     return self.output_norm(x)[:, 0, :]
 
   def get_config(self) -> Dict[str, Any]:

@@ -1,0 +1,93 @@
+"""The family's five original readout types, registered in `readout_types`.
+
+* continuous (dim: channels): stores dim values; MSE; r2, pearson; serves
+  the values.
+* binary (dim: independent labels): dim labels in [0, 1]; sigmoid
+  cross-entropy; balanced_accuracy, macro_f1; serves logits.
+* multinomial (dim: classes, >= 2): 1 class id, an integer in [0, dim);
+  softmax cross-entropy; balanced_accuracy, macro_f1; serves logits.
+* multilabel (dim: labels): dim labels in [0, 1]; sigmoid cross-entropy;
+  map; serves logits.
+* event_rate (dim: event channels): dim counts >= 0; Poisson NLL of
+  log-rates; poisson_d2; serves log-rates.
+
+Metrics: the primary one first. The losses are those of `losses`'
+docstring, the metrics `metrics`' functions. Imported by `readout_types`
+(its `TYPE_MODULES`).
+"""
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+
+from official_ext.readout import metrics
+from official_ext.readout import readout_types
+
+
+def _mean_squared_error(spec, p, y):
+  del spec
+  return tf.reduce_mean(tf.math.squared_difference(p, y), axis=-1)
+
+
+def _sigmoid_cross_entropy(spec, p, y):
+  del spec
+  return tf.reduce_mean(
+      tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=p), axis=-1)
+
+
+def _softmax_cross_entropy(spec, p, y):
+  labels = tf.cast(tf.round(y[:, 0]), tf.int32)
+  return tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=tf.clip_by_value(labels, 0, spec.dim - 1), logits=p)
+
+
+def _poisson_nll(spec, p, y):
+  del spec
+  return tf.reduce_mean(tf.exp(p) - y * p, axis=-1)
+
+
+def _continuous_metrics(spec, p, y, w):
+  del spec
+  return {'r2': metrics.r2_score(p, y, w), 'pearson': metrics.pearson(p, y, w)}
+
+
+def _not_label(values, dims):
+  del dims
+  return tf.logical_or(values < 0, values > 1)
+
+
+_LABEL_CHECK = (('a label outside [0, 1]', _not_label),)
+
+
+readout_types.register_readout_type(readout_types.ReadoutType(
+    name='continuous', loss=_mean_squared_error, metrics=('r2', 'pearson'),
+    compute_metrics=_continuous_metrics, dim_doc='the number of channels'))
+
+readout_types.register_readout_type(readout_types.ReadoutType(
+    name='binary', loss=_sigmoid_cross_entropy,
+    metrics=('balanced_accuracy', 'macro_f1'),
+    compute_metrics=lambda spec, p, y, w: metrics.binary_scores(p, y, w),
+    dim_doc='the number of independent labels',
+    invalid_targets=_LABEL_CHECK))
+
+readout_types.register_readout_type(readout_types.ReadoutType(
+    name='multinomial', loss=_softmax_cross_entropy,
+    metrics=('balanced_accuracy', 'macro_f1'),
+    compute_metrics=lambda spec, p, y, w: metrics.multinomial_scores(p, y, w),
+    target_size=lambda spec: 1, target_doc='1 class id', min_dim=2,
+    dim_doc='the number of classes',
+    invalid_targets=(('a class id that is not an integer in [0, dim)',
+                      lambda values, dims: tf.logical_or(
+                          tf.logical_or(values < 0, values >= dims),
+                          tf.not_equal(values, tf.round(values)))),)))
+
+readout_types.register_readout_type(readout_types.ReadoutType(
+    name='multilabel', loss=_sigmoid_cross_entropy, metrics=('map',),
+    compute_metrics=lambda spec, p, y, w: {
+        'map': metrics.mean_average_precision(p, y, w)},
+    dim_doc='the number of labels', invalid_targets=_LABEL_CHECK))
+
+readout_types.register_readout_type(readout_types.ReadoutType(
+    name='event_rate', loss=_poisson_nll, metrics=('poisson_d2',),
+    compute_metrics=lambda spec, p, y, w: {
+        'poisson_d2': metrics.poisson_d2(p, y, w)},
+    dim_doc='the number of event channels',
+    invalid_targets=(('a negative count (event_rate targets are counts >= 0)',
+                      lambda values, dims: values < 0),)))

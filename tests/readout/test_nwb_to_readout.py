@@ -1,0 +1,260 @@
+"""NWB files into readout records (scripts/nwb_to_readout.py), on files this
+test writes with pynwb's own API, trained through `official_ext.train`."""
+import datetime
+import importlib.util
+import json
+import math
+import os
+
+import numpy as np
+import pynwb  # The `test` extra installs it (setup.py).
+from pynwb import behavior
+import pytest
+import tensorflow as tf, tf_keras
+
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext import train
+from official_ext.core import experiment_params
+
+_SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'scripts',
+                       'nwb_to_readout.py')
+_SESSION = 'mouse7-2024-05-01'
+_NUM_TRIALS, _NUM_UNITS = 10, 4
+_PRE, _POST, _BIN, _INTERVAL = 0.1, 0.05, 0.1, 0.2
+_WHEEL_START = 0.25  # After the first window's first query (0.2 s): left out.
+
+
+def _script():
+  spec = importlib.util.spec_from_file_location('nwb_to_readout', _SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _nwbfile():
+  return pynwb.NWBFile(
+      session_description='test session', identifier=_SESSION,
+      session_start_time=datetime.datetime(2024, 5, 1,
+                                           tzinfo=datetime.timezone.utc))
+
+
+def _trials():
+  """The trials' table columns (numpy)."""
+  i = np.arange(_NUM_TRIALS)
+  start = 1.0 * i + 0.2
+  reaction = 0.2 + 0.03 * i
+  reaction[3] = np.nan  # No response: no reaction_time query for trial 3.
+  return {'start_time': start, 'stop_time': start + 0.55 + 0.1 * (i % 3),
+          'choice': i % 2, 'reward': (i % 3) == 0,
+          'stimulus': np.array([-1, 0, 2])[i % 3],
+          'reaction_time': reaction}
+
+
+def _wheel(t):
+  return 2.0 * t + 1.0  # Linear: interpolation recovers it exactly.
+
+
+def _paw(t):
+  return np.stack([3.0 - t, 0.5 * t], 1)
+
+
+def _write(path, units=True, trials=True):
+  nwbfile = _nwbfile()
+  rng = np.random.default_rng(0)
+  spikes = [np.sort(rng.uniform(0, _NUM_TRIALS + 1, n))
+            for n in (60, 25, 0, 40)]  # Unit 2 never fires.
+  if units:
+    for s in spikes:
+      nwbfile.add_unit(spike_times=s)
+  table = _trials()
+  if trials:
+    for column in ('choice', 'reward', 'stimulus', 'reaction_time'):
+      nwbfile.add_trial_column(column, f'the {column}')
+    for i in range(_NUM_TRIALS):
+      nwbfile.add_trial(**{k: v[i] for k, v in table.items()})
+  times = _WHEEL_START + np.arange(1200) / 100.0
+  series = behavior.BehavioralTimeSeries(name='BehavioralTimeSeries')
+  series.add_timeseries(pynwb.TimeSeries(
+      name='wheel_speed', data=_wheel(times), unit='m/s', rate=100.0,
+      starting_time=_WHEEL_START))
+  nwbfile.create_processing_module('behavior', 'behaviour').add(series)
+  # Two channels at stored (irregular) timestamps, in acquisition.
+  paw_times = np.cumsum(np.full(800, 0.015) + 0.01 * (np.arange(800) % 2))
+  nwbfile.add_acquisition(pynwb.TimeSeries(
+      name='paw_speed', data=_paw(paw_times), unit='m/s',
+      timestamps=paw_times))
+  with pynwb.NWBHDF5IO(str(path), 'w') as io:
+    io.write(nwbfile)
+  return spikes, table
+
+
+_FLAGS = ['--trial_columns=choice,reward,stimulus,reaction_time',
+          '--timeseries=wheel_speed,paw_speed', f'--bin_size={_BIN}',
+          f'--pre_time={_PRE}', f'--post_time={_POST}',
+          f'--query_interval={_INTERVAL}', '--validation_fraction=0.3',
+          '--batch_size=4', '--train_epochs=1']
+
+
+@pytest.fixture(scope='module')
+def converted(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp('nwb')
+  spikes, table = _write(tmp / 'session.nwb')
+  script = _script()
+  summary = script.main([f'--nwb={tmp / "session.nwb"}',
+                         f'--output_dir={tmp / "out"}'] + _FLAGS)
+  return tmp, script, summary, spikes, table
+
+
+def _records(path):
+  out = {}
+  for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
+    f = tf.train.Example.FromString(raw).features.feature
+    get = lambda k, f=f: np.array(
+        f[k].float_list.value or f[k].int64_list.value or
+        f[k].bytes_list.value)
+    out[f['example_id'].bytes_list.value[0].decode()] = {
+        k: get(k) for k in f}
+  return out
+
+
+def test_every_trial_with_its_counts_and_targets(converted, capsys):
+  tmp, _, summary, spikes, table = converted
+  files = summary['files']
+  train_records, val_records = (_records(files['train']),
+                                _records(files['validation']))
+  # Every trial once, 7 / 3 split as the summary says.
+  ids = {f'{_SESSION}/trial{i}' for i in range(_NUM_TRIALS)}
+  assert set(train_records) | set(val_records) == ids
+  assert len(train_records) == 7 and len(val_records) == 3
+  assert summary['trial_ids']['validation'] == sorted(
+      int(k.rsplit('trial', 1)[1]) for k in val_records)
+  readouts = {r['name']: r for r in summary['readouts']}
+  assert [(n, r['type'], r['dim']) for n, r in readouts.items()] == [
+      ('choice', 'binary', 1), ('reward', 'binary', 1),
+      ('stimulus', 'multinomial', 3), ('reaction_time', 'continuous', 1),
+      ('wheel_speed', 'continuous', 1), ('paw_speed', 'continuous', 2)]
+  assert readouts['stimulus']['classes'] == [-1, 0, 2]
+  assert readouts['wheel_speed']['source'] == (
+      'processing/behavior/BehavioralTimeSeries/wheel_speed')
+  assert readouts['paw_speed']['source'] == 'acquisition/paw_speed'
+  task_of = {i + 1: n for i, n in enumerate(readouts)}
+  left_out_wheel = 0
+  for name, r in {**train_records, **val_records}.items():
+    i = int(name.rsplit('trial', 1)[1])
+    assert r['session_id'][0].decode() == _SESSION
+    start = table['start_time'][i] - _PRE
+    duration = table['stop_time'][i] + _POST - start
+    assert r['window_start'][0] == pytest.approx(start, abs=1e-6)
+    # Spike counts per 100 ms bin, against numpy on the spike times.
+    n_bins = math.ceil(round(duration / _BIN, 6))
+    counts = r['input_values'].reshape([-1, _NUM_UNITS])
+    assert counts.shape[0] == n_bins
+    for k in range(n_bins):
+      lo, hi = start + k * _BIN, start + (k + 1) * _BIN
+      np.testing.assert_array_equal(
+          counts[k], [np.sum((s >= lo) & (s < hi)) for s in spikes])
+    np.testing.assert_allclose(r['input_timestamps'],
+                               (np.arange(n_bins) + 0.5) * _BIN, atol=1e-6)
+    # Targets against the trials table and the wheel series.
+    tasks = [task_of[t] for t in r['output_task_ids']]
+    targets = np.split(r['output_targets'],
+                       np.cumsum(r['output_target_sizes'])[:-1])
+    by_task = {}
+    for task, time, value in zip(tasks, r['output_timestamps'], targets):
+      by_task.setdefault(task, []).append((time, value))
+    stop = table['stop_time'][i] - start
+    expected = {'choice': table['choice'][i], 'reward': table['reward'][i],
+                'stimulus': [-1, 0, 2].index(table['stimulus'][i]),
+                'reaction_time': table['reaction_time'][i]}
+    for task, value in expected.items():
+      if np.isnan(value):
+        assert task not in by_task  # Trial 3 has no reaction time.
+        continue
+      (time, got), = by_task[task]
+      assert time == pytest.approx(stop, abs=1e-6)
+      assert got[0] == pytest.approx(float(value), abs=1e-6), (name, task)
+    centres = (np.arange(20) + 0.5) * _INTERVAL
+    centres = centres[centres <= duration + 1e-9]  # The script's tolerance.
+    kept = centres[start + centres >= _WHEEL_START]
+    left_out_wheel += len(centres) - len(kept)
+    times, values = zip(*by_task['wheel_speed'])
+    np.testing.assert_allclose(times, kept, atol=1e-6)
+    np.testing.assert_allclose(np.concatenate(values), _wheel(start + kept),
+                               rtol=1e-5)
+    times, values = zip(*by_task['paw_speed'])
+    np.testing.assert_allclose(times, centres, atol=1e-6)
+    np.testing.assert_allclose(values, _paw(start + centres), rtol=1e-5)
+  assert left_out_wheel > 0
+  assert readouts['wheel_speed']['left_out_queries'] == left_out_wheel
+  assert readouts['reaction_time']['left_out_queries'] == 1
+  # The same flags give the same bytes (a seeded split, sorted map keys).
+  again = _script().main([f'--nwb={tmp / "session.nwb"}',
+                          f'--output_dir={tmp / "again"}'] + _FLAGS)
+  out = capsys.readouterr().out
+  assert 'stimulus: multinomial dim 3' in out and again['files']['config'] in out
+  for split in ('train', 'validation'):
+    with open(files[split], 'rb') as a, open(again['files'][split],
+                                             'rb') as b:
+      assert a.read() == b.read()
+  with open(files['summary']) as f:
+    assert json.load(f)['readouts'][2]['classes'] == [-1, 0, 2]
+
+
+def test_converted_records_train_through_official_ext_train(converted):
+  tmp, _, summary, _, _ = converted
+  params = experiment_params.load_params(
+      'readout_demo', [summary['files']['config']], params_override={
+          'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
+          'task': {'model': {'encoder': {
+              'hidden_size': 8, 'num_heads': 2, 'num_layers': 1,
+              'intermediate_size': 8}}},
+          # One step, eagerly: tracing the steps costs ~10x running them.
+          'trainer': {'train_steps': 1, 'steps_per_loop': 1,
+                      'validation_interval': 1, 'checkpoint_interval': 1,
+                      'summary_interval': 1, 'train_tf_function': False,
+                      'train_tf_while_loop': False,
+                      'eval_tf_function': False, 'eval_tf_while_loop': False},
+      })
+  assert params.task.train_data.input_dim == _NUM_UNITS
+  assert params.task.validation_data.num_examples == 3
+  tf_keras.utils.set_random_seed(1)
+  _, metrics = train.run(params, 'train_and_eval', str(tmp / 'model'),
+                         experiment='readout_demo')
+  assert int(metrics['num_examples']) == 3
+  for key in ('choice_loss', 'stimulus/balanced_accuracy',
+              'wheel_speed/r2', 'average/score'):
+    assert np.isfinite(float(metrics[key])), key
+
+
+def test_missing_tables_columns_and_series_are_named(converted):
+  tmp, script, _, _, _ = converted
+  convert = lambda path, **kw: script.convert(
+      str(path), str(tmp / 'error'), **{'trial_columns': 'choice', **kw})
+  _write(tmp / 'no_trials.nwb', trials=False)
+  with pytest.raises(script.NWBConversionError,
+                     match=r'no_trials.nwb has no trials table.*'
+                     r"processing modules \['behavior'\]"):
+    convert(tmp / 'no_trials.nwb')
+  _write(tmp / 'no_units.nwb', units=False)
+  with pytest.raises(script.NWBConversionError,
+                     match=r'no_units.nwb has no units table.*units table no'):
+    convert(tmp / 'no_units.nwb')
+  good = tmp / 'session.nwb'
+  with pytest.raises(script.NWBConversionError,
+                     match=r"no column 'side'.*'reaction_time'"):
+    convert(good, trial_columns='choice,side')
+  with pytest.raises(script.NWBConversionError,
+                     match=r"no TimeSeries 'pupil'.*'acquisition/paw_speed', "
+                     r"'processing/behavior/BehavioralTimeSeries/wheel_speed'"):
+    convert(good, timeseries='pupil')
+  with pytest.raises(script.NWBConversionError,
+                     match=r"no TimeSeries 'processing/behavior/paw_speed'"):
+    convert(good, timeseries='processing/behavior/paw_speed')  # A path.
+  with pytest.raises(script.NWBConversionError,
+                     match=r"'stimulus': type binary needs values in"):
+    convert(good, trial_columns='stimulus:binary')
+  with pytest.raises(script.NWBConversionError,
+                     match=r'trial 1: --trial_query_time reaction_time is '
+                     r'0.23 s, outside its window \[1.2, 1.85\]'):
+    convert(good, trial_query_time='reaction_time')  # Not session times.
+  assert not os.path.exists(tmp / 'error')  # Nothing written.
