@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 
-from absl import flags
 from ai_edge_litert import interpreter
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from official_ext.core import checkpoints
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import predict
+from tests import cli
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 
@@ -381,13 +381,10 @@ TFLITE_ATOL = {'none': 1e-5, 'dynamic_range': 1e-3, 'float16': 1e-4}
 def tflite_none(trained):
   """The float32 TFLite model, written by the CLI's main in-process."""
   output = str(trained['root'] / 'none.tflite')
-  flag_values = flags.FlagValues()
-  export_tflite.define_flags(flag_values)
-  flag_values(['export_tflite', '--experiment=yt8m_demo',
+  cli.run_main(export_tflite, '--experiment=yt8m_demo',
                f'--config_file={trained["config"]}',
                f'--checkpoint_path={trained["model_dir"]}',
-               f'--output={output}', '--top_k=5'])
-  export_tflite.main([], flag_values)
+               f'--output={output}', '--top_k=5')
   records = _records(trained, 3)
   features, num_frames = _first_frames(trained, records)
   fn = tf.saved_model.load(trained['export_dir']).signatures['serve_features']
