@@ -24,7 +24,6 @@ is not empty is an error unless `--overwrite` is given; then the previous
 export is replaced whole (no file of it, e.g. an old `assets/`, is packaged
 into the new one). A failure leaves `export_dir` as it was.
 """
-import os
 import uuid
 
 from typing import Dict, Optional, Sequence, Tuple

@@ -11,6 +11,10 @@ CLI's output (tests/yt8m/test_train.py), SIGKILL and resume
 (tests/test_resilience.py), several workers (tests/test_multiworker.py) and
 `saved_model_cli`.
 """
+import json
+import os
+import subprocess
+import sys
 from typing import Sequence
 
 from absl import flags
@@ -36,3 +40,32 @@ def run_main(module, *args: str):
   exits non-zero with them)."""
   flag_values, argv = _parse(module, args)
   return module.main(argv, flag_values)
+
+
+# Runs `saved_model_cli` commands (a JSON list of argument lists) through the
+# entry point of the `saved_model_cli` console script, one after the other;
+# a command that fails exits non-zero.
+_SAVED_MODEL_CLI = """
+import json, sys
+from tensorflow.python.tools import saved_model_cli
+for args in json.loads(sys.argv[1]):
+  sys.argv = ['saved_model_cli'] + args
+  try:
+    saved_model_cli.main()
+  except SystemExit as e:
+    if e.code:
+      raise
+"""
+
+
+def saved_model_cli(*commands: Sequence[str]) -> str:
+  """Runs `saved_model_cli <command>` for each command (an argument list), in
+  ONE fresh Python process (the SavedModel must stand alone); returns its
+  stdout. A command that fails is an AssertionError with its stderr."""
+  result = subprocess.run(
+      [sys.executable, '-c', _SAVED_MODEL_CLI,
+       json.dumps([[str(a) for a in c] for c in commands])],
+      capture_output=True, text=True, timeout=300, check=False,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result.stdout

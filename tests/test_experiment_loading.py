@@ -84,7 +84,7 @@ def _imports(path):
 def test_predict_imports_no_cli():
   """predict loads its config through core, not through a CLI module."""
   names = _imports(os.path.join(_PACKAGE, 'yt8m', 'predict.py'))
-  for cli in ('official_ext.train', 'official_ext.export_saved_model',
-              'official_ext.benchmark'):
-    assert cli not in names
+  for module in ('official_ext.train', 'official_ext.export_saved_model',
+                 'official_ext.benchmark'):
+    assert module not in names
   assert 'official_ext.core.experiment_params' in names
