@@ -24,7 +24,6 @@ is not empty is an error unless `--overwrite` is given; then the previous
 export is replaced whole (no file of it, e.g. an old `assets/`, is packaged
 into the new one). A failure leaves `export_dir` as it was.
 """
-import os
 import uuid
 
 from typing import Dict, Optional, Sequence, Tuple
@@ -174,31 +173,41 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
 FLAGS = flags.FLAGS
 
 
-def define_flags():
-  flags.DEFINE_string('experiment', None, 'Registered experiment name.')
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
+  define = dict(flag_values=flag_values)
+  flags.DEFINE_string('experiment', None, 'Registered experiment name.',
+                      **define)
   flags.DEFINE_multi_string(
       'config_file', None, 'YAML config overrides, applied after the '
-      "checkpoint directory's params.yaml.")
+      "checkpoint directory's params.yaml.", **define)
   flags.DEFINE_string('params_override', '',
-                      'Comma-separated overrides, applied last.')
+                      'Comma-separated overrides, applied last.', **define)
   flags.DEFINE_string('checkpoint_path', None,
-                      'Checkpoint prefix or a directory (latest checkpoint).')
-  flags.DEFINE_string('export_dir', None, 'Where to write the SavedModel.')
-  flags.DEFINE_integer('top_k', 20, 'k of the top_k_* serving outputs.')
+                      'Checkpoint prefix or a directory (latest checkpoint).',
+                      **define)
+  flags.DEFINE_string('export_dir', None, 'Where to write the SavedModel.',
+                      **define)
+  flags.DEFINE_integer('top_k', 20, 'k of the top_k_* serving outputs.',
+                       **define)
   flags.DEFINE_bool('overwrite', False,
-                    'Replace an --export_dir that is not empty (whole).')
+                    'Replace an --export_dir that is not empty (whole).',
+                    **define)
+  flags.mark_flags_as_required(['experiment', 'checkpoint_path', 'export_dir'],
+                               flag_values=flag_values)
 
 
-def main(_):
-  params = load_params(FLAGS.experiment, FLAGS.config_file,
-                       FLAGS.params_override,
-                       checkpoint_path=FLAGS.checkpoint_path)
-  path = export(params, FLAGS.checkpoint_path, FLAGS.export_dir, FLAGS.top_k,
-                overwrite=FLAGS.overwrite)
-  print(f'Exported {FLAGS.experiment} to {path}')
+def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
+  """Runs the export with the parsed `flag_values`; prints where it went."""
+  del argv
+  fv = flag_values
+  params = load_params(fv.experiment, fv.config_file, fv.params_override,
+                       checkpoint_path=fv.checkpoint_path)
+  path = export(params, fv.checkpoint_path, fv.export_dir, fv.top_k,
+                overwrite=fv.overwrite)
+  print(f'Exported {fv.experiment} to {path}')
 
 
 if __name__ == '__main__':
   define_flags()
-  flags.mark_flags_as_required(['experiment', 'checkpoint_path', 'export_dir'])
   app.run(main)

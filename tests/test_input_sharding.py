@@ -7,6 +7,7 @@ files as pipelines, and the records otherwise. Two pipelines are simulated
 here with `tf.distribute.InputContext(num_input_pipelines=2, ...)`.
 """
 import collections
+import functools
 
 import numpy as np
 import pytest
@@ -83,8 +84,11 @@ def _yt8m_ids(params, context, num_examples=None):
   return ids
 
 
+@functools.lru_cache(maxsize=None)
 def _yt8m_all_ids(pattern):
-  return _yt8m_ids(_yt8m_params(pattern, is_training=False), None)
+  """The ids of one evaluation pass over `pattern` (read once per pattern:
+  the files do not change within the module)."""
+  return tuple(_yt8m_ids(_yt8m_params(pattern, is_training=False), None))
 
 
 @pytest.mark.parametrize('is_training', [False, True])

@@ -400,44 +400,53 @@ def derive(params, checkpoint_path: str, threshold: float, output: str,
 FLAGS = flags.FLAGS
 
 
-def define_flags():
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
+  define = dict(flag_values=flag_values)
   flags.DEFINE_string('experiment', 'assemblenet_plus_lite_search_demo',
                       'The search experiment (its structure; params.yaml '
-                      'beside the checkpoint is applied on top).')
+                      'beside the checkpoint is applied on top).', **define)
   flags.DEFINE_multi_string('config_file', None,
-                            'YAML config overrides, after params.yaml.')
-  flags.DEFINE_string('params_override', '', 'Comma-separated overrides.')
+                            'YAML config overrides, after params.yaml.',
+                            **define)
+  flags.DEFINE_string('params_override', '', 'Comma-separated overrides.',
+                      **define)
   flags.DEFINE_string('model_dir', '', 'The search run (its newest '
-                      'checkpoint).')
-  flags.DEFINE_string('checkpoint', '', 'Or a checkpoint prefix.')
+                      'checkpoint).', **define)
+  flags.DEFINE_string('checkpoint', '', 'Or a checkpoint prefix.', **define)
   flags.DEFINE_float('threshold', None, 'Keep the edges whose sigmoid '
-                     'weight is >= this.')
-  flags.DEFINE_string('output', None, 'The derived structure JSON.')
+                     'weight is >= this.', **define)
+  flags.DEFINE_string('output', None, 'The derived structure JSON.', **define)
   flags.DEFINE_string('edge_weights_output', '', 'The kept edge weights '
-                      'JSON (default: <output stem>_edge_weights.json).')
-  flags.DEFINE_string('png', '', 'A PNG of the graph (optional).')
+                      'JSON (default: <output stem>_edge_weights.json).',
+                      **define)
+  flags.DEFINE_string('png', '', 'A PNG of the graph (optional).', **define)
+  flags.mark_flags_as_required(['threshold', 'output'],
+                               flag_values=flag_values)
 
 
-def main(_):
-  checkpoint_path = resolve_checkpoint(FLAGS.model_dir, FLAGS.checkpoint)
+def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
+  """Derives the structure the parsed `flag_values` ask for; prints it."""
+  del argv
+  fv = flag_values
+  checkpoint_path = resolve_checkpoint(fv.model_dir, fv.checkpoint)
   params = experiment_params.load_params(
-      FLAGS.experiment, FLAGS.config_file, FLAGS.params_override,
-      checkpoint_path=FLAGS.model_dir or checkpoint_path)
-  derived = derive(params, checkpoint_path, FLAGS.threshold, FLAGS.output,
-                   FLAGS.edge_weights_output, FLAGS.png)
-  weights_path = FLAGS.edge_weights_output or edge_weights_output_path(
-      FLAGS.output)
+      fv.experiment, fv.config_file, fv.params_override,
+      checkpoint_path=fv.model_dir or checkpoint_path)
+  derived = derive(params, checkpoint_path, fv.threshold, fv.output,
+                   fv.edge_weights_output, fv.png)
+  weights_path = fv.edge_weights_output or edge_weights_output_path(
+      fv.output)
   print(f'{checkpoint_path}: kept {derived.num_kept} of '
-        f'{len(derived.edges)} edges at threshold {FLAGS.threshold}; wrote '
-        f'{FLAGS.output} and {weights_path}'
-        + (f' and {FLAGS.png}' if FLAGS.png else ''))
+        f'{len(derived.edges)} edges at threshold {fv.threshold}; wrote '
+        f'{fv.output} and {weights_path}'
+        + (f' and {fv.png}' if fv.png else ''))
   key = 'task.model.backbone.assemblenet_plus_lite'
   print(f"Train on it: --params_override={key}.model_structure='',"
-        f'{key}.model_structure_path={FLAGS.output},'
+        f'{key}.model_structure_path={fv.output},'
         f'{key}.model_edge_weights_path={weights_path}')
 
 
 if __name__ == '__main__':
   define_flags()
-  flags.mark_flags_as_required(['threshold', 'output'])
   app.run(main)

@@ -442,32 +442,36 @@ def ensure_demo_data(task_config: configs.YT8MTask) -> Tuple[str, str]:
 # ---------------------------------------------------------------------------
 
 
-def _define_flags() -> None:
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
+  define = dict(flag_values=flag_values)
   task = configs.yt8m_demo().task
-  flags.DEFINE_string('output_dir', None, 'Directory for the shards.')
+  flags.DEFINE_string('output_dir', None, 'Directory for the shards.', **define)
   flags.DEFINE_integer('num_classes', task.train_data.num_classes,
-                       'Number of classes.')
+                       'Number of classes.', **define)
   flags.DEFINE_integer('max_frames', task.train_data.max_frames,
-                       'Pipeline max_frames (lengths go to 1.5x).')
+                       'Pipeline max_frames (lengths go to 1.5x).', **define)
   flags.DEFINE_integer('num_train_videos', task.demo_data.num_train_videos,
-                       'Train videos.')
+                       'Train videos.', **define)
   flags.DEFINE_integer('num_validation_videos',
                        task.demo_data.num_validation_videos,
-                       'Validation videos.')
+                       'Validation videos.', **define)
   flags.DEFINE_integer('num_shards', task.demo_data.num_shards,
-                       'Files per split.')
-  flags.DEFINE_integer('seed', task.demo_data.seed, 'Random seed.')
+                       'Files per split.', **define)
+  flags.DEFINE_integer('seed', task.demo_data.seed, 'Random seed.', **define)
   flags.DEFINE_float('segment_fraction', task.demo_data.segment_fraction,
-                     'Share of videos with segment ratings.')
+                     'Share of videos with segment ratings.', **define)
   flags.DEFINE_enum('record_type', 'frame', list(configs.RECORD_TYPES),
                     "'frame': SequenceExamples; 'video': the same videos as "
-                    'video-level Examples (mean_rgb, mean_audio).')
-  flags.mark_flag_as_required('output_dir')
+                    'video-level Examples (mean_rgb, mean_audio).', **define)
+  flags.mark_flag_as_required('output_dir', flag_values=flag_values)
 
 
-def main(argv: List[str]) -> None:
+def main(argv: Sequence[str],
+         flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Writes the demo dataset the parsed `flag_values` describe."""
   del argv
-  f = flags.FLAGS
+  f = flag_values
   patterns = write_demo_dataset(
       f.output_dir,
       num_classes=f.num_classes,
@@ -483,5 +487,5 @@ def main(argv: List[str]) -> None:
 
 
 if __name__ == '__main__':
-  _define_flags()
+  define_flags()
   app.run(main)

@@ -613,57 +613,67 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
 FLAGS = flags.FLAGS
 
 
-def define_flags():
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
+  define = dict(flag_values=flag_values)
   flags.DEFINE_string('experiment', None,
                       'Experiment giving the config class and the values no '
                       "params.yaml sets; needed only when the model has no "
                       'params.yaml (default: the params.yaml beside the model '
-                      f'is read into {DEFAULT_EXPERIMENT!r}).')
+                      f'is read into {DEFAULT_EXPERIMENT!r}).', **define)
   flags.DEFINE_multi_string('config_file', None,
-                            'YAML config overrides, after params.yaml.')
-  flags.DEFINE_string('params_override', '', 'Comma-separated overrides.')
-  flags.DEFINE_string('saved_model', None, 'SavedModel directory.')
-  flags.DEFINE_string('checkpoint_path', None, 'Or a training checkpoint.')
-  flags.DEFINE_string('input_path', None, 'TFRecord file pattern.')
-  flags.DEFINE_string('output_file', None, 'CSV file to write.')
-  flags.DEFINE_integer('top_k', 20, 'Pairs per video.')
+                            'YAML config overrides, after params.yaml.',
+                            **define)
+  flags.DEFINE_string('params_override', '', 'Comma-separated overrides.',
+                      **define)
+  flags.DEFINE_string('saved_model', None, 'SavedModel directory.', **define)
+  flags.DEFINE_string('checkpoint_path', None, 'Or a training checkpoint.',
+                      **define)
+  flags.DEFINE_string('input_path', None, 'TFRecord file pattern.', **define)
+  flags.DEFINE_string('output_file', None, 'CSV file to write.', **define)
+  flags.DEFINE_integer('top_k', 20, 'Pairs per video.', **define)
   flags.DEFINE_bool('segment_labels', False,
-                    'Segment-level predictions: every segment of every video.')
+                    'Segment-level predictions: every segment of every video.',
+                    **define)
   flags.DEFINE_integer('segment_max_per_class', 100000,
-                       'Segments kept per class (segment level).')
+                       'Segments kept per class (segment level).', **define)
   flags.DEFINE_string('segment_label_ids', None,
                       'File of the class ids to rank, one a line (segment '
-                      'level; default: every class).')
+                      'level; default: every class).', **define)
   flags.DEFINE_bool('segment_short_last', False,
                     "Also score each video's last segment when shorter than "
-                    'segment_size frames (segment level).')
-  flags.DEFINE_integer('batch_size', 64, 'Inference batch size.')
+                    'segment_size frames (segment level).', **define)
+  flags.DEFINE_integer('batch_size', 64, 'Inference batch size.', **define)
   flags.DEFINE_string('vocabulary', None,
                       "The dataset's vocabulary.csv (Index and Name columns; "
                       'video level): also writes the predictions with class '
-                      'names, to <output_file stem>_names.csv.')
+                      'names, to <output_file stem>_names.csv.', **define)
+  flags.mark_flags_as_required(['input_path', 'output_file'],
+                               flag_values=flag_values)
 
 
-def main(_):
-  params = load_params(FLAGS.experiment, FLAGS.config_file,
-                       FLAGS.params_override, saved_model=FLAGS.saved_model,
-                       checkpoint_path=FLAGS.checkpoint_path)
-  count = run(params, FLAGS.input_path, FLAGS.output_file,
-              saved_model=FLAGS.saved_model,
-              checkpoint_path=FLAGS.checkpoint_path, top_k=FLAGS.top_k,
-              segment_labels=FLAGS.segment_labels,
-              segment_max_per_class=FLAGS.segment_max_per_class,
-              batch_size=FLAGS.batch_size,
-              segment_label_ids=FLAGS.segment_label_ids,
-              segment_short_last=FLAGS.segment_short_last,
-              vocabulary=FLAGS.vocabulary)
-  named = (f' and {named_predictions_path(FLAGS.output_file)}'
-           if FLAGS.vocabulary else '')
-  print(f'Wrote {count} {"segments" if FLAGS.segment_labels else "videos"} '
-        f'to {FLAGS.output_file}{named}')
+def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
+  """Writes the predictions the parsed `flag_values` ask for."""
+  del argv
+  fv = flag_values
+  params = load_params(fv.experiment, fv.config_file, fv.params_override,
+                       saved_model=fv.saved_model,
+                       checkpoint_path=fv.checkpoint_path)
+  count = run(params, fv.input_path, fv.output_file,
+              saved_model=fv.saved_model,
+              checkpoint_path=fv.checkpoint_path, top_k=fv.top_k,
+              segment_labels=fv.segment_labels,
+              segment_max_per_class=fv.segment_max_per_class,
+              batch_size=fv.batch_size,
+              segment_label_ids=fv.segment_label_ids,
+              segment_short_last=fv.segment_short_last,
+              vocabulary=fv.vocabulary)
+  named = (f' and {named_predictions_path(fv.output_file)}'
+           if fv.vocabulary else '')
+  print(f'Wrote {count} {"segments" if fv.segment_labels else "videos"} '
+        f'to {fv.output_file}{named}')
 
 
 if __name__ == '__main__':
   define_flags()
-  flags.mark_flags_as_required(['input_path', 'output_file'])
   app.run(main)

@@ -360,19 +360,28 @@ def evaluate(submission: str, input_path: str, top_k: int = DEFAULT_TOP_K,
 FLAGS = flags.FLAGS
 
 
-def define_flags():
-  flags.DEFINE_string('submission', None, 'Submission CSV (Class,Segments).')
-  flags.DEFINE_string('input_path', None, 'Segment-rated TFRecord pattern.')
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
+  define = dict(flag_values=flag_values)
+  flags.DEFINE_string('submission', None, 'Submission CSV (Class,Segments).',
+                      **define)
+  flags.DEFINE_string('input_path', None, 'Segment-rated TFRecord pattern.',
+                      **define)
   flags.DEFINE_integer('top_k', DEFAULT_TOP_K, 'K of mAP@K: segments per '
-                       'class considered.')
+                       'class considered.', **define)
   flags.DEFINE_string('segment_label_ids', None,
                       'File of the class ids to evaluate (default: every '
-                      'class with a positive rating).')
+                      'class with a positive rating).', **define)
+  flags.mark_flags_as_required(['submission', 'input_path'],
+                               flag_values=flag_values)
 
 
-def main(_):
-  result = evaluate(FLAGS.submission, FLAGS.input_path, FLAGS.top_k,
-                    FLAGS.segment_label_ids)
+def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
+  """Scores the submission named by the parsed `flag_values`; prints mAP."""
+  del argv
+  fv = flag_values
+  result = evaluate(fv.submission, fv.input_path, fv.top_k,
+                    fv.segment_label_ids)
   print(f'mAP@{result["top_k"]}: {result["map"]:.6f} over '
         f'{result["num_classes"]} classes ({result["num_rated_submitted"]} '
         f'rated segments submitted, {result["num_unrated_ignored"]} unrated '
@@ -382,5 +391,4 @@ def main(_):
 
 if __name__ == '__main__':
   define_flags()
-  flags.mark_flags_as_required(['submission', 'input_path'])
   app.run(main)

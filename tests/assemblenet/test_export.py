@@ -5,15 +5,12 @@ evaluated (and served) on 6-frame clips: the export module's clips are the
 validation data's."""
 import glob
 import json
-import os
-import subprocess
 
 import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
 from ai_edge_litert import interpreter
 
-from absl import flags
 
 from official.core import exp_factory
 from official.core import task_factory
@@ -23,6 +20,7 @@ from official_ext import export_tflite
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import export
 from tests.assemblenet import minimal
+from tests import cli
 
 
 _EVAL_FRAMES = 6  # Frames of an evaluation (and served) clip; training: 4.
@@ -82,16 +80,14 @@ def test_export_serves_frames_like_python(exported, tmp_path):
   np.testing.assert_allclose(served, expected, atol=1e-5)
 
   np.save(tmp_path / 'frames.npy', frames)
-  result = subprocess.run(
-      ['saved_model_cli', 'run', '--dir', export_dir, '--tag_set', 'serve',
-       '--signature_def', 'serving_default', '--inputs',
-       f'frames={tmp_path / "frames.npy"}', '--outdir', str(tmp_path / 'out')],
-      capture_output=True, text=True, timeout=300, check=False,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
-  assert result.returncode == 0, result.stderr[-3000:]
-  cli = np.load(glob.glob(str(tmp_path / 'out' / 'probabilities.npy'))[0])
-  np.testing.assert_allclose(cli, expected, atol=1e-5)
-  assert cli.dtype == np.float32
+  cli.saved_model_cli(
+      ['run', '--dir', export_dir, '--tag_set', 'serve', '--signature_def',
+       'serving_default', '--inputs', f'frames={tmp_path / "frames.npy"}',
+       '--outdir', tmp_path / 'out'])
+  from_cli = np.load(glob.glob(str(tmp_path / 'out' /
+                                 'probabilities.npy'))[0])
+  np.testing.assert_allclose(from_cli, expected, atol=1e-5)
+  assert from_cli.dtype == np.float32
 
 
 def test_serving_refuses_frames_it_cannot_score(exported):
@@ -124,12 +120,11 @@ def test_tflite_cli_serves_a_clip_like_the_saved_model(exported, capsys):
   builtins-only float16 model whose interpreter output is the SavedModel's
   for the same uint8 clip."""
   output = str(exported['root'] / 'model.tflite')
-  flag_values = flags.FlagValues()
-  export_tflite.define_flags(flag_values)
   # The config comes from the params.yaml beside the checkpoint.
-  flag_values(['export_tflite', '--experiment=assemblenet_plus_lite_demo',
-               f'--checkpoint_path={exported["ckpt"]}', f'--output={output}',
-               '--quantization=float16'])
+  flag_values = cli.parse_flags(
+      export_tflite, '--experiment=assemblenet_plus_lite_demo',
+      f'--checkpoint_path={exported["ckpt"]}', f'--output={output}',
+      '--quantization=float16')
   export_tflite.main([], flag_values)
   # validation_data: 1 clip of _EVAL_FRAMES frames at stride 1 (training
   # clips have 4: the network has an unknown frame count), min_image_size 32.

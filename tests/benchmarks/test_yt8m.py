@@ -1,13 +1,13 @@
 """The YT8M benchmark: analytic FLOPs, its task and batch, a quick CLI run."""
 import dataclasses
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from official_ext import benchmark as benchmark_cli
 from official_ext.benchmarks import yt8m as benchmark
+from tests import cli
 
 
 def test_analytic_flops_published_size():
@@ -86,18 +86,16 @@ _PER_SIZE_KEYS = {
     'achieved_gflops', 'peak_fraction'}
 
 
-def test_quick_run_figures_are_consistent(tmp_path):
+def test_quick_run_figures_are_consistent(tmp_path, capsys):
+  # `python -m official_ext.benchmark yt8m --quick --json=...`, in-process.
   out = tmp_path / 'yt8m.json'
-  result = subprocess.run(
-      [sys.executable, '-m', 'official_ext.benchmark', 'yt8m', '--quick',
-       f'--json={out}'], capture_output=True, text=True, timeout=600,
-      check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert 'yt8m benchmark on ' in result.stdout
-  assert '(quick sizes):' in result.stdout
+  cli.run_main(benchmark_cli, 'yt8m', '--quick', f'--json={out}')
+  stdout = capsys.readouterr().out
+  assert 'yt8m benchmark on ' in stdout
+  assert '(quick sizes):' in stdout
   assert ('tiny: batch 8 x 8 frames, cluster 32, hidden 32, MoE 2, '
-          '20 classes') in result.stdout
-  assert 'metrics on 2,000 x 100 (s)' in result.stdout
+          '20 classes') in stdout
+  assert 'metrics on 2,000 x 100 (s)' in stdout
   f = json.loads(out.read_text())
 
   assert set(f) == _PER_SIZE_KEYS | {
@@ -134,7 +132,7 @@ def test_quick_run_figures_are_consistent(tmp_path):
   nv = f['nextvlad']
   assert nv['size'] == json.loads(json.dumps(
       dataclasses.asdict(benchmark.NEXTVLAD_TINY)))  # tuples as lists
-  assert 'NeXtVLAD train step, tiny: batch 8 x 8 frames' in result.stdout
+  assert 'NeXtVLAD train step, tiny: batch 8 x 8 frames' in stdout
   assert nv['gflops_per_example'] == approx(92_032 / 1e9)
   assert nv['examples_per_sec'] > 0
   assert nv['achieved_gflops'] == approx(nv['examples_per_sec'] *

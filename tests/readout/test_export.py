@@ -1,9 +1,5 @@
 """SavedModel export: both signatures reproduce the model's predictions."""
 import glob
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,26 +12,11 @@ from official_ext.readout import dataloader
 from official_ext.readout import demo_data
 from official_ext.readout import export
 from official_ext.readout.modeling import model as model_lib
+from tests import cli
 
 
 TOKEN_INPUTS = ('input_values', 'input_timestamps', 'input_mask',
                 'output_readout_index', 'output_timestamps')
-
-# Runs `saved_model_cli` commands (a JSON list of argument lists) through the
-# entry point of the `saved_model_cli` console script, one after the other;
-# a command that fails exits non-zero.
-_SAVED_MODEL_CLI = """
-import json, sys
-from tensorflow.python.tools import saved_model_cli
-for args in json.loads(sys.argv[1]):
-  sys.argv = ['saved_model_cli'] + args
-  try:
-    saved_model_cli.main()
-  except SystemExit as e:
-    if e.code:
-      raise
-"""
-
 
 @pytest.fixture(scope='module')
 def exported(tmp_path_factory):
@@ -101,16 +82,12 @@ def test_export_signatures_match_the_model(exported, tmp_path):
                '--signature_def', signature, '--inputs', inputs, '--outdir',
                str(tmp_path / f'cli_{signature}')]
               for signature, inputs, _ in runs]
-  result = subprocess.run(
-      [sys.executable, '-c', _SAVED_MODEL_CLI, json.dumps(commands)],
-      capture_output=True, text=True, timeout=300, check=False,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
-  assert result.returncode == 0, result.stderr[-3000:]
+  cli.saved_model_cli(*commands)
   for signature, _, reference in runs:
     outdir = tmp_path / f'cli_{signature}'
     for spec in task.readouts:
-      cli = np.load(glob.glob(str(outdir / f'{spec.name}.npy'))[0])
-      np.testing.assert_allclose(cli, reference[spec.name].numpy(),
+      from_cli = np.load(glob.glob(str(outdir / f'{spec.name}.npy'))[0])
+      np.testing.assert_allclose(from_cli, reference[spec.name].numpy(),
                                  atol=1e-5, err_msg=f'{signature} {spec.name}')
 
 

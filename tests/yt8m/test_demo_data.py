@@ -1,8 +1,6 @@
 """Tests of official_ext.yt8m.demo_data (tiny sizes)."""
 import glob
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -11,6 +9,7 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
+from tests import cli
 
 SMALL = dict(num_classes=10, max_frames=8, num_train_videos=60,
              num_validation_videos=20, num_shards=2, seed=3,
@@ -169,16 +168,13 @@ def test_learnable_structure(tmp_path):
   assert hit > 0.6  # Chance is about 0.2.
 
 
-def test_cli_writes_files(tmp_path):
+def test_cli_writes_files(tmp_path, capsys):
   out = tmp_path / 'cli'
-  result = subprocess.run(
-      [sys.executable, '-m', 'official_ext.yt8m.demo_data',
-       f'--output_dir={out}', '--num_classes=7', '--max_frames=6',
-       '--num_train_videos=5', '--num_validation_videos=3', '--num_shards=2',
-       '--seed=1', '--segment_fraction=0.5'],
-      capture_output=True, text=True, timeout=120, check=False)
-  assert result.returncode == 0, result.stderr[-2000:]
-  assert f'train: {out}/train-*-of-00002.tfrecord' in result.stdout
+  cli.run_main(demo_data, f'--output_dir={out}', '--num_classes=7',
+               '--max_frames=6', '--num_train_videos=5',
+               '--num_validation_videos=3', '--num_shards=2', '--seed=1',
+               '--segment_fraction=0.5')
+  assert f'train: {out}/train-*-of-00002.tfrecord' in capsys.readouterr().out
   assert len(glob.glob(str(out / 'train-*.tfrecord'))) == 2
   assert len(_records(str(out / 'validation-*.tfrecord'))) == 3
   videos = [_info(e) for e in _records(str(out / 'train-*.tfrecord'))]

@@ -3,15 +3,13 @@
 One tiny model is trained and exported in this process (`train.run`,
 `export_saved_model.export`: the two CLIs' wiring is tests/yt8m/test_train.py's
 and tests/yt8m/test_export_params.py's) and served by TensorFlow's own
-`saved_model_cli` in fresh processes.
+`saved_model_cli` in a fresh process.
 """
 import glob
 import io
 import os
 import shutil
-import subprocess
 
-from absl import flags
 from ai_edge_litert import interpreter
 import numpy as np
 import pytest
@@ -25,8 +23,8 @@ from official_ext.core import checkpoints
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import predict
+from tests import cli
 
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 
 
 def _tiny(cache_dir):
@@ -79,22 +77,10 @@ def _records(trained, n=3):
   return records
 
 
-def _saved_model_cli(*args):
-  return subprocess.run(['saved_model_cli', *args], capture_output=True,
-                        text=True, env=ENV, timeout=300, check=False)
-
-
-def test_saved_model_cli_show_lists_signatures(trained):
-  result = _saved_model_cli('show', '--dir', trained['export_dir'], '--all')
-  assert result.returncode == 0, result.stderr[-2000:]
-  for text in ("signature_def['serving_default']",
-               "signature_def['serve_features']", 'examples', 'features',
-               'num_frames', 'top_k_classes', 'top_k_scores', 'probabilities',
-               'video_id'):
-    assert text in result.stdout, text
-
-
-def test_saved_model_cli_run_matches_python(trained, tmp_path):
+def test_saved_model_cli_shows_and_runs_it_like_python(trained, tmp_path):
+  """`saved_model_cli show --all` lists both signatures; `saved_model_cli
+  run` serves records as the Python model predicts them (one fresh process
+  for both: the SavedModel stands alone)."""
   records = _records(trained)
   data = trained['params'].task.validation_data
   decoder = dataloader.Decoder(data.replace(include_video_id=True))
@@ -111,12 +97,16 @@ def test_saved_model_cli_run_matches_python(trained, tmp_path):
   examples = np.array(records, dtype=object)
   np.save(tmp_path / 'examples.npy', examples, allow_pickle=True)
   outdir = tmp_path / 'serving_default'
-  result = _saved_model_cli('run', '--dir', trained['export_dir'],
-                            '--tag_set', 'serve', '--signature_def',
-                            'serving_default', '--inputs',
-                            f'examples={tmp_path / "examples.npy"}',
-                            '--outdir', str(outdir))
-  assert result.returncode == 0, result.stderr[-3000:]
+  shown = cli.saved_model_cli(
+      ['show', '--dir', trained['export_dir'], '--all'],
+      ['run', '--dir', trained['export_dir'], '--tag_set', 'serve',
+       '--signature_def', 'serving_default', '--inputs',
+       f'examples={tmp_path / "examples.npy"}', '--outdir', outdir])
+  for text in ("signature_def['serving_default']",
+               "signature_def['serve_features']", 'examples', 'features',
+               'num_frames', 'top_k_classes', 'top_k_scores', 'probabilities',
+               'video_id'):
+    assert text in shown, text
   outputs = {'serving_default': {
       os.path.basename(f)[:-4]: np.load(f, allow_pickle=True)
       for f in glob.glob(str(outdir / '*.npy'))}}
@@ -381,13 +371,10 @@ TFLITE_ATOL = {'none': 1e-5, 'dynamic_range': 1e-3, 'float16': 1e-4}
 def tflite_none(trained):
   """The float32 TFLite model, written by the CLI's main in-process."""
   output = str(trained['root'] / 'none.tflite')
-  flag_values = flags.FlagValues()
-  export_tflite.define_flags(flag_values)
-  flag_values(['export_tflite', '--experiment=yt8m_demo',
+  cli.run_main(export_tflite, '--experiment=yt8m_demo',
                f'--config_file={trained["config"]}',
                f'--checkpoint_path={trained["model_dir"]}',
-               f'--output={output}', '--top_k=5'])
-  export_tflite.main([], flag_values)
+               f'--output={output}', '--top_k=5')
   records = _records(trained, 3)
   features, num_frames = _first_frames(trained, records)
   fn = tf.saved_model.load(trained['export_dir']).signatures['serve_features']

@@ -9,9 +9,8 @@ trained model gives in the task's own evaluation, and predict must too.
 """
 import csv
 import io
+import logging
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -28,9 +27,8 @@ from official_ext.core import checkpoints
 from official_ext.core import experiment_params
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import predict
+from tests import cli
 from tests.yt8m.test_train import _tiny_overrides
-
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 
 # Shape-changing keys of the tiny model (written to tiny.yaml).
 def _shapes(cache_dir):
@@ -50,10 +48,28 @@ NEUTRAL = {'task': {
 }}
 
 
-def _cli(module, *args):
-  return subprocess.run([sys.executable, '-m', module, *args],
-                        capture_output=True, text=True, env=ENV, timeout=600,
-                        check=False)
+class _Messages(logging.Handler):
+  """Collects the absl log messages emitted while it is attached."""
+
+  def __init__(self):
+    super().__init__(logging.INFO)
+    self.messages = []
+
+  def emit(self, record):
+    self.messages.append(record.getMessage())
+
+  def run_main(self, module, *args):
+    """`cli.run_main(module, *args)`; returns the messages it logged."""
+    absl_logger = logging.getLogger('absl')
+    level = absl_logger.level
+    absl_logger.addHandler(self)
+    absl_logger.setLevel(logging.INFO)
+    try:
+      cli.run_main(module, *args)
+    finally:
+      absl_logger.removeHandler(self)
+      absl_logger.setLevel(level)
+    return '\n'.join(self.messages)
 
 
 @pytest.fixture(scope='module')
@@ -93,11 +109,18 @@ def trained(tmp_path_factory):
               validation_pattern=validation_pattern)
 
 
-def _served(export_dir, records):
+class _Served(dict):
+  """{video id: probabilities} served; `top_k_classes` as served."""
+  top_k_classes: np.ndarray
+
+
+def _served(export_dir, records) -> _Served:
   fn = tf.saved_model.load(export_dir).signatures['serving_default']
   out = fn(examples=tf.constant(records))
-  return {v.decode(): p for v, p in zip(out['video_id'].numpy(),
-                                        out['probabilities'].numpy())}
+  served = _Served((v.decode(), p) for v, p in zip(
+      out['video_id'].numpy(), out['probabilities'].numpy()))
+  served.top_k_classes = out['top_k_classes'].numpy()
+  return served
 
 
 def _assert_matches(served, expected):
@@ -106,39 +129,44 @@ def _assert_matches(served, expected):
     np.testing.assert_allclose(served[vid], row, atol=1e-5, err_msg=vid)
 
 
-def test_export_without_flags_uses_params_yaml(trained, tmp_path):
-  export_dir = tmp_path / 'export'
-  result = _cli('official_ext.export_saved_model', '--experiment=yt8m_demo',
-                f'--checkpoint_path={trained["model_dir"]}',
-                f'--export_dir={export_dir}', '--top_k=3')
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert os.path.join(trained['model_dir'], 'params.yaml') in result.stderr
-  _assert_matches(_served(str(export_dir), trained['records']),
-                  trained['expected'])
+@pytest.fixture(scope='module')
+def cli_export(trained):
+  """`python -m official_ext.export_saved_model` with no config flags (its
+  main, in-process): (the export directory, what it logged)."""
+  export_dir = str(trained['root'] / 'export')
+  log = _Messages().run_main(
+      export_saved_model, '--experiment=yt8m_demo',
+      f'--checkpoint_path={trained["model_dir"]}',
+      f'--export_dir={export_dir}', '--top_k=3')
+  return export_dir, log
+
+
+def test_export_without_flags_uses_params_yaml(trained, cli_export):
+  export_dir, log = cli_export
+  assert os.path.join(trained['model_dir'], 'params.yaml') in log
+  served = _served(export_dir, trained['records'])
+  _assert_matches(served, trained['expected'])
   # --top_k reaches the serving outputs (default 20).
-  out = tf.saved_model.load(str(export_dir)).signatures['serving_default'](
-      examples=tf.constant(trained['records'][:2]))
-  assert out['top_k_classes'].shape == (2, 3)
+  assert served.top_k_classes.shape == (len(trained['records']), 3)
   # The export directory keeps the configuration it was exported with.
-  saved = experiment_params.load_params('yt8m', checkpoint_path=str(export_dir))
+  saved = experiment_params.load_params('yt8m', checkpoint_path=export_dir)
   assert saved.task.model.backbone.dbof.pooling_method == 'max'
   assert saved.task.validation_data.input_per_feature_l2_norm
 
 
-def test_export_with_partial_config_file_keeps_trained_neutral_keys(
-    trained, tmp_path):
+def test_export_with_partial_config_file_keeps_trained_neutral_keys(trained):
   # tiny.yaml repeats the training shapes but not the shape-neutral changes:
   # before params.yaml was read this exported a model with average pooling,
-  # relu and unnormalised inputs, with no error. (In-process: the CLI's
-  # wiring is covered above.)
+  # relu and unnormalised inputs, with no error. The export of the params
+  # loaded is the test above; here the params themselves.
   ckpt = tf.train.latest_checkpoint(trained['model_dir'])  # ckpt-N prefix.
   params = export_saved_model.load_params(
       'yt8m_demo', [trained['tiny_yaml']],
       'task.validation_data.global_batch_size=4', checkpoint_path=ckpt)
-  export_dir = export_saved_model.export(params, ckpt,
-                                         str(tmp_path / 'export'))
-  _assert_matches(_served(export_dir, trained['records']),
-                  trained['expected'])
+  assert params.task.model.as_dict() == trained['params'].task.model.as_dict()
+  for split in ('train_data', 'validation_data'):
+    assert getattr(params.task, split).input_per_feature_l2_norm, split
+  assert params.task.validation_data.global_batch_size == 4
 
 
 def test_contradicting_override_names_key_and_both_values(trained):
@@ -205,22 +233,19 @@ def test_predict_cli_uses_checkpoint_params_yaml(trained, tmp_path):
   # No --experiment (default `yt8m`: 3,862 classes, cluster 3000) and no
   # config flags: everything comes from model_dir/params.yaml.
   out = tmp_path / 'ckpt.csv'
-  result = _cli('official_ext.yt8m.predict',
-                f'--checkpoint_path={trained["model_dir"]}',
-                f'--input_path={trained["validation_pattern"]}',
-                f'--output_file={out}', '--top_k=5')
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert os.path.join(trained['model_dir'], 'params.yaml') in result.stderr
+  log = _Messages().run_main(
+      predict, f'--checkpoint_path={trained["model_dir"]}',
+      f'--input_path={trained["validation_pattern"]}',
+      f'--output_file={out}', '--top_k=5')
+  assert os.path.join(trained['model_dir'], 'params.yaml') in log
   _check_csv(out, trained['expected'])
 
 
-def test_predict_saved_model_uses_its_params_yaml(trained, tmp_path):
+def test_predict_saved_model_uses_its_params_yaml(trained, cli_export,
+                                                  tmp_path):
   # The SavedModel's params.yaml gives the input pipeline (L2 norm, frames):
   # `serve_features` takes features as the pipeline makes them.
-  export_dir = export_saved_model.export(
-      experiment_params.load_params('yt8m_demo',
-                                    checkpoint_path=trained['model_dir']),
-      trained['model_dir'], str(tmp_path / 'export'))
+  export_dir, _ = cli_export
   params = experiment_params.load_params('yt8m', checkpoint_path=export_dir)
   assert params.task.validation_data.input_per_feature_l2_norm
   out = tmp_path / 'saved.csv'
