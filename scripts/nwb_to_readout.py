@@ -557,6 +557,20 @@ def _summary(session: Session, readouts: List[Readout],
   }
 
 
+def _spec_entry(readout: Readout, summary_entry: Dict[str, Any]
+                ) -> Dict[str, Any]:
+  """readout.yaml's ReadoutSpec of a readout. A continuous readout is
+  normalised by its training queries' mean and std (`normalize_mean`,
+  `normalize_std`: the loss sees standardised targets, metrics and serving
+  its units); a channel of std 0 (a constant target) keeps std 1."""
+  spec = {'name': readout.name, 'type': readout.type, 'dim': readout.dim}
+  if 'train_mean' in summary_entry:
+    spec['normalize_mean'] = summary_entry['train_mean']
+    spec['normalize_std'] = [s if s > 0 else 1.0
+                             for s in summary_entry['train_std']]
+  return spec
+
+
 def _config_yaml(summary: Dict[str, Any], readouts: List[Readout],
                  files: Dict[str, str], config_path: str, input_dim: int,
                  batch_size: int, train_epochs: int) -> str:
@@ -569,8 +583,8 @@ def _config_yaml(summary: Dict[str, Any], readouts: List[Readout],
                         'num_examples': len(summary['trial_ids'][split])}
   config = {
       'task': {
-          'readouts': [{'name': r.name, 'type': r.type, 'dim': r.dim}
-                       for r in readouts],
+          'readouts': [_spec_entry(r, entry)
+                       for r, entry in zip(readouts, summary['readouts'])],
           'task_vocabulary': [r.name for r in readouts],
           'demo_data': {'enabled': False},
           'train_data': dict(data('train'), global_batch_size=batch_size),

@@ -202,6 +202,17 @@ def test_every_trial_with_its_counts_and_targets(converted, capsys):
 
 def test_converted_records_train_through_official_ext_train(converted):
   tmp, _, summary, _, _ = converted
+  # The continuous readouts are normalised by their training queries' mean
+  # and std (conversion.json), the others not.
+  specs = {s.name: s for s in experiment_params.load_params(
+      'readout_demo', [summary['files']['config']]).task.readouts}
+  for entry in summary['readouts']:
+    spec = specs[entry['name']]
+    if entry['type'] == 'continuous':
+      assert list(spec.normalize_mean) == entry['train_mean']
+      assert list(spec.normalize_std) == entry['train_std']
+    else:
+      assert not spec.normalize_mean and not spec.normalize_std
   params = experiment_params.load_params(
       'readout_demo', [summary['files']['config']], params_override={
           'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},

@@ -205,6 +205,7 @@ def _angle_batch(num_trials=16):
       'output_readout_index': np.tile([[1, 2]], [num_trials, 1]),
       'output_timestamps': np.tile([[0.1, 0.2]], [num_trials, 1]),
       'output_weights': np.ones([num_trials, 2]),
+      'output_metric_weights': np.ones([num_trials, 2]),
       'output_targets': np.stack([angle, np.cos(angle)], 1)[:, :, None]}
   return {k: tf.constant(v, tf.int32 if k == 'output_readout_index' else
                          tf.bool if k == 'input_mask' else tf.float32)
