@@ -55,13 +55,14 @@ def mirrored():
 
 @pytest.fixture(scope='module', autouse=True)
 def _release_module_state():
-  """After each test module: Keras' global state reset and the module's
-  models, graphs and datasets collected, so a worker process that runs many
-  modules does not carry them into the next one. What survives the
-  collection is frozen (`gc.freeze`): later collections do not walk it
-  again."""
+  """After each test module: Keras' global state reset, and everything the
+  module left is frozen (`gc.freeze`) instead of collected: later
+  collections do not walk it again, and its `tf.data` iterators are never
+  destroyed. Destroying one (a training run's input, distributed over
+  replicas) can block the process for tens of seconds with the CPU idle
+  (`RootDataset::Iterator::~Iterator` waiting for its pool's threads): a
+  collection here cost 33-133 s in one suite run."""
   yield
   import tf_keras  # pylint: disable=g-import-not-at-top
   tf_keras.backend.clear_session()
-  gc.collect()
   gc.freeze()
