@@ -75,6 +75,7 @@ trial: the last batch is filled with copies of a trial marked padding
 `eval_mask` bool [B] (False: padding) and a padding trial's queries have
 weight and metric weight 0, so they count in no loss and no metric.
 """
+import json
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -684,6 +685,44 @@ def batch_examples(ds: tf.data.Dataset, params: configs.DataConfig,
   return ds.map(finish_varlen, num_parallel_calls=tf.data.AUTOTUNE)
 
 
+# Parser configuration (JSON) -> its `parse` as a tf.function.
+_TRACED_PARSES: Dict[str, Callable[..., Dict[str, tf.Tensor]]] = {}
+
+
+def traced_parse(parser: Parser, params: configs.DataConfig,
+                 readouts: Sequence[configs.ReadoutSpec],
+                 task_vocabulary: Sequence[str],
+                 session_names: Optional[Sequence[str]] = None
+                 ) -> Callable[..., Dict[str, tf.Tensor]]:
+  """`parser.parse` as a tf.function shared by every pipeline of its kind.
+
+  Tracing the parser (its ~20 checks each build a `tf.cond` whose failing
+  branch builds the message) takes about a second; the pipelines of a
+  process whose parsers are configured alike (training and evaluation, a
+  run's restarts, several runs in one process) call one traced function
+  instead of tracing it again each. A parser's behaviour depends only on
+  what the key holds: `params.input_dim`, `max_input_tokens`, `max_queries`,
+  the readouts, the vocabulary and the session names.
+
+  Args:
+    parser: `Parser(params, readouts, task_vocabulary, session_names)`; its
+      `parse` is traced when the key is new.
+    params, readouts, task_vocabulary, session_names: what `parser` was
+      built from.
+
+  Returns:
+    A tf.function (serialized, source) -> `Parser.parse`'s dict.
+  """
+  key = json.dumps(
+      [int(params.input_dim), params.max_input_tokens, params.max_queries,
+       [r.as_dict() for r in readouts], [str(n) for n in task_vocabulary],
+       None if session_names is None else [str(n) for n in session_names]],
+      sort_keys=True, default=repr)
+  if key not in _TRACED_PARSES:
+    _TRACED_PARSES[key] = tf.function(parser.parse)
+  return _TRACED_PARSES[key]
+
+
 def build_dataset(params: configs.DataConfig,
                   readouts: Sequence[configs.ReadoutSpec],
                   task_vocabulary: Sequence[str],
@@ -716,9 +755,10 @@ def build_dataset(params: configs.DataConfig,
   _check_config(params)
   parser = Parser(params, readouts, task_vocabulary,
                   session_names=session_names)
+  parse = traced_parse(parser, params, readouts, task_vocabulary,
+                       session_names)
   stages = tfrecord_input.Stages(
-      decoder_fn=lambda filename, record: parser.parse(record,
-                                                       source=filename),
+      decoder_fn=lambda filename, record: parse(record, source=filename),
       batch_fn=lambda ds, batch_size: batch_examples(
           ds, params, batch_size, parser.max_target_size))
   return tfrecord_input.build_dataset(params, input_context, bad_records,

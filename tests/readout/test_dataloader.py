@@ -185,3 +185,32 @@ def test_writer_stores_session_and_window_start_only_when_given(parse):
   assert 'window_start' not in GOOD[0].features.feature
   out = parse(ex.SerializeToString(), 'f.rec')  # Still a valid record.
   np.testing.assert_array_equal(out['output_readout_index'], [1])
+
+
+def test_pipelines_of_one_parser_configuration_trace_it_once(tmp_path,
+                                                             monkeypatch):
+  """Pipelines whose parsers are configured alike share one traced parse
+  (tracing its checks costs about a second per pipeline); a parser
+  configured otherwise (here `max_queries`) is traced for itself and
+  refuses what it must."""
+  traced = []
+  original = dataloader.Parser.parse
+
+  def counting_parse(self, *args, **kwargs):
+    traced.append(self._params.max_queries)  # Runs while tracing only.
+    return original(self, *args, **kwargs)
+
+  monkeypatch.setattr(dataloader.Parser, 'parse', counting_parse)
+  monkeypatch.setattr(dataloader, '_TRACED_PARSES', {})
+  first = _batches(tmp_path, GOOD)
+  again = _batches(tmp_path, GOOD)  # e.g. a restarted run's pipeline
+  chained = _batches(tmp_path, GOOD, batching='varlen')
+  assert traced == [None]
+  assert len(first) == len(again) == len(chained) == 1
+  for key in first[0]:
+    np.testing.assert_array_equal(first[0][key], again[0][key], err_msg=key)
+  assert chained[0]['output_readout_index'].tolist() == [1, 2, 1, 3, 4]
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match='has 3 queries; DataConfig.max_queries is 2'):
+    _batches(tmp_path, GOOD, max_queries=2)
+  assert traced == [None, 2]
