@@ -21,7 +21,11 @@ demo's query mix, 11-26 queries per trial) with the demo's encoder (hidden
 64, 4 heads, 2 layers, intermediate 128; `MODEL`), batched by the dataloader
 both ways (padded: to the batch's longest trial, rounded up to 8; varlen:
 chained). The outputs, losses and gradients of the two are checked equal
-before timing. Rates are real query rows per second; `quick` runs the steps
+before timing. Timed with them: the part both share, the token embedding
+and the encoder forward and backward (`encoder_step_fn`); its share of the
+padded step bounds what chaining the queries can gain
+(`model_varlen_speedup_bound`: padded step / encoder part, the speed-up if
+the chained step's queries cost nothing). Rates are real query rows per second; `quick` runs the steps
 eagerly (tracing them is most of a smoke test's time). Peak memory: each variant runs in a
 child process of its own (`memory.run_child`), which traces the step and
 runs it once on the first `WARMUP_TRIALS` trials (the function and its graph
@@ -199,6 +203,32 @@ def step_fn(task: task_lib.ReadoutTask, model, batch, traced: bool = True):
   return tf.function(step, input_signature=[_signature(batch)])
 
 
+def encoder_step_fn(model, batch, traced: bool = True):
+  """The part of `step_fn`'s step that both batchings share: the token
+  embedding and the encoder, forward and backward (of the sum of the
+  encoded tokens), on the batch's inputs.
+
+  `step(batch)` -> (that sum, its gradients w.r.t. the embedding's and the
+  encoder's variables).
+  """
+  variables = (model.token_embedding.trainable_variables +
+               model.encoder.trainable_variables)
+
+  def step(inputs):
+    with tf.GradientTape() as tape:
+      tokens = model.token_embedding(inputs['input_values'])
+      encoded, _ = model.encoder(tokens, inputs['input_timestamps'],
+                                 inputs['input_mask'], training=True)
+      total = tf.reduce_sum(encoded)
+    return total, tape.gradient(total, variables)
+
+  if not traced:
+    return step
+  return tf.function(step, input_signature=[_signature(
+      {k: batch[k] for k in ('input_values', 'input_timestamps',
+                             'input_mask')})])
+
+
 def first_trials(batch: Dict[str, tf.Tensor], n: int
                  ) -> Dict[str, tf.Tensor]:
   """The sub-batch of the first `n` trials (padded or chained layout)."""
@@ -249,12 +279,14 @@ def run_model(quick: bool = False, memory: bool = True) -> Dict[str, Any]:
     {'model_padded_rows_per_sec', 'model_varlen_rows_per_sec',
      'model_varlen_speedup' (varlen / padded), 'model_num_samples',
      'model_num_queries', 'model_padded_rows', 'model_padding_fraction',
-     'model_hidden_size', 'model_input_tokens'} and, with `memory`,
-    'model_<batching>_step_peak_mb'.
+     'model_hidden_size', 'model_input_tokens',
+     'model_encoder_share_of_padded', 'model_varlen_speedup_bound'} and,
+    with `memory`, 'model_<batching>_step_peak_mb'.
 
   Raises:
     AssertionError: the two batchings hold different queries, or give
-      different outputs, losses or gradients.
+      different outputs, losses or gradients; the encoder part leaves a
+      variable without a gradient.
   """
   task = model_task(quick)
   size = QUICK_MODEL if quick else MODEL
@@ -276,9 +308,17 @@ def run_model(quick: bool = False, memory: bool = True) -> Dict[str, Any]:
   for var, a, b in zip(model.trainable_variables, grad_p, grad_v):
     np.testing.assert_allclose(tf.convert_to_tensor(a), tf.convert_to_tensor(b),
                                rtol=1e-4, atol=1e-6, err_msg=var.name)
+  encoder_inputs = {k: padded[k] for k in ('input_values',
+                                            'input_timestamps', 'input_mask')}
+  encoder_step = encoder_step_fn(model, padded, traced=not quick)
+  _, encoder_grads = encoder_step(encoder_inputs)  # (The trace.)
+  if not encoder_grads or any(g is None for g in encoder_grads):
+    raise AssertionError('the encoder part has no gradient for some of the '
+                         'embedding and encoder variables')
+  candidates = {b: (lambda b=b: steps[b](batches[b])) for b in BATCHINGS}
+  candidates['encoder'] = lambda: encoder_step(encoder_inputs)
   seconds = timing.interleaved_seconds(
-      {b: (lambda b=b: steps[b](batches[b])) for b in BATCHINGS},
-      rounds=1 if quick else 3, warmup=0,
+      candidates, rounds=1 if quick else 3, warmup=0,
       min_seconds=0.0 if quick else 1.0)
   padded_rows = int(np.prod(padded['output_readout_index'].shape))
   out = {
@@ -291,6 +331,11 @@ def run_model(quick: bool = False, memory: bool = True) -> Dict[str, Any]:
       'model_padding_fraction': 1.0 - rows / padded_rows,
       'model_hidden_size': int(size.hidden_size),
       'model_input_tokens': int(padded['input_mask'].shape[1]),
+      # What bounds the speed-up: the shared encoder's share of the padded
+      # step, and the speed-up if the chained step's query part took no
+      # time at all (padded step / encoder).
+      'model_encoder_share_of_padded': seconds['encoder'] / seconds['padded'],
+      'model_varlen_speedup_bound': seconds['padded'] / seconds['encoder'],
   }
   if memory:
     for batching in BATCHINGS:

@@ -61,6 +61,10 @@ def test_quick_whole_model_run_counts_the_demo_queries():
   assert f['model_varlen_speedup'] == pytest.approx(
       f['model_varlen_rows_per_sec'] / f['model_padded_rows_per_sec'],
       rel=1e-12)
+  # The shared encoder part bounds the speed-up: padded step / encoder.
+  assert f['model_encoder_share_of_padded'] > 0
+  assert f['model_varlen_speedup_bound'] == pytest.approx(
+      1 / f['model_encoder_share_of_padded'], rel=1e-12)
 
 
 def test_memory_child_program_calls_this_module(monkeypatch, capsys):
