@@ -6,7 +6,11 @@ machines are noisy: trust the ratios; absolute numbers are printed too. The
 exception is AssembleNet++lite's TF1 original, which does not run in this
 process: its `*_vs_tf1_quoted` ratios compare with quoted timings, not a
 measurement. Each family module has `run(quick=False) -> figures` (a
-JSON-serializable dict) and may have `table(figures) -> str`.
+JSON-serializable dict) and may have `table(figures) -> str`, and
+`PROCESS_ENV` ({variable: value}): environment settings the family's run
+uses, applied by `run` (`apply_process_env`) only where the process has not
+yet started TensorFlow's runtime (they take effect when it starts), and only
+where the user has not set the variable.
 """
 import importlib
 import json
@@ -17,6 +21,7 @@ from typing import Any, Dict, Optional
 from absl import logging
 import tensorflow as tf
 
+from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 from official_ext.benchmarks import timing
 
 FAMILIES = {
@@ -56,9 +61,24 @@ def family_module(family: str):
   return importlib.import_module(FAMILIES[family])
 
 
+def apply_process_env(settings: Dict[str, str]) -> Dict[str, str]:
+  """Sets each variable of `settings` the user has not set, if TensorFlow's
+  runtime has not started in this process (its CPU allocator reads them when
+  it starts; afterwards, e.g. inside a test process, nothing is set, so later
+  child processes do not inherit them). Returns what was set."""
+  if context.context()._context_handle is not None:  # pylint: disable=protected-access
+    return {}
+  applied = {k: v for k, v in settings.items() if k not in os.environ}
+  os.environ.update(applied)
+  return applied
+
+
 def run(family: str, quick: bool = False) -> Dict[str, Any]:
   """Runs `family`'s benchmark; its figures plus 'machine'."""
   module = family_module(family)
+  applied = apply_process_env(getattr(module, 'PROCESS_ENV', {}))
+  if applied:
+    logging.info('Benchmark process environment: %s', applied)
   logging.info('Benchmarking %s on %s', family, machine())
   figures = module.run(quick=quick)
   figures['machine'] = machine()

@@ -113,6 +113,17 @@ def matmul_peak_gflops(sizes: Sequence[int] = (2048, 3072), repeats: int = 8
   return max(matmul_flops(int(n)) / min(s) / 1e9 for n, s in samples.items())
 
 
+def cpu_allocator() -> str:
+  """'bfc' when TensorFlow's CPU allocator is the BFC (pooling) allocator
+  (`TF_CPU_ALLOCATOR_USE_BFC=true` when the runtime started), else 'default'
+  (each tensor allocated with malloc, large ones fresh from the kernel)."""
+  try:
+    tf.config.experimental.get_memory_info('CPU:0')
+  except ValueError:  # 'Allocator stats not available': not BFC.
+    return 'default'
+  return 'bfc'
+
+
 def format_table(rows: Sequence[Sequence[str]]) -> str:
   """A markdown table; the first row is the header."""
   widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]

@@ -1,4 +1,6 @@
 """The harness: family lookup and the generic table."""
+import os
+
 import pytest
 
 from official_ext.benchmarks import harness
@@ -23,3 +25,13 @@ def test_generic_table_lists_flat_figures_sorted():
                                  'listed': [1]})
   assert table.splitlines() == ['| figure | value  |', '|--------|--------|',
                                 '| a      | 3      |', '| b      | 0.1235 |']
+
+
+def test_process_env_is_not_set_once_tensorflow_runs(monkeypatch):
+  # Here TensorFlow's runtime already runs: setting TF_CPU_ALLOCATOR_USE_BFC
+  # now would change nothing in this process but leak into child processes.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.constant(1.0).numpy()
+  monkeypatch.delenv('OFFICIAL_EXT_TEST_UNSET', raising=False)
+  assert harness.apply_process_env({'OFFICIAL_EXT_TEST_UNSET': '1'}) == {}
+  assert 'OFFICIAL_EXT_TEST_UNSET' not in os.environ

@@ -104,7 +104,7 @@ def test_quick_run_figures_are_consistent(tmp_path, capsys):
       'reference_metrics_seconds_scaled',
       'metrics_max_abs_diff_vs_reference', 'metrics_num_videos',
       'metrics_num_classes', 'metrics_reference_videos', 'sizes',
-      'per_size', 'machine', 'nextvlad'}
+      'per_size', 'machine', 'nextvlad', 'cpu_allocator'}
   # Only the tiny size ran, with the sizes asked for.
   assert f['sizes'] == {'tiny': dataclasses.asdict(benchmark.TINY)}
   assert set(f['per_size']) == {'tiny'}
@@ -116,6 +116,9 @@ def test_quick_run_figures_are_consistent(tmp_path, capsys):
   assert (f['metrics_num_videos'], f['metrics_num_classes'],
           f['metrics_reference_videos']) == (2000, 100, 200)
   assert isinstance(f['machine'], str) and 'TF ' in f['machine']
+  # In this test process TensorFlow had started before the CLI ran, so the
+  # harness set no environment (nothing leaks to later child processes).
+  assert f['cpu_allocator'] in ('bfc', 'default')
 
   # The figures agree with one another.
   approx = lambda x: pytest.approx(x, rel=1e-9)
