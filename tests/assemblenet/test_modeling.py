@@ -350,6 +350,7 @@ def test_conv3d_same_padding_kernels():
     ([3, 1, 1], 1, 4, [1, 3, 4, 4, 2]),  # Fewer frames than the dilation.
     ([3, 3, 3], 1, 2, [2, 5, 7, 6, 3]),  # An unstrided block's conv_b.
     ([3, 3, 3], 1, 1, [2, 5, 7, 6, 3]),  # The same, undilated.
+    ([3, 3, 3], 1, 2, [1, 3, 4, 3, 3]),  # Small frames: one matmul.
     ([1, 3, 3], 2, 1, [2, 3, 7, 8, 3]),  # A stem's / strided block's conv_b.
     ([1, 1, 1], 1, 1, [2, 3, 5, 5, 3]),  # conv_a, conv_c, projections.
     ([1, 1, 1], 2, 1, [2, 3, 7, 6, 3]),  # A strided shortcut.
