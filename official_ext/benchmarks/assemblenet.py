@@ -22,6 +22,15 @@ the forward pass and the training step of both variants is most of it):
   (`fusion_width_as_channels`, the TF1 code's variable shapes), timed
   interleaved with ours; `train_speedup_vs_original_width` and
   `forward_speedup_vs_original_width` are the ratios (reference time / ours).
+* with `reference_checkout` (CLI `--reference_checkout DIR`: another checkout
+  of this repository, e.g. `git worktree add /tmp/ref313792b 313792b`, issue
+  16's "today's main"): `reference_checkout_train_sec_per_step` and
+  `checkout_train_sec_per_step`, the training step of that checkout and of
+  this one, each in a long-lived child process of its own
+  (`memory_lib.StepChild`) built side by side and timed interleaved (5
+  rounds, quick 2; medians, samples in `*_train_samples`);
+  `train_speedup_vs_reference_checkout` is their ratio (reference / this).
+  Quick runs time each checkout's own quick network.
 * `tf1_quoted_*`: the TF1 original's figures quoted in the issue for this
   kind of machine (2.4 s forward, 9.8 s per SGD step at 2 x 16 x 112^2); the
   TF1 code cannot run here, so `train_speedup_vs_tf1_quoted` compares with
