@@ -134,14 +134,15 @@ def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
   """A 'same'-padded 3-D convolution computed with 2-D ops (no Conv3D).
 
   `tf.nn.convolution(inputs, kernel, [1, sh, sw], 'SAME', dilations=[d, 1,
-  1])` (channels last, temporal stride 1), as: the kt temporal taps' frames
-  (t + (k - kt // 2) * d, zero outside the clip, as TensorFlow's SAME
-  padding in time) concatenated along channels, [B, T, H, W, kt * C], then
-  one 2-D convolution of every frame with the kernel as [kh, kw, kt * C, F]
-  (a matmul when kh = kw = 1 and the stride is 1, or, at stride 1, when a
-  frame has at most `MAX_IM2COL_PIXELS` pixels: the spatial taps stacked
-  too, 'same' zero padding). The same products, summed in another
-  order: equal to float32 rounding (`tests/assemblenet/test_modeling.py`).
+  1])` (channels last, temporal stride 1), as: one 2-D convolution of every
+  frame (a matmul for a 1x1 kernel at stride 1) with the kernel as
+  [kh, kw, C, kt * F], giving each temporal tap's outputs, which are then
+  shifted in time by the tap's offset (zero outside the clip, as
+  TensorFlow's SAME padding) and summed. Frames of at most
+  `MAX_IM2COL_PIXELS` pixels (at stride 1) are one matmul instead: every
+  tap's shifted input stacked along channels. The same products, summed in
+  another order: equal to float32 rounding
+  (`tests/assemblenet/test_modeling.py`).
 
   Why: TensorFlow's CPU Conv3D gradients (Conv3DBackpropInputV2 /
   FilterV2) are several times slower than the 2-D convolution's and the
@@ -162,37 +163,43 @@ def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
   sh, sw = strides
   d = temporal_dilation
   b, t, h, w, _ = _dims(inputs)
-  x = inputs
-  if kt > 1:
-    total = d * (kt - 1)
-    before = total // 2  # As TensorFlow splits SAME padding.
-    padded = tf.pad(x, [[0, 0], [before, total - before], [0, 0], [0, 0],
-                        [0, 0]])
-    # tf.slice, not padded[:, a:b]: its gradient is a Pad, StridedSlice's a
-    # much slower StridedSliceGrad (8 % of the step in the profile).
-    x = tf.concat([tf.slice(padded, [0, k * d, 0, 0, 0], [-1, t, -1, -1, -1])
-                   for k in range(kt)], axis=-1)
-    kernel = tf.transpose(kernel, [1, 2, 0, 3, 4])  # [kh, kw, kt, C, F]
-  kernel = tf.reshape(kernel, [kh, kw, kt * c, f])
-  if kh == 1 and kw == 1 and sh == 1 and sw == 1:
-    y = tf.matmul(tf.reshape(x, [-1, kt * c]), kernel[0, 0])
-    oh, ow = h, w
-  elif (sh == 1 and sw == 1 and isinstance(h, int) and isinstance(w, int) and
-        h * w <= MAX_IM2COL_PIXELS):
-    # Small frames (the last level's 4 x 4): the kh * kw spatial taps stacked
-    # along channels too, one matmul; Conv2D's gradients are slow there.
-    x = tf.pad(x, [[0, 0], [0, 0], [(kh - 1) // 2, kh // 2],
-                   [(kw - 1) // 2, kw // 2], [0, 0]])
-    x = tf.concat([tf.slice(x, [0, 0, i, j, 0], [-1, -1, h, w, -1])
-                   for i in range(kh) for j in range(kw)], axis=-1)
+  total = d * (kt - 1)
+  before = total // 2  # As TensorFlow splits SAME padding in time.
+  time_pad = [[0, 0], [before, total - before], [0, 0], [0, 0], [0, 0]]
+  if (sh == 1 and sw == 1 and kh * kw > 1 and isinstance(h, int) and
+      isinstance(w, int) and h * w <= MAX_IM2COL_PIXELS):
+    # Small frames (the last level's 4 x 4): every tap's shifted input
+    # stacked along channels, one matmul; Conv2D's gradients are slow there.
+    # tf.slice, not x[:, a:b]: its gradient is a Pad, StridedSlice's a much
+    # slower StridedSliceGrad.
+    x = tf.pad(inputs, [[0, 0], time_pad[1], [(kh - 1) // 2, kh // 2],
+                        [(kw - 1) // 2, kw // 2], [0, 0]])
+    x = tf.concat([tf.slice(x, [0, k * d, i, j, 0], [-1, t, h, w, -1])
+                   for i in range(kh) for j in range(kw) for k in range(kt)],
+                  axis=-1)
     y = tf.matmul(tf.reshape(x, [-1, kh * kw * kt * c]),
-                  tf.reshape(kernel, [kh * kw * kt * c, f]))
+                  tf.reshape(tf.transpose(kernel, [1, 2, 0, 3, 4]),
+                             [kh * kw * kt * c, f]))
+    return tf.reshape(y, [b, t, h, w, f])
+  # One 2-D convolution (a matmul for 1x1) of every frame to kt * F channels,
+  # tap k's outputs in channels [k * F, (k + 1) * F); then each tap's outputs
+  # shifted in time (zero-padded as SAME) and summed. Only the unshifted
+  # input is kept for the gradients.
+  kernel = tf.reshape(tf.transpose(kernel, [1, 2, 3, 0, 4]),
+                      [kh, kw, c, kt * f])
+  if kh == 1 and kw == 1 and sh == 1 and sw == 1:
+    z = tf.matmul(tf.reshape(inputs, [-1, c]), kernel[0, 0])
     oh, ow = h, w
   else:
-    y = tf.nn.conv2d(tf.reshape(x, [-1, h, w, kt * c]), kernel,
+    z = tf.nn.conv2d(tf.reshape(inputs, [-1, h, w, c]), kernel,
                      [1, sh, sw, 1], 'SAME')
-    _, oh, ow, _ = _dims(y)
-  return tf.reshape(y, [b, t, oh, ow, f])
+    _, oh, ow, _ = _dims(z)
+  z = tf.reshape(z, [b, t, oh, ow, kt * f])
+  if kt == 1:
+    return z
+  z = tf.pad(z, time_pad)
+  return tf.add_n([tf.slice(z, [0, k * d, 0, 0, k * f], [-1, t, -1, -1, f])
+                   for k in range(kt)])
 
 
 class Conv3D(tf_keras.layers.Conv3D):
