@@ -125,7 +125,7 @@ def spatial_max_pool(x: tf.Tensor, r: int) -> tf.Tensor:
 # Frames of at most this many pixels are convolved as one matmul over all
 # taps (`conv3d_as_2d`): measured fwd + bwd of a 3 x 3 SAME conv of 32 frames,
 # matmul / Conv2D time: 4 x 4 x 1296 -> 432: 0.6-0.7; 7 x 7 x 456 -> 152:
-# 0.9-1.1; 14 x 14: 2; 28 x 28: 2.4 (2 CPU cores, AVX2).
+# 0.9-1.1; 14 x 14: 1.5-2.0; 28 x 28: 2.1-2.4 (2 shared CPU cores, AVX2).
 MAX_IM2COL_PIXELS = 16
 
 
