@@ -1,9 +1,13 @@
-r"""Benchmarks: `python -m official_ext.benchmark FAMILY [--json FILE] [--quick]`.
+r"""Benchmarks: `python -m official_ext.benchmark FAMILY [--json FILE] [--quick]
+[--reference_checkout DIR]`.
 
 The command line of `official_ext.benchmarks` (see `benchmarks/harness.py`):
 FAMILY is one of `harness.FAMILIES` (yt8m, assemblenet, readout); `--quick`
 runs tiny sizes (a smoke test of the harness); `--json FILE` also writes the
-figures as JSON.
+figures as JSON; `--reference_checkout DIR` (assemblenet) also times the
+training step of another checkout of this repository (e.g. one made with
+`git worktree add /tmp/ref313792b 313792b`) interleaved with this one's, each
+in a child process.
 """
 from typing import Sequence
 
@@ -21,6 +25,11 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       flag_values=flag_values)
   flags.DEFINE_bool('quick', False, 'Tiny sizes: check the harness runs.',
                     flag_values=flag_values)
+  flags.DEFINE_string(
+      'reference_checkout', None,
+      'assemblenet: another checkout of this repository whose training step '
+      'is timed interleaved with this one (each in a child process).',
+      flag_values=flag_values)
 
 
 def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
@@ -28,8 +37,9 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
   if len(argv) != 2 or argv[1] not in harness.FAMILIES:
     raise app.UsageError(
         f'usage: python -m official_ext.benchmark FAMILY [--json FILE] '
-        f'[--quick], FAMILY one of {sorted(harness.FAMILIES)}')
-  harness.main(argv[1], quick=flag_values.quick, json_path=flag_values.json)
+        f'[--quick] [--reference_checkout DIR], FAMILY one of {sorted(harness.FAMILIES)}')
+  harness.main(argv[1], quick=flag_values.quick, json_path=flag_values.json,
+               reference_checkout=flag_values.reference_checkout)
 
 
 if __name__ == '__main__':

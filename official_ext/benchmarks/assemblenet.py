@@ -22,6 +22,15 @@ the forward pass and the training step of both variants is most of it):
   (`fusion_width_as_channels`, the TF1 code's variable shapes), timed
   interleaved with ours; `train_speedup_vs_original_width` and
   `forward_speedup_vs_original_width` are the ratios (reference time / ours).
+* with `reference_checkout` (CLI `--reference_checkout DIR`: another checkout
+  of this repository, e.g. `git worktree add /tmp/ref313792b 313792b`, issue
+  16's "today's main"): `reference_checkout_train_sec_per_step` and
+  `checkout_train_sec_per_step`, the training step of that checkout and of
+  this one, each in a long-lived child process of its own
+  (`memory_lib.StepChild`) built side by side and timed interleaved (5
+  rounds, quick 2; medians, samples in `*_train_samples`);
+  `train_speedup_vs_reference_checkout` is their ratio (reference / this).
+  Quick runs time each checkout's own quick network.
 * `tf1_quoted_*`: the TF1 original's figures quoted in the issue for this
   kind of machine (2.4 s forward, 9.8 s per SGD step at 2 x 16 x 112^2); the
   TF1 code cannot run here, so `train_speedup_vs_tf1_quoted` compares with
@@ -39,7 +48,9 @@ each; medians), so `train_speedup_vs_original_width` is a side-by-side ratio;
 the Conv3D peak and the memory child's single step use the same helper.
 """
 import json
-from typing import Any, Dict
+import os
+import statistics
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import tensorflow as tf, tf_keras
@@ -193,8 +204,129 @@ def peak_rss_gb(batch: int, frames: int, size: int, quick: bool,
       memory_child_code(batch, frames, size, quick, recompute), timeout)
 
 
+def checkout_root() -> str:
+  """The checkout this module runs from (the directory above `official_ext`)."""
+  return os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+
+
+def checkout_child_code(batch: int, frames: int, size: int,
+                        quick: bool) -> str:
+  """The `python -c` program of a `memory_lib.StepChild` training steps.
+
+  Run with a checkout first on PYTHONPATH, it builds that checkout's
+  training step at `batch` x `frames` x `size`^2 (its `_task`, `_inputs` and
+  `_train_fn`: in `official_ext.benchmarks.assemblenet`, or, in checkouts
+  before that package such as 313792b, `official_ext.assemblenet.benchmark`),
+  runs it once (tracing), prints READY (with the `official_ext` it
+  imported) and then runs one step per command (DONE: the step's loss). The
+  child protocol comes from this checkout's `memory.py`, loaded by path: it
+  imports only the standard library.
+  """
+  memory_py = os.path.abspath(memory_lib.__file__)
+  return f'''
+import importlib.util
+spec = importlib.util.spec_from_file_location('_benchmark_children', {memory_py!r})
+children = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(children)
+
+def build():
+  import numpy as np
+  import official_ext
+  try:
+    from official_ext.benchmarks import assemblenet as bench
+  except ImportError:
+    from official_ext.assemblenet import benchmark as bench
+  task = bench._task({batch}, {frames}, {size}, {quick})
+  model = task.build_model()
+  inputs = bench._inputs(task, {batch}, {frames}, {size})
+  train = bench._train_fn(task, model)
+  loss = float(np.asarray(train(inputs)))
+  step = lambda: {{'loss': float(np.asarray(train(inputs)))}}
+  return step, {{'official_ext': official_ext.__file__, 'first_loss': loss}}
+
+children.step_child_loop(build)
+'''
+
+
+def _step_child(checkout: str, batch: int, frames: int, size: int,
+                quick: bool, name: str) -> memory_lib.StepChild:
+  """A `StepChild` running `checkout`'s training step (PYTHONPATH first)."""
+  path = os.environ.get('PYTHONPATH')
+  return memory_lib.StepChild(
+      checkout_child_code(batch, frames, size, quick), name,
+      env={'PYTHONPATH': checkout + (os.pathsep + path if path else '')},
+      cwd=checkout)
+
+
+def reference_checkout_speed(
+    checkout: str, quick: bool, rounds: Optional[int] = None,
+    make_child: Callable[..., Any] = _step_child) -> Dict[str, Any]:
+  """Training step of this checkout and of `checkout`, interleaved.
+
+  Two long-lived children (`memory_lib.StepChild`, built side by side), one
+  running this checkout's training step, one `checkout`'s, at the speed
+  sizes (2 x 16 x 112^2; quick: 1 x 4 x 32^2, each checkout's quick
+  network), each warmed up once; then `timing.interleaved_samples` over
+  their steps: `rounds` rounds (default 2 quick, 5 full), medians.
+
+  Args:
+    checkout: a directory holding another version of this repository (e.g.
+      `git worktree add /tmp/ref313792b 313792b`).
+    quick: the quick sizes and networks.
+    rounds: interleaved rounds.
+    make_child: (checkout, batch, frames, size, quick, name) -> child with
+      `wait_ready()`, `step()` and `close()` (tests pass fakes).
+
+  Returns:
+    'checkout_train_sec_per_step' (this checkout, in its child),
+    'reference_checkout_train_sec_per_step', their samples, the reference's
+    path and `train_speedup_vs_reference_checkout` (reference / this).
+
+  Raises:
+    ValueError: `checkout` has no `official_ext` package, or a child imported
+      `official_ext` from elsewhere (PYTHONPATH did not take).
+  """
+  checkout = os.path.abspath(checkout)
+  if not os.path.isdir(os.path.join(checkout, 'official_ext')):
+    raise ValueError(f'reference checkout {checkout}: no official_ext '
+                     'directory there (give the root of a checkout of this '
+                     'repository).')
+  batch, frames, size = QUICK_SPEED if quick else FULL_SPEED
+  roots = {'checkout_train': checkout_root(),
+           'reference_checkout_train': checkout}
+  children = {}
+  try:
+    for key, root in roots.items():
+      children[key] = make_child(root, batch, frames, size, quick, key)
+    for key, child in children.items():
+      imported = child.wait_ready().get('official_ext', '')
+      want = os.path.join(roots[key], 'official_ext') + os.sep
+      if not os.path.abspath(imported).startswith(want):
+        raise ValueError(f'{key} child imported official_ext from '
+                         f'{imported!r}, not from {roots[key]}.')
+    samples = timing.interleaved_samples(
+        {k: c.step for k, c in children.items()},
+        rounds=rounds or (2 if quick else 5), warmup=0)
+  finally:
+    for child in children.values():
+      child.close()
+  median = {k: statistics.median(v) for k, v in samples.items()}
+  return {
+      'checkout_train_sec_per_step': median['checkout_train'],
+      'reference_checkout_train_sec_per_step':
+          median['reference_checkout_train'],
+      'checkout_train_samples': samples['checkout_train'],
+      'reference_checkout_train_samples': samples['reference_checkout_train'],
+      'reference_checkout': checkout,
+      'train_speedup_vs_reference_checkout':
+          median['reference_checkout_train'] / median['checkout_train'],
+  }
+
+
 def run(quick: bool = False, memory: bool = True,
-        reference: bool = True) -> Dict[str, Any]:
+        reference: bool = True,
+        reference_checkout: Optional[str] = None) -> Dict[str, Any]:
   """Measures the figures described in the module docstring.
 
   Args:
@@ -203,6 +335,10 @@ def run(quick: bool = False, memory: bool = True,
     memory: also run the 8 x 32 x 224^2 peak-RSS subprocess (minutes and
       about 10 GB of RAM in the full run).
     reference: also time the original-width architecture.
+    reference_checkout: another checkout of this repository (e.g. 313792b,
+      "today's main" of issue 16): its training step and this checkout's
+      are timed interleaved, each in a child process of its own
+      (`reference_checkout_speed`; before any model is built here).
 
   Returns:
     A flat dict of figures (see the module docstring); sizes are included.
@@ -228,6 +364,8 @@ def run(quick: bool = False, memory: bool = True,
     out['peak_rss_size'] = f'{mb}x{mf}x{ms}^2' + (' (quick)' if quick else '')
     out['peak_rss_step_sec'] = mem['step_sec']
     out['peak_rss_recompute_grad'] = True
+  if reference_checkout:
+    out.update(reference_checkout_speed(reference_checkout, quick))
   out['conv3d_peak_gflops'] = conv3d_peak_gflops(quick)
   speed = _speed(quick, reference)
   b = speed['batch']

@@ -13,6 +13,7 @@ yet started TensorFlow's runtime (they take effect when it starts), and only
 where the user has not set the variable.
 """
 import importlib
+import inspect
 import json
 import os
 import platform
@@ -73,14 +74,25 @@ def apply_process_env(settings: Dict[str, str]) -> Dict[str, str]:
   return applied
 
 
-def run(family: str, quick: bool = False) -> Dict[str, Any]:
-  """Runs `family`'s benchmark; its figures plus 'machine'."""
+def run(family: str, quick: bool = False,
+        reference_checkout: Optional[str] = None) -> Dict[str, Any]:
+  """Runs `family`'s benchmark; its figures plus 'machine'.
+
+  `reference_checkout` (another checkout of this repository, timed beside
+  this one) is passed to families whose `run` takes it (assemblenet).
+  """
   module = family_module(family)
+  options = {}
+  if reference_checkout:
+    if 'reference_checkout' not in inspect.signature(module.run).parameters:
+      raise ValueError(f'--reference_checkout: the {family} benchmark has no '
+                       'reference-checkout timing (assemblenet has).')
+    options['reference_checkout'] = reference_checkout
   applied = apply_process_env(getattr(module, 'PROCESS_ENV', {}))
   if applied:
     logging.info('Benchmark process environment: %s', applied)
   logging.info('Benchmarking %s on %s', family, machine())
-  figures = module.run(quick=quick)
+  figures = module.run(quick=quick, **options)
   figures['machine'] = machine()
   return figures
 
@@ -93,9 +105,10 @@ def report(family: str, figures: Dict[str, Any], quick: bool = False) -> str:
 
 
 def main(family: str, quick: bool = False,
-         json_path: Optional[str] = None) -> Dict[str, Any]:
+         json_path: Optional[str] = None,
+         reference_checkout: Optional[str] = None) -> Dict[str, Any]:
   """Runs, prints the report, writes the figures to `json_path` if given."""
-  figures = run(family, quick=quick)
+  figures = run(family, quick=quick, reference_checkout=reference_checkout)
   print(report(family, figures, quick=quick))
   if json_path:
     with open(json_path, 'w') as f:

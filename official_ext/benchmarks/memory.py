@@ -1,4 +1,6 @@
-"""Peak host memory of a step, measured in a child process of its own.
+"""Child processes of the benchmarks: peak host memory, and steps on command.
+
+Peak host memory of a step is measured in a child process of its own.
 
 A process's resident-set high-water mark (`ru_maxrss`) only grows, so a
 figure for one variant needs a fresh process: the family module writes a
@@ -9,15 +11,25 @@ returns that dict. Linux reports `ru_maxrss` in KiB.
 `step_peak_mb` measures one call alone: it resets the kernel's high-water
 mark first (`/proc/self/clear_refs`, Linux >= 4.0), so what tracing, data
 generation or earlier steps touched does not hide the call's own peak.
+
+`StepChild` is a long-lived child that builds a step once (e.g. from another
+checkout of this repository, whose code cannot share this process) and then
+runs one step per `step()` call, so that the parent can time several code
+versions interleaved (`timing.interleaved_samples` over their `step`s).
 """
 import json
 import os
 import resource
+import select
 import subprocess
 import sys
-from typing import Any, Callable, Dict
+import tempfile
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 RESULT_PREFIX = 'RESULT '
+READY_PREFIX = 'READY '
+DONE_PREFIX = 'DONE '
+STEP_COMMAND = 'step'
 
 
 def peak_rss_gb() -> float:
@@ -89,3 +101,123 @@ def run_child(code: str, timeout: int = 3600) -> Dict[str, Any]:
   result = json.loads(lines[-1][len(RESULT_PREFIX):])
   result['children_max_rss_gb'] = children
   return result
+
+
+class StepChild:
+  """A long-lived `python -c code` child that runs one step per command.
+
+  The protocol, one line each way: the child builds its step (and warms it
+  up), then prints `READY {json}`; for every `step` line it reads on stdin it
+  runs one step to completion and prints `DONE {json}` (e.g. the step's
+  loss); it exits when stdin closes. Anything else it prints is ignored.
+
+  `step()` blocks until the child's `DONE` line, so a parent timing
+  `child.step` with `timing.interleaved_samples` times the child's step plus
+  two pipe lines (well under a millisecond): children of different code
+  versions are then timed interleaved, in one run.
+
+  Args:
+    code: the child's program (see the protocol).
+    name: what error messages call the child.
+    env: extra environment variables (e.g. PYTHONPATH of another checkout).
+    cwd: the child's working directory.
+    timeout: seconds to wait for READY (building, warm-up).
+  """
+
+  def __init__(self, code: str, name: str,
+               env: Optional[Dict[str, str]] = None,
+               cwd: Optional[str] = None, timeout: float = 3600):
+    self.name = name
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', **(env or {}))
+    self._stderr = tempfile.TemporaryFile(mode='w+')
+    self._proc = subprocess.Popen(
+        [sys.executable, '-c', code], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=full_env,
+        cwd=cwd, bufsize=1)
+    self._timeout = timeout
+    self.ready: Optional[Dict[str, Any]] = None
+
+  def wait_ready(self) -> Dict[str, Any]:
+    """Waits for the child's READY line; returns its dict."""
+    if self.ready is None:
+      self.ready = self._read(READY_PREFIX, self._timeout)
+    return self.ready
+
+  def step(self) -> Dict[str, Any]:
+    """Runs one step in the child; returns its DONE dict."""
+    self.wait_ready()
+    try:
+      self._proc.stdin.write(STEP_COMMAND + '\n')
+      self._proc.stdin.flush()
+    except BrokenPipeError:
+      pass  # _read reports the exit and the child's stderr.
+    return self._read(DONE_PREFIX, None)
+
+  def _read(self, prefix: str, timeout: Optional[float]) -> Dict[str, Any]:
+    if timeout is not None:
+      ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
+      if not ready:
+        self.close()
+        raise RuntimeError(f'{self.name}: no {prefix.strip()} line within '
+                           f'{timeout} s.\n{self._tail()}')
+    while True:
+      line = self._proc.stdout.readline()
+      if not line:
+        code = self._proc.wait()
+        raise RuntimeError(
+            f'{self.name} exited (code {code}; a negative code is a signal, '
+            f'-9 usually out of memory) before its {prefix.strip()} line:\n'
+            f'{self._tail()}')
+      if line.startswith(prefix):
+        return json.loads(line[len(prefix):])
+
+  def _tail(self) -> str:
+    self._stderr.seek(0)
+    return self._stderr.read()[-3000:]
+
+  def close(self) -> None:
+    """Closes the child's stdin (it exits) and waits for it."""
+    if self._proc.poll() is None:
+      try:
+        self._proc.stdin.close()
+      except OSError:
+        pass
+      try:
+        self._proc.wait(timeout=60)
+      except subprocess.TimeoutExpired:
+        self._proc.kill()
+        self._proc.wait()
+    self._stderr.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def step_child_loop(build: Callable[[], Tuple[Callable[[], Dict[str, Any]],
+                                                Dict[str, Any]]],
+                    lines: Optional[Iterable[str]] = None) -> None:
+  """The child side of `StepChild`: builds, prints READY, steps on command.
+
+  This module imports only the standard library, so a child running another
+  checkout's code can load this file by its path and call this function.
+
+  Args:
+    build: builds the step; returns (step, ready): `step()` runs one step to
+      completion and returns a JSON-serializable dict (the DONE line),
+      `ready` is the READY line's dict.
+    lines: the commands (default: stdin, until it closes).
+
+  Raises:
+    ValueError: a command other than `step`.
+  """
+  step, ready = build()
+  print(READY_PREFIX + json.dumps(ready), flush=True)
+  for line in (sys.stdin if lines is None else lines):
+    command = line.strip()
+    if command != STEP_COMMAND:
+      raise ValueError(f'step child: unknown command {command!r}; expected '
+                       f'{STEP_COMMAND!r}.')
+    print(DONE_PREFIX + json.dumps(step()), flush=True)

@@ -164,3 +164,37 @@ def test_block_group_recomputes_without_a_second_update(monkeypatch):
                     groups[1].non_trainable_variables):
     np.testing.assert_allclose(v1, v0, rtol=1e-6, atol=1e-7, err_msg=v1.name)
   assert not anet_layers.in_recomputation()
+
+
+def test_2d_convolutions_give_conv3d_gradients(monkeypatch):
+  """Training with the convolutions in 2-D ops (`layers.conv3d_as_2d`, for
+  speed) gives the outputs and gradients of TensorFlow's Conv3D (the
+  straightforward path) to float32 rounding, eagerly: stems ([1, 3, 3]
+  strided, [3, 1, 1] plain and dilated), a fusion's 1x1x1 projection, a
+  strided block (strided 1x1x1 shortcut) and an unstrided one ([3, 3, 3])."""
+  model = _segments_model(False)
+  clips = _clips()
+
+  def run():
+    with tf.GradientTape() as tape:
+      outputs = model({'image': clips}, training=True)
+      loss = tf.reduce_sum(tf.square(outputs - 1.0))
+    grads = tape.gradient(loss, model.trainable_variables)
+    return outputs.numpy(), [g.numpy() for g in grads]
+
+  fast_out, fast = run()
+
+  def conv3d(self, inputs, kernel):
+    return tf.nn.convolution(inputs, kernel, self.strides, padding='SAME',
+                             data_format='NDHWC',
+                             dilations=self.dilation_rate)
+
+  monkeypatch.setattr(anet_layers.Conv3D, 'convolution_op', conv3d)
+  slow_out, slow = run()
+  np.testing.assert_allclose(fast_out, slow_out, rtol=1e-5, atol=1e-5)
+  assert len(fast) == len(slow) == len(model.trainable_variables) > 20
+  # As `_check_one_step`: float32 rounding, relative to the largest gradient.
+  scale = max(np.abs(g).max() for g in slow)
+  for v, g0, g1 in zip(model.trainable_variables, slow, fast):
+    np.testing.assert_allclose(g1, g0, rtol=1e-4, atol=1e-6 * scale,
+                               err_msg=v.name)

@@ -7,6 +7,8 @@ import pytest
 from official_ext.assemblenet import structures
 from official_ext.assemblenet.modeling import complexity
 from official_ext.benchmarks import assemblenet as benchmark
+from official_ext.benchmarks import harness
+from official_ext.benchmarks import memory as memory_lib
 
 
 def test_conv3d_flops_by_hand():
@@ -76,3 +78,93 @@ def test_quick_run_figures_are_consistent():
   assert f['forward_speedup_vs_original_width'] == approx(
       f['forward_clips_per_sec'] /
       f['reference_original_width_forward_clips_per_sec'])
+
+
+# The reference-checkout timing: a real child runs a TF training step (tens of
+# seconds to build), so the protocol is tested with a child that only counts,
+# and the timing with fake children.
+_COUNTING_CHILD = '''
+import importlib.util
+spec = importlib.util.spec_from_file_location('children', {path!r})
+children = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(children)
+calls = []
+def build():
+  print('noise before READY', flush=True)
+  return (lambda: calls.append(1) or {{'calls': len(calls)}}), {{'x': 7}}
+children.step_child_loop(build)
+'''
+
+
+def test_step_child_runs_a_step_per_command_and_reports_a_crash():
+  code = _COUNTING_CHILD.format(path=memory_lib.__file__)
+  with memory_lib.StepChild(code, 'counter', timeout=60) as child:
+    assert child.wait_ready() == {'x': 7}
+    assert [child.step(), child.step()] == [{'calls': 1}, {'calls': 2}]
+  crash = 'import sys; sys.stderr.write("boom at build"); sys.exit(3)'
+  with memory_lib.StepChild(crash, 'crasher', timeout=60) as child:
+    with pytest.raises(RuntimeError, match=r'crasher exited \(code 3.*'
+                       r'before its READY line:\nboom at build'):
+      child.step()
+
+
+def test_reference_checkout_timing_interleaves_the_two_children(
+    monkeypatch, tmp_path):
+  (tmp_path / 'official_ext').mkdir()
+  seconds = {'checkout_train': iter([1.0, 1.0, 3.0]),
+             'reference_checkout_train': iter([2.0, 5.0, 7.0])}
+  log = []
+  clock = [0.0]
+  monkeypatch.setattr(benchmark.timing.time, 'perf_counter',
+                      lambda: clock[0])
+
+  class Fake:
+    def __init__(self, root, batch, frames, size, quick, name):
+      log.append(('build', name, batch, frames, size, quick))
+      self.root, self.name = root, name
+
+    def wait_ready(self):
+      return {'official_ext': f'{self.root}/official_ext/__init__.py'}
+
+    def step(self):
+      log.append(('step', self.name))
+      clock[0] += next(seconds[self.name])
+
+    def close(self):
+      log.append(('close', self.name))
+
+  f = benchmark.reference_checkout_speed(str(tmp_path), quick=False,
+                                         rounds=3, make_child=Fake)
+  assert log[:2] == [('build', 'checkout_train', 2, 16, 112, False),
+                     ('build', 'reference_checkout_train', 2, 16, 112, False)]
+  assert log[2:8] == [('step', 'checkout_train'),
+                      ('step', 'reference_checkout_train')] * 3
+  assert log[8:] == [('close', 'checkout_train'),
+                     ('close', 'reference_checkout_train')]
+  assert f['checkout_train_sec_per_step'] == 1.0
+  assert f['reference_checkout_train_sec_per_step'] == 5.0
+  assert f['train_speedup_vs_reference_checkout'] == 5.0
+  assert f['reference_checkout'] == str(tmp_path)
+  json.dumps(f)
+  # A directory that is no checkout, and a child that imported another
+  # official_ext (PYTHONPATH did not take), are refused.
+  with pytest.raises(ValueError, match='no official_ext directory'):
+    benchmark.reference_checkout_speed(str(tmp_path / 'official_ext'), True,
+                                       make_child=Fake)
+
+  class Elsewhere(Fake):
+    def wait_ready(self):
+      return {'official_ext': '/work/main/official_ext/__init__.py'}
+
+  log.clear()
+  with pytest.raises(ValueError, match='imported official_ext from'):
+    benchmark.reference_checkout_speed(str(tmp_path), True,
+                                       make_child=Elsewhere)
+  assert log[-2:] == [('close', 'checkout_train'),
+                      ('close', 'reference_checkout_train')]
+
+
+def test_reference_checkout_is_refused_for_families_without_it():
+  with pytest.raises(ValueError, match='the readout benchmark has no '
+                     'reference-checkout timing'):
+    harness.run('readout', quick=True, reference_checkout='/tmp')

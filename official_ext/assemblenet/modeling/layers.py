@@ -122,61 +122,111 @@ def spatial_max_pool(x: tf.Tensor, r: int) -> tf.Tensor:
   return out
 
 
-class Conv3D(tf_keras.layers.Conv3D):
-  """`tf_keras.layers.Conv3D`, its temporal dilation in ops TFLite has.
+# Frames of at most this many pixels are convolved as one matmul over all
+# taps (`conv3d_as_2d`): measured fwd + bwd of a 3 x 3 SAME conv of 32 frames,
+# matmul / Conv2D time: 4 x 4 x 1296 -> 432: 0.6-0.7; 7 x 7 x 456 -> 152:
+# 0.9-1.1; 14 x 14: 1.5-2.0; 28 x 28: 2.1-2.4 (2 shared CPU cores, AVX2).
+MAX_IM2COL_PIXELS = 16
 
-  The same layer (variables, config, outputs); only a temporal dilation d > 1
-  is computed differently. TensorFlow computes a dilated 3-D convolution as
-  SpaceToBatchND -> Conv3D -> BatchToSpaceND, whose 5-D space-to-batch TFLite
-  cannot take. Here the frames are split into their d phases by reshapes and
-  a 4-D transpose (t = m * d + p -> phase p, position m), each phase is
-  convolved without dilation ('VALID' in time after the 'same' zero padding,
-  'same' in space by explicit zero padding), and the phases are interleaved
-  back: the same products summed, as `tests/assemblenet/test_modeling.py`
-  checks against TensorFlow's dilated convolution.
-  Strides are spatial only, padding 'same', channels last (as
-  `conv3d_same_padding` builds it).
+
+def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
+                 temporal_dilation: int = 1) -> tf.Tensor:
+  """A 'same'-padded 3-D convolution computed with 2-D ops (no Conv3D).
+
+  `tf.nn.convolution(inputs, kernel, [1, sh, sw], 'SAME', dilations=[d, 1,
+  1])` (channels last, temporal stride 1), as: one 2-D convolution of every
+  frame (a matmul for a 1x1 kernel at stride 1) with the kernel as
+  [kh, kw, C, kt * F], giving each temporal tap's outputs, which are then
+  shifted in time by the tap's offset (zero outside the clip, as
+  TensorFlow's SAME padding) and summed. Frames of at most
+  `MAX_IM2COL_PIXELS` pixels (at stride 1) are one matmul instead: every
+  tap's shifted input stacked along channels. The same products, summed in
+  another order: equal to float32 rounding
+  (`tests/assemblenet/test_modeling.py`).
+
+  Why: TensorFlow's CPU Conv3D gradients (Conv3DBackpropInputV2 /
+  FilterV2) are several times slower than the 2-D convolution's and the
+  matmul's (the profile of issue 16: the training step's backward pass cost
+  about six forward passes); these ops are also all TFLite builtins (no
+  5-D SpaceToBatchND for the dilation).
+
+  Args:
+    inputs: [B, T, H, W, C] (B and T may be dynamic).
+    kernel: [kt, kh, kw, C, F].
+    strides: (sh, sw), the spatial strides.
+    temporal_dilation: d, the dilation along time.
+
+  Returns:
+    [B, T, ceil(H / sh), ceil(W / sw), F], the inputs' dtype.
+  """
+  kt, kh, kw, c, f = kernel.shape
+  sh, sw = strides
+  d = temporal_dilation
+  b, t, h, w, _ = _dims(inputs)
+  total = d * (kt - 1)
+  before = total // 2  # As TensorFlow splits SAME padding in time.
+  time_pad = [[0, 0], [before, total - before], [0, 0], [0, 0], [0, 0]]
+  if (sh == 1 and sw == 1 and kh * kw > 1 and isinstance(h, int) and
+      isinstance(w, int) and h * w <= MAX_IM2COL_PIXELS):
+    # Small frames (the last level's 4 x 4): every tap's shifted input
+    # stacked along channels, one matmul; Conv2D's gradients are slow there.
+    # tf.slice, not x[:, a:b]: its gradient is a Pad, StridedSlice's a much
+    # slower StridedSliceGrad.
+    x = tf.pad(inputs, [[0, 0], time_pad[1], [(kh - 1) // 2, kh // 2],
+                        [(kw - 1) // 2, kw // 2], [0, 0]])
+    x = tf.concat([tf.slice(x, [0, k * d, i, j, 0], [-1, t, h, w, -1])
+                   for i in range(kh) for j in range(kw) for k in range(kt)],
+                  axis=-1)
+    y = tf.matmul(tf.reshape(x, [-1, kh * kw * kt * c]),
+                  tf.reshape(tf.transpose(kernel, [1, 2, 0, 3, 4]),
+                             [kh * kw * kt * c, f]))
+    return tf.reshape(y, [b, t, h, w, f])
+  # One 2-D convolution (a matmul for 1x1) of every frame to kt * F channels,
+  # tap k's outputs in channels [k * F, (k + 1) * F); then each tap's outputs
+  # shifted in time (zero-padded as SAME) and summed. Only the unshifted
+  # input is kept for the gradients.
+  kernel = tf.reshape(tf.transpose(kernel, [1, 2, 3, 0, 4]),
+                      [kh, kw, c, kt * f])
+  if kh == 1 and kw == 1 and sh == 1 and sw == 1:
+    z = tf.matmul(tf.reshape(inputs, [-1, c]), kernel[0, 0])
+    oh, ow = h, w
+  else:
+    z = tf.nn.conv2d(tf.reshape(inputs, [-1, h, w, c]), kernel,
+                     [1, sh, sw, 1], 'SAME')
+    _, oh, ow, _ = _dims(z)
+  z = tf.reshape(z, [b, t, oh, ow, kt * f])
+  if kt == 1:
+    return z
+  z = tf.pad(z, time_pad)
+  return tf.add_n([tf.slice(z, [0, k * d, 0, 0, k * f], [-1, t, -1, -1, f])
+                   for k in range(kt)])
+
+
+class Conv3D(tf_keras.layers.Conv3D):
+  """`tf_keras.layers.Conv3D` computed with 2-D ops (`conv3d_as_2d`).
+
+  The same layer (variables, config, outputs to float32 rounding); for
+  padding 'same', channels last, temporal stride 1 and no spatial dilation
+  (as `conv3d_same_padding` builds it) the convolution is `conv3d_as_2d`:
+  2-D convolutions and matmuls, whose gradients are much faster on CPU than
+  Conv3D's, and TFLite builtins (no 5-D SpaceToBatchND for a temporal
+  dilation). Other settings use `tf_keras.layers.Conv3D`'s convolution,
+  except a temporal dilation, which is refused there.
   """
 
   def convolution_op(self, inputs, kernel):
     d = self.dilation_rate[0]
-    if d == 1:
-      return super().convolution_op(inputs, kernel)
     if (self.padding != 'same' or self.strides[0] != 1 or
         tuple(self.dilation_rate[1:]) != (1, 1) or
-        self.data_format != 'channels_last'):
+        self.data_format != 'channels_last' or self.groups != 1):
+      if d == 1:
+        return super().convolution_op(inputs, kernel)
       raise ValueError(
           f'{self.name}: temporal dilation {d} is computed for padding '
           f"'same', temporal stride 1, no spatial dilation, channels_last; "
           f'got padding {self.padding!r}, strides {self.strides}, dilation '
           f'{self.dilation_rate}, {self.data_format}.')
-    kt, kh, kw = self.kernel_size
-    _, sh, sw = self.strides
-    b, t, h, w, c = _dims(inputs)
-    # 'same' in time: d * (kt - 1) zero frames, split as TensorFlow's SAME;
-    # then up to d - 1 more at the end, for whole phases.
-    before = d * (kt - 1) // 2
-    length = t + d * (kt - 1)
-    extra = (-length) % d  # Python's or TensorFlow's floor modulo.
-    x = tf.pad(inputs, [[0, 0], [before, d * (kt - 1) - before + extra],
-                        [0, 0], [0, 0], [0, 0]])
-    per_phase = (length + extra) // d
-    x = tf.reshape(x, [b, per_phase, d, h * w * c])
-    x = tf.reshape(tf.transpose(x, [0, 2, 1, 3]), [-1, per_phase, h, w, c])
-    # 'same' in space, as TensorFlow pads it.
-    spatial = []
-    for size, k, stride in ((h, kh, sh), (w, kw, sw)):
-      total = tf.maximum(((size + stride - 1) // stride - 1) * stride + k -
-                         size, 0) if isinstance(size, tf.Tensor) else max(
-                             ((size + stride - 1) // stride - 1) * stride + k
-                             - size, 0)
-      spatial.append([total // 2, total - total // 2])
-    x = tf.pad(x, [[0, 0], [0, 0], *spatial, [0, 0]])
-    y = tf.nn.conv3d(x, kernel, [1, 1, sh, sw, 1], 'VALID')
-    _, out_t, oh, ow, f = _dims(y)
-    y = tf.reshape(y, [b, d, out_t, oh * ow * f])
-    y = tf.reshape(tf.transpose(y, [0, 2, 1, 3]), [b, out_t * d, oh, ow, f])
-    y = y[:, :t]
+    y = conv3d_as_2d(inputs, kernel, self.strides[1:], d)
     y.set_shape(self.compute_output_shape(inputs.shape))
     return y
 
