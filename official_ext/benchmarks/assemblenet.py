@@ -30,7 +30,10 @@ the forward pass and the training step of both variants is most of it):
   published network with gradient checkpointing (`recompute_grad`) and runs
   one training step on 8 clips x 32 frames x 224^2 (quick: 2 x 8 x 64^2);
   `peak_rss_step_sec`: that first step's time (input generation, tracing and
-  the step: one call, no warm-up).
+  the step: one call, no warm-up). The child fixes glibc malloc's mmap
+  threshold at 1 MiB first (`core.host_memory`;
+  `peak_rss_malloc_mmap_threshold_bytes`, None where the C library is not
+  glibc).
 * `inference_clips_per_sec`: the exported SavedModel (`serving_default` as
   `official_ext.export_saved_model` writes it, initial weights: uint8 clips
   [batch, T, H, W, 3] -> probabilities, with its preprocessing) at
@@ -59,6 +62,7 @@ from official.core import task_factory
 from official_ext import export_saved_model
 from official_ext.assemblenet import task as assemblenet_task  # pylint: disable=unused-import  (registers the experiment and task)
 from official_ext.assemblenet.modeling import complexity
+from official_ext.core import host_memory
 from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
 
@@ -230,7 +234,13 @@ def _inference(quick: bool) -> Dict[str, Any]:
 
 def memory_child(batch: int, frames: int, size: int, quick: bool,
                  recompute: bool) -> Dict[str, Any]:
-  """Runs in the child process: one training step; returns its peak RSS."""
+  """Runs in the child process: one training step; returns its peak RSS.
+
+  First fixes glibc malloc's mmap threshold at 1 MiB
+  (`core.host_memory.set_malloc_mmap_threshold`), as a training process on
+  CPU should: freed tensors go back to the system instead of the heap.
+  """
+  threshold = host_memory.set_malloc_mmap_threshold()
   task = _task(batch, frames, size, quick, recompute_grad=recompute)
   model = task.build_model()
   step = _train_fn(task, model)
@@ -242,7 +252,9 @@ def memory_child(batch: int, frames: int, size: int, quick: bool,
   seconds = timing.interleaved_seconds({'step': first_step}, rounds=1,
                                        warmup=0)['step']
   return {'loss': loss[0], 'step_sec': seconds,
-          'peak_rss_gb': memory_lib.peak_rss_gb()}
+          'peak_rss_gb': memory_lib.peak_rss_gb(),
+          'malloc_mmap_threshold_bytes': (
+              host_memory.DEFAULT_THRESHOLD_BYTES if threshold else None)}
 
 
 def memory_child_code(batch: int, frames: int, size: int, quick: bool,
@@ -296,6 +308,8 @@ def run(quick: bool = False, memory: bool = True,
     out['peak_rss_size'] = f'{mb}x{mf}x{ms}^2' + (' (quick)' if quick else '')
     out['peak_rss_step_sec'] = mem['step_sec']
     out['peak_rss_recompute_grad'] = True
+    out['peak_rss_malloc_mmap_threshold_bytes'] = mem[
+        'malloc_mmap_threshold_bytes']
   out['conv3d_peak_gflops'] = conv3d_peak_gflops(quick)
   speed = _speed(quick, reference)
   b = speed['batch']
