@@ -39,7 +39,17 @@ the forward pass and the training step of both variants is most of it):
   published network with gradient checkpointing (`recompute_grad`) and runs
   one training step on 8 clips x 32 frames x 224^2 (quick: 2 x 8 x 64^2);
   `peak_rss_step_sec`: that first step's time (input generation, tracing and
-  the step: one call, no warm-up).
+  the step: one call, no warm-up). The child fixes glibc malloc's mmap
+  threshold at 1 MiB first (`core.host_memory`;
+  `peak_rss_malloc_mmap_threshold_bytes`, None where the C library is not
+  glibc).
+* `inference_clips_per_sec`: the exported SavedModel (`serving_default` as
+  `official_ext.export_saved_model` writes it, initial weights: uint8 clips
+  [batch, T, H, W, 3] -> probabilities, with its preprocessing) at
+  `inference_size` (2 clips x 32 frames x 224^2; quick: 1 x 4 x 32^2), float32,
+  loaded back into this process; `inference_sec_per_batch` its median time,
+  `inference_gflops_per_clip` the analytic GFLOPs of one such clip and
+  `inference_model_gflops` the GFLOP/s it achieves.
 
 Every time goes through `timing.interleaved_seconds`: the forward pass and
 the training step of our network and, with `reference=True`, of the
@@ -50,15 +60,19 @@ the Conv3D peak and the memory child's single step use the same helper.
 import json
 import os
 import statistics
+import tempfile
 from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import tensorflow as tf, tf_keras
+from tf_keras.src.saving.legacy.saved_model import utils as keras_saved_model_utils
 
 from official.core import exp_factory
 from official.core import task_factory
+from official_ext import export_saved_model
 from official_ext.assemblenet import task as assemblenet_task  # pylint: disable=unused-import  (registers the experiment and task)
 from official_ext.assemblenet.modeling import complexity
+from official_ext.core import host_memory
 from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
 
@@ -82,8 +96,14 @@ def _backbone_overrides(quick: bool, **extra) -> Dict[str, Any]:
   return b
 
 
-def _task(batch: int, frames: int, size: int, quick: bool, **backbone):
-  """An AssembleNetTask for the Charades experiment at the given clip size."""
+def _params(batch: int, frames: int, size: int, quick: bool, **backbone):
+  """The Charades experiment's config at the given clip size.
+
+  Validation clips (the serving function's preprocessing) are one clip per
+  video, temporal stride 1, the short side resized to `size` and one center
+  crop: frames of [frames, size, size] pass through unchanged but for the
+  normalization.
+  """
   params = exp_factory.get_exp_config('assemblenet_plus_lite_charades')
   data = {'feature_shape': [frames, size, size, 3], 'global_batch_size': batch}
   model = {'backbone': {'assemblenet_plus_lite': _backbone_overrides(
@@ -91,8 +111,17 @@ def _task(batch: int, frames: int, size: int, quick: bool, **backbone):
   if quick:
     model['head_filters'] = [16, 24]
   params.override({'task': {'model': model, 'train_data': data,
-                            'validation_data': data}}, is_strict=True)
-  return task_factory.get_task(params.task)
+                            'validation_data': dict(
+                                data, temporal_stride=1, num_test_clips=1,
+                                num_test_crops=1, min_image_size=size)}},
+                  is_strict=True)
+  return params
+
+
+def _task(batch: int, frames: int, size: int, quick: bool, **backbone):
+  """An AssembleNetTask for the Charades experiment at the given clip size."""
+  return task_factory.get_task(
+      _params(batch, frames, size, quick, **backbone).task)
 
 
 def _inputs(task, batch, frames, size, seed=0):
@@ -172,9 +201,56 @@ def _speed(quick: bool, reference: bool) -> Dict[str, float]:
   return dict(seconds, batch=batch)
 
 
+QUICK_INFERENCE = (1, 4, 32)  # clips, frames, height = width
+FULL_INFERENCE = (2, 32, 224)
+
+
+def _inference(quick: bool) -> Dict[str, Any]:
+  """Seconds per call of the exported SavedModel's `serving_default`.
+
+  The network (`_params`, initial weights) is checkpointed and exported with
+  `official_ext.export_saved_model.export` into a temporary directory, the
+  SavedModel (its `serving_default` signature; the Keras layers' traces are
+  not saved) loaded back, and its signature called on uint8 clips
+  [batch, frames, size, size, 3] -> probabilities (one warm-up call, then 2
+  (quick) or 3 timed calls; median).
+  """
+  batch, frames, size = QUICK_INFERENCE if quick else FULL_INFERENCE
+  params = _params(batch, frames, size, quick)
+  with tempfile.TemporaryDirectory() as tmp:
+    model = task_factory.get_task(params.task).build_model()
+    prefix = tf.train.Checkpoint(model=model).write(
+        os.path.join(tmp, 'ckpt', 'ckpt'))
+    del model
+    # Without the Keras layers' own traces (`save_traces=False`; the
+    # serving signature is the same): half the export time.
+    with keras_saved_model_utils.keras_option_scope(
+        save_traces=False, in_tf_saved_model_scope=True):
+      export_dir = export_saved_model.export(
+          params, prefix, os.path.join(tmp, 'saved_model'))
+    serve = tf.saved_model.load(export_dir).signatures['serving_default']
+    rng = np.random.default_rng(0)
+    clips = tf.constant(rng.integers(0, 256, (batch, frames, size, size, 3),
+                                     dtype=np.uint8))
+    probabilities = serve(frames=clips)['probabilities']
+    if probabilities.shape != (batch, params.task.train_data.num_classes):
+      raise RuntimeError(f'serving_default returned probabilities of shape '
+                         f'{probabilities.shape}.')
+    sec = timing.interleaved_seconds(
+        {'serve': lambda: serve(frames=clips)['probabilities']},
+        rounds=2 if quick else 3, warmup=1)['serve']
+  return {'sec': sec, 'batch': batch, 'frames': frames, 'size': size}
+
+
 def memory_child(batch: int, frames: int, size: int, quick: bool,
                  recompute: bool) -> Dict[str, Any]:
-  """Runs in the child process: one training step; returns its peak RSS."""
+  """Runs in the child process: one training step; returns its peak RSS.
+
+  First fixes glibc malloc's mmap threshold at 1 MiB
+  (`core.host_memory.set_malloc_mmap_threshold`), as a training process on
+  CPU should: freed tensors go back to the system instead of the heap.
+  """
+  threshold = host_memory.set_malloc_mmap_threshold()
   task = _task(batch, frames, size, quick, recompute_grad=recompute)
   model = task.build_model()
   step = _train_fn(task, model)
@@ -186,7 +262,9 @@ def memory_child(batch: int, frames: int, size: int, quick: bool,
   seconds = timing.interleaved_seconds({'step': first_step}, rounds=1,
                                        warmup=0)['step']
   return {'loss': loss[0], 'step_sec': seconds,
-          'peak_rss_gb': memory_lib.peak_rss_gb()}
+          'peak_rss_gb': memory_lib.peak_rss_gb(),
+          'malloc_mmap_threshold_bytes': (
+              host_memory.DEFAULT_THRESHOLD_BYTES if threshold else None)}
 
 
 def memory_child_code(batch: int, frames: int, size: int, quick: bool,
@@ -325,7 +403,7 @@ def reference_checkout_speed(
 
 
 def run(quick: bool = False, memory: bool = True,
-        reference: bool = True,
+        reference: bool = True, inference: bool = True,
         reference_checkout: Optional[str] = None) -> Dict[str, Any]:
   """Measures the figures described in the module docstring.
 
@@ -335,6 +413,7 @@ def run(quick: bool = False, memory: bool = True,
     memory: also run the 8 x 32 x 224^2 peak-RSS subprocess (minutes and
       about 10 GB of RAM in the full run).
     reference: also time the original-width architecture.
+    inference: also export the network and time its SavedModel.
     reference_checkout: another checkout of this repository (e.g. 313792b,
       "today's main" of issue 16): its training step and this checkout's
       are timed interleaved, each in a child process of its own
@@ -364,6 +443,8 @@ def run(quick: bool = False, memory: bool = True,
     out['peak_rss_size'] = f'{mb}x{mf}x{ms}^2' + (' (quick)' if quick else '')
     out['peak_rss_step_sec'] = mem['step_sec']
     out['peak_rss_recompute_grad'] = True
+    out['peak_rss_malloc_mmap_threshold_bytes'] = mem[
+        'malloc_mmap_threshold_bytes']
   if reference_checkout:
     out.update(reference_checkout_speed(reference_checkout, quick))
   out['conv3d_peak_gflops'] = conv3d_peak_gflops(quick)
@@ -375,6 +456,18 @@ def run(quick: bool = False, memory: bool = True,
   out['train_sec_per_step'] = speed['train']
   out['forward_model_gflops'] = bench_flops * b / speed['forward']
   out['train_model_gflops'] = 3 * bench_flops * b / speed['train']
+  if inference:
+    inf = _inference(quick)
+    ib = inf['batch']
+    out['inference_size'] = f"{ib}x{inf['frames']}x{inf['size']}^2"
+    out['inference_sec_per_batch'] = inf['sec']
+    out['inference_clips_per_sec'] = ib / inf['sec']
+    # The flops of the clip the model scores (32 x 224^2 in the full run).
+    out['inference_gflops_per_clip'] = complexity.analyze(
+        num_frames=inf['frames'], height=inf['size'], width=inf['size'],
+        **cx).flops / 1e9
+    out['inference_model_gflops'] = (
+        out['inference_gflops_per_clip'] * ib / inf['sec'])
   if reference:
     out['reference_original_width_train_clips_per_sec'] = (
         b / speed['reference_train'])

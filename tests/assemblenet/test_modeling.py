@@ -245,6 +245,25 @@ def test_fusion_pools_weights_and_projects():
   assert sorted(orig._projections) == ['4', '6']
 
 
+def test_fusion_takes_peers_or_their_spatial_means():
+  # The backbone gives peer attention each node's mean ([B, T, C]), shared
+  # by the fusions; a fusion given the nodes themselves averages them.
+  x = tf.random.normal([1, 2, 4, 4, 3])
+  peers = [tf.random.normal([1, 2, 8, 8, 5]), tf.random.normal([1, 2, 4, 4, 2])]
+  fusion = anet_layers.PeerAttentionFusion(1, 'peer')
+  out = fusion([x] + peers)
+  means = [anet_layers.SpatialMean()(p) for p in peers]
+  assert means[0].shape == (1, 2, 5)
+  np.testing.assert_array_equal(fusion([x] + means), out)
+  with pytest.raises(ValueError, match=r'fusion_1: peer 0 must be .* got '
+                     r'shape \[1, 2, 5, 5\]'):
+    anet_layers.PeerAttentionFusion(1, 'peer', name='fusion_1')(
+        [x, tf.zeros([1, 2, 5, 5])])
+  pool = anet_layers.SpatialMaxPool(2)
+  np.testing.assert_array_equal(pool(peers[0]),
+                                anet_layers.spatial_max_pool(peers[0], 2))
+
+
 def _charades_params(**backbone_overrides):
   params = exp_factory.get_exp_config('assemblenet_plus_lite_charades')
   params.override({'task': {'model': {'backbone': {
@@ -453,6 +472,7 @@ def test_layer_configs_round_trip(tiny_models):
                                       recompute_grad=True),
       anet_layers.InvertedBottleneckBlock3D([4, 4, 8], 2, True, 2),
       anet_layers.BlockGroup([4, 4, 8], 2, 2, recompute_grad=True),
+      anet_layers.SpatialMaxPool(3), anet_layers.SpatialMean(),
       anet.LiteStem(8, 2, recompute_grad=True), anet.LiteHead(5, (8, 16), True, 0.2)]:
     config = layer.get_config()
     clone = type(layer).from_config(config)

@@ -20,12 +20,20 @@ T, S, BATCH = 4, 16, 4
 
 
 def _full_model(recompute: bool, use_sync_bn: bool = False):
-  """The tiny backbone + head: {'image': [BATCH, T, S, S, 3]} -> [BATCH, 5]."""
+  """The tiny backbone + head: {'image': [BATCH, T, S, S, 3]} -> [BATCH, 5].
+
+  Without `recompute`, the straightforward network: no checkpointing, and
+  each fusion pools and averages its own inputs (`share_fusion_inputs=
+  False`); with it, the memory-saving one (pooled copies and peer means
+  computed once per node and shared), so the comparison also checks that
+  sharing keeps the maths.
+  """
   backbone = anet.AssembleNetPlusLite(
       structures.TINY_STRUCTURE, None, structures.TINY_BLOCKS_PER_LEVEL,
       input_specs=tf_keras.layers.InputSpec(shape=[None, T, S, S, 3]),
       stem_filters=8, attention_mode='peer', use_sync_bn=use_sync_bn,
-      recompute_grad=recompute, rep_flow_options={'num_iter': 2})
+      recompute_grad=recompute, rep_flow_options={'num_iter': 2},
+      share_fusion_inputs=recompute)
   return anet.AssembleNetPlusLiteModel(backbone, 5, head_filters=(16, 24))
 
 
@@ -116,8 +124,13 @@ def _check_one_step(build, mode, strategy=None):
 
 
 def test_recompute_grad_updates_batch_norm_statistics_once():
-  """The whole tiny network (6 stems/fusions/block groups), eagerly."""
+  """The whole tiny network (6 stems/fusions/block groups), eagerly; the
+  reference also without shared fusion inputs (see `_full_model`)."""
   assert _check_one_step(_full_model, 'eager') >= 40
+  shared = [l.name for l in _full_model(True).backbone.layers
+            if isinstance(l, (anet_layers.SpatialMean,
+                              anet_layers.SpatialMaxPool))]
+  assert 'node_0_mean' in shared and 'node_0_pool_2' in shared, shared
 
 
 def test_recompute_grad_updates_once_in_a_function():

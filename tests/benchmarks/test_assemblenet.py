@@ -36,7 +36,8 @@ def test_memory_child_program_calls_this_module(monkeypatch, capsys):
 
 def test_quick_run_figures_are_consistent():
   # Without the memory child (see above; `python -m official_ext.benchmark
-  # assemblenet --quick` runs it), with the original-width reference.
+  # assemblenet --quick` runs it), with the original-width reference and
+  # the exported SavedModel.
   f = benchmark.run(quick=True, memory=False, reference=True)
   json.dumps(f)  # The harness writes them as JSON.
   assert f['quick'] is True
@@ -78,6 +79,15 @@ def test_quick_run_figures_are_consistent():
   assert f['forward_speedup_vs_original_width'] == approx(
       f['forward_clips_per_sec'] /
       f['reference_original_width_forward_clips_per_sec'])
+  # The exported SavedModel, served at 1 x 4 x 32^2 (uint8 -> probabilities).
+  assert benchmark.QUICK_INFERENCE == (1, 4, 32)
+  assert benchmark.FULL_INFERENCE == (2, 32, 224)
+  assert f['inference_size'] == '1x4x32^2'
+  assert f['inference_gflops_per_clip'] == f['gflops_per_clip_bench']
+  assert f['inference_clips_per_sec'] == approx(
+      1 / f['inference_sec_per_batch'])
+  assert f['inference_model_gflops'] == approx(
+      f['inference_gflops_per_clip'] / f['inference_sec_per_batch'])
 
 
 # The reference-checkout timing: a real child runs a TF training step (tens of

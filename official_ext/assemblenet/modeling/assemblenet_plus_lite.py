@@ -132,6 +132,18 @@ class AssembleNetPlusLite(tf_keras.Model):
     rep_flow_options: kwargs of `layers.RepresentationFlow` (num_iter,
       train_feature_grad, train_divergence, train_flow_grad, train_hyper).
     kernel_regularizer: regularizer of every conv / dense kernel.
+    share_fusion_inputs: what the fusions take from other nodes is computed
+      once per node and shared: each node's spatial mean (the peer-attention
+      source, `layers.SpatialMean`) and each max-pooled copy of a node
+      (`layers.SpatialMaxPool`, one per pooling ratio; not with
+      `fusion_width_as_channels`, whose fusion width depends on the unpooled
+      input widths). The same values as every fusion pooling and averaging
+      its own inputs (False), but a training step's backward pass then has
+      one full-size gradient per shared tensor instead of one per fusion
+      that reads it (for a stem output, about 17 of them in the published
+      network; measured: peak RSS of a 2 x 32 x 224^2 step with
+      `recompute_grad` 6.02 -> 5.83 GB); gradients differ by float rounding
+      only (summation order; tests/assemblenet/test_recompute.py).
 
   Call: [B, T, H, W, 3] float -> dict of endpoints: 'node_<i>' for every node
   ([B, T, H_i, W_i, C_i]) and 'output' (the first level-3 node).
@@ -152,6 +164,7 @@ class AssembleNetPlusLite(tf_keras.Model):
                recompute_grad: bool = False,
                rep_flow_options: Optional[Dict[str, Any]] = None,
                kernel_regularizer=None,
+               share_fusion_inputs: bool = True,
                **kwargs):
     if model_structure is None:
       model_structure = structures.ASSEMBLENET_PLUS_LITE_STRUCTURE
@@ -190,6 +203,36 @@ class AssembleNetPlusLite(tf_keras.Model):
       flow = tf.cast(flow, inputs.dtype) if flow.dtype != inputs.dtype else flow
     streams = []
     endpoints = {}
+    shared: Dict[Any, Any] = {}  # (node, 'mean') / (node, ratio) -> tensor
+
+    def peer(k):
+      if not share_fusion_inputs:
+        return streams[k]
+      if (k, 'mean') not in shared:
+        shared[k, 'mean'] = anet_layers.SpatialMean(
+            name=f'node_{k}_mean')(streams[k])
+      return shared[k, 'mean']
+
+    def pooled(input_ids):
+      xs = [streams[j] for j in input_ids]
+      if not share_fusion_inputs or fusion_width_as_channels:
+        return xs
+      # The fusion's pooling (`PeerAttentionFusion.build`): each input to
+      # the smallest input's size, ratio (H + 1) // H_min.
+      h_min = min(x.shape[2] for x in xs)
+      w_min = min(x.shape[3] for x in xs)
+      out = []
+      for j, x in zip(input_ids, xs):
+        if x.shape[2] == h_min and x.shape[3] == w_min:
+          out.append(x)
+          continue
+        r = (x.shape[2] + 1) // h_min
+        if (j, r) not in shared:
+          shared[j, r] = anet_layers.SpatialMaxPool(
+              r, name=f'node_{j}_pool_{r}')(x)
+        out.append(shared[j, r])
+      return out
+
     for i, node in enumerate(structure):
       name = f'node_{i}'
       if node[0] < 0:
@@ -199,10 +242,10 @@ class AssembleNetPlusLite(tf_keras.Model):
                        recompute_grad=recompute_grad, name=name, **bn)(x)
       else:
         level, input_ids, filters, dilation, stride = node
-        node_inputs = [streams[j] for j in input_ids]
+        node_inputs = pooled(input_ids)
         peers = []
         if attention_mode == 'peer':
-          peers = [streams[k] for k in structures.nodes_below(structure, level)]
+          peers = [peer(k) for k in structures.nodes_below(structure, level)]
         weights = None
         if edge_weights is not None and len(input_ids) > 1:
           weights = edge_weights[i][0]
@@ -231,6 +274,7 @@ class AssembleNetPlusLite(tf_keras.Model):
         fusion_width_as_channels=fusion_width_as_channels,
         bn_decay=bn_decay, bn_epsilon=bn_epsilon, use_sync_bn=use_sync_bn,
         recompute_grad=recompute_grad, rep_flow_options=rep_flow_options,
+        share_fusion_inputs=share_fusion_inputs,
         kernel_regularizer=(tf_keras.regularizers.serialize(
             tf_keras.regularizers.get(kernel_regularizer))
                             if kernel_regularizer else None))

@@ -129,6 +129,42 @@ def spatial_max_pool(x: tf.Tensor, r: int) -> tf.Tensor:
 MAX_IM2COL_PIXELS = 16
 
 
+class SpatialMaxPool(tf_keras.layers.Layer):
+  """`spatial_max_pool(x, ratio)` as a layer: [B, T, H, W, C] ->
+
+  [B, T, ceil(H / ratio), ceil(W / ratio), C]. The backbone pools a node's
+  output once per ratio and gives the pooled copy to every fusion that takes
+  the node at that size (`AssembleNetPlusLite(share_fusion_inputs=True)`).
+  """
+
+  def __init__(self, ratio: int, **kwargs):
+    super().__init__(**kwargs)
+    if ratio < 2:
+      raise ValueError(f'{self.name}: pooling ratio must be >= 2; got '
+                       f'{ratio}.')
+    self._ratio = ratio
+
+  def call(self, inputs):
+    return spatial_max_pool(inputs, self._ratio)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(ratio=self._ratio)
+    return config
+
+
+class SpatialMean(tf_keras.layers.Layer):
+  """Mean over height and width: [B, T, H, W, C] -> [B, T, C].
+
+  A node's peer-attention vector source: the backbone averages each node's
+  output once and gives the mean to every fusion that has the node as a
+  peer (`PeerAttentionFusion` takes peers as such means).
+  """
+
+  def call(self, inputs):
+    return tf.reduce_mean(inputs, axis=[2, 3])
+
+
 def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
                  temporal_dilation: int = 1) -> tf.Tensor:
   """A 'same'-padded 3-D convolution computed with 2-D ops (no Conv3D).
@@ -503,7 +539,10 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
 
   Called on `inputs + peers` (a list): the node's `num_inputs` input tensors
   [B, T, H_i, W_i, C_i] (same B and T), then, for attention 'peer', the
-  tensors of every node of a lower level [B, T, H_k, W_k, C_k] (the peers).
+  tensors of every node of a lower level [B, T, H_k, W_k, C_k] (the peers),
+  or their spatial means [B, T, C_k] (`SpatialMean`; the backbone computes
+  each node's mean once and shares it among the fusions: one gradient per
+  node instead of one full-size gradient per fusion).
 
   1. Every input is max-pooled spatially ([1, r, r], stride r, 'same',
      r = (H_i + 1) // H_min) to the smallest input size.
@@ -567,6 +606,11 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
   def build(self, input_shape):
     shapes = [tf.TensorShape(s).as_list() for s in input_shape]
     in_shapes, peer_shapes = shapes[:self._num_inputs], shapes[self._num_inputs:]
+    for k, s in enumerate(peer_shapes):
+      if len(s) not in (3, 5):
+        raise ValueError(f'{self.name}: peer {k} must be a node output [B, T, '
+                         f'H, W, C] or its spatial mean [B, T, C]; got shape '
+                         f'{s}.')
     for s in in_shapes:
       if None in s[2:]:
         raise ValueError(f'{self.name}: fusion needs static height, width and '
@@ -647,7 +691,7 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
     dtype = xs[0].dtype
     candidates = None
     if self._attention_mode == 'peer':
-      candidates = [d(tf.reduce_mean(p, axis=[2, 3]))
+      candidates = [d(p if p.shape.rank == 3 else tf.reduce_mean(p, [2, 3]))
                     for d, p in zip(self._peer_dense, peers)]
     if self._num_inputs > 1:
       weights = tf.cast(tf.math.sigmoid(self.agg_weights), dtype)
