@@ -233,9 +233,11 @@ def _inference(quick: bool) -> Dict[str, Any]:
     clips = tf.constant(rng.integers(0, 256, (batch, frames, size, size, 3),
                                      dtype=np.uint8))
     probabilities = serve(frames=clips)['probabilities']
-    if probabilities.shape != (batch, params.task.train_data.num_classes):
-      raise RuntimeError(f'serving_default returned probabilities of shape '
-                         f'{probabilities.shape}.')
+    expected = (batch, params.task.train_data.num_classes)
+    if probabilities.shape != expected:
+      raise RuntimeError(f'serving_default of the exported {export_dir} '
+                         f'returned probabilities of shape '
+                         f'{probabilities.shape}; expected {expected}.')
     sec = timing.interleaved_seconds(
         {'serve': lambda: serve(frames=clips)['probabilities']},
         rounds=2 if quick else 3, warmup=1)['serve']

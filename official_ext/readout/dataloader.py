@@ -689,12 +689,12 @@ def batch_examples(ds: tf.data.Dataset, params: configs.DataConfig,
 _TRACED_PARSES: Dict[str, Callable[..., Dict[str, tf.Tensor]]] = {}
 
 
-def traced_parse(parser: Parser, params: configs.DataConfig,
+def traced_parse(params: configs.DataConfig,
                  readouts: Sequence[configs.ReadoutSpec],
                  task_vocabulary: Sequence[str],
                  session_names: Optional[Sequence[str]] = None
                  ) -> Callable[..., Dict[str, tf.Tensor]]:
-  """`parser.parse` as a tf.function shared by every pipeline of its kind.
+  """`Parser(...).parse` as a tf.function shared by every pipeline of its kind.
 
   Tracing the parser (its ~20 checks each build a `tf.cond` whose failing
   branch builds the message) takes about a second; the pipelines of a
@@ -705,10 +705,7 @@ def traced_parse(parser: Parser, params: configs.DataConfig,
   the readouts, the vocabulary and the session names.
 
   Args:
-    parser: `Parser(params, readouts, task_vocabulary, session_names)`; its
-      `parse` is traced when the key is new.
-    params, readouts, task_vocabulary, session_names: what `parser` was
-      built from.
+    params, readouts, task_vocabulary, session_names: as `Parser`'s.
 
   Returns:
     A tf.function (serialized, source) -> `Parser.parse`'s dict.
@@ -719,7 +716,8 @@ def traced_parse(parser: Parser, params: configs.DataConfig,
        None if session_names is None else [str(n) for n in session_names]],
       sort_keys=True, default=repr)
   if key not in _TRACED_PARSES:
-    _TRACED_PARSES[key] = tf.function(parser.parse)
+    _TRACED_PARSES[key] = tf.function(Parser(
+        params, readouts, task_vocabulary, session_names=session_names).parse)
   return _TRACED_PARSES[key]
 
 
@@ -755,8 +753,7 @@ def build_dataset(params: configs.DataConfig,
   _check_config(params)
   parser = Parser(params, readouts, task_vocabulary,
                   session_names=session_names)
-  parse = traced_parse(parser, params, readouts, task_vocabulary,
-                       session_names)
+  parse = traced_parse(params, readouts, task_vocabulary, session_names)
   stages = tfrecord_input.Stages(
       decoder_fn=lambda filename, record: parse(record, source=filename),
       batch_fn=lambda ds, batch_size: batch_examples(

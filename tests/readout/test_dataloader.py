@@ -210,8 +210,7 @@ def test_pipelines_of_one_parser_configuration_trace_it_once(tmp_path,
 
   def fn(params=configs.DataConfig(input_dim=INPUT_DIM), readouts=READOUTS,
          vocab=VOCAB, sessions=None):
-    parser = dataloader.Parser(params, readouts, vocab, sessions)
-    return dataloader.traced_parse(parser, params, readouts, vocab, sessions)
+    return dataloader.traced_parse(params, readouts, vocab, sessions)
 
   # Fields the parser does not read (batching, batch size) share it.
   assert fn() is fn(configs.DataConfig(input_dim=INPUT_DIM,
