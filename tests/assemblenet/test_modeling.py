@@ -373,8 +373,10 @@ def test_conv3d_same_padding_kernels():
 ])
 def test_conv3d_is_computed_with_2d_ops(kernel, strides, dilation, shape):
   """The convolutions (`conv3d_as_2d`: no Conv3D, no 5-D SpaceToBatchND)
-  give TensorFlow's (dilated) 3-D convolution's values to float32 rounding,
-  also for a batch and frame count known only at run time."""
+  give TensorFlow's (dilated) 3-D convolution's values and gradients (input
+  and kernel; the temporal taps' gradient is written out in
+  `shift_and_sum_taps`) to float32 rounding, also for a batch and frame
+  count known only at run time."""
   x = tf.constant(np.random.default_rng(0).normal(size=shape), tf.float32)
   conv = anet_layers.conv3d_same_padding(4, kernel, strides, dilation)
   conv.build(x.shape)
@@ -390,6 +392,23 @@ def test_conv3d_is_computed_with_2d_ops(kernel, strides, dilation, shape):
     # Sums of up to 27 x 3 products of normal(0, 1) values, reordered.
     np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5,
                                atol=1e-5)
+  cotangent = tf.constant(
+      np.random.default_rng(1).normal(size=expected.shape), tf.float32)
+  grads = []
+  for fn in (conv.convolution_op, lambda x, k: tf.nn.convolution(
+      x, k, [1, strides, strides], padding='SAME', dilations=[dilation, 1, 1])):
+
+    @tf.function  # Conv3D's gradient needs a graph (its attrs), not eager.
+    def gradient(x, kernel, fn=fn):
+      with tf.GradientTape() as tape:
+        tape.watch([x, kernel])
+        y = tf.reduce_sum(fn(x, kernel) * cotangent)
+      return tape.gradient(y, [x, kernel])
+
+    grads.append(gradient(x, tf.convert_to_tensor(conv.kernel)))
+  for got, expected in zip(*grads):
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-4,
+                               atol=1e-4)
 
 
 def test_spatial_max_pool_is_max_pool3d():

@@ -127,6 +127,12 @@ def spatial_max_pool(x: tf.Tensor, r: int) -> tf.Tensor:
 # matmul / Conv2D time: 4 x 4 x 1296 -> 432: 0.6-0.7; 7 x 7 x 456 -> 152:
 # 0.9-1.1; 14 x 14: 1.5-2.0; 28 x 28: 2.1-2.4 (2 shared CPU cores, AVX2).
 MAX_IM2COL_PIXELS = 16
+# Frames of at most this many pixels take the input gradient of a stride-1
+# 2-D convolution as a forward convolution (`conv2d_same`): measured
+# Conv2D(flipped) / Conv2DBackpropInput time, 3 x 3 kernel, 32 frames:
+# 7 x 7 x 456 -> 152: 0.72; 14 x 14 x 162 -> 54: 0.96; 28 x 28 x 81 -> 27:
+# 1.42 (2 shared CPU cores, AVX2, under load).
+MAX_FLIPPED_GRAD_PIXELS = 64
 
 
 class SpatialMaxPool(tf_keras.layers.Layer):
@@ -227,15 +233,89 @@ def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
     z = tf.matmul(tf.reshape(inputs, [-1, c]), kernel[0, 0])
     oh, ow = h, w
   else:
-    z = tf.nn.conv2d(tf.reshape(inputs, [-1, h, w, c]), kernel,
-                     [1, sh, sw, 1], 'SAME')
+    z = conv2d_same(tf.reshape(inputs, [-1, h, w, c]), kernel, (sh, sw))
     _, oh, ow, _ = _dims(z)
   z = tf.reshape(z, [b, t, oh, ow, kt * f])
   if kt == 1:
     return z
-  z = tf.pad(z, time_pad)
-  return tf.add_n([tf.slice(z, [0, k * d, 0, 0, k * f], [-1, t, -1, -1, f])
-                   for k in range(kt)])
+  return shift_and_sum_taps(z, [k * d - before for k in range(kt)])
+
+
+def conv2d_same(x: tf.Tensor, kernel: tf.Tensor, strides=(1, 1)) -> tf.Tensor:
+  """`tf.nn.conv2d(x, kernel, strides, 'SAME')`, [N, H, W, C] channels last.
+
+  At stride 1, for an odd kernel and frames of at most
+  `MAX_FLIPPED_GRAD_PIXELS` pixels, the input's gradient is computed as a
+  forward convolution of the output's gradient with the spatially flipped,
+  transposed kernel (the same sums: SAME padding is symmetric for an odd
+  kernel), which TensorFlow's CPU Conv2D runs faster than its
+  Conv2DBackpropInput on small frames; the kernel's gradient is
+  Conv2DBackpropFilter as usual.
+  """
+  kh, kw, _, _ = kernel.shape
+  h, w = x.shape[1], x.shape[2]
+  if (tuple(strides) != (1, 1) or kh % 2 == 0 or kw % 2 == 0 or
+      kh * kw == 1 or h is None or w is None or
+      h * w > MAX_FLIPPED_GRAD_PIXELS):
+    return tf.nn.conv2d(x, kernel, [1, *strides, 1], 'SAME')
+
+  @tf.custom_gradient
+  def conv(x, kernel):
+    def grad(dy):
+      flipped = tf.transpose(tf.reverse(kernel, [0, 1]), [0, 1, 3, 2])
+      dx = tf.nn.conv2d(dy, flipped, 1, 'SAME')
+      dk = tf.raw_ops.Conv2DBackpropFilter(
+          input=x, filter_sizes=tf.shape(kernel), out_backprop=dy,
+          strides=[1, 1, 1, 1], padding='SAME')
+      return dx, dk
+    return tf.nn.conv2d(x, kernel, 1, 'SAME'), grad
+
+  return conv(x, kernel)
+
+
+def _time_shift(x: tf.Tensor, offset: int) -> tf.Tensor:
+  """y[:, i] = x[:, i + offset] where 0 <= i + offset < T, else 0."""
+  if offset == 0:
+    return x
+  t = tf.shape(x)[1]
+  n = tf.minimum(abs(offset), t)  # |offset| >= T: all zeros.
+  if offset > 0:
+    y = tf.pad(tf.slice(x, [0, n, 0, 0, 0], [-1, t - n, -1, -1, -1]),
+               [[0, 0], [0, n], [0, 0], [0, 0], [0, 0]])
+  else:
+    y = tf.pad(tf.slice(x, [0, 0, 0, 0, 0], [-1, t - n, -1, -1, -1]),
+               [[0, 0], [n, 0], [0, 0], [0, 0], [0, 0]])
+  y.set_shape(x.shape)
+  return y
+
+
+def shift_and_sum_taps(z: tf.Tensor, offsets: Sequence[int]) -> tf.Tensor:
+  """sum_k z_k[:, i + offsets[k]] (zero outside the clip), z_k = tap k's channels.
+
+  `z` is [B, T, H, W, K * F], tap k's outputs in channels [k * F, (k + 1) *
+  F) (as `conv3d_as_2d` computes them); the result is [B, T, H, W, F]. The
+  gradient is written out (`tf.custom_gradient`): tap k's gradient is the
+  output's gradient shifted back by its offset, and the K of them are
+  concatenated along channels, one pass; the automatic gradient of the
+  channel slices was a zero-padded copy of K * F channels per tap, summed
+  (the issue 16 profile: `Pad` was 11 % of the step's op time).
+  """
+  k_taps = len(offsets)
+  f = z.shape[-1] // k_taps
+
+  @tf.custom_gradient
+  def forward(z):
+    taps = tf.split(z, k_taps, axis=-1)
+    y = tf.add_n([_time_shift(tap, o) for tap, o in zip(taps, offsets)])
+
+    def grad(dy):
+      return tf.concat([_time_shift(dy, -o) for o in offsets], axis=-1)
+
+    return y, grad
+
+  y = forward(z)
+  y.set_shape([*z.shape[:-1], f])
+  return y
 
 
 class Conv3D(tf_keras.layers.Conv3D):
