@@ -11,7 +11,10 @@ and overrides are applied in order and strictly (an unknown key is an error
 naming the key, a value of the wrong type one naming the key and the type:
 `core.experiment_params`, the loading path every CLI shares); the strategy
 comes from `runtime.distribution_strategy`; training runs with Orbit through
-Model Garden's `OrbitExperimentRunner` (`core.multiworker`). model_dir
+Model Garden's `OrbitExperimentRunner` (`core.multiworker`). Before
+TensorFlow's runtime starts, the process settings the experiment's family
+declares (`core.process_settings`: e.g. TensorFlow's BFC CPU allocator for
+YT8M) are applied where the user has not set them, and logged. model_dir
 receives params.yaml, checkpoints and TensorBoard summaries; the same command
 run again resumes from the latest checkpoint in model_dir. A model_dir that
 holds another experiment's run, or another model config, is refused before
@@ -54,6 +57,7 @@ from official_ext.core import experiment_params
 from official_ext.core import input_files
 from official_ext.core import model_dir as model_dir_lib
 from official_ext.core import multiworker
+from official_ext.core import process_settings
 from official_ext.core import trainer as trainer_lib
 
 FLAGS = flags.FLAGS
@@ -159,10 +163,25 @@ def parse_configuration(flags_obj) -> config_definitions.ExperimentConfig:
   return experiment_params.parse_flags(flags_obj)
 
 
+def apply_process_settings(params) -> process_settings.Applied:
+  """Applies the experiment's declared process settings and logs them.
+
+  `core.process_settings`: each family declares the settings its task runs
+  best with (e.g. YT8M TensorFlow's BFC CPU allocator, AssembleNet++lite
+  glibc's 1 MiB mmap threshold); they are set here, before TensorFlow's
+  runtime starts, unless the user set the variable.
+  """
+  applied = process_settings.apply(process_settings.for_experiment(params))
+  logging.info(process_settings.describe(applied))
+  return applied
+
+
 def main(_):
   run_logging.configure()
   gin.parse_config_files_and_bindings(FLAGS.gin_file, FLAGS.gin_params)
   params = parse_configuration(FLAGS)
+  # Before anything starts TensorFlow's runtime (the strategy, the task).
+  apply_process_settings(params)
   # On a cluster (TPU, several workers) a preemption restarts the run
   # in-process (the loop of official/vision/train.py, whose public version
   # never creates the PreemptionWatcher).

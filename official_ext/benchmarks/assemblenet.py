@@ -39,10 +39,11 @@ the forward pass and the training step of both variants is most of it):
   published network with gradient checkpointing (`recompute_grad`) and runs
   one training step on 8 clips x 32 frames x 224^2 (quick: 2 x 8 x 64^2);
   `peak_rss_step_sec`: that first step's time (input generation, tracing and
-  the step: one call, no warm-up). The child fixes glibc malloc's mmap
-  threshold at 1 MiB first (`core.host_memory`;
-  `peak_rss_malloc_mmap_threshold_bytes`, None where the C library is not
-  glibc).
+  the step: one call, no warm-up). The child applies the task's process
+  settings first (`PROCESS_SETTINGS`, `core.process_settings`: glibc
+  malloc's mmap threshold fixed at 1 MiB; the user's own
+  `MALLOC_MMAP_THRESHOLD_` wins; `peak_rss_malloc_mmap_threshold_bytes` is
+  the threshold the child had, None where none was set).
 * `inference_clips_per_sec`: the exported SavedModel (`serving_default` as
   `official_ext.export_saved_model` writes it, initial weights: uint8 clips
   [batch, T, H, W, 3] -> probabilities, with its preprocessing) at
@@ -70,9 +71,10 @@ from tf_keras.src.saving.legacy.saved_model import utils as keras_saved_model_ut
 from official.core import exp_factory
 from official.core import task_factory
 from official_ext import export_saved_model
-from official_ext.assemblenet import task as assemblenet_task  # pylint: disable=unused-import  (registers the experiment and task)
+# (Also registers the experiment and the task.)
+from official_ext.assemblenet import task as assemblenet_task
 from official_ext.assemblenet.modeling import complexity
-from official_ext.core import host_memory
+from official_ext.core import process_settings
 from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
 
@@ -80,6 +82,11 @@ from official_ext.benchmarks import timing
 # Quick runs: both stems, one fused (learned edge weights, peer attention over
 # the stems), one strided level-3 block; its original-width variant differs
 # (the fusion projects the stems to their width, 16 at 32^2).
+# Settings of a `benchmark assemblenet` process and of its peak-RSS child: the
+# AssembleNet++lite task's (`core.process_settings`, as `python -m
+# official_ext.train` applies them).
+PROCESS_SETTINGS = assemblenet_task.PROCESS_SETTINGS
+
 QUICK_STRUCTURE = [[-1, 1], [-2, 1], [3, [0, 1], [8, 8, 8], 1, 2]]
 QUICK_BLOCKS_PER_LEVEL = (1, 1, 1, 1)
 
@@ -248,11 +255,13 @@ def memory_child(batch: int, frames: int, size: int, quick: bool,
                  recompute: bool) -> Dict[str, Any]:
   """Runs in the child process: one training step; returns its peak RSS.
 
-  First fixes glibc malloc's mmap threshold at 1 MiB
-  (`core.host_memory.set_malloc_mmap_threshold`), as a training process on
-  CPU should: freed tensors go back to the system instead of the heap.
+  First applies the task's process settings (`PROCESS_SETTINGS`, as
+  `python -m official_ext.train` does; inherited from the parent where it
+  applied them): glibc malloc's mmap threshold fixed at 1 MiB, so that freed
+  tensors go back to the system instead of the heap.
   """
-  threshold = host_memory.set_malloc_mmap_threshold()
+  process_settings.apply(PROCESS_SETTINGS)
+  threshold = os.environ.get(process_settings.MALLOC_MMAP_THRESHOLD)
   task = _task(batch, frames, size, quick, recompute_grad=recompute)
   model = task.build_model()
   step = _train_fn(task, model)
@@ -266,7 +275,7 @@ def memory_child(batch: int, frames: int, size: int, quick: bool,
   return {'loss': loss[0], 'step_sec': seconds,
           'peak_rss_gb': memory_lib.peak_rss_gb(),
           'malloc_mmap_threshold_bytes': (
-              host_memory.DEFAULT_THRESHOLD_BYTES if threshold else None)}
+              int(threshold) if threshold and threshold.isdigit() else None)}
 
 
 def memory_child_code(batch: int, frames: int, size: int, quick: bool,

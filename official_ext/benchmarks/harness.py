@@ -7,10 +7,11 @@ exception is AssembleNet++lite's TF1 original, which does not run in this
 process: its `*_vs_tf1_quoted` ratios compare with quoted timings, not a
 measurement. Each family module has `run(quick=False) -> figures` (a
 JSON-serializable dict) and may have `table(figures) -> str`, and
-`PROCESS_ENV` ({variable: value}): environment settings the family's run
-uses, applied by `run` (`apply_process_env`) only where the process has not
-yet started TensorFlow's runtime (they take effect when it starts), and only
-where the user has not set the variable.
+`PROCESS_SETTINGS` ({variable: value}): the process settings its family's task
+declares (`core.process_settings`, the ones `python -m official_ext.train`
+applies too), applied by `run` only where the process has not yet started
+TensorFlow's runtime (they take effect when it starts), and only where the
+user has not set the variable; the log says what was applied.
 """
 import importlib
 import inspect
@@ -22,8 +23,8 @@ from typing import Any, Dict, Optional
 from absl import logging
 import tensorflow as tf
 
-from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 from official_ext.benchmarks import timing
+from official_ext.core import process_settings
 
 FAMILIES = {
     'yt8m': 'official_ext.benchmarks.yt8m',
@@ -62,18 +63,6 @@ def family_module(family: str):
   return importlib.import_module(FAMILIES[family])
 
 
-def apply_process_env(settings: Dict[str, str]) -> Dict[str, str]:
-  """Sets each variable of `settings` the user has not set, if TensorFlow's
-  runtime has not started in this process (its CPU allocator reads them when
-  it starts; afterwards, e.g. inside a test process, nothing is set, so later
-  child processes do not inherit them). Returns what was set."""
-  if context.context()._context_handle is not None:  # pylint: disable=protected-access
-    return {}
-  applied = {k: v for k, v in settings.items() if k not in os.environ}
-  os.environ.update(applied)
-  return applied
-
-
 def run(family: str, quick: bool = False,
         reference_checkout: Optional[str] = None) -> Dict[str, Any]:
   """Runs `family`'s benchmark; its figures plus 'machine'.
@@ -88,9 +77,9 @@ def run(family: str, quick: bool = False,
       raise ValueError(f'--reference_checkout: the {family} benchmark has no '
                        'reference-checkout timing (assemblenet has).')
     options['reference_checkout'] = reference_checkout
-  applied = apply_process_env(getattr(module, 'PROCESS_ENV', {}))
-  if applied:
-    logging.info('Benchmark process environment: %s', applied)
+  settings = getattr(module, 'PROCESS_SETTINGS', {})
+  applied = process_settings.apply(settings)
+  logging.info(process_settings.describe(applied))
   logging.info('Benchmarking %s on %s', family, machine())
   figures = module.run(quick=quick, **options)
   figures['machine'] = machine()

@@ -48,6 +48,10 @@ from official_ext.readout import demo_data
 from official_ext.readout import task as task_lib
 from official_ext.readout.modeling import multitask_readout
 
+# Settings of a `benchmark readout` process: the readout task's
+# (`core.process_settings`, as `python -m official_ext.train` applies them).
+PROCESS_SETTINGS = task_lib.PROCESS_SETTINGS
+
 
 class Size(NamedTuple):
   """Samples per batch, the most queries of one sample, embedding width."""

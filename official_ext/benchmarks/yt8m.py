@@ -25,8 +25,9 @@ Figures (all measured in one process; every time goes through
 * `metrics.evaluate` on 100,000 x 3,862 predictions vs the straightforward
   reference (`metrics_reference`) on a 2,000-video slice, scaled.
 
-The process runs with TensorFlow's BFC CPU allocator (`PROCESS_ENV`, applied
-by the harness; `figures['cpu_allocator']` says which allocator a run had):
+The process runs with TensorFlow's BFC CPU allocator (`PROCESS_SETTINGS`, the
+YT8M task's `core.process_settings`, applied by the harness as by `train`;
+`figures['cpu_allocator']` says which allocator a run had):
 with the default allocator every large tensor (the 85 M-float MoE gradient,
 XLA's buffers of [batch x frames, cluster] activations) is fresh memory from
 the kernel each step, and ~16 % of the published-size step was spent in page
@@ -52,8 +53,8 @@ from official_ext.yt8m import metrics_reference
 from official_ext.yt8m import task as yt8m_task  # pylint: disable=unused-import  (registers YT8MTask)
 
 
-# Environment of a `benchmark yt8m` process (see the module docstring).
-PROCESS_ENV = {'TF_CPU_ALLOCATOR_USE_BFC': 'true'}
+# Settings of a `benchmark yt8m` process: the YT8M task's (module docstring).
+PROCESS_SETTINGS = yt8m_task.PROCESS_SETTINGS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ import ctypes.util
 # mallopt's parameter number of the mmap threshold (glibc malloc.h).
 M_MMAP_THRESHOLD = -3
 DEFAULT_THRESHOLD_BYTES = 1 << 20
+MAX_THRESHOLD_BYTES = 32 << 20  # glibc's HEAP_MAX / 2 on 64-bit.
 
 
 def set_malloc_mmap_threshold(
@@ -33,8 +34,9 @@ def set_malloc_mmap_threshold(
     ValueError: `threshold_bytes` is not in [0, 32 MiB] (glibc's range).
     RuntimeError: glibc refused the value.
   """
-  if not 0 <= threshold_bytes <= 32 << 20:
-    raise ValueError(f'malloc mmap threshold must be 0..{32 << 20} bytes '
+  if not 0 <= threshold_bytes <= MAX_THRESHOLD_BYTES:
+    raise ValueError(f'malloc mmap threshold must be 0..'
+                     f'{MAX_THRESHOLD_BYTES} bytes '
                      f'(glibc HEAP_MAX / 2); got {threshold_bytes}.')
   libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
   mallopt = getattr(libc, 'mallopt', None)

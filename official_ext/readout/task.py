@@ -11,6 +11,7 @@ from official.core import task_factory
 from official_ext.core import bad_records
 from official_ext.core import eval_padding
 from official_ext.core import multiworker
+from official_ext.core import process_settings
 from official_ext.core import gradients
 from official_ext.readout import configs
 from official_ext.readout import dataloader
@@ -36,6 +37,13 @@ Routed = Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor],
 
 def _loss_metric_name(task: str) -> str:
   return f'{task}_loss'
+
+
+# Settings of a readout training process (`core.process_settings`; applied by
+# `python -m official_ext.train` and `python -m official_ext.benchmark
+# readout`): none, the defaults measured best.
+PROCESS_SETTINGS = process_settings.declare(
+    configs.ReadoutTaskConfig, {}, ('the default allocator measured best'))
 
 
 @task_factory.register_task_cls(configs.ReadoutTaskConfig)

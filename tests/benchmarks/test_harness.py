@@ -1,6 +1,4 @@
 """The harness: family lookup and the generic table."""
-import os
-
 import pytest
 
 from official_ext.benchmarks import harness
@@ -27,11 +25,9 @@ def test_generic_table_lists_flat_figures_sorted():
                                 '| a      | 3      |', '| b      | 0.1235 |']
 
 
-def test_process_env_is_not_set_once_tensorflow_runs(monkeypatch):
-  # Here TensorFlow's runtime already runs: setting TF_CPU_ALLOCATOR_USE_BFC
-  # now would change nothing in this process but leak into child processes.
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  tf.constant(1.0).numpy()
-  monkeypatch.delenv('OFFICIAL_EXT_TEST_UNSET', raising=False)
-  assert harness.apply_process_env({'OFFICIAL_EXT_TEST_UNSET': '1'}) == {}
-  assert 'OFFICIAL_EXT_TEST_UNSET' not in os.environ
+def test_benchmark_modules_declare_their_tasks_settings():
+  # The harness applies what `python -m official_ext.train` applies.
+  from official_ext.benchmarks import yt8m  # pylint: disable=g-import-not-at-top
+  from official_ext.yt8m import task  # pylint: disable=g-import-not-at-top
+  assert yt8m.PROCESS_SETTINGS is task.PROCESS_SETTINGS
+  assert yt8m.PROCESS_SETTINGS == {'TF_CPU_ALLOCATOR_USE_BFC': 'true'}

@@ -1,0 +1,142 @@
+"""core.process_settings: declared per family, applied before TensorFlow
+starts, never over the user's own setting; train.py applies them."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from official.core import exp_factory
+from official.core import config_definitions as cfg
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext.core import process_settings as ps
+from official_ext.readout import configs as readout_configs
+from official_ext.yt8m import configs as yt8m_configs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def test_each_family_declares_its_settings():
+  from official_ext.assemblenet import configs as anet_configs  # pylint: disable=g-import-not-at-top
+  assert ps.declared(yt8m_configs.YT8MTask) == {ps.BFC_ALLOCATOR: 'true'}
+  assert ps.declared(anet_configs.AssembleNetTask) == {
+      ps.MALLOC_MMAP_THRESHOLD: str(1 << 20)}
+  assert ps.declared(readout_configs.ReadoutTaskConfig) == {}
+  assert ps.for_experiment(
+      exp_factory.get_exp_config('assemblenet_plus_lite_demo')) == {
+          ps.MALLOC_MMAP_THRESHOLD: str(1 << 20)}
+  # A multitask experiment: the union of its tasks' settings.
+  assert ps.for_experiment(exp_factory.get_exp_config(
+      'readout_yt8m_joint')) == {ps.BFC_ALLOCATOR: 'true'}
+
+
+def test_apply_never_overrides_the_user_and_only_before_tensorflow_starts():
+  settings = {ps.BFC_ALLOCATOR: 'true', ps.MALLOC_MMAP_THRESHOLD: '4096'}
+  environ = {'PATH': '/bin'}
+  result = ps.apply(settings, environ, started=False)
+  assert result.applied == settings and not result.kept
+  assert environ == dict(settings, PATH='/bin')
+  assert ps.describe(result) == (
+      'Process settings: set MALLOC_MMAP_THRESHOLD_=4096, '
+      'TF_CPU_ALLOCATOR_USE_BFC=true')
+
+  environ = {ps.BFC_ALLOCATOR: 'false',
+             'GLIBC_TUNABLES': 'glibc.malloc.mmap_threshold=65536'}
+  result = ps.apply(settings, environ, started=False)
+  assert not result.applied
+  assert environ == {ps.BFC_ALLOCATOR: 'false',
+                     'GLIBC_TUNABLES': 'glibc.malloc.mmap_threshold=65536'}
+  assert ps.describe(result) == (
+      "Process settings: kept the environment's "
+      'GLIBC_TUNABLES=glibc.malloc.mmap_threshold=65536, '
+      'TF_CPU_ALLOCATOR_USE_BFC=false')
+
+  environ = {}
+  result = ps.apply(settings, environ, started=True)
+  assert environ == {} and result.too_late == settings
+  assert 'not applied' in ps.describe(result)
+
+
+def test_nothing_is_set_once_tensorflow_runs(monkeypatch):
+  # Here TensorFlow's runtime runs: a variable set now would change nothing
+  # in this process but leak into child processes.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.constant(1.0).numpy()
+  monkeypatch.delenv(ps.BFC_ALLOCATOR, raising=False)
+  assert ps.runtime_started()
+  assert not ps.apply({ps.BFC_ALLOCATOR: 'true'}).applied
+  assert ps.BFC_ALLOCATOR not in os.environ
+
+
+def test_declarations_are_checked_and_conflicts_named():
+  class TaskA(cfg.TaskConfig):
+    pass
+
+  class TaskB(cfg.TaskConfig):
+    pass
+
+  with pytest.raises(ValueError, match="TaskA: unknown process setting 'X'"):
+    ps.declare(TaskA, {'X': '1'}, 'test')
+  with pytest.raises(ValueError, match=r'TaskA: MALLOC_MMAP_THRESHOLD_=.1M.'):
+    ps.declare(TaskA, {ps.MALLOC_MMAP_THRESHOLD: '1M'}, 'test')
+  ps.declare(TaskA, {ps.BFC_ALLOCATOR: 'true'}, 'test')
+  ps.declare(TaskB, {ps.BFC_ALLOCATOR: 'false'}, 'test')
+  params = exp_factory.get_exp_config('readout_yt8m_joint')
+  params.task.task_routines[0].task_config = TaskA()
+  params.task.task_routines[1].task_config = TaskB()
+  with pytest.raises(ValueError, match=(
+      r"TF_CPU_ALLOCATOR_USE_BFC: task.task_routines\[0\] .*'true', "
+      r"task.task_routines\[1\] .*\(TaskB\) 'false'")):
+    ps.for_experiment(params)
+
+
+def test_train_applies_the_experiments_settings(monkeypatch):
+  # train.main calls this after parsing the flags, before anything starts
+  # TensorFlow's runtime (here it runs already: pretend it does not).
+  from official_ext import train  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(ps, 'runtime_started', lambda: False)
+  monkeypatch.delenv(ps.BFC_ALLOCATOR, raising=False)
+  applied = train.apply_process_settings(
+      exp_factory.get_exp_config('yt8m_demo'))
+  assert applied.applied == {ps.BFC_ALLOCATOR: 'true'}
+  assert os.environ[ps.BFC_ALLOCATOR] == 'true'
+  # The user's own value wins.
+  monkeypatch.setenv(ps.BFC_ALLOCATOR, 'false')
+  applied = train.apply_process_settings(
+      exp_factory.get_exp_config('yt8m_demo'))
+  assert not applied.applied and applied.kept == {ps.BFC_ALLOCATOR: 'false'}
+  assert os.environ[ps.BFC_ALLOCATOR] == 'false'
+
+
+_CHILD = r'''
+import json
+from official_ext.core import process_settings as ps
+applied = ps.apply({ps.BFC_ALLOCATOR: 'true'})
+import tensorflow as tf
+tf.constant(1.0).numpy()
+try:
+  tf.config.experimental.get_memory_info('CPU:0')
+  allocator = 'bfc'
+except ValueError:
+  allocator = 'default'
+print('RESULT ' + json.dumps({'applied': applied.applied,
+                              'allocator': allocator}))
+'''
+
+
+def test_applied_settings_reach_tensorflows_runtime():
+  # In a fresh process (as train.py applies them): TensorFlow's CPU
+  # allocator is then the BFC one (its memory statistics exist).
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep +
+             os.environ.get('PYTHONPATH', ''), TF_CPP_MIN_LOG_LEVEL='3')
+  env.pop(ps.BFC_ALLOCATOR, None)
+  proc = subprocess.run([sys.executable, '-c', _CHILD], env=env,
+                        capture_output=True, text=True, check=False,
+                        timeout=300)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
+  assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+  result = json.loads(lines[-1][len('RESULT '):])
+  assert result == {'applied': {ps.BFC_ALLOCATOR: 'true'},
+                    'allocator': 'bfc'}
