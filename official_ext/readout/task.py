@@ -41,9 +41,10 @@ def _loss_metric_name(task: str) -> str:
 
 # Settings of a readout training process (`core.process_settings`; applied by
 # `python -m official_ext.train` and `python -m official_ext.benchmark
-# readout`): none, the defaults measured best.
+# readout`): none (not measured for this family).
 PROCESS_SETTINGS = process_settings.declare(
-    configs.ReadoutTaskConfig, {}, ('the default allocator measured best'))
+    configs.ReadoutTaskConfig, {},
+    'none: not measured for this family, so the defaults')
 
 
 @task_factory.register_task_cls(configs.ReadoutTaskConfig)
