@@ -171,3 +171,70 @@ def test_variable_names_are_stable():
   assert 'backbone/hidden_dense/kernel:0' in names
   assert 'head/gate/kernel:0' in names
   assert 'head/expert/kernel:0' in names
+
+
+def _fused_and_plain_step(num_frames, jit):
+  """Outputs, gradients and moving moments of one training call of the
+  fused DBoF path and of the layer-by-layer path, same weights."""
+  rng = np.random.default_rng(4)
+  x = tf.constant(rng.normal(size=[3, 7, FEATURES]).astype(np.float32))
+  models = [yt8m_model.build_model(_model_config(), CLASSES, FEATURES)
+            for _ in range(2)]
+  fused, plain = models
+  plain.set_weights(fused.get_weights())
+  for m in models:  # Scales and offsets away from 1 and 0: ReLU cuts.
+    for v in m.backbone.weights:
+      if v.name.endswith(('gamma:0', 'beta:0')):
+        v.assign(np.random.default_rng(len(v.name)).normal(
+            size=v.shape).astype(np.float32))
+  plain.backbone._fused_training = lambda *args: False
+  results = []
+  for m in models:
+    def step(m=m):
+      with tf.GradientTape() as tape:
+        p = m(x, num_frames=num_frames, training=True)['predictions']
+        loss = tf.reduce_sum(p * tf.range(CLASSES, dtype=tf.float32))
+      return p, tape.gradient(loss, m.trainable_variables)
+    p, grads = tf.function(step, jit_compile=jit)() if jit else step()
+    results.append((p.numpy(), [g.numpy() for g in grads],
+                    [v.numpy() for v in m.non_trainable_variables]))
+  return fused, results
+
+
+@pytest.mark.parametrize('num_frames,jit', [
+    (None, False), ([7, 3, 5], False), ([7, 0, 2], False), ([6, 3, 7], True)])
+def test_fused_dbof_training_matches_the_layers(num_frames, jit):
+  """The fused cluster batch norm + ReLU + average pooling (and the input
+  batch norm's moments) give the layers' outputs, gradients and moving
+  averages to float32 rounding, with and without padding, with a video of
+  no valid frame, and under XLA."""
+  nf = None if num_frames is None else tf.constant(num_frames)
+  fused, ((p_f, g_f, m_f), (p_p, g_p, m_p)) = _fused_and_plain_step(nf, jit)
+  x = tf.zeros([1, 2, FEATURES])
+  assert fused.backbone._fused_training(x, True)
+  np.testing.assert_allclose(p_f, p_p, rtol=1e-5, atol=1e-6)
+  names = [v.name for v in fused.trainable_variables]
+  for name, a, b in zip(names, g_f, g_p):
+    assert np.isfinite(a).all(), name
+    scale = max(np.abs(b).max(), 1e-3)
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * scale, err_msg=name)
+  for a, b in zip(m_f, m_p):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_dbof_path_only_where_it_computes_the_same():
+  x = tf.zeros([1, 2, FEATURES])
+  model = yt8m_model.build_model(_model_config(), CLASSES, FEATURES)
+  assert model.backbone._fused_training(x, True)
+  assert not model.backbone._fused_training(x, False)
+  assert not model.backbone._fused_training(x, None)
+  for pooling in ('max', 'swap', 'none'):
+    other = yt8m_model.build_model(_model_config(pooling), CLASSES, FEATURES)
+    assert not other.backbone._fused_training(x, True), pooling
+  gated = _model_config()
+  gated.backbone.dbof.use_context_gate_cluster_layer = True
+  model = yt8m_model.build_model(gated, CLASSES, FEATURES)
+  assert not model.backbone._fused_training(x, True)
+  frozen = yt8m_model.build_model(_model_config(), CLASSES, FEATURES)
+  frozen.backbone.trainable = False  # Its batch norms use moving averages.
+  assert not frozen.backbone._fused_training(x, True)
