@@ -84,7 +84,7 @@ class Dbof(tf_keras.layers.Layer):
     self._activation_fn = yt8m_layers.get_activation(activation)
 
   def _norm(self, name, affine=True):
-    return tf_keras.layers.BatchNormalization(
+    return yt8m_layers.BatchNormalization(
         momentum=self._config['norm_momentum'],
         epsilon=self._config['norm_epsilon'],
         synchronized=self._config['use_sync_bn'],
@@ -156,15 +156,11 @@ class Dbof(tf_keras.layers.Layer):
     if seq_mask is not None:
       x = tf.where(seq_mask[:, :, tf.newaxis], x, tf.zeros_like(x))
     x = tf.nn.l2_normalize(x, axis=-1)
-    fused = self._fused_training(x, training)
     if self._input_bn is not None:
-      if fused and not self._input_bn.center and not self._input_bn.scale:
-        x = self._input_norm_training(x, seq_mask)
-      else:
-        x = self._input_bn(x, training=training, mask=seq_mask)
+      x = self._input_bn(x, training=training, mask=seq_mask)
     if self._cluster_dense is not None:
       x = self._cluster_dense(x)
-      if fused:
+      if self._fused_training(x, training):
         return self._hidden(self._cluster_norm_relu_pool(x, seq_mask),
                             training)
       if self._cluster_bn is not None:
@@ -195,10 +191,9 @@ class Dbof(tf_keras.layers.Layer):
 
     The cluster layer's batch norm, ReLU and average pooling are one
     function with a written-out gradient
-    (`yt8m_layers.batch_norm_relu_average_pool`), and the input batch norm
-    (without affine parameters) is computed by `masked_moments`: the same
-    values to float32 rounding and the same moving-average updates, in
-    fewer passes over the [batch, frames, cluster_size] activations
+    (`yt8m_layers.batch_norm_relu_average_pool`): the same values to float32
+    rounding and the same moving-average updates, in fewer passes over the
+    [batch, frames, cluster_size] activations
     (`python -m official_ext.benchmark yt8m`; issue 16). Taken in training
     (`training=True`) for float32 frames with batch norm, the 'relu'
     activation, 'average' pooling, no cluster context gate, per-replica
@@ -212,22 +207,13 @@ class Dbof(tf_keras.layers.Layer):
             c['activation'] == 'relu' and c['pooling_method'] == 'average' and
             not c['use_context_gate_cluster_layer'] and
             not c['use_sync_bn'] and self.compute_dtype == 'float32' and
-            self._cluster_bn.trainable and self._input_bn.trainable)
+            self._cluster_bn.trainable)
 
   def _ensure_built(self, norm, x: tf.Tensor) -> None:
     # The fused path reads the layer's variables without calling it: build
     # it as its own call would (same variable names), on one frame.
     if not norm.built:
       norm(x[:, :1], training=False)
-
-  def _input_norm_training(self, x: tf.Tensor, seq_mask) -> tf.Tensor:
-    """The input batch norm (no scale or offset) in training, its moments
-    by `masked_moments`; updates its moving averages."""
-    norm = self._input_bn
-    self._ensure_built(norm, x)
-    mean, variance, count = yt8m_layers.masked_moments(x, seq_mask)
-    yt8m_layers.update_moving_moments(norm, mean, variance, count)
-    return (x - mean) * tf.math.rsqrt(variance + norm.epsilon)
 
   def _cluster_norm_relu_pool(self, x: tf.Tensor, seq_mask) -> tf.Tensor:
     """Cluster batch norm, ReLU and average pooling in training, fused."""

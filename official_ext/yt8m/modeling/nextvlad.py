@@ -88,13 +88,13 @@ class NextVladAggregation(tf_keras.layers.Layer):
     self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
 
   def _norm(self, name):
-    return tf_keras.layers.BatchNormalization(
+    return yt8m_layers.BatchNormalization(
         momentum=self._config['norm_momentum'],
         epsilon=self._config['norm_epsilon'],
         synchronized=self._config['use_sync_bn'], name=name)
 
   def _dense(self, units, name, use_bias=True, activation=None):
-    return tf_keras.layers.Dense(
+    return yt8m_layers.Dense(
         units, use_bias=use_bias, activation=activation,
         kernel_initializer=yt8m_layers.variance_scaling_fan_in(),
         kernel_regularizer=self._kernel_regularizer, name=name)
@@ -251,7 +251,7 @@ class NextVlad(tf_keras.layers.Layer):
         hidden_size, use_bias=False,
         kernel_initializer=yt8m_layers.variance_scaling_fan_in(),
         kernel_regularizer=self._kernel_regularizer, name='hidden_dense')
-    self._hidden_bn = tf_keras.layers.BatchNormalization(
+    self._hidden_bn = yt8m_layers.BatchNormalization(
         momentum=norm_momentum, epsilon=norm_epsilon,
         synchronized=use_sync_bn, name='hidden_bn')
     self._gate = yt8m_layers.SeContextGate(
