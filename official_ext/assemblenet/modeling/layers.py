@@ -13,12 +13,17 @@ goes through `recompute_grad` here: the backward pass reruns a segment in
 training mode, and its batch norms must not update their moving statistics a
 second time in that rerun.
 """
+import contextlib
+import functools
 import math
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf, tf_keras
+# TensorFlow has no public call that says whether its oneDNN CPU kernels are
+# on; this private one is what its own `test_util.IsMklEnabled` reads.
+from tensorflow.python.util import _pywrap_util_port
 
 BATCH_NORM_DECAY = 0.99
 BATCH_NORM_EPSILON = 1e-5
@@ -186,11 +191,13 @@ def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
   another order: equal to float32 rounding
   (`tests/assemblenet/test_modeling.py`).
 
-  Why: TensorFlow's CPU Conv3D gradients (Conv3DBackpropInputV2 /
-  FilterV2) are several times slower than the 2-D convolution's and the
-  matmul's (the profile of issue 16: the training step's backward pass cost
-  about six forward passes); these ops are also all TFLite builtins (no
-  5-D SpaceToBatchND for the dilation).
+  Why: TensorFlow's Eigen CPU Conv3D gradients (Conv3DBackpropInputV2 /
+  FilterV2, oneDNN off) are several times slower than the 2-D
+  convolution's and the matmul's (the profile of issue 16, AVX2: the
+  training step's backward pass cost about six forward passes); these ops
+  are also all TFLite builtins (no 5-D SpaceToBatchND for the dilation).
+  With oneDNN's CPU kernels on, `Conv3D` takes this path only for 1x1x1
+  and temporally dilated kernels (`uses_native_conv3d`, measured).
 
   Args:
     inputs: [B, T, H, W, C] (B and T may be dynamic).
@@ -318,16 +325,93 @@ def shift_and_sum_taps(z: tf.Tensor, offsets: Sequence[int]) -> tf.Tensor:
   return y
 
 
+@functools.lru_cache(maxsize=None)
+def _onednn_cpu_convolutions() -> bool:
+  return bool(_pywrap_util_port.IsMklEnabled()) and not (
+      tf.config.list_logical_devices('GPU') or
+      tf.config.list_logical_devices('TPU'))
+
+
+_ASSUMED_ONEDNN: List[bool] = []  # `assume_onednn`'s stack.
+
+
+def onednn_cpu_convolutions() -> bool:
+  """Whether this process's convolutions run on TensorFlow's oneDNN CPU kernels.
+
+  True where TensorFlow has its oneDNN (MKL) CPU kernels on (the default of
+  x86-64 Linux builds; the environment variable `TF_ENABLE_ONEDNN_OPTS=0`,
+  read when TensorFlow starts, turns them off and gives Eigen's kernels) and
+  no GPU or TPU is visible (their convolutions are not oneDNN's, and the
+  rule of `uses_native_conv3d` was measured on CPU only). Asked once per
+  process (the first `Conv3D` traced), then cached; inside
+  `assume_onednn(value)` the answer is `value`.
+  """
+  if _ASSUMED_ONEDNN:
+    return _ASSUMED_ONEDNN[-1]
+  return _onednn_cpu_convolutions()
+
+
+@contextlib.contextmanager
+def assume_onednn(enabled: bool) -> Iterator[None]:
+  """Within the block, `onednn_cpu_convolutions()` answers `enabled`.
+
+  For tests: `Conv3D` layers called (or traced) inside the block take the
+  implementation `uses_native_conv3d` picks for that setting, whatever
+  TensorFlow's kernels are (both implementations run everywhere; only their
+  speed differs). A graph already traced keeps the ops it was traced with.
+  """
+  _ASSUMED_ONEDNN.append(bool(enabled))
+  try:
+    yield
+  finally:
+    _ASSUMED_ONEDNN.pop()
+
+
+def uses_native_conv3d(kernel_size: Sequence[int],
+                       temporal_dilation: int) -> bool:
+  """Whether `Conv3D` computes this kernel with TensorFlow's own Conv3D op.
+
+  Where TensorFlow's oneDNN CPU kernels are on (`onednn_cpu_convolutions`),
+  a kernel of more than one tap without temporal dilation runs as the native
+  Conv3D; otherwise, and always without oneDNN, `conv3d_as_2d`. Measured
+  (2 shared Zen 5 cores, AVX-512, oneDNN on; fwd + both gradients,
+  interleaved, medians of 3 x 7-15 rounds; shapes of the published network
+  at 2 clips x 16 x 112^2, [H x W x C -> F]), native / `conv3d_as_2d` time:
+  3x3x3: 7^2 x 152: 0.82-0.87; 14^2 x 54: 0.88-0.89; 28^2 x 27: 0.79-0.81;
+  (4^2 x 432: 0.93). 3x1x1: 56^2 x 24: 0.55-0.64; 28^2 x 27: 0.64-0.71;
+  14^2 x 54: 0.89-0.91; 7^2 x 152: 1.01-1.06 (one layer; kept native for
+  one rule). 1x3x3 stride 2: 112^2 .. 14^2: 0.98-1.04; 7^2 x 432: 0.84-0.91.
+  1x1x1 (the matmul): stride 1: 1.1-2.0 (432 -> 2048 at 4^2: 0.85-0.92,
+  one layer); stride 2: 0.90-1.14: kept in `conv3d_as_2d`. Temporally
+  dilated (SpaceToBatchND / Conv3D with dilations): 3x3x3 d 2, 4^2 x 432:
+  1.27-1.40 / 1.81-1.95; d 2, 14^2: 1.01-1.04 / 1.07-1.32; d 4, 7^2 .. 28^2:
+  0.77-1.13 / 0.86-1.74; 3x1x1 d 2, 4: 0.66-1.25 / 0.78-1.36: kept in
+  `conv3d_as_2d` (which also keeps 5-D SpaceToBatchND, which TFLite cannot
+  take, out of the model). Without oneDNN (Eigen, AVX2) `conv3d_as_2d` was
+  the faster everywhere (the whole training step 1.5x; its docstring).
+
+  Args:
+    kernel_size: (kt, kh, kw).
+    temporal_dilation: the dilation along time.
+  """
+  kt, kh, kw = kernel_size
+  return (onednn_cpu_convolutions() and temporal_dilation == 1 and
+          kt * kh * kw > 1)
+
+
 class Conv3D(tf_keras.layers.Conv3D):
-  """`tf_keras.layers.Conv3D` computed with 2-D ops (`conv3d_as_2d`).
+  """`tf_keras.layers.Conv3D`, computed by whichever implementation is faster.
 
   The same layer (variables, config, outputs to float32 rounding); for
   padding 'same', channels last, temporal stride 1 and no spatial dilation
-  (as `conv3d_same_padding` builds it) the convolution is `conv3d_as_2d`:
-  2-D convolutions and matmuls, whose gradients are much faster on CPU than
-  Conv3D's, and TFLite builtins (no 5-D SpaceToBatchND for a temporal
-  dilation). Other settings use `tf_keras.layers.Conv3D`'s convolution,
-  except a temporal dilation, which is refused there.
+  (as `conv3d_same_padding` builds it) the convolution is TensorFlow's
+  Conv3D op where `uses_native_conv3d` says so (oneDNN CPU kernels, an
+  undilated kernel of more than one tap), else `conv3d_as_2d`: 2-D
+  convolutions and matmuls, whose gradients are much faster than Eigen's
+  Conv3D's on CPU, and TFLite builtins (no 5-D SpaceToBatchND for a
+  temporal dilation). The choice is made when the layer is called (traced).
+  Other settings use `tf_keras.layers.Conv3D`'s convolution, except a
+  temporal dilation, which is refused there.
   """
 
   def convolution_op(self, inputs, kernel):
@@ -342,6 +426,8 @@ class Conv3D(tf_keras.layers.Conv3D):
           f"'same', temporal stride 1, no spatial dilation, channels_last; "
           f'got padding {self.padding!r}, strides {self.strides}, dilation '
           f'{self.dilation_rate}, {self.data_format}.')
+    if uses_native_conv3d(self.kernel_size, d):
+      return super().convolution_op(inputs, kernel)
     y = conv3d_as_2d(inputs, kernel, self.strides[1:], d)
     y.set_shape(self.compute_output_shape(inputs.shape))
     return y
@@ -370,8 +456,8 @@ def conv3d_same_padding(filters: int,
     name: layer name.
 
   Returns:
-    A `Conv3D` (`tf_keras.layers.Conv3D` whose temporal dilation TFLite can
-    take) mapping [B, T, H, W, C] to [B, T, ceil(H / s), ceil(W / s),
+    A `Conv3D` (`tf_keras.layers.Conv3D` computed by the faster of two
+    implementations, whose temporal dilation TFLite can take) mapping [B, T, H, W, C] to [B, T, ceil(H / s), ceil(W / s),
     filters].
   """
   if isinstance(kernel_size, int):
