@@ -197,7 +197,8 @@ def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
   training step's backward pass cost about six forward passes); these ops
   are also all TFLite builtins (no 5-D SpaceToBatchND for the dilation).
   With oneDNN's CPU kernels on, `Conv3D` takes this path only for 1x1x1
-  and temporally dilated kernels (`uses_native_conv3d`, measured).
+  kernels and dilated ones on small frames (`uses_native_conv3d`,
+  measured).
 
   Args:
     inputs: [B, T, H, W, C] (B and T may be dynamic).
@@ -367,13 +368,15 @@ def assume_onednn(enabled: bool) -> Iterator[None]:
     _ASSUMED_ONEDNN.pop()
 
 
-def uses_native_conv3d(kernel_size: Sequence[int],
-                       temporal_dilation: int) -> bool:
+def uses_native_conv3d(kernel_size: Sequence[int], temporal_dilation: int,
+                       frame_pixels: Optional[int] = None) -> bool:
   """Whether `Conv3D` computes this kernel with TensorFlow's own Conv3D op.
 
   Where TensorFlow's oneDNN CPU kernels are on (`onednn_cpu_convolutions`),
-  a kernel of more than one tap without temporal dilation runs as the native
-  Conv3D; otherwise, and always without oneDNN, `conv3d_as_2d`. Measured
+  a kernel of more than one tap runs as the native Conv3D
+  (`conv3d_native`), a temporally dilated one (odd kt) on frames of more
+  than `MAX_IM2COL_PIXELS` pixels as well, with its time phases folded into
+  the batch; otherwise, and always without oneDNN, `conv3d_as_2d`. Measured
   (2 shared Zen 5 cores, AVX-512, oneDNN on; fwd + both gradients,
   interleaved, medians of 3 x 7-15 rounds; shapes of the published network
   at 2 clips x 16 x 112^2, [H x W x C -> F]), native / `conv3d_as_2d` time:
@@ -383,20 +386,71 @@ def uses_native_conv3d(kernel_size: Sequence[int],
   one rule). 1x3x3 stride 2: 112^2 .. 14^2: 0.98-1.04; 7^2 x 432: 0.84-0.91.
   1x1x1 (the matmul): stride 1: 1.1-2.0 (432 -> 2048 at 4^2: 0.85-0.92,
   one layer); stride 2: 0.90-1.14: kept in `conv3d_as_2d`. Temporally
-  dilated (SpaceToBatchND / Conv3D with dilations): 3x3x3 d 2, 4^2 x 432:
-  1.27-1.40 / 1.81-1.95; d 2, 14^2: 1.01-1.04 / 1.07-1.32; d 4, 7^2 .. 28^2:
-  0.77-1.13 / 0.86-1.74; 3x1x1 d 2, 4: 0.66-1.25 / 0.78-1.36: kept in
-  `conv3d_as_2d` (which also keeps 5-D SpaceToBatchND, which TFLite cannot
-  take, out of the model). Without oneDNN (Eigen, AVX2) `conv3d_as_2d` was
-  the faster everywhere (the whole training step 1.5x; its docstring).
+  dilated, phases folded into the batch (2 runs x 11 rounds): 3x3x3 d 4,
+  7^2 x 152: 0.76-0.77; d 2, 14^2 x 54: 0.84-0.85; 3x1x1 d 4, 28^2 x 27:
+  0.74; 3x3x3 d 2, 4^2 x 432: 0.98-1.01 (the small-frame matmul, kept).
+  TensorFlow's own dilated forms were slower (SpaceToBatchND / Conv3D with
+  dilations: 3x3x3 d 2, 4^2: 1.27-1.40 / 1.81-1.95; d 4, 7^2 .. 28^2:
+  0.77-1.13 / 0.86-1.74), and TFLite cannot take a 5-D SpaceToBatchND.
+  Without oneDNN (Eigen, AVX2) `conv3d_as_2d` was the faster everywhere
+  (the whole training step 1.5x; its docstring).
 
   Args:
     kernel_size: (kt, kh, kw).
     temporal_dilation: the dilation along time.
+    frame_pixels: H * W of the input frames, None if unknown.
   """
   kt, kh, kw = kernel_size
-  return (onednn_cpu_convolutions() and temporal_dilation == 1 and
-          kt * kh * kw > 1)
+  if not onednn_cpu_convolutions() or kt * kh * kw == 1:
+    return False
+  if temporal_dilation == 1 or kt == 1:
+    return True
+  return (kt % 2 == 1 and frame_pixels is not None and
+          frame_pixels > MAX_IM2COL_PIXELS)
+
+
+def conv3d_native(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
+                  temporal_dilation: int = 1) -> tf.Tensor:
+  """`conv3d_as_2d`'s convolution as TensorFlow's Conv3D op.
+
+  A temporal dilation d is computed as an undilated Conv3D of the clip's d
+  time phases (frames i, i + d, i + 2d, ...) folded into the batch (what
+  SpaceToBatchND does, as 5-D reshapes and transposes, which TFLite has);
+  for an odd kt the SAME padding of the phases is the dilated SAME padding
+  (zeros outside the clip; a frame count not divisible by d is zero-padded
+  at the end and the padding sliced off).
+
+  Args:
+    inputs: [B, T, H, W, C] (B and T may be dynamic).
+    kernel: [kt, kh, kw, C, F]; kt odd if `temporal_dilation` > 1.
+    strides: (sh, sw), the spatial strides.
+    temporal_dilation: d, the dilation along time.
+
+  Returns:
+    [B, T, ceil(H / sh), ceil(W / sw), F], the inputs' dtype.
+  """
+  kt = kernel.shape[0]
+  d = temporal_dilation
+  conv_strides = [1, 1, *strides, 1]
+  if d == 1 or kt == 1:
+    return tf.nn.conv3d(inputs, kernel, conv_strides, 'SAME')
+  if kt % 2 == 0:
+    raise ValueError(f'conv3d_native: a temporal dilation ({d}) needs an '
+                     f'odd temporal kernel size; got {kt}.')
+  b, t, h, w, c = _dims(inputs)
+  x = inputs
+  if not (isinstance(t, int) and t % d == 0):
+    x = tf.pad(x, [[0, 0], [0, (-t) % d], [0, 0], [0, 0], [0, 0]])
+  n = (t + (-t) % d) // d  # Frames per phase.
+  x = tf.reshape(x, [b, n, d, h * w, c])
+  x = tf.reshape(tf.transpose(x, [0, 2, 1, 3, 4]), [b * d, n, h, w, c])
+  y = tf.nn.conv3d(x, kernel, conv_strides, 'SAME')
+  _, _, oh, ow, f = _dims(y)
+  y = tf.reshape(y, [b, d, n, oh * ow, f])
+  y = tf.reshape(tf.transpose(y, [0, 2, 1, 3, 4]), [b, n * d, oh, ow, f])
+  if not (isinstance(t, int) and t % d == 0):
+    y = tf.slice(y, [0, 0, 0, 0, 0], [-1, t, -1, -1, -1])
+  return y
 
 
 class Conv3D(tf_keras.layers.Conv3D):
@@ -405,8 +459,9 @@ class Conv3D(tf_keras.layers.Conv3D):
   The same layer (variables, config, outputs to float32 rounding); for
   padding 'same', channels last, temporal stride 1 and no spatial dilation
   (as `conv3d_same_padding` builds it) the convolution is TensorFlow's
-  Conv3D op where `uses_native_conv3d` says so (oneDNN CPU kernels, an
-  undilated kernel of more than one tap), else `conv3d_as_2d`: 2-D
+  Conv3D op (`conv3d_native`) where `uses_native_conv3d` says so (oneDNN
+  CPU kernels, a kernel of more than one tap, not dilated on small
+  frames), else `conv3d_as_2d`: 2-D
   convolutions and matmuls, whose gradients are much faster than Eigen's
   Conv3D's on CPU, and TFLite builtins (no 5-D SpaceToBatchND for a
   temporal dilation). The choice is made when the layer is called (traced).
@@ -426,9 +481,12 @@ class Conv3D(tf_keras.layers.Conv3D):
           f"'same', temporal stride 1, no spatial dilation, channels_last; "
           f'got padding {self.padding!r}, strides {self.strides}, dilation '
           f'{self.dilation_rate}, {self.data_format}.')
-    if uses_native_conv3d(self.kernel_size, d):
-      return super().convolution_op(inputs, kernel)
-    y = conv3d_as_2d(inputs, kernel, self.strides[1:], d)
+    h, w = inputs.shape[2], inputs.shape[3]
+    if uses_native_conv3d(self.kernel_size, d,
+                          h * w if h is not None and w is not None else None):
+      y = conv3d_native(inputs, kernel, self.strides[1:], d)
+    else:
+      y = conv3d_as_2d(inputs, kernel, self.strides[1:], d)
     y.set_shape(self.compute_output_shape(inputs.shape))
     return y
 
