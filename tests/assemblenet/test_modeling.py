@@ -364,6 +364,7 @@ def test_conv3d_same_padding_kernels():
 @pytest.mark.parametrize('kernel,strides,dilation,shape', [
     ([3, 1, 1], 1, 2, [2, 8, 5, 5, 3]),  # A stem's / strided block's temporal.
     ([3, 1, 1], 1, 4, [1, 3, 4, 4, 2]),  # Fewer frames than the dilation.
+    ([3, 1, 1], 1, 4, [1, 3, 5, 5, 2]),  # The same on larger frames.
     ([3, 3, 3], 1, 2, [2, 5, 7, 6, 3]),  # An unstrided block's conv_b.
     ([3, 3, 3], 1, 1, [2, 5, 7, 6, 3]),  # The same, undilated.
     ([3, 3, 3], 1, 2, [1, 3, 4, 3, 3]),  # Small frames: one matmul.
@@ -371,23 +372,31 @@ def test_conv3d_same_padding_kernels():
     ([1, 1, 1], 1, 1, [2, 3, 5, 5, 3]),  # conv_a, conv_c, projections.
     ([1, 1, 1], 2, 1, [2, 3, 7, 6, 3]),  # A strided shortcut.
 ])
-def test_conv3d_is_computed_with_2d_ops(kernel, strides, dilation, shape):
-  """The convolutions (`conv3d_as_2d`: no Conv3D, no 5-D SpaceToBatchND)
-  give TensorFlow's (dilated) 3-D convolution's values and gradients (input
-  and kernel; the temporal taps' gradient is written out in
+@pytest.mark.parametrize('onednn', [False, True])
+def test_conv3d_implementations(kernel, strides, dilation, shape, onednn):
+  """Both implementations of `layers.Conv3D`, as `uses_native_conv3d`
+  picks them (with oneDNN reported on, the native Conv3D op for kernels of
+  more than one tap but dilated ones on frames of <= 16 pixels, a dilation
+  as the time phases folded into the batch; else `conv3d_as_2d`: no Conv3D;
+  never a 5-D SpaceToBatchND) give TensorFlow's (dilated) 3-D convolution's values and
+  gradients (input and kernel; the temporal taps' gradient is written out in
   `shift_and_sum_taps`) to float32 rounding, also for a batch and frame
   count known only at run time."""
+  native = (onednn and kernel != [1, 1, 1] and
+            (dilation == 1 or shape[2] * shape[3] > 16))
   x = tf.constant(np.random.default_rng(0).normal(size=shape), tf.float32)
   conv = anet_layers.conv3d_same_padding(4, kernel, strides, dilation)
   conv.build(x.shape)
   expected = tf.nn.convolution(x, conv.kernel, [1, strides, strides],
                                padding='SAME', dilations=[dilation, 1, 1])
-  dynamic = tf.function(conv).get_concrete_function(
-      tf.TensorSpec([None, None, *shape[2:]], tf.float32))
-  graph = dynamic.graph.as_graph_def()
-  assert not [n.op for n in graph.node
-              if n.op == 'SpaceToBatchND' or n.op.startswith('Conv3D')]
-  for got in (conv(x), dynamic(x)):
+  with anet_layers.assume_onednn(onednn):
+    dynamic = tf.function(conv).get_concrete_function(
+        tf.TensorSpec([None, None, *shape[2:]], tf.float32))
+    eager = conv(x)
+  ops = [n.op for n in dynamic.graph.as_graph_def().node]
+  assert 'SpaceToBatchND' not in ops
+  assert ('Conv3D' in ops) == native, ops
+  for got in (eager, dynamic(x)):
     assert got.shape == expected.shape
     # Sums of up to 27 x 3 products of normal(0, 1) values, reordered.
     np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5,
@@ -405,10 +414,49 @@ def test_conv3d_is_computed_with_2d_ops(kernel, strides, dilation, shape):
         y = tf.reduce_sum(fn(x, kernel) * cotangent)
       return tape.gradient(y, [x, kernel])
 
-    grads.append(gradient(x, tf.convert_to_tensor(conv.kernel)))
+    with anet_layers.assume_onednn(onednn):
+      grads.append(gradient(x, tf.convert_to_tensor(conv.kernel)))
   for got, expected in zip(*grads):
     np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-4,
                                atol=1e-4)
+
+
+def test_conv3d_takes_native_op_where_onednn_makes_it_faster():
+  """With oneDNN's CPU kernels reported on, a 3x3x3 (and a 3x1x1, a strided
+  1x3x3, a temporally dilated 3x3x3 on 8 x 8 frames) kernel runs as
+  TensorFlow's Conv3D op, a 1x1x1 as a matmul and a dilated one on 4 x 4
+  frames as one matmul; with them off every kernel is in 2-D ops
+  (`conv3d_as_2d`), as before."""
+
+  def ops(kernel, strides=1, dilation=1, onednn=True, size=8):
+    conv = anet_layers.conv3d_same_padding(4, kernel, strides, dilation)
+    with anet_layers.assume_onednn(onednn):
+      fn = tf.function(conv).get_concrete_function(
+          tf.TensorSpec([1, 4, size, size, 3], tf.float32))
+    return {n.op for n in fn.graph.as_graph_def().node}
+
+  assert 'Conv3D' in ops([3, 3, 3])
+  assert 'Conv3D' in ops([3, 1, 1])
+  assert 'Conv3D' in ops([1, 3, 3], strides=2)
+  one = ops([1, 1, 1])
+  assert 'MatMul' in one and 'Conv3D' not in one
+  dilated = ops([3, 3, 3], dilation=2)
+  assert 'Conv3D' in dilated and 'SpaceToBatchND' not in dilated
+  small = ops([3, 3, 3], dilation=2, size=4)
+  assert 'Conv3D' not in small and 'MatMul' in small
+  for kernel in ([3, 3, 3], [3, 1, 1], [1, 1, 1]):
+    assert 'Conv3D' not in ops(kernel, onednn=False)
+  assert 'Conv3D' not in ops([3, 3, 3], dilation=2, onednn=False)
+  with anet_layers.assume_onednn(False):
+    assert not anet_layers.onednn_cpu_convolutions()
+    with anet_layers.assume_onednn(True):
+      assert anet_layers.uses_native_conv3d([3, 3, 3], 1)
+      assert anet_layers.uses_native_conv3d([3, 3, 3], 2, 49)
+      assert not anet_layers.uses_native_conv3d([3, 3, 3], 2, 16)
+      assert not anet_layers.uses_native_conv3d([3, 3, 3], 2, None)
+      assert not anet_layers.uses_native_conv3d([2, 3, 3], 2, 49)
+      assert not anet_layers.uses_native_conv3d([1, 1, 1], 1)
+    assert not anet_layers.uses_native_conv3d([3, 3, 3], 1)
 
 
 def test_spatial_max_pool_is_max_pool3d():

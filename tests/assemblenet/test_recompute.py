@@ -179,12 +179,16 @@ def test_block_group_recomputes_without_a_second_update(monkeypatch):
   assert not anet_layers.in_recomputation()
 
 
-def test_2d_convolutions_give_conv3d_gradients(monkeypatch):
-  """Training with the convolutions in 2-D ops (`layers.conv3d_as_2d`, for
-  speed) gives the outputs and gradients of TensorFlow's Conv3D (the
-  straightforward path) to float32 rounding, eagerly: stems ([1, 3, 3]
-  strided, [3, 1, 1] plain and dilated), a fusion's 1x1x1 projection, a
-  strided block (strided 1x1x1 shortcut) and an unstrided one ([3, 3, 3])."""
+@pytest.mark.parametrize('onednn', [False, True])
+def test_2d_convolutions_give_conv3d_gradients(monkeypatch, onednn):
+  """Training with `layers.Conv3D`'s implementations as picked for either
+  setting of oneDNN (`uses_native_conv3d`: the convolutions in 2-D ops,
+  `layers.conv3d_as_2d`, or, oneDNN on, the native op for undilated kernels
+  of more than one tap) gives the outputs and gradients of TensorFlow's
+  Conv3D (the straightforward path) to float32 rounding, eagerly: stems
+  ([1, 3, 3] strided, [3, 1, 1] plain and dilated), a fusion's 1x1x1
+  projection, a strided block (strided 1x1x1 shortcut) and an unstrided one
+  ([3, 3, 3])."""
   model = _segments_model(False)
   clips = _clips()
 
@@ -195,7 +199,8 @@ def test_2d_convolutions_give_conv3d_gradients(monkeypatch):
     grads = tape.gradient(loss, model.trainable_variables)
     return outputs.numpy(), [g.numpy() for g in grads]
 
-  fast_out, fast = run()
+  with anet_layers.assume_onednn(onednn):
+    fast_out, fast = run()
 
   def conv3d(self, inputs, kernel):
     return tf.nn.convolution(inputs, kernel, self.strides, padding='SAME',

@@ -13,12 +13,17 @@ goes through `recompute_grad` here: the backward pass reruns a segment in
 training mode, and its batch norms must not update their moving statistics a
 second time in that rerun.
 """
+import contextlib
+import functools
 import math
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf, tf_keras
+# TensorFlow has no public call that says whether its oneDNN CPU kernels are
+# on; this private one is what its own `test_util.IsMklEnabled` reads.
+from tensorflow.python.util import _pywrap_util_port
 
 BATCH_NORM_DECAY = 0.99
 BATCH_NORM_EPSILON = 1e-5
@@ -186,11 +191,14 @@ def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
   another order: equal to float32 rounding
   (`tests/assemblenet/test_modeling.py`).
 
-  Why: TensorFlow's CPU Conv3D gradients (Conv3DBackpropInputV2 /
-  FilterV2) are several times slower than the 2-D convolution's and the
-  matmul's (the profile of issue 16: the training step's backward pass cost
-  about six forward passes); these ops are also all TFLite builtins (no
-  5-D SpaceToBatchND for the dilation).
+  Why: TensorFlow's Eigen CPU Conv3D gradients (Conv3DBackpropInputV2 /
+  FilterV2, oneDNN off) are several times slower than the 2-D
+  convolution's and the matmul's (the profile of issue 16, AVX2: the
+  training step's backward pass cost about six forward passes); these ops
+  are also all TFLite builtins (no 5-D SpaceToBatchND for the dilation).
+  With oneDNN's CPU kernels on, `Conv3D` takes this path only for 1x1x1
+  kernels and dilated ones on small frames (`uses_native_conv3d`,
+  measured).
 
   Args:
     inputs: [B, T, H, W, C] (B and T may be dynamic).
@@ -318,16 +326,147 @@ def shift_and_sum_taps(z: tf.Tensor, offsets: Sequence[int]) -> tf.Tensor:
   return y
 
 
+@functools.lru_cache(maxsize=None)
+def _onednn_cpu_convolutions() -> bool:
+  return bool(_pywrap_util_port.IsMklEnabled()) and not (
+      tf.config.list_logical_devices('GPU') or
+      tf.config.list_logical_devices('TPU'))
+
+
+_ASSUMED_ONEDNN: List[bool] = []  # `assume_onednn`'s stack.
+
+
+def onednn_cpu_convolutions() -> bool:
+  """Whether this process's convolutions run on TensorFlow's oneDNN CPU kernels.
+
+  True where TensorFlow has its oneDNN (MKL) CPU kernels on (the default of
+  x86-64 Linux builds; the environment variable `TF_ENABLE_ONEDNN_OPTS=0`,
+  read when TensorFlow starts, turns them off and gives Eigen's kernels) and
+  no GPU or TPU is visible (their convolutions are not oneDNN's, and the
+  rule of `uses_native_conv3d` was measured on CPU only). Asked once per
+  process (the first `Conv3D` traced), then cached; inside
+  `assume_onednn(value)` the answer is `value`.
+  """
+  if _ASSUMED_ONEDNN:
+    return _ASSUMED_ONEDNN[-1]
+  return _onednn_cpu_convolutions()
+
+
+@contextlib.contextmanager
+def assume_onednn(enabled: bool) -> Iterator[None]:
+  """Within the block, `onednn_cpu_convolutions()` answers `enabled`.
+
+  For tests: `Conv3D` layers called (or traced) inside the block take the
+  implementation `uses_native_conv3d` picks for that setting, whatever
+  TensorFlow's kernels are (both implementations run everywhere; only their
+  speed differs). A graph already traced keeps the ops it was traced with.
+  """
+  _ASSUMED_ONEDNN.append(bool(enabled))
+  try:
+    yield
+  finally:
+    _ASSUMED_ONEDNN.pop()
+
+
+def uses_native_conv3d(kernel_size: Sequence[int], temporal_dilation: int,
+                       frame_pixels: Optional[int] = None) -> bool:
+  """Whether `Conv3D` computes this kernel with TensorFlow's own Conv3D op.
+
+  Where TensorFlow's oneDNN CPU kernels are on (`onednn_cpu_convolutions`),
+  a kernel of more than one tap runs as the native Conv3D
+  (`conv3d_native`), a temporally dilated one (odd kt) on frames of more
+  than `MAX_IM2COL_PIXELS` pixels as well, with its time phases folded into
+  the batch; otherwise, and always without oneDNN, `conv3d_as_2d`. Measured
+  (2 shared Zen 5 cores, AVX-512, oneDNN on; fwd + both gradients,
+  interleaved, medians of 3 x 7-15 rounds; shapes of the published network
+  at 2 clips x 16 x 112^2, [H x W x C -> F]), native / `conv3d_as_2d` time:
+  3x3x3: 7^2 x 152: 0.82-0.87; 14^2 x 54: 0.88-0.89; 28^2 x 27: 0.79-0.81;
+  (4^2 x 432: 0.93). 3x1x1: 56^2 x 24: 0.55-0.64; 28^2 x 27: 0.64-0.71;
+  14^2 x 54: 0.89-0.91; 7^2 x 152: 1.01-1.06 (one layer; kept native for
+  one rule). 1x3x3 stride 2: 112^2 .. 14^2: 0.98-1.04; 7^2 x 432: 0.84-0.91.
+  1x1x1 (the matmul): stride 1: 1.1-2.0 (432 -> 2048 at 4^2: 0.85-0.92,
+  one layer); stride 2: 0.90-1.14: kept in `conv3d_as_2d`. Temporally
+  dilated, phases folded into the batch (2 runs x 11 rounds): 3x3x3 d 4,
+  7^2 x 152: 0.76-0.77; d 2, 14^2 x 54: 0.84-0.85; 3x1x1 d 4, 28^2 x 27:
+  0.74; 3x3x3 d 2, 4^2 x 432: 0.98-1.01 (the small-frame matmul, kept).
+  TensorFlow's own dilated forms were slower (SpaceToBatchND / Conv3D with
+  dilations: 3x3x3 d 2, 4^2: 1.27-1.40 / 1.81-1.95; d 4, 7^2 .. 28^2:
+  0.77-1.13 / 0.86-1.74), and TFLite cannot take a 5-D SpaceToBatchND.
+  Without oneDNN (Eigen, AVX2) `conv3d_as_2d` was the faster everywhere
+  (the whole training step 1.5x; its docstring).
+
+  Args:
+    kernel_size: (kt, kh, kw).
+    temporal_dilation: the dilation along time.
+    frame_pixels: H * W of the input frames, None if unknown.
+  """
+  kt, kh, kw = kernel_size
+  if not onednn_cpu_convolutions() or kt * kh * kw == 1:
+    return False
+  if temporal_dilation == 1 or kt == 1:
+    return True
+  return (kt % 2 == 1 and frame_pixels is not None and
+          frame_pixels > MAX_IM2COL_PIXELS)
+
+
+def conv3d_native(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
+                  temporal_dilation: int = 1) -> tf.Tensor:
+  """`conv3d_as_2d`'s convolution as TensorFlow's Conv3D op.
+
+  A temporal dilation d is computed as an undilated Conv3D of the clip's d
+  time phases (frames i, i + d, i + 2d, ...) folded into the batch (what
+  SpaceToBatchND does, as 5-D reshapes and transposes, which TFLite has);
+  for an odd kt the SAME padding of the phases is the dilated SAME padding
+  (zeros outside the clip; a frame count not divisible by d is zero-padded
+  at the end and the padding sliced off).
+
+  Args:
+    inputs: [B, T, H, W, C] (B and T may be dynamic).
+    kernel: [kt, kh, kw, C, F]; kt odd if `temporal_dilation` > 1.
+    strides: (sh, sw), the spatial strides.
+    temporal_dilation: d, the dilation along time.
+
+  Returns:
+    [B, T, ceil(H / sh), ceil(W / sw), F], the inputs' dtype.
+  """
+  kt = kernel.shape[0]
+  d = temporal_dilation
+  conv_strides = [1, 1, *strides, 1]
+  if d == 1 or kt == 1:
+    return tf.nn.conv3d(inputs, kernel, conv_strides, 'SAME')
+  if kt % 2 == 0:
+    raise ValueError(f'conv3d_native: a temporal dilation ({d}) needs an '
+                     f'odd temporal kernel size; got {kt}.')
+  b, t, h, w, c = _dims(inputs)
+  x = inputs
+  if not (isinstance(t, int) and t % d == 0):
+    x = tf.pad(x, [[0, 0], [0, (-t) % d], [0, 0], [0, 0], [0, 0]])
+  n = (t + (-t) % d) // d  # Frames per phase.
+  x = tf.reshape(x, [b, n, d, h * w, c])
+  x = tf.reshape(tf.transpose(x, [0, 2, 1, 3, 4]), [b * d, n, h, w, c])
+  y = tf.nn.conv3d(x, kernel, conv_strides, 'SAME')
+  _, _, oh, ow, f = _dims(y)
+  y = tf.reshape(y, [b, d, n, oh * ow, f])
+  y = tf.reshape(tf.transpose(y, [0, 2, 1, 3, 4]), [b, n * d, oh, ow, f])
+  if not (isinstance(t, int) and t % d == 0):
+    y = tf.slice(y, [0, 0, 0, 0, 0], [-1, t, -1, -1, -1])
+  return y
+
+
 class Conv3D(tf_keras.layers.Conv3D):
-  """`tf_keras.layers.Conv3D` computed with 2-D ops (`conv3d_as_2d`).
+  """`tf_keras.layers.Conv3D`, computed by whichever implementation is faster.
 
   The same layer (variables, config, outputs to float32 rounding); for
   padding 'same', channels last, temporal stride 1 and no spatial dilation
-  (as `conv3d_same_padding` builds it) the convolution is `conv3d_as_2d`:
-  2-D convolutions and matmuls, whose gradients are much faster on CPU than
-  Conv3D's, and TFLite builtins (no 5-D SpaceToBatchND for a temporal
-  dilation). Other settings use `tf_keras.layers.Conv3D`'s convolution,
-  except a temporal dilation, which is refused there.
+  (as `conv3d_same_padding` builds it) the convolution is TensorFlow's
+  Conv3D op (`conv3d_native`) where `uses_native_conv3d` says so (oneDNN
+  CPU kernels, a kernel of more than one tap, not dilated on small
+  frames), else `conv3d_as_2d`: 2-D
+  convolutions and matmuls, whose gradients are much faster than Eigen's
+  Conv3D's on CPU, and TFLite builtins (no 5-D SpaceToBatchND for a
+  temporal dilation). The choice is made when the layer is called (traced).
+  Other settings use `tf_keras.layers.Conv3D`'s convolution, except a
+  temporal dilation, which is refused there.
   """
 
   def convolution_op(self, inputs, kernel):
@@ -342,7 +481,12 @@ class Conv3D(tf_keras.layers.Conv3D):
           f"'same', temporal stride 1, no spatial dilation, channels_last; "
           f'got padding {self.padding!r}, strides {self.strides}, dilation '
           f'{self.dilation_rate}, {self.data_format}.')
-    y = conv3d_as_2d(inputs, kernel, self.strides[1:], d)
+    h, w = inputs.shape[2], inputs.shape[3]
+    if uses_native_conv3d(self.kernel_size, d,
+                          h * w if h is not None and w is not None else None):
+      y = conv3d_native(inputs, kernel, self.strides[1:], d)
+    else:
+      y = conv3d_as_2d(inputs, kernel, self.strides[1:], d)
     y.set_shape(self.compute_output_shape(inputs.shape))
     return y
 
@@ -370,8 +514,8 @@ def conv3d_same_padding(filters: int,
     name: layer name.
 
   Returns:
-    A `Conv3D` (`tf_keras.layers.Conv3D` whose temporal dilation TFLite can
-    take) mapping [B, T, H, W, C] to [B, T, ceil(H / s), ceil(W / s),
+    A `Conv3D` (`tf_keras.layers.Conv3D` computed by the faster of two
+    implementations, whose temporal dilation TFLite can take) mapping [B, T, H, W, C] to [B, T, ceil(H / s), ceil(W / s),
     filters].
   """
   if isinstance(kernel_size, int):
