@@ -24,6 +24,7 @@ from official.core import base_task
 from official.core import config_definitions
 from official.core import export_base
 from official_ext.assemblenet import dataloader
+from official_ext.assemblenet.modeling import layers as anet_layers
 from official_ext.core import graph_checks
 
 SIGNATURES = ('serving_default',)
@@ -100,9 +101,17 @@ class AssembleNetExportModule(export_base.ExportModule):
     `feature_shape`'s height and width, normalization) and model as the
     SavedModel's `serving_default`; returns {'probabilities': float32
     [1, num_classes]}.
+
+    Traced with every 3-D convolution as 2-D convolutions and matmuls
+    (`layers.assume_onednn(False)`), whatever CPU kernels this process has:
+    a TFLite model runs on the device's kernels, not this machine's oneDNN
+    ones, and these are the ops its figures were measured with (README, the
+    TFLite section); TensorFlow's Conv3D is only chosen where oneDNN runs it
+    (`layers.uses_native_conv3d`).
     """
-    return tf.function(self.serve).get_concrete_function(
-        tf.TensorSpec(self.tflite_input_shape(), tf.uint8, name='frames'))
+    with anet_layers.assume_onednn(False):
+      return tf.function(self.serve).get_concrete_function(
+          tf.TensorSpec(self.tflite_input_shape(), tf.uint8, name='frames'))
 
   def get_inference_signatures(
       self, function_keys: Mapping[str, str]) -> Dict[str, object]:

@@ -19,6 +19,7 @@ from official_ext import export_saved_model
 from official_ext import export_tflite
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import export
+from official_ext.assemblenet.modeling import layers as anet_layers
 from tests.assemblenet import minimal
 from tests import cli
 
@@ -144,3 +145,18 @@ def test_tflite_cli_serves_a_clip_like_the_saved_model(exported, capsys):
   # A second export to the same file is refused; nothing is rebuilt.
   with pytest.raises(FileExistsError, match=r'--output=.*model\.tflite exists'):
     export_tflite.main([], flag_values)
+
+
+def test_tflite_function_keeps_3d_convolutions_in_2d_ops(exported):
+  """The TFLite model is traced with the 2-D convolutions even where this
+  process would run TensorFlow's Conv3D (oneDNN): it runs on the device's
+  kernels; the SavedModel's own functions take this machine's choice."""
+  module, _ = export_saved_model.export_module(exported['params'],
+                                               exported['ckpt'], 20)
+  with anet_layers.assume_onednn(True):
+    graph = module.tflite_function().graph
+  ops = {op.type for op in graph.get_operations()}
+  for f in graph._functions.values():  # pylint: disable=protected-access
+    ops |= {node.op for node in f.definition.node_def}
+  assert not {o for o in ops if o.startswith('Conv3D')}, sorted(ops)
+  assert 'Conv2D' in ops and 'SpaceToBatchND' not in ops

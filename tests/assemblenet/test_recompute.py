@@ -216,3 +216,21 @@ def test_2d_convolutions_give_conv3d_gradients(monkeypatch, onednn):
   for v, g0, g1 in zip(model.trainable_variables, slow, fast):
     np.testing.assert_allclose(g1, g0, rtol=1e-4, atol=1e-6 * scale,
                                err_msg=v.name)
+
+
+def test_larger_pooled_copies_are_pooled_from_the_smaller():
+  """A node pooled by 4 is the 2 x 2 max pool of its copy pooled by 2 (the
+  same values: `test_recompute_grad_updates_batch_norm_statistics_once`
+  compares the gradients with the unshared network's), so its gradient reaches the node through
+  the smaller copy: one full-size gradient of the node fewer."""
+  pools = {l.name: l for l in _full_model(True).backbone.layers
+           if isinstance(l, anet_layers.SpatialMaxPool)}
+  assert {'node_0_pool_2', 'node_0_pool_4', 'node_3_pool_5'} <= set(pools)
+  layer = pools['node_0_pool_4']
+  assert layer._ratio == 2
+  (source,) = [n.inbound_layers for n in layer._inbound_nodes]
+  assert source.name == 'node_0_pool_2', source.name
+  # An odd ratio (4 x 4 -> 1 x 1: ratio 5) pools the node itself.
+  layer = pools['node_3_pool_5']
+  assert layer._ratio == 5
+  assert [n.inbound_layers.name for n in layer._inbound_nodes] == ['node_3']

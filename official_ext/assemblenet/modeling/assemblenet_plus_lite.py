@@ -135,7 +135,8 @@ class AssembleNetPlusLite(tf_keras.Model):
     share_fusion_inputs: what the fusions take from other nodes is computed
       once per node and shared: each node's spatial mean (the peer-attention
       source, `layers.SpatialMean`) and each max-pooled copy of a node
-      (`layers.SpatialMaxPool`, one per pooling ratio; not with
+      (`layers.SpatialMaxPool`, one per pooling ratio, an even ratio that
+      divides the frame pooled from the copy of half that ratio; not with
       `fusion_width_as_channels`, whose fusion width depends on the unpooled
       input widths). The same values as every fusion pooling and averaging
       its own inputs (False), but a training step's backward pass then has
@@ -226,12 +227,25 @@ class AssembleNetPlusLite(tf_keras.Model):
         if x.shape[2] == h_min and x.shape[3] == w_min:
           out.append(x)
           continue
-        r = (x.shape[2] + 1) // h_min
-        if (j, r) not in shared:
-          shared[j, r] = anet_layers.SpatialMaxPool(
-              r, name=f'node_{j}_pool_{r}')(x)
-        out.append(shared[j, r])
+        out.append(pool(j, x, (x.shape[2] + 1) // h_min))
       return out
+
+    def pool(j, x, r):
+      # Node j's output x max-pooled by r, once. Where r is even and divides
+      # the frame, it is the 2 x 2 max pool of the copy pooled by r / 2: the
+      # same values (a max over an r x r window is the max of its four
+      # r/2 x r/2 maxima), and the backward pass adds this copy's gradient
+      # into the smaller copy's instead of making one more full-size
+      # gradient of x.
+      if (j, r) not in shared:
+        h, w = x.shape[2], x.shape[3]
+        if r > 2 and r % 2 == 0 and h % r == 0 and w % r == 0:
+          source, ratio = pool(j, x, r // 2), 2
+        else:
+          source, ratio = x, r
+        shared[j, r] = anet_layers.SpatialMaxPool(
+            ratio, name=f'node_{j}_pool_{r}')(source)
+      return shared[j, r]
 
     for i, node in enumerate(structure):
       name = f'node_{i}'

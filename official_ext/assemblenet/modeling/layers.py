@@ -356,7 +356,9 @@ def onednn_cpu_convolutions() -> bool:
 def assume_onednn(enabled: bool) -> Iterator[None]:
   """Within the block, `onednn_cpu_convolutions()` answers `enabled`.
 
-  For tests: `Conv3D` layers called (or traced) inside the block take the
+  For tests, and for a model traced for another runtime (the TFLite export,
+  `export.AssembleNetExportModule.tflite_function`, traces with False):
+  `Conv3D` layers called (or traced) inside the block take the
   implementation `uses_native_conv3d` picks for that setting, whatever
   TensorFlow's kernels are (both implementations run everywhere; only their
   speed differs). A graph already traced keeps the ops it was traced with.
