@@ -71,9 +71,13 @@ def test_sigkill_at_any_point_then_same_command_finishes(tmp_path):
   checkpoint and train only the remaining steps.
   """
   model_dir = str(tmp_path / 'model')
-  overrides = _tiny_overrides(tmp_path / 'cache', train_steps=40)
+  # Enough steps that the run cannot end within the delay before the second
+  # kill: 40 tiny steps took under that on a fast CPU (the kill then found
+  # a finished run).
+  total = 200
+  overrides = _tiny_overrides(tmp_path / 'cache', train_steps=total)
   overrides['trainer'].update(steps_per_loop=2, checkpoint_interval=2,
-                              summary_interval=2, validation_interval=40)
+                              summary_interval=2, validation_interval=total)
   config = _yaml(tmp_path / 'tiny.yaml', overrides)
   cmd = [sys.executable, '-m', 'official_ext.train', '--experiment=yt8m_demo',
          '--mode=train', f'--model_dir={model_dir}', f'--config_file={config}']
@@ -93,11 +97,11 @@ def test_sigkill_at_any_point_then_same_command_finishes(tmp_path):
     proc.wait()
     log.close()
     resumed_from.append(_step(tf.train.latest_checkpoint(model_dir)))
-  assert 0 < resumed_from[0] < resumed_from[1] < 40
+  assert 0 < resumed_from[0] < resumed_from[1] < total
   final = subprocess.run(cmd, env=env, capture_output=True, text=True,
                          timeout=600, check=False)
   assert final.returncode == 0, final.stderr[-3000:]
-  assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-40')
+  assert tf.train.latest_checkpoint(model_dir).endswith(f'ckpt-{total}')
   # The last run restored the newest checkpoint and trained only the rest:
   # its first train loop ends 2 steps after the restored step.
   # Orbit prints its lines to stdout (their log copies are dropped:
@@ -105,7 +109,7 @@ def test_sigkill_at_any_point_then_same_command_finishes(tmp_path):
   loops = [int(s) for s in re.findall(r'train \| step:\s+(\d+) \| steps/sec',
                                       final.stdout)]
   assert loops[0] == resumed_from[-1] + 2, (resumed_from, loops)
-  assert loops[-1] == 40
+  assert loops[-1] == total
 
 
 def _truncate(path):
