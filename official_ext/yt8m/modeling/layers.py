@@ -120,7 +120,8 @@ def batch_norm_relu_average_pool(x: tf.Tensor, gamma: tf.Tensor,
   / sqrt(variance + epsilon) + beta), with the batch's masked moments
   (`masked_moments`): what `BatchNormalization(training=True, mask=mask)`,
   `relu` and `pool_frames(..., 'average', mask)` compute one after the other,
-  to float32 rounding, without writing the normalized or activated frames.
+  to float32 rounding, with no normalized or activated frames kept for the
+  backward pass (XLA still writes the two per-video reductions' operands).
   The gradient is written out: with yhat the normalized frames, r = [gamma
   yhat + beta > 0] and g[b] = d pooled[b] / (valid frames of b),
 
