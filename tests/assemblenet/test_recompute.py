@@ -234,3 +234,77 @@ def test_larger_pooled_copies_are_pooled_from_the_smaller():
   layer = pools['node_3_pool_5']
   assert layer._ratio == 5
   assert [n.inbound_layers.name for n in layer._inbound_nodes] == ['node_3']
+
+
+def _ancestors(tensor):
+  """Every op `tensor` depends on in its graph (inputs and control inputs)."""
+  seen, stack = set(), [tensor.op]
+  while stack:
+    op = stack.pop()
+    for parent in [t.op for t in op.inputs] + list(op.control_inputs):
+      if parent not in seen:
+        seen.add(parent)
+        stack.append(parent)
+  return seen
+
+
+def test_independent_segments_rerun_one_after_the_other():
+  """Two block groups on the same input (as the level-0 and level-2 nodes):
+  in a traced step, one group's backward pass (its rerun and gradients)
+  waits for the other's gradients, so their recomputed activations are
+  never held at the same time (measured: the 8 x 32 x 224^2 step's peak RSS
+  11.9 -> 8.5 GB). With `tf.recompute_grad` the two are independent; the
+  gradients are the same either way."""
+  x = tf.random.stateless_normal([2, 2, 8, 8, 4], seed=[3, 4])
+  groups = [anet_layers.BlockGroup([4, 4, 8], 1, 2, recompute_grad=True,
+                                   name=f'group_{i}') for i in range(2)]
+  reference = [anet_layers.BlockGroup([4, 4, 8], 1, 2, name=f'ref_{i}')
+               for i in range(2)]
+  for group, ref in zip(groups, reference):
+    group(x, training=False)
+    ref(x, training=False)
+    ref.set_weights(group.get_weights())
+
+  def grads(layers):
+    variables = [v for l in layers for v in l.trainable_variables]
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      loss = sum(tf.reduce_sum(tf.square(l(x, training=True)))
+                 for l in layers)
+    return tape.gradient(loss, variables + [x])
+
+  graph = tf.function(grads).get_concrete_function(groups).graph
+  # The gradients of the two groups' first variables (a function's outputs
+  # are identities of the returned tensors).
+  n = len(groups[0].trainable_variables)
+  first, second = (graph.outputs[i].op.inputs[0] for i in (0, n))
+  ordered = (first.op in _ancestors(second)) or (second.op in
+                                                 _ancestors(first))
+  assert ordered, 'the two groups\' backward passes are not ordered'
+  got = tf.function(grads)(groups)
+  want = grads(reference)
+  for g0, g1 in zip(want, got):
+    np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-6)
+
+
+def test_recompute_grad_under_xla_takes_tf_recompute_grad():
+  """XLA ignores control dependencies: inside a jit-compiled function the
+  segment is `tf.recompute_grad`'s (a data dependency orders its rerun);
+  same gradients as without checkpointing."""
+  x = tf.random.stateless_normal([3, 5], seed=[5, 6])
+  w = tf.Variable(tf.random.stateless_normal([5, 4], seed=[7, 8]))
+
+  def forward(inputs):
+    return tf.nn.relu(tf.matmul(inputs, w)) ** 2
+
+  def grads(checkpointed):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      f = anet_layers.recompute_grad(forward) if checkpointed else forward
+      loss = tf.reduce_sum(f(x))
+    return tape.gradient(loss, [w, x])
+
+  want = grads(False)
+  for fn in (tf.function(grads, jit_compile=True), tf.function(grads), grads):
+    for g0, g1 in zip(want, fn(True)):
+      np.testing.assert_allclose(g1, g0, rtol=1e-6, atol=1e-6)
