@@ -283,3 +283,26 @@ def test_demo_task_trains():
              for b, v in zip(before, model.trainable_variables)]
   assert all(changed), [v.name for v, c in
                         zip(model.trainable_variables, changed) if not c]
+
+
+def test_attention_and_assignment_as_one_matmul(monkeypatch):
+  """The group attention and the cluster assignment read the same expanded
+  frames: one matmul of their concatenated kernels gives the outputs and
+  gradients of the two layers (float32 rounding), padding masked."""
+  layer = nextvlad.NextVladAggregation(cluster_size=3, groups=2, expansion=2)
+  rng = np.random.default_rng(4)
+  x = tf.constant(rng.normal(size=(3, 5, 6)), tf.float32)
+  valid = tf.sequence_mask([5, 3, 1], 5)
+  layer(x, valid=valid, training=True)
+  results = []
+  for fused in (False, True):
+    monkeypatch.setattr(nextvlad, 'FUSED_ATTENTION_ASSIGNMENT', fused)
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = layer(x, valid=valid, training=True)
+      loss = tf.reduce_sum(tf.square(y - 0.3))
+    grads = tape.gradient(loss, layer.trainable_variables + [x])
+    results.append([y] + grads)
+  assert len(results[1]) == len(layer.trainable_variables) + 2
+  for want, got in zip(*results):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
