@@ -113,6 +113,19 @@ def matmul_peak_gflops(sizes: Sequence[int] = (2048, 3072), repeats: int = 8
   return max(matmul_flops(int(n)) / min(s) / 1e9 for n, s in samples.items())
 
 
+def matmul_candidate(n: int = 3072) -> Callable[[], tf.Tensor]:
+  """One [n, n] x [n, n] fp32 tf.matmul (`matmul_flops(n)`), as a candidate.
+
+  Timed in the same interleaved rounds as a step, its median rate is the
+  matmul rate of the moments the step was timed in: on a shared machine
+  whose speed drifts between the start of a run (`matmul_peak_gflops`) and
+  a step's rounds, the step's fraction of that rate is the steadier figure.
+  """
+  a = tf.random.uniform([n, n])
+  b = tf.random.uniform([n, n])
+  return tf.function(lambda: tf.matmul(a, b))
+
+
 def cpu_allocator() -> str:
   """'bfc' when TensorFlow's CPU allocator is the BFC (pooling) allocator
   (`TF_CPU_ALLOCATOR_USE_BFC=true` when the runtime started), else 'default'

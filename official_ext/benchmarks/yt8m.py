@@ -16,7 +16,11 @@ Figures (all measured in one process; every time goes through
   reference;
 * analytic FLOPs per example (only work a training step needs: no gradient
   w.r.t. the frame features), achieved GFLOP/s and fraction of the fp32
-  matmul peak measured in the same run;
+  matmul peak measured in the same run (`peak_fraction`: of the fastest
+  matmul sample at the start of the run), and of a [3072, 3072] matmul timed
+  in the step's own interleaved rounds (`interleaved_matmul_fraction`, its
+  median rate `interleaved_matmul_gflops`: steadier where the machine's
+  speed drifts during a run);
 * the NeXtVLAD training step (`yt8m_nextvlad`: NeXtVLAD + logistic
   classifier, padding masked) at the published size: examples/sec, analytic
   FLOPs per example from the layer shapes and fraction of the same matmul
@@ -175,15 +179,32 @@ def bench_nextvlad_train_step(size: NextVladSize, peak_gflops: float,
   masked: every video has all `size.frames` frames)."""
   task = build_nextvlad_task(size)
   step = _step_fn(task, task.build_model(), make_batch(size))
-  seconds = timing.interleaved_seconds({'nextvlad': step},
-                                       rounds=rounds)['nextvlad']
+  n = _matmul_size(size)
+  seconds = timing.interleaved_seconds(
+      {'nextvlad': step, 'matmul': timing.matmul_candidate(n)},
+      rounds=rounds)
   flops = nextvlad_train_flops_per_example(size)
-  examples_per_sec = size.batch / seconds
+  examples_per_sec = size.batch / seconds['nextvlad']
   achieved = examples_per_sec * flops / 1e9
   return {'examples_per_sec': examples_per_sec,
           'gflops_per_example': flops / 1e9,
           'achieved_gflops': achieved,
-          'peak_fraction': achieved / peak_gflops}
+          'peak_fraction': achieved / peak_gflops,
+          **_interleaved_matmul(achieved, n, seconds['matmul'])}
+
+
+def _matmul_size(size) -> int:
+  """The square matmul timed beside a step: 3072 (512 at the tiny sizes)."""
+  return 512 if size.name == 'tiny' else 3072
+
+
+def _interleaved_matmul(achieved: float, n: int, seconds: float
+                        ) -> Dict[str, float]:
+  """The [n, n] matmul's median rate in the step's rounds, and the step's
+  fraction of it (`timing.matmul_candidate`)."""
+  rate = timing.matmul_flops(n) / seconds / 1e9
+  return {'interleaved_matmul_gflops': rate,
+          'interleaved_matmul_fraction': achieved / rate}
 
 
 def build_task(size: Size, jit_compile: bool = True):
@@ -263,12 +284,14 @@ def bench_train_step(size: Size, peak_gflops: float, rounds: int = 5
       'ours': _step_fn(ours_task, ours_task.build_model(), batch),
       'reference': _step_fn(plain_task, _model_garden_model(size), batch),
       'reference_xla': _step_fn(xla_task, _model_garden_model(size), batch),
+      'matmul': timing.matmul_candidate(_matmul_size(size)),
   }
   seconds = timing.interleaved_seconds(steps, rounds=rounds)
   flops = train_flops_per_example(size)
   ours = size.batch / seconds['ours']
   achieved = ours * flops / 1e9
   return {
+      **_interleaved_matmul(achieved, _matmul_size(size), seconds['matmul']),
       'ours_examples_per_sec': ours,
       'reference_examples_per_sec': size.batch / seconds['reference'],
       'reference_xla_examples_per_sec': size.batch / seconds['reference_xla'],
@@ -357,7 +380,8 @@ def run(quick: bool = False) -> Dict[str, object]:
       **{k: main[k] for k in (
           'ours_examples_per_sec', 'reference_examples_per_sec', 'speedup',
           'achieved_gflops', 'peak_fraction', 'gflops_per_example',
-          'reference_xla_examples_per_sec')},
+          'reference_xla_examples_per_sec', 'interleaved_matmul_gflops',
+          'interleaved_matmul_fraction')},
       'pipeline_examples_per_sec': pipeline,
       'pipeline_vs_train_step': pipeline / main['ours_examples_per_sec'],
       **metric_figures,
@@ -366,6 +390,11 @@ def run(quick: bool = False) -> Dict[str, object]:
       'nextvlad': {**nextvlad, 'size': dataclasses.asdict(nextvlad_size)},
   }
   return figures
+
+
+def _interleaved_row(f: Dict[str, float]) -> str:
+  return (f"{f['interleaved_matmul_fraction']:.0%} of "
+          f"{f['interleaved_matmul_gflops']:.1f} GFLOP/s")
 
 
 def table(figures: Dict[str, object]) -> str:
@@ -389,6 +418,8 @@ def table(figures: Dict[str, object]) -> str:
                  f"{f['gflops_per_example']:.3f}"))
     rows.append(('  achieved GFLOP/s (fraction of peak)',
                  f"{f['achieved_gflops']:.1f} ({f['peak_fraction']:.0%})"))
+    rows.append(('  fraction of the matmul timed in the same rounds',
+                 _interleaved_row(f)))
   nv = figures['nextvlad']
   s = nv['size']
   rows.append((f"NeXtVLAD train step, {s['name']}: batch {s['batch']} x "
@@ -401,6 +432,8 @@ def table(figures: Dict[str, object]) -> str:
                f"{nv['gflops_per_example']:.3f}"))
   rows.append(('  achieved GFLOP/s (fraction of peak)',
                f"{nv['achieved_gflops']:.1f} ({nv['peak_fraction']:.0%})"))
+  rows.append(('  fraction of the matmul timed in the same rounds',
+               _interleaved_row(nv)))
   rows.append(('input pipeline (examples/sec)',
                f"{figures['pipeline_examples_per_sec']:.1f} "
                f"({figures['pipeline_vs_train_step']:.1f}x the train step)"))

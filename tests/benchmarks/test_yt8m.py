@@ -83,7 +83,8 @@ def test_task_and_batch_have_the_size_asked_for():
 _PER_SIZE_KEYS = {
     'ours_examples_per_sec', 'reference_examples_per_sec',
     'reference_xla_examples_per_sec', 'speedup', 'gflops_per_example',
-    'achieved_gflops', 'peak_fraction'}
+    'achieved_gflops', 'peak_fraction', 'interleaved_matmul_gflops',
+    'interleaved_matmul_fraction'}
 
 
 def test_quick_run_figures_are_consistent(tmp_path, capsys):
@@ -129,6 +130,11 @@ def test_quick_run_figures_are_consistent(tmp_path, capsys):
                                         f['gflops_per_example'])
   assert f['peak_fraction'] == approx(f['achieved_gflops'] /
                                       f['matmul_peak_gflops'])
+  # The matmul timed in the step's rounds: its rate and the step's share.
+  assert 'fraction of the matmul timed in the same rounds' in stdout
+  assert f['interleaved_matmul_gflops'] > 0
+  assert f['interleaved_matmul_fraction'] == approx(
+      f['achieved_gflops'] / f['interleaved_matmul_gflops'])
   assert f['pipeline_vs_train_step'] == approx(
       f['pipeline_examples_per_sec'] / f['ours_examples_per_sec'])
   # The NeXtVLAD step ran at its tiny size.
@@ -142,5 +148,7 @@ def test_quick_run_figures_are_consistent(tmp_path, capsys):
                                          nv['gflops_per_example'])
   assert nv['peak_fraction'] == approx(nv['achieved_gflops'] /
                                        f['matmul_peak_gflops'])
+  assert nv['interleaved_matmul_fraction'] == approx(
+      nv['achieved_gflops'] / nv['interleaved_matmul_gflops'])
   # The vectorized metrics equal the straightforward reference.
   assert 0 <= f['metrics_max_abs_diff_vs_reference'] < 1e-9

@@ -124,8 +124,8 @@ class AssembleNetPlusLite(tf_keras.Model):
     attention_mode: None, 'self' or 'peer'.
     fusion_width_as_channels: the original's width-as-channels fusion.
     bn_decay, bn_epsilon, use_sync_bn: batch norm settings.
-    recompute_grad: gradient checkpointing (`anet_layers.recompute_grad`,
-      on `tf.recompute_grad`) of every stem, fusion and block group: the
+    recompute_grad: gradient checkpointing (`anet_layers.recompute_grad`:
+      one segment's rerun at a time) of every stem, fusion and block group: the
       backward pass keeps only node outputs and recomputes everything inside
       a node; batch-norm moving statistics are updated once per step, by the
       forward pass, not again by the recomputation.
