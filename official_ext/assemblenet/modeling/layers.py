@@ -22,8 +22,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf, tf_keras
 # `tf.recompute_grad`'s own helpers: a tape-stopping context for the forward
-# run and the test for an XLA context (where control dependencies are
-# ignored); neither has a public equivalent.
+# run and whether a tape watches a tensor (`record`), and the test for an XLA
+# context, where control dependencies are ignored (`control_flow_util`); none
+# has a public equivalent.
 from tensorflow.python.eager import record
 from tensorflow.python.ops import control_flow_util
 # TensorFlow has no public call that says whether its oneDNN CPU kernels are
@@ -70,7 +71,7 @@ def recompute_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
   level-2 block groups) at the same time, each holding all its recomputed
   activations: measured at 8 x 32 x 224^2, the two level-0 block groups'
   reruns together held ~4 GB of the step's 9.0 GB live-tensor peak; in
-  order, the step's peak RSS fell from 11.9 to 8.5 GB. The tape builds a
+  order, the step's peak RSS fell from 11.9 to 7.8 GB. The tape builds a
   gradient only after every gradient that feeds it, so the order adds no
   cycle. Unlike `tf.recompute_grad`, the rerun's inputs are not copied
   (`tf.recompute_grad` adds 0 to every input, a data dependency for XLA,
