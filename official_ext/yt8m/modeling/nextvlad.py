@@ -190,7 +190,7 @@ class NextVladAggregation(tf_keras.layers.Layer):
     gate = (yt8m_layers.bias_add(gate, bias) if gate.dtype == tf.float32
             else gate + bias)
     lead = tf.shape(x)[:-1]
-    attention = tf.reshape(tf.math.sigmoid(gate), tf.concat(
+    attention = tf.reshape(att.activation(gate), tf.concat(
         [lead, [att.units]], 0))
     logits = tf.reshape(logits, tf.concat([lead, [asg.units]], 0))
     attention.set_shape(x.shape[:-1].concatenate([att.units]))
