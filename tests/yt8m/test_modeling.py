@@ -182,11 +182,15 @@ def _fused_and_plain_step(num_frames, jit):
             for _ in range(2)]
   fused, plain = models
   plain.set_weights(fused.get_weights())
-  for m in models:  # Scales and offsets away from 1 and 0: ReLU cuts.
-    for v in m.backbone.weights:
-      if v.name.endswith(('gamma:0', 'beta:0')):
-        v.assign(np.random.default_rng(len(v.name)).normal(
-            size=v.shape).astype(np.float32))
+  # Scales and offsets away from 1 and 0 (ReLU cuts), the same in both
+  # models (seeded by the variable's place, not its name: the second model's
+  # name has a suffix, `_1`, `_10`, that the first's may not).
+  for i, (v_f, v_p) in enumerate(zip(fused.backbone.weights,
+                                     plain.backbone.weights)):
+    if v_f.name.endswith(('gamma:0', 'beta:0')):
+      value = np.random.default_rng(i).normal(size=v_f.shape)
+      v_f.assign(value.astype(np.float32))
+      v_p.assign(value.astype(np.float32))
   plain.backbone._fused_training = lambda *args: False
   results = []
   for m in models:
@@ -217,7 +221,10 @@ def test_fused_dbof_training_matches_the_layers(num_frames, jit):
   for name, a, b in zip(names, g_f, g_p):
     assert np.isfinite(a).all(), name
     scale = max(np.abs(b).max(), 1e-3)
-    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * scale, err_msg=name)
+    # Float32 summation order: components that cancel to ~1e-6 differed by
+    # up to 2.8e-5 of the largest in 2 of ~20 runs (oneDNN's blocking
+    # follows its threads); a wrong gradient is off by the order of `scale`.
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * scale, err_msg=name)
   for a, b in zip(m_f, m_p):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
