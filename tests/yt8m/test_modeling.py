@@ -222,8 +222,8 @@ def test_fused_dbof_training_matches_the_layers(num_frames, jit):
     assert np.isfinite(a).all(), name
     scale = max(np.abs(b).max(), 1e-3)
     # Float32 summation order: components that cancel to ~1e-6 differed by
-    # up to 2.8e-5 of the largest in 2 of ~20 runs (oneDNN's blocking
-    # follows its threads); a wrong gradient is off by the order of `scale`.
+    # 2.8e-5 of the largest in one full-suite run (oneDNN's blocking follows
+    # its threads); a wrong gradient is off by the order of `scale`.
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * scale, err_msg=name)
   for a, b in zip(m_f, m_p):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
