@@ -29,6 +29,7 @@ from official.modeling import hyperparams
 from official.modeling import optimization
 from official.vision.configs import common
 from official_ext.assemblenet import structures
+from official_ext.core import kernel_policy
 
 CHARADES_NUM_CLASSES = 157
 CHARADES_TRAIN_EXAMPLES = 7985
@@ -312,7 +313,7 @@ def _full_experiment(num_classes: int, multilabel: bool, num_train: int,
       losses=Losses(l2_weight_decay=1e-4),
       eval_aggregation=eval_aggregation)
   return cfg.ExperimentConfig(
-      runtime=cfg.RuntimeConfig(mixed_precision_dtype='float32'),
+      runtime=kernel_policy.RuntimeConfig(mixed_precision_dtype='float32'),
       task=task,
       trainer=cfg.TrainerConfig(
           steps_per_loop=steps_per_epoch,
@@ -387,7 +388,7 @@ def _demo_experiment(model_structure) -> cfg.ExperimentConfig:
           **common),
       demo_data=DemoDataConfig(enabled=True))
   return cfg.ExperimentConfig(
-      runtime=cfg.RuntimeConfig(mixed_precision_dtype='float32'),
+      runtime=kernel_policy.RuntimeConfig(mixed_precision_dtype='float32'),
       task=task,
       trainer=cfg.TrainerConfig(
           steps_per_loop=steps_per_epoch // 3,

@@ -24,8 +24,8 @@ from official.core import base_task
 from official.core import config_definitions
 from official.core import export_base
 from official_ext.assemblenet import dataloader
-from official_ext.assemblenet.modeling import layers as anet_layers
 from official_ext.core import graph_checks
+from official_ext.core import kernel_policy
 
 SIGNATURES = ('serving_default',)
 
@@ -103,13 +103,12 @@ class AssembleNetExportModule(export_base.ExportModule):
     [1, num_classes]}.
 
     Traced with every 3-D convolution as 2-D convolutions and matmuls
-    (`layers.assume_onednn(False)`), whatever CPU kernels this process has:
-    a TFLite model runs on the device's kernels, not this machine's oneDNN
-    ones, and these are the ops its figures were measured with (README, the
-    TFLite section); TensorFlow's Conv3D is only chosen where oneDNN runs it
-    (`layers.uses_native_conv3d`).
+    (`kernel_policy.TFLITE`), whatever CPU kernels this process has: TFLite
+    has builtins for them (no 5-D SpaceToBatchND for a temporal dilation),
+    and a TFLite model runs on the device's kernels, not this machine's
+    oneDNN ones.
     """
-    with anet_layers.assume_onednn(False):
+    with kernel_policy.use(kernel_policy.TFLITE):
       return tf.function(self.serve).get_concrete_function(
           tf.TensorSpec(self.tflite_input_shape(), tf.uint8, name='frames'))
 
@@ -120,6 +119,11 @@ class AssembleNetExportModule(export_base.ExportModule):
       if key != 'serving_default':
         raise ValueError(f'Unknown AssembleNet signature {key!r}; expected '
                          f'one of {SIGNATURES}.')
-      signatures[name] = tf.function(self.serve).get_concrete_function(
-          tf.TensorSpec([None, None, None, None, 3], tf.uint8, name='frames'))
+      # Traced for devices unknown here (`kernel_policy.for_export`: the
+      # stock ops unless runtime.kernel_policy is 'fast').
+      with kernel_policy.use(kernel_policy.for_export(
+          kernel_policy.setting_of(self.params))):
+        signatures[name] = tf.function(self.serve).get_concrete_function(
+            tf.TensorSpec([None, None, None, None, 3], tf.uint8,
+                          name='frames'))
     return signatures

@@ -33,7 +33,6 @@ from official_ext.core import bad_records
 from official_ext.core import eval_padding
 from official_ext.core import gradients
 from official_ext.core import multiworker
-from official_ext.core import process_settings
 
 _MAP_KEY = 'map_inputs'
 
@@ -73,16 +72,6 @@ def aggregate_views(scores: tf.Tensor, num_views: int,
   scores = tf.reshape(scores, [-1, num_views, scores.shape[-1]])
   reduce = tf.reduce_mean if method == 'mean' else tf.reduce_max
   return reduce(scores, axis=1)
-
-
-# Settings of an AssembleNet++lite training process (`core.process_settings`;
-# applied by `python -m official_ext.train` and by `python -m
-# official_ext.benchmark assemblenet` and its peak-RSS child).
-PROCESS_SETTINGS = process_settings.declare(
-    configs.AssembleNetTask,
-    {process_settings.MALLOC_MMAP_THRESHOLD: str(1 << 20)},
-    ('peak RSS of a 2 x 32 x 224^2 training step 5.83 -> 4.75 GB: freed '
-     'tensors go back to the system instead of fragmenting the heap'))
 
 
 @task_factory.register_task_cls(configs.AssembleNetTask)

@@ -7,8 +7,8 @@ exception is AssembleNet++lite's TF1 original, which does not run in this
 process: its `*_vs_tf1_quoted` ratios compare with quoted timings, not a
 measurement. Each family module has `run(quick=False) -> figures` (a
 JSON-serializable dict) and may have `table(figures) -> str`, and
-`PROCESS_SETTINGS` ({variable: value}): the process settings its family's task
-declares (`core.process_settings`, the ones `python -m official_ext.train`
+`PROCESS_SETTINGS` ({variable: value}): the process settings a CPU training
+run of its family takes (`core.kernel_policy`, the ones `python -m official_ext.train`
 applies too), applied by `run` only where the process has not yet started
 TensorFlow's runtime (they take effect when it starts), and only where the
 user has not set the variable; the log says what was applied.

@@ -29,8 +29,8 @@ Figures (all measured in one process; every time goes through
 * `metrics.evaluate` on 100,000 x 3,862 predictions vs the straightforward
   reference (`metrics_reference`) on a 2,000-video slice, scaled.
 
-The process runs with TensorFlow's BFC CPU allocator (`PROCESS_SETTINGS`, the
-YT8M task's `core.process_settings`, applied by the harness as by `train`;
+The process runs with TensorFlow's BFC CPU allocator (`PROCESS_SETTINGS`, a
+fast path of `core.kernel_policy` on CPUs, applied by the harness as by `train`;
 `figures['cpu_allocator']` says which allocator a run had):
 with the default allocator every large tensor (the 85 M-float MoE gradient,
 XLA's buffers of [batch x frames, cluster] activations) is fresh memory from
@@ -49,6 +49,7 @@ import tensorflow as tf, tf_keras
 from official.core import exp_factory
 from official.core import task_factory
 from official_ext.benchmarks import timing
+from official_ext.core import kernel_policy
 from official_ext.yt8m import configs  # pylint: disable=unused-import  (registers 'yt8m')
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
@@ -57,8 +58,9 @@ from official_ext.yt8m import metrics_reference
 from official_ext.yt8m import task as yt8m_task  # pylint: disable=unused-import  (registers YT8MTask)
 
 
-# Settings of a `benchmark yt8m` process: the YT8M task's (module docstring).
-PROCESS_SETTINGS = yt8m_task.PROCESS_SETTINGS
+# Settings of a `benchmark yt8m` process: those a CPU training run of the
+# family takes (module docstring).
+PROCESS_SETTINGS = kernel_policy.cpu_process_env('yt8m')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The one gradient path of every task's training step.
 
-    scaled = scale_loss(optimizer, loss_share)        # mixed_float16 scaling
+    scaled = scale_loss(optimizer, loss_share)        # float16 loss scaling
     grads = unscale_gradients(optimizer, tape.gradient(scaled, variables))
     [grads = add_l2_gradients(grads, variables, l2_regularized_kernels(...))]
     apply_gradients(optimizer, grads, variables, clip_norm)
@@ -23,7 +23,7 @@ def _is_loss_scaled(optimizer) -> bool:
 
 
 def scale_loss(optimizer, loss: tf.Tensor) -> tf.Tensor:
-  """The loss scaled for a LossScaleOptimizer (mixed_float16), else as is."""
+  """The loss scaled for a LossScaleOptimizer (float16), else as is."""
   return optimizer.get_scaled_loss(loss) if _is_loss_scaled(optimizer) else loss
 
 

@@ -37,6 +37,7 @@ from official.core import config_definitions as cfg
 from official.core import exp_factory
 from official.modeling import hyperparams
 from official.modeling.multitask import configs as multitask_configs
+from official_ext.core import kernel_policy
 from official_ext.readout import configs as readout_configs
 from official_ext.yt8m import configs as yt8m_configs
 
@@ -283,4 +284,4 @@ def readout_yt8m_joint() -> JointExperimentConfig:
           validation_interval=train_steps, validation_steps=-1,
           optimizer_config=readout_configs.demo_optimizer(
               2e-3, train_steps, 30)),
-      runtime=cfg.RuntimeConfig(mixed_precision_dtype='float32'))
+      runtime=kernel_policy.RuntimeConfig(mixed_precision_dtype='float32'))

@@ -126,7 +126,7 @@ class JointMultiTask(multitask.MultiTask):
     Args:
       task_inputs: {task name: this replica's batch}.
       multi_task_model: the `JointModel`.
-      optimizer: the optimizer (a LossScaleOptimizer under mixed_float16).
+      optimizer: the optimizer (a LossScaleOptimizer under float16).
       task_metrics: {task name: the task's training metrics}.
       **kwargs: unused.
 

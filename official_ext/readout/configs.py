@@ -33,6 +33,7 @@ from official.core import config_definitions as cfg
 from official.core import exp_factory
 from official.modeling import hyperparams
 from official.modeling import optimization
+from official_ext.core import kernel_policy
 from official_ext.readout import readout_types
 
 # `READOUT_TYPES` (the registered readout types) and `METRICS_BY_TYPE`
@@ -539,7 +540,7 @@ def readout_demo() -> cfg.ExperimentConfig:
   steps_per_epoch = num_train // batch_size
   train_steps = 12 * steps_per_epoch
   return cfg.ExperimentConfig(
-      runtime=cfg.RuntimeConfig(mixed_precision_dtype='float32'),
+      runtime=kernel_policy.RuntimeConfig(mixed_precision_dtype='float32'),
       task=readout_demo_task(num_train=num_train, batch_size=batch_size),
       trainer=cfg.TrainerConfig(
           steps_per_loop=steps_per_epoch,

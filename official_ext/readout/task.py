@@ -11,7 +11,6 @@ from official.core import task_factory
 from official_ext.core import bad_records
 from official_ext.core import eval_padding
 from official_ext.core import multiworker
-from official_ext.core import process_settings
 from official_ext.core import gradients
 from official_ext.readout import configs
 from official_ext.readout import dataloader
@@ -37,14 +36,6 @@ Routed = Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor],
 
 def _loss_metric_name(task: str) -> str:
   return f'{task}_loss'
-
-
-# Settings of a readout training process (`core.process_settings`; applied by
-# `python -m official_ext.train` and `python -m official_ext.benchmark
-# readout`): none (not measured for this family).
-PROCESS_SETTINGS = process_settings.declare(
-    configs.ReadoutTaskConfig, {},
-    'none: not measured for this family, so the defaults')
 
 
 @task_factory.register_task_cls(configs.ReadoutTaskConfig)

@@ -31,6 +31,7 @@ from official.core import exp_factory
 from official.modeling import hyperparams
 from official.modeling import optimization
 from official.vision.configs import common
+from official_ext.core import kernel_policy
 
 YT8M_TRAIN_EXAMPLES = 3888919
 YT8M_VAL_EXAMPLES = 1112356
@@ -424,7 +425,8 @@ def _experiment(task, steps_per_loop: int, train_steps: int,
                 ) -> cfg.ExperimentConfig:
   """An experiment of this family: summaries and checkpoints every loop."""
   return cfg.ExperimentConfig(
-      runtime=cfg.RuntimeConfig(mixed_precision_dtype=mixed_precision_dtype),
+      runtime=kernel_policy.RuntimeConfig(
+          mixed_precision_dtype=mixed_precision_dtype),
       task=task,
       trainer=cfg.TrainerConfig(
           steps_per_loop=steps_per_loop,

@@ -13,7 +13,6 @@ from official_ext.core import checkpoints
 from official_ext.core import eval_padding
 from official_ext.core import gradients
 from official_ext.core import multiworker
-from official_ext.core import process_settings
 from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
@@ -120,15 +119,6 @@ def _check_record_type(config: configs.YT8MTask) -> None:
           f'task.model.backbone.type={backbone!r} takes {expected}-level '
           "records: video-level records need the 'identity' backbone, "
           'frame-level ones a frame backbone (dbof, nextvlad).')
-
-
-# Settings of a YT8M training process (`core.process_settings`; applied by
-# `python -m official_ext.train` and `python -m official_ext.benchmark yt8m`).
-PROCESS_SETTINGS = process_settings.declare(
-    configs.YT8MTask, {process_settings.BFC_ALLOCATOR: 'true'},
-    ('the published-size training step 1.2-1.3x faster than with the '
-     'default allocator, whose fresh pages for every large tensor cost '
-     '~16 % of the step in page faults (issue 16)'))
 
 
 @task_factory.register_task_cls(configs.YT8MTask)
@@ -404,7 +394,7 @@ class YT8MTask(base_task.Task):
     Args:
       inputs: a batch dict from `build_inputs`.
       model: the model.
-      optimizer: the optimizer (a LossScaleOptimizer under mixed_float16).
+      optimizer: the optimizer (a LossScaleOptimizer under float16).
       metrics: metrics from `build_metrics(training=True)`.
 
     Returns:

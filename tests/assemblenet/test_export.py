@@ -19,7 +19,7 @@ from official_ext import export_saved_model
 from official_ext import export_tflite
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import export
-from official_ext.assemblenet.modeling import layers as anet_layers
+from official_ext.core import kernel_policy
 from tests.assemblenet import minimal
 from tests import cli
 
@@ -147,16 +147,28 @@ def test_tflite_cli_serves_a_clip_like_the_saved_model(exported, capsys):
     export_tflite.main([], flag_values)
 
 
-def test_tflite_function_keeps_3d_convolutions_in_2d_ops(exported):
-  """The TFLite model is traced with the 2-D convolutions even where this
-  process would run TensorFlow's Conv3D (oneDNN): it runs on the device's
-  kernels; the SavedModel's own functions take this machine's choice."""
-  module, _ = export_saved_model.export_module(exported['params'],
-                                               exported['ckpt'], 20)
-  with anet_layers.assume_onednn(True):
-    graph = module.tflite_function().graph
+def _graph_ops(graph):
   ops = {op.type for op in graph.get_operations()}
   for f in graph._functions.values():  # pylint: disable=protected-access
     ops |= {node.op for node in f.definition.node_def}
+  return ops
+
+
+def test_exports_trace_the_ops_of_their_targets(exported):
+  """The TFLite model is traced with the 2-D convolutions
+  (`kernel_policy.TFLITE`) even where this process would run TensorFlow's
+  Conv3D (oneDNN): it runs on the device's kernels, which have no 5-D
+  SpaceToBatchND. The SavedModel's signature is traced with the stock ops
+  (`kernel_policy.for_export`: its serving devices are unknown), even
+  inside a CPU policy that takes the 2-D forms."""
+  module, _ = export_saved_model.export_module(exported['params'],
+                                               exported['ckpt'], 20)
+  with kernel_policy.use(kernel_policy.resolve('auto', 'CPU', onednn=True)):
+    ops = _graph_ops(module.tflite_function().graph)
   assert not {o for o in ops if o.startswith('Conv3D')}, sorted(ops)
   assert 'Conv2D' in ops and 'SpaceToBatchND' not in ops
+  with kernel_policy.use(kernel_policy.resolve('auto', 'CPU', onednn=False)):
+    signatures = module.get_inference_signatures(
+        {'serving_default': 'serving_default'})
+  ops = _graph_ops(signatures['serving_default'].graph)
+  assert 'Conv3D' in ops, sorted(ops)

@@ -12,6 +12,7 @@ from official_ext.assemblenet import structures
 from official_ext.assemblenet.modeling import assemblenet_plus_lite as anet
 from official_ext.assemblenet.modeling import complexity
 from official_ext.assemblenet.modeling import layers as anet_layers
+from official_ext.core import kernel_policy
 
 T, S = 4, 32
 
@@ -374,22 +375,24 @@ def test_conv3d_same_padding_kernels():
 ])
 @pytest.mark.parametrize('onednn', [False, True])
 def test_conv3d_implementations(kernel, strides, dilation, shape, onednn):
-  """Both implementations of `layers.Conv3D`, as `uses_native_conv3d`
-  picks them (with oneDNN reported on, the native Conv3D op for kernels of
-  more than one tap but dilated ones on frames of <= 16 pixels, a dilation
-  as the time phases folded into the batch; else `conv3d_as_2d`: no Conv3D;
-  never a 5-D SpaceToBatchND) give TensorFlow's (dilated) 3-D convolution's values and
-  gradients (input and kernel; the temporal taps' gradient is written out in
-  `shift_and_sum_taps`) to float32 rounding, also for a batch and frame
-  count known only at run time."""
+  """Both CPU fast paths of `layers.Conv3D`, as the CPU kernel policy
+  picks them (`conv3d_implementation`: with oneDNN reported on, the native
+  Conv3D op for kernels of more than one tap but dilated ones on frames of
+  <= 16 pixels, a dilation as the time phases folded into the batch; else
+  `conv3d_as_2d`: no Conv3D; never a 5-D SpaceToBatchND) give TensorFlow's
+  (dilated) 3-D convolution's values and gradients (input and kernel; the
+  temporal taps' gradient is written out in `shift_and_sum_taps`) to
+  float32 rounding, also for a batch and frame count known only at run
+  time."""
   native = (onednn and kernel != [1, 1, 1] and
             (dilation == 1 or shape[2] * shape[3] > 16))
+  policy = kernel_policy.resolve('auto', 'CPU', onednn)
   x = tf.constant(np.random.default_rng(0).normal(size=shape), tf.float32)
   conv = anet_layers.conv3d_same_padding(4, kernel, strides, dilation)
   conv.build(x.shape)
   expected = tf.nn.convolution(x, conv.kernel, [1, strides, strides],
                                padding='SAME', dilations=[dilation, 1, 1])
-  with anet_layers.assume_onednn(onednn):
+  with kernel_policy.use(policy):
     dynamic = tf.function(conv).get_concrete_function(
         tf.TensorSpec([None, None, *shape[2:]], tf.float32))
     eager = conv(x)
@@ -414,7 +417,7 @@ def test_conv3d_implementations(kernel, strides, dilation, shape, onednn):
         y = tf.reduce_sum(fn(x, kernel) * cotangent)
       return tape.gradient(y, [x, kernel])
 
-    with anet_layers.assume_onednn(onednn):
+    with kernel_policy.use(policy):
       grads.append(gradient(x, tf.convert_to_tensor(conv.kernel)))
   for got, expected in zip(*grads):
     np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-4,
@@ -422,15 +425,15 @@ def test_conv3d_implementations(kernel, strides, dilation, shape, onednn):
 
 
 def test_conv3d_takes_native_op_where_onednn_makes_it_faster():
-  """With oneDNN's CPU kernels reported on, a 3x3x3 (and a 3x1x1, a strided
-  1x3x3, a temporally dilated 3x3x3 on 8 x 8 frames) kernel runs as
+  """On a CPU with oneDNN's kernels reported on, a 3x3x3 (and a 3x1x1, a
+  strided 1x3x3, a temporally dilated 3x3x3 on 8 x 8 frames) kernel runs as
   TensorFlow's Conv3D op, a 1x1x1 as a matmul and a dilated one on 4 x 4
   frames as one matmul; with them off every kernel is in 2-D ops
-  (`conv3d_as_2d`), as before."""
+  (`conv3d_as_2d`)."""
 
   def ops(kernel, strides=1, dilation=1, onednn=True, size=8):
     conv = anet_layers.conv3d_same_padding(4, kernel, strides, dilation)
-    with anet_layers.assume_onednn(onednn):
+    with kernel_policy.use(kernel_policy.resolve('auto', 'CPU', onednn)):
       fn = tf.function(conv).get_concrete_function(
           tf.TensorSpec([1, 4, size, size, 3], tf.float32))
     return {n.op for n in fn.graph.as_graph_def().node}
@@ -447,16 +450,39 @@ def test_conv3d_takes_native_op_where_onednn_makes_it_faster():
   for kernel in ([3, 3, 3], [3, 1, 1], [1, 1, 1]):
     assert 'Conv3D' not in ops(kernel, onednn=False)
   assert 'Conv3D' not in ops([3, 3, 3], dilation=2, onednn=False)
-  with anet_layers.assume_onednn(False):
-    assert not anet_layers.onednn_cpu_convolutions()
-    with anet_layers.assume_onednn(True):
-      assert anet_layers.uses_native_conv3d([3, 3, 3], 1)
-      assert anet_layers.uses_native_conv3d([3, 3, 3], 2, 49)
-      assert not anet_layers.uses_native_conv3d([3, 3, 3], 2, 16)
-      assert not anet_layers.uses_native_conv3d([3, 3, 3], 2, None)
-      assert not anet_layers.uses_native_conv3d([2, 3, 3], 2, 49)
-      assert not anet_layers.uses_native_conv3d([1, 1, 1], 1)
-    assert not anet_layers.uses_native_conv3d([3, 3, 3], 1)
+  choose = anet_layers.conv3d_implementation
+  onednn = kernel_policy.resolve('auto', 'CPU', onednn=True)
+  assert choose([3, 3, 3], 1, policy=onednn) == 'stock'
+  assert choose([3, 3, 3], 2, 49, policy=onednn) == 'time_phases'
+  assert choose([3, 3, 3], 2, 16, policy=onednn) == 'as_2d'
+  assert choose([3, 3, 3], 2, None, policy=onednn) == 'as_2d'
+  assert choose([2, 3, 3], 2, 49, policy=onednn) == 'as_2d'
+  assert choose([1, 1, 1], 1, policy=onednn) == 'as_2d'
+  eigen = kernel_policy.resolve('auto', 'CPU', onednn=False)
+  assert choose([3, 3, 3], 1, policy=eigen) == 'as_2d'
+
+
+@pytest.mark.parametrize('device', ['GPU', 'TPU'])
+def test_conv3d_on_accelerators_is_the_stock_op(device):
+  """On a GPU or TPU the kernel policy's 'auto' takes no CPU fast path:
+  every kernel is tf_keras' Conv3D (TensorFlow's Conv3D op; SpaceToBatchND
+  for a temporal dilation, which cuDNN and XLA run), whatever the frame
+  size; 'fast' there takes the 2-D forms (to measure them)."""
+  policy = kernel_policy.resolve('auto', device)
+  for kernel, dilation, size in (([3, 3, 3], 1, 8), ([1, 1, 1], 1, 8),
+                                 ([3, 1, 1], 2, 8), ([3, 3, 3], 2, 4),
+                                 ([1, 3, 3], 1, 4)):
+    assert anet_layers.conv3d_implementation(
+        kernel, dilation, size * size, policy=policy) == 'stock'
+    conv = anet_layers.conv3d_same_padding(4, kernel, 1, dilation)
+    with kernel_policy.use(policy):
+      fn = tf.function(conv).get_concrete_function(
+          tf.TensorSpec([1, 4, size, size, 3], tf.float32))
+    ops = {n.op for n in fn.graph.as_graph_def().node}
+    assert 'Conv3D' in ops and 'MatMul' not in ops, (kernel, ops)
+  fast = kernel_policy.resolve('fast', device)
+  assert anet_layers.conv3d_implementation([3, 3, 3], 1, 64,
+                                           policy=fast) == 'as_2d'
 
 
 def test_spatial_max_pool_is_max_pool3d():

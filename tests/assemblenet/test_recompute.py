@@ -15,6 +15,9 @@ import tensorflow as tf, tf_keras
 from official_ext.assemblenet import structures
 from official_ext.assemblenet.modeling import assemblenet_plus_lite as anet
 from official_ext.assemblenet.modeling import layers as anet_layers
+from official_ext.core import kernel_policy
+
+GPU = kernel_policy.resolve('auto', 'GPU')
 
 T, S, BATCH = 4, 16, 4
 
@@ -180,12 +183,13 @@ def test_block_group_recomputes_without_a_second_update(monkeypatch):
 
 
 @pytest.mark.parametrize('onednn', [False, True])
-def test_2d_convolutions_give_conv3d_gradients(monkeypatch, onednn):
-  """Training with `layers.Conv3D`'s implementations as picked for either
-  setting of oneDNN (`uses_native_conv3d`: the convolutions in 2-D ops,
-  `layers.conv3d_as_2d`, or, oneDNN on, the native op for undilated kernels
-  of more than one tap) gives the outputs and gradients of TensorFlow's
-  Conv3D (the straightforward path) to float32 rounding, eagerly: stems
+def test_2d_convolutions_give_conv3d_gradients(onednn):
+  """Training with `layers.Conv3D`'s implementations as the CPU kernel
+  policy picks them for either setting of oneDNN (`conv3d_implementation`:
+  the convolutions in 2-D ops, `layers.conv3d_as_2d`, or, oneDNN on, the
+  native op for undilated kernels of more than one tap) gives the outputs
+  and gradients of the stock policy's (tf_keras' Conv3D) to float32
+  rounding, eagerly: stems
   ([1, 3, 3] strided, [3, 1, 1] plain and dilated), a fusion's 1x1x1
   projection, a strided block (strided 1x1x1 shortcut) and an unstrided one
   ([3, 3, 3])."""
@@ -199,16 +203,10 @@ def test_2d_convolutions_give_conv3d_gradients(monkeypatch, onednn):
     grads = tape.gradient(loss, model.trainable_variables)
     return outputs.numpy(), [g.numpy() for g in grads]
 
-  with anet_layers.assume_onednn(onednn):
+  with kernel_policy.use(kernel_policy.resolve('auto', 'CPU', onednn)):
     fast_out, fast = run()
-
-  def conv3d(self, inputs, kernel):
-    return tf.nn.convolution(inputs, kernel, self.strides, padding='SAME',
-                             data_format='NDHWC',
-                             dilations=self.dilation_rate)
-
-  monkeypatch.setattr(anet_layers.Conv3D, 'convolution_op', conv3d)
-  slow_out, slow = run()
+  with kernel_policy.use(kernel_policy.resolve('stock', 'CPU')):
+    slow_out, slow = run()
   np.testing.assert_allclose(fast_out, slow_out, rtol=1e-5, atol=1e-5)
   assert len(fast) == len(slow) == len(model.trainable_variables) > 20
   # As `_check_one_step`: float32 rounding, relative to the largest gradient.
@@ -252,8 +250,9 @@ def test_independent_segments_rerun_one_after_the_other():
   """Two block groups on the same input (as the level-0 and level-2 nodes):
   in a traced step, one group's backward pass (its rerun and gradients)
   waits for the other's gradients, so their recomputed activations are
-  never held at the same time (measured: the 8 x 32 x 224^2 step's peak RSS
-  11.9 -> 8.5 GB). With `tf.recompute_grad` the two are independent; the
+  never held at the same time (the CPU fast path
+  'assemblenet.ordered_recompute': host memory). With `tf.recompute_grad`,
+  as the kernel policy takes on a GPU, the two are independent; the
   gradients are the same either way."""
   x = tf.random.stateless_normal([2, 2, 8, 8, 4], seed=[3, 4])
   groups = [anet_layers.BlockGroup([4, 4, 8], 1, 2, recompute_grad=True,
@@ -273,18 +272,32 @@ def test_independent_segments_rerun_one_after_the_other():
                  for l in layers)
     return tape.gradient(loss, variables + [x])
 
-  graph = tf.function(grads).get_concrete_function(groups).graph
-  # The gradients of the two groups' first variables (a function's outputs
-  # are identities of the returned tensors).
-  n = len(groups[0].trainable_variables)
-  first, second = (graph.outputs[i].op.inputs[0] for i in (0, n))
-  ordered = (first.op in _ancestors(second)) or (second.op in
-                                                 _ancestors(first))
-  assert ordered, 'the two groups\' backward passes are not ordered'
-  got = tf.function(grads)(groups)
+  def ordered(policy):
+    with kernel_policy.use(policy):
+      graph = tf.function(grads).get_concrete_function(groups).graph
+    # The gradients of the two groups' first variables (a function's
+    # outputs are identities of the returned tensors).
+    n = len(groups[0].trainable_variables)
+    first, second = (graph.outputs[i].op.inputs[0] for i in (0, n))
+    return (first.op in _ancestors(second)) or (second.op in
+                                                _ancestors(first))
+
+  cpu = kernel_policy.resolve('auto', 'CPU')
+  assert ordered(cpu), 'the two groups\' backward passes are not ordered'
+  assert not ordered(GPU), 'a GPU run took the ordered CPU fast path'
   want = grads(reference)
-  for g0, g1 in zip(want, got):
-    np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-6)
+  for policy in (cpu, GPU):
+    with kernel_policy.use(policy):
+      got = tf.function(grads)(groups)
+    for g0, g1 in zip(want, got):
+      np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-6)
+
+
+def test_recompute_grad_of_the_accelerator_policy_updates_once():
+  """On a GPU or TPU the kernel policy takes `tf.recompute_grad`: its rerun
+  too updates no batch-norm statistics, in a traced step."""
+  with kernel_policy.use(GPU):
+    assert _check_one_step(_segments_model, 'function') >= 20
 
 
 def test_recompute_grad_under_xla_takes_tf_recompute_grad():

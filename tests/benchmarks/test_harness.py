@@ -25,9 +25,16 @@ def test_generic_table_lists_flat_figures_sorted():
                                 '| a      | 3      |', '| b      | 0.1235 |']
 
 
-def test_benchmark_modules_declare_their_tasks_settings():
-  # The harness applies what `python -m official_ext.train` applies.
-  from official_ext.benchmarks import yt8m  # pylint: disable=g-import-not-at-top
-  from official_ext.yt8m import task  # pylint: disable=g-import-not-at-top
-  assert yt8m.PROCESS_SETTINGS is task.PROCESS_SETTINGS
-  assert yt8m.PROCESS_SETTINGS == {'TF_CPU_ALLOCATOR_USE_BFC': 'true'}
+def test_benchmark_modules_take_a_cpu_runs_settings():
+  # The harness applies what `python -m official_ext.train` applies to a
+  # run of the family's demo (on CPU).
+  from official.core import exp_factory  # pylint: disable=g-import-not-at-top
+  from official_ext.core import kernel_policy  # pylint: disable=g-import-not-at-top
+  for family, experiment in (('yt8m', 'yt8m_demo'),
+                             ('assemblenet', 'assemblenet_plus_lite_demo'),
+                             ('readout', 'readout_demo')):
+    module = harness.family_module(family)
+    assert module.PROCESS_SETTINGS == kernel_policy.process_env(
+        exp_factory.get_exp_config(experiment)), family
+  assert harness.family_module('yt8m').PROCESS_SETTINGS == {
+      'TF_CPU_ALLOCATOR_USE_BFC': 'true'}

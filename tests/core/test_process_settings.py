@@ -1,5 +1,6 @@
-"""core.process_settings: declared per family, applied before TensorFlow
-starts, never over the user's own setting; train.py applies them."""
+"""core.process_settings: the kernel policy's process settings, applied
+before TensorFlow starts, never over the user's own setting; train.py
+applies them."""
 import json
 import os
 import subprocess
@@ -8,28 +9,40 @@ import sys
 import pytest
 
 from official.core import exp_factory
-from official.core import config_definitions as cfg
 from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext.core import kernel_policy
 from official_ext.core import process_settings as ps
-from official_ext.readout import configs as readout_configs
-from official_ext.yt8m import configs as yt8m_configs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 
 
-def test_each_family_declares_its_settings():
-  from official_ext.assemblenet import configs as anet_configs  # pylint: disable=g-import-not-at-top
-  assert ps.declared(yt8m_configs.YT8MTask) == {ps.BFC_ALLOCATOR: 'true'}
-  assert ps.declared(anet_configs.AssembleNetTask) == {
-      ps.MALLOC_MMAP_THRESHOLD: str(1 << 20)}
-  assert ps.declared(readout_configs.ReadoutTaskConfig) == {}
-  assert ps.for_experiment(
-      exp_factory.get_exp_config('assemblenet_plus_lite_demo')) == {
-          ps.MALLOC_MMAP_THRESHOLD: str(1 << 20)}
-  # A multitask experiment: the union of its tasks' settings.
-  assert ps.for_experiment(exp_factory.get_exp_config(
-      'readout_yt8m_joint')) == {ps.BFC_ALLOCATOR: 'true'}
+def _with_runtime(experiment, **runtime):
+  params = exp_factory.get_exp_config(experiment)
+  params.override({'runtime': runtime}, is_strict=True)
+  return params
+
+
+def test_experiment_process_settings_follow_the_kernel_policy():
+  """A run's process settings are the fast paths its kernel policy takes
+  (`kernel_policy.process_env`): on a CPU run each family's, a multitask
+  experiment the union of its tasks'; none where the runtime names a GPU or
+  a TPU, or with the stock policy; 'fast' takes them anywhere."""
+  bfc = {ps.BFC_ALLOCATOR: 'true'}
+  mmap = {ps.MALLOC_MMAP_THRESHOLD: str(1 << 20)}
+  env = lambda e, **r: kernel_policy.process_env(_with_runtime(e, **r))
+  assert env('yt8m_demo') == bfc
+  assert env('assemblenet_plus_lite_demo') == mmap
+  assert env('readout_demo') == {}
+  assert env('readout_yt8m_joint') == bfc
+  assert env('yt8m', distribution_strategy='mirrored', num_gpus=8) == {}
+  assert env('assemblenet_plus_lite_kinetics', distribution_strategy='tpu') == {}
+  assert env('yt8m_demo', kernel_policy='stock') == {}
+  assert env('yt8m', num_gpus=2, kernel_policy='fast') == bfc
+  with pytest.raises(ValueError, match=(
+      r"runtime.kernel_policy='fastest' is not a kernel policy; expected one "
+      r"of \['auto', 'stock', 'fast'\]")):
+    env('yt8m_demo', kernel_policy='fastest')
 
 
 def test_apply_never_overrides_the_user_and_only_before_tensorflow_starts():
@@ -71,25 +84,20 @@ def test_nothing_is_set_once_tensorflow_runs(monkeypatch):
 
 
 def test_declarations_are_checked_and_conflicts_named():
-  class TaskA(cfg.TaskConfig):
-    pass
-
-  class TaskB(cfg.TaskConfig):
-    pass
-
-  with pytest.raises(ValueError, match="TaskA: unknown process setting 'X'"):
-    ps.declare(TaskA, {'X': '1'}, 'test')
-  with pytest.raises(ValueError, match=r'TaskA: MALLOC_MMAP_THRESHOLD_=.1M.'):
-    ps.declare(TaskA, {ps.MALLOC_MMAP_THRESHOLD: '1M'}, 'test')
-  ps.declare(TaskA, {ps.BFC_ALLOCATOR: 'true'}, 'test')
-  ps.declare(TaskB, {ps.BFC_ALLOCATOR: 'false'}, 'test')
-  params = exp_factory.get_exp_config('readout_yt8m_joint')
-  params.task.task_routines[0].task_config = TaskA()
-  params.task.task_routines[1].task_config = TaskB()
+  with pytest.raises(ValueError, match="fast path x: unknown process setting 'X'"):
+    ps.check({'X': '1'}, 'fast path x')
+  with pytest.raises(ValueError, match=r'MALLOC_MMAP_THRESHOLD_=.1M.'):
+    ps.check({ps.MALLOC_MMAP_THRESHOLD: '1M'}, 'fast path x')
+  paths = (
+      kernel_policy.FastPath('a.one', '', '', '', ('CPU',), '', '',
+                             env=((ps.BFC_ALLOCATOR, 'true'),)),
+      kernel_policy.FastPath('b.two', '', '', '', ('CPU',), '', '',
+                             env=((ps.BFC_ALLOCATOR, 'false'),)))
   with pytest.raises(ValueError, match=(
-      r"TF_CPU_ALLOCATOR_USE_BFC: task.task_routines\[0\] .*'true', "
-      r"task.task_routines\[1\] .*\(TaskB\) 'false'")):
-    ps.for_experiment(params)
+      r"TF_CPU_ALLOCATOR_USE_BFC: fast path a.one sets 'true', b.two "
+      r"'false'")):
+    kernel_policy.process_env_for({'a', 'b'}, kernel_policy.KernelPolicy(
+        'fast', 'CPU'), paths)
 
 
 def test_train_applies_the_experiments_settings(monkeypatch):

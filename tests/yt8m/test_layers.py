@@ -3,7 +3,10 @@ import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
 
+from official_ext.core import kernel_policy
 from official_ext.yt8m.modeling import layers as yt8m_layers
+
+CPU = kernel_policy.resolve('auto', 'CPU')
 
 
 def _run(layer, x, **kwargs):
@@ -33,11 +36,12 @@ def test_batch_norm_training_matches_tf_keras(shape, masked, affine, jit):
              for v in theirs.get_weights()]
   ours.set_weights(weights)
   theirs.set_weights(weights)
-  assert ours._written_out(x, True)
   results = []
-  for layer in (ours, theirs):
-    call = lambda layer=layer: _run(layer, x, training=True, mask=mask)
-    results.append(tf.function(call, jit_compile=True)() if jit else call())
+  with kernel_policy.use(CPU):
+    assert ours._written_out(x, True)
+    for layer in (ours, theirs):
+      call = lambda layer=layer: _run(layer, x, training=True, mask=mask)
+      results.append(tf.function(call, jit_compile=True)() if jit else call())
   (y_a, g_a, m_a), (y_b, g_b, m_b) = tf.nest.map_structure(np.asarray,
                                                            results)
   np.testing.assert_allclose(y_a, y_b, rtol=1e-5, atol=1e-5)
@@ -48,10 +52,37 @@ def test_batch_norm_training_matches_tf_keras(shape, masked, affine, jit):
   assert not np.allclose(m_a[0], weights[-2])
 
 
+@pytest.mark.parametrize('policy', [
+    kernel_policy.resolve('auto', 'GPU'), kernel_policy.resolve('auto', 'TPU'),
+    kernel_policy.resolve('stock', 'CPU')], ids=['gpu', 'tpu', 'stock'])
+def test_accelerator_and_stock_policies_run_tf_keras_layers(policy):
+  """Where the kernel policy takes no CPU fast path, the YT8M batch norm and
+  dense layers trace to the very ops of tf_keras' own; on a CPU they do not
+  (the column sums of the written-out gradients are matmuls)."""
+  x = tf.constant(np.random.default_rng(2).normal(size=[2, 5, 3]),
+                  tf.float32)
+
+  def op_types(layer, policy):
+    layer(x)
+    def step():
+      return _run(layer, x, training=True)[:2]
+    with kernel_policy.use(policy):
+      graph = tf.function(step).get_concrete_function().graph
+    return sorted(op.type for op in graph.get_operations())
+
+  for ours, theirs in (
+      (yt8m_layers.BatchNormalization, tf_keras.layers.BatchNormalization),
+      (lambda: yt8m_layers.Dense(4), lambda: tf_keras.layers.Dense(4))):
+    assert op_types(ours(), policy) == op_types(theirs(), policy)
+    assert op_types(ours(), CPU) != op_types(theirs(), CPU)
+
+
 def test_batch_norm_written_out_only_where_it_is_the_same():
   x = tf.zeros([2, 3, 4])
   layer = yt8m_layers.BatchNormalization()
   layer(x)
+  with kernel_policy.use(kernel_policy.resolve('auto', 'GPU')):
+    assert not layer._written_out(x, True)
   assert layer._written_out(x, True)
   assert not layer._written_out(x, False)
   assert not layer._written_out(x, None)  # Keras' learning phase decides.
@@ -72,8 +103,9 @@ def test_dense_bias_gradient_matches_tf_keras():
   theirs(x)
   theirs.set_weights([w + 0.5 for w in ours.get_weights()])
   ours.set_weights(theirs.get_weights())
-  (y_a, g_a, _), (y_b, g_b, _) = tf.nest.map_structure(
-      np.asarray, [_run(ours, x), _run(theirs, x)])
+  with kernel_policy.use(CPU):
+    (y_a, g_a, _), (y_b, g_b, _) = tf.nest.map_structure(
+        np.asarray, [_run(ours, x), _run(theirs, x)])
   assert y_a.shape == (2, 5, 4)
   np.testing.assert_allclose(y_a, y_b, rtol=1e-6, atol=1e-6)
   for a, b in zip(g_a, g_b):

@@ -3,11 +3,13 @@ import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
 
+from official_ext.core import kernel_policy
 from official_ext.yt8m import configs
 from official_ext.yt8m.modeling import heads
 from official_ext.yt8m.modeling import model as yt8m_model
 
 FEATURES = 12
+CPU = kernel_policy.resolve('auto', 'CPU')
 CLASSES = 7
 
 
@@ -175,7 +177,8 @@ def test_variable_names_are_stable():
 
 def _fused_and_plain_step(num_frames, jit):
   """Outputs, gradients and moving moments of one training call of the
-  fused DBoF path and of the layer-by-layer path, same weights."""
+  fused DBoF path (the CPU kernel policy) and of the layer-by-layer path
+  (the stock policy: tf_keras' layers), same weights."""
   rng = np.random.default_rng(4)
   x = tf.constant(rng.normal(size=[3, 7, FEATURES]).astype(np.float32))
   models = [yt8m_model.build_model(_model_config(), CLASSES, FEATURES)
@@ -191,15 +194,15 @@ def _fused_and_plain_step(num_frames, jit):
       value = np.random.default_rng(i).normal(size=v_f.shape)
       v_f.assign(value.astype(np.float32))
       v_p.assign(value.astype(np.float32))
-  plain.backbone._fused_training = lambda *args: False
   results = []
-  for m in models:
+  for m, policy in zip(models, (CPU, kernel_policy.resolve('stock', 'CPU'))):
     def step(m=m):
       with tf.GradientTape() as tape:
         p = m(x, num_frames=num_frames, training=True)['predictions']
         loss = tf.reduce_sum(p * tf.range(CLASSES, dtype=tf.float32))
       return p, tape.gradient(loss, m.trainable_variables)
-    p, grads = tf.function(step, jit_compile=jit)() if jit else step()
+    with kernel_policy.use(policy):
+      p, grads = tf.function(step, jit_compile=jit)() if jit else step()
     results.append((p.numpy(), [g.numpy() for g in grads],
                     [v.numpy() for v in m.non_trainable_variables]))
   return fused, results
@@ -215,7 +218,8 @@ def test_fused_dbof_training_matches_the_layers(num_frames, jit):
   nf = None if num_frames is None else tf.constant(num_frames)
   fused, ((p_f, g_f, m_f), (p_p, g_p, m_p)) = _fused_and_plain_step(nf, jit)
   x = tf.zeros([1, 2, FEATURES])
-  assert fused.backbone._fused_training(x, True)
+  with kernel_policy.use(CPU):
+    assert fused.backbone._fused_training(x, True)
   np.testing.assert_allclose(p_f, p_p, rtol=1e-5, atol=1e-6)
   names = [v.name for v in fused.trainable_variables]
   for name, a, b in zip(names, g_f, g_p):
@@ -233,6 +237,9 @@ def test_fused_dbof_path_only_where_it_computes_the_same():
   x = tf.zeros([1, 2, FEATURES])
   model = yt8m_model.build_model(_model_config(), CLASSES, FEATURES)
   assert model.backbone._fused_training(x, True)
+  for device in ('GPU', 'TPU'):  # A CPU fast path only.
+    with kernel_policy.use(kernel_policy.resolve('auto', device)):
+      assert not model.backbone._fused_training(x, True), device
   assert not model.backbone._fused_training(x, False)
   assert not model.backbone._fused_training(x, None)
   for pooling in ('max', 'swap', 'none'):

@@ -13,11 +13,9 @@ goes through `recompute_grad` here: the backward pass reruns a segment in
 training mode, and its batch norms must not update their moving statistics a
 second time in that rerun.
 """
-import contextlib
-import functools
 import math
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf, tf_keras
@@ -27,9 +25,8 @@ import tensorflow as tf, tf_keras
 # has a public equivalent.
 from tensorflow.python.eager import record
 from tensorflow.python.ops import control_flow_util
-# TensorFlow has no public call that says whether its oneDNN CPU kernels are
-# on; this private one is what its own `test_util.IsMklEnabled` reads.
-from tensorflow.python.util import _pywrap_util_port
+
+from official_ext.core import kernel_policy
 
 BATCH_NORM_DECAY = 0.99
 BATCH_NORM_EPSILON = 1e-5
@@ -76,9 +73,14 @@ def recompute_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
   cycle. Unlike `tf.recompute_grad`, the rerun's inputs are not copied
   (`tf.recompute_grad` adds 0 to every input, a data dependency for XLA,
   which ignores control dependencies), and inputs no tape watches (the RGB
-  stem's clip) get no gradient. Inside an XLA-compiled function this falls
-  back to `tf.recompute_grad` (no order). The gradients are those of
+  stem's clip) get no gradient. The gradients are those of
   `tf.recompute_grad`.
+
+  The ordered rerun is a CPU fast path (`core.kernel_policy`,
+  'assemblenet.ordered_recompute', measured for host memory): where the
+  kernel policy does not take it, and inside an XLA-compiled function
+  (which ignores control dependencies), the segment runs through
+  `tf.recompute_grad`, its rerun still marked by `in_recomputation`.
 
   `forward` must otherwise be deterministic: a random op (dropout) would
   draw a different mask in the rerun than in the forward pass and give wrong
@@ -129,9 +131,10 @@ def recompute_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
     return result, grad
 
   def call(*args):
-    if (not tf.executing_eagerly() and
-        control_flow_util.GraphOrParentsInXlaContext(
-            tf.compat.v1.get_default_graph())):
+    if (not kernel_policy.current().takes('assemblenet.ordered_recompute') or
+        (not tf.executing_eagerly() and
+         control_flow_util.GraphOrParentsInXlaContext(
+             tf.compat.v1.get_default_graph()))):
       runs = []
 
       def run(*xs):  # First call: the forward pass; later: reruns.
@@ -267,12 +270,12 @@ def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
 
   Why: TensorFlow's Eigen CPU Conv3D gradients (Conv3DBackpropInputV2 /
   FilterV2, oneDNN off) are several times slower than the 2-D
-  convolution's and the matmul's (the profile of issue 16, AVX2: the
-  training step's backward pass cost about six forward passes); these ops
-  are also all TFLite builtins (no 5-D SpaceToBatchND for the dilation).
-  With oneDNN's CPU kernels on, `Conv3D` takes this path only for 1x1x1
-  kernels and dilated ones on small frames (`uses_native_conv3d`,
-  measured).
+  convolution's and the matmul's (a profile on AVX2: the training step's
+  backward pass cost about six forward passes); these ops are also all
+  TFLite builtins (no 5-D SpaceToBatchND for the dilation). A CPU fast path
+  of the kernel policy ('assemblenet.conv3d_as_2d'); with oneDNN's CPU
+  kernels on, `Conv3D` takes it only for 1x1x1 kernels and dilated ones on
+  small frames (`conv3d_implementation`, measured).
 
   Args:
     inputs: [B, T, H, W, C] (B and T may be dynamic).
@@ -400,62 +403,29 @@ def shift_and_sum_taps(z: tf.Tensor, offsets: Sequence[int]) -> tf.Tensor:
   return y
 
 
-@functools.lru_cache(maxsize=None)
-def _onednn_cpu_convolutions() -> bool:
-  return bool(_pywrap_util_port.IsMklEnabled()) and not (
-      tf.config.list_logical_devices('GPU') or
-      tf.config.list_logical_devices('TPU'))
+def conv3d_implementation(kernel_size: Sequence[int], temporal_dilation: int,
+                          frame_pixels: Optional[int] = None,
+                          policy: Optional[kernel_policy.KernelPolicy] = None
+                          ) -> str:
+  """Which implementation `Conv3D` computes this kernel with.
 
+  'stock' (`tf_keras.layers.Conv3D`'s own convolution, `tf.nn.convolution`:
+  TensorFlow's Conv3D op, with SpaceToBatchND for a temporal dilation),
+  'as_2d' (`conv3d_as_2d`, fast path 'assemblenet.conv3d_as_2d') or
+  'time_phases' (`conv3d_native` of the time phases folded into the batch,
+  fast path 'assemblenet.conv3d_time_phases'). The rule below was measured
+  on CPUs; a fast path runs only where `policy` (default
+  `kernel_policy.current()`) takes it, else the stock op:
 
-_ASSUMED_ONEDNN: List[bool] = []  # `assume_onednn`'s stack.
-
-
-def onednn_cpu_convolutions() -> bool:
-  """Whether this process's convolutions run on TensorFlow's oneDNN CPU kernels.
-
-  True where TensorFlow has its oneDNN (MKL) CPU kernels on (the default of
-  x86-64 Linux builds; the environment variable `TF_ENABLE_ONEDNN_OPTS=0`,
-  read when TensorFlow starts, turns them off and gives Eigen's kernels) and
-  no GPU or TPU is visible (their convolutions are not oneDNN's, and the
-  rule of `uses_native_conv3d` was measured on CPU only). Asked once per
-  process (the first `Conv3D` traced), then cached; inside
-  `assume_onednn(value)` the answer is `value`.
-  """
-  if _ASSUMED_ONEDNN:
-    return _ASSUMED_ONEDNN[-1]
-  return _onednn_cpu_convolutions()
-
-
-@contextlib.contextmanager
-def assume_onednn(enabled: bool) -> Iterator[None]:
-  """Within the block, `onednn_cpu_convolutions()` answers `enabled`.
-
-  For tests, and for a model traced for another runtime (the TFLite export,
-  `export.AssembleNetExportModule.tflite_function`, traces with False):
-  `Conv3D` layers called (or traced) inside the block take the
-  implementation `uses_native_conv3d` picks for that setting, whatever
-  TensorFlow's kernels are (both implementations run everywhere; only their
-  speed differs). A graph already traced keeps the ops it was traced with.
-  """
-  _ASSUMED_ONEDNN.append(bool(enabled))
-  try:
-    yield
-  finally:
-    _ASSUMED_ONEDNN.pop()
-
-
-def uses_native_conv3d(kernel_size: Sequence[int], temporal_dilation: int,
-                       frame_pixels: Optional[int] = None) -> bool:
-  """Whether `Conv3D` computes this kernel with TensorFlow's own Conv3D op.
-
-  Where TensorFlow's oneDNN CPU kernels are on (`onednn_cpu_convolutions`),
-  a kernel of more than one tap runs as the native Conv3D
-  (`conv3d_native`), a temporally dilated one (odd kt) on frames of more
-  than `MAX_IM2COL_PIXELS` pixels as well, with its time phases folded into
-  the batch; otherwise, and always without oneDNN, `conv3d_as_2d`. Measured
-  (2 shared Zen 5 cores, AVX-512, oneDNN on; fwd + both gradients,
-  interleaved, medians of 3 x 7-15 rounds; shapes of the published network
-  at 2 clips x 16 x 112^2, [H x W x C -> F]), native / `conv3d_as_2d` time:
+  Where TensorFlow's oneDNN CPU kernels are on (`policy.onednn`), a kernel
+  of more than one tap is TensorFlow's Conv3D op, a temporally dilated one
+  (odd kt) on frames of more than `MAX_IM2COL_PIXELS` pixels the time
+  phases; 1x1x1 kernels and dilated ones on small frames `conv3d_as_2d`.
+  Without oneDNN (Eigen's CPU kernels, or 'fast' on another device) every
+  kernel is `conv3d_as_2d`. Measured (2 shared Zen 5 cores, AVX-512, oneDNN
+  on; fwd + both gradients, interleaved, medians of 3 x 7-15 rounds; shapes
+  of the published network at 2 clips x 16 x 112^2, [H x W x C -> F]),
+  native / `conv3d_as_2d` time:
   3x3x3: 7^2 x 152: 0.82-0.87; 14^2 x 54: 0.88-0.89; 28^2 x 27: 0.79-0.81;
   (4^2 x 432: 0.93). 3x1x1: 56^2 x 24: 0.55-0.64; 28^2 x 27: 0.64-0.71;
   14^2 x 54: 0.89-0.91; 7^2 x 152: 1.01-1.06 (one layer; kept native for
@@ -475,14 +445,26 @@ def uses_native_conv3d(kernel_size: Sequence[int], temporal_dilation: int,
     kernel_size: (kt, kh, kw).
     temporal_dilation: the dilation along time.
     frame_pixels: H * W of the input frames, None if unknown.
+    policy: the kernel policy; None: `kernel_policy.current()`.
   """
+  policy = kernel_policy.current() if policy is None else policy
   kt, kh, kw = kernel_size
-  if not onednn_cpu_convolutions() or kt * kh * kw == 1:
-    return False
-  if temporal_dilation == 1 or kt == 1:
-    return True
-  return (kt % 2 == 1 and frame_pixels is not None and
-          frame_pixels > MAX_IM2COL_PIXELS)
+  if not policy.onednn or kt * kh * kw == 1:
+    choice = 'as_2d'
+  elif temporal_dilation == 1 or kt == 1:
+    choice = 'stock'
+  elif (kt % 2 == 1 and frame_pixels is not None and
+        frame_pixels > MAX_IM2COL_PIXELS):
+    choice = 'time_phases'
+  else:
+    choice = 'as_2d'
+  if choice != 'stock' and not policy.takes(_CONV3D_FAST_PATHS[choice]):
+    return 'stock'
+  return choice
+
+
+_CONV3D_FAST_PATHS = {'as_2d': 'assemblenet.conv3d_as_2d',
+                      'time_phases': 'assemblenet.conv3d_time_phases'}
 
 
 def conv3d_native(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
@@ -530,19 +512,18 @@ def conv3d_native(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
 
 
 class Conv3D(tf_keras.layers.Conv3D):
-  """`tf_keras.layers.Conv3D`, computed by whichever implementation is faster.
+  """`tf_keras.layers.Conv3D`, with the CPU fast paths of the kernel policy.
 
-  The same layer (variables, config, outputs to float32 rounding); for
+  The same layer (variables, config, outputs to float32 rounding). For
   padding 'same', channels last, temporal stride 1 and no spatial dilation
-  (as `conv3d_same_padding` builds it) the convolution is TensorFlow's
-  Conv3D op (`conv3d_native`) where `uses_native_conv3d` says so (oneDNN
-  CPU kernels, a kernel of more than one tap, not dilated on small
-  frames), else `conv3d_as_2d`: 2-D
+  (as `conv3d_same_padding` builds it) the convolution is the one
+  `conv3d_implementation` picks when the layer is called (traced): the
+  stock op (`tf_keras.layers.Conv3D`'s own), or where the kernel policy
+  takes them (`core.kernel_policy`: on CPUs) `conv3d_as_2d` (2-D
   convolutions and matmuls, whose gradients are much faster than Eigen's
-  Conv3D's on CPU, and TFLite builtins (no 5-D SpaceToBatchND for a
-  temporal dilation). The choice is made when the layer is called (traced).
-  Other settings use `tf_keras.layers.Conv3D`'s convolution, except a
-  temporal dilation, which is refused there.
+  Conv3D's on CPU, and TFLite builtins: no 5-D SpaceToBatchND for a temporal
+  dilation) or the time phases of a dilated kernel (`conv3d_native`).
+  Other settings use `tf_keras.layers.Conv3D`'s convolution.
   """
 
   def convolution_op(self, inputs, kernel):
@@ -558,8 +539,11 @@ class Conv3D(tf_keras.layers.Conv3D):
           f'got padding {self.padding!r}, strides {self.strides}, dilation '
           f'{self.dilation_rate}, {self.data_format}.')
     h, w = inputs.shape[2], inputs.shape[3]
-    if uses_native_conv3d(self.kernel_size, d,
-                          h * w if h is not None and w is not None else None):
+    choice = conv3d_implementation(
+        self.kernel_size, d, h * w if h is not None and w is not None else None)
+    if choice == 'stock':
+      return super().convolution_op(inputs, kernel)
+    if choice == 'time_phases':
       y = conv3d_native(inputs, kernel, self.strides[1:], d)
     else:
       y = conv3d_as_2d(inputs, kernel, self.strides[1:], d)

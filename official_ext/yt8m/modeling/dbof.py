@@ -3,6 +3,7 @@ from typing import Any, Mapping, Optional
 
 import tensorflow as tf, tf_keras
 
+from official_ext.core import kernel_policy
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 POOLING_METHODS = ('average', 'max', 'swap', 'none')
@@ -194,15 +195,17 @@ class Dbof(tf_keras.layers.Layer):
     (`yt8m_layers.batch_norm_relu_average_pool`): the same values to float32
     rounding and the same moving-average updates, in fewer passes over the
     [batch, frames, cluster_size] activations
-    (`python -m official_ext.benchmark yt8m`; issue 16). Taken in training
-    (`training=True`) for float32 frames with batch norm, the 'relu'
-    activation, 'average' pooling, no cluster context gate, per-replica
-    (not synchronized) batch norm and trainable batch-norm layers (a frozen
-    one normalizes with its moving averages); every other setting runs the
-    layers one after the other.
+    (`python -m official_ext.benchmark yt8m`). A CPU fast path of the
+    kernel policy ('yt8m.dbof_cluster_pool', `core.kernel_policy`), taken
+    where the policy takes it, in training (`training=True`) for float32
+    frames with batch norm, the 'relu' activation, 'average' pooling, no
+    cluster context gate, per-replica (not synchronized) batch norm and
+    trainable batch-norm layers (a frozen one normalizes with its moving
+    averages); every other setting runs the layers one after the other.
     """
     c = self._config
-    return (training is True and x.dtype == tf.float32 and
+    return (kernel_policy.current().takes('yt8m.dbof_cluster_pool') and
+            training is True and x.dtype == tf.float32 and
             c['add_batch_norm'] and c['cluster_size'] > 0 and
             c['activation'] == 'relu' and c['pooling_method'] == 'average' and
             not c['use_context_gate_cluster_layer'] and

@@ -4,6 +4,7 @@ from typing import Any, Mapping, Optional
 import tensorflow as tf, tf_keras
 
 from official.modeling import tf_utils
+from official_ext.core import kernel_policy
 
 
 def frame_mask(num_frames: Optional[tf.Tensor], max_frames: tf.Tensor,
@@ -239,15 +240,18 @@ class BatchNormalization(tf_keras.layers.BatchNormalization):
   `batch_norm_training` (same variables, values to float32 rounding, same
   moving-average updates: `update_moving_moments`).
 
-  Taken for float32 inputs of rank >= 2 normalized over the last axis, with
-  `training=True`, a trainable layer, no synchronization, renorm, virtual
-  batch or adjustment; every other call is tf_keras' own.
+  A CPU fast path of the kernel policy ('yt8m.batch_norm_gradient',
+  `core.kernel_policy`), taken where the policy takes it for float32 inputs
+  of rank >= 2 normalized over the last axis, with `training=True`, a
+  trainable layer, no synchronization, renorm, virtual batch or adjustment;
+  every other call is tf_keras' own.
   """
 
   def _written_out(self, inputs, training) -> bool:
     rank = inputs.shape.rank
     axes = self.axis if isinstance(self.axis, (list, tuple)) else [self.axis]
-    return (training is True and self.trainable and rank is not None and
+    return (kernel_policy.current().takes('yt8m.batch_norm_gradient') and
+            training is True and self.trainable and rank is not None and
             rank >= 2 and [a % rank for a in axes] == [rank - 1] and
             inputs.dtype == tf.float32 and self.compute_dtype == 'float32' and
             not self.synchronized and not self.renorm and
@@ -284,10 +288,13 @@ def bias_add(x: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
 
 class Dense(tf_keras.layers.Dense):
   """`tf_keras.layers.Dense` whose bias gradient over frames is `bias_add`'s
-  (same variables and values; taken for float32 inputs of rank >= 3)."""
+  (same variables and values): a CPU fast path of the kernel policy
+  ('yt8m.bias_gradient', `core.kernel_policy`), taken where the policy takes
+  it for float32 inputs of rank >= 3."""
 
   def call(self, inputs):
-    if not (self.use_bias and inputs.shape.rank is not None and
+    if not (kernel_policy.current().takes('yt8m.bias_gradient') and
+            self.use_bias and inputs.shape.rank is not None and
             inputs.shape.rank >= 3 and inputs.dtype == tf.float32 and
             self.compute_dtype == 'float32'):
       return super().call(inputs)

@@ -27,13 +27,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 import tensorflow as tf, tf_keras
 
+from official_ext.core import kernel_policy
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 _KEY = 'task.model.backbone.nextvlad'
-# The group attention and the cluster assignment as one matmul
-# (`NextVladAggregation._attention_and_assignment`); False runs the two
-# layers (the reference in tests and in A/B timings).
-FUSED_ATTENTION_ASSIGNMENT = True
 
 
 class NextVladAggregation(tf_keras.layers.Layer):
@@ -175,11 +172,14 @@ class NextVladAggregation(tf_keras.layers.Layer):
   def _attention_and_assignment(self, x: tf.Tensor):
     """sigmoid(x W_g + b_g) [B, T, G] and x W_gk [B, T, G K].
 
-    The two layers read the same x: their kernels are concatenated and
-    applied as one matmul, so x is read once and its gradient is one matmul
-    instead of two matmuls and a sum (the same values to float rounding).
+    The two layers read the same x. Where the kernel policy takes the CPU
+    fast path 'yt8m.nextvlad_joint_projection' (`core.kernel_policy`), their
+    kernels are concatenated and applied as one matmul, so x is read once
+    and its gradient is one matmul instead of two matmuls and a sum (the
+    same values to float rounding); elsewhere the two layers run.
     """
-    if not FUSED_ATTENTION_ASSIGNMENT:
+    policy = kernel_policy.current()
+    if not policy.takes('yt8m.nextvlad_joint_projection'):
       return self._attention(x), self._assignment(x)
     att, asg = self._attention, self._assignment
     rows = tf.reshape(x, [-1, x.shape[-1]])
@@ -187,7 +187,8 @@ class NextVladAggregation(tf_keras.layers.Layer):
     both = tf.matmul(rows, tf.cast(kernel, rows.dtype))
     gate, logits = tf.split(both, [att.units, asg.units], axis=1)
     bias = tf.cast(att.bias, gate.dtype)
-    gate = (yt8m_layers.bias_add(gate, bias) if gate.dtype == tf.float32
+    gate = (yt8m_layers.bias_add(gate, bias)
+            if gate.dtype == tf.float32 and policy.takes('yt8m.bias_gradient')
             else gate + bias)
     lead = tf.shape(x)[:-1]
     attention = tf.reshape(att.activation(gate), tf.concat(
