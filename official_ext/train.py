@@ -11,10 +11,15 @@ and overrides are applied in order and strictly (an unknown key is an error
 naming the key, a value of the wrong type one naming the key and the type:
 `core.experiment_params`, the loading path every CLI shares); the strategy
 comes from `runtime.distribution_strategy`; training runs with Orbit through
-Model Garden's `OrbitExperimentRunner` (`core.multiworker`). Before
-TensorFlow's runtime starts, the process settings the experiment's family
-declares (`core.process_settings`: e.g. TensorFlow's BFC CPU allocator for
-YT8M) are applied where the user has not set them, and logged. model_dir
+Model Garden's `OrbitExperimentRunner` (`core.multiworker`), with the kernel
+policy (`runtime.kernel_policy`, `core.kernel_policy`: TensorFlow's stock ops
+or this project's fast paths) resolved for the strategy's devices and
+logged. Before TensorFlow's runtime starts, the process settings that policy
+takes (`core.process_settings`: e.g. TensorFlow's BFC CPU allocator for a
+YT8M run on CPU) are applied where the user has not set them, and logged.
+`runtime.mixed_precision_dtype` is one of Model Garden's values ('float32',
+'float16' with `runtime.loss_scale`, 'bfloat16'; Keras' 'mixed_float16' /
+'mixed_bfloat16' are read as those). model_dir
 receives params.yaml, checkpoints and TensorBoard summaries; the same command
 run again resumes from the latest checkpoint in model_dir. A model_dir that
 holds another experiment's run, or another model config, is refused before
@@ -52,9 +57,11 @@ from official.core import train_utils
 from official.modeling import performance
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.core import checkpoints
+from official_ext.core import config_checks
 from official_ext.core import controller as controller_lib
 from official_ext.core import experiment_params
 from official_ext.core import input_files
+from official_ext.core import kernel_policy
 from official_ext.core import model_dir as model_dir_lib
 from official_ext.core import multiworker
 from official_ext.core import process_settings
@@ -68,6 +75,7 @@ def run(params: config_definitions.ExperimentConfig,
         model_dir: str,
         strategy: Optional[tf.distribute.Strategy] = None,
         experiment: Optional[str] = None,
+        policy: Optional[kernel_policy.KernelPolicy] = None,
         ) -> Tuple[Any, Dict[str, Any]]:
   """Runs `mode` for the parsed experiment; returns (model, final metrics).
 
@@ -81,6 +89,10 @@ def run(params: config_definitions.ExperimentConfig,
     experiment: the registered experiment name (`--experiment`), recorded in
       params.yaml; a model_dir holding another experiment's run is an error
       (`core.model_dir`). None: only the configs are compared.
+    policy: the kernel policy the task is built and run under; None:
+      `runtime.kernel_policy` for the strategy's devices
+      (`kernel_policy.for_strategy`; tests pass a GPU's choice to run the
+      accelerator's ops on CPU devices).
 
   Returns:
     The model (a `MultiTaskBaseModel` for a multitask config) and the last
@@ -90,9 +102,10 @@ def run(params: config_definitions.ExperimentConfig,
   Raises:
     core.model_dir.ModelDirInUseError: model_dir holds the run of another
       experiment or model config (nothing is written).
-    ValueError: `trainer.train_steps` < 1 in a training mode; the checkpoint
-      to restore does not hold every model variable (the unmatched ones are
-      listed).
+    ValueError: `trainer.train_steps` < 1 in a training mode; a runtime
+      setting Model Garden does not take (`config_checks.mixed_precision_dtype`,
+      `runtime.kernel_policy`); the checkpoint to restore does not hold every
+      model variable (the unmatched ones are listed).
   """
   if 'train' in mode and params.trainer.train_steps < 1:
     raise ValueError(
@@ -100,10 +113,27 @@ def run(params: config_definitions.ExperimentConfig,
         ' training needs at least 1 step (use --mode=eval to evaluate a '
         'checkpoint).')
   # Before anything is written to model_dir (core.model_dir).
+  precision = config_checks.mixed_precision_dtype(params.runtime)
+  kernel_policy.setting_of(params)
   model_dir_lib.check_model_dir(params, model_dir, experiment)
-  if params.runtime.mixed_precision_dtype:
-    performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
   strategy = experiment_params.distribution_strategy(params, strategy)
+  if policy is None:
+    policy = kernel_policy.for_strategy(params, strategy)
+  logging.info(policy.describe())
+  # Keras' global dtype policy is process state: restored when the run ends.
+  previous = tf_keras.mixed_precision.global_policy()
+  if precision:
+    performance.set_mixed_precision_policy(precision)
+  try:
+    with kernel_policy.use(policy):
+      return _run(params, mode, model_dir, strategy, experiment)
+  finally:
+    tf_keras.mixed_precision.set_global_policy(previous)
+
+
+def _run(params, mode: str, model_dir: str,
+         strategy: tf.distribute.Strategy, experiment: Optional[str]):
+  """`run` once the runtime is set up (its policies in force)."""
   resume_from = None
   if 'train' in mode and strategy.extended.should_checkpoint:
     resume_from = checkpoints.use_latest_restorable(model_dir)
@@ -166,12 +196,13 @@ def parse_configuration(flags_obj) -> config_definitions.ExperimentConfig:
 def apply_process_settings(params) -> process_settings.Applied:
   """Applies the experiment's declared process settings and logs them.
 
-  `core.process_settings`: each family declares the settings its task runs
-  best with (e.g. YT8M TensorFlow's BFC CPU allocator, AssembleNet++lite
-  glibc's 1 MiB mmap threshold); they are set here, before TensorFlow's
-  runtime starts, unless the user set the variable.
+  `core.process_settings`: the settings the run's kernel policy takes
+  (`kernel_policy.process_env`: on a CPU run, e.g. YT8M TensorFlow's BFC
+  CPU allocator, AssembleNet++lite glibc's 1 MiB mmap threshold); they are
+  set here, before TensorFlow's runtime starts, unless the user set the
+  variable.
   """
-  applied = process_settings.apply(process_settings.for_experiment(params))
+  applied = process_settings.apply(kernel_policy.process_env(params))
   logging.info(process_settings.describe(applied))
   return applied
 

@@ -14,6 +14,7 @@ import typing
 from typing import Any, List, Optional, Tuple
 
 from official.modeling import hyperparams
+from official_ext.core import kernel_policy
 
 _SCALARS = (bool, int, float, str, type(None))
 
@@ -142,3 +143,51 @@ def check_types(config: hyperparams.Config,
   if errors:
     raise ValueError('Config value(s) of the wrong type (from --config_file / '
                      '--params_override?):\n  ' + '\n  '.join(errors))
+
+
+# `runtime.mixed_precision_dtype`: the values Model Garden's
+# `performance.set_mixed_precision_policy` takes ('' or None: float32), and
+# Keras' policy names, taken as aliases of Model Garden's.
+MIXED_PRECISION_DTYPES = ('float32', 'float16', 'bfloat16')
+MIXED_PRECISION_ALIASES = {'mixed_float16': 'float16',
+                           'mixed_bfloat16': 'bfloat16'}
+
+
+def mixed_precision_dtype(runtime) -> Optional[str]:
+  """`runtime.mixed_precision_dtype` if Model Garden takes it.
+
+  Model Garden's trainers read the value as it is (`base_task.
+  create_optimizer` wraps the optimizer for loss scaling only for
+  'float16'), so an alias must have been replaced by `check_runtime` first.
+
+  Raises:
+    ValueError: naming the key, the value and the accepted values.
+  """
+  value = runtime.mixed_precision_dtype
+  if value in (None, '') or value in MIXED_PRECISION_DTYPES:
+    return value or None
+  hint = ''
+  if value in MIXED_PRECISION_ALIASES:
+    hint = (f' (the Keras name of {MIXED_PRECISION_ALIASES[value]!r}: a '
+            'config parsed by `official_ext.train` takes it as that)')
+  raise ValueError(
+      f'runtime.mixed_precision_dtype={value!r} is not a precision Model '
+      f'Garden takes{hint}; expected one of {list(MIXED_PRECISION_DTYPES)}, '
+      f'or the Keras names {list(MIXED_PRECISION_ALIASES)}.')
+
+
+def check_runtime(params) -> None:
+  """Checks an unlocked experiment config's runtime settings when it is
+  parsed, before anything is written: `runtime.mixed_precision_dtype`
+  (Model Garden's values; Keras' 'mixed_float16' / 'mixed_bfloat16' are
+  replaced by 'float16' / 'bfloat16') and `runtime.kernel_policy`.
+
+  Raises:
+    ValueError: naming the key, the value and the accepted values.
+  """
+  runtime = params.runtime
+  value = runtime.mixed_precision_dtype
+  if value in MIXED_PRECISION_ALIASES:
+    runtime.mixed_precision_dtype = MIXED_PRECISION_ALIASES[value]
+  mixed_precision_dtype(runtime)
+  kernel_policy.setting_of(params)

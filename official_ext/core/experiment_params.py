@@ -20,7 +20,10 @@ type checks added:
    `--params_override`, strictly (an unknown key is Model Garden's KeyError
    naming the key);
 4. type checks (`core.config_checks`: a value of the wrong type is a
-   ValueError naming the key, the expected type and the value), then the
+   ValueError naming the key, the expected type and the value), the runtime
+   checks (`config_checks.check_runtime`: `runtime.mixed_precision_dtype`
+   one of Model Garden's values, Keras' `mixed_float16` / `mixed_bfloat16`
+   taken as `float16` / `bfloat16`; `runtime.kernel_policy`), then the
    config's `validate()` (restrictions), then it is locked.
 
 A strict checkpoint restore checks variable names and shapes only, so a model
@@ -328,6 +331,7 @@ def parse_flags(flags_obj, checkpoint_path: Optional[str] = None,
           'automatically), or export a checkpoint trained with them.')
   config_checks.check_types(
       params, baseline=exp_factory.get_exp_config(flags_obj.experiment))
+  config_checks.check_runtime(params)
   params.validate()
   if lock:
     params.lock()
