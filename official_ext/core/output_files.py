@@ -1,14 +1,18 @@
 """Files a run writes for the user: whole or not at all, and never over
 what it reads or what a run owns.
 
-`write_atomically` writes one file whole; `check_output_file` refuses, before
+`write_atomically` writes one file whole, `write_together` several files of
+one folder, each whole and all only once every one is complete;
+`check_output_file` refuses, before
 anything is read or written, an output path whose folder is missing, that is
 one of the command's inputs, or that lies inside a model_dir or SavedModel
 directory.
 """
+import contextlib
 import os
 import uuid
-from typing import Callable, IO, Iterable, List, Optional, Tuple, TypeVar
+from typing import (Callable, Dict, IO, Iterable, Iterator, List, Optional,
+                    Sequence, Tuple, TypeVar)
 
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
@@ -44,6 +48,47 @@ def write_atomically(path: str, write: Callable[[IO], _T],
       tf.io.gfile.remove(temporary)
     raise
   return result
+
+
+@contextlib.contextmanager
+def write_together(paths: Sequence[str],
+                   replaces: Iterable[str] = ()) -> Iterator[Dict[str, str]]:
+  """Writes the files `paths` of one folder whole, and all or none of them.
+
+  Yields {path: staging path}: the caller writes each file to its staging
+  path, in a hidden folder `.<first name>.partial-<random>` beside them
+  (same file system; a file pattern such as `train-*` does not match it).
+  When the `with` block ends normally every staged file is renamed to its
+  path (replacing a file there), then each of `replaces` that is not one of
+  `paths` is removed (e.g. a previous run's shards of another count); on
+  any failure in the block the staging folder is removed and no file of
+  the folder is touched. A kill leaves the staging folder behind.
+
+  Args:
+    paths: the files to write, all in one folder (created if missing).
+    replaces: files the new ones replace (removed once they are in place).
+  """
+  folders = {os.path.dirname(p) or '.' for p in paths}
+  if len(folders) != 1:
+    raise ValueError(f'write_together: {sorted(paths)} are not all in one '
+                     'folder.')
+  (folder,) = folders
+  tf.io.gfile.makedirs(folder)
+  staging = os.path.join(folder, f'.{os.path.basename(paths[0])}.partial-'
+                                 f'{uuid.uuid4().hex[:12]}')
+  tf.io.gfile.makedirs(staging)
+  staged = {p: os.path.join(staging, os.path.basename(p)) for p in paths}
+  try:
+    yield staged
+    for path, temporary in staged.items():
+      tf.io.gfile.rename(temporary, path, overwrite=True)
+  except BaseException:
+    tf.io.gfile.rmtree(staging)
+    raise
+  tf.io.gfile.rmtree(staging)
+  for old in set(replaces) - set(paths):
+    if tf.io.gfile.exists(old):
+      tf.io.gfile.remove(old)
 
 
 # What marks a directory as a run's or a model's (`check_output_file`).
