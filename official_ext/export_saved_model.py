@@ -20,13 +20,32 @@ serving takes and returns float32.
 
 The export is written whole or not at all: into a fresh directory beside
 `export_dir`, moved into place once complete. An `export_dir` that exists and
-is not empty is an error unless `--overwrite` is given; then the previous
-export is replaced whole (no file of it, e.g. an old `assets/`, is packaged
-into the new one). A failure leaves `export_dir` as it was.
+is not empty is an error unless it holds a previous export and `--overwrite`
+is given; then the previous export is replaced whole (no file of it, e.g. an
+old `assets/`, is packaged into the new one). A previous export is a
+directory holding `saved_model.pb` and only the files of an export; a
+directory that is, contains or lies inside a model_dir (checkpoints, event
+files, params.yaml) or holds any other file is never replaced, with or
+without `--overwrite`: the error names what it holds. A failure leaves
+`export_dir` as it was.
+
+Replacing takes two renames (the previous export aside, the new one in).
+The staging directories beside `export_dir` are named with the writer's
+host and process id, so the next export repairs what a killed one left
+(`recover_interrupted`): the previous export moved back if the kill came
+between the renames, abandoned staging directories removed. Those of a
+writer that may still run, or of another host, are named in a warning and
+left.
+
+A joint (multitask) experiment has no SavedModel export: an error naming it
+(`check_exportable`).
 """
+import os
+import re
+import socket
 import uuid
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import app
 from absl import flags
@@ -46,6 +65,40 @@ from official_ext.readout import configs as readout_configs
 from official_ext.readout import export as readout_export
 from official_ext.yt8m import configs as yt8m_configs
 from official_ext.yt8m import export as yt8m_export
+
+
+_EXPORTABLE = (yt8m_configs.YT8MTask, assemblenet_configs.AssembleNetTask,
+               readout_configs.ReadoutTaskConfig)
+
+
+def check_exportable(params, experiment: Optional[str] = None) -> None:
+  """ValueError unless `params` is an experiment of one family.
+
+  A joint (multitask) experiment (`official_ext.joint`) has no SavedModel
+  export: each family's export module serves that family's model alone.
+
+  Args:
+    params: the experiment config.
+    experiment: its registered name, for the message (None: the config
+      class names it).
+  """
+  if isinstance(params.task, _EXPORTABLE):
+    return
+  what = (f'experiment {experiment!r}' if experiment else
+          f'the experiment of task config {type(params.task).__name__}')
+  routines = getattr(params.task, 'task_routines', None)
+  if routines is not None:
+    names = ', '.join(r.task_name or type(r.task_config).__name__
+                      for r in routines)
+    raise ValueError(
+        f'export_saved_model: {what} is a joint (multitask) experiment '
+        f'(routines {names}); exporting it is not supported, nothing was '
+        'written: a SavedModel serves the model of one family (YT8M, '
+        'AssembleNet++lite or readout). To serve one task, train and export '
+        'a single-family experiment of it (e.g. yt8m_demo, readout_demo).')
+  raise ValueError(
+      f'export_saved_model: {what} has no SavedModel export; it exports '
+      f'{", ".join(t.__name__ for t in _EXPORTABLE)}. Nothing was written.')
 
 
 def _export_module(params: config_definitions.ExperimentConfig,
@@ -79,23 +132,228 @@ def load_params(experiment: str, config_files: Sequence[str] = (),
 
 
 class ExportDirNotEmptyError(FileExistsError):
-  """`export_dir` holds files and `overwrite` was not given."""
+  """`export_dir` holds files: a previous export without `overwrite`, or
+  anything that is not a previous export (never replaced)."""
+
+
+# What a SavedModel directory of `export` holds (Model Garden's export, plus
+# the config `train_utils.serialize_config` writes beside it).
+_EXPORT_FILES = frozenset(('saved_model.pb', 'saved_model.pbtxt',
+                           'fingerprint.pb', 'keras_metadata.pb',
+                           'params.yaml'))
+_EXPORT_FOLDERS = frozenset(('variables', 'assets', 'assets.extra'))
+_VARIABLES_FILE = re.compile(r'^variables\.(index|data-\d+-of-\d+)$')
+# Files of a training run's model_dir: the checkpoint state, checkpoints
+# (`ckpt-N.index`, `ckpt-N.data-*`), TensorBoard event files, the config.
+_RUN_FILE = re.compile(r'^(checkpoint|ckpt-\d+.*|.*\.ckpt.*|'
+                       r'events\.out\.tfevents\..*|params\.yaml)$')
+_SHOWN = 6  # Entries named in a refusal.
+
+
+def _names(directory: str) -> List[str]:
+  return sorted(n.rstrip('/') for n in tf.io.gfile.listdir(directory))
+
+
+def _foreign_entries(directory: str) -> List[str]:
+  """What in `directory` is not part of an export: top-level entries other
+  than `_EXPORT_FILES` / `_EXPORT_FOLDERS`, files in `variables/` other
+  than the variables, and run files (`_RUN_FILE`) anywhere in `assets*/`;
+  as paths relative to `directory` (folders with a trailing '/')."""
+  out = []
+  for name in _names(directory):
+    path = os.path.join(directory, name)
+    if not tf.io.gfile.isdir(path):
+      if name not in _EXPORT_FILES:
+        out.append(name)
+      continue
+    if name not in _EXPORT_FOLDERS:
+      out.append(name + '/')
+      continue
+    for root, folders, files in tf.io.gfile.walk(path):
+      rel = os.path.relpath(root.rstrip('/'), directory)
+      if name == 'variables':
+        out.extend(os.path.join(rel, f.rstrip('/')) + '/' for f in folders)
+        out.extend(os.path.join(rel, f) for f in files
+                   if not _VARIABLES_FILE.match(f))
+        break
+      out.extend(os.path.join(rel, f) for f in files if _RUN_FILE.match(f))
+  return out
+
+
+def _holds_a_run(directory: str, entries: Sequence[str]) -> bool:
+  """Whether `entries` of `directory` (or the folders among them, one level
+  down) are a training run's files."""
+  for entry in entries[:20]:
+    if _RUN_FILE.match(os.path.basename(entry.rstrip('/'))):
+      return True
+    if entry.endswith('/') and any(
+        _RUN_FILE.match(n) for n in _names(os.path.join(directory, entry))):
+      return True
+  return False
+
+
+def not_an_export(directory: str) -> Optional[str]:
+  """Why the existing, non-empty `directory` is not a previous export.
+
+  A previous export is a directory holding `saved_model.pb` and nothing but
+  the files of an export (`_EXPORT_FILES`, `variables/`, `assets/`,
+  `assets.extra/`; no checkpoint, event file or other file anywhere).
+
+  Returns:
+    None for a previous export; else what it holds, e.g. "it holds
+    checkpoint, ckpt-4.index, ... (files of a training run: checkpoints,
+    event files or params.yaml)".
+  """
+  saved_model = tf.io.gfile.exists(os.path.join(directory, 'saved_model.pb'))
+  if saved_model:
+    entries = _foreign_entries(directory)
+  else:
+    entries = [n + '/' if tf.io.gfile.isdir(os.path.join(directory, n))
+               else n for n in _names(directory)]
+  if not entries:
+    return None
+  shown = ', '.join(entries[:_SHOWN])
+  if len(entries) > _SHOWN:
+    shown += f' and {len(entries) - _SHOWN} more'
+  what = ('files of a training run: checkpoints, event files or params.yaml'
+          if _holds_a_run(directory, entries) else
+          'files that are not part of a SavedModel')
+  if not saved_model:
+    what += '; no saved_model.pb'
+  return f'it holds {shown} ({what})'
 
 
 def _check_export_dir(export_dir: str, overwrite: bool) -> None:
-  if (tf.io.gfile.exists(export_dir) and not overwrite and
-      (not tf.io.gfile.isdir(export_dir) or tf.io.gfile.listdir(export_dir))):
+  """Refuses an `export_dir` that `export` must not write (see `export`)."""
+  if not tf.io.gfile.exists(export_dir):
+    return
+  if not tf.io.gfile.isdir(export_dir):
+    raise ExportDirNotEmptyError(
+        f'--export_dir={export_dir} is a file; expected a directory (new, '
+        'empty, or a previous export); nothing was written.')
+  if not tf.io.gfile.listdir(export_dir):
+    return
+  problem = not_an_export(export_dir)
+  if problem:
+    raise ExportDirNotEmptyError(
+        f'--export_dir={export_dir} is not a previous export: {problem}; '
+        'nothing was written. Choose another --export_dir'
+        + (' (--overwrite replaces only a previous export: a directory '
+           'holding saved_model.pb and the files of a SavedModel, nothing '
+           'else).' if overwrite else '.'))
+  if not overwrite:
     raise ExportDirNotEmptyError(
         f'--export_dir={export_dir} exists and is not empty (a previous '
-        'export?); nothing was written. Choose a new directory, or pass '
+        'export); nothing was written. Choose a new directory, or pass '
         '--overwrite to replace it whole.')
 
 
+# Staging directories beside export_dir: `<export_dir>.partial-...` (the new
+# export being written) and `<export_dir>.replaced-...` (the previous export,
+# moved aside while the new one is moved in), named with the writer's host
+# and process id so that a later export can tell an abandoned one (the
+# writer, on this host, is gone) from one in use.
+_STAGING = re.compile(r'^(?P<base>.+)\.(?P<kind>partial|replaced)-'
+                      r'(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{12}$')
+# Named by earlier versions without the writer (not removed: named).
+_UNNAMED_STAGING = re.compile(r'^(?P<base>.+)\.(partial|replaced)-'
+                              r'[0-9a-f]{8}$')
+
+
+def staging_path(export_dir: str, kind: str) -> str:
+  """A new staging directory's path beside `export_dir`.
+
+  Args:
+    export_dir: the export's directory.
+    kind: 'partial' (the new export) or 'replaced' (the previous one, moved
+      aside).
+  """
+  return (f'{export_dir.rstrip("/")}.{kind}-{socket.gethostname()}-'
+          f'{os.getpid()}-{uuid.uuid4().hex[:12]}')
+
+
+def _process_is_gone(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return True
+  except PermissionError:  # Another user's process.
+    return False
+  return False
+
+
+def recover_interrupted(export_dir: str) -> None:
+  """Repairs what an export killed mid-way left beside `export_dir`.
+
+  Looks only at directories named by `staging_path` for this `export_dir`.
+  One whose writer ran on this host and is gone, and that holds nothing but
+  the files of an export, is abandoned. If `export_dir` is missing and the
+  same writer left both its new export (`.partial-`) and the previous one
+  (`.replaced-`), it was killed between moving the previous export aside
+  and the new one in: the previous export is moved back into place. Every
+  other abandoned directory is removed. One whose writer may still run
+  (this host, the process exists; or another host, which cannot be
+  checked), or that holds other files, is left and named in a warning, as
+  is one named by an older version (`.partial-` or `.replaced-` and 8 hex
+  digits, without the writer).
+  """
+  export_dir = export_dir.rstrip('/')
+  parent, base = os.path.split(export_dir)
+  parent = parent or '.'
+  if not base or not tf.io.gfile.isdir(parent):
+    return
+  host = socket.gethostname()
+  abandoned = []  # (kind, writer pid, path)
+  for name in _names(parent):
+    path = os.path.join(parent, name)
+    match = _STAGING.match(name)
+    if not match or match.group('base') != base:
+      unnamed = _UNNAMED_STAGING.match(name)
+      if unnamed and unnamed.group('base') == base:
+        logging.warning(
+            '%s: left beside --export_dir by an interrupted export of an '
+            'earlier version (no writer recorded); remove it once no export '
+            'to %s runs.', path, export_dir)
+      continue
+    pid = int(match.group('pid'))
+    if match.group('host') != host or not _process_is_gone(pid):
+      reason = (f'its writer, process {pid} on host {match.group("host")}, '
+                'may still run')
+    elif not tf.io.gfile.isdir(path):
+      reason = 'not a directory'
+    else:
+      foreign = _foreign_entries(path)
+      reason = (f'it holds {", ".join(foreign[:_SHOWN])}, not part of an '
+                'export' if foreign else None)
+    if reason:
+      logging.warning('%s: staging directory of an export to %s, left alone '
+                      '(%s).', path, export_dir, reason)
+      continue
+    abandoned.append((match.group('kind'), pid, path))
+  staged_by = {pid for kind, pid, _ in abandoned if kind == 'partial'}
+  for kind, pid, path in abandoned:
+    if (kind == 'replaced' and pid in staged_by and
+        not tf.io.gfile.exists(export_dir)):
+      tf.io.gfile.rename(path, export_dir)
+      logging.warning(
+          'Restored the previous export %s from %s: an export replacing it '
+          'was killed before moving the new one in.', export_dir, path)
+    else:
+      tf.io.gfile.rmtree(path)
+      logging.warning('Removed %s, left by a killed export to %s.', path,
+                      export_dir)
+
+
 def _move_into_place(staging: str, export_dir: str) -> None:
-  """Renames the finished `staging` to `export_dir`, replacing it whole."""
+  """Renames the finished `staging` to `export_dir`, replacing it whole.
+
+  The previous export is first renamed aside (`staging_path(...,
+  'replaced')`); a kill before the new one is renamed in is repaired by the
+  next export (`recover_interrupted` moves the previous one back).
+  """
   previous = None
   if tf.io.gfile.exists(export_dir):
-    previous = f'{export_dir.rstrip("/")}.replaced-{uuid.uuid4().hex[:8]}'
+    previous = staging_path(export_dir, 'replaced')
     tf.io.gfile.rename(export_dir, previous)
   try:
     tf.io.gfile.rename(staging, export_dir)
@@ -124,6 +382,7 @@ def export_module(params: config_definitions.ExperimentConfig,
     (the module, e.g. `assemblenet.export.AssembleNetExportModule`, the
     names of its signatures).
   """
+  check_exportable(params)
   tf_keras.mixed_precision.set_global_policy('float32')
   task = task_factory.get_task(params.task)
   model = task.build_model()
@@ -141,21 +400,27 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
     checkpoint_path: a checkpoint prefix or a directory (its latest).
     export_dir: the SavedModel directory; also receives `params.yaml`.
     top_k: k of the `top_k_*` serving outputs (YouTube-8M).
-    overwrite: replace an `export_dir` that is not empty (whole).
+    overwrite: replace a previous export in `export_dir` (whole).
 
   Returns:
     export_dir.
 
   Raises:
-    ExportDirNotEmptyError: `export_dir` is not empty and not `overwrite`
-      (checked before anything is built or written).
+    ValueError: a joint (multitask) experiment, or a task config of no
+      family (`check_exportable`).
+    ExportDirNotEmptyError: `export_dir` is a file, is not empty and not
+      `overwrite`, or is not a previous export (`not_an_export`: it holds a
+      run's files or others, named) whatever `overwrite` (checked before
+      anything is built or written, after `recover_interrupted`).
   """
+  check_exportable(params)
+  recover_interrupted(export_dir)
   _check_export_dir(export_dir, overwrite)
   module, signatures = export_module(params, checkpoint_path, top_k)
   function_keys: Dict[str, str] = {
       key: key for key in signatures}
   # Beside export_dir (same file system), so the move is a rename.
-  staging = f'{export_dir.rstrip("/")}.partial-{uuid.uuid4().hex[:8]}'
+  staging = staging_path(export_dir, 'partial')
   try:
     export_base.export(module, function_keys=function_keys,
                        export_savedmodel_dir=staging, timestamped=False)
@@ -191,7 +456,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_integer('top_k', 20, 'k of the top_k_* serving outputs.',
                        **define)
   flags.DEFINE_bool('overwrite', False,
-                    'Replace an --export_dir that is not empty (whole).',
+                    'Replace a previous export in --export_dir (whole); never '
+                    'a directory holding anything else.',
                     **define)
   flags.mark_flags_as_required(['experiment', 'checkpoint_path', 'export_dir'],
                                flag_values=flag_values)
@@ -203,6 +469,7 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
   fv = flag_values
   params = load_params(fv.experiment, fv.config_file, fv.params_override,
                        checkpoint_path=fv.checkpoint_path)
+  check_exportable(params, fv.experiment)
   path = export(params, fv.checkpoint_path, fv.export_dir, fv.top_k,
                 overwrite=fv.overwrite)
   print(f'Exported {fv.experiment} to {path}')

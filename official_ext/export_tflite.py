@@ -43,7 +43,8 @@ int8 activations) or `float16` (weights stored as float16, computed in
 float32 on CPU).
 
 The output file is written whole or not at all; an existing one is an error
-unless --overwrite is given.
+unless --overwrite is given, and one in a missing folder is an error naming
+the folder, before the model is built.
 """
 import re
 from typing import Any, Dict, Sequence
@@ -159,6 +160,8 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
     ValueError: an unknown quantization, a task without TFLite export (the
       config class), a missing checkpoint (naming --checkpoint_path), an
       existing `output` without `overwrite` (all before anything is built).
+    FileNotFoundError: the folder of `output` does not exist (named; before
+      anything is built).
     UnsupportedOpsError: ops the converter cannot take, named.
   """
   check_quantization(quantization)
@@ -167,6 +170,7 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
         f'export_tflite: no TFLite export for task config '
         f'{type(params.task).__name__}; it exports '
         f'{", ".join(t.__name__ for t in _TASKS)}.')
+  output_files.check_output_file(output, '--output')  # Its folder exists.
   checkpoints.resolve_checkpoint(checkpoint_path)
   if tf.io.gfile.exists(output) and not overwrite:
     raise FileExistsError(f'--output={output} exists; nothing was written. '

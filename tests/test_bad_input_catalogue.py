@@ -68,9 +68,9 @@ class Yt8m:
       return ex.SerializeToString()
     return GARBAGE
 
-  def build(self, pattern, skip, log):
+  def build(self, pattern, skip, log, is_training=False):
     params = yt8m_configs.DataConfig(
-        input_path=pattern, is_training=False, drop_remainder=False,
+        input_path=pattern, is_training=is_training, drop_remainder=False,
         global_batch_size=2, feature_sizes=(8, 4), num_classes=5,
         max_frames=4, skip_bad_records=skip)
     return yt8m_dataloader.build_dataset(params, bad_records=log)
@@ -102,9 +102,9 @@ class Yt8mFloat(Yt8m):
     assert kind == 'nan'
     return self._float_record('bad', [[0.0, 1.0, 2.0], [0.0, np.nan, 1.0]])
 
-  def build(self, pattern, skip, log):
+  def build(self, pattern, skip, log, is_training=False):
     params = yt8m_configs.DataConfig(
-        input_path=pattern, is_training=False, drop_remainder=False,
+        input_path=pattern, is_training=is_training, drop_remainder=False,
         global_batch_size=2, feature_names=('emb',), feature_sizes=(3,),
         feature_dtypes=('float32',), feature_from_bytes=(False,),
         num_classes=5, max_frames=4, skip_bad_records=skip)
@@ -147,10 +147,10 @@ class AssembleNet:
       return ex.SerializeToString()
     return GARBAGE
 
-  def build(self, pattern, skip, log):
+  def build(self, pattern, skip, log, is_training=False):
     params = anet_configs.DataConfig(
         input_path=pattern, feature_shape=(2, 16, 16, 3), num_classes=8,
-        global_batch_size=2, is_training=False, drop_remainder=False,
+        global_batch_size=2, is_training=is_training, drop_remainder=False,
         min_image_size=16, skip_bad_records=skip)
     return anet_dataloader.build_dataset(params, bad_records=log)
 
@@ -208,9 +208,9 @@ class Readout:
       return ex.SerializeToString()
     return GARBAGE
 
-  def build(self, pattern, skip, log):
+  def build(self, pattern, skip, log, is_training=False):
     params = readout_configs.DataConfig(
-        input_path=pattern, global_batch_size=2, is_training=False,
+        input_path=pattern, global_batch_size=2, is_training=is_training,
         drop_remainder=False, input_dim=3, skip_bad_records=skip)
     return readout_dataloader.build_dataset(params, READOUTS, VOCAB,
                                             bad_records=log)
@@ -300,9 +300,9 @@ def test_damaged_file_fails_naming_it(tmp_path, family):
 
 
 @pytest.mark.parametrize('family', MAIN)
-def test_empty_file_is_legal(tmp_path, family):
-  """A zero-byte file among good files contributes nothing, no error (skip
-  mode: see test_skip_mode_keeps_every_good_record)."""
+def test_empty_file_is_legal_in_evaluation(tmp_path, family):
+  """A zero-byte file among good evaluation files contributes nothing, no
+  error (skip mode: see test_skip_mode_keeps_every_good_record)."""
   fam = FAMILIES[family]
   _write(tmp_path / 'a.tfrecord', [fam.good(0), fam.good(1), fam.good(2)])
   open(tmp_path / 'b.tfrecord', 'wb').close()
@@ -310,6 +310,43 @@ def test_empty_file_is_legal(tmp_path, family):
   seen, log = _run(fam, str(tmp_path / '*.tfrecord'), skip=False)
   assert seen == 4
   assert log.num_bad_records == 0
+
+
+@pytest.mark.parametrize('family', MAIN)
+def test_empty_file_in_training_input_fails_naming_it(tmp_path, family):
+  """A zero-byte training file (what an interrupted converter or copy
+  leaves) is an error naming it, in both modes, when the input is built."""
+  fam = FAMILIES[family]
+  _write(tmp_path / 'a.tfrecord', [fam.good(0), fam.good(1)])
+  empty = tmp_path / 'b.tfrecord'
+  open(empty, 'wb').close()
+  pattern = str(tmp_path / '*.tfrecord')
+  for skip in (False, True):
+    with pytest.raises(ValueError, match=re.escape(
+        f"DataConfig.input_path='{pattern}' (training): 1 of its 2 files "
+        f'is empty (0 bytes, no record): {empty}; expected TFRecord files '
+        'holding records')):
+      fam.build(pattern, skip, None, is_training=True)
+
+
+def test_training_input_of_only_empty_files_is_named_before_training(
+    tmp_path):
+  """`official_ext.train` on a pattern matching files with no record: an
+  error naming the pattern before the first step (with one such file it was
+  tf.data's OutOfRangeError 'End of sequence' at the first batch; with
+  several, the repeated training input never ended)."""
+  from tests.yt8m.test_train import _params  # pylint: disable=g-import-not-at-top
+  open(tmp_path / 'train-0.tfrecord', 'wb').close()
+  pattern = str(tmp_path / 'train-*.tfrecord')
+  params = _params(tmp_path / 'cache', train_steps=1)
+  params.override({'task': {'demo_data': {'enabled': False},
+                            'train_data': {'input_path': pattern},
+                            'validation_data': {'input_path': pattern}}})
+  with pytest.raises(ValueError, match=re.escape(
+      f"DataConfig.input_path='{pattern}' (training) matches only empty "
+      'files (0 bytes, no record)')):
+    train.run(params, 'train', str(tmp_path / 'model'))
+  assert not tf.train.latest_checkpoint(str(tmp_path / 'model'))
 
 
 # Skip mode: every bad input at once, every good record read ------------------

@@ -39,3 +39,21 @@ def test_ops_the_converter_cannot_take_are_named():
     export_tflite.convert(fn, 'none', what='the test function')
   assert error.value.ops == ['tf.BesselI0e', 'tf.EagerPyFunc']
   assert 'the test function' in str(error.value)
+
+
+def test_output_in_a_missing_folder_is_refused_before_converting(
+    tmp_path, monkeypatch):
+  params = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
+  prefix = tf.train.Checkpoint(v=tf.Variable(1.0)).write(
+      str(tmp_path / 'ckpt'))
+
+  def convert(*args, **kwargs):
+    raise AssertionError('built and converted before the output was checked')
+
+  monkeypatch.setattr(export_tflite.export_saved_model, 'export_module',
+                      convert)
+  missing = tmp_path / 'no_such_folder'
+  with pytest.raises(FileNotFoundError, match=(
+      f'--output={missing}/m.tflite: the folder {missing} does not exist')):
+    export_tflite.export(params, prefix, str(missing / 'm.tflite'))
+  assert not missing.exists()

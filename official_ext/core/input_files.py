@@ -54,8 +54,9 @@ def file_sizes(files: Sequence[str]) -> List[int]:
 
   A path that cannot be a TFRecord file (a broken symlink, a directory
   matched by the glob) is a mistake in `input_path`, not damaged data: an
-  error in strict and skip mode alike. A zero-byte file is legal (an empty
-  shard): it contributes no records, and is logged (absl INFO) by name.
+  error in strict and skip mode alike. A zero-byte file contributes no
+  records and is logged (absl INFO) by name; in a training input it is an
+  error (`check_training_files`).
 
   Args:
     files: the matched input files (`match_input_files`).
@@ -92,6 +93,48 @@ def file_sizes(files: Sequence[str]) -> List[int]:
     logging.info('DataConfig.input_path: %d empty (zero-byte) file(s) '
                  'contribute no records: %s', len(empty), ', '.join(empty))
   return sizes
+
+
+def _input_path_text(input_path: Union[str, Sequence[str]]) -> str:
+  return input_path if isinstance(input_path, str) else ','.join(input_path)
+
+
+def check_training_files(input_path: Union[str, Sequence[str]],
+                         files: Sequence[str], sizes: Sequence[int]) -> None:
+  """Refuses a training input holding an empty (zero-byte) file.
+
+  A TFRecord file without a record is zero bytes. In a training input it is
+  what an interrupted converter or copy leaves (a shard truncated to
+  nothing), not an intended shard: training on the rest would quietly lose
+  its examples, and an input of only empty files has no example at all
+  (tf.data's repeated input then fails with "End of sequence" at the first
+  batch, or never ends). Evaluation inputs may hold empty files.
+
+  Args:
+    input_path: `DataConfig.input_path`, for the message.
+    files: the matched files (`match_input_files`).
+    sizes: their sizes (`file_sizes`).
+
+  Raises:
+    ValueError: naming the input and the empty files (in strict and skip
+      mode alike).
+  """
+  empty = [f for f, size in zip(files, sizes) if size == 0]
+  if not empty:
+    return
+  named = ', '.join(empty[:5]) + (f' and {len(empty) - 5} more'
+                                  if len(empty) > 5 else '')
+  where = f"DataConfig.input_path='{_input_path_text(input_path)}' (training)"
+  if len(empty) == len(files):
+    what = f'{where} matches only empty files (0 bytes, no record): {named}'
+  else:
+    what = (f'{where}: {len(empty)} of its {len(files)} files '
+            f'{"is" if len(empty) == 1 else "are"} empty (0 bytes, no '
+            f'record): {named}')
+  raise ValueError(
+      f'{what}; expected TFRecord files holding records. An interrupted '
+      'conversion or copy leaves empty files: write them again, or leave '
+      'them out of the input.')
 
 
 def shared_shuffle_seed(params, files: Sequence[str],

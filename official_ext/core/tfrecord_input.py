@@ -5,7 +5,8 @@ decoding, parsing and batching (`Stages`):
 
     DataConfig.input_path --match_input_files--> files (sorted, each once)
     --shared_shuffle_seed--> the same file order on every worker
-    --file_sizes + bad_records.make_file_reader--> (file name, record) pairs,
+    --file_sizes [training: check_training_files, no empty file]
+    + bad_records.make_file_reader--> (file name, record) pairs,
       damaged files failing (strict) or skipped and counted (skip mode)
     --Model Garden's InputReader--> shard per input pipeline, [train: shuffle],
       decoder_fn, sample_fn, parser_fn (skip mode: bad_records.wrap_stage drops
@@ -125,8 +126,9 @@ def build_dataset(
   Raises:
     ValueError: `global_batch_size` is not positive; `input_path` is empty
       or matches no file, or names a broken symlink or a directory (the
-      message names it); `tfds_name` is set for a family without
-      `tfds_decoder_fn`.
+      message names it); a training input holds an empty (zero-byte) file
+      (`input_files.check_training_files`, naming it); `tfds_name` is set
+      for a family without `tfds_decoder_fn`.
   """
   if not params.global_batch_size or params.global_batch_size <= 0:
     raise ValueError(f'DataConfig.global_batch_size is '
@@ -145,10 +147,12 @@ def build_dataset(
     decoder_source_fn = lambda element: tf.constant(source)
   else:
     files = input_files.match_input_files(params.input_path)
+    sizes = input_files.file_sizes(files)
+    if params.is_training:
+      input_files.check_training_files(params.input_path, files, sizes)
     params = input_files.shared_shuffle_seed(params, files, input_context)
     file_reader = dict(dataset_fn=bad_records_lib.make_file_reader(
-        files, input_files.file_sizes(files), bool(params.skip_bad_records),
-        log))
+        files, sizes, bool(params.skip_bad_records), log))
     stages = make_stages(params)
     decoder_fn = stages.decoder_fn
     decoder_source_fn = lambda filename, record: filename

@@ -23,6 +23,12 @@ params.yaml in a model-affecting key is an error naming the key and both
 values (`official_ext.core.experiment_params`); `run` checks the config it
 is given against the model's params.yaml the same way.
 
+An --output_file whose folder is missing, that is one of the inputs
+(--input_path's files, --segment_label_ids, --vocabulary), or that lies
+inside a model_dir or a SavedModel directory (the model's, or any directory
+above it holding `saved_model.pb` or a `checkpoint` file) is refused before
+anything is read or written (`core.output_files.check_output_file`).
+
 The output is written whole or not at all: into a temporary file beside
 --output_file, renamed into place after the last record was read and the
 last line written. On any failure (an unreadable or truncated input, a
@@ -551,7 +557,11 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
     Videos (video level) or segments (segment level) scored.
 
   Raises:
-    ValueError: segment level and no video of `input_path` has a segment;
+    FileNotFoundError: the folder of `output_file` does not exist.
+    ValueError: `output_file` (or its `_names.csv`) is one of the inputs, or
+      lies inside a model_dir or SavedModel directory
+      (`output_files.check_output_file`, before anything is read or
+      written); segment level and no video of `input_path` has a segment;
       `params` contradicts the model's params.yaml (`check_params`); a
       `vocabulary` with segment level, or one that does not load
       (`vocabulary.load_vocabulary`).
@@ -559,7 +569,19 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
   `output_file` is written whole or not at all (`core.output_files.write_atomically`): after
   any failure an existing file is as it was.
   """
-  check_params(params, _model_path(saved_model, checkpoint_path))
+  model_path = _model_path(saved_model, checkpoint_path)
+  for path, flag in ((output_file, '--output_file'),
+                     (named_predictions_path(output_file) if vocabulary
+                      else None, '--output_file (its _names.csv)')):
+    if path:  # Before anything is read or written.
+      output_files.check_output_file(
+          path, flag,
+          inputs=[('--input_path', input_path),
+                  ('--segment_label_ids', segment_label_ids),
+                  ('--vocabulary', vocabulary)],
+          models=[('--saved_model', saved_model),
+                  ('--checkpoint_path', checkpoint_path)])
+  check_params(params, model_path)
   data = _data_config(params, input_path, batch_size)
   names = None
   if vocabulary:

@@ -63,3 +63,82 @@ def test_labels_csv_errors(tmp_path):
   with pytest.raises(ValueError, match=r'l\.csv:1'):
     script.read_labels_csv(str(tmp_path / 'l.csv'))
 
+
+
+def _videos(folder, n=3, seed=1):
+  for i, video, label in demo_data.generate(n, 6, 32, seed=seed):
+    sub = folder / demo_data.CLASS_NAMES[label]
+    sub.mkdir(parents=True, exist_ok=True)
+    _write_video(sub / f'v{i}.avi', video)
+
+
+def _contents(folder):
+  return {name: (folder / name).read_bytes()
+          for name in sorted(os.listdir(folder))}
+
+
+def test_a_used_output_is_refused_unless_asked(tmp_path):
+  """A second conversion into the same --output prefix (here with an
+  unreadable video, which truncated the previous run's shards) is refused
+  before anything is read or written, naming the files there; other files
+  of the folder do not count."""
+  script = _script()
+  _videos(tmp_path / 'videos')
+  out = tmp_path / 'out'
+  files, _ = script.convert(str(tmp_path / 'videos'), str(out / 'train'),
+                            num_shards=2)
+  (out / 'validation-00000-of-00001.tfrecord').write_bytes(b'other')
+  before = _contents(out)
+  (tmp_path / 'videos' / 'square_right').mkdir(exist_ok=True)
+  (tmp_path / 'videos' / 'square_right' / 'broken.avi').write_bytes(b'xx')
+  with pytest.raises(FileExistsError) as error:
+    script.convert(str(tmp_path / 'videos'), str(out / 'train'),
+                   num_shards=2)
+  message = str(error.value)
+  assert f'--output={out / "train"}' in message and '--overwrite' in message
+  for name in ('train-00000-of-00002.tfrecord', 'train.classes.txt'):
+    assert name in message
+  assert 'validation' not in message
+  assert _contents(out) == before
+  # Another prefix in the same folder is free.
+  script.convert(str(tmp_path / 'videos'), str(out / 'other'),
+                 skip_unreadable=True)
+
+
+def test_a_failed_conversion_leaves_the_previous_shards(tmp_path):
+  """With --overwrite: the new shards are staged and moved into place only
+  when every video was written; an unreadable video leaves the previous
+  run's shards as they were (and no staging file); a complete one replaces
+  them, the previous run's shards of another count included."""
+  script = _script()
+  _videos(tmp_path / 'videos')
+  out = tmp_path / 'out'
+  script.convert(str(tmp_path / 'videos'), str(out / 'train'), num_shards=2)
+  before = _contents(out)
+  (tmp_path / 'videos' / 'square_right').mkdir(exist_ok=True)
+  (tmp_path / 'videos' / 'square_right' / 'broken.avi').write_bytes(b'xx')
+  with pytest.raises(ValueError, match='broken.avi'):
+    script.main(['--video_dir', str(tmp_path / 'videos'),
+                 '--output', str(out / 'train'), '--num_shards=3',
+                 '--overwrite'])
+  assert _contents(out) == before
+  files, skipped = script.convert(
+      str(tmp_path / 'videos'), str(out / 'train'), num_shards=3,
+      skip_unreadable=True, overwrite=True)
+  assert len(skipped) == 1
+  assert sorted(os.listdir(out)) == sorted(
+      [os.path.basename(f) for f in files] + ['train.classes.txt'])
+  assert [os.path.basename(f) for f in files] == [
+      f'train-0000{i}-of-00003.tfrecord' for i in range(3)]
+
+
+def test_more_shards_than_videos_is_refused(tmp_path):
+  """A shard without a video would be an empty file, which training
+  refuses: the conversion names --num_shards and writes nothing."""
+  script = _script()
+  _videos(tmp_path / 'videos', n=2)
+  with pytest.raises(ValueError, match=r'--num_shards=3 but 2 video\(s\) '
+                     r'were written .*Use --num_shards of at most 2'):
+    script.convert(str(tmp_path / 'videos'), str(tmp_path / 'out' / 'train'),
+                   num_shards=3)
+  assert os.listdir(tmp_path / 'out') == []

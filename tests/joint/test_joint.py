@@ -17,6 +17,7 @@ import yaml
 
 from official.core import exp_factory
 from official.core import task_factory
+from official_ext import export_saved_model
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
 from official_ext.core import experiment_params
@@ -29,6 +30,7 @@ from official_ext.readout import task as readout_task
 from official_ext.readout.modeling import model as readout_model
 from official_ext.yt8m import configs as yt8m_configs
 from official_ext.yt8m import task as yt8m_task
+from tests import cli
 
 _ENCODER = {'hidden_size': 8, 'num_heads': 2, 'num_layers': 1,
             'intermediate_size': 8}
@@ -432,3 +434,18 @@ def test_joint_config_round_trips_through_params_yaml(joint_run):
   assert (experiment_params.config_leaves(loaded) ==
           experiment_params.config_leaves(params))
   assert [r.family for r in loaded.task.task_routines] == ['readout', 'yt8m']
+
+
+def test_export_saved_model_says_a_joint_experiment_is_not_supported(
+    tmp_path):
+  """Before anything is built or written, naming the experiment, its
+  routines and what to do (it was an AttributeError of the multitask)."""
+  export_dir = tmp_path / 'export'
+  with pytest.raises(ValueError) as error:
+    cli.run_main(export_saved_model, '--experiment=readout_yt8m_joint',
+                 f'--checkpoint_path={tmp_path}', f'--export_dir={export_dir}')
+  message = str(error.value)
+  assert "experiment 'readout_yt8m_joint' is a joint (multitask) " in message
+  assert 'routines readout, yt8m' in message
+  assert 'not supported' in message and 'single-family experiment' in message
+  assert not export_dir.exists()

@@ -5,6 +5,7 @@ The 3rd YouTube-8M challenge scores every 5-frame segment of every test video
 class, and evaluates mAP@K of that list against segment-rated records.
 """
 import os
+import re
 
 import numpy as np
 import pytest
@@ -207,6 +208,45 @@ def test_failed_predict_leaves_the_output_file_untouched(tiny, tmp_path,
       run(path)
     assert out.read_bytes() == previous, path
     assert os.listdir(out_dir) == ['submission.csv'], path
+
+
+def _tree(path):
+  return sorted((os.path.relpath(os.path.join(r, f), path),
+                 open(os.path.join(r, f), 'rb').read())
+                for r, _, files in os.walk(path) for f in files)
+
+
+def test_output_file_that_is_an_input_or_in_a_model_is_refused(tiny,
+                                                               tmp_path):
+  """Refused before anything is read or written, naming the path and why:
+  an --output_file that is an input file (also one matched by a pattern),
+  or that lies inside the model_dir or a SavedModel directory."""
+  data = tmp_path / 'data'
+  data.mkdir()
+  test = _write(data / 'test-1.tfrecord', TEST_VIDEOS)
+  saved_model = tmp_path / 'export'
+  (saved_model / 'variables').mkdir(parents=True)
+  (saved_model / 'saved_model.pb').write_bytes(b'not loaded')
+  model_dir = os.path.dirname(tiny['ckpt'])
+  cases = [
+      (test, test, {}, f'is the input file {test}'),
+      (str(data / 'test-*.tfrecord'), test, {}, f'is the input file {test}'),
+      (test, os.path.join(model_dir, 'pred.csv'), {},
+       f'lies inside the model_dir {model_dir}'),
+      (test, str(saved_model / 'variables' / 'pred.csv'),
+       dict(saved_model=str(saved_model), checkpoint_path=None),
+       f'lies inside the SavedModel directory {saved_model}'),
+  ]
+  before = [_tree(str(data)), _tree(model_dir), _tree(str(saved_model))]
+  for input_path, output, model, why in cases:
+    for segment_labels in (False, True):
+      with pytest.raises(ValueError, match=re.escape(
+          f'--output_file={output} {why}')):
+        predict.run(tiny['params'], input_path, output,
+                    **dict(dict(checkpoint_path=tiny['ckpt']), **model),
+                    segment_labels=segment_labels)
+  assert [_tree(str(data)), _tree(model_dir),
+          _tree(str(saved_model))] == before
 
 
 def test_ranking_storage_is_bounded_and_exact():

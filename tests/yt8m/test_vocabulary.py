@@ -106,7 +106,9 @@ def test_predict_writes_named_predictions_beside_the_submission(tmp_path):
   _, validation = demo_data.ensure_demo_data(params.task)
   tf_keras.utils.set_random_seed(2)
   model = task_factory.get_task(params.task).build_model()
-  checkpoint = tf.train.Checkpoint(model=model).write(str(tmp_path / 'ckpt-1'))
+  # In a model_dir of its own: predict writes nothing inside one.
+  checkpoint = tf.train.Checkpoint(model=model).write(
+      str(tmp_path / 'model' / 'ckpt-1'))
   out = tmp_path / 'pred.csv'
   n = predict.run(params, validation, str(out), checkpoint_path=checkpoint,
                   top_k=3, vocabulary=_vocab(tmp_path))
