@@ -18,7 +18,11 @@ YT8M) are applied where the user has not set them, and logged. model_dir
 receives params.yaml, checkpoints and TensorBoard summaries; the same command
 run again resumes from the latest checkpoint in model_dir. A model_dir that
 holds another experiment's run, or another model config, is refused before
-anything is written (`core.model_dir`).
+anything is written (`core.model_dir`), and so is a second training run while
+one is writing there (`core.run_lock`: the lock file `writer.lock`; an
+evaluation beside a training run is allowed). `--mode=eval` without a
+checkpoint to evaluate is an error naming model_dir; `continuous_eval` ends
+once no new checkpoint arrived within `trainer.continuous_eval_timeout`.
 
 Single-task experiments (`ExperimentConfig`) and multitask ones
 (`official.modeling.multitask.configs.MultiTaskExperimentConfig`, e.g.
@@ -58,6 +62,7 @@ from official_ext.core import input_files
 from official_ext.core import model_dir as model_dir_lib
 from official_ext.core import multiworker
 from official_ext.core import process_settings
+from official_ext.core import run_lock
 from official_ext.core import trainer as trainer_lib
 
 FLAGS = flags.FLAGS
@@ -90,9 +95,14 @@ def run(params: config_definitions.ExperimentConfig,
   Raises:
     core.model_dir.ModelDirInUseError: model_dir holds the run of another
       experiment or model config (nothing is written).
-    ValueError: `trainer.train_steps` < 1 in a training mode; the checkpoint
-      to restore does not hold every model variable (the unmatched ones are
-      listed).
+    core.run_lock.ModelDirLockedError: another live training run writes
+      model_dir (a training mode; nothing is written).
+    ValueError: `trainer.train_steps` < 1 in a training mode, or below the
+      step of the checkpoint to resume from; `--mode=eval` on a model_dir
+      without a checkpoint; the checkpoint to restore does not hold every
+      model variable (the unmatched ones are listed).
+    TimeoutError: `continuous_eval` saw no checkpoint within
+      `trainer.continuous_eval_timeout` (`core.multiworker`).
   """
   if 'train' in mode and params.trainer.train_steps < 1:
     raise ValueError(
@@ -101,9 +111,27 @@ def run(params: config_definitions.ExperimentConfig,
         'checkpoint).')
   # Before anything is written to model_dir (core.model_dir).
   model_dir_lib.check_model_dir(params, model_dir, experiment)
+  model_dir_lib.check_checkpoint_to_evaluate(params, model_dir, mode)
   if params.runtime.mixed_precision_dtype:
     performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
   strategy = experiment_params.distribution_strategy(params, strategy)
+  # One live training run per model_dir (core.run_lock); evaluation takes
+  # no lock. Released when the run ends, also on an error.
+  lock = None
+  if 'train' in mode and multiworker.is_chief(strategy):
+    lock = run_lock.acquire(model_dir, experiment, mode)
+  try:
+    return _run_locked(params, mode, model_dir, strategy, experiment, lock)
+  finally:
+    if lock:
+      lock.release()
+
+
+def _run_locked(params, mode: str, model_dir: str,
+                strategy: tf.distribute.Strategy, experiment: Optional[str],
+                lock: Optional[run_lock.WriterLock]
+                ) -> Tuple[Any, Dict[str, Any]]:
+  """`run` once model_dir is checked and (training) locked."""
   resume_from = None
   if 'train' in mode and strategy.extended.should_checkpoint:
     resume_from = checkpoints.use_latest_restorable(model_dir)
@@ -111,11 +139,16 @@ def run(params: config_definitions.ExperimentConfig,
   # starts with a copy of the chief's latest checkpoint (core.multiworker).
   model_dir = multiworker.worker_model_dir(strategy, model_dir)
   configured = params  # What params.yaml records (not the per-start seed).
+  to_train = True
   if 'train' in mode:
+    restored = resume_from or tf.train.latest_checkpoint(model_dir)
+    step = checkpoints.checkpoint_step(restored)
+    # Every worker decides alike (the same checkpoint): refused below, or
+    # nothing left to train (core.model_dir).
+    to_train = model_dir_lib.check_resume_step(params, model_dir, restored,
+                                               step)
     # A resumed run continues its data stream (core.input_files).
-    params = input_files.reseed_for_start(
-        params, checkpoints.checkpoint_step(
-            resume_from or tf.train.latest_checkpoint(model_dir)))
+    params = input_files.reseed_for_start(params, step)
   with strategy.scope():
     task = task_factory.get_task(params.task, logging_dir=model_dir)
     trainer = trainer_lib.create_trainer(
@@ -125,6 +158,11 @@ def run(params: config_definitions.ExperimentConfig,
   last_train, last_eval = controller_lib.LastOutput(), controller_lib.LastOutput()
   progress = controller_lib.ProgressAction(trainer.global_step,
                                            params.trainer.train_steps)
+  # The non-finite check and the lock check run first: before Model
+  # Garden's actions and before Orbit saves the loop's checkpoint.
+  checks = [trainer_lib.NonFiniteLossCheck(trainer)]
+  if lock:
+    checks.append(run_lock.LockCheck(lock))
   runner = multiworker.OrbitExperimentRunner(
       distribution_strategy=strategy,
       task=task,
@@ -133,17 +171,23 @@ def run(params: config_definitions.ExperimentConfig,
       model_dir=model_dir,
       trainer=trainer,
       resume_from=resume_from,
-      # The non-finite check runs first: before Model Garden's actions and
-      # before Orbit saves the loop's checkpoint.
-      train_actions=[trainer_lib.NonFiniteLossCheck(trainer), progress,
-                     last_train],
+      train_actions=checks + [progress, last_train],
       eval_actions=[last_eval])
   progress.start()  # The runner's controller has restored the checkpoint.
-  if 'train' in mode:
-    # Written once the config validated and the restore succeeded. Pure eval
-    # jobs do not write it: a continuous-eval job would race the train job.
-    model_dir_lib.write_params_yaml(configured, model_dir, experiment)
-  model, _ = runner.run()
+  if not to_train:
+    # The run ended already: nothing is trained or written; train_and_eval
+    # still reports the checkpoint's metrics.
+    model = trainer.model
+    if 'eval' in mode:
+      with strategy.scope():
+        runner.controller.evaluate(steps=params.trainer.validation_steps)
+  else:
+    if 'train' in mode:
+      # Written once the config validated and the restore succeeded. Pure
+      # eval jobs do not write it: a continuous-eval job would race the
+      # train job.
+      model_dir_lib.write_params_yaml(configured, model_dir, experiment)
+    model, _ = runner.run()
   if not getattr(model, 'inputs', None):
     logging.info(run_logging.flops_note(model))
   return model, controller_lib.flatten_metrics(
