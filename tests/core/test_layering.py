@@ -115,3 +115,11 @@ def test_yaml_is_parsed_with_a_safe_loader():
                      f'yaml.{node.func.attr} with Loader={loader}')
   assert len(paths) > 20
   assert not bad, '\n'.join(bad)
+
+
+def test_one_demo_data_cache():
+  """The families' generated data is cached by core.demo_cache alone (its
+  manifest is written and checked there)."""
+  users = sorted(os.path.relpath(p, ROOT) for f in FAMILIES
+                 for p in _modules(f) if 'COMPLETE.json' in open(p).read())
+  assert not users, users
