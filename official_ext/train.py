@@ -99,7 +99,8 @@ def run(params: config_definitions.ExperimentConfig,
       model_dir (a training mode; nothing is written).
     ValueError: `trainer.train_steps` < 1 in a training mode, or below the
       step of the checkpoint to resume from; `--mode=eval` on a model_dir
-      without a checkpoint; the checkpoint to restore does not hold every
+      without a checkpoint; a `task.init_checkpoint` to initialize from that
+      cannot be read (naming it and what is wrong); the checkpoint to restore does not hold every
       model variable (the unmatched ones are listed).
     TimeoutError: `continuous_eval` saw no checkpoint within
       `trainer.continuous_eval_timeout` (`core.multiworker`).
@@ -112,6 +113,11 @@ def run(params: config_definitions.ExperimentConfig,
   # Before anything is written to model_dir (core.model_dir).
   model_dir_lib.check_model_dir(params, model_dir, experiment)
   model_dir_lib.check_checkpoint_to_evaluate(params, model_dir, mode)
+  init_checkpoint = getattr(params.task, 'init_checkpoint', None)
+  if init_checkpoint and not tf.train.latest_checkpoint(model_dir):
+    # The model will be initialized from it: read it whole now, before the
+    # model and its input are built (core.checkpoints).
+    checkpoints.check_readable(init_checkpoint, 'task.init_checkpoint')
   if params.runtime.mixed_precision_dtype:
     performance.set_mixed_precision_policy(params.runtime.mixed_precision_dtype)
   strategy = experiment_params.distribution_strategy(params, strategy)
