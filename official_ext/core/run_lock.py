@@ -168,7 +168,8 @@ class WriterLock:
     self._thread = threading.Thread(target=self._beat, daemon=True,
                                     name='official_ext-writer-lock')
 
-  def _start(self) -> None:
+  def start(self) -> None:
+    """Starts the heartbeat (`acquire` does)."""
     self._thread.start()
 
   def _write(self) -> None:
@@ -303,7 +304,7 @@ def acquire(model_dir: str, experiment: Optional[str] = None,
   for _ in range(3):  # A lock removed between the reads: try again.
     if _create(path, holder):
       lock = WriterLock(path, holder)
-      lock._start()  # pylint: disable=protected-access
+      lock.start()
       return lock
     current = _read(path)
     if current is None:
