@@ -23,7 +23,11 @@ YT8M run on CPU) are applied where the user has not set them, and logged.
 receives params.yaml, checkpoints and TensorBoard summaries; the same command
 run again resumes from the latest checkpoint in model_dir. A model_dir that
 holds another experiment's run, or another model config, is refused before
-anything is written (`core.model_dir`).
+anything is written (`core.model_dir`), and so is a second training run while
+one is writing there (`core.run_lock`: the lock file `writer.lock`; an
+evaluation beside a training run is allowed). `--mode=eval` without a
+checkpoint to evaluate is an error naming model_dir; `continuous_eval` ends
+once no new checkpoint arrived within `trainer.continuous_eval_timeout`.
 
 Single-task experiments (`ExperimentConfig`) and multitask ones
 (`official.modeling.multitask.configs.MultiTaskExperimentConfig`, e.g.
@@ -65,6 +69,7 @@ from official_ext.core import kernel_policy
 from official_ext.core import model_dir as model_dir_lib
 from official_ext.core import multiworker
 from official_ext.core import process_settings
+from official_ext.core import run_lock
 from official_ext.core import trainer as trainer_lib
 
 FLAGS = flags.FLAGS
@@ -102,10 +107,17 @@ def run(params: config_definitions.ExperimentConfig,
   Raises:
     core.model_dir.ModelDirInUseError: model_dir holds the run of another
       experiment or model config (nothing is written).
-    ValueError: `trainer.train_steps` < 1 in a training mode; a runtime
-      setting Model Garden does not take (`config_checks.mixed_precision_dtype`,
-      `runtime.kernel_policy`); the checkpoint to restore does not hold every
-      model variable (the unmatched ones are listed).
+    core.run_lock.ModelDirLockedError: another live training run writes
+      model_dir (a training mode; nothing is written).
+    ValueError: `trainer.train_steps` < 1 in a training mode, or below the
+      step of the checkpoint to resume from; a runtime setting Model Garden
+      does not take (`config_checks.mixed_precision_dtype`,
+      `runtime.kernel_policy`); `--mode=eval` on a model_dir without a
+      checkpoint; a `task.init_checkpoint` to initialize from that cannot be
+      read (naming it and what is wrong); the checkpoint to restore does not
+      hold every model variable (the unmatched ones are listed).
+    TimeoutError: `continuous_eval` saw no checkpoint within
+      `trainer.continuous_eval_timeout` (`core.multiworker`).
   """
   if 'train' in mode and params.trainer.train_steps < 1:
     raise ValueError(
@@ -116,24 +128,40 @@ def run(params: config_definitions.ExperimentConfig,
   precision = config_checks.mixed_precision_dtype(params.runtime)
   kernel_policy.setting_of(params)
   model_dir_lib.check_model_dir(params, model_dir, experiment)
+  model_dir_lib.check_checkpoint_to_evaluate(params, model_dir, mode)
+  init_checkpoint = getattr(params.task, 'init_checkpoint', None)
+  if init_checkpoint and not tf.train.latest_checkpoint(model_dir):
+    # The model will be initialized from it: read it whole now, before the
+    # model and its input are built (core.checkpoints).
+    checkpoints.check_readable(init_checkpoint, 'task.init_checkpoint')
   strategy = experiment_params.distribution_strategy(params, strategy)
   if policy is None:
     policy = kernel_policy.for_strategy(params, strategy)
   logging.info(policy.describe())
+  # One live training run per model_dir (core.run_lock); evaluation takes
+  # no lock. Released when the run ends, also on an error.
+  lock = None
+  if 'train' in mode and multiworker.is_chief(strategy):
+    lock = run_lock.acquire(model_dir, experiment, mode)
   # Keras' global dtype policy is process state: restored when the run ends.
   previous = tf_keras.mixed_precision.global_policy()
   if precision:
     performance.set_mixed_precision_policy(precision)
   try:
     with kernel_policy.use(policy):
-      return _run(params, mode, model_dir, strategy, experiment)
+      return _run_locked(params, mode, model_dir, strategy, experiment, lock)
   finally:
     tf_keras.mixed_precision.set_global_policy(previous)
+    if lock:
+      lock.release()
 
 
-def _run(params, mode: str, model_dir: str,
-         strategy: tf.distribute.Strategy, experiment: Optional[str]):
-  """`run` once the runtime is set up (its policies in force)."""
+def _run_locked(params, mode: str, model_dir: str,
+                strategy: tf.distribute.Strategy, experiment: Optional[str],
+                lock: Optional[run_lock.WriterLock]
+                ) -> Tuple[Any, Dict[str, Any]]:
+  """`run` once model_dir is checked and (training) locked, the runtime set
+  up (precision, kernel policy)."""
   resume_from = None
   if 'train' in mode and strategy.extended.should_checkpoint:
     resume_from = checkpoints.use_latest_restorable(model_dir)
@@ -141,11 +169,16 @@ def _run(params, mode: str, model_dir: str,
   # starts with a copy of the chief's latest checkpoint (core.multiworker).
   model_dir = multiworker.worker_model_dir(strategy, model_dir)
   configured = params  # What params.yaml records (not the per-start seed).
+  to_train = True
   if 'train' in mode:
+    restored = resume_from or tf.train.latest_checkpoint(model_dir)
+    step = checkpoints.checkpoint_step(restored)
+    # Every worker decides alike (the same checkpoint): refused below, or
+    # nothing left to train (core.model_dir).
+    to_train = model_dir_lib.check_resume_step(params, model_dir, restored,
+                                               step)
     # A resumed run continues its data stream (core.input_files).
-    params = input_files.reseed_for_start(
-        params, checkpoints.checkpoint_step(
-            resume_from or tf.train.latest_checkpoint(model_dir)))
+    params = input_files.reseed_for_start(params, step)
   with strategy.scope():
     task = task_factory.get_task(params.task, logging_dir=model_dir)
     trainer = trainer_lib.create_trainer(
@@ -155,6 +188,11 @@ def _run(params, mode: str, model_dir: str,
   last_train, last_eval = controller_lib.LastOutput(), controller_lib.LastOutput()
   progress = controller_lib.ProgressAction(trainer.global_step,
                                            params.trainer.train_steps)
+  # The non-finite check and the lock check run first: before Model
+  # Garden's actions and before Orbit saves the loop's checkpoint.
+  checks = [trainer_lib.NonFiniteLossCheck(trainer)]
+  if lock:
+    checks.append(run_lock.LockCheck(lock))
   runner = multiworker.OrbitExperimentRunner(
       distribution_strategy=strategy,
       task=task,
@@ -163,17 +201,23 @@ def _run(params, mode: str, model_dir: str,
       model_dir=model_dir,
       trainer=trainer,
       resume_from=resume_from,
-      # The non-finite check runs first: before Model Garden's actions and
-      # before Orbit saves the loop's checkpoint.
-      train_actions=[trainer_lib.NonFiniteLossCheck(trainer), progress,
-                     last_train],
+      train_actions=checks + [progress, last_train],
       eval_actions=[last_eval])
   progress.start()  # The runner's controller has restored the checkpoint.
-  if 'train' in mode:
-    # Written once the config validated and the restore succeeded. Pure eval
-    # jobs do not write it: a continuous-eval job would race the train job.
-    model_dir_lib.write_params_yaml(configured, model_dir, experiment)
-  model, _ = runner.run()
+  if not to_train:
+    # The run ended already: nothing is trained or written; train_and_eval
+    # still reports the checkpoint's metrics.
+    model = trainer.model
+    if 'eval' in mode:
+      with strategy.scope():
+        runner.controller.evaluate(steps=params.trainer.validation_steps)
+  else:
+    if 'train' in mode:
+      # Written once the config validated and the restore succeeded. Pure
+      # eval jobs do not write it: a continuous-eval job would race the
+      # train job.
+      model_dir_lib.write_params_yaml(configured, model_dir, experiment)
+    model, _ = runner.run()
   if not getattr(model, 'inputs', None):
     logging.info(run_logging.flops_note(model))
   return model, controller_lib.flatten_metrics(

@@ -21,7 +21,13 @@ and the readout specs they imply:
   query counts and left-out queries, the continuous readouts' mean and std
   over the training queries, and the trial ids of each split.
 
-Nothing is written unless the whole file converts.
+Nothing is written unless the whole file converts: the files are staged
+and renamed into place (readout.yaml, which names the others, last), and an
+`--output_dir` that holds files is refused before the NWB file is read unless
+`--overwrite` is given. Values taken from the file (identifier, path, class
+values) reach readout.yaml's comments only through a YAML emitter, every
+line of it commented, and the written YAML is read back to check that it
+holds the config and nothing else.
 
 A sample is a trial's window: `[start_time - pre_time, stop_time +
 post_time]` of the trials table (`nwbfile.trials`), in session seconds.
@@ -72,6 +78,7 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -87,6 +94,7 @@ from official_ext.readout import dataloader
 COLUMN_TYPES = ('binary', 'multinomial', 'continuous', 'event_rate')
 _NAME = re.compile(r'^[A-Za-z0-9_.\-]+$')
 EXPERIMENT = 'readout_demo'
+_CONFIG, _SUMMARY = 'readout.yaml', 'conversion.json'
 
 
 class NWBConversionError(ValueError):
@@ -212,9 +220,10 @@ def read_session(path: str, trial_columns: Sequence[str],
   """Reads the units, trials, named trials columns and time series of `path`.
 
   Raises:
-    NWBConversionError: a table, column or time series is missing (naming it
-      and listing what the file has), or a series' timestamps do not
-      increase.
+    NWBConversionError: the file is not one pynwb can read; a table, column
+      or time series is missing (naming it and listing what the file has);
+      a series' timestamps do not increase; a unit has a NaN or infinite
+      spike time (naming the unit and the value).
     ImportError: pynwb is not installed.
   """
   try:
@@ -224,8 +233,16 @@ def read_session(path: str, trial_columns: Sequence[str],
                       '".[nwb]" (or pip install pynwb).') from e
   if not os.path.isfile(path):
     raise NWBConversionError(f'--nwb: {path} is not a file.')
-  with pynwb.NWBHDF5IO(path, 'r') as io:
+  try:
+    io = pynwb.NWBHDF5IO(path, 'r')
     nwbfile = io.read()
+  except Exception as e:  # pylint: disable=broad-except
+    # h5py's OSError for a file that is not HDF5; pynwb's errors for an
+    # HDF5 file that is not NWB. Neither names the file.
+    raise NWBConversionError(
+        f'--nwb: {path} is not an NWB file pynwb can read '
+        f'({type(e).__name__}: {e}); expected an NWB 2 (HDF5) file.') from e
+  with io:
     for table, what in (('units', 'spike times of units, the input tokens'),
                         ('trials', 'trial intervals, the samples')):
       if getattr(nwbfile, table) is None:
@@ -274,12 +291,20 @@ def read_session(path: str, trial_columns: Sequence[str],
             f'({series[readout][0]} and {location}); a readout name is '
             'the last part of the path, so convert one of them.')
       series[readout] = (location, times, data)
+    unit_ids = np.asarray(units.id[:])
+    spike_times = []
+    for i, unit in enumerate(unit_ids):
+      times = np.asarray(units.get_unit_spike_times(i), np.float64)
+      bad = np.flatnonzero(~np.isfinite(times))
+      if bad.size:
+        raise NWBConversionError(
+            f'{path}: unit {unit} (row {i} of the units table) has spike '
+            f'time {times[bad[0]]} (index {bad[0]}); expected finite session '
+            f'seconds ({bad.size} non-finite in this unit).')
+      spike_times.append(np.sort(times))
     return Session(
         path=path, identifier=str(nwbfile.identifier),
-        unit_ids=np.asarray(units.id[:]),
-        spike_times=[np.sort(np.asarray(units.get_unit_spike_times(i),
-                                        np.float64))
-                     for i in range(len(units))],
+        unit_ids=unit_ids, spike_times=spike_times,
         trial_ids=np.asarray(trials.id[:]),
         start_time=np.asarray(trials['start_time'].data[:], np.float64),
         stop_time=np.asarray(trials['stop_time'].data[:], np.float64),
@@ -411,9 +436,16 @@ def convert(nwb: str, output_dir: str, *, trial_columns: str = '',
             trial_query_time: str = 'stop_time', query_interval: float = 0.1,
             max_classes: int = 16, validation_fraction: float = 0.2,
             split_seed: int = 0, batch_size: int = 32,
-            train_epochs: int = 20) -> Dict[str, Any]:
+            train_epochs: int = 20, overwrite: bool = False
+            ) -> Dict[str, Any]:
   """Converts `nwb` into `output_dir` (module docstring); returns the
-  summary written to conversion.json, plus the written paths (`files`)."""
+  summary written to conversion.json, plus the written paths (`files`).
+
+  An `output_dir` that holds files is refused before the NWB file is read,
+  unless `overwrite`; the files are written whole or not at all
+  (`output_files.write_directory`: staged, then renamed into place,
+  readout.yaml last)."""
+  output_files.check_output_dir(output_dir, overwrite)
   columns = parse_names(trial_columns, '--trial_columns')
   series_names = [n.strip() for n in timeseries.split(',') if n.strip()]
   for flag, value in (('--bin_size', bin_size),
@@ -508,20 +540,27 @@ def convert(nwb: str, output_dir: str, *, trial_columns: str = '',
                      bin_size=bin_size, pre_time=pre_time, post_time=post_time,
                      trial_query_time=trial_query_time,
                      query_interval=query_interval)
-  os.makedirs(output_dir, exist_ok=True)
   files = {split: os.path.abspath(os.path.join(output_dir,
                                                f'{split}.tfrecord'))
            for split in split_of}
-  for split, rows in split_of.items():
-    dataloader.write_records(files[split], (examples[i] for i in rows))
-  config_path = os.path.join(output_dir, 'readout.yaml')
+  config_path = os.path.join(output_dir, _CONFIG)
   text = _config_yaml(summary, readouts, files, config_path,
                       len(session.unit_ids), batch_size, train_epochs)
-  output_files.write_atomically(config_path, lambda f: f.write(text))
-  summary_path = os.path.join(output_dir, 'conversion.json')
-  output_files.write_atomically(
-      summary_path, lambda f: json.dump(summary, f, indent=1))
-  summary['files'] = dict(files, config=config_path, summary=summary_path)
+
+  def write(staging: str) -> None:
+    for split, rows in split_of.items():
+      dataloader.write_records(os.path.join(staging, f'{split}.tfrecord'),
+                               (examples[i] for i in rows))
+    with open(os.path.join(staging, _CONFIG), 'w') as f:
+      f.write(text)
+    with open(os.path.join(staging, _SUMMARY), 'w') as f:
+      json.dump(summary, f, indent=1)
+
+  # readout.yaml names the other files: it goes first and comes back last.
+  output_files.write_directory(output_dir, write, overwrite,
+                               last=(_CONFIG,))
+  summary['files'] = dict(files, config=config_path,
+                          summary=os.path.join(output_dir, _SUMMARY))
   return summary
 
 
@@ -599,20 +638,51 @@ def _config_yaml(summary: Dict[str, Any], readouts: List[Readout],
               'warmup': {'linear': {'warmup_steps': steps_per_epoch}}},
       },
   }
-  classes = ''.join(
-      f'#   {r.name}: class id i is {r.source} value {r.classes}[i]\n'
-      for r in readouts if r.classes is not None)
-  return (
-      f'# Written by scripts/nwb_to_readout.py from {summary["nwb"]}\n'
-      f'# (session {summary["session_id"]}); conversion.json beside this file '
-      'says what the records hold.\n'
+  # What the file and the command line supplied (identifier, paths, class
+  # values) goes through the YAML emitter, and every line of it is commented.
+  source = {'nwb': summary['nwb'], 'session': summary['session_id']}
+  classes = {r.name: {'source': r.source, 'values': r.classes}
+             for r in readouts if r.classes is not None}
+  if classes:
+    source['multinomial classes (class id i is values[i])'] = classes
+  source['train with'] = (
+      f'python -m official_ext.train --experiment={EXPERIMENT} '
+      '--mode=train_and_eval --config_file='
+      f'{shlex.quote(os.path.abspath(config_path))} --model_dir=...')
+  text = (
+      '# Written by scripts/nwb_to_readout.py; conversion.json beside this '
+      'file says what the records hold.\n'
       f'# schedule: epochs={train_epochs} lr=2e-3 decay_epochs={train_epochs} '
       'warmup_epochs=1\n'
-      + (f'# Multinomial classes:\n{classes}' if classes else '') +
-      f'# python -m official_ext.train --experiment={EXPERIMENT} '
-      '--mode=train_and_eval \\\n'
-      f'#   --config_file={os.path.abspath(config_path)} --model_dir=...\n'
-      + yaml.safe_dump(config, sort_keys=False))
+      + _commented_yaml(source) +
+      yaml.safe_dump(config, sort_keys=False))
+  if yaml.safe_load(text) != config:
+    raise NWBConversionError(
+        f'{summary["nwb"]}: readout.yaml would not read back as the config '
+        'written (a value from the file could not be represented safely); '
+        'nothing was written.')
+  return text
+
+
+class _Dumper(yaml.SafeDumper):
+  """A safe YAML emitter that writes a string holding a line break or an
+  unprintable character in double quotes, escaped, on one line."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str):
+  style = None if value.isprintable() else '"'
+  return dumper.represent_scalar('tag:yaml.org,2002:str', value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def _commented_yaml(data: Dict[str, Any]) -> str:
+  """`data` as YAML (`_Dumper`, ASCII), every line a comment."""
+  text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=False,
+                   width=float('inf'), default_flow_style=None)
+  # str.splitlines splits at every character YAML takes for a line break.
+  return ''.join(f'# {line}\n' for line in text.splitlines())
 
 
 def _print_summary(summary: Dict[str, Any]) -> None:
@@ -676,6 +746,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                  help='Training batch size in readout.yaml.')
   p.add_argument('--train_epochs', type=int, default=20,
                  help='Epochs of the schedule in readout.yaml.')
+  p.add_argument('--overwrite', action='store_true',
+                 help='Replace the files of a previous conversion in '
+                 '--output_dir (a folder that holds files is refused '
+                 'otherwise).')
   return p.parse_args(argv)
 
 

@@ -7,6 +7,7 @@ run leaves every file of it byte for byte as it was.
 import hashlib
 import os
 import shutil
+import threading
 
 import pytest
 
@@ -151,3 +152,117 @@ def test_other_changes_continue_the_run_and_are_logged(trained, tmp_path,
   loaded = hyperparams.override_params_dict(
       exp_factory.get_exp_config('yt8m_demo'), path, is_strict=True)
   assert loaded.trainer.train_steps == 4
+
+
+# ---------------------------------------------------------------------------
+# Evaluating and resuming: what a run does when there is nothing to do.
+# ---------------------------------------------------------------------------
+
+
+def test_eval_without_a_checkpoint_is_an_error_naming_model_dir(tmp_path):
+  """A typo in --model_dir must not score random weights, nor create the
+  misspelled directory."""
+  typo = str(tmp_path / 'modle')
+  params = _yt8m_params(tmp_path / 'cache')
+  with pytest.raises(ValueError, match='no checkpoint') as e:
+    train.run(params, 'eval', typo, experiment='yt8m_demo')
+  assert typo in str(e.value)
+  assert not os.path.exists(typo)
+  # An existing directory without a checkpoint: the same error, untouched.
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  with pytest.raises(ValueError, match='no checkpoint'):
+    train.run(params, 'eval', str(empty), experiment='yt8m_demo')
+  assert not os.listdir(empty)
+
+
+def _in_thread(fn, limit_s=90):
+  """fn() in a daemon thread; (finished, returned, raised) after limit_s."""
+  out = {}
+
+  def target():
+    try:
+      out['returned'] = fn()
+    except BaseException as e:  # pylint: disable=broad-except
+      out['raised'] = e
+
+  thread = threading.Thread(target=target, daemon=True)
+  thread.start()
+  thread.join(limit_s)
+  return not thread.is_alive(), out.get('returned'), out.get('raised')
+
+
+def test_continuous_eval_timeout_ends_when_no_checkpoint_arrives(tmp_path):
+  """trainer.continuous_eval_timeout holds: nothing arriving within it ends
+  the job with an error saying so (nothing was evaluated)."""
+  model_dir = str(tmp_path / 'model')
+  params = _yt8m_params(tmp_path / 'cache',
+                        trainer={'continuous_eval_timeout': 1})
+  finished, _, raised = _in_thread(
+      lambda: train.run(params, 'continuous_eval', model_dir))
+  assert finished, 'continuous_eval still waiting after 90 s'
+  assert isinstance(raised, TimeoutError), raised
+  assert model_dir in str(raised)
+  assert 'trainer.continuous_eval_timeout=1' in str(raised)
+  assert 'nothing was evaluated' in str(raised)
+
+
+def test_continuous_eval_timeout_after_a_checkpoint_returns_its_metrics(
+    trained, tmp_path, caplog):
+  caplog.set_level('INFO', logger='absl')
+  model_dir = _copy_of(trained, tmp_path)
+  params = _yt8m_params(trained[0], train_steps=10,
+                        trainer={'continuous_eval_timeout': 1})
+  finished, returned, raised = _in_thread(
+      lambda: train.run(params, 'continuous_eval', model_dir))
+  assert finished, 'continuous_eval still waiting after 90 s'
+  assert raised is None, raised
+  _, metrics = returned
+  assert 'validation_loss' in metrics, metrics
+  assert 'no new checkpoint' in caplog.text and 'ckpt-2' in caplog.text
+
+
+def test_train_steps_below_the_restored_step_is_refused(trained, tmp_path):
+  """Nothing to train towards: an error naming both steps, and model_dir
+  (params.yaml too) left as it was."""
+  model_dir = _copy_of(trained, tmp_path)
+  before = _files(model_dir)
+  params = _yt8m_params(trained[0], train_steps=1)
+  with pytest.raises(ValueError, match=r'trainer.train_steps=1 is below the '
+                     r'step of .*ckpt-2 \(step 2\)'):
+    train.run(params, 'train', model_dir, experiment='yt8m_demo')
+  assert _files(model_dir) == before
+
+
+def test_train_steps_reached_trains_nothing_and_says_so(trained, tmp_path,
+                                                       caplog):
+  """The same command after the run ended (a rescheduled job): no step is
+  trained, a line says so, and params.yaml keeps the config the checkpoints
+  were trained with."""
+  caplog.set_level('INFO', logger='absl')
+  model_dir = _copy_of(trained, tmp_path)
+  before = _files(model_dir)
+  params = _yt8m_params(trained[0], train_steps=2,
+                        trainer={'summary_interval': 4})
+  train.run(params, 'train_and_eval', model_dir, experiment='yt8m_demo')
+  assert ('already at step 2 = trainer.train_steps: nothing to train'
+          in caplog.text)
+  assert _checkpoint_files(_files(model_dir)) == _checkpoint_files(before)
+
+
+def test_checkpoints_without_params_yaml_resume_with_a_warning(
+    trained, tmp_path, caplog):
+  """Without params.yaml only the variables' names and shapes can be checked
+  against the new run's model: the run resumes (as Model Garden would), and
+  a warning names the missing file."""
+  caplog.set_level('INFO', logger='absl')
+  model_dir = _copy_of(trained, tmp_path)
+  missing = os.path.join(model_dir, 'params.yaml')
+  os.remove(missing)
+  train.run(_yt8m_params(trained[0], train_steps=4), 'train', model_dir,
+            experiment='yt8m_demo')
+  warnings = [r.getMessage() for r in caplog.records
+              if r.levelname == 'WARNING']
+  assert any(missing in w and 'no params.yaml' in w for w in warnings), (
+      warnings)
+  assert os.path.exists(os.path.join(model_dir, 'ckpt-4.index'))

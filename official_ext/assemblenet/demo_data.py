@@ -27,6 +27,8 @@ import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 import tensorflow_datasets as tfds
 
+from official_ext.core import demo_cache
+
 SHAPES = ('square', 'disk')
 DIRECTIONS = ('right', 'left', 'down', 'up')
 CLASS_NAMES = tuple(f'{s}_{d}' for s in SHAPES for d in DIRECTIONS)
@@ -137,11 +139,8 @@ class MovingShapes(tfds.core.GeneratorBasedBuilder):
 
 
 def default_data_dir(data_dir: str = '') -> str:
-  if data_dir:
-    return data_dir
-  root = os.environ.get('OFFICIAL_EXT_CACHE') or os.path.join(
-      os.path.expanduser('~'), '.cache', 'official_ext')
-  return os.path.join(root, 'tfds')
+  """`data_dir`, else the `tfds` folder of `core.demo_cache.cache_root()`."""
+  return data_dir or os.path.join(demo_cache.cache_root(), 'tfds')
 
 
 def ensure_prepared(tfds_name: str, data_dir: str = '') -> str:

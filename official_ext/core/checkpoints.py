@@ -166,13 +166,53 @@ def restore_modules(model: tf_keras.Model, checkpoint_path: str,
     the checkpoint stores them, e.g. 'backbone/cluster/kernel').
   """
   path = resolve_checkpoint(checkpoint_path, key)
-  objects, names, unmatched = _match(model, path, modules)
-  if unmatched:
-    what = 'the model' if modules is None else f'module(s) {list(modules)}'
-    raise ValueError(f'{key}: {mismatch_message(path, unmatched, what)}')
-  tf.train.Checkpoint(**objects).read(
-      path).assert_existing_objects_matched().expect_partial()
+  try:
+    objects, names, unmatched = _match(model, path, modules)
+    if unmatched:
+      what = 'the model' if modules is None else f'module(s) {list(modules)}'
+      raise ValueError(f'{key}: {mismatch_message(path, unmatched, what)}')
+    tf.train.Checkpoint(**objects).read(
+        path).assert_existing_objects_matched().expect_partial()
+  except Exception as e:  # pylint: disable=broad-except
+    if _is_damage(e):  # The reader's own error names no file.
+      raise ValueError(_damage_message(key, checkpoint_path, path,
+                                       _first_line(e))) from e
+    raise
   return path, names
+
+
+def check_readable(checkpoint_path: str, key: str) -> str:
+  """Reads every tensor of a checkpoint, before the work that needs it.
+
+  E.g. `task.init_checkpoint`, which Model Garden reads only once the model
+  and its input are built; a checkpoint cut short would then fail with the
+  reader's `IndexError: Read less bytes than requested`, naming no file.
+
+  Args:
+    checkpoint_path: a checkpoint prefix or a directory (its latest).
+    key: the flag or config key it came from, for the errors.
+
+  Returns:
+    The checkpoint prefix.
+
+  Raises:
+    ValueError: no checkpoint there, or it is damaged (a file missing, a
+      short read, a checksum or format error): naming `key`, the checkpoint
+      and what is wrong.
+    CheckpointReadError: it cannot be read for another reason (retried).
+  """
+  prefix = resolve_checkpoint(checkpoint_path, key)
+  why = _damage(prefix)
+  if why:
+    raise ValueError(_damage_message(key, checkpoint_path, prefix, why))
+  return prefix
+
+
+def _damage_message(key: str, given: str, prefix: str, why: str) -> str:
+  return (f'{key}={given!r}: the checkpoint {prefix} cannot be read ({why}); '
+          f'expected a complete checkpoint ({prefix}.index and every '
+          f'{prefix}.data-* shard as written). Is it truncated, or a copy '
+          'cut short?')
 
 
 def restore_model(model: tf_keras.Model, checkpoint_path: str) -> str:

@@ -21,6 +21,19 @@ guards a model_dir instead (`train.run`):
    variable present with its shape, or an error listing the unmatched ones.
 3. `write_params_yaml`, only after the config validated and the restore
    succeeded; whole or not at all (`core.output_files.write_atomically`).
+
+And a run that has nothing to do says so instead of pretending:
+
+* `check_checkpoint_to_evaluate`: `--mode=eval` on a model_dir without a
+  checkpoint (a typo in the path) is an error naming it, before anything is
+  created; Model Garden would score freshly initialized weights.
+* `check_resume_step`: `trainer.train_steps` below the step of the
+  checkpoint to resume from is an error (nothing would be trained); equal to
+  it (the same command after the run ended) trains nothing, says so, and
+  leaves params.yaml as it was.
+* A model_dir with checkpoints but no params.yaml resumes with a warning
+  naming the missing file (`check_model_dir`): only the variables' names and
+  shapes can then be checked against the new run's model.
 """
 import os
 import re
@@ -100,6 +113,14 @@ def check_model_dir(params, model_dir: str,
   """
   params_yaml = os.path.join(model_dir, experiment_params.PARAMS_YAML)
   if not tf.io.gfile.exists(params_yaml):
+    if tf.train.latest_checkpoint(model_dir):
+      logging.warning(
+          'model_dir %s holds checkpoints but no params.yaml (%s): the config '
+          'they were trained with is unknown, so only the names and shapes of '
+          "the model's variables are checked against this run's model (a "
+          'setting that changes no variable cannot be checked). The run '
+          'continues under its own config; a training run records it in %s.',
+          model_dir, params_yaml, params_yaml)
     return
   previous = recorded_experiment(params_yaml)
   if experiment and previous and previous != experiment:
@@ -156,3 +177,71 @@ def write_params_yaml(params, model_dir: str,
   output_files.write_atomically(path, lambda out: out.write(text))
   logging.info('Saved the experiment configuration to %s', path)
   return path
+
+
+def check_checkpoint_to_evaluate(params, model_dir: str, mode: str) -> None:
+  """Refuses `--mode=eval` when there is nothing to evaluate.
+
+  Reads only, and creates nothing (a misspelled model_dir stays absent).
+  Model Garden's evaluation restores the latest checkpoint of model_dir or,
+  when there is none, initializes the model (from `task.init_checkpoint` if
+  set, else randomly) and scores that; only the random case is refused.
+  `continuous_eval` waits for checkpoints instead (up to
+  `trainer.continuous_eval_timeout`).
+
+  Args:
+    params: the run's config.
+    model_dir: the run's model_dir.
+    mode: the run's mode; only 'eval' is checked.
+
+  Raises:
+    ValueError: naming model_dir, when it holds no checkpoint and
+      `task.init_checkpoint` is not set.
+  """
+  if mode != 'eval' or getattr(params.task, 'init_checkpoint', None):
+    return
+  if tf.train.latest_checkpoint(model_dir):
+    return
+  what = ('does not exist' if not tf.io.gfile.exists(model_dir) else
+          'holds no checkpoint state file naming an existing checkpoint')
+  raise ValueError(
+      f'--mode=eval: model_dir {model_dir} has no checkpoint to evaluate (it '
+      f'{what}); evaluating would score untrained weights. Check the path '
+      '(nothing was created), train first, or set task.init_checkpoint to '
+      'evaluate a checkpoint stored elsewhere.')
+
+
+def check_resume_step(params, model_dir: str, checkpoint: Optional[str],
+                      step: int) -> bool:
+  """Whether a training run has steps left, after restoring `checkpoint`.
+
+  Call before anything of the run is written (params.yaml included).
+
+  Args:
+    params: the run's config (`trainer.train_steps`).
+    model_dir: the run's model_dir, for the messages.
+    checkpoint: the checkpoint the run resumes from, or None.
+    step: its global step (0 without one).
+
+  Returns:
+    True when `step < trainer.train_steps`; False when they are equal (the
+    run ended already: logged, nothing is to be trained or written).
+
+  Raises:
+    ValueError: `trainer.train_steps` is below `step`, naming both and the
+      checkpoint (nothing would be trained; model_dir is left as it was).
+  """
+  train_steps = params.trainer.train_steps
+  if not checkpoint or step < train_steps:
+    return True
+  if step > train_steps:
+    raise ValueError(
+        f'trainer.train_steps={train_steps} is below the step of the '
+        f'checkpoint to resume from, {checkpoint} (step {step}): nothing '
+        'would be trained. Set trainer.train_steps above '
+        f'{step} to train on, use --mode=eval to evaluate it, or a new '
+        '--model_dir to start another run; nothing was written.')
+  logging.warning(
+      'model_dir %s: %s is already at step %d = trainer.train_steps: nothing '
+      'to train; params.yaml is left as it was.', model_dir, checkpoint, step)
+  return False

@@ -167,9 +167,11 @@ class OrbitExperimentRunner(train_lib.OrbitExperimentRunner):
         raise checkpoints.CheckpointReadError(
             f'The checkpoint manager of {self.model_dir} found '
             f'{found or "no checkpoint"} where {self._resume_from} was just '
-            'found readable (the state file could not be read again?). '
-            'Training stops instead of starting from scratch; run the same '
-            'command again to resume.')
+            'found readable: the checkpoint state file changed since, or '
+            'could not be read again (a storage error, or a process writing '
+            'model_dir without taking its lock, core.run_lock). Training '
+            'stops instead of starting from scratch; run the same command '
+            'again to resume.')
     else:
       manager = tf.train.CheckpointManager(
           self.trainer.checkpoint,
@@ -187,6 +189,40 @@ class OrbitExperimentRunner(train_lib.OrbitExperimentRunner):
         raise ValueError(checkpoints.mismatch_message(
             manager.latest_checkpoint, unmatched))
     return manager
+
+  def run(self) -> Tuple[tf_keras.Model, Any]:
+    """Model Garden's `run`; `continuous_eval` ends at its timeout.
+
+    Model Garden's continuous evaluation ends at a timeout only when the
+    restored step has reached `trainer.train_steps`, so with no checkpoint
+    arriving it waits forever. Here `trainer.continuous_eval_timeout` holds:
+    when no new checkpoint arrived within it, evaluation ends (logged, with
+    the last checkpoint evaluated), or, when none arrived at all, raises a
+    TimeoutError naming model_dir. None waits for ever, as in Model Garden.
+
+    Returns:
+      (model, the last evaluation's output) for `continuous_eval`; Model
+      Garden's (model, {}) for the other modes.
+    """
+    if self._mode != 'continuous_eval':
+      return super().run()
+    timeout = self.params.trainer.continuous_eval_timeout
+    with self.strategy.scope():
+      output = self.controller.evaluate_continuously(
+          steps=self.params.trainer.validation_steps, timeout=timeout,
+          timeout_fn=lambda: True)
+    if output is None:
+      raise TimeoutError(
+          f'continuous_eval: no checkpoint appeared in {self.model_dir} '
+          f'within trainer.continuous_eval_timeout={timeout} s; nothing was '
+          'evaluated. Check --model_dir (the training job\'s), or raise the '
+          'timeout above the time the training job takes to its first '
+          'checkpoint.')
+    logging.info(
+        'continuous_eval: no new checkpoint in %s for %s s '
+        '(trainer.continuous_eval_timeout) after %s; evaluation ends.',
+        self.model_dir, timeout, tf.train.latest_checkpoint(self.model_dir))
+    return self.trainer.model, output
 
 
 def run_experiment(**kwargs) -> Tuple[tf_keras.Model, Any]:

@@ -46,18 +46,14 @@ Deterministic in its arguments; `ensure_demo_data` caches the files. CLI:
 
     python -m official_ext.readout.demo_data --output_dir=/tmp/readout_demo
 """
-import hashlib
-import json
 import os
-import shutil
-import tempfile
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from absl import app
 from absl import flags
-from absl import logging
 import numpy as np
 
+from official_ext.core import demo_cache
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 
@@ -68,7 +64,6 @@ BIN_SECONDS = 0.1
 INTER_TRIAL_SECONDS = 1.0
 _NUM_LATENTS = 12  # stimulus one-hot (5), choice, reward, wheel, paw (2),
 # whisker, lick log-rate.
-_COMPLETE_MARKER = 'COMPLETE.json'
 _SPLITS = ('train', 'validation', 'held_out_sessions')
 
 
@@ -269,11 +264,6 @@ def write_demo_dataset(output_dir: str, *, num_train_trials: int,
   return patterns
 
 
-def _cache_root(cache_dir: str) -> str:
-  return (cache_dir or os.environ.get('OFFICIAL_EXT_CACHE') or
-          os.path.join(os.path.expanduser('~'), '.cache', 'official_ext'))
-
-
 def demo_data_params(task_config: configs.ReadoutTaskConfig
                      ) -> Dict[str, object]:
   """Every parameter that determines the generated data (its cache key)."""
@@ -305,8 +295,8 @@ def ensure_demo_data(task_config: configs.ReadoutTaskConfig
 
   Data lives in `<cache>/readout_demo/<hash of demo_data_params>`
   (`<cache>`: `task.demo_data.cache_dir`, else $OFFICIAL_EXT_CACHE, else
-  ~/.cache/official_ext), written to a temporary directory and renamed into
-  place, so concurrent processes never read partial data.
+  ~/.cache/official_ext; `core.demo_cache`: written whole, every file's size
+  and checksum verified before each use, a damaged cache generated again).
 
   Returns:
     (train glob pattern, validation glob pattern).
@@ -340,18 +330,11 @@ def demo_split_pattern(task_config: configs.ReadoutTaskConfig,
         "The demo split 'held_out_sessions' is not generated: "
         'task.demo_data.num_held_out_session_trials is 0 (set it and '
         'task.demo_data.num_held_out_sessions).')
-  key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
-  root = os.path.join(_cache_root(task_config.demo_data.cache_dir),
+  root = os.path.join(demo_cache.cache_root(task_config.demo_data.cache_dir),
                       'readout_demo')
-  final_dir = os.path.join(root, key[:16])
-  if not os.path.exists(os.path.join(final_dir, _COMPLETE_MARKER)):
-    os.makedirs(root, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=f'.{key[:16]}.tmp-', dir=root)
-    try:
-      logging.info('Generating readout demo data %s into %s', params,
-                   final_dir)
-      write_demo_dataset(
-          tmp_dir, num_train_trials=params['num_train_trials'],
+  final_dir = demo_cache.ensure(
+      root, params, lambda directory: write_demo_dataset(
+          directory, num_train_trials=params['num_train_trials'],
           num_validation_trials=params['num_validation_trials'],
           num_shards=params['num_shards'], seed=params['seed'],
           input_dim=params['input_dim'], noise_std=params['noise_std'],
@@ -360,18 +343,7 @@ def demo_split_pattern(task_config: configs.ReadoutTaskConfig,
           num_sessions=params['num_sessions'],
           num_held_out_sessions=params['num_held_out_sessions'],
           num_held_out_session_trials=params['num_held_out_session_trials'],
-          session_gain_std=params['session_gain_std'])
-      with open(os.path.join(tmp_dir, _COMPLETE_MARKER), 'w') as f:
-        json.dump(params, f, sort_keys=True)
-      try:
-        os.rename(tmp_dir, final_dir)
-      except OSError:  # Another process won the race, or a stale directory.
-        if not os.path.exists(os.path.join(final_dir, _COMPLETE_MARKER)):
-          shutil.rmtree(final_dir, ignore_errors=True)
-          os.rename(tmp_dir, final_dir)
-    finally:
-      if os.path.exists(tmp_dir):
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+          session_gain_std=params['session_gain_std']), 'readout')
   n = params['num_shards']
   return os.path.join(final_dir, f'{split}-*-of-{n:05d}.tfrecord')
 

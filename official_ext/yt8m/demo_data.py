@@ -23,24 +23,23 @@ dequantized frame features (what the frame-level record would give with
 `dataloader.dequantize`), as float lists.
 
 The output is a deterministic function of the arguments (same seed, same
-bytes). `ensure_demo_data` caches it per parameter set; the CLI writes it:
+bytes). `ensure_demo_data` caches it per parameter set (`core.demo_cache`);
+the CLI writes it, whole or not at all, into a new or empty directory (or,
+with `--overwrite`, over files of the same names):
 
     python -m official_ext.yt8m.demo_data --output_dir=/tmp/yt8m_demo \
-        [--record_type=video]
+        [--record_type=video] [--overwrite]
 """
-import hashlib
-import json
 import os
-import shutil
-import tempfile
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import app
 from absl import flags
-from absl import logging
 import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
+from official_ext.core import demo_cache
+from official_ext.core import output_files
 from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
 
@@ -55,7 +54,6 @@ _LENGTH_ONE_FRACTION = 0.03
 _PROTOTYPE_STD = 0.35
 _VIDEO_OFFSET_STD = 0.25
 _FRAME_NOISE_STD = 0.8
-_COMPLETE_MARKER = 'COMPLETE.json'
 _SPLITS = ('train', 'validation')
 
 
@@ -319,14 +317,6 @@ def write_demo_dataset(output_dir: str,
   return patterns
 
 
-def _cache_root(cache_dir: str) -> str:
-  if cache_dir:
-    return cache_dir
-  if os.environ.get('OFFICIAL_EXT_CACHE'):
-    return os.environ['OFFICIAL_EXT_CACHE']
-  return os.path.join(os.path.expanduser('~'), '.cache', 'official_ext')
-
-
 def demo_data_params(task_config: configs.YT8MTask) -> Dict[str, object]:
   """Every parameter that determines the generated data (and its cache key).
 
@@ -379,9 +369,8 @@ def ensure_demo_data(task_config: configs.YT8MTask) -> Tuple[str, str]:
 
   The data lives in `<cache>/yt8m_demo/<hash of demo_data_params>`, with
   `<cache>` = `task.demo_data.cache_dir`, else $OFFICIAL_EXT_CACHE, else
-  ~/.cache/official_ext. It is written to a temporary directory next to it and
-  renamed into place, so concurrent processes never see partial data (the
-  first rename wins; the others discard their copy).
+  ~/.cache/official_ext (`core.demo_cache`: written whole, every file's size
+  and checksum verified before each use, a damaged cache generated again).
 
   Args:
     task_config: the `YT8MTask` config.
@@ -398,18 +387,11 @@ def ensure_demo_data(task_config: configs.YT8MTask) -> Tuple[str, str]:
                      'only when it is True (or set task.train_data.input_path '
                      'and task.validation_data.input_path).')
   params = demo_data_params(task_config)
-  key = hashlib.sha256(
-      json.dumps(params, sort_keys=True).encode('utf-8')).hexdigest()[:16]
-  root = os.path.join(_cache_root(task_config.demo_data.cache_dir),
+  root = os.path.join(demo_cache.cache_root(task_config.demo_data.cache_dir),
                       'yt8m_demo')
-  final_dir = os.path.join(root, key)
-  if not os.path.exists(os.path.join(final_dir, _COMPLETE_MARKER)):
-    os.makedirs(root, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=f'.{key}.tmp-', dir=root)
-    try:
-      logging.info('Generating YT8M demo data %s into %s', params, final_dir)
-      write_demo_dataset(
-          tmp_dir,
+  final_dir = demo_cache.ensure(
+      root, params, lambda directory: write_demo_dataset(
+          directory,
           num_classes=params['num_classes'],
           max_frames=params['max_frames'],
           num_train_videos=params['num_train_videos'],
@@ -418,20 +400,7 @@ def ensure_demo_data(task_config: configs.YT8MTask) -> Tuple[str, str]:
           seed=params['seed'],
           segment_fraction=params['segment_fraction'],
           feature_sizes=params['feature_sizes'],
-          record_type=params['record_type'])
-      with open(os.path.join(tmp_dir, _COMPLETE_MARKER), 'w') as f:
-        json.dump(params, f, sort_keys=True)
-      try:
-        os.rename(tmp_dir, final_dir)
-      except OSError:
-        # Another process renamed its copy first (or a stale incomplete
-        # directory is in the way).
-        if not os.path.exists(os.path.join(final_dir, _COMPLETE_MARKER)):
-          shutil.rmtree(final_dir, ignore_errors=True)
-          os.rename(tmp_dir, final_dir)
-    finally:
-      if os.path.exists(tmp_dir):
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+          record_type=params['record_type']), 'YT8M')
   num_shards = params['num_shards']
   return (_shard_pattern(final_dir, 'train', num_shards),
           _shard_pattern(final_dir, 'validation', num_shards))
@@ -464,26 +433,36 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_enum('record_type', 'frame', list(configs.RECORD_TYPES),
                     "'frame': SequenceExamples; 'video': the same videos as "
                     'video-level Examples (mean_rgb, mean_audio).', **define)
+  flags.DEFINE_boolean('overwrite', False,
+                       'Replace files of the same names in --output_dir (a '
+                       'directory that holds files is refused otherwise).',
+                       **define)
   flags.mark_flag_as_required('output_dir', flag_values=flag_values)
 
 
 def main(argv: Sequence[str],
          flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """Writes the demo dataset the parsed `flag_values` describe."""
+  """Writes the demo dataset the parsed `flag_values` describe.
+
+  Whole or not at all (`core.output_files.write_directory`: the shards are
+  written into a staging directory and renamed into place once all are);
+  an `--output_dir` that holds files is refused unless `--overwrite`.
+  """
   del argv
   f = flag_values
-  patterns = write_demo_dataset(
-      f.output_dir,
-      num_classes=f.num_classes,
-      max_frames=f.max_frames,
-      num_train_videos=f.num_train_videos,
-      num_validation_videos=f.num_validation_videos,
-      num_shards=f.num_shards,
-      seed=f.seed,
-      segment_fraction=f.segment_fraction,
-      record_type=f.record_type)
-  print(f"train: {patterns['train']}")
-  print(f"validation: {patterns['validation']}")
+  output_files.write_directory(
+      f.output_dir, lambda staging: write_demo_dataset(
+          staging,
+          num_classes=f.num_classes,
+          max_frames=f.max_frames,
+          num_train_videos=f.num_train_videos,
+          num_validation_videos=f.num_validation_videos,
+          num_shards=f.num_shards,
+          seed=f.seed,
+          segment_fraction=f.segment_fraction,
+          record_type=f.record_type), overwrite=f.overwrite)
+  for split in _SPLITS:
+    print(f'{split}: {_shard_pattern(f.output_dir, split, f.num_shards)}')
 
 
 if __name__ == '__main__':

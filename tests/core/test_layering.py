@@ -86,3 +86,40 @@ def test_one_gradient_path(call):
                  for p in _modules(folder) if call in set(_calls(p)))
   users = [u for u in users if not u.startswith('benchmarks')]
   assert not users, f'{call} called outside core.gradients: {users}'
+
+
+def test_yaml_is_parsed_with_a_safe_loader():
+  """Where the project parses YAML itself (the package, scripts/) it uses
+  yaml.safe_load or a SafeLoader; Model Garden loads config files with its
+  own loader (yaml.FullLoader)."""
+  unsafe = ('load', 'load_all', 'full_load', 'full_load_all', 'unsafe_load',
+            'unsafe_load_all')
+  scripts = os.path.join(ROOT, '..', 'scripts')
+  paths = [p for f in FAMILIES + ('core', 'joint', 'benchmarks')
+           for p in _modules(f)]
+  paths += [os.path.join(ROOT, n) for n in os.listdir(ROOT) if n.endswith('.py')]
+  paths += [os.path.join(scripts, n) for n in os.listdir(scripts)
+            if n.endswith('.py')]
+  bad = []
+  for path in paths:
+    with open(path) as f:
+      tree = ast.parse(f.read(), path)
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and isinstance(node.func.value, ast.Name) and
+          node.func.value.id == 'yaml' and node.func.attr in unsafe):
+        loader = [ast.unparse(k.value) for k in node.keywords
+                  if k.arg == 'Loader']
+        if not loader or 'SafeLoader' not in loader[0]:
+          bad.append(f'{os.path.relpath(path, ROOT)}:{node.lineno} '
+                     f'yaml.{node.func.attr} with Loader={loader}')
+  assert len(paths) > 20
+  assert not bad, '\n'.join(bad)
+
+
+def test_one_demo_data_cache():
+  """The families' generated data is cached by core.demo_cache alone (its
+  manifest is written and checked there)."""
+  users = sorted(os.path.relpath(p, ROOT) for f in FAMILIES
+                 for p in _modules(f) if 'COMPLETE.json' in open(p).read())
+  assert not users, users

@@ -3,8 +3,8 @@
 Two tiny generated sets (held-out trials of the training sessions, and a
 held-out session) are evaluated in one validation pass; each set's metrics
 must equal an evaluation of that set alone. The evaluations here run the
-task's evaluation steps eagerly on one untrained model (what Model Garden's
-trainer does, without tracing); one `train.run(..., 'eval', ...)` shows the
+task's evaluation steps eagerly on one model trained a step (what Model
+Garden's trainer does, without tracing); one `train.run(..., 'eval', ...)` shows the
 names through the runner.
 """
 import re
@@ -74,11 +74,17 @@ def _evaluate(task_config, model):
 
 @pytest.fixture(scope='module')
 def both(tmp_path_factory):
-  """(params, model, logs): `train.run(params, 'eval', ...)` of an untrained
-  model on both sets (eagerly: `trainer.eval_tf_function` false)."""
+  """(params, model, logs): `train.run(params, 'eval', ...)` of a model
+  trained one step (`--mode=eval` needs a checkpoint) on both sets (eagerly:
+  `trainer.eval_tf_function` false; the step too, as tracing it would cost
+  ~10x running it)."""
   root = tmp_path_factory.mktemp('named_eval')
   params = _params(root / 'cache')
   tf_keras.utils.set_random_seed(1)
+  eager = params.replace()
+  eager.override({'trainer': {'train_tf_function': False,
+                              'train_tf_while_loop': False}}, is_strict=True)
+  train.run(eager, 'train', str(root / 'model'))
   model, logs = train.run(params, 'eval', str(root / 'model'))
   return params, model, logs
 

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 
 import numpy as np
 import pynwb  # The `test` extra installs it (setup.py).
@@ -269,3 +270,114 @@ def test_missing_tables_columns_and_series_are_named(converted):
                      r'0.23 s, outside its window \[1.2, 1.85\]'):
     convert(good, trial_query_time='reaction_time')  # Not session times.
   assert not os.path.exists(tmp / 'error')  # Nothing written.
+
+
+def test_not_an_nwb_file_is_named(converted):
+  tmp, script, _, _, _ = converted
+  notes = tmp / 'notes.nwb'
+  notes.write_text('these are my notes, not an NWB file\n')
+  with pytest.raises(script.NWBConversionError,
+                     match=r'notes\.nwb is not an NWB file') as e:
+    script.convert(str(notes), str(tmp / 'notes_out'),
+                   trial_columns='choice')
+  assert str(notes) in str(e.value)
+  assert not os.path.exists(tmp / 'notes_out')
+
+
+@pytest.mark.parametrize('bad', [np.nan, np.inf])
+def test_non_finite_spike_times_are_named(converted, bad):
+  tmp, script, _, _, _ = converted
+  path = tmp / f'spikes_{bad}.nwb'
+  nwbfile = _nwbfile()
+  nwbfile.add_unit(spike_times=[0.5, 1.5])
+  nwbfile.add_unit(spike_times=[0.2, bad, 2.0])
+  nwbfile.add_trial(start_time=0.0, stop_time=1.0)
+  nwbfile.add_trial(start_time=1.0, stop_time=2.0)
+  with pynwb.NWBHDF5IO(str(path), 'w') as io:
+    io.write(nwbfile)
+  with pytest.raises(script.NWBConversionError,
+                     match=rf'spikes_{bad}\.nwb: unit 1 .*spike time {bad} '
+                     r'\(index 1\)'):
+    script.read_session(str(path), [], [])
+
+
+_INJECTED = 'evil\nruntime:\n  distribution_strategy: tpu\n  tpu: attacker\n# '
+
+
+def test_metadata_cannot_inject_yaml(tmp_path):
+  """The identifier and class values reach readout.yaml only through a YAML
+  emitter, on comment lines: newlines and `runtime:` keys add nothing."""
+  path = tmp_path / 'evil.nwb'
+  nwbfile = pynwb.NWBFile(
+      session_description='x', identifier=_INJECTED,
+      session_start_time=datetime.datetime(2024, 5, 1,
+                                           tzinfo=datetime.timezone.utc))
+  for s in ([0.1, 0.5, 2.2], [1.1, 3.3]):
+    nwbfile.add_unit(spike_times=s)
+  nwbfile.add_trial_column('side', 'a string column')
+  for i in range(6):
+    nwbfile.add_trial(start_time=float(i), stop_time=i + 0.8,
+                      side=['left', f'right\nruntime: {{tpu: x}}\n'][i % 2])
+  with pynwb.NWBHDF5IO(str(path), 'w') as io:
+    io.write(nwbfile)
+  summary = _script().convert(str(path), str(tmp_path / 'out'),
+                              trial_columns='side', batch_size=2,
+                              validation_fraction=0.3)
+  config = summary['files']['config']
+  import yaml  # pylint: disable=g-import-not-at-top
+  with open(config) as f:
+    text = f.read()
+  assert set(yaml.safe_load(text)) == {'task', 'trainer'}
+  header = text[:text.index('\ntask:')].splitlines()
+  assert all(line.startswith('#') for line in header), header
+  assert '"evil\\nruntime:' in text  # The identifier, escaped.
+  # Model Garden's own loader (yaml.FullLoader) sees the same.
+  params = experiment_params.load_params('readout_demo', [config])
+  default = experiment_params.load_params('readout_demo', [])
+  assert params.runtime.as_dict() == default.runtime.as_dict()
+
+
+def test_output_dir_refused_unless_overwrite_and_written_whole(
+    converted, monkeypatch):
+  """An output folder with files is refused before the NWB file is read;
+  with --overwrite a conversion that fails while writing leaves the previous
+  one as it was."""
+  tmp, script, summary, _, _ = converted
+  out = str(tmp / 'again_out')
+  shutil.copytree(os.path.dirname(summary['files']['config']), out)
+
+  def contents():
+    return {name: open(os.path.join(out, name), 'rb').read()
+            for name in sorted(os.listdir(out))}
+
+  before = contents()
+  assert {'train.tfrecord', 'readout.yaml', 'conversion.json'} <= set(before)
+  args = [f'--nwb={tmp / "session.nwb"}', f'--output_dir={out}',
+          '--split_seed=5'] + _FLAGS
+  read = script.read_session
+
+  def no_read(*a, **k):
+    raise AssertionError('the NWB file was read before the check')
+
+  monkeypatch.setattr(script, 'read_session', no_read)
+  with pytest.raises(ValueError, match=rf'{out} is not empty .*readout\.yaml'
+                     r'.*--overwrite'):
+    script.main(args)
+  assert contents() == before
+  monkeypatch.setattr(script, 'read_session', read)
+  dump = json.dump
+
+  def failing_dump(obj, f, **kwargs):
+    dump(obj, f, **kwargs)
+    raise OSError('injected: disk full')
+
+  monkeypatch.setattr(script.json, 'dump', failing_dump)
+  with pytest.raises(OSError, match='injected'):
+    script.main(args + ['--overwrite'])
+  assert contents() == before  # No file replaced, nothing staged left.
+  monkeypatch.setattr(script.json, 'dump', dump)
+  again = script.main(args + ['--overwrite'])
+  after = contents()
+  assert set(after) == set(before)
+  assert after['train.tfrecord'] != before['train.tfrecord']  # Another split.
+  assert again['trial_ids'] != summary['trial_ids']

@@ -1,5 +1,6 @@
 """Tests of official_ext.yt8m.demo_data (tiny sizes)."""
 import glob
+import json
 import os
 
 import numpy as np
@@ -226,3 +227,68 @@ def test_ensure_demo_data_disabled():
   task = _task('', enabled=False)
   with pytest.raises(ValueError, match=r'task\.demo_data\.enabled'):
     demo_data.ensure_demo_data(task)
+
+
+def test_damaged_cache_is_regenerated_and_logged(tmp_path, caplog):
+  """COMPLETE.json records every file's size and checksum, checked before
+  each use: a zeroed shard and a deleted shard are generated again (a
+  warning names them), never read as they are."""
+  caplog.set_level('INFO', logger='absl')
+  train, val = demo_data.ensure_demo_data(_task(str(tmp_path)))
+  shard, val_shard = glob.glob(train)[0], glob.glob(val)[0]
+  with open(os.path.join(os.path.dirname(shard), 'COMPLETE.json')) as f:
+    recorded = json.load(f)['files']
+  with open(shard, 'rb') as f:
+    original = f.read()
+  assert recorded[os.path.basename(shard)]['bytes'] == len(original)
+  with open(shard, 'wb') as f:  # Zeroed, same size.
+    f.write(bytes(len(original)))
+  assert demo_data.ensure_demo_data(_task(str(tmp_path))) == (train, val)
+  with open(shard, 'rb') as f:
+    assert f.read() == original
+  assert (f'{os.path.basename(shard)} has other bytes than were written'
+          in caplog.text)
+  with open(val_shard, 'rb') as f:
+    original = f.read()
+  os.remove(val_shard)
+  demo_data.ensure_demo_data(_task(str(tmp_path)))
+  with open(val_shard, 'rb') as f:
+    assert f.read() == original
+  assert f'{os.path.basename(val_shard)} is missing' in caplog.text
+  assert sorted(os.listdir(tmp_path / 'yt8m_demo')) == [
+      os.path.basename(os.path.dirname(shard))]  # Nothing left beside it.
+
+
+def test_cli_refuses_a_non_empty_output_dir_and_writes_whole(
+    tmp_path, monkeypatch):
+  out = tmp_path / 'cli'
+  args = [f'--output_dir={out}', '--num_classes=5', '--max_frames=4',
+          '--num_train_videos=4', '--num_validation_videos=2',
+          '--num_shards=1']
+
+  def contents():
+    return {n: (out / n).read_bytes() for n in sorted(os.listdir(out))}
+
+  cli.run_main(demo_data, *args, '--seed=1')
+  before = contents()
+  assert len(before) == 2
+  with pytest.raises(ValueError, match=rf'{out} is not empty '
+                     r'\(train-00000-of-00001.tfrecord, .*--overwrite'):
+    cli.run_main(demo_data, *args, '--seed=2')
+  assert contents() == before
+  # A write that fails half-way replaces nothing, even with --overwrite.
+  split_examples = demo_data._split_examples
+
+  def failing(rng, split, *a, **k):
+    if split == 'validation':
+      raise OSError('injected: disk full')
+    return split_examples(rng, split, *a, **k)
+
+  monkeypatch.setattr(demo_data, '_split_examples', failing)
+  with pytest.raises(OSError, match='injected'):
+    cli.run_main(demo_data, *args, '--seed=2', '--overwrite')
+  assert contents() == before
+  monkeypatch.undo()
+  cli.run_main(demo_data, *args, '--seed=2', '--overwrite')
+  after = contents()
+  assert set(after) == set(before) and after != before

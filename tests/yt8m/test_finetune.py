@@ -5,7 +5,10 @@ another (6 classes) with a fresh head; 'all' with another class count is an
 error naming the head's variables; model_dir's own checkpoint wins over
 `init_checkpoint` when a run resumes.
 """
+import glob
 import logging as std_logging
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -152,3 +155,31 @@ def test_model_dir_checkpoint_takes_precedence_on_resume(pretrained,
   train.run(_params(cache, 6, **task), 'train', model_dir)
   assert calls == [pretrained['model_dir']]
   assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-2')
+
+
+def test_a_truncated_init_checkpoint_is_named_before_the_task_is_built(
+    pretrained, tmp_path, monkeypatch):
+  """A checkpoint cut short (a copy interrupted) is an error naming
+  task.init_checkpoint, the checkpoint and what is wrong, raised before the
+  model and its input are built."""
+  copy = tmp_path / 'pretrained'
+  shutil.copytree(pretrained['model_dir'], copy)
+  data, = glob.glob(str(copy / 'ckpt-2.data-*'))
+  with open(data, 'r+b') as f:
+    f.truncate(os.path.getsize(data) // 2)
+  params = _params(pretrained['root'] / 'cache', num_classes=4,
+                   init_checkpoint=str(copy), init_checkpoint_modules='all')
+  # The task's own restore names it too.
+  task, model = _build(params)
+  with pytest.raises(ValueError, match=r'task.init_checkpoint=.*ckpt-2 '
+                     r'cannot be read \(IndexError: Read less bytes'):
+    task.initialize(model)
+  built = []
+  monkeypatch.setattr(task_factory, 'get_task',
+                      lambda *a, **k: built.append(a) or 1 / 0)
+  with pytest.raises(ValueError, match=r'task.init_checkpoint=.*cannot be '
+                     r'read') as e:
+    train.run(params, 'train', str(tmp_path / 'model'))
+  assert str(copy / 'ckpt-2') in str(e.value)
+  assert 'Read less bytes than requested' in str(e.value)
+  assert not built

@@ -1,0 +1,347 @@
+"""One live writer per model_dir: the lock file of a training run.
+
+Two training runs writing one model_dir interleave their checkpoints, the
+checkpoint state file and params.yaml (a preempted job relaunched while the
+old one still runs does exactly this), and an export then builds one run's
+model from the other's weights. `official_ext.train` therefore takes
+`model_dir/writer.lock` before a training run writes anything and removes
+it when the run ends, also on an exception; a second training run is
+refused (`ModelDirLockedError`) naming the first: its host, pid, start time
+and command. Only the chief of a multi-worker job takes it (the other
+workers write to directories of their own: `core.multiworker`). Evaluation
+(`--mode=eval`, `continuous_eval`) reads model_dir and takes no lock, so an
+evaluator beside a trainer stays allowed.
+
+The lock holds JSON: host, pid, the process' start time as the kernel
+records it (`/proc/<pid>/stat`, Linux), the run's start time, experiment,
+mode, command and a random token. A lock is *stale*, and is taken over with
+a warning naming it, when
+
+* it was written on this host and its pid is not running, or is running a
+  process that started at another time (the pid was reused, e.g. a relaunched
+  container whose writer had the same pid): so a SIGKILLed writer's lock is
+  taken over at once on its own host; or
+* it was written on another host and its heartbeat is older than
+  `STALE_AFTER_S`: the holder refreshes it every `HEARTBEAT_S` (the file's
+  modification time, and a `heartbeat` time inside the file where the file
+  system records no modification time). A writer killed on another host is
+  therefore taken over `STALE_AFTER_S` after its last heartbeat; the period
+  is long against the clock skew between hosts and the file server.
+
+Creation is exclusive on local and mounted file systems (the lock is written
+whole under another name and hard-linked into place: `link` fails when the
+lock exists, also over NFS). On other `tf.io.gfile` file systems (`gs://`)
+there is no exclusive create: the lock is written, then read back after
+`SETTLE_S`, and the run continues only if it still holds its own token. Two
+runs starting within that window can both see their own token; the one
+whose lock was overwritten then finds another token at its next heartbeat,
+and `LockCheck` (an Orbit train action, run before the loop's checkpoint is
+saved) stops it with `ModelDirLockedError`. That is the documented limit: on
+such file systems a second writer is stopped within one heartbeat, not
+before its first train loop.
+"""
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Dict, Optional
+
+from absl import logging
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+
+from official_ext.core import output_files
+
+LOCK_FILE = 'writer.lock'
+# The holder refreshes its lock this often (seconds).
+HEARTBEAT_S = 30.0
+# A lock of another host whose heartbeat is older than this is stale.
+STALE_AFTER_S = 300.0
+# Where creation is not exclusive: the wait before the lock is read back.
+SETTLE_S = 2.0
+
+
+class ModelDirLockedError(RuntimeError):
+  """Another live training run writes this model_dir (the message names it)."""
+
+
+def _is_local(path: str) -> bool:
+  return '://' not in path or path.startswith('file://')
+
+
+def _local(path: str) -> str:
+  return path[len('file://'):] if path.startswith('file://') else path
+
+
+def _process_start(pid: int) -> Optional[str]:
+  """The kernel's start time of process `pid` (Linux), or None."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      # Field 22, counted after the command name (which may hold spaces).
+      return f.read().rsplit(')', 1)[1].split()[19]
+  except (OSError, IndexError):
+    return None
+
+
+def _running(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # Another user's process.
+    return True
+  return True
+
+
+def describe(holder: Dict[str, Any]) -> str:
+  """'host H, pid P, started T (experiment E, mode M): command'."""
+  return (f"host {holder.get('host')}, pid {holder.get('pid')}, started "
+          f"{holder.get('started')} (experiment {holder.get('experiment')}, "
+          f"mode {holder.get('mode')}): {holder.get('command')}")
+
+
+def _read(path: str) -> Optional[Dict[str, Any]]:
+  """The lock's contents, {} when it does not parse, None when absent."""
+  try:
+    with tf.io.gfile.GFile(path, 'r') as f:
+      text = f.read()
+  except tf.errors.NotFoundError:
+    return None
+  try:
+    holder = json.loads(text)
+  except ValueError:
+    return {}
+  return holder if isinstance(holder, dict) else {}
+
+
+def _heartbeat_age(path: str, holder: Dict[str, Any]) -> float:
+  """Seconds since the holder's last heartbeat: the file's modification time,
+  or the `heartbeat` inside it when the file system records none."""
+  try:
+    mtime = tf.io.gfile.stat(path).mtime_nsec / 1e9
+  except tf.errors.NotFoundError:
+    mtime = 0.0
+  last = max(mtime, float(holder.get('heartbeat') or 0.0))
+  return time.time() - last
+
+
+def stale_reason(path: str, holder: Dict[str, Any]) -> Optional[str]:
+  """Why the lock `holder` (read from `path`) is stale, or None (it is live).
+
+  Args:
+    path: the lock file.
+    holder: its contents (`_read`).
+  """
+  if holder.get('host') == socket.gethostname() and isinstance(
+      holder.get('pid'), int):
+    pid = holder['pid']
+    if not _running(pid):
+      return f'its process {pid} on this host is not running'
+    started = _process_start(pid)
+    if holder.get('pid_start') and started and started != holder['pid_start']:
+      return (f'pid {pid} on this host now belongs to another process (one '
+              'that started later)')
+    return None
+  age = _heartbeat_age(path, holder)
+  if age > STALE_AFTER_S:
+    return (f'its last heartbeat is {age:.0f} s old (stale after '
+            f'{STALE_AFTER_S:.0f} s)')
+  return None
+
+
+class WriterLock:
+  """The lock a training run holds on its model_dir (`acquire`).
+
+  Attributes:
+    path: the lock file.
+    lost: None while the lock is this run's; otherwise why it is not (another
+      run's token found in it), set by the heartbeat.
+  """
+
+  def __init__(self, path: str, holder: Dict[str, Any]):
+    self.path = path
+    self.holder = holder
+    self.lost: Optional[str] = None
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._beat, daemon=True,
+                                    name='official_ext-writer-lock')
+
+  def start(self) -> None:
+    """Starts the heartbeat (`acquire` does)."""
+    self._thread.start()
+
+  def _write(self) -> None:
+    self.holder['heartbeat'] = time.time()
+    text = json.dumps(self.holder, indent=1)
+    output_files.write_atomically(self.path, lambda f: f.write(text))
+
+  def heartbeat(self) -> None:
+    """Refreshes the lock, or records in `lost` that another run holds it."""
+    current = _read(self.path)
+    if current is None:  # Removed (by hand?): taken again if still free.
+      if not _create(self.path, self.holder):
+        taken = describe(_read(self.path) or {})
+        self.lost = f'the lock was removed and taken by {taken}'
+      return
+    if current.get('token') != self.holder['token']:
+      self.lost = f'the lock now holds {describe(current)}'
+      return
+    if _is_local(self.path):
+      os.utime(_local(self.path))
+    else:
+      self._write()
+
+  def _beat(self) -> None:
+    while not self._stop.wait(HEARTBEAT_S):
+      try:
+        self.heartbeat()
+      except (tf.errors.OpError, OSError) as e:
+        logging.warning('Could not refresh the lock %s (%s); retrying in '
+                        '%.0f s.', self.path, e, HEARTBEAT_S)
+      if self.lost:
+        logging.error('Lost the lock %s: %s.', self.path, self.lost)
+        return
+
+  def release(self) -> None:
+    """Stops the heartbeat and removes the lock if it is still this run's."""
+    self._stop.set()
+    if self._thread.is_alive():
+      self._thread.join()
+    try:
+      current = _read(self.path)
+      if current is not None and current.get('token') == self.holder['token']:
+        tf.io.gfile.remove(self.path)
+    except (tf.errors.OpError, OSError) as e:
+      logging.warning('Could not remove the lock %s (%s); the next run takes '
+                      'it over as stale.', self.path, e)
+
+
+def _create(path: str, holder: Dict[str, Any]) -> bool:
+  """Creates the lock holding `holder`; False when one exists already.
+
+  Exclusive on local file systems (written whole, then hard-linked into
+  place); elsewhere written, then read back after `SETTLE_S` (module
+  docstring).
+  """
+  text = json.dumps(holder, indent=1)
+  if _is_local(path):
+    local = _local(path)
+    staged = f'{local}.{holder["token"]}'
+    with open(staged, 'w') as f:
+      f.write(text)
+    try:
+      os.link(staged, local)
+      return True
+    except FileExistsError:
+      return False
+    finally:
+      os.remove(staged)
+  if tf.io.gfile.exists(path):
+    return False
+  with tf.io.gfile.GFile(path, 'w') as f:
+    f.write(text)
+  time.sleep(SETTLE_S)
+  current = _read(path)
+  return current is not None and current.get('token') == holder['token']
+
+
+def _remove_stale(path: str, stale: Dict[str, Any], model_dir: str) -> None:
+  """Removes the lock judged stale, unless another run took it over first.
+
+  The lock is moved aside (a rename) and only then checked: if the moved
+  file is not the stale lock (another run replaced it since it was read), it
+  is put back and this run is refused.
+  """
+  aside = f'{path}.stale-{uuid.uuid4().hex[:12]}'
+  try:
+    tf.io.gfile.rename(path, aside)
+  except tf.errors.NotFoundError:
+    return  # Another run removed it: the next attempt creates ours.
+  moved = _read(aside) or {}
+  if moved.get('token') != stale.get('token'):
+    try:
+      tf.io.gfile.rename(aside, path)
+    except tf.errors.OpError:
+      pass
+    raise ModelDirLockedError(
+        f'model_dir {model_dir} was just taken over by another training run '
+        f'({describe(moved)}; lock {path}).')
+  tf.io.gfile.remove(aside)
+
+
+def acquire(model_dir: str, experiment: Optional[str] = None,
+            mode: str = 'train') -> WriterLock:
+  """Takes `model_dir/writer.lock` for this process' training run.
+
+  Creates model_dir if needed. A stale lock (module docstring) is taken over
+  with a warning naming its holder and why it is stale. The returned lock is
+  refreshed by a background heartbeat until `release`.
+
+  Args:
+    model_dir: the run's model_dir (a local path or a `tf.io.gfile` URL).
+    experiment: the run's experiment name, recorded in the lock.
+    mode: the run's mode, recorded in the lock.
+
+  Returns:
+    The held lock; call `release()` when the run ends (also on errors).
+
+  Raises:
+    ModelDirLockedError: another live run holds the lock; the message names
+      its host, pid, start time and command, and what makes a lock stale.
+  """
+  tf.io.gfile.makedirs(model_dir)
+  path = os.path.join(model_dir, LOCK_FILE)
+  pid = os.getpid()
+  holder = {
+      'host': socket.gethostname(), 'pid': pid,
+      'pid_start': _process_start(pid),
+      'started': time.strftime('%Y-%m-%d %H:%M:%S %z'),
+      'heartbeat': time.time(), 'experiment': experiment, 'mode': mode,
+      'command': ' '.join(sys.argv), 'token': uuid.uuid4().hex,
+  }
+  for _ in range(3):  # A lock removed between the reads: try again.
+    if _create(path, holder):
+      lock = WriterLock(path, holder)
+      lock.start()
+      return lock
+    current = _read(path)
+    if current is None:
+      continue
+    why = stale_reason(path, current)
+    if why is None:
+      raise ModelDirLockedError(
+          f'model_dir {model_dir} is being written by another training run '
+          f'({describe(current)}; lock {path}). One training run writes a '
+          'model_dir at a time; an evaluation (--mode=eval or '
+          'continuous_eval) may run beside it. Wait for that run to end, or '
+          'use another --model_dir. If that run is no longer running, its '
+          'lock is taken over once stale: at once on its own host, '
+          f'{STALE_AFTER_S:.0f} s after its last heartbeat from another '
+          'host; or delete the lock file.')
+    logging.warning('Taking over the stale lock %s of %s: %s.', path,
+                    describe(current), why)
+    _remove_stale(path, current, model_dir)
+  raise ModelDirLockedError(
+      f'model_dir {model_dir}: the lock {path} changed hands during three '
+      'attempts to take it; another run is starting there.')
+
+
+class LockCheck:
+  """Orbit train action: stops training when the run lost its lock.
+
+  Runs after each train loop, before the loop's checkpoint is saved (put it
+  before Model Garden's actions), so a run whose lock was taken (the window
+  of a file system without exclusive create) saves nothing more.
+  """
+
+  def __init__(self, lock: WriterLock):
+    self._lock = lock
+
+  def __call__(self, output=None) -> None:
+    del output
+    if self._lock.lost:
+      raise ModelDirLockedError(
+          f'Training stops: {self._lock.lost} (lock {self._lock.path}); two '
+          'runs must not write one model_dir.')
