@@ -62,7 +62,7 @@ from official.modeling import performance
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.core import checkpoints
 from official_ext.core import config_checks
-from official_ext.core import controller as controller_lib
+from official_ext.core import orbit_actions
 from official_ext.core import experiment_params
 from official_ext.core import input_files
 from official_ext.core import kernel_policy
@@ -185,9 +185,10 @@ def _run_locked(params, mode: str, model_dir: str,
         params, task, train='train' in mode, evaluate='eval' in mode,
         checkpoint_exporter=train_lib.maybe_create_best_ckpt_exporter(
             params, model_dir))
-  last_train, last_eval = controller_lib.LastOutput(), controller_lib.LastOutput()
-  progress = controller_lib.ProgressAction(trainer.global_step,
-                                           params.trainer.train_steps)
+  last_train = orbit_actions.LastOutput()
+  last_eval = orbit_actions.LastOutput()
+  progress = orbit_actions.ProgressAction(trainer.global_step,
+                                          params.trainer.train_steps)
   # The non-finite check and the lock check run first: before Model
   # Garden's actions and before Orbit saves the loop's checkpoint.
   checks = [trainer_lib.NonFiniteLossCheck(trainer)]
@@ -220,7 +221,7 @@ def _run_locked(params, mode: str, model_dir: str,
     model, _ = runner.run()
   if not getattr(model, 'inputs', None):
     logging.info(run_logging.flops_note(model))
-  return model, controller_lib.flatten_metrics(
+  return model, orbit_actions.flatten_metrics(
       last_eval.output or last_train.output)
 
 
@@ -268,7 +269,7 @@ def main(_):
     train_utils.save_gin_config(FLAGS.mode, FLAGS.model_dir)
   if final_metrics:
     print(f'Final metrics ({FLAGS.experiment}, mode={FLAGS.mode}):\n'
-          f'{controller_lib.format_metrics(final_metrics)}', flush=True)
+          f'{orbit_actions.format_metrics(final_metrics)}', flush=True)
 
 
 if __name__ == '__main__':

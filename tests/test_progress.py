@@ -5,7 +5,7 @@ import re
 import orbit
 import tensorflow as tf
 
-from official_ext.core import controller as controller_lib
+from official_ext.core import orbit_actions
 
 
 class _Clock:
@@ -20,7 +20,7 @@ class _Clock:
 def test_progress_action_logs_steps_elapsed_and_time_left(caplog):
   caplog.set_level(logging.INFO, logger='absl')
   step, clock = tf.Variable(40, dtype=tf.int64), _Clock()
-  progress = controller_lib.ProgressAction(step, total_steps=100, clock=clock)
+  progress = orbit_actions.ProgressAction(step, total_steps=100, clock=clock)
   progress.start()  # A run resumed at step 40.
   step.assign(60)
   clock.now += 20.0  # 20 steps in 20 s: 40 steps left take 40 s.
@@ -37,7 +37,7 @@ def test_progress_action_logs_steps_elapsed_and_time_left(caplog):
 def test_without_start_the_first_call_starts_the_clock(caplog):
   caplog.set_level(logging.INFO, logger='absl')
   step, clock = tf.Variable(0, dtype=tf.int64), _Clock()
-  progress = controller_lib.ProgressAction(step, total_steps=10, clock=clock)
+  progress = orbit_actions.ProgressAction(step, total_steps=10, clock=clock)
   step.assign(5)
   progress({})
   assert 'progress |' not in caplog.text
@@ -51,16 +51,16 @@ def test_without_start_the_first_call_starts_the_clock(caplog):
 def test_orbit_controller_is_not_subclassed():
   """Progress is an action: the controller's private loop is Orbit's own."""
   assert not any(isinstance(v, type) and issubclass(v, orbit.Controller)
-                 for v in vars(controller_lib).values())
+                 for v in vars(orbit_actions).values())
 
 
 def test_format_metrics_flattens_tasks():
-  table = controller_lib.format_metrics(
+  table = orbit_actions.format_metrics(
       {'readout': {'choice/balanced_accuracy': 0.75}, 'yt8m': {'map': 0.5},
        'training_loss': 1.25, 'text': 'skipped'})
   assert table.splitlines() == [
       '  readout/choice/balanced_accuracy 0.7500',
       '  training_loss                    1.2500',
       '  yt8m/map                         0.5000']
-  assert controller_lib.format_metrics({'map': 0.5}) == (
+  assert orbit_actions.format_metrics({'map': 0.5}) == (
       '  map                      0.5000')
