@@ -11,7 +11,7 @@ and overrides are applied in order and strictly (an unknown key is an error
 naming the key, a value of the wrong type one naming the key and the type:
 `core.experiment_params`, the loading path every CLI shares); the strategy
 comes from `runtime.distribution_strategy`; training runs with Orbit through
-Model Garden's `OrbitExperimentRunner` (`core.multiworker`), with the kernel
+Model Garden's `OrbitExperimentRunner` (`core.runner`), with the kernel
 policy (`runtime.kernel_policy`, `core.kernel_policy`: TensorFlow's stock ops
 or this project's fast paths) resolved for the strategy's devices and
 logged. Before TensorFlow's runtime starts, the process settings that policy
@@ -62,14 +62,15 @@ from official.modeling import performance
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.core import checkpoints
 from official_ext.core import config_checks
-from official_ext.core import orbit_actions
 from official_ext.core import experiment_params
 from official_ext.core import input_files
 from official_ext.core import kernel_policy
 from official_ext.core import model_dir as model_dir_lib
 from official_ext.core import multiworker
+from official_ext.core import orbit_actions
 from official_ext.core import process_settings
 from official_ext.core import run_lock
+from official_ext.core import runner as runner_lib
 from official_ext.core import trainer as trainer_lib
 
 FLAGS = flags.FLAGS
@@ -117,7 +118,7 @@ def run(params: config_definitions.ExperimentConfig,
       read (naming it and what is wrong); the checkpoint to restore does not
       hold every model variable (the unmatched ones are listed).
     TimeoutError: `continuous_eval` saw no checkpoint within
-      `trainer.continuous_eval_timeout` (`core.multiworker`).
+      `trainer.continuous_eval_timeout` (`core.runner`).
   """
   if 'train' in mode and params.trainer.train_steps < 1:
     raise ValueError(
@@ -194,7 +195,7 @@ def _run_locked(params, mode: str, model_dir: str,
   checks = [trainer_lib.NonFiniteLossCheck(trainer)]
   if lock:
     checks.append(run_lock.LockCheck(lock))
-  runner = multiworker.OrbitExperimentRunner(
+  runner = runner_lib.OrbitExperimentRunner(
       distribution_strategy=strategy,
       task=task,
       mode=mode,
@@ -261,7 +262,7 @@ def main(_):
   # On a cluster (TPU, several workers) a preemption restarts the run
   # in-process (the loop of official/vision/train.py, whose public version
   # never creates the PreemptionWatcher).
-  strategy, (_, final_metrics) = multiworker.run_with_preemption_recovery(
+  strategy, (_, final_metrics) = runner_lib.run_with_preemption_recovery(
       lambda: experiment_params.distribution_strategy(params),
       lambda strategy: run(params, FLAGS.mode, FLAGS.model_dir, strategy,
                            experiment=FLAGS.experiment))

@@ -18,7 +18,7 @@ import tensorflow as tf
 from official.core import exp_factory
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
-from official_ext.core import multiworker
+from official_ext.core import runner
 from official_ext.yt8m import demo_data
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -243,7 +243,7 @@ def test_preemption_recovery_restarts_only_after_a_preemption(monkeypatch):
       raise tf.errors.UnavailableError(None, None, 'peer went away')
     return 'done'
 
-  strategy, result = multiworker.run_with_preemption_recovery(
+  strategy, result = runner.run_with_preemption_recovery(
       _FakeClusterStrategy, run)
   assert result == 'done' and isinstance(strategy, _FakeClusterStrategy)
   assert len(attempts) == 2 and len(watchers) == 2
@@ -254,10 +254,10 @@ def test_preemption_recovery_restarts_only_after_a_preemption(monkeypatch):
     raise tf.errors.InternalError(None, None, 'a real bug')
 
   with pytest.raises(tf.errors.InternalError, match='a real bug'):
-    multiworker.run_with_preemption_recovery(_FakeClusterStrategy, fail)
+    runner.run_with_preemption_recovery(_FakeClusterStrategy, fail)
 
   # A single-process strategy gets no watcher.
   count = len(watchers)
-  multiworker.run_with_preemption_recovery(
+  runner.run_with_preemption_recovery(
       lambda: tf.distribute.OneDeviceStrategy('/cpu:0'), lambda s: None)
   assert len(watchers) == count

@@ -11,9 +11,9 @@ already, and what this module adds:
   it, i.e. from nothing: it would start at step 0 with fresh weights while the
   chief resumes at step N, and the job diverges or hangs. `worker_model_dir`
   gives each non-chief worker its own temporary model_dir (removed when the
-  process exits) holding a copy of the chief's latest checkpoint, and
-  `run_experiment` (Model Garden's runner with that one change) has the
-  non-chief CheckpointManager restore from and save to it.
+  process exits) holding a copy of the chief's latest checkpoint, and the
+  runner (`core.runner.OrbitExperimentRunner`) has the non-chief
+  CheckpointManager restore from and save to it.
 * Summaries, params.yaml, the operative gin config, best-checkpoint exports:
   Orbit writes summaries on every worker and Model Garden writes the others
   to whatever model_dir it is given; with `worker_model_dir` they land in the
@@ -23,25 +23,18 @@ already, and what this module adds:
   `validation_step`) and `host_parts` (in `aggregate_logs`) make every worker
   accumulate every replica's rows, so the chief reports the metrics of the
   whole validation set.
-* Preemption: `run_with_preemption_recovery` is the recovery loop of
-  `official/vision/train.py`'s `_run_experiment_with_preemption_recovery`,
-  with the `tf.distribute.experimental.PreemptionWatcher` that the public
-  driver never creates (there `preemption_watcher = None`). Model Garden's own
-  on-demand checkpoint at preemption (`trainer.preemption_on_demand_checkpoint`,
-  `orbit.actions.SaveCheckpointIfPreempted`) is added by `train_lib` already.
+
+The runner every run uses, with preemption recovery, is `core.runner`.
 """
 import atexit
 import os
 import shutil
 import tempfile
-from typing import Any, Callable, List, Optional, Tuple, TypeVar
+from typing import Any, List, Optional, TypeVar
 
 from absl import logging
 import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
-
-from official.core import train_lib
-from official_ext.core import checkpoints
 
 T = TypeVar('T')
 
@@ -122,114 +115,6 @@ def worker_model_dir(strategy: Optional[tf.distribute.Strategy],
   return worker_dir
 
 
-class OrbitExperimentRunner(train_lib.OrbitExperimentRunner):
-  """Model Garden's runner; a non-chief worker checkpoints into model_dir.
-
-  The one runner of `official_ext.train`, for single-task and multitask
-  experiments: its `trainer` is Model Garden's `base_trainer.Trainer` (a
-  trainer and evaluator in one) or a multitask trainer of `core.trainer`,
-  which joins Model Garden's multitask trainer and evaluator behind the same
-  interface (Model Garden's own multitask `train_lib.run_experiment` builds a
-  bare `orbit.Controller`: no train/eval actions, no guard on the restored
-  checkpoint, no non-chief model_dir).
-
-  Give a non-chief worker its `worker_model_dir`: its CheckpointManager then
-  restores the chief's checkpoint copied there and keeps one checkpoint of
-  its own there (Model Garden's runner would use a fresh `mkdtemp()`).
-
-  The checkpoint the controller is about to restore must hold every model
-  variable with its shape (`checkpoints.unmatched_model_variables`), or a
-  ValueError lists the unmatched ones: Model Garden's non-strict restore
-  would restore only the step counter of another model's checkpoint.
-
-  Args:
-    resume_from: the checkpoint the caller found to resume from
-      (`checkpoints.use_latest_restorable`), or None. TensorFlow's
-      CheckpointManager reads the state file again and treats *any* error
-      there as "no checkpoint" (`tf.train.get_checkpoint_state`), which would
-      restart training from step 0 and later overwrite the checkpoints; a
-      manager that does not find `resume_from` is an error instead.
-    **kwargs: `train_lib.OrbitExperimentRunner`'s arguments.
-  """
-
-  def __init__(self, resume_from: Optional[str] = None, **kwargs):
-    self._resume_from = resume_from
-    super().__init__(**kwargs)
-
-  def _maybe_build_checkpoint_manager(
-      self) -> Optional[tf.train.CheckpointManager]:
-    if (not self.trainer.checkpoint or self.strategy is None or
-        self.strategy.extended.should_checkpoint):
-      manager = super()._maybe_build_checkpoint_manager()
-      found = manager.latest_checkpoint if manager else None
-      if self._resume_from and (not found or os.path.basename(found) !=
-                                os.path.basename(self._resume_from)):
-        raise checkpoints.CheckpointReadError(
-            f'The checkpoint manager of {self.model_dir} found '
-            f'{found or "no checkpoint"} where {self._resume_from} was just '
-            'found readable: the checkpoint state file changed since, or '
-            'could not be read again (a storage error, or a process writing '
-            'model_dir without taking its lock, core.run_lock). Training '
-            'stops instead of starting from scratch; run the same command '
-            'again to resume.')
-    else:
-      manager = tf.train.CheckpointManager(
-          self.trainer.checkpoint,
-          directory=self.model_dir,
-          max_to_keep=1,
-          step_counter=self.trainer.global_step,
-          checkpoint_interval=self.params.trainer.checkpoint_interval,
-          init_fn=self.trainer.initialize)
-    if manager and manager.latest_checkpoint:
-      # Model Garden's restore is not strict: a checkpoint of another model
-      # would restore only the step counter. The controller restores it next.
-      _, unmatched = checkpoints.unmatched_model_variables(
-          self.trainer.model, manager.latest_checkpoint)
-      if unmatched:
-        raise ValueError(checkpoints.mismatch_message(
-            manager.latest_checkpoint, unmatched))
-    return manager
-
-  def run(self) -> Tuple[tf_keras.Model, Any]:
-    """Model Garden's `run`; `continuous_eval` ends at its timeout.
-
-    Model Garden's continuous evaluation ends at a timeout only when the
-    restored step has reached `trainer.train_steps`, so with no checkpoint
-    arriving it waits forever. Here `trainer.continuous_eval_timeout` holds:
-    when no new checkpoint arrived within it, evaluation ends (logged, with
-    the last checkpoint evaluated), or, when none arrived at all, raises a
-    TimeoutError naming model_dir. None waits for ever, as in Model Garden.
-
-    Returns:
-      (model, the last evaluation's output) for `continuous_eval`; Model
-      Garden's (model, {}) for the other modes.
-    """
-    if self._mode != 'continuous_eval':
-      return super().run()
-    timeout = self.params.trainer.continuous_eval_timeout
-    with self.strategy.scope():
-      output = self.controller.evaluate_continuously(
-          steps=self.params.trainer.validation_steps, timeout=timeout,
-          timeout_fn=lambda: True)
-    if output is None:
-      raise TimeoutError(
-          f'continuous_eval: no checkpoint appeared in {self.model_dir} '
-          f'within trainer.continuous_eval_timeout={timeout} s; nothing was '
-          'evaluated. Check --model_dir (the training job\'s), or raise the '
-          'timeout above the time the training job takes to its first '
-          'checkpoint.')
-    logging.info(
-        'continuous_eval: no new checkpoint in %s for %s s '
-        '(trainer.continuous_eval_timeout) after %s; evaluation ends.',
-        self.model_dir, timeout, tf.train.latest_checkpoint(self.model_dir))
-    return self.trainer.model, output
-
-
-def run_experiment(**kwargs) -> Tuple[tf_keras.Model, Any]:
-  """`train_lib.run_experiment` (same arguments) with `OrbitExperimentRunner`."""
-  return OrbitExperimentRunner(**kwargs).run()
-
-
 def gather_for_host(tree: T) -> T:
   """Every replica's rows on every replica, when there are several workers.
 
@@ -269,53 +154,3 @@ def host_parts(values: Any) -> List[np.ndarray]:
   if num_workers() > 1:
     return [np.asarray(values[0])]
   return [np.asarray(v) for v in values]
-
-
-def needs_preemption_watcher(strategy: tf.distribute.Strategy) -> bool:
-  """Whether the strategy spans a cluster: TPU, or several workers."""
-  return (isinstance(strategy, (tf.distribute.TPUStrategy,
-                                tf.distribute.experimental.TPUStrategy)) or
-          num_workers(strategy) > 1)
-
-
-def run_with_preemption_recovery(
-    build_strategy: Callable[[], tf.distribute.Strategy],
-    run: Callable[[tf.distribute.Strategy], T],
-) -> Tuple[tf.distribute.Strategy, T]:
-  """Runs `run(strategy)`, restarting it in-process after a preemption.
-
-  The loop of `official/vision/train.py`'s
-  `_run_experiment_with_preemption_recovery`, whose public version never
-  creates the watcher (`preemption_watcher = None`), with the watcher: on a
-  cluster (TPU, several workers) a
-  `tf.distribute.experimental.PreemptionWatcher` is created after the
-  strategy (connecting to the cluster); when `run` fails with a
-  `tf.errors.OpError` and the watcher has a preemption message, it waits for
-  the preempted workers to exit, then builds a new strategy and runs again,
-  which resumes from the latest checkpoint. Any other error propagates. The
-  watcher receives preemption notices on Google TPU platforms only; elsewhere
-  TensorFlow logs that it does not support the environment, and a preempted
-  multi-worker job is restarted by its scheduler (Model Garden saves a
-  checkpoint at SIGTERM first: `trainer.preemption_on_demand_checkpoint`).
-
-  Args:
-    build_strategy: builds (and connects) the strategy; called per attempt.
-    run: runs the experiment under a strategy.
-
-  Returns:
-    (the strategy of the successful attempt, what `run` returned).
-  """
-  while True:
-    watcher = None
-    try:
-      strategy = build_strategy()
-      if needs_preemption_watcher(strategy):
-        watcher = tf.distribute.experimental.PreemptionWatcher()
-      return strategy, run(strategy)
-    except tf.errors.OpError:
-      if watcher is None or not watcher.preemption_message:
-        raise
-      watcher.block_until_worker_exit()
-      logging.info('Some workers were preempted (message: %s); restarting '
-                   'training from the latest checkpoint.',
-                   watcher.preemption_message)

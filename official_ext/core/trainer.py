@@ -9,7 +9,7 @@ interleaving multitask trainers, each joined to a `MultiTaskEvaluator` and
 given the interface of `base_trainer.Trainer` that Model Garden's
 `OrbitExperimentRunner` uses (`model`, `optimizer`, `checkpoint`,
 `global_step`, `initialize`, `evaluate`), so that both kinds run through the
-same runner (`core.multiworker.OrbitExperimentRunner`) with the same
+same runner (`core.runner.OrbitExperimentRunner`) with the same
 checkpoint restore, actions, progress line and final metrics.
 `create_trainer` builds the one the config asks for.
 
