@@ -10,7 +10,8 @@ Model Garden's flags and semantics (`official.common.flags`): config files
 and overrides are applied in order and strictly (an unknown key is an error
 naming the key, a value of the wrong type one naming the key and the type:
 `core.experiment_params`, the loading path every CLI shares); the strategy
-comes from `runtime.distribution_strategy`; training runs with Orbit through
+comes from `runtime.distribution_strategy` (`core.distribution`, which
+checks every global batch against its replicas); training runs with Orbit through
 Model Garden's `OrbitExperimentRunner` (`core.runner`), with the kernel
 policy (`runtime.kernel_policy`, `core.kernel_policy`: TensorFlow's stock ops
 or this project's fast paths) resolved for the strategy's devices and
@@ -62,6 +63,7 @@ from official.modeling import performance
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.core import checkpoints
 from official_ext.core import config_checks
+from official_ext.core import distribution
 from official_ext.core import experiment_params
 from official_ext.core import input_files
 from official_ext.core import kernel_policy
@@ -135,7 +137,7 @@ def run(params: config_definitions.ExperimentConfig,
     # The model will be initialized from it: read it whole now, before the
     # model and its input are built (core.checkpoints).
     checkpoints.check_readable(init_checkpoint, 'task.init_checkpoint')
-  strategy = experiment_params.distribution_strategy(params, strategy)
+  strategy = distribution.distribution_strategy(params, strategy)
   if policy is None:
     policy = kernel_policy.for_strategy(params, strategy)
   logging.info(policy.describe())
@@ -263,7 +265,7 @@ def main(_):
   # in-process (the loop of official/vision/train.py, whose public version
   # never creates the PreemptionWatcher).
   strategy, (_, final_metrics) = runner_lib.run_with_preemption_recovery(
-      lambda: experiment_params.distribution_strategy(params),
+      lambda: distribution.distribution_strategy(params),
       lambda strategy: run(params, FLAGS.mode, FLAGS.model_dir, strategy,
                            experiment=FLAGS.experiment))
   if multiworker.is_chief(strategy):

@@ -12,7 +12,7 @@ guards a model_dir instead (`train.run`):
    is on the first line of params.yaml, `write_params_yaml`), a config that
    does not fit the experiment's config class (another family), or a
    different value of a *model-affecting* key
-   (`experiment_params.model_affecting_key`: the model, its heads, what it
+   (`config_comparison.model_affecting_key`: the model, its heads, what it
    sees) is a `ModelDirInUseError` naming the directory and every differing
    key with both values. Other changes (steps, schedule, data paths,
    intervals, batch sizes, runtime) are allowed and logged.
@@ -44,6 +44,7 @@ from absl import logging
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.modeling.hyperparams import params_dict
+from official_ext.core import config_comparison
 from official_ext.core import experiment_params
 from official_ext.core import output_files
 
@@ -82,8 +83,8 @@ def _trained_config(params, params_yaml: str):
 
 def _differences(old: Any, new: Any) -> List[Tuple[str, Any, Any]]:
   """(key, old, new) of every leaf that differs, one-ofs by active branch."""
-  a = experiment_params.config_leaves(old)
-  b = experiment_params.config_leaves(new)
+  a = config_comparison.config_leaves(old)
+  b = config_comparison.config_leaves(new)
   missing = object()
   out = []
   for key in sorted(set(a) | set(b)):
@@ -131,7 +132,7 @@ def check_model_dir(params, model_dir: str,
         f'{previous} to continue that run.')
   differences = _differences(_trained_config(params, params_yaml), params)
   model = [d for d in differences
-           if experiment_params.model_affecting_key(d[0])]
+           if config_comparison.model_affecting_key(d[0])]
   if model:
     lines = '\n  '.join(f'{key}: {params_yaml} has {old!r}, this run has '
                         f'{new!r}' for key, old, new in model)

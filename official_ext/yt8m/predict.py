@@ -83,6 +83,7 @@ import tensorflow as tf, tf_keras
 from official.core import config_definitions
 from official.core import task_factory
 from official_ext.core import checkpoints
+from official_ext.core import config_comparison
 from official_ext.core import experiment_params
 from official_ext.core import output_files
 from official_ext.yt8m import dataloader
@@ -465,7 +466,7 @@ def check_params(params: config_definitions.ExperimentConfig,
     model_path: the SavedModel directory or checkpoint.
 
   Raises:
-    ValueError: a model-affecting key (`experiment_params.model_affecting_key`:
+    ValueError: a model-affecting key (`config_comparison.model_affecting_key`:
       the model, features, max_frames, segment_size, normalisation, classes)
       differs; the message lists each with both values and names the file.
   """
@@ -473,9 +474,9 @@ def check_params(params: config_definitions.ExperimentConfig,
   if not path:
     return
   trained = experiment_params.load_trained_config(params, path)
-  differences = experiment_params.contradictions(
-      experiment_params.config_leaves(trained),
-      experiment_params.config_leaves(params))
+  differences = config_comparison.contradictions(
+      config_comparison.config_leaves(trained),
+      config_comparison.config_leaves(params))
   if differences:
     lines = '\n  '.join(f'{key}: {path} has {old!r}, the config given has '
                          f'{new!r}' for key, old, new in differences)

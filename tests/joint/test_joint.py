@@ -20,6 +20,7 @@ from official.core import task_factory
 from official_ext import export_saved_model
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
+from official_ext.core import config_comparison
 from official_ext.core import experiment_params
 from official_ext.core import input_files
 from official_ext.core import trainer as trainer_lib
@@ -431,8 +432,8 @@ def test_joint_config_round_trips_through_params_yaml(joint_run):
   _, model_dir, params, _, _ = joint_run
   loaded = experiment_params.load_params('readout_yt8m_joint',
                                          checkpoint_path=model_dir)
-  assert (experiment_params.config_leaves(loaded) ==
-          experiment_params.config_leaves(params))
+  assert (config_comparison.config_leaves(loaded) ==
+          config_comparison.config_leaves(params))
   assert [r.family for r in loaded.task.task_routines] == ['readout', 'yt8m']
 
 

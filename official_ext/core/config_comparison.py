@@ -1,0 +1,145 @@
+"""Configs compared key by key: which keys change the model, and where two
+configs differ in them.
+
+A strict checkpoint restore checks variable names and shapes only, so a model
+rebuilt with a shape-neutral difference (a pooling method, an activation,
+input normalisation, ...) restores without error and predicts wrongly. The
+*model-affecting* keys (`model_affecting_key`) are those whose value must be
+the trained model's: `core.experiment_params` refuses flags that change them
+away from a params.yaml, `core.model_dir` a run whose config differs from
+the one its model_dir holds, `yt8m.predict` a config that contradicts the
+SavedModel's.
+"""
+from typing import Any, Dict, List, Tuple
+
+from official.modeling import hyperparams
+
+# Everything under these prefixes changes the model: its layers, activations,
+# pooling, heads (`task.model` in every family).
+MODEL_PREFIXES = ('task.model',)
+
+# Task-level keys that define the model's heads (readout: the heads and their
+# routing ids).
+MODEL_TASK_KEYS = ('task.readouts', 'task.task_vocabulary')
+
+# Data keys that change what the model sees or outputs at inference, checked
+# in `task.train_data` and `task.validation_data` (export and predict parse
+# with `validation_data`; a train_data value differing from training is an
+# error too, as it contradicts how the weights were trained). Keys that only
+# choose files, batching, shuffling, training-time sampling/augmentation or
+# padding are not in the set.
+MODEL_DATA_SPLITS = ('train_data', 'validation_data')
+MODEL_DATA_KEYS = (
+    # All families.
+    'num_classes',
+    # YouTube-8M: which features, how they are decoded and normalised, how
+    # many frames, the segment length.
+    'record_type', 'feature_names', 'feature_sizes', 'feature_dtypes',
+    'feature_from_bytes', 'max_frames', 'segment_size',
+    'input_per_feature_l2_norm',
+    # AssembleNet: clip shape, frame stride, evaluation clips/crops, pixel
+    # scaling, label type.
+    'feature_shape', 'temporal_stride', 'num_test_clips', 'num_test_crops',
+    'min_image_size', 'zero_centering_image', 'is_multilabel',
+    # Readout: token width.
+    'input_dim',
+)
+
+# `task.validation_data` keys among MODEL_DATA_KEYS that choose the
+# evaluation protocol, not the model: AssembleNet++lite scores a video on
+# num_test_clips x num_test_crops views of clips of
+# validation_data.feature_shape, which may have another frame count than
+# training clips (the task then builds the model with an unknown frame count;
+# height, width and channels must equal train_data's, which stays checked).
+# An evaluation or export of a trained model may choose them anew.
+EVALUATION_PROTOCOL_KEYS = ('feature_shape', 'temporal_stride',
+                            'num_test_clips', 'num_test_crops')
+
+
+def model_affecting_key(key: str) -> bool:
+  """Whether dotted config key `key` (e.g. 'task.model.head.moe') is one.
+
+  Args:
+    key: a dotted path into an `ExperimentConfig` as_dict(), leaf or not.
+
+  Returns:
+    True for anything under `MODEL_PREFIXES`, the `MODEL_TASK_KEYS` and
+    `task.<split>.<k>` with split in `MODEL_DATA_SPLITS` and k in
+    `MODEL_DATA_KEYS`, except the `EVALUATION_PROTOCOL_KEYS` of
+    `task.validation_data`.
+  """
+  for prefix in MODEL_PREFIXES + MODEL_TASK_KEYS:
+    if key == prefix or key.startswith(prefix + '.'):
+      return True
+  parts = key.split('.')
+  if (len(parts) >= 3 and parts[:2] == ['task', 'validation_data'] and
+      parts[2] in EVALUATION_PROTOCOL_KEYS):
+    return False
+  return (len(parts) >= 3 and parts[0] == 'task' and
+          parts[1] in MODEL_DATA_SPLITS and parts[2] in MODEL_DATA_KEYS)
+
+
+def config_leaves(config: Any, prefix: str = '') -> Dict[str, Any]:
+  """{dotted key: value} of a config's leaves, one-ofs by their active branch.
+
+  Args:
+    config: a `hyperparams.Config` (or a plain value).
+    prefix: the dotted key of `config`.
+
+  Returns:
+    The leaves; of a `OneOfConfig` only `type` and the branch it names (the
+    inactive branches do not build anything); sequences of configs as lists
+    of dicts.
+  """
+  out = {}
+  if isinstance(config, hyperparams.OneOfConfig):
+    out[f'{prefix}.type'] = config.type
+    if config.type:
+      out.update(config_leaves(getattr(config, config.type),
+                               f'{prefix}.{config.type}'))
+  elif isinstance(config, hyperparams.Config):
+    for key in config.as_dict():
+      out.update(config_leaves(getattr(config, key),
+                               f'{prefix}.{key}' if prefix else key))
+  else:
+    out[prefix] = _normalized(config)
+  return out
+
+
+def _normalized(value: Any) -> Any:
+  if isinstance(value, hyperparams.Config):
+    return _normalized(value.as_dict())
+  if isinstance(value, (tuple, list)):
+    return [_normalized(v) for v in value]
+  if isinstance(value, dict):
+    return {k: _normalized(v) for k, v in value.items()}
+  return value
+
+
+def contradictions(trained: Dict[str, Any], final: Dict[str, Any]
+                   ) -> List[Tuple[str, Any, Any]]:
+  """Model-affecting leaves whose value differs between two configs.
+
+  Args:
+    trained: `config_leaves` of the config as params.yaml gives it.
+    final: `config_leaves` of the same after the flags.
+
+  Returns:
+    Sorted (dotted key, trained value, final value) triples; a one-of whose
+    `type` differs appears as that key only.
+  """
+  missing = object()
+  out = []
+  # A one-of whose `type` changed is reported by its type alone.
+  switched = [key[:-len('type')] for key in trained
+              if key.endswith('.type') and key in final and
+              trained[key] != final[key]]
+  for key in sorted(set(trained) | set(final)):
+    if not model_affecting_key(key) or any(
+        key.startswith(p) and key != p + 'type' for p in switched):
+      continue
+    va, vb = trained.get(key, missing), final.get(key, missing)
+    if va != vb:
+      out.append((key, None if va is missing else va,
+                  None if vb is missing else vb))
+  return out
