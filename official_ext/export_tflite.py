@@ -53,14 +53,13 @@ from absl import app
 from absl import flags
 from ai_edge_litert import interpreter as litert
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
-# TFLiteConverter.convert() raises this; tf.lite does not export it.
-from tensorflow.lite.python.convert_phase import ConverterError
 
 from official.core import config_definitions
 from official_ext import export_saved_model
 from official_ext.assemblenet import configs as assemblenet_configs
 from official_ext.core import checkpoints
 from official_ext.core import output_files
+from official_ext.core import tf_internals
 from official_ext.yt8m import configs as yt8m_configs
 
 QUANTIZATIONS = ('none', 'dynamic_range', 'float16')
@@ -82,7 +81,7 @@ def check_quantization(quantization: str) -> None:
                      f'{", ".join(QUANTIZATIONS)}.')
 
 
-def _unsupported_ops(error: ConverterError) -> list:
+def _unsupported_ops(error: Exception) -> list:
   """The ops the converter names in `error` (e.g. ['tf.EagerPyFunc'])."""
   ops = {e.operator.name for e in getattr(error, 'errors', ())
          if e.operator.name}
@@ -124,7 +123,7 @@ def convert(function: tf.types.experimental.ConcreteFunction,
     converter.target_spec.supported_types = [tf.float16]
   try:
     return converter.convert()
-  except ConverterError as e:
+  except tf_internals.tflite_converter_error() as e:
     ops = _unsupported_ops(e)
     if not ops:
       raise

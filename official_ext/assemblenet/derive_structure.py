@@ -46,13 +46,13 @@ from absl import logging
 import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
-from tensorflow.core.protobuf import trackable_object_graph_pb2
 # configs registers the experiments.
 from official_ext.assemblenet import configs  # pylint: disable=unused-import
 from official_ext.assemblenet import structures
 from official_ext.core import checkpoints
 from official_ext.core import experiment_params
 from official_ext.core import output_files
+from official_ext.core import tf_internals
 
 # The whole name: optimizer slots are named '<slot>/node_<i>_fusion/...'.
 _AGG_WEIGHTS = re.compile(r'^node_(\d+)_fusion/agg_weights(?::0)?$')
@@ -94,7 +94,7 @@ def edge_weight_logits(checkpoint_path: str) -> Dict[int, np.ndarray]:
       node twice.
   """
   reader = tf.train.load_checkpoint(checkpoint_path)
-  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  graph = tf_internals.trackable_object_graph()
   graph.ParseFromString(reader.get_tensor('_CHECKPOINTABLE_OBJECT_GRAPH'))
   out = {}
   for node in graph.nodes:

@@ -44,6 +44,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 from official.core import config_definitions as cfg
 from official_ext.core import process_settings
+from official_ext.core import tf_internals
 
 SETTINGS = ('auto', 'stock', 'fast')
 DEVICES = ('CPU', 'GPU', 'TPU')
@@ -221,12 +222,10 @@ def onednn_cpu_kernels() -> bool:
 
   True by default on x86-64 Linux builds; `TF_ENABLE_ONEDNN_OPTS=0` (read
   when TensorFlow starts) turns them off and gives Eigen's kernels.
-  TensorFlow has no public call for this; the private one is what its own
-  `test_util.IsMklEnabled` reads. It does not start TensorFlow's runtime.
+  TensorFlow has no public call for this (`core.tf_internals`). It does not
+  start TensorFlow's runtime.
   """
-  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
-  from tensorflow.python.util import _pywrap_util_port
-  return bool(_pywrap_util_port.IsMklEnabled())
+  return tf_internals.onednn_cpu_kernels()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ import os
 from typing import Dict, Mapping, MutableMapping, Optional
 
 from official_ext.core import host_memory
+from official_ext.core import tf_internals
 
 MALLOC_MMAP_THRESHOLD = 'MALLOC_MMAP_THRESHOLD_'
 BFC_ALLOCATOR = 'TF_CPU_ALLOCATOR_USE_BFC'
@@ -59,8 +60,7 @@ def check(env: Mapping[str, str], source: str) -> None:
 
 def runtime_started() -> bool:
   """Whether TensorFlow's eager runtime has started in this process."""
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
-  return context.context()._context_handle is not None  # pylint: disable=protected-access
+  return tf_internals.eager_runtime_started()
 
 
 @dataclasses.dataclass

@@ -68,6 +68,23 @@ def test_a_family_imports_core_only(family):
   assert not bad, '\n'.join(bad)
 
 
+def test_only_tf_internals_imports_tensorflows_private_modules():
+  """TensorFlow's private modules (anything imported from inside
+  `tensorflow`, e.g. `tensorflow.python.eager.record`) are used through
+  `core.tf_internals` alone, which checks the TensorFlow version first."""
+  scripts = os.path.join(ROOT, '..', 'scripts')
+  paths = [p for f in FAMILIES + ('core', 'joint', 'benchmarks')
+           for p in _modules(f)]
+  paths += [os.path.join(ROOT, n) for n in os.listdir(ROOT) if n.endswith('.py')]
+  paths += [os.path.join(scripts, n) for n in os.listdir(scripts)
+            if n.endswith('.py')]
+  bad = [f'{os.path.relpath(p, ROOT)} imports {n}' for p in paths
+         for n in _imports(p) if n.startswith('tensorflow.')
+         and not p.endswith(os.path.join('core', 'tf_internals.py'))]
+  assert len(paths) > 20
+  assert not bad, '\n'.join(bad)
+
+
 def test_core_imports_no_family():
   bad = [f'{os.path.relpath(p, ROOT)} imports {n}'
          for p in _modules('core') for n in _imports(p)

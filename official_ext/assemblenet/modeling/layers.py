@@ -19,14 +19,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf, tf_keras
-# `tf.recompute_grad`'s own helpers: a tape-stopping context for the forward
-# run and whether a tape watches a tensor (`record`), and the test for an XLA
-# context, where control dependencies are ignored (`control_flow_util`); none
-# has a public equivalent.
-from tensorflow.python.eager import record
-from tensorflow.python.ops import control_flow_util
 
 from official_ext.core import kernel_policy
+from official_ext.core import tf_internals
 
 BATCH_NORM_DECAY = 0.99
 BATCH_NORM_EPSILON = 1e-5
@@ -105,8 +100,8 @@ def recompute_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
   def segment(*args):
     # Inputs no tape watches (the clip of the RGB stem) get no gradient:
     # one in the order's token would keep the executor from pruning it.
-    needed = [record.should_record_backprop([a]) for a in args]
-    with record.stop_recording():
+    needed = [tf_internals.should_record_backprop([a]) for a in args]
+    with tf_internals.stop_recording():
       result = forward(*args)
 
     def grad(*dys, variables=None):
@@ -133,8 +128,7 @@ def recompute_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
   def call(*args):
     if (not kernel_policy.current().takes('assemblenet.ordered_recompute') or
         (not tf.executing_eagerly() and
-         control_flow_util.GraphOrParentsInXlaContext(
-             tf.compat.v1.get_default_graph()))):
+         tf_internals.in_xla_context(tf.compat.v1.get_default_graph()))):
       runs = []
 
       def run(*xs):  # First call: the forward pass; later: reruns.
