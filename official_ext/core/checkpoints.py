@@ -2,13 +2,13 @@
 import os
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from absl import logging
 from google.protobuf import text_format
 import tensorflow as tf, tf_keras
 
-from tensorflow.python.training import checkpoint_state_pb2  # pylint: disable=g-direct-tensorflow-import
+from official_ext.core import tf_internals
 
 T = TypeVar('T')
 
@@ -366,8 +366,9 @@ def _state_path(model_dir: str) -> str:
   return os.path.join(model_dir, 'checkpoint')
 
 
-def _read_state(model_dir: str) -> Optional[checkpoint_state_pb2.CheckpointState]:
-  """The `checkpoint` state file of `model_dir`, or None when there is none.
+def _read_state(model_dir: str) -> Optional[Any]:
+  """The `checkpoint` state file of `model_dir` (a `CheckpointState`
+  message, `core.tf_internals`), or None when there is none.
 
   `tf.train.get_checkpoint_state` returns None on *any* read error (a storage
   outage then looks like a fresh model_dir); here a read error is retried and
@@ -384,7 +385,7 @@ def _read_state(model_dir: str) -> Optional[checkpoint_state_pb2.CheckpointState
   content = _retry(read, f'the checkpoint state file {path}')
   if content is None:
     return None
-  state = checkpoint_state_pb2.CheckpointState()
+  state = tf_internals.checkpoint_state()
   try:
     text_format.Merge(content, state)
   except text_format.ParseError as e:
