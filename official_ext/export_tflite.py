@@ -32,8 +32,8 @@ its inputs.
 Only TFLite builtin ops are allowed (no SELECT_TF_OPS: both families convert
 without TensorFlow kernels, so the model runs in the plain LiteRT runtime;
 AssembleNet's temporally dilated convolutions and spatial max pools are
-written with ops TFLite has, `assemblenet.modeling.layers.Conv3D` and
-`spatial_max_pool`).
+written with ops TFLite has, `assemblenet.modeling.convolutions.Conv3D` and
+`assemblenet.modeling.fusion.spatial_max_pool`).
 If a model holds an op the converter cannot take (e.g. a `tf.py_function`,
 shown as `tf.EagerPyFunc`), the error (`UnsupportedOpsError`) names the ops.
 

@@ -165,7 +165,7 @@ class AssembleNetPlusLite(hyperparams.Config):
       compute in that dtype).
     bn_decay, bn_epsilon: batch-norm momentum and epsilon.
     use_sync_bn: synchronized batch norm across replicas.
-    recompute_grad: gradient checkpointing (`modeling.layers.recompute_grad`)
+    recompute_grad: gradient checkpointing (`modeling.recompute.recompute_grad`)
       of every stem, fusion and block group: the backward pass keeps only the
       nodes' outputs and reruns one segment at a time; less memory, about one
       more forward of compute. The recomputation does not update batch-norm

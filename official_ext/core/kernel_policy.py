@@ -99,17 +99,17 @@ FAST_PATHS: Tuple[FastPath, ...] = (
         name='assemblenet.conv3d_as_2d',
         replaces='`tf_keras.layers.Conv3D` (Conv3D; SpaceToBatchND for a '
         'temporal dilation)',
-        where='official_ext.assemblenet.modeling.layers.conv3d_as_2d',
+        where='official_ext.assemblenet.modeling.convolutions.conv3d_as_2d',
         auto='CPU: every kernel where oneDNN\'s CPU kernels are off; with '
         'them on, 1x1x1 kernels and temporally dilated kernels on frames of '
-        '<= 16 pixels (`layers.conv3d_implementation`)',
+        '<= 16 pixels (`convolutions.conv3d_implementation`)',
         devices=('CPU',), off=_OFF,
         test='tests/assemblenet/test_modeling.py::'
         'test_conv3d_implementations'),
     FastPath(
         name='assemblenet.conv3d_time_phases',
         replaces='a temporally dilated Conv3D as SpaceToBatchND + Conv3D',
-        where='official_ext.assemblenet.modeling.layers.conv3d_native',
+        where='official_ext.assemblenet.modeling.convolutions.conv3d_native',
         auto='CPU with oneDNN\'s CPU kernels on: temporally dilated kernels '
         '(odd kt) on frames of > 16 pixels',
         devices=('CPU',), off=_OFF,
@@ -118,7 +118,7 @@ FAST_PATHS: Tuple[FastPath, ...] = (
     FastPath(
         name='assemblenet.ordered_recompute',
         replaces='`tf.recompute_grad` (with `recompute_grad: true`)',
-        where='official_ext.assemblenet.modeling.layers.recompute_grad',
+        where='official_ext.assemblenet.modeling.recompute.recompute_grad',
         auto='CPU, outside XLA: one segment\'s backward rerun at a time '
         '(host-memory peak); inside XLA always `tf.recompute_grad`',
         devices=('CPU',), off=_OFF,

@@ -10,8 +10,11 @@ from official.vision.modeling.backbones import factory as backbone_factory
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.assemblenet import structures
 from official_ext.assemblenet.modeling import assemblenet_plus_lite as anet
+from official_ext.assemblenet.modeling import blocks
 from official_ext.assemblenet.modeling import complexity
-from official_ext.assemblenet.modeling import layers as anet_layers
+from official_ext.assemblenet.modeling import convolutions
+from official_ext.assemblenet.modeling import fusion
+from official_ext.assemblenet.modeling import representation_flow
 from official_ext.core import kernel_policy
 
 T, S = 4, 32
@@ -122,7 +125,7 @@ def test_frame_counts_the_network_cannot_take_are_named():
     _tiny(frames=1)
   # A known count when called: test_rep_flow_trainable_options_and_still_
   # frames; a count known only at run time:
-  flow = anet_layers.RepresentationFlow(num_iter=1, name='rep_flow')
+  flow = representation_flow.RepresentationFlow(num_iter=1, name='rep_flow')
   unknown = tf.function(flow, input_signature=[
       tf.TensorSpec([None, None, 8, 8, 3], tf.float32)])
   with pytest.raises(tf.errors.InvalidArgumentError,
@@ -223,25 +226,25 @@ def test_fixed_vs_trainable_edge_weights(tiny_models):
 
 
 def test_single_input_node_passes_through_unweighted():
-  fusion = anet_layers.PeerAttentionFusion(num_inputs=1, attention_mode=None)
+  layer = fusion.PeerAttentionFusion(num_inputs=1, attention_mode=None)
   x = tf.random.normal([2, 3, 4, 4, 5])
-  np.testing.assert_array_equal(fusion([x]), x)
-  assert not fusion.weights
+  np.testing.assert_array_equal(layer([x]), x)
+  assert not layer.weights
 
 
 def test_fusion_pools_weights_and_projects():
   a = tf.random.normal([1, 2, 8, 8, 4])  # pooled by 2 to 4x4
   b = tf.random.normal([1, 2, 4, 4, 6])
   c = tf.random.normal([1, 2, 4, 4, 6])
-  fusion = anet_layers.PeerAttentionFusion(3, None, [0.25, 0.5, 0.75])
-  out = fusion([a, b, c])
-  assert fusion.fusion_width == 6 and out.shape == (1, 2, 4, 4, 6)
+  layer = fusion.PeerAttentionFusion(3, None, [0.25, 0.5, 0.75])
+  out = layer([a, b, c])
+  assert layer.fusion_width == 6 and out.shape == (1, 2, 4, 4, 6)
   pooled = tf.nn.max_pool3d(a, [1, 1, 2, 2, 1], [1, 1, 2, 2, 1], 'SAME')
-  expected = (fusion._projections['4'](0.25 * pooled) + 0.5 * b + 0.75 * c)
+  expected = (layer._projections['4'](0.25 * pooled) + 0.5 * b + 0.75 * c)
   np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
   # The original's 5-D defect: the fusion width is an input's *width*.
-  orig = anet_layers.PeerAttentionFusion(3, None, [0.25, 0.5, 0.75],
-                                         fusion_width_as_channels=True)
+  orig = fusion.PeerAttentionFusion(3, None, [0.25, 0.5, 0.75],
+                                    fusion_width_as_channels=True)
   assert orig([a, b, c]).shape == (1, 2, 4, 4, 8)  # width of `a`, not 6
   assert sorted(orig._projections) == ['4', '6']
 
@@ -251,18 +254,18 @@ def test_fusion_takes_peers_or_their_spatial_means():
   # by the fusions; a fusion given the nodes themselves averages them.
   x = tf.random.normal([1, 2, 4, 4, 3])
   peers = [tf.random.normal([1, 2, 8, 8, 5]), tf.random.normal([1, 2, 4, 4, 2])]
-  fusion = anet_layers.PeerAttentionFusion(1, 'peer')
-  out = fusion([x] + peers)
-  means = [anet_layers.SpatialMean()(p) for p in peers]
+  layer = fusion.PeerAttentionFusion(1, 'peer')
+  out = layer([x] + peers)
+  means = [fusion.SpatialMean()(p) for p in peers]
   assert means[0].shape == (1, 2, 5)
-  np.testing.assert_array_equal(fusion([x] + means), out)
+  np.testing.assert_array_equal(layer([x] + means), out)
   with pytest.raises(ValueError, match=r'fusion_1: peer 0 must be .* got '
                      r'shape \[1, 2, 5, 5\]'):
-    anet_layers.PeerAttentionFusion(1, 'peer', name='fusion_1')(
+    fusion.PeerAttentionFusion(1, 'peer', name='fusion_1')(
         [x, tf.zeros([1, 2, 5, 5])])
-  pool = anet_layers.SpatialMaxPool(2)
+  pool = fusion.SpatialMaxPool(2)
   np.testing.assert_array_equal(pool(peers[0]),
-                                anet_layers.spatial_max_pool(peers[0], 2))
+                                fusion.spatial_max_pool(peers[0], 2))
 
 
 def _charades_params(**backbone_overrides):
@@ -353,10 +356,10 @@ def test_tiny_model_matches_analytic_count(tiny_models, attention_mode,
 
 def test_conv3d_same_padding_kernels():
   x = tf.zeros([1, 4, 9, 9, 2])
-  conv2d = anet_layers.conv3d_same_padding(3, 3, 2, do_2d_conv=True)
+  conv2d = convolutions.conv3d_same_padding(3, 3, 2, do_2d_conv=True)
   assert conv2d(x).shape == (1, 4, 5, 5, 3)
   assert conv2d.kernel.shape == (1, 3, 3, 2, 3) and not conv2d.use_bias
-  conv3d = anet_layers.conv3d_same_padding(3, 3, 1, temporal_dilation=2)
+  conv3d = convolutions.conv3d_same_padding(3, 3, 1, temporal_dilation=2)
   assert conv3d(x).shape == (1, 4, 9, 9, 3)
   assert conv3d.kernel.shape == (3, 3, 3, 2, 3)
   assert conv3d.dilation_rate == (2, 1, 1) and conv3d.strides == (1, 1, 1)
@@ -375,7 +378,7 @@ def test_conv3d_same_padding_kernels():
 ])
 @pytest.mark.parametrize('onednn', [False, True])
 def test_conv3d_implementations(kernel, strides, dilation, shape, onednn):
-  """Both CPU fast paths of `layers.Conv3D`, as the CPU kernel policy
+  """Both CPU fast paths of `convolutions.Conv3D`, as the CPU kernel policy
   picks them (`conv3d_implementation`: with oneDNN reported on, the native
   Conv3D op for kernels of more than one tap but dilated ones on frames of
   <= 16 pixels, a dilation as the time phases folded into the batch; else
@@ -388,7 +391,7 @@ def test_conv3d_implementations(kernel, strides, dilation, shape, onednn):
             (dilation == 1 or shape[2] * shape[3] > 16))
   policy = kernel_policy.resolve('auto', 'CPU', onednn)
   x = tf.constant(np.random.default_rng(0).normal(size=shape), tf.float32)
-  conv = anet_layers.conv3d_same_padding(4, kernel, strides, dilation)
+  conv = convolutions.conv3d_same_padding(4, kernel, strides, dilation)
   conv.build(x.shape)
   expected = tf.nn.convolution(x, conv.kernel, [1, strides, strides],
                                padding='SAME', dilations=[dilation, 1, 1])
@@ -432,7 +435,7 @@ def test_conv3d_takes_native_op_where_onednn_makes_it_faster():
   (`conv3d_as_2d`)."""
 
   def ops(kernel, strides=1, dilation=1, onednn=True, size=8):
-    conv = anet_layers.conv3d_same_padding(4, kernel, strides, dilation)
+    conv = convolutions.conv3d_same_padding(4, kernel, strides, dilation)
     with kernel_policy.use(kernel_policy.resolve('auto', 'CPU', onednn)):
       fn = tf.function(conv).get_concrete_function(
           tf.TensorSpec([1, 4, size, size, 3], tf.float32))
@@ -450,7 +453,7 @@ def test_conv3d_takes_native_op_where_onednn_makes_it_faster():
   for kernel in ([3, 3, 3], [3, 1, 1], [1, 1, 1]):
     assert 'Conv3D' not in ops(kernel, onednn=False)
   assert 'Conv3D' not in ops([3, 3, 3], dilation=2, onednn=False)
-  choose = anet_layers.conv3d_implementation
+  choose = convolutions.conv3d_implementation
   onednn = kernel_policy.resolve('auto', 'CPU', onednn=True)
   assert choose([3, 3, 3], 1, policy=onednn) == 'stock'
   assert choose([3, 3, 3], 2, 49, policy=onednn) == 'time_phases'
@@ -472,17 +475,17 @@ def test_conv3d_on_accelerators_is_the_stock_op(device):
   for kernel, dilation, size in (([3, 3, 3], 1, 8), ([1, 1, 1], 1, 8),
                                  ([3, 1, 1], 2, 8), ([3, 3, 3], 2, 4),
                                  ([1, 3, 3], 1, 4)):
-    assert anet_layers.conv3d_implementation(
+    assert convolutions.conv3d_implementation(
         kernel, dilation, size * size, policy=policy) == 'stock'
-    conv = anet_layers.conv3d_same_padding(4, kernel, 1, dilation)
+    conv = convolutions.conv3d_same_padding(4, kernel, 1, dilation)
     with kernel_policy.use(policy):
       fn = tf.function(conv).get_concrete_function(
           tf.TensorSpec([1, 4, size, size, 3], tf.float32))
     ops = {n.op for n in fn.graph.as_graph_def().node}
     assert 'Conv3D' in ops and 'MatMul' not in ops, (kernel, ops)
   fast = kernel_policy.resolve('fast', device)
-  assert anet_layers.conv3d_implementation([3, 3, 3], 1, 64,
-                                           policy=fast) == 'as_2d'
+  assert convolutions.conv3d_implementation([3, 3, 3], 1, 64,
+                                            policy=fast) == 'as_2d'
 
 
 def test_spatial_max_pool_is_max_pool3d():
@@ -490,15 +493,15 @@ def test_spatial_max_pool_is_max_pool3d():
                   tf.float32)
   for r in (2, 4):
     np.testing.assert_array_equal(
-        anet_layers.spatial_max_pool(x, r).numpy(),
+        fusion.spatial_max_pool(x, r).numpy(),
         tf.nn.max_pool3d(x, [1, 1, r, r, 1], [1, 1, r, r, 1], 'SAME').numpy())
 
 
 def test_batch_norm_relu_init_zero():
-  bn = anet_layers.BatchNormRelu(relu=False, init_zero=True)
+  bn = blocks.BatchNormRelu(relu=False, init_zero=True)
   x = tf.random.normal([2, 3, 4])
   assert np.all(bn(x, training=False).numpy() == 0)
-  bn = anet_layers.BatchNormRelu(relu=True)
+  bn = blocks.BatchNormRelu(relu=True)
   assert np.all(bn(x, training=True).numpy() >= 0)
 
 
@@ -522,7 +525,7 @@ def known_motion_flow():
   `_SHIFTS`, in one batch: the layer rescales each clip by its own extremes,
   so a clip's flow does not depend on its batch (checked below), and one
   batch compiles the layer's XLA program once."""
-  layer = anet_layers.RepresentationFlow(num_iter=20)
+  layer = representation_flow.RepresentationFlow(num_iter=20)
   clips = tf.concat([_moving_pattern(shift) for shift in _SHIFTS], axis=0)
   return layer, layer(clips).numpy()
 
@@ -543,14 +546,14 @@ def test_rep_flow_known_motion(known_motion_flow, shift, axis, sign):
 
 
 def test_rep_flow_trainable_options_and_still_frames():
-  layer = anet_layers.RepresentationFlow(num_iter=2, train_hyper=True)
+  layer = representation_flow.RepresentationFlow(num_iter=2, train_hyper=True)
   flow = layer(tf.ones([2, 4, 8, 8, 3])).numpy()  # constant: no motion
   assert np.all(np.isfinite(flow)) and np.abs(flow).max() < 1e-6
   assert sorted(v.name.split('/')[-1].split(':')[0]
                 for v in layer.trainable_weights) == ['lambda', 'tau', 'theta']
   with pytest.raises(ValueError, match='a clip of 1 frames; the flow stem .* '
                      'needs at least 2 frames'):
-    anet_layers.RepresentationFlow()(tf.zeros([1, 1, 8, 8, 3]))
+    representation_flow.RepresentationFlow()(tf.zeros([1, 1, 8, 8, 3]))
 
 
 # Recompute on and off: same gradients and batch-norm statistics in
@@ -559,13 +562,13 @@ def test_rep_flow_trainable_options_and_still_frames():
 
 def test_layer_configs_round_trip(tiny_models):
   for layer in [
-      anet_layers.BatchNormRelu(relu=False, init_zero=True, bn_decay=0.9),
-      anet_layers.RepresentationFlow(num_iter=3, train_hyper=True),
-      anet_layers.PeerAttentionFusion(2, 'self', [0.3, 0.6], True,
-                                      recompute_grad=True),
-      anet_layers.InvertedBottleneckBlock3D([4, 4, 8], 2, True, 2),
-      anet_layers.BlockGroup([4, 4, 8], 2, 2, recompute_grad=True),
-      anet_layers.SpatialMaxPool(3), anet_layers.SpatialMean(),
+      blocks.BatchNormRelu(relu=False, init_zero=True, bn_decay=0.9),
+      representation_flow.RepresentationFlow(num_iter=3, train_hyper=True),
+      fusion.PeerAttentionFusion(2, 'self', [0.3, 0.6], True,
+                                 recompute_grad=True),
+      blocks.InvertedBottleneckBlock3D([4, 4, 8], 2, True, 2),
+      blocks.BlockGroup([4, 4, 8], 2, 2, recompute_grad=True),
+      fusion.SpatialMaxPool(3), fusion.SpatialMean(),
       anet.LiteStem(8, 2, recompute_grad=True), anet.LiteHead(5, (8, 16), True, 0.2)]:
     config = layer.get_config()
     clone = type(layer).from_config(config)
@@ -583,9 +586,10 @@ def test_rep_flow_of_a_clip_does_not_depend_on_its_batch():
   batch = tf.concat([clip, other], axis=0)
   # Two iterations: every term of the scheme (the dual variables enter the
   # flow from the second one on); each shape is an XLA compilation.
-  per_clip = anet_layers.RepresentationFlow(num_iter=2)
+  per_clip = representation_flow.RepresentationFlow(num_iter=2)
   np.testing.assert_allclose(per_clip(batch)[:1], per_clip(clip),
                              rtol=1e-5, atol=1e-5)
   # The original rescales by the batch's min/max: the other clip changes it.
-  original = anet_layers.RepresentationFlow(num_iter=2, rescale_per_batch=True)
+  original = representation_flow.RepresentationFlow(num_iter=2,
+                                                    rescale_per_batch=True)
   assert np.abs(original(batch)[:1] - original(clip)).max() > 1e-2

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
-from official_ext.assemblenet.modeling import layers as anet_layers
+from official_ext.assemblenet.modeling import fusion
+from official_ext.assemblenet.modeling import representation_flow
 
 
 def _sigmoid(x):
@@ -61,7 +62,7 @@ def test_attention_fusion_matches_numpy(mode):
   rng = np.random.default_rng(0)
   xs, peers = _fusion_inputs(rng)
   edges = [0.2, 0.5, 0.9]
-  layer = anet_layers.PeerAttentionFusion(3, mode, edges, name='fusion')
+  layer = fusion.PeerAttentionFusion(3, mode, edges, name='fusion')
   inputs = xs + (peers if mode == 'peer' else [])
   layer([tf.constant(v) for v in inputs])  # Build.
   values = _randomize(layer, rng)
@@ -159,7 +160,7 @@ def test_rep_flow_matches_numpy_tv_l1():
   base = (base + np.roll(base, 1, 0) + np.roll(base, 1, 1)) / 3.0
   clip = np.stack([np.roll(base, s, axis=1) for s in range(3)])[:, 2:10, 2:10]
   clips = np.stack([clip, clip[:, ::-1]]).astype(np.float32)  # Two clips.
-  layer = anet_layers.RepresentationFlow(num_iter=4)
+  layer = representation_flow.RepresentationFlow(num_iter=4)
   got = layer(tf.constant(clips)).numpy()
   for b in range(2):
     expected = _tv_l1(clips[b].astype(np.float64), num_iter=4)

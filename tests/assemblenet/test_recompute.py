@@ -14,7 +14,9 @@ import tensorflow as tf, tf_keras
 
 from official_ext.assemblenet import structures
 from official_ext.assemblenet.modeling import assemblenet_plus_lite as anet
-from official_ext.assemblenet.modeling import layers as anet_layers
+from official_ext.assemblenet.modeling import blocks
+from official_ext.assemblenet.modeling import fusion
+from official_ext.assemblenet.modeling import recompute
 from official_ext.core import kernel_policy
 
 GPU = kernel_policy.resolve('auto', 'GPU')
@@ -22,10 +24,10 @@ GPU = kernel_policy.resolve('auto', 'GPU')
 T, S, BATCH = 4, 16, 4
 
 
-def _full_model(recompute: bool, use_sync_bn: bool = False):
+def _full_model(checkpointed: bool, use_sync_bn: bool = False):
   """The tiny backbone + head: {'image': [BATCH, T, S, S, 3]} -> [BATCH, 5].
 
-  Without `recompute`, the straightforward network: no checkpointing, and
+  Without `checkpointed`, the straightforward network: no checkpointing, and
   each fusion pools and averages its own inputs (`share_fusion_inputs=
   False`); with it, the memory-saving one (pooled copies and peer means
   computed once per node and shared), so the comparison also checks that
@@ -35,25 +37,25 @@ def _full_model(recompute: bool, use_sync_bn: bool = False):
       structures.TINY_STRUCTURE, None, structures.TINY_BLOCKS_PER_LEVEL,
       input_specs=tf_keras.layers.InputSpec(shape=[None, T, S, S, 3]),
       stem_filters=8, attention_mode='peer', use_sync_bn=use_sync_bn,
-      recompute_grad=recompute, rep_flow_options={'num_iter': 2},
-      share_fusion_inputs=recompute)
+      recompute_grad=checkpointed, rep_flow_options={'num_iter': 2},
+      share_fusion_inputs=checkpointed)
   return anet.AssembleNetPlusLiteModel(backbone, 5, head_filters=(16, 24))
 
 
-def _segments_model(recompute: bool, use_sync_bn: bool = False):
+def _segments_model(checkpointed: bool, use_sync_bn: bool = False):
   """Checkpointed segments of every kind (two stems, a peer-attention fusion
   of inputs with different channel counts, a strided 2-block group):
   {'image': [BATCH, T, S, S, 3]} -> [BATCH, T, S/4, S/4, 8]. Few variables,
   so quick to build and trace (also under a strategy)."""
   bn = dict(use_sync_bn=use_sync_bn)
   inputs = tf_keras.Input([T, S, S, 3], name='image')
-  stems = [anet.LiteStem(4, d, recompute_grad=recompute, name=f'stem_{d}',
+  stems = [anet.LiteStem(4, d, recompute_grad=checkpointed, name=f'stem_{d}',
                          **bn)(inputs) for d in (1, 2)]
   stems[1] = tf_keras.layers.Conv3D(6, 1, name='widen')(stems[1])
-  fused = anet_layers.PeerAttentionFusion(
-      2, 'peer', recompute_grad=recompute, name='fusion')(stems + stems)
-  out = anet_layers.BlockGroup([8, 8, 8], 2, 2, recompute_grad=recompute,
-                               name='group', **bn)(fused)
+  fused = fusion.PeerAttentionFusion(
+      2, 'peer', recompute_grad=checkpointed, name='fusion')(stems + stems)
+  out = blocks.BlockGroup([8, 8, 8], 2, 2, recompute_grad=checkpointed,
+                          name='group', **bn)(fused)
   return tf_keras.Model({'image': inputs}, out)
 
 
@@ -99,12 +101,12 @@ def _check_one_step(build, mode, strategy=None):
   Returns the number of moving statistics compared.
   """
   models = []
-  for recompute in (False, True):
+  for checkpointed in (False, True):
     if strategy is None:
-      models.append(build(recompute))
+      models.append(build(checkpointed))
     else:
       with strategy.scope():
-        models.append(build(recompute, use_sync_bn=True))
+        models.append(build(checkpointed, use_sync_bn=True))
   models[1].set_weights(models[0].get_weights())
   before = _moving_statistics(models[0])
   g_ref, m_ref = _one_step(models[0], mode, strategy)
@@ -131,8 +133,7 @@ def test_recompute_grad_updates_batch_norm_statistics_once():
   reference also without shared fusion inputs (see `_full_model`)."""
   assert _check_one_step(_full_model, 'eager') >= 40
   shared = [l.name for l in _full_model(True).backbone.layers
-            if isinstance(l, (anet_layers.SpatialMean,
-                              anet_layers.SpatialMaxPool))]
+            if isinstance(l, (fusion.SpatialMean, fusion.SpatialMaxPool))]
   assert 'node_0_mean' in shared and 'node_0_pool_2' in shared, shared
 
 
@@ -150,15 +151,15 @@ def test_block_group_recomputes_without_a_second_update(monkeypatch):
   """The recomputation still happens (the forward runs twice per step); the
   moving mean is one update towards the batch mean: 0.01 * mean from 0."""
   calls = []
-  forward = anet_layers.BlockGroup._forward
+  forward = blocks.BlockGroup._forward
 
   def counting_forward(self, x, training):
     calls.append(training)
     return forward(self, x, training)
 
-  monkeypatch.setattr(anet_layers.BlockGroup, '_forward', counting_forward)
+  monkeypatch.setattr(blocks.BlockGroup, '_forward', counting_forward)
   x = tf.random.stateless_normal([2, 2, 4, 4, 4], seed=[1, 2])
-  groups = [anet_layers.BlockGroup([4, 4, 8], 1, 1, recompute_grad=r)
+  groups = [blocks.BlockGroup([4, 4, 8], 1, 1, recompute_grad=r)
             for r in (False, True)]
   groups[0](x, training=False)
   groups[1](x, training=False)
@@ -179,14 +180,14 @@ def test_block_group_recomputes_without_a_second_update(monkeypatch):
   for v0, v1 in zip(groups[0].non_trainable_variables,
                     groups[1].non_trainable_variables):
     np.testing.assert_allclose(v1, v0, rtol=1e-6, atol=1e-7, err_msg=v1.name)
-  assert not anet_layers.in_recomputation()
+  assert not recompute.in_recomputation()
 
 
 @pytest.mark.parametrize('onednn', [False, True])
 def test_2d_convolutions_give_conv3d_gradients(onednn):
-  """Training with `layers.Conv3D`'s implementations as the CPU kernel
+  """Training with `convolutions.Conv3D`'s implementations as the CPU kernel
   policy picks them for either setting of oneDNN (`conv3d_implementation`:
-  the convolutions in 2-D ops, `layers.conv3d_as_2d`, or, oneDNN on, the
+  the convolutions in 2-D ops, `convolutions.conv3d_as_2d`, or, oneDNN on, the
   native op for undilated kernels of more than one tap) gives the outputs
   and gradients of the stock policy's (tf_keras' Conv3D) to float32
   rounding, eagerly: stems
@@ -222,7 +223,7 @@ def test_larger_pooled_copies_are_pooled_from_the_smaller():
   compares the gradients with the unshared network's), so its gradient reaches the node through
   the smaller copy: one full-size gradient of the node fewer."""
   pools = {l.name: l for l in _full_model(True).backbone.layers
-           if isinstance(l, anet_layers.SpatialMaxPool)}
+           if isinstance(l, fusion.SpatialMaxPool)}
   assert {'node_0_pool_2', 'node_0_pool_4', 'node_3_pool_5'} <= set(pools)
   layer = pools['node_0_pool_4']
   assert layer._ratio == 2
@@ -255,9 +256,9 @@ def test_independent_segments_rerun_one_after_the_other():
   as the kernel policy takes on a GPU, the two are independent; the
   gradients are the same either way."""
   x = tf.random.stateless_normal([2, 2, 8, 8, 4], seed=[3, 4])
-  groups = [anet_layers.BlockGroup([4, 4, 8], 1, 2, recompute_grad=True,
-                                   name=f'group_{i}') for i in range(2)]
-  reference = [anet_layers.BlockGroup([4, 4, 8], 1, 2, name=f'ref_{i}')
+  groups = [blocks.BlockGroup([4, 4, 8], 1, 2, recompute_grad=True,
+                              name=f'group_{i}') for i in range(2)]
+  reference = [blocks.BlockGroup([4, 4, 8], 1, 2, name=f'ref_{i}')
                for i in range(2)]
   for group, ref in zip(groups, reference):
     group(x, training=False)
@@ -313,7 +314,7 @@ def test_recompute_grad_under_xla_takes_tf_recompute_grad():
   def grads(checkpointed):
     with tf.GradientTape() as tape:
       tape.watch(x)
-      f = anet_layers.recompute_grad(forward) if checkpointed else forward
+      f = recompute.recompute_grad(forward) if checkpointed else forward
       loss = tf.reduce_sum(f(x))
     return tape.gradient(loss, [w, x])
 

@@ -1,1 +1,4 @@
-"""AssembleNet++lite layers, backbone/model builders and complexity counts."""
+"""AssembleNet++lite models: the backbone and model builders
+(`assemblenet_plus_lite`), their layers by role (`convolutions`, `recompute`,
+`representation_flow`, `fusion`, `blocks`) and complexity counts
+(`complexity`)."""

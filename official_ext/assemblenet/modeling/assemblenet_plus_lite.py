@@ -15,7 +15,7 @@ Differences from the original, on purpose: the dropout layer takes a drop
 *rate* (the original passed its keep probability `dropout_keep_prob` as Keras'
 rate); fusion projects to the largest channel count (the original's 5-D code
 used the input width, reproducible with `fusion_width_as_channels`, see
-`layers.PeerAttentionFusion`); single-input nodes get attention only when
+`fusion.PeerAttentionFusion`); single-input nodes get attention only when
 attention is on; object-input stems (-3) are rejected (the original had no
 object input either).
 """
@@ -29,7 +29,11 @@ import tensorflow as tf, tf_keras
 from official.vision.modeling import factory_3d
 from official.vision.modeling.backbones import factory as backbone_factory
 from official_ext.assemblenet import structures
-from official_ext.assemblenet.modeling import layers as anet_layers
+from official_ext.assemblenet.modeling import blocks
+from official_ext.assemblenet.modeling import convolutions
+from official_ext.assemblenet.modeling import fusion
+from official_ext.assemblenet.modeling import recompute
+from official_ext.assemblenet.modeling import representation_flow
 
 layers = tf_keras.layers
 
@@ -58,14 +62,14 @@ class LiteStem(layers.Layer):
 
   ReLU), `filters` channels each. [B, T, H, W, C] -> [B, T, H/2, W/2, filters].
   With `recompute_grad`, training calls run through
-  `anet_layers.recompute_grad` (only the input is kept for the backward pass;
+  `recompute.recompute_grad` (only the input is kept for the backward pass;
   the stem's four full-resolution intermediates are recomputed there; its
   batch norms update their moving statistics once, in the forward pass).
   """
 
   def __init__(self, filters: int, temporal_dilation: int = 1,
-               bn_decay: float = anet_layers.BATCH_NORM_DECAY,
-               bn_epsilon: float = anet_layers.BATCH_NORM_EPSILON,
+               bn_decay: float = blocks.BATCH_NORM_DECAY,
+               bn_epsilon: float = blocks.BATCH_NORM_EPSILON,
                use_sync_bn: bool = False, kernel_regularizer=None,
                recompute_grad: bool = False, **kwargs):
     super().__init__(**kwargs)
@@ -79,19 +83,19 @@ class LiteStem(layers.Layer):
     if temporal_dilation > 1:
       temporal_init = tf_keras.initializers.TruncatedNormal(
           stddev=float(np.sqrt(2.0 / (3 * filters))))
-    self._conv = anet_layers.conv3d_same_padding(
+    self._conv = convolutions.conv3d_same_padding(
         filters, 3, 2, do_2d_conv=True, kernel_regularizer=kernel_regularizer,
         name='conv')
-    self._bn = anet_layers.BatchNormRelu(name='bn', **bn)
-    self._temporal = anet_layers.conv3d_same_padding(
+    self._bn = blocks.BatchNormRelu(name='bn', **bn)
+    self._temporal = convolutions.conv3d_same_padding(
         filters, [3, 1, 1], 1, temporal_dilation,
         kernel_initializer=temporal_init,
         kernel_regularizer=kernel_regularizer, name='conv_temporal')
-    self._temporal_bn = anet_layers.BatchNormRelu(name='bn_temporal', **bn)
+    self._temporal_bn = blocks.BatchNormRelu(name='bn_temporal', **bn)
 
   def call(self, inputs, training=None):
     if self._args['recompute_grad'] and training is True:
-      return anet_layers.recompute_grad(
+      return recompute.recompute_grad(
           lambda x: self._forward(x, True))(inputs)
     return self._forward(inputs, training)
 
@@ -124,18 +128,19 @@ class AssembleNetPlusLite(tf_keras.Model):
     attention_mode: None, 'self' or 'peer'.
     fusion_width_as_channels: the original's width-as-channels fusion.
     bn_decay, bn_epsilon, use_sync_bn: batch norm settings.
-    recompute_grad: gradient checkpointing (`anet_layers.recompute_grad`:
+    recompute_grad: gradient checkpointing (`recompute.recompute_grad`:
       one segment's rerun at a time) of every stem, fusion and block group: the
       backward pass keeps only node outputs and recomputes everything inside
       a node; batch-norm moving statistics are updated once per step, by the
       forward pass, not again by the recomputation.
-    rep_flow_options: kwargs of `layers.RepresentationFlow` (num_iter,
-      train_feature_grad, train_divergence, train_flow_grad, train_hyper).
+    rep_flow_options: kwargs of `representation_flow.RepresentationFlow`
+      (num_iter, train_feature_grad, train_divergence, train_flow_grad,
+      train_hyper).
     kernel_regularizer: regularizer of every conv / dense kernel.
     share_fusion_inputs: what the fusions take from other nodes is computed
       once per node and shared: each node's spatial mean (the peer-attention
-      source, `layers.SpatialMean`) and each max-pooled copy of a node
-      (`layers.SpatialMaxPool`, one per pooling ratio, an even ratio that
+      source, `fusion.SpatialMean`) and each max-pooled copy of a node
+      (`fusion.SpatialMaxPool`, one per pooling ratio, an even ratio that
       divides the frame pooled from the copy of half that ratio; not with
       `fusion_width_as_channels`, whose fusion width depends on the unpooled
       input widths). The same values as every fusion pooling and averaging
@@ -159,8 +164,8 @@ class AssembleNetPlusLite(tf_keras.Model):
                stem_filters: int = 24,
                attention_mode: Optional[str] = 'peer',
                fusion_width_as_channels: bool = False,
-               bn_decay: float = anet_layers.BATCH_NORM_DECAY,
-               bn_epsilon: float = anet_layers.BATCH_NORM_EPSILON,
+               bn_decay: float = blocks.BATCH_NORM_DECAY,
+               bn_epsilon: float = blocks.BATCH_NORM_EPSILON,
                use_sync_bn: bool = False,
                recompute_grad: bool = False,
                rep_flow_options: Optional[Dict[str, Any]] = None,
@@ -172,7 +177,7 @@ class AssembleNetPlusLite(tf_keras.Model):
     structure = structures.validate_structure(
         model_structure, model_edge_weights, blocks_per_level)
     edge_weights = structures.normalize_edge_weights(model_edge_weights)
-    if attention_mode not in anet_layers.ATTENTION_MODES:
+    if attention_mode not in fusion.ATTENTION_MODES:
       raise ValueError(f'attention_mode must be None, "self" or "peer"; got '
                        f'{attention_mode!r}.')
     for i, node in enumerate(structure):
@@ -199,8 +204,8 @@ class AssembleNetPlusLite(tf_keras.Model):
                             name='image')
     flow = None
     if any(n[0] == structures.STEM_FLOW for n in structure):
-      flow = anet_layers.RepresentationFlow(name='rep_flow',
-                                            **rep_flow_options)(inputs)
+      flow = representation_flow.RepresentationFlow(
+          name='rep_flow', **rep_flow_options)(inputs)
       flow = tf.cast(flow, inputs.dtype) if flow.dtype != inputs.dtype else flow
     streams = []
     endpoints = {}
@@ -210,7 +215,7 @@ class AssembleNetPlusLite(tf_keras.Model):
       if not share_fusion_inputs:
         return streams[k]
       if (k, 'mean') not in shared:
-        shared[k, 'mean'] = anet_layers.SpatialMean(
+        shared[k, 'mean'] = fusion.SpatialMean(
             name=f'node_{k}_mean')(streams[k])
       return shared[k, 'mean']
 
@@ -243,7 +248,7 @@ class AssembleNetPlusLite(tf_keras.Model):
           source, ratio = pool(j, x, r // 2), 2
         else:
           source, ratio = x, r
-        shared[j, r] = anet_layers.SpatialMaxPool(
+        shared[j, r] = fusion.SpatialMaxPool(
             ratio, name=f'node_{j}_pool_{r}')(source)
       return shared[j, r]
 
@@ -263,14 +268,14 @@ class AssembleNetPlusLite(tf_keras.Model):
         weights = None
         if edge_weights is not None and len(input_ids) > 1:
           weights = edge_weights[i][0]
-        fused = anet_layers.PeerAttentionFusion(
+        fused = fusion.PeerAttentionFusion(
             num_inputs=len(node_inputs), attention_mode=attention_mode,
             edge_weights=weights,
             fusion_width_as_channels=fusion_width_as_channels,
             kernel_regularizer=kernel_regularizer,
             recompute_grad=recompute_grad,
             name=f'{name}_fusion')(node_inputs + peers)
-        out = anet_layers.BlockGroup(
+        out = blocks.BlockGroup(
             filters, blocks_per_level[level], stride, dilation,
             recompute_grad=recompute_grad,
             kernel_regularizer=kernel_regularizer, name=name, **bn)(fused)
@@ -327,8 +332,8 @@ class LiteHead(layers.Layer):
 
   def __init__(self, num_classes: int, filters: Sequence[int] = (432, 2048),
                max_pool_predictions: bool = False, dropout_rate: float = 0.0,
-               bn_decay: float = anet_layers.BATCH_NORM_DECAY,
-               bn_epsilon: float = anet_layers.BATCH_NORM_EPSILON,
+               bn_decay: float = blocks.BATCH_NORM_DECAY,
+               bn_epsilon: float = blocks.BATCH_NORM_EPSILON,
                use_sync_bn: bool = False, kernel_regularizer=None, **kwargs):
     super().__init__(**kwargs)
     if not 0.0 <= dropout_rate < 1.0:
@@ -342,13 +347,13 @@ class LiteHead(layers.Layer):
                       bn_epsilon=bn_epsilon, use_sync_bn=use_sync_bn)
     bn = dict(bn_decay=bn_decay, bn_epsilon=bn_epsilon,
               use_sync_bn=use_sync_bn)
-    self._conv1 = anet_layers.conv3d_same_padding(
+    self._conv1 = convolutions.conv3d_same_padding(
         filters[0], 1, kernel_regularizer=kernel_regularizer, name='last_conv')
-    self._bn1 = anet_layers.BatchNormRelu(name='last_conv_bn', **bn)
-    self._conv2 = anet_layers.conv3d_same_padding(
+    self._bn1 = blocks.BatchNormRelu(name='last_conv_bn', **bn)
+    self._conv2 = convolutions.conv3d_same_padding(
         filters[1], 1, kernel_regularizer=kernel_regularizer,
         name='last_conv2')
-    self._bn2 = anet_layers.BatchNormRelu(name='last_conv2_bn', **bn)
+    self._bn2 = blocks.BatchNormRelu(name='last_conv2_bn', **bn)
     self._dropout = layers.Dropout(dropout_rate)
     self._dense = layers.Dense(
         num_classes, kernel_initializer=tf_keras.initializers.RandomNormal(
