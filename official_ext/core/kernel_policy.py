@@ -128,25 +128,26 @@ FAST_PATHS: Tuple[FastPath, ...] = (
         name='yt8m.batch_norm_gradient',
         replaces='`tf_keras.layers.BatchNormalization` in training '
         '(automatic gradient)',
-        where='official_ext.yt8m.modeling.layers.BatchNormalization',
+        where='official_ext.yt8m.modeling.batch_norm.BatchNormalization',
         auto='CPU: float32 training calls over the last axis, trainable, '
         'not synchronized (`BatchNormalization._written_out`)',
         devices=('CPU',), off=_OFF,
-        test='tests/yt8m/test_layers.py::'
+        test='tests/yt8m/test_batch_norm.py::'
         'test_batch_norm_training_matches_tf_keras'),
     FastPath(
         name='yt8m.bias_gradient',
         replaces='`tf_keras.layers.Dense` bias gradient over frames',
-        where='official_ext.yt8m.modeling.layers.Dense',
+        where='official_ext.yt8m.modeling.batch_norm.Dense',
         auto='CPU: float32 inputs of rank >= 3 with a bias',
         devices=('CPU',), off=_OFF,
-        test='tests/yt8m/test_layers.py::'
+        test='tests/yt8m/test_batch_norm.py::'
         'test_dense_bias_gradient_matches_tf_keras'),
     FastPath(
         name='yt8m.dbof_cluster_pool',
         replaces='DBoF cluster BatchNormalization + ReLU + average pooling, '
         'layer by layer',
-        where='official_ext.yt8m.modeling.layers.batch_norm_relu_average_pool',
+        where=('official_ext.yt8m.modeling.batch_norm.'
+               'batch_norm_relu_average_pool'),
         auto='CPU: float32 training, batch norm on, ReLU, average pooling, no '
         'cluster context gate, not synchronized (`Dbof.'
         '_fused_training`)',

@@ -4,6 +4,7 @@ from typing import Any, Mapping, Optional
 import tensorflow as tf, tf_keras
 
 from official_ext.core import kernel_policy
+from official_ext.yt8m.modeling import batch_norm
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 POOLING_METHODS = ('average', 'max', 'swap', 'none')
@@ -85,7 +86,7 @@ class Dbof(tf_keras.layers.Layer):
     self._activation_fn = yt8m_layers.get_activation(activation)
 
   def _norm(self, name, affine=True):
-    return yt8m_layers.BatchNormalization(
+    return batch_norm.BatchNormalization(
         momentum=self._config['norm_momentum'],
         epsilon=self._config['norm_epsilon'],
         synchronized=self._config['use_sync_bn'],
@@ -192,7 +193,7 @@ class Dbof(tf_keras.layers.Layer):
 
     The cluster layer's batch norm, ReLU and average pooling are one
     function with a written-out gradient
-    (`yt8m_layers.batch_norm_relu_average_pool`): the same values to float32
+    (`batch_norm.batch_norm_relu_average_pool`): the same values to float32
     rounding and the same moving-average updates, in fewer passes over the
     [batch, frames, cluster_size] activations
     (`python -m official_ext.benchmark yt8m`). A CPU fast path of the
@@ -222,10 +223,10 @@ class Dbof(tf_keras.layers.Layer):
     """Cluster batch norm, ReLU and average pooling in training, fused."""
     norm = self._cluster_bn
     self._ensure_built(norm, x)
-    pooled, mean, variance, count = yt8m_layers.batch_norm_relu_average_pool(
+    pooled, mean, variance, count = batch_norm.batch_norm_relu_average_pool(
         x, tf.convert_to_tensor(norm.gamma), tf.convert_to_tensor(norm.beta),
         norm.epsilon, seq_mask)
-    yt8m_layers.update_moving_moments(norm, mean, variance, count)
+    batch_norm.update_moving_moments(norm, mean, variance, count)
     return pooled
 
   def get_config(self) -> Mapping[str, Any]:

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Optional, Sequence
 import tensorflow as tf, tf_keras
 
 from official_ext.core import kernel_policy
+from official_ext.yt8m.modeling import batch_norm
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 _KEY = 'task.model.backbone.nextvlad'
@@ -89,13 +90,13 @@ class NextVladAggregation(tf_keras.layers.Layer):
     self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
 
   def _norm(self, name):
-    return yt8m_layers.BatchNormalization(
+    return batch_norm.BatchNormalization(
         momentum=self._config['norm_momentum'],
         epsilon=self._config['norm_epsilon'],
         synchronized=self._config['use_sync_bn'], name=name)
 
   def _dense(self, units, name, use_bias=True, activation=None):
-    return yt8m_layers.Dense(
+    return batch_norm.Dense(
         units, use_bias=use_bias, activation=activation,
         kernel_initializer=yt8m_layers.variance_scaling_fan_in(),
         kernel_regularizer=self._kernel_regularizer, name=name)
@@ -187,7 +188,7 @@ class NextVladAggregation(tf_keras.layers.Layer):
     both = tf.matmul(rows, tf.cast(kernel, rows.dtype))
     gate, logits = tf.split(both, [att.units, asg.units], axis=1)
     bias = tf.cast(att.bias, gate.dtype)
-    gate = (yt8m_layers.bias_add(gate, bias)
+    gate = (batch_norm.bias_add(gate, bias)
             if gate.dtype == tf.float32 and policy.takes('yt8m.bias_gradient')
             else gate + bias)
     lead = tf.shape(x)[:-1]
@@ -286,7 +287,7 @@ class NextVlad(tf_keras.layers.Layer):
         hidden_size, use_bias=False,
         kernel_initializer=yt8m_layers.variance_scaling_fan_in(),
         kernel_regularizer=self._kernel_regularizer, name='hidden_dense')
-    self._hidden_bn = yt8m_layers.BatchNormalization(
+    self._hidden_bn = batch_norm.BatchNormalization(
         momentum=norm_momentum, epsilon=norm_epsilon,
         synchronized=use_sync_bn, name='hidden_bn')
     self._gate = yt8m_layers.SeContextGate(

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf, tf_keras
 
 from official_ext.core import kernel_policy
-from official_ext.yt8m.modeling import layers as yt8m_layers
+from official_ext.yt8m.modeling import batch_norm
 
 CPU = kernel_policy.resolve('auto', 'CPU')
 
@@ -28,7 +28,7 @@ def test_batch_norm_training_matches_tf_keras(shape, masked, affine, jit):
   rng = np.random.default_rng(0)
   x = tf.constant(3 * rng.normal(size=shape).astype(np.float32) + 1)
   mask = (tf.constant(rng.random(shape[:-1]) > 0.3) if masked else None)
-  ours = yt8m_layers.BatchNormalization(center=affine, scale=affine)
+  ours = batch_norm.BatchNormalization(center=affine, scale=affine)
   theirs = tf_keras.layers.BatchNormalization(center=affine, scale=affine)
   ours(x)
   theirs(x)
@@ -71,15 +71,15 @@ def test_accelerator_and_stock_policies_run_tf_keras_layers(policy):
     return sorted(op.type for op in graph.get_operations())
 
   for ours, theirs in (
-      (yt8m_layers.BatchNormalization, tf_keras.layers.BatchNormalization),
-      (lambda: yt8m_layers.Dense(4), lambda: tf_keras.layers.Dense(4))):
+      (batch_norm.BatchNormalization, tf_keras.layers.BatchNormalization),
+      (lambda: batch_norm.Dense(4), lambda: tf_keras.layers.Dense(4))):
     assert op_types(ours(), policy) == op_types(theirs(), policy)
     assert op_types(ours(), CPU) != op_types(theirs(), CPU)
 
 
 def test_batch_norm_written_out_only_where_it_is_the_same():
   x = tf.zeros([2, 3, 4])
-  layer = yt8m_layers.BatchNormalization()
+  layer = batch_norm.BatchNormalization()
   layer(x)
   with kernel_policy.use(kernel_policy.resolve('auto', 'GPU')):
     assert not layer._written_out(x, True)
@@ -87,8 +87,8 @@ def test_batch_norm_written_out_only_where_it_is_the_same():
   assert not layer._written_out(x, False)
   assert not layer._written_out(x, None)  # Keras' learning phase decides.
   assert not layer._written_out(tf.zeros([2, 3, 4], tf.float16), True)
-  assert not yt8m_layers.BatchNormalization(axis=1)._written_out(x, True)
-  assert not yt8m_layers.BatchNormalization(
+  assert not batch_norm.BatchNormalization(axis=1)._written_out(x, True)
+  assert not batch_norm.BatchNormalization(
       synchronized=True)._written_out(x, True)
   layer.trainable = False  # A frozen layer normalizes with its averages.
   assert not layer._written_out(x, True)
@@ -97,7 +97,7 @@ def test_batch_norm_written_out_only_where_it_is_the_same():
 def test_dense_bias_gradient_matches_tf_keras():
   rng = np.random.default_rng(1)
   x = tf.constant(rng.normal(size=[2, 5, 3]).astype(np.float32))
-  ours = yt8m_layers.Dense(4, activation='sigmoid')
+  ours = batch_norm.Dense(4, activation='sigmoid')
   theirs = tf_keras.layers.Dense(4, activation='sigmoid')
   ours(x)
   theirs(x)
