@@ -12,8 +12,8 @@
   log-rates; poisson_d2; serves log-rates.
 
 Metrics: the primary one first. The losses are those of `losses`'
-docstring, the metrics `metrics`' functions. Imported by `readout_types`
-(its `TYPE_MODULES`).
+docstring, the metrics `metrics`' functions. Registered when `configs`
+imports this module.
 """
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 

@@ -34,7 +34,10 @@ from official.core import exp_factory
 from official.modeling import hyperparams
 from official.modeling import optimization
 from official_ext.core import kernel_policy
+# Importing these registers the family's readout types in `readout_types`.
+from official_ext.readout import builtin_types  # pylint: disable=unused-import
 from official_ext.readout import readout_types
+from official_ext.readout import von_mises  # pylint: disable=unused-import
 
 # `READOUT_TYPES` (the registered readout types) and `METRICS_BY_TYPE`
 # ({type: its metrics}, the first one its primary metric, averaged into
@@ -96,17 +99,6 @@ class ReadoutSpec(hyperparams.Config):
   metrics: Tuple[str, ...] = ()
   normalize_mean: Tuple[float, ...] = ()
   normalize_std: Tuple[float, ...] = ()
-
-
-def target_size(spec: ReadoutSpec) -> int:
-  """Values stored per query (the type's `target_size`: e.g. 1 class id for
-  multinomial, else `dim`)."""
-  return readout_types.get_readout_type(spec).target_size(spec)
-
-
-def spec_metrics(spec: ReadoutSpec) -> Tuple[str, ...]:
-  return (tuple(spec.metrics) or
-          readout_types.get_readout_type(spec).metrics)
 
 
 def target_normalization(spec: ReadoutSpec

@@ -278,7 +278,7 @@ class Parser:
     for i, name in enumerate(vocab, start=1):
       if name in specs:
         has_spec[i] = True
-        target_sizes[i] = configs.target_size(specs[name])
+        target_sizes[i] = readout_types.target_size(specs[name])
         types[i] = codes[specs[name].type]
         dims[i] = specs[name].dim
         target_docs[i] = (f'{specs[name].type}: '

@@ -58,7 +58,7 @@ def per_query_loss(spec: configs.ReadoutSpec, predictions: tf.Tensor,
   Args:
     spec: the task's ReadoutSpec.
     predictions: float [n, dim] head outputs.
-    targets: float [n, target_size] (`configs.target_size`).
+    targets: float [n, target_size] (`readout_types.target_size`).
 
   Returns:
     float32 [n].
@@ -90,7 +90,7 @@ def loss_sums(specs: Mapping[str, configs.ReadoutSpec],
   """
   sums = {}
   for name, spec in specs.items():
-    size = configs.target_size(spec)
+    size = readout_types.target_size(spec)
     w = tf.cast(weights[name], tf.float32)
     keep = w > 0
     # Rows of weight 0 are zeroed BEFORE the loss as well as after it: a

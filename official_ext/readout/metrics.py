@@ -58,13 +58,16 @@ are each record's own session (stitched within the record only) and have no
 per-session keys; an evaluation mixing them with named sessions is an error.
 """
 import math
-from typing import Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
 from official_ext.core import average_precision as core_ap
-from official_ext.readout import configs
 from official_ext.readout import readout_types
+
+# A `configs.ReadoutSpec`: `configs` imports this module (through the readout
+# types it registers), so this module does not import it.
+ReadoutSpec = Any
 
 
 def _prep(pred, target, weights):
@@ -225,7 +228,7 @@ def stitch(predictions, targets, weights, sessions, times,
   return sum_p / counts[:, None], y[first], sum_w / counts, unique[:, 0]
 
 
-def task_metrics(spec: configs.ReadoutSpec, predictions, targets,
+def task_metrics(spec: ReadoutSpec, predictions, targets,
                  weights=None) -> Dict[str, float]:
   """The metrics of one task ({metric: value}, those of `spec.metrics`),
   computed by its readout type (`readout_types`).
@@ -237,20 +240,20 @@ def task_metrics(spec: configs.ReadoutSpec, predictions, targets,
     weights: [n] (None: all 1).
   """
   readout_type = readout_types.get_readout_type(spec)
-  targets = np.asarray(targets)[:, :configs.target_size(spec)]
+  targets = np.asarray(targets)[:, :readout_types.target_size(spec)]
   p, y, w = _prep(predictions, targets, weights)
   values = readout_type.compute_metrics(spec, p, y, w)
-  return {m: values[m] for m in configs.spec_metrics(spec)}
+  return {m: values[m] for m in readout_types.spec_metrics(spec)}
 
 
-def _score_tasks(specs: Mapping[str, configs.ReadoutSpec],
+def _score_tasks(specs: Mapping[str, ReadoutSpec],
                  rows: Mapping[str, tuple]) -> Dict[str, Dict[str, float]]:
   """{task: {metric: value}} of (predictions, targets, weights) per task."""
   return {name: task_metrics(spec, *rows[name])
           for name, spec in specs.items()}
 
 
-def _summarize(specs: Mapping[str, configs.ReadoutSpec],
+def _summarize(specs: Mapping[str, ReadoutSpec],
                values: Mapping[str, Mapping[str, float]]) -> Dict[str, float]:
   """`<task>/<metric>`, `average/<metric>`, `average/score` of the values
   that are not NaN (module docstring)."""
@@ -280,7 +283,7 @@ class ReadoutMetrics:
   `add_examples`), which the task checks is not zero.
   """
 
-  def __init__(self, specs: Mapping[str, configs.ReadoutSpec],
+  def __init__(self, specs: Mapping[str, ReadoutSpec],
                stitch_resolution: Optional[float] = None):
     """Args:
       specs: {task: ReadoutSpec}.
@@ -355,7 +358,7 @@ class ReadoutMetrics:
     if chunks:
       parts = [np.concatenate(c, 0) for c in zip(*chunks)]
     else:
-      size = configs.target_size(spec)
+      size = readout_types.target_size(spec)
       parts = [np.zeros([0, spec.dim]), np.zeros([0, size]), np.zeros([0])]
       parts += [np.zeros([0], np.int64), np.zeros([0])] if stitching else []
     if not stitching:
@@ -408,12 +411,12 @@ class ReadoutMetrics:
 
 
 def format_table(results: Mapping[str, float],
-                 specs: Mapping[str, configs.ReadoutSpec],
+                 specs: Mapping[str, ReadoutSpec],
                  counts: Optional[Mapping[str, int]] = None) -> str:
   """The per-task table: one row per task, one column per metric."""
   columns = []
   for spec in specs.values():
-    for m in configs.spec_metrics(spec):
+    for m in readout_types.spec_metrics(spec):
       if m not in columns:
         columns.append(m)
   header = f"{'task':<16s} {'type':<12s} {'queries':>8s} " + ' '.join(

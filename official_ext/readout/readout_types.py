@@ -20,13 +20,15 @@ readout_types.register_readout_type(readout_types.ReadoutType(
 ))
 ```
 
-The module must be imported before a spec names its type: list it in
-`TYPE_MODULES` (the family's own types), or import it in your program (as
-`official_ext.registry_imports` imports the families).
+The module must be imported before a spec names its type: import it in your
+program, as `official_ext.registry_imports` imports the families so that
+their experiments register. This module imports no type: it is the registry
+only.
 
-Types shipped (`TYPE_MODULES`): 'continuous', 'binary', 'multinomial',
-'multilabel', 'event_rate' (`builtin_types`) and 'von_mises'
-(`von_mises`, angular targets).
+Types shipped: 'continuous', 'binary', 'multinomial', 'multilabel',
+'event_rate' (`builtin_types`) and 'von_mises' (`von_mises`, angular
+targets), registered when `configs` (which every module of the family
+imports) imports them.
 
 Interfaces (spec = the task's `configs.ReadoutSpec`, dim = `spec.dim` = the
 width of its head, size = `target_size(spec)`):
@@ -49,17 +51,10 @@ width of its head, size = `target_size(spec)`):
   [..., k] the served output (`export`).
 """
 import dataclasses
-import importlib
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
-
-# Modules whose import registers the family's own types; imported by the
-# first lookup or registration (they import the loss and metric modules,
-# which look types up here, so this module cannot import them itself).
-TYPE_MODULES = ('official_ext.readout.builtin_types',
-                'official_ext.readout.von_mises')
 
 LossFn = Callable[[object, tf.Tensor, tf.Tensor], tf.Tensor]
 MetricsFn = Callable[[object, np.ndarray, np.ndarray, np.ndarray],
@@ -119,15 +114,6 @@ class ReadoutType:
 
 
 _REGISTRY: Dict[str, ReadoutType] = {}
-_modules_imported = False
-
-
-def _import_type_modules() -> None:
-  global _modules_imported
-  if not _modules_imported:
-    _modules_imported = True
-    for module in TYPE_MODULES:
-      importlib.import_module(module)
 
 
 def register_readout_type(readout_type: ReadoutType) -> ReadoutType:
@@ -136,8 +122,6 @@ def register_readout_type(readout_type: ReadoutType) -> ReadoutType:
   Raises:
     ValueError: the name is taken, or the type has no metric.
   """
-  # The family's types first, whichever module registers first.
-  _import_type_modules()
   if not isinstance(readout_type, ReadoutType):
     raise TypeError('register_readout_type expects a ReadoutType; got '
                     f'{type(readout_type).__name__}.')
@@ -158,13 +142,11 @@ def unregister_readout_type(name: str) -> None:
 
 def registered_types() -> Tuple[str, ...]:
   """The registered type names, in registration order."""
-  _import_type_modules()
   return tuple(_REGISTRY)
 
 
 def metrics_by_type() -> Mapping[str, Tuple[str, ...]]:
   """{type: its metrics}; the first of each is its primary metric."""
-  _import_type_modules()
   return {name: t.metrics for name, t in _REGISTRY.items()}
 
 
@@ -181,7 +163,6 @@ def get_readout_type(spec_or_type, where: str = '') -> ReadoutType:
     ValueError: the type is not registered; the message names the spec and
       lists the registered types.
   """
-  _import_type_modules()
   if isinstance(spec_or_type, str):
     type_name = spec_or_type
   else:
@@ -198,3 +179,15 @@ def types_of(specs: Sequence[object]) -> Tuple[ReadoutType, ...]:
   """The distinct types of `specs`, in registration order."""
   wanted = {get_readout_type(s).name for s in specs}
   return tuple(t for name, t in _REGISTRY.items() if name in wanted)
+
+
+def target_size(spec) -> int:
+  """Values stored per query of a `configs.ReadoutSpec` (its type's
+  `target_size`: e.g. 1 class id for multinomial, else `dim`)."""
+  return get_readout_type(spec).target_size(spec)
+
+
+def spec_metrics(spec) -> Tuple[str, ...]:
+  """The metrics a `configs.ReadoutSpec` reports: its own `metrics`, or
+  every metric of its type."""
+  return tuple(spec.metrics) or get_readout_type(spec).metrics

@@ -1,7 +1,7 @@
 """The `von_mises` readout type: angular targets (e.g. a reach direction).
 
-Registered in `readout_types` by importing this module (it is in
-`readout_types.TYPE_MODULES`); nothing else in the family names it.
+Registered in `readout_types` by importing this module (`configs` imports
+it); nothing else in the family names it.
 
 * Spec: `dim` 2. Each query stores one target: an angle theta in radians
   (any finite value; angles are taken modulo 2 pi).

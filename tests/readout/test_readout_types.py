@@ -5,6 +5,7 @@ tested by the other readout tests, unmodified; here: the lookups, a type
 registered by a test (the registration alone is enough), and `von_mises`
 (NLL against numpy's `np.i0`, its gradient, training, served output).
 """
+import ast
 import math
 import re
 
@@ -35,8 +36,9 @@ def test_lookups_give_the_original_types():
       'multilabel': ('map',),
       'event_rate': ('poisson_d2',),
       'von_mises': ('mean_cosine', 'angular_error_deg')}
-  sizes = {t: configs.target_size(configs.ReadoutSpec(name='x', type=t, dim=3))
-           for t in configs.READOUT_TYPES}
+  sizes = {t: readout_types.target_size(
+      configs.ReadoutSpec(name='x', type=t, dim=3))
+      for t in configs.READOUT_TYPES}
   assert sizes == {'continuous': 3, 'binary': 3, 'multinomial': 1,
                    'multilabel': 3, 'event_rate': 3, 'von_mises': 1}
   with pytest.raises(ValueError, match=r"readouts `s`: dim 1; expected >= 2 "
@@ -47,6 +49,23 @@ def test_lookups_give_the_original_types():
                      "type 'von_mises'"):
     configs.validate_readouts(
         [configs.ReadoutSpec(name='a', type='von_mises', dim=3)], ['a'])
+
+
+def test_the_registry_imports_no_type():
+  """`readout_types` is the registry alone: the family's types register when
+  `configs` imports their modules (no import back into the registry's
+  users, no import by name at run time)."""
+  with open(readout_types.__file__) as f:
+    tree = ast.parse(f.read())
+  imported = [ast.unparse(n) for n in ast.walk(tree)
+              if isinstance(n, (ast.Import, ast.ImportFrom))]
+  assert not [i for i in imported if 'official_ext' in i or 'importlib' in i]
+  with open(configs.__file__) as f:
+    tree = ast.parse(f.read())
+  imported = {(n.module, a.name) for n in tree.body
+              if isinstance(n, ast.ImportFrom) for a in n.names}
+  assert {('official_ext.readout', 'builtin_types'),
+          ('official_ext.readout', 'von_mises')} <= imported
 
 
 def test_unknown_type_names_the_spec_and_lists_the_types():
