@@ -1,9 +1,13 @@
 """The layout's one-way rules, and one implementation per shared concern.
 
-DESIGN.md: families import `core/`, never each other and never the package's
-top level (`registry_imports`, the CLIs); the harness (`benchmarks/`, the
-CLIs) imports families, never the reverse; what two families need lives once
-in `core/`. Checked on the import statements and calls of the source.
+DESIGN.md and docs/architecture.md: families import `core/`, never each other
+and never the package's top level (`registry_imports`, the CLIs); the harness
+(`benchmarks/`, the CLIs) imports families, never the reverse; within a
+family data flows one way, config -> dataloader -> model -> task -> export
+(configs import no dataloader or model, a dataloader no model, ...); no
+import cycle; TensorFlow's private modules only through `core.tf_internals`;
+what two families need lives once in `core/`. Checked on the import
+statements and calls of the source.
 """
 import ast
 import os
@@ -36,6 +40,44 @@ def _imports(path):
       yield node.module
       for alias in node.names:
         yield f'{node.module}.{alias.name}'
+
+
+def _module_name(path):
+  rel = os.path.relpath(path, os.path.join(ROOT, '..'))[:-len('.py')]
+  name = rel.replace(os.sep, '.')
+  return name[:-len('.__init__')] if name.endswith('.__init__') else name
+
+
+def _import_graph():
+  """{module: the package's modules it imports (anywhere in the file)}."""
+  paths = {_module_name(p): p for p in _modules('')}
+  graph = {}
+  for name, path in paths.items():
+    graph[name] = {i for i in _imports(path) if i in paths and i != name}
+  return graph
+
+
+def _reachable(graph, name):
+  seen, todo = set(), [name]
+  while todo:
+    for dep in graph[todo.pop()]:
+      if dep not in seen:
+        seen.add(dep)
+        todo.append(dep)
+  return seen
+
+
+# A family's rooms in the order data flows through them.
+STAGES = ('configs', 'dataloader', 'modeling', 'task', 'export')
+
+
+def _stage(module):
+  """(family, index in STAGES) of a stage module, else None."""
+  parts = module.split('.')
+  if (len(parts) >= 3 and parts[0] == 'official_ext' and
+      parts[1] in FAMILIES + ('joint',) and parts[2] in STAGES):
+    return parts[1], STAGES.index(parts[2])
+  return None
 
 
 def _calls(path):
@@ -83,6 +125,47 @@ def test_only_tf_internals_imports_tensorflows_private_modules():
          and not p.endswith(os.path.join('core', 'tf_internals.py'))]
   assert len(paths) > 20
   assert not bad, '\n'.join(bad)
+
+
+@pytest.mark.parametrize('family', FAMILIES + ('joint',))
+def test_data_flows_one_way(family):
+  """No stage imports a later one, directly or through other modules:
+  configs import no dataloader or model, a dataloader no model, a model no
+  task, a task no export (of any family: joint/ joins the families')."""
+  graph = _import_graph()
+  bad = []
+  for module in sorted(graph):
+    stage = _stage(module)
+    if not stage or stage[0] != family:
+      continue
+    later = sorted(d for d in _reachable(graph, module)
+                   if _stage(d) and _stage(d)[1] > stage[1])
+    if later:
+      bad.append(f'{module} ({STAGES[stage[1]]}) imports {later}')
+  assert any(_stage(m) == (family, 0) for m in graph), family
+  assert not bad, '\n'.join(bad)
+
+
+def test_no_import_cycle():
+  """The package's modules import each other without a cycle (an import
+  inside a function counts: it would only hide one)."""
+  graph = _import_graph()
+  for module in sorted(graph):
+    reachable = _reachable(graph, module)
+    assert module not in reachable, (
+        f'{module} imports itself through '
+        f'{sorted(d for d in reachable if module in _reachable(graph, d))}')
+
+
+def test_the_library_imports_no_module_by_name():
+  """Families, `core/` and `joint/` import with import statements, which the
+  tests above see; `importlib` only in `core.tf_internals` (TensorFlow's
+  private modules, after its version check)."""
+  users = sorted(os.path.relpath(p, ROOT) for f in FAMILIES + ('core', 'joint')
+                 for p in _modules(f)
+                 if any(n == 'importlib' or n.startswith('importlib.')
+                        for n in _imports(p)))
+  assert users == [os.path.join('core', 'tf_internals.py')], users
 
 
 def test_core_imports_no_family():
