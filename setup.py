@@ -1,8 +1,8 @@
 """official_ext: YouTube-8M, AssembleNet++lite and multitask readout on TF Model Garden."""
 import setuptools
 
-# scripts/nwb_to_readout.py: Neurodata Without Borders files in (the version
-# its tests ran with).
+# official_ext.readout.nwb (scripts/nwb_to_readout.py): Neurodata Without
+# Borders files in (the version its tests ran with).
 NWB = ["pynwb~=4.2.0"]
 
 setuptools.setup(

@@ -1,5 +1,6 @@
-"""NWB files into readout records (scripts/nwb_to_readout.py), on files this
-test writes with pynwb's own API, trained through `official_ext.train`."""
+"""NWB files into readout records (`official_ext.readout.nwb` and its command
+scripts/nwb_to_readout.py), on files this test writes with pynwb's own API,
+trained through `official_ext.train`."""
 import datetime
 import importlib.util
 import json
@@ -16,6 +17,7 @@ import tensorflow as tf, tf_keras
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
 from official_ext.core import experiment_params
+from official_ext.readout import nwb
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'scripts',
                        'nwb_to_readout.py')
@@ -175,7 +177,7 @@ def test_every_trial_with_its_counts_and_targets(converted, capsys):
       assert time == pytest.approx(stop, abs=1e-6)
       assert got[0] == pytest.approx(float(value), abs=1e-6), (name, task)
     centres = (np.arange(20) + 0.5) * _INTERVAL
-    centres = centres[centres <= duration + 1e-9]  # The script's tolerance.
+    centres = centres[centres <= duration + 1e-9]  # The converter's tolerance.
     kept = centres[start + centres >= _WHEEL_START]
     left_out_wheel += len(centres) - len(kept)
     times, values = zip(*by_task['wheel_speed'])
@@ -239,33 +241,33 @@ def test_converted_records_train_through_official_ext_train(converted):
 
 
 def test_missing_tables_columns_and_series_are_named(converted):
-  tmp, script, _, _, _ = converted
-  convert = lambda path, **kw: script.convert(
+  tmp, _, _, _, _ = converted
+  convert = lambda path, **kw: nwb.convert(
       str(path), str(tmp / 'error'), **{'trial_columns': 'choice', **kw})
   _write(tmp / 'no_trials.nwb', trials=False)
-  with pytest.raises(script.NWBConversionError,
+  with pytest.raises(nwb.NWBConversionError,
                      match=r'no_trials.nwb has no trials table.*'
                      r"processing modules \['behavior'\]"):
     convert(tmp / 'no_trials.nwb')
   _write(tmp / 'no_units.nwb', units=False)
-  with pytest.raises(script.NWBConversionError,
+  with pytest.raises(nwb.NWBConversionError,
                      match=r'no_units.nwb has no units table.*units table no'):
     convert(tmp / 'no_units.nwb')
   good = tmp / 'session.nwb'
-  with pytest.raises(script.NWBConversionError,
+  with pytest.raises(nwb.NWBConversionError,
                      match=r"no column 'side'.*'reaction_time'"):
     convert(good, trial_columns='choice,side')
-  with pytest.raises(script.NWBConversionError,
+  with pytest.raises(nwb.NWBConversionError,
                      match=r"no TimeSeries 'pupil'.*'acquisition/paw_speed', "
                      r"'processing/behavior/BehavioralTimeSeries/wheel_speed'"):
     convert(good, timeseries='pupil')
-  with pytest.raises(script.NWBConversionError,
+  with pytest.raises(nwb.NWBConversionError,
                      match=r"no TimeSeries 'processing/behavior/paw_speed'"):
     convert(good, timeseries='processing/behavior/paw_speed')  # A path.
-  with pytest.raises(script.NWBConversionError,
+  with pytest.raises(nwb.NWBConversionError,
                      match=r"'stimulus': type binary needs values in"):
     convert(good, trial_columns='stimulus:binary')
-  with pytest.raises(script.NWBConversionError,
+  with pytest.raises(nwb.NWBConversionError,
                      match=r'trial 1: --trial_query_time reaction_time is '
                      r'0.23 s, outside its window \[1.2, 1.85\]'):
     convert(good, trial_query_time='reaction_time')  # Not session times.
@@ -273,20 +275,19 @@ def test_missing_tables_columns_and_series_are_named(converted):
 
 
 def test_not_an_nwb_file_is_named(converted):
-  tmp, script, _, _, _ = converted
+  tmp, _, _, _, _ = converted
   notes = tmp / 'notes.nwb'
   notes.write_text('these are my notes, not an NWB file\n')
-  with pytest.raises(script.NWBConversionError,
+  with pytest.raises(nwb.NWBConversionError,
                      match=r'notes\.nwb is not an NWB file') as e:
-    script.convert(str(notes), str(tmp / 'notes_out'),
-                   trial_columns='choice')
+    nwb.convert(str(notes), str(tmp / 'notes_out'), trial_columns='choice')
   assert str(notes) in str(e.value)
   assert not os.path.exists(tmp / 'notes_out')
 
 
 @pytest.mark.parametrize('bad', [np.nan, np.inf])
 def test_non_finite_spike_times_are_named(converted, bad):
-  tmp, script, _, _, _ = converted
+  tmp, _, _, _, _ = converted
   path = tmp / f'spikes_{bad}.nwb'
   nwbfile = _nwbfile()
   nwbfile.add_unit(spike_times=[0.5, 1.5])
@@ -295,10 +296,10 @@ def test_non_finite_spike_times_are_named(converted, bad):
   nwbfile.add_trial(start_time=1.0, stop_time=2.0)
   with pynwb.NWBHDF5IO(str(path), 'w') as io:
     io.write(nwbfile)
-  with pytest.raises(script.NWBConversionError,
+  with pytest.raises(nwb.NWBConversionError,
                      match=rf'spikes_{bad}\.nwb: unit 1 .*spike time {bad} '
                      r'\(index 1\)'):
-    script.read_session(str(path), [], [])
+    nwb.read_session(str(path), [], [])
 
 
 _INJECTED = 'evil\nruntime:\n  distribution_strategy: tpu\n  tpu: attacker\n# '
@@ -320,9 +321,9 @@ def test_metadata_cannot_inject_yaml(tmp_path):
                       side=['left', f'right\nruntime: {{tpu: x}}\n'][i % 2])
   with pynwb.NWBHDF5IO(str(path), 'w') as io:
     io.write(nwbfile)
-  summary = _script().convert(str(path), str(tmp_path / 'out'),
-                              trial_columns='side', batch_size=2,
-                              validation_fraction=0.3)
+  summary = nwb.convert(str(path), str(tmp_path / 'out'),
+                        trial_columns='side', batch_size=2,
+                        validation_fraction=0.3)
   config = summary['files']['config']
   import yaml  # pylint: disable=g-import-not-at-top
   with open(config) as f:
@@ -354,28 +355,28 @@ def test_output_dir_refused_unless_overwrite_and_written_whole(
   assert {'train.tfrecord', 'readout.yaml', 'conversion.json'} <= set(before)
   args = [f'--nwb={tmp / "session.nwb"}', f'--output_dir={out}',
           '--split_seed=5'] + _FLAGS
-  read = script.read_session
+  read = nwb.read_session
 
   def no_read(*a, **k):
     raise AssertionError('the NWB file was read before the check')
 
-  monkeypatch.setattr(script, 'read_session', no_read)
+  monkeypatch.setattr(nwb, 'read_session', no_read)
   with pytest.raises(ValueError, match=rf'{out} is not empty .*readout\.yaml'
                      r'.*--overwrite'):
     script.main(args)
   assert contents() == before
-  monkeypatch.setattr(script, 'read_session', read)
+  monkeypatch.setattr(nwb, 'read_session', read)
   dump = json.dump
 
   def failing_dump(obj, f, **kwargs):
     dump(obj, f, **kwargs)
     raise OSError('injected: disk full')
 
-  monkeypatch.setattr(script.json, 'dump', failing_dump)
+  monkeypatch.setattr(nwb.json, 'dump', failing_dump)
   with pytest.raises(OSError, match='injected'):
     script.main(args + ['--overwrite'])
   assert contents() == before  # No file replaced, nothing staged left.
-  monkeypatch.setattr(script.json, 'dump', dump)
+  monkeypatch.setattr(nwb.json, 'dump', dump)
   again = script.main(args + ['--overwrite'])
   after = contents()
   assert set(after) == set(before)

@@ -1,0 +1,722 @@
+r"""Neurodata Without Borders (NWB) files into readout TFRecords.
+
+`convert` reads one NWB file with `pynwb` (`pip install -e ".[nwb]"`) and
+writes the readout family's records (`official_ext.readout.dataloader`, one
+per trial) and the readout specs they imply:
+
+* `DIR/train.tfrecord`, `DIR/validation.tfrecord`: the trials, split by a
+  seeded permutation (`--validation_fraction`, `--split_seed`), each file in
+  trial order; the same file and arguments give the same bytes.
+* `DIR/readout.yaml`: `task.readouts`, `task.task_vocabulary`, both splits'
+  `input_path`, `input_dim` and `num_examples`, `task.demo_data.enabled:
+  false` and a schedule (`--batch_size`, `--train_epochs`), for
+      python -m official_ext.train --experiment=readout_demo \
+          --config_file=DIR/readout.yaml --mode=train_and_eval --model_dir=...
+* `DIR/conversion.json`: what the records mean: the file and its identifier,
+  the units' ids (feature i of a token is unit `unit_ids[i]`), the bin size
+  and windows, each readout's source, type, dim, multinomial class mapping,
+  query counts and left-out queries, the continuous readouts' mean and std
+  over the training queries, and the trial ids of each split.
+
+The command `scripts/nwb_to_readout.py` calls `convert` with its flags
+(`--nwb`, `--output_dir` and the keyword arguments of `convert`, whose
+errors name those flags) and prints `format_summary`.
+
+Nothing is written unless the whole file converts: the files are staged
+and renamed into place (readout.yaml, which names the others, last), and an
+`--output_dir` that holds files is refused before the NWB file is read unless
+`--overwrite` is given. Values taken from the file (identifier, path, class
+values) reach readout.yaml's comments only through a YAML emitter, every
+line of it commented, and the written YAML is read back to check that it
+holds the config and nothing else.
+
+A sample is a trial's window: `[start_time - pre_time, stop_time +
+post_time]` of the trials table (`nwbfile.trials`), in session seconds.
+
+* Input tokens: the window cut into `--bin_size` bins from its start (the
+  last bin ends at or less than one bin past the window's end); a token's
+  features are the spike counts of every unit of the units table
+  (`nwbfile.units`, `spike_times`) in its bin, half-open `[lo, hi)`
+  (input_dim = the number of units); its timestamp is the bin's centre,
+  relative to the window start.
+* Trial-column readouts (`--trial_columns=choice,reward` or `name:type`):
+  one query per trial at `--trial_query_time` (`stop_time`, or another
+  trials column holding session times), relative to the window start, with
+  the column's value as target. The type, unless given: values in {0, 1}
+  (or booleans) -> binary (dim 1); strings, or integer values with at most
+  `--max_classes` distinct values -> multinomial, dim = the number of
+  distinct values, class id = the value's position in their sorted order
+  (stored as `classes` in conversion.json and in the YAML's comment); other
+  numbers -> continuous (dim 1). `event_rate` (counts >= 0) is available by
+  name. A trial whose value is NaN has no query of that readout (counted).
+* Time-series readouts (`--timeseries=wheel_speed`): a `pynwb.TimeSeries`
+  found by name in `nwbfile.acquisition`, in every processing module
+  (`nwbfile.processing[m]`) and in the containers of a module that hold time
+  series (e.g. `BehavioralTimeSeries`, or `Position` with its
+  `SpatialSeries`); or given by its path, e.g.
+  `processing/behavior/BehavioralTimeSeries/wheel_speed` (the readout is
+  named by the path's last part). Continuous, dim = the series' channels
+  (its data's second axis; 1 for a 1-D series), in its unit after NWB's
+  `conversion` and `offset` (`TimeSeries.get_data_in_units`), at the times
+  of `TimeSeries.get_timestamps` (stored timestamps, or `starting_time +
+  i / rate`). Queries at the centres of `--query_interval` steps from the
+  window start ((j + 0.5) * query_interval, every one within the window),
+  each the linear interpolation between the two samples around its session
+  time. A query outside the series' first..last sample time, or next to a
+  NaN sample, is not written (counted per readout).
+
+Records carry `example_id` `<identifier>/trial<id>`, `session_id` = the NWB
+file's `identifier` and `window_start` = the window's start in session
+seconds (a query's session time is window_start + its timestamp).
+
+A file without a units or trials table, a trials column or time series that
+is not in the file, a value that does not fit the type asked for, or a trial
+whose window is empty, is an error naming it (and what the file has).
+"""
+import dataclasses
+import json
+import math
+import os
+import re
+import shlex
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import yaml
+
+from official_ext.core import output_files
+from official_ext.readout import configs
+from official_ext.readout import dataloader
+
+# Readout types a trials column can be converted to; time series are
+# continuous.
+COLUMN_TYPES = ('binary', 'multinomial', 'continuous', 'event_rate')
+_NAME = re.compile(r'^[A-Za-z0-9_.\-]+$')
+EXPERIMENT = 'readout_demo'
+_CONFIG, _SUMMARY = 'readout.yaml', 'conversion.json'
+
+
+class NWBConversionError(ValueError):
+  """The NWB file lacks what the conversion needs (the message names it)."""
+
+
+@dataclasses.dataclass
+class Readout:
+  """One readout of the conversion.
+
+  Attributes:
+    name: task name.
+    source: where it comes from in the file (`trials/<column>`, or the
+      time series' path).
+    type: readout type.
+    dim: head width.
+    classes: multinomial: the original value of each class id.
+    reason: why the type was chosen (given, or what it was inferred from).
+    targets: a trials column's: float [n_trials], each trial's target (the
+      class id for multinomial), NaN where the trial has no value.
+  """
+  name: str
+  source: str
+  type: str
+  dim: int
+  classes: Optional[List[Any]] = None
+  reason: str = ''
+  targets: Optional[np.ndarray] = None
+
+  def spec(self) -> configs.ReadoutSpec:
+    return configs.ReadoutSpec(name=self.name, type=self.type, dim=self.dim)
+
+
+@dataclasses.dataclass
+class Session:
+  """What the conversion reads from one NWB file.
+
+  Attributes:
+    path: the file.
+    identifier: `nwbfile.identifier`.
+    unit_ids: int [n_units], the units table's ids.
+    spike_times: n_units float arrays (session seconds, sorted).
+    trial_ids: int [n_trials], the trials table's ids.
+    start_time, stop_time: float [n_trials], session seconds.
+    columns: {trials column: [n_trials] values}.
+    series: {readout name: (location, timestamps [n], data [n, channels])}.
+  """
+  path: str
+  identifier: str
+  unit_ids: np.ndarray
+  spike_times: List[np.ndarray]
+  trial_ids: np.ndarray
+  start_time: np.ndarray
+  stop_time: np.ndarray
+  columns: Dict[str, np.ndarray]
+  series: Dict[str, Tuple[str, np.ndarray, np.ndarray]]
+
+
+def parse_names(text: str, flag: str) -> List[Tuple[str, Optional[str]]]:
+  """'a,b:type' -> [('a', None), ('b', 'type')]; ValueError naming `flag`."""
+  out = []
+  for item in (text or '').split(','):
+    item = item.strip()
+    if not item:
+      continue
+    name, _, kind = item.partition(':')
+    if kind and kind not in COLUMN_TYPES:
+      raise ValueError(f'{flag}: {item!r} asks for type {kind!r}; expected '
+                       f'one of {COLUMN_TYPES}.')
+    out.append((name, kind or None))
+  return out
+
+
+def _file_contents(nwbfile) -> str:
+  """What the file holds, for error messages."""
+  intervals = sorted(nwbfile.intervals or {})
+  return (f'acquisition {sorted(nwbfile.acquisition)}, processing modules '
+          f'{sorted(nwbfile.processing)}, intervals {intervals}, units table '
+          f'{"yes" if nwbfile.units is not None else "no"}')
+
+
+def _time_series(nwbfile) -> Dict[str, Any]:
+  """{path: TimeSeries} of acquisition, processing modules and the
+  containers inside them that hold time series (a `SpatialSeries` too)."""
+  import pynwb  # pylint: disable=g-import-not-at-top
+  found = {}
+  for name, obj in nwbfile.acquisition.items():
+    if isinstance(obj, pynwb.TimeSeries):
+      found[f'acquisition/{name}'] = obj
+  for module_name, module in nwbfile.processing.items():
+    for name, obj in module.data_interfaces.items():
+      if isinstance(obj, pynwb.TimeSeries):
+        found[f'processing/{module_name}/{name}'] = obj
+      else:  # A container: BehavioralTimeSeries, Position, ...
+        for ts in obj.children:
+          if isinstance(ts, pynwb.TimeSeries):
+            found[f'processing/{module_name}/{name}/{ts.name}'] = ts
+  return found
+
+
+def _find_series(nwbfile, path: str, wanted: str):
+  """(path, TimeSeries) named `wanted` (a name or a path)."""
+  available = _time_series(nwbfile)
+  if '/' in wanted:
+    matches = [p for p in available if p == wanted.strip('/')]
+  else:
+    matches = [p for p in available if p.rsplit('/', 1)[-1] == wanted]
+  if not matches:
+    raise NWBConversionError(
+        f'{path}: no TimeSeries {wanted!r} (--timeseries); looked in '
+        'acquisition, processing modules and their containers, which hold '
+        f'the time series {sorted(available) or "(none)"}.')
+  if len(matches) > 1:
+    raise NWBConversionError(
+        f'{path}: TimeSeries {wanted!r} (--timeseries) is at {matches}; give '
+        'its path instead of its name.')
+  return matches[0], available[matches[0]]
+
+
+def read_session(path: str, trial_columns: Sequence[str],
+                 timeseries: Sequence[str],
+                 trial_query_time: str = 'stop_time') -> Session:
+  """Reads the units, trials, named trials columns and time series of `path`.
+
+  Raises:
+    NWBConversionError: the file is not one pynwb can read; a table, column
+      or time series is missing (naming it and listing what the file has);
+      a series' timestamps do not increase; a unit has a NaN or infinite
+      spike time (naming the unit and the value).
+    ImportError: pynwb is not installed.
+  """
+  try:
+    import pynwb  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError('official_ext.readout.nwb (scripts/nwb_to_readout.py) '
+                      'needs pynwb: pip install -e ".[nwb]" (or pip install '
+                      'pynwb).') from e
+  if not os.path.isfile(path):
+    raise NWBConversionError(f'--nwb: {path} is not a file.')
+  try:
+    io = pynwb.NWBHDF5IO(path, 'r')
+    nwbfile = io.read()
+  except Exception as e:  # pylint: disable=broad-except
+    # h5py's OSError for a file that is not HDF5; pynwb's errors for an
+    # HDF5 file that is not NWB. Neither names the file.
+    raise NWBConversionError(
+        f'--nwb: {path} is not an NWB file pynwb can read '
+        f'({type(e).__name__}: {e}); expected an NWB 2 (HDF5) file.') from e
+  with io:
+    for table, what in (('units', 'spike times of units, the input tokens'),
+                        ('trials', 'trial intervals, the samples')):
+      if getattr(nwbfile, table) is None:
+        raise NWBConversionError(
+            f'{path} has no {table} table (nwbfile.{table}; the {what}); the '
+            f'file has {_file_contents(nwbfile)}.')
+    units, trials = nwbfile.units, nwbfile.trials
+    if 'spike_times' not in units.colnames or not len(units):
+      raise NWBConversionError(
+          f'{path}: the units table has {len(units)} units and the columns '
+          f'{list(units.colnames)}; expected units with spike_times.')
+    wanted = list(trial_columns)
+    if trial_query_time != 'stop_time':
+      wanted.append(trial_query_time)
+    for column in wanted:
+      if column not in trials.colnames:
+        flag = ('--trial_query_time' if column == trial_query_time and
+                column not in trial_columns else '--trial_columns')
+        raise NWBConversionError(
+            f'{path}: the trials table has no column {column!r} ({flag}); '
+            f'its columns are {list(trials.colnames)}.')
+    columns = {}
+    for column in wanted:
+      values = np.asarray(trials[column].data[:])
+      if values.ndim != 1:
+        raise NWBConversionError(
+            f'{path}: trials column {column!r} holds values of shape '
+            f'{values.shape[1:]} per trial; expected one scalar per trial.')
+      columns[column] = values
+    series = {}
+    for name in timeseries:
+      location, ts = _find_series(nwbfile, path, name)
+      times = np.asarray(ts.get_timestamps(), np.float64)
+      data = np.asarray(ts.get_data_in_units(), np.float64)
+      data = data.reshape([data.shape[0], -1])
+      if len(times) != len(data) or len(times) < 2 or not np.all(
+          np.diff(times) > 0):
+        raise NWBConversionError(
+            f'{path}: TimeSeries {location} has {len(times)} timestamps for '
+            f'{len(data)} samples; expected one strictly increasing '
+            'timestamp per sample, at least 2.')
+      readout = name.rsplit('/', 1)[-1]
+      if readout in series:
+        raise NWBConversionError(
+            f'{path}: --timeseries names two series called {readout!r} '
+            f'({series[readout][0]} and {location}); a readout name is '
+            'the last part of the path, so convert one of them.')
+      series[readout] = (location, times, data)
+    unit_ids = np.asarray(units.id[:])
+    spike_times = []
+    for i, unit in enumerate(unit_ids):
+      times = np.asarray(units.get_unit_spike_times(i), np.float64)
+      bad = np.flatnonzero(~np.isfinite(times))
+      if bad.size:
+        raise NWBConversionError(
+            f'{path}: unit {unit} (row {i} of the units table) has spike '
+            f'time {times[bad[0]]} (index {bad[0]}); expected finite session '
+            f'seconds ({bad.size} non-finite in this unit).')
+      spike_times.append(np.sort(times))
+    return Session(
+        path=path, identifier=str(nwbfile.identifier),
+        unit_ids=unit_ids, spike_times=spike_times,
+        trial_ids=np.asarray(trials.id[:]),
+        start_time=np.asarray(trials['start_time'].data[:], np.float64),
+        stop_time=np.asarray(trials['stop_time'].data[:], np.float64),
+        columns=columns, series=series)
+
+
+def _is_number(values: np.ndarray) -> bool:
+  return values.dtype.kind in 'biuf'
+
+
+def column_readout(path: str, name: str, values: np.ndarray,
+                   kind: Optional[str], max_classes: int) -> Readout:
+  """The readout of trials column `name` (`values` [n_trials]) with its
+  targets; `kind`: the type asked for, None: inferred (module docstring).
+
+  Raises:
+    NWBConversionError: the column has no value, or values that do not fit
+      the type asked for.
+  """
+  where = f'{path}: trials column {name!r}'
+  numeric = _is_number(values)
+  missing = np.isnan(values) if numeric else np.zeros(values.shape, bool)
+  present = values[~missing]
+  if not present.size:
+    raise NWBConversionError(f'{where} has no value (all NaN).')
+  distinct = sorted(set(present.tolist()))
+  integral = numeric and bool(np.all(present == np.round(present)))
+  labels = numeric and bool(np.all((present == 0) | (present == 1)))
+  if kind is not None:
+    reason = 'given'
+  elif labels:
+    kind, reason = 'binary', 'values in {0, 1}'
+  elif not numeric:
+    kind, reason = 'multinomial', f'{len(distinct)} distinct strings'
+  elif integral and len(distinct) <= max_classes:
+    kind, reason = 'multinomial', (
+        f'{len(distinct)} distinct integers, <= --max_classes {max_classes}')
+  else:
+    kind, reason = 'continuous', 'numbers'
+  if kind != 'multinomial' and not numeric:
+    raise NWBConversionError(f'{where} holds {values.dtype} values; type '
+                             f'{kind} needs numbers.')
+  if kind == 'binary' and not labels:
+    raise NWBConversionError(f'{where}: type binary needs values in {{0, 1}}; '
+                             f'the column has {distinct[:10]}.')
+  if kind == 'event_rate' and not (integral and min(distinct) >= 0):
+    raise NWBConversionError(f'{where}: type event_rate needs counts >= 0; '
+                             f'the column has {distinct[:10]}.')
+  targets = np.full(values.shape, np.nan)
+  if kind == 'multinomial':
+    if len(distinct) < 2:
+      raise NWBConversionError(f'{where}: type multinomial needs >= 2 '
+                               f'classes; the column has {distinct}.')
+    class_id = {value: i for i, value in enumerate(distinct)}
+    targets[~missing] = [class_id[v] for v in present.tolist()]
+    return Readout(name, f'trials/{name}', kind, len(distinct),
+                   classes=distinct, reason=reason, targets=targets)
+  targets[~missing] = present.astype(np.float64)
+  return Readout(name, f'trials/{name}', kind, 1, reason=reason,
+                 targets=targets)
+
+
+def bin_spikes(spike_times: Sequence[np.ndarray], window_start: float,
+               n_bins: int, bin_size: float) -> np.ndarray:
+  """Spike counts float32 [n_bins, n_units] in bins [lo, hi) from
+  `window_start` (session seconds)."""
+  edges = window_start + bin_size * np.arange(n_bins + 1)
+  return np.stack([np.diff(np.searchsorted(s, edges, side='left'))
+                   for s in spike_times], 1).astype(np.float32)
+
+
+def interpolate(times: np.ndarray, data: np.ndarray, at: np.ndarray
+                ) -> np.ndarray:
+  """Linear interpolation of `data` [n, c] at times `at` [m] -> [m, c]; NaN
+  where a time is outside times[0]..times[-1] or next to a NaN sample."""
+  hi = np.clip(np.searchsorted(times, at, side='left'), 1, len(times) - 1)
+  lo = hi - 1
+  w = ((at - times[lo]) / (times[hi] - times[lo]))[:, None]
+  out = data[lo] * (1 - w) + data[hi] * w
+  outside = (at < times[0]) | (at > times[-1])
+  out[outside] = np.nan
+  return out
+
+
+def _query_times(duration: float, interval: float) -> np.ndarray:
+  n = int(math.floor(duration / interval - 0.5 + 1e-9)) + 1
+  return (np.arange(max(n, 0)) + 0.5) * interval
+
+
+def trial_queries(session: Session, readouts: Sequence[Readout],
+                  window_start: float, duration: float, query_time: float,
+                  query_interval: float, trial: int,
+                  left_out: Dict[str, int]) -> List[Tuple[str, float, list]]:
+  """The queries of trial number `trial` (its position in the table).
+
+  Args:
+    session: the file's contents.
+    readouts: the readouts (a trials column's with `targets`).
+    window_start, duration: the trial's window (session seconds, seconds).
+    query_time: the trial-column queries' time from the window start.
+    query_interval: seconds between time-series queries.
+    trial: the trial's row.
+    left_out: {readout: queries left out}, incremented here.
+
+  Returns:
+    [(readout name, time from the window start, target values)].
+  """
+  queries = []
+  for r in readouts:
+    if r.targets is not None:  # A trials column.
+      if np.isnan(r.targets[trial]):
+        left_out[r.name] += 1
+      else:
+        queries.append((r.name, float(query_time), [r.targets[trial]]))
+      continue
+    _, times, data = session.series[r.name]
+    at = _query_times(duration, query_interval)
+    values = interpolate(times, data, window_start + at)
+    keep = ~np.any(np.isnan(values), 1)
+    left_out[r.name] += int(np.sum(~keep))
+    queries += [(r.name, float(t), list(v))
+                for t, v in zip(at[keep], values[keep])]
+  return queries
+
+
+def convert(nwb: str, output_dir: str, *, trial_columns: str = '',
+            timeseries: str = '', bin_size: float = 0.1,
+            pre_time: float = 0.0, post_time: float = 0.0,
+            trial_query_time: str = 'stop_time', query_interval: float = 0.1,
+            max_classes: int = 16, validation_fraction: float = 0.2,
+            split_seed: int = 0, batch_size: int = 32,
+            train_epochs: int = 20, overwrite: bool = False
+            ) -> Dict[str, Any]:
+  """Converts `nwb` into `output_dir` (module docstring); returns the
+  summary written to conversion.json, plus the written paths (`files`).
+
+  An `output_dir` that holds files is refused before the NWB file is read,
+  unless `overwrite`; the files are written whole or not at all
+  (`output_files.write_directory`: staged, then renamed into place,
+  readout.yaml last)."""
+  output_files.check_output_dir(output_dir, overwrite)
+  columns = parse_names(trial_columns, '--trial_columns')
+  series_names = [n.strip() for n in timeseries.split(',') if n.strip()]
+  for flag, value in (('--bin_size', bin_size),
+                      ('--query_interval', query_interval)):
+    if not value > 0:
+      raise ValueError(f'{flag} is {value}; expected > 0 seconds.')
+  if not (pre_time >= 0 and post_time >= 0):
+    raise ValueError(f'--pre_time {pre_time} / --post_time {post_time}: '
+                     'expected >= 0 seconds.')
+  if not 0 < validation_fraction < 1:
+    raise ValueError(f'--validation_fraction is {validation_fraction}; '
+                     'expected in (0, 1).')
+  if not columns and not series_names:
+    raise ValueError('Nothing to read out: give --trial_columns and/or '
+                     '--timeseries.')
+  session = read_session(nwb, [n for n, _ in columns], series_names,
+                         trial_query_time)
+  readouts = [column_readout(nwb, n, session.columns[n], kind, max_classes)
+              for n, kind in columns]
+  for name, (location, _, data) in session.series.items():
+    readouts.append(Readout(name, location, 'continuous', data.shape[1],
+                            reason='time series'))
+  for r in readouts:
+    if not _NAME.match(r.name):
+      raise ValueError(f'Readout {r.name!r} (from {r.source}): a readout name '
+                       "has letters, digits, '_', '.', '-' only.")
+  specs = [r.spec() for r in readouts]
+  vocabulary = [r.name for r in readouts]
+  configs.validate_readouts(specs, vocabulary)
+  ids = configs.task_index(vocabulary)
+
+  n_trials = len(session.trial_ids)
+  window_start = session.start_time - pre_time
+  duration = session.stop_time + post_time - window_start
+  bad = np.flatnonzero(~(np.isfinite(duration) & (duration > 0)))
+  if bad.size:
+    i = bad[0]
+    raise NWBConversionError(
+        f'{nwb}: trial {session.trial_ids[i]} has start_time '
+        f'{session.start_time[i]} and stop_time {session.stop_time[i]}: its '
+        'window is empty.')
+  if trial_query_time == 'stop_time':
+    query_time = session.stop_time - window_start
+  else:
+    query_time = session.columns[trial_query_time].astype(
+        np.float64) - window_start
+  outside = np.flatnonzero(~((query_time >= 0) & (query_time <= duration)))
+  if columns and outside.size:
+    i = outside[0]
+    raise NWBConversionError(
+        f'{nwb}: trial {session.trial_ids[i]}: --trial_query_time '
+        f'{trial_query_time} is {query_time[i] + window_start[i]:.6g} s, '
+        f'outside its window [{window_start[i]:.6g}, '
+        f'{window_start[i] + duration[i]:.6g}] s '
+        '(widen it with --pre_time / --post_time).')
+
+  left_out = {r.name: 0 for r in readouts}
+  examples, targets_by_trial = [], []
+  for i in range(n_trials):
+    n_bins = max(1, int(math.ceil(duration[i] / bin_size - 1e-9)))
+    tokens = bin_spikes(session.spike_times, window_start[i], n_bins,
+                        bin_size)
+    queries = trial_queries(session, readouts, window_start[i], duration[i],
+                            query_time[i], query_interval, i, left_out)
+    targets_by_trial.append(queries)
+    example = dataloader.make_example(
+        f'{session.identifier}/trial{session.trial_ids[i]}', tokens,
+        (np.arange(n_bins) + 0.5) * bin_size,
+        output_task_ids=[ids[q[0]] for q in queries],
+        output_timestamps=[q[1] for q in queries],
+        output_targets=[q[2] for q in queries],
+        session_id=session.identifier, window_start=float(window_start[i]))
+    # Map keys sorted: the same file and flags give the same bytes in every
+    # process (the default order follows Python's per-process string hash).
+    examples.append(example.SerializeToString(deterministic=True))
+
+  n_val = int(round(validation_fraction * n_trials))
+  if not 1 <= n_val <= n_trials - 1:
+    raise ValueError(f'{nwb} has {n_trials} trials: --validation_fraction '
+                     f'{validation_fraction} gives {n_val} validation trials; '
+                     'both splits need at least one.')
+  is_val = np.zeros([n_trials], bool)
+  is_val[np.random.default_rng(split_seed).permutation(n_trials)[:n_val]] = (
+      True)
+  split_of = {'train': np.flatnonzero(~is_val),
+              'validation': np.flatnonzero(is_val)}
+  if batch_size < 1 or batch_size > len(split_of['train']):
+    raise ValueError(f'--batch_size {batch_size}: the training split has '
+                     f'{len(split_of["train"])} trials; expected 1..that.')
+
+  summary = _summary(session, readouts, split_of, targets_by_trial, left_out,
+                     bin_size=bin_size, pre_time=pre_time, post_time=post_time,
+                     trial_query_time=trial_query_time,
+                     query_interval=query_interval)
+  files = {split: os.path.abspath(os.path.join(output_dir,
+                                               f'{split}.tfrecord'))
+           for split in split_of}
+  config_path = os.path.join(output_dir, _CONFIG)
+  text = _config_yaml(summary, readouts, files, config_path,
+                      len(session.unit_ids), batch_size, train_epochs)
+
+  def write(staging: str) -> None:
+    for split, rows in split_of.items():
+      dataloader.write_records(os.path.join(staging, f'{split}.tfrecord'),
+                               (examples[i] for i in rows))
+    with open(os.path.join(staging, _CONFIG), 'w') as f:
+      f.write(text)
+    with open(os.path.join(staging, _SUMMARY), 'w') as f:
+      json.dump(summary, f, indent=1)
+
+  # readout.yaml names the other files: it goes first and comes back last.
+  output_files.write_directory(output_dir, write, overwrite,
+                               last=(_CONFIG,))
+  summary['files'] = dict(files, config=config_path,
+                          summary=os.path.join(output_dir, _SUMMARY))
+  return summary
+
+
+def _summary(session: Session, readouts: List[Readout],
+             split_of: Dict[str, np.ndarray], targets_by_trial, left_out,
+             **options) -> Dict[str, Any]:
+  """conversion.json's contents."""
+  out_readouts = []
+  for r in readouts:
+    entry = {'name': r.name, 'source': r.source, 'type': r.type, 'dim': r.dim,
+             'type_from': r.reason, 'left_out_queries': left_out[r.name]}
+    if r.classes is not None:
+      entry['classes'] = r.classes  # Class id i is classes[i].
+    for split, rows in split_of.items():
+      entry[f'{split}_queries'] = sum(
+          1 for i in rows for q in targets_by_trial[i] if q[0] == r.name)
+    if r.type == 'continuous':
+      train = np.array([q[2] for i in split_of['train']
+                        for q in targets_by_trial[i] if q[0] == r.name])
+      if train.size:
+        entry['train_mean'] = train.mean(0).tolist()
+        entry['train_std'] = train.std(0).tolist()
+    out_readouts.append(entry)
+  return {
+      'nwb': os.path.abspath(session.path),
+      'session_id': session.identifier,
+      'unit_ids': session.unit_ids.tolist(),
+      'num_trials': len(session.trial_ids),
+      **options,
+      'readouts': out_readouts,
+      'trial_ids': {split: session.trial_ids[rows].tolist()
+                    for split, rows in split_of.items()},
+  }
+
+
+def _spec_entry(readout: Readout, summary_entry: Dict[str, Any]
+                ) -> Dict[str, Any]:
+  """readout.yaml's ReadoutSpec of a readout. A continuous readout is
+  normalised by its training queries' mean and std (`normalize_mean`,
+  `normalize_std`: the loss sees standardised targets, metrics and serving
+  its units); a channel of std 0 (a constant target) keeps std 1."""
+  spec = {'name': readout.name, 'type': readout.type, 'dim': readout.dim}
+  if 'train_mean' in summary_entry:
+    spec['normalize_mean'] = summary_entry['train_mean']
+    spec['normalize_std'] = [s if s > 0 else 1.0
+                             for s in summary_entry['train_std']]
+  return spec
+
+
+def _config_yaml(summary: Dict[str, Any], readouts: List[Readout],
+                 files: Dict[str, str], config_path: str, input_dim: int,
+                 batch_size: int, train_epochs: int) -> str:
+  """readout.yaml for `--experiment=readout_demo`."""
+  n_train = len(summary['trial_ids']['train'])
+  steps_per_epoch = n_train // batch_size
+  train_steps = steps_per_epoch * train_epochs
+  every = steps_per_epoch * max(1, -(-train_epochs // 4))
+  data = lambda split: {'input_path': files[split], 'input_dim': input_dim,
+                        'num_examples': len(summary['trial_ids'][split])}
+  config = {
+      'task': {
+          'readouts': [_spec_entry(r, entry)
+                       for r, entry in zip(readouts, summary['readouts'])],
+          'task_vocabulary': [r.name for r in readouts],
+          'demo_data': {'enabled': False},
+          'train_data': dict(data('train'), global_batch_size=batch_size),
+          'validation_data': data('validation'),
+      },
+      'trainer': {
+          'train_steps': train_steps, 'steps_per_loop': steps_per_epoch,
+          'summary_interval': steps_per_epoch,
+          'validation_interval': every, 'checkpoint_interval': every,
+          'optimizer_config': {
+              'learning_rate': {'cosine': {'decay_steps': train_steps}},
+              'warmup': {'linear': {'warmup_steps': steps_per_epoch}}},
+      },
+  }
+  # What the file and the command line supplied (identifier, paths, class
+  # values) goes through the YAML emitter, and every line of it is commented.
+  source = {'nwb': summary['nwb'], 'session': summary['session_id']}
+  classes = {r.name: {'source': r.source, 'values': r.classes}
+             for r in readouts if r.classes is not None}
+  if classes:
+    source['multinomial classes (class id i is values[i])'] = classes
+  source['train with'] = (
+      f'python -m official_ext.train --experiment={EXPERIMENT} '
+      '--mode=train_and_eval --config_file='
+      f'{shlex.quote(os.path.abspath(config_path))} --model_dir=...')
+  text = (
+      '# Written by scripts/nwb_to_readout.py; conversion.json beside this '
+      'file says what the records hold.\n'
+      f'# schedule: epochs={train_epochs} lr=2e-3 decay_epochs={train_epochs} '
+      'warmup_epochs=1\n'
+      + _commented_yaml(source) +
+      yaml.safe_dump(config, sort_keys=False))
+  if yaml.safe_load(text) != config:
+    raise NWBConversionError(
+        f'{summary["nwb"]}: readout.yaml would not read back as the config '
+        'written (a value from the file could not be represented safely); '
+        'nothing was written.')
+  return text
+
+
+class _Dumper(yaml.SafeDumper):
+  """A safe YAML emitter that writes a string holding a line break or an
+  unprintable character in double quotes, escaped, on one line."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str):
+  style = None if value.isprintable() else '"'
+  return dumper.represent_scalar('tag:yaml.org,2002:str', value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def _commented_yaml(data: Dict[str, Any]) -> str:
+  """`data` as YAML (`_Dumper`, ASCII), every line a comment."""
+  text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=False,
+                   width=float('inf'), default_flow_style=None)
+  # str.splitlines splits at every character YAML takes for a line break.
+  return ''.join(f'# {line}\n' for line in text.splitlines())
+
+
+def format_summary(summary: Dict[str, Any]) -> str:
+  """What the command prints after a conversion: the session, the files, each
+  readout's type, source and query counts, and the command that trains on
+  the records.
+
+  Args:
+    summary: what `convert` returned.
+  """
+  files = summary['files']
+  lines = [
+      f'Session {summary["session_id"]} ({summary["nwb"]}): '
+      f'{summary["num_trials"]} trials, {len(summary["unit_ids"])} units '
+      f'(input_dim), {summary["bin_size"]} s bins over [start_time - '
+      f'{summary["pre_time"]}, stop_time + {summary["post_time"]}] s; '
+      f'trial-column queries at {summary["trial_query_time"]}, time-series '
+      f'queries every {summary["query_interval"]} s.']
+  for split in ('train', 'validation'):
+    lines.append(f'  {split}: {files[split]} '
+                 f'({len(summary["trial_ids"][split])} trials)')
+  lines.append(f'  config: {files["config"]}\n  summary: {files["summary"]}')
+  lines.append('Readouts:')
+  for r in summary['readouts']:
+    extra = f' classes {r["classes"]}' if 'classes' in r else ''
+    if 'train_mean' in r:
+      extra += (f' mean {np.round(r["train_mean"], 4).tolist()} std '
+                f'{np.round(r["train_std"], 4).tolist()}')
+    lines.append(f'  {r["name"]}: {r["type"]} dim {r["dim"]} '
+                 f'({r["type_from"]}) from {r["source"]}; queries train '
+                 f'{r["train_queries"]} / validation '
+                 f'{r["validation_queries"]}, left out '
+                 f'{r["left_out_queries"]}{extra}')
+  lines.append(f'Train: python -m official_ext.train --experiment={EXPERIMENT} '
+               f'--mode=train_and_eval --config_file={files["config"]} '
+               '--model_dir=/tmp/nwb_readout')
+  return '\n'.join(lines)
