@@ -5,7 +5,11 @@ import re
 import orbit
 import tensorflow as tf
 
+from official.core import exp_factory
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext import train
 from official_ext.core import orbit_actions
+from tests.yt8m.test_train import _tiny_overrides
 
 
 class _Clock:
@@ -48,10 +52,31 @@ def test_without_start_the_first_call_starts_the_clock(caplog):
                    caplog.text)
 
 
-def test_orbit_controller_is_not_subclassed():
-  """Progress is an action: the controller's private loop is Orbit's own."""
-  assert not any(isinstance(v, type) and issubclass(v, orbit.Controller)
-                 for v in vars(orbit_actions).values())
+def test_a_run_gives_progress_to_orbits_own_controller(tmp_path, monkeypatch,
+                                                        caplog):
+  """`official_ext.train` runs Orbit's own `Controller` (no subclass with a
+  loop of its own) and gives it the progress line as a train action, which
+  logs after each train loop."""
+  caplog.set_level(logging.INFO, logger='absl')
+  built = []
+  init = orbit.Controller.__init__
+
+  def record(self, *args, **kwargs):
+    built.append((type(self), list(kwargs.get('train_actions') or ())))
+    init(self, *args, **kwargs)
+
+  monkeypatch.setattr(orbit.Controller, '__init__', record)
+  overrides = _tiny_overrides(tmp_path / 'cache', train_steps=2)
+  overrides['trainer'].update(steps_per_loop=1, checkpoint_interval=2,
+                              summary_interval=2)
+  params = exp_factory.get_exp_config('yt8m_demo')
+  params.override(overrides, is_strict=True)
+  train.run(params, 'train', str(tmp_path / 'model'))
+  assert [kind for kind, _ in built] == [orbit.Controller]
+  progress = [a for a in built[0][1]
+              if isinstance(a, orbit_actions.ProgressAction)]
+  assert len(progress) == 1
+  assert 'progress | step 2/2 (100%)' in caplog.text
 
 
 def test_format_metrics_flattens_tasks():
