@@ -10,9 +10,10 @@ resident memory than it has live tensors. `set_malloc_mmap_threshold` fixes
 the threshold (which also stops glibc from raising it): every block of at
 least that size is mmapped and given back when freed.
 
-Measured (benchmarks/assemblenet.py memory child, 2 clips x 32 x 224^2,
-recompute_grad): peak RSS 5.83 GB with glibc's default, 4.75 GB with a fixed
-1 MiB threshold (set through the environment, MALLOC_MMAP_THRESHOLD_).
+An AssembleNet++lite step of 2 clips x 32 x 224^2 with recompute_grad (the
+memory child of benchmarks/assemblenet.py) peaks at 5.83 GB RSS with
+glibc's default, 4.75 GB with a fixed 1 MiB threshold (set through the
+environment, MALLOC_MMAP_THRESHOLD_).
 """
 import ctypes
 import ctypes.util

@@ -11,8 +11,8 @@ switches between implementations.
 One setting chooses, `runtime.kernel_policy` (`RuntimeConfig`):
 
 * 'auto' (the default): a fast path only on the device kind it was measured
-  faster on (all of today's: CPUs, each under its own condition in
-  `FAST_PATHS`); on GPUs and TPUs the stock ops (cuDNN's Conv3D, tf_keras'
+  faster on (for every fast path declared here: CPUs, each under its own
+  condition in `FAST_PATHS`); on GPUs and TPUs the stock ops (cuDNN's Conv3D, tf_keras'
   BatchNormalization, `tf.recompute_grad`) until a measurement on that
   accelerator says otherwise (`python -m official_ext.benchmark accelerator`
   times stock against fast there).

@@ -1,6 +1,6 @@
 """AssembleNet++lite `recompute_grad`: one training step with gradient
 checkpointing equals one without it, gradients and batch-norm moving
-statistics alike (issue 11, item 8).
+statistics alike.
 
 `tf.recompute_grad` runs a checkpointed segment (stem, fusion, block group)
 forward, then again in the backward pass; in that second run the batch norms

@@ -147,8 +147,8 @@ class AssembleNetPlusLite(tf_keras.Model):
       its own inputs (False), but a training step's backward pass then has
       one full-size gradient per shared tensor instead of one per fusion
       that reads it (for a stem output, about 17 of them in the published
-      network; measured: peak RSS of a 2 x 32 x 224^2 step with
-      `recompute_grad` 6.02 -> 5.83 GB); gradients differ by float rounding
+      network; the peak RSS of a 2 x 32 x 224^2 step with `recompute_grad`
+      is 5.83 GB shared, 6.02 GB not); gradients differ by float rounding
       only (summation order; tests/assemblenet/test_recompute.py).
 
   Call: [B, T, H, W, 3] float -> dict of endpoints: 'node_<i>' for every node

@@ -24,15 +24,16 @@ def dims(x: tf.Tensor) -> List[Any]:
 
 
 # Frames of at most this many pixels are convolved as one matmul over all
-# taps (`conv3d_as_2d`): measured fwd + bwd of a 3 x 3 SAME conv of 32 frames,
-# matmul / Conv2D time: 4 x 4 x 1296 -> 432: 0.6-0.7; 7 x 7 x 456 -> 152:
-# 0.9-1.1; 14 x 14: 1.5-2.0; 28 x 28: 2.1-2.4 (2 shared CPU cores, AVX2).
+# taps (`conv3d_as_2d`): forward and backward of a 3 x 3 SAME conv of 32
+# frames with Eigen's CPU kernels (AVX2), matmul / Conv2D time:
+# 4 x 4 x 1296 -> 432: 0.6-0.7; 7 x 7 x 456 -> 152: 0.9-1.1; 14 x 14:
+# 1.5-2.0; 28 x 28: 2.1-2.4.
 MAX_IM2COL_PIXELS = 16
 # Frames of at most this many pixels take the input gradient of a stride-1
-# 2-D convolution as a forward convolution (`conv2d_same`): measured
-# Conv2D(flipped) / Conv2DBackpropInput time, 3 x 3 kernel, 32 frames:
-# 7 x 7 x 456 -> 152: 0.72; 14 x 14 x 162 -> 54: 0.96; 28 x 28 x 81 -> 27:
-# 1.42 (2 shared CPU cores, AVX2, under load).
+# 2-D convolution as a forward convolution (`conv2d_same`):
+# Conv2D(flipped) / Conv2DBackpropInput time with Eigen's CPU kernels
+# (AVX2), 3 x 3 kernel, 32 frames: 7 x 7 x 456 -> 152: 0.72;
+# 14 x 14 x 162 -> 54: 0.96; 28 x 28 x 81 -> 27: 1.42.
 MAX_FLIPPED_GRAD_PIXELS = 64
 
 
@@ -54,12 +55,12 @@ def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
 
   Why: TensorFlow's Eigen CPU Conv3D gradients (Conv3DBackpropInputV2 /
   FilterV2, oneDNN off) are several times slower than the 2-D
-  convolution's and the matmul's (a profile on AVX2: the training step's
-  backward pass cost about six forward passes); these ops are also all
-  TFLite builtins (no 5-D SpaceToBatchND for the dilation). A CPU fast path
-  of the kernel policy ('assemblenet.conv3d_as_2d'); with oneDNN's CPU
-  kernels on, `Conv3D` takes it only for 1x1x1 kernels and dilated ones on
-  small frames (`conv3d_implementation`, measured).
+  convolution's and the matmul's (with them the training step's backward
+  pass costs about six forward passes); these ops are also all TFLite
+  builtins (no 5-D SpaceToBatchND for the dilation). A CPU fast path of the
+  kernel policy ('assemblenet.conv3d_as_2d'); with oneDNN's CPU kernels on,
+  `Conv3D` takes it only for 1x1x1 kernels and dilated ones on small frames
+  (`conv3d_implementation`, where the timings are).
 
   Args:
     inputs: [B, T, H, W, C] (B and T may be dynamic).
@@ -166,8 +167,8 @@ def shift_and_sum_taps(z: tf.Tensor, offsets: Sequence[int]) -> tf.Tensor:
   gradient is written out (`tf.custom_gradient`): tap k's gradient is the
   output's gradient shifted back by its offset, and the K of them are
   concatenated along channels, one pass; the automatic gradient of the
-  channel slices was a zero-padded copy of K * F channels per tap, summed
-  (the issue 16 profile: `Pad` was 11 % of the step's op time).
+  channel slices is a zero-padded copy of K * F channels per tap, summed
+  (those `Pad` ops took about 11 % of a training step's op time on CPU).
   """
   k_taps = len(offsets)
   f = z.shape[-1] // k_taps
@@ -197,8 +198,8 @@ def conv3d_implementation(kernel_size: Sequence[int], temporal_dilation: int,
   TensorFlow's Conv3D op, with SpaceToBatchND for a temporal dilation),
   'as_2d' (`conv3d_as_2d`, fast path 'assemblenet.conv3d_as_2d') or
   'time_phases' (`conv3d_native` of the time phases folded into the batch,
-  fast path 'assemblenet.conv3d_time_phases'). The rule below was measured
-  on CPUs; a fast path runs only where `policy` (default
+  fast path 'assemblenet.conv3d_time_phases'). The rule below comes from
+  timings on CPUs; a fast path runs only where `policy` (default
   `kernel_policy.current()`) takes it, else the stock op:
 
   Where TensorFlow's oneDNN CPU kernels are on (`policy.onednn`), a kernel
@@ -206,23 +207,22 @@ def conv3d_implementation(kernel_size: Sequence[int], temporal_dilation: int,
   (odd kt) on frames of more than `MAX_IM2COL_PIXELS` pixels the time
   phases; 1x1x1 kernels and dilated ones on small frames `conv3d_as_2d`.
   Without oneDNN (Eigen's CPU kernels, or 'fast' on another device) every
-  kernel is `conv3d_as_2d`. Measured (2 shared Zen 5 cores, AVX-512, oneDNN
-  on; fwd + both gradients, interleaved, medians of 3 x 7-15 rounds; shapes
-  of the published network at 2 clips x 16 x 112^2, [H x W x C -> F]),
-  native / `conv3d_as_2d` time:
+  kernel is `conv3d_as_2d`. Native / `conv3d_as_2d` time with oneDNN on
+  (AVX-512; forward and both gradients; the shapes of the published network
+  at 2 clips x 16 x 112^2, [H x W x C -> F]):
   3x3x3: 7^2 x 152: 0.82-0.87; 14^2 x 54: 0.88-0.89; 28^2 x 27: 0.79-0.81;
   (4^2 x 432: 0.93). 3x1x1: 56^2 x 24: 0.55-0.64; 28^2 x 27: 0.64-0.71;
   14^2 x 54: 0.89-0.91; 7^2 x 152: 1.01-1.06 (one layer; kept native for
   one rule). 1x3x3 stride 2: 112^2 .. 14^2: 0.98-1.04; 7^2 x 432: 0.84-0.91.
   1x1x1 (the matmul): stride 1: 1.1-2.0 (432 -> 2048 at 4^2: 0.85-0.92,
   one layer); stride 2: 0.90-1.14: kept in `conv3d_as_2d`. Temporally
-  dilated, phases folded into the batch (2 runs x 11 rounds): 3x3x3 d 4,
+  dilated, phases folded into the batch: 3x3x3 d 4,
   7^2 x 152: 0.76-0.77; d 2, 14^2 x 54: 0.84-0.85; 3x1x1 d 4, 28^2 x 27:
   0.74; 3x3x3 d 2, 4^2 x 432: 0.98-1.01 (the small-frame matmul, kept).
-  TensorFlow's own dilated forms were slower (SpaceToBatchND / Conv3D with
+  TensorFlow's own dilated forms are slower (SpaceToBatchND / Conv3D with
   dilations: 3x3x3 d 2, 4^2: 1.27-1.40 / 1.81-1.95; d 4, 7^2 .. 28^2:
   0.77-1.13 / 0.86-1.74), and TFLite cannot take a 5-D SpaceToBatchND.
-  Without oneDNN (Eigen, AVX2) `conv3d_as_2d` was the faster everywhere
+  Without oneDNN (Eigen, AVX2) `conv3d_as_2d` is the faster everywhere
   (the whole training step 1.5x; its docstring).
 
   Args:

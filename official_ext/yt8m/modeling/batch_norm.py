@@ -37,9 +37,9 @@ def _column_sums(weights: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
     x: [batch, frames, K] float32.
 
   Returns:
-    [K]. XLA runs this as a matrix-vector product at memory speed; its
-    reduction of `x` over the batch and frame axes ran at a third of that on
-    this project's CPU (issue 16: 3.0 vs 8.9 ms at [32, 300, 3000]).
+    [K]. XLA runs this as a matrix-vector product at memory speed; on CPU
+    its reduction of `x` over the batch and frame axes runs at about a third
+    of that (3.0 vs 8.9 ms at [32, 300, 3000]).
   """
   k = x.shape[-1] if x.shape[-1] is not None else tf.shape(x)[-1]
   return tf.matmul(tf.reshape(weights, [1, -1]), tf.reshape(x, [-1, k]))[0]
@@ -90,7 +90,7 @@ def batch_norm_relu_average_pool(x: tf.Tensor, gamma: tf.Tensor,
   where c[b] = sum_t m r and s[b] = sum_t m r yhat are reduced in the
   forward pass (they also give the pooled value, gamma s + beta c), m is the
   mask and n the number of valid frames: one pass over the frames in the
-  backward pass, where the automatic gradient took five (issue 16).
+  backward pass, where the automatic gradient takes five.
 
   Args:
     x: float32 [batch, frames, K] pre-normalization activations.
@@ -146,9 +146,9 @@ def batch_norm_training(x: tf.Tensor, gamma: Optional[tf.Tensor],
 
     d x = gamma / sqrt(variance + epsilon) * (dy - w (d beta + xhat d gamma) / n),
 
-  its column sums matrix-vector products: XLA's reductions of the
-  automatic gradient over the [batch x frames] rows ran at a third of memory
-  speed on this project's CPU (issue 16).
+  its column sums matrix-vector products (`_column_sums`): on CPU, XLA's
+  reductions of the automatic gradient over the [batch x frames] rows run at
+  about a third of memory speed.
 
   Args:
     x: float32 [..., C] (e.g. [batch, frames, C]).
