@@ -12,13 +12,12 @@ One setting chooses, `runtime.kernel_policy` (`RuntimeConfig`):
 
 * 'auto' (the default): a fast path only on the device kind it was measured
   faster on (for every fast path declared here: CPUs, each under its own
-  condition in `FAST_PATHS`); on GPUs and TPUs the stock ops (cuDNN's Conv3D, tf_keras'
-  BatchNormalization, `tf.recompute_grad`) until a measurement on that
-  accelerator says otherwise (`python -m official_ext.benchmark accelerator`
-  times stock against fast there).
+  condition in `FAST_PATHS`); on GPUs and TPUs the stock ops (cuDNN's
+  Conv3D, tf_keras' BatchNormalization, `tf.recompute_grad`) until a
+  measurement on that accelerator says otherwise.
 * 'stock': the stock ops everywhere.
 * 'fast': every fast path whose own condition holds, on any device (to
-  measure them on an accelerator).
+  time them against the stock ops on an accelerator).
 
 How the choice reaches the code: `official_ext.train` resolves the setting
 for the devices of the run's strategy (`for_strategy`) and builds and runs
