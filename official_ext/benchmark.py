@@ -1,8 +1,10 @@
 r"""Benchmarks: `python -m official_ext.benchmark FAMILY [--json FILE] [--quick]
-[--reference_checkout DIR]`.
+[--reference_checkout DIR] [--tpu ADDRESS]`.
 
 The command line of `official_ext.benchmarks` (see `benchmarks/harness.py`):
-FAMILY is one of `harness.FAMILIES` (yt8m, assemblenet, readout); `--quick`
+FAMILY is one of `harness.FAMILIES` (yt8m, assemblenet, readout on this
+machine's CPU; accelerator: the shipped GPU / TPU YAMLs' training steps on
+this machine's GPUs or TPU, `--tpu` its address, an error without one); `--quick`
 runs tiny sizes (a smoke test of the harness); `--json FILE` also writes the
 figures as JSON; `--reference_checkout DIR` (assemblenet) also times the
 training step of another checkout of this repository (e.g. one made with
@@ -14,6 +16,7 @@ from typing import Sequence
 from absl import app
 from absl import flags
 
+from official_ext.benchmarks import accelerator
 from official_ext.benchmarks import harness
 
 FLAGS = flags.FLAGS
@@ -30,6 +33,9 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
       'assemblenet: another checkout of this repository whose training step '
       'is timed interleaved with this one (each in a child process).',
       flag_values=flag_values)
+  flags.DEFINE_string(
+      'tpu', None, 'accelerator: the Cloud TPU address (local on a TPU VM).',
+      flag_values=flag_values)
 
 
 def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
@@ -38,8 +44,12 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
     raise app.UsageError(
         f'usage: python -m official_ext.benchmark FAMILY [--json FILE] '
         f'[--quick] [--reference_checkout DIR], FAMILY one of {sorted(harness.FAMILIES)}')
-  harness.main(argv[1], quick=flag_values.quick, json_path=flag_values.json,
-               reference_checkout=flag_values.reference_checkout)
+  try:
+    harness.main(argv[1], quick=flag_values.quick, json_path=flag_values.json,
+                 reference_checkout=flag_values.reference_checkout,
+                 tpu=flag_values.tpu)
+  except accelerator.NoAcceleratorError as e:
+    raise SystemExit(f'official_ext.benchmark accelerator: {e}') from e
 
 
 if __name__ == '__main__':

@@ -30,6 +30,9 @@ FAMILIES = {
     'yt8m': 'official_ext.benchmarks.yt8m',
     'assemblenet': 'official_ext.benchmarks.assemblenet',
     'readout': 'official_ext.benchmarks.readout',
+    # The training steps of the shipped GPU / TPU YAMLs on this machine's
+    # accelerators (exits non-zero without one).
+    'accelerator': 'official_ext.benchmarks.accelerator',
 }
 
 
@@ -64,19 +67,24 @@ def family_module(family: str):
 
 
 def run(family: str, quick: bool = False,
-        reference_checkout: Optional[str] = None) -> Dict[str, Any]:
+        reference_checkout: Optional[str] = None,
+        tpu: Optional[str] = None) -> Dict[str, Any]:
   """Runs `family`'s benchmark; its figures plus 'machine'.
 
   `reference_checkout` (another checkout of this repository, timed beside
-  this one) is passed to families whose `run` takes it (assemblenet).
+  this one) is passed to families whose `run` takes it (assemblenet);
+  `tpu` (the TPU address) to the accelerator benchmark.
   """
   module = family_module(family)
   options = {}
-  if reference_checkout:
-    if 'reference_checkout' not in inspect.signature(module.run).parameters:
-      raise ValueError(f'--reference_checkout: the {family} benchmark has no '
-                       'reference-checkout timing (assemblenet has).')
-    options['reference_checkout'] = reference_checkout
+  for name, value, who in (('reference_checkout', reference_checkout,
+                            'assemblenet'), ('tpu', tpu, 'accelerator')):
+    if not value:
+      continue
+    if name not in inspect.signature(module.run).parameters:
+      raise ValueError(f'--{name}: the {family} benchmark does not take it '
+                       f'({who} does).')
+    options[name] = value
   settings = getattr(module, 'PROCESS_SETTINGS', {})
   applied = process_settings.apply(settings)
   logging.info(process_settings.describe(applied))
@@ -95,9 +103,11 @@ def report(family: str, figures: Dict[str, Any], quick: bool = False) -> str:
 
 def main(family: str, quick: bool = False,
          json_path: Optional[str] = None,
-         reference_checkout: Optional[str] = None) -> Dict[str, Any]:
+         reference_checkout: Optional[str] = None,
+         tpu: Optional[str] = None) -> Dict[str, Any]:
   """Runs, prints the report, writes the figures to `json_path` if given."""
-  figures = run(family, quick=quick, reference_checkout=reference_checkout)
+  figures = run(family, quick=quick, reference_checkout=reference_checkout,
+                tpu=tpu)
   print(report(family, figures, quick=quick))
   if json_path:
     with open(json_path, 'w') as f:

@@ -1,0 +1,351 @@
+"""`python -m official_ext.benchmark accelerator`: the published-size training
+steps on this machine's GPUs or TPU, under the shipped GPU or TPU YAMLs.
+
+For each case (YT8M DBoF + MoE, YT8M NeXtVLAD, AssembleNet++lite on
+Kinetics-400's clips, the readout model of the GPU/TPU configs) the
+experiment is loaded with its shipped YAML for the device kind found here
+(`configs/<family>/*_gpu.yaml` on GPUs, `*_tpu.yaml` on a TPU: precision,
+loss scaling, model settings, per-replica batch), its strategy built over
+every visible accelerator (`num_gpus` set to the GPUs found; a TPU through
+`--tpu`), and `steps` training steps (the task's own `train_step` under
+`strategy.run` in a `tf.function`, on an in-memory batch of the
+experiment's shapes, so the input pipeline is not timed) are timed after
+`warmup` steps. Figures per case:
+
+* `examples_per_sec` (global batch x steps / seconds) and `step_sec`;
+* `gflops_per_example` (analytic: the matmuls and convolutions a training
+  example needs, from each family's benchmark module) and `achieved_tflops`;
+* `peak_memory_gb`: the largest peak of `tf.config.experimental.
+  get_memory_info` over the devices (None where the device does not say);
+* `kernel_policy`: what the run's policy took (`core.kernel_policy`: on an
+  accelerator 'auto' is the stock ops) and, for families with fast paths,
+  `fast_examples_per_sec` and `fast_vs_stock` (the same step under 'fast',
+  timed in the same process): the measurement the policy asks for before a
+  fast path is taken on an accelerator.
+
+Without a GPU or TPU the command says so and exits non-zero. (`run` takes
+`device='CPU'` for the tests, which drive the same code on CPU devices at
+`quick` sizes.)
+"""
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf, tf_keras
+
+from official.core import task_factory
+from official.modeling import performance
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext.benchmarks import timing
+from official_ext.core import experiment_params
+from official_ext.core import kernel_policy
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+class NoAcceleratorError(RuntimeError):
+  """No GPU or TPU is visible to this process."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One published-size training step.
+
+  Attributes:
+    name: the figures' key.
+    experiment: the registered experiment.
+    family: the folder of its YAMLs under configs/.
+    yaml: the YAML's name without `_gpu.yaml` / `_tpu.yaml`.
+    quick: overrides for `quick` runs (tiny sizes).
+  """
+  name: str
+  experiment: str
+  family: str
+  yaml: str
+  quick: Dict[str, Any]
+
+
+CASES = (
+    Case('yt8m_dbof', 'yt8m', 'yt8m', 'yt8m', {'task': {
+        'model': {'backbone': {'dbof': {'cluster_size': 32,
+                                        'hidden_size': 32}}},
+        'train_data': {'num_classes': 20, 'max_frames': 8,
+                       'num_sample_frames': 8},
+        'validation_data': {'num_classes': 20}}}),
+    Case('yt8m_nextvlad', 'yt8m_nextvlad', 'yt8m', 'yt8m_nextvlad', {'task': {
+        'model': {'backbone': {'nextvlad': {
+            'cluster_sizes': [4, 2], 'groups': [2, 1], 'hidden_size': 16}}},
+        'train_data': {'num_classes': 20, 'max_frames': 8},
+        'validation_data': {'num_classes': 20}}}),
+    Case('assemblenet_kinetics', 'assemblenet_plus_lite_kinetics',
+         'assemblenet', 'kinetics', {'task': {
+             'model': {'backbone': {'assemblenet_plus_lite': {
+                 'model_structure':
+                     '[[-1, 1], [-2, 1], [3, [0, 1], [8, 8, 8], 1, 2]]',
+                 'model_edge_weights': '', 'blocks_per_level': [1, 1, 1, 1],
+                 'stem_filters': 8, 'rep_flow': {'num_iter': 2}}},
+                       'head_filters': [16, 24]},
+             'train_data': {'feature_shape': [4, 32, 32, 3]},
+             'validation_data': {'feature_shape': [4, 32, 32, 3]}}}),
+    Case('readout', 'readout_demo', 'readout', 'readout', {'task': {
+        'model': {'encoder': {'hidden_size': 8, 'num_heads': 2,
+                              'num_layers': 1, 'intermediate_size': 8}}}}),
+)
+
+# Cases whose family has fast paths (`kernel_policy.FAST_PATHS`): timed
+# under 'fast' too.
+_FAST_FAMILIES = {p.family for p in kernel_policy.FAST_PATHS if not p.env}
+
+
+def accelerator_kind() -> str:
+  """'GPU' or 'TPU' (`kernel_policy.default_device`).
+
+  Raises:
+    NoAcceleratorError: only CPUs are visible, naming what TensorFlow sees.
+  """
+  device = kernel_policy.default_device()
+  if device == 'CPU':
+    seen = sorted({d.device_type for d in tf.config.list_logical_devices()})
+    raise NoAcceleratorError(
+        f'No GPU or TPU is visible to this process (TensorFlow sees: '
+        f'{", ".join(seen)}): `python -m official_ext.benchmark accelerator` '
+        'times the training steps on accelerators only. Run it on a GPU or '
+        'Cloud TPU machine (a TPU VM: --tpu=local); CPU figures come from '
+        '`python -m official_ext.benchmark yt8m|assemblenet|readout`.')
+  return device
+
+
+def yaml_path(case: Case, device: str) -> str:
+  """The case's shipped YAML for `device` (the GPU YAML on CPUs)."""
+  kind = 'tpu' if device == 'TPU' else 'gpu'
+  return os.path.join(REPO, 'configs', case.family,
+                      f'{case.yaml}_{kind}.yaml')
+
+
+def _params(case: Case, device: str, quick: bool, tpu: str):
+  """The case's experiment with its GPU or TPU YAML. On GPUs (and the
+  CPUs of the tests) the YAML's per-GPU batch on every visible device; on a
+  TPU the YAML's global batch over the slice's cores."""
+  params = experiment_params.load_params(
+      case.experiment, [yaml_path(case, device)], tpu=tpu, lock=False)
+  if device != 'TPU':
+    replicas = len(tf.config.list_logical_devices(device))
+    per_replica = (params.task.train_data.global_batch_size //
+                   (params.runtime.num_gpus or 1))
+    params.override({'task': {'train_data': {
+        'global_batch_size': per_replica * replicas}}}, is_strict=True)
+    if device == 'GPU':
+      params.override({'runtime': {'num_gpus': replicas}}, is_strict=True)
+  if quick:
+    params.override(case.quick, is_strict=True)
+    params.override({'task': {'train_data': {'global_batch_size': 2 * len(
+        tf.config.list_logical_devices(device))}}}, is_strict=True)
+  return params
+
+
+def _strategy(params, device: str) -> tf.distribute.Strategy:
+  if device == 'CPU':
+    cpus = tf.config.list_logical_devices('CPU')
+    return tf.distribute.MirroredStrategy([d.name for d in cpus])
+  return experiment_params.distribution_strategy(params)
+
+
+def _batch(task, params, per_replica: int) -> Any:
+  """One in-memory training batch of the experiment's shapes, as its
+  dataloader yields them."""
+  data = params.task.train_data
+  rng = np.random.default_rng(0)
+  family = type(params.task).__module__.split('.')[1]
+  if family == 'yt8m':
+    frames = data.num_sample_frames or data.max_frames
+    features = sum(data.feature_sizes)
+    labels = np.zeros([per_replica, data.num_classes], np.float32)
+    for i in range(per_replica):
+      labels[i, rng.choice(data.num_classes, 3, replace=False)] = 1.0
+    return {'video_matrix': tf.constant(rng.uniform(
+        -2, 2, [per_replica, frames, features]).astype(np.float32)),
+            'num_frames': tf.fill([per_replica], frames),
+            'labels': tf.constant(labels)}
+  if family == 'assemblenet':
+    shape = [per_replica, *data.feature_shape]
+    labels = np.eye(data.num_classes, dtype=np.float32)[
+        rng.integers(0, data.num_classes, per_replica)]
+    return ({'image': tf.constant(rng.uniform(0, 1, shape), tf.float32)},
+            tf.constant(labels))
+  # Readout: demo trials, parsed and batched by the dataloader.
+  from official_ext.benchmarks import readout as readout_bench  # pylint: disable=g-import-not-at-top
+  return readout_bench.demo_batches(task, per_replica)[data.batching]
+
+
+def _flops_per_example(params) -> Optional[float]:
+  """Analytic training FLOPs of one example, where the family's benchmark
+  module derives them (None otherwise)."""
+  task = params.task
+  family = type(task).__module__.split('.')[1]
+  if family == 'yt8m':
+    from official_ext.benchmarks import yt8m as yt8m_bench  # pylint: disable=g-import-not-at-top
+    data = task.train_data
+    frames = data.num_sample_frames or data.max_frames
+    backbone = task.model.backbone
+    if backbone.type == 'dbof':
+      return yt8m_bench.train_flops_per_example(yt8m_bench.Size(
+          'accelerator', 1, frames, backbone.dbof.cluster_size,
+          backbone.dbof.hidden_size, task.model.head.moe.num_mixtures,
+          data.num_classes, sum(data.feature_sizes)))
+    if backbone.type == 'nextvlad':
+      n = backbone.nextvlad
+      return yt8m_bench.nextvlad_train_flops_per_example(
+          yt8m_bench.NextVladSize(
+              'accelerator', 1, frames, tuple(n.cluster_sizes),
+              tuple(n.groups), n.expansion, n.hidden_size,
+              n.gating_reduction, data.num_classes, tuple(n.feature_sizes)))
+  if family == 'assemblenet':
+    from official_ext.assemblenet.modeling import complexity  # pylint: disable=g-import-not-at-top
+    b = task.model.backbone.assemblenet_plus_lite
+    t, h, w, _ = task.train_data.feature_shape
+    forward = complexity.analyze(
+        json.loads(b.model_structure), tuple(b.blocks_per_level),
+        edge_weights_given=bool(b.model_edge_weights),
+        attention_mode=b.attention_mode, num_frames=t, height=h, width=w,
+        num_classes=task.train_data.num_classes,
+        stem_filters=b.stem_filters,
+        head_filters=tuple(task.model.head_filters)).flops
+    return 3.0 * forward  # Forward, input and weight gradients.
+  return None
+
+
+def _peak_memory_gb(device: str) -> Optional[float]:
+  peaks = []
+  for d in tf.config.list_logical_devices(device):
+    try:
+      peaks.append(tf.config.experimental.get_memory_info(d.name)['peak'])
+    except (ValueError, tf.errors.OpError):
+      return None
+  return max(peaks) / 2**30 if peaks else None
+
+
+def _reset_memory(device: str) -> None:
+  for d in tf.config.list_logical_devices(device):
+    try:
+      tf.config.experimental.reset_memory_stats(d.name)
+    except (ValueError, tf.errors.OpError):
+      return
+
+
+def time_case(case: Case, device: str, setting: str, steps: int,
+              warmup: int, quick: bool, strategy: tf.distribute.Strategy,
+              tpu: str = '') -> Dict[str, Any]:
+  """Times `steps` training steps of `case` under kernel policy `setting`
+  on `strategy` (one for the whole run: a second strategy over the same
+  devices could collide with the first one's collectives)."""
+  params = _params(case, device, quick, tpu)
+  replicas = strategy.num_replicas_in_sync
+  per_replica = params.task.train_data.global_batch_size // replicas
+  policy = kernel_policy.resolve(setting, device)
+  previous = tf_keras.mixed_precision.global_policy()
+  precision = params.runtime.mixed_precision_dtype
+  if precision:
+    performance.set_mixed_precision_policy(precision)
+  try:
+    with kernel_policy.use(policy), strategy.scope():
+      task = task_factory.get_task(params.task)
+      model = task.build_model()
+      optimizer = task.create_optimizer(params.trainer.optimizer_config,
+                                        params.runtime)
+      metrics = task.build_metrics(training=True)
+      batch = _batch(task, params, per_replica)
+      inputs = strategy.experimental_distribute_values_from_function(
+          lambda _: batch)
+
+      @tf.function
+      def step():
+        logs = strategy.run(
+            lambda b: task.train_step(b, model, optimizer, metrics),
+            args=(inputs,))
+        return strategy.reduce('MEAN', logs[task.loss], axis=None)
+
+      for _ in range(warmup):
+        timing.block(step())
+      _reset_memory(device)
+      start = time.perf_counter()
+      for _ in range(steps):
+        loss = step()
+      timing.block(loss)
+      seconds = (time.perf_counter() - start) / steps
+  finally:
+    tf_keras.mixed_precision.set_global_policy(previous)
+  global_batch = per_replica * replicas
+  flops = _flops_per_example(params)
+  return {
+      'yaml': os.path.relpath(yaml_path(case, device), REPO),
+      'precision': precision or 'float32',
+      'replicas': replicas,
+      'global_batch': global_batch,
+      'step_sec': seconds,
+      'examples_per_sec': global_batch / seconds,
+      'gflops_per_example': None if flops is None else flops / 1e9,
+      'achieved_tflops': (None if flops is None else
+                          flops * global_batch / seconds / 1e12),
+      'peak_memory_gb': _peak_memory_gb(device),
+      'loss': float(loss),
+      'kernel_policy': kernel_policy.as_dict(policy),
+  }
+
+
+def run(quick: bool = False, steps: int = 20, warmup: int = 3,
+        tpu: str = '', device: Optional[str] = None,
+        cases: Optional[List[str]] = None) -> Dict[str, Any]:
+  """Figures of every case (module docstring), keyed by case name.
+
+  Args:
+    quick: tiny sizes (a check of the harness).
+    steps, warmup: timed and untimed steps per measurement.
+    tpu: the TPU address (`--tpu`; 'local' on a TPU VM).
+    device: 'GPU' or 'TPU'; None: the accelerator found here
+      (`accelerator_kind`, which raises without one). 'CPU' runs the same
+      code on the logical CPUs (tests).
+    cases: names of `CASES` to run (default all).
+  """
+  device = accelerator_kind() if device is None else device.upper()
+  figures: Dict[str, Any] = {'device': device}
+  strategy = None
+  for case in CASES:
+    if cases and case.name not in cases:
+      continue
+    if strategy is None:
+      strategy = _strategy(_params(case, device, quick, tpu), device)
+    stock = time_case(case, device, 'auto', steps, warmup, quick, strategy,
+                      tpu)
+    if case.family in _FAST_FAMILIES:
+      fast = time_case(case, device, 'fast', steps, warmup, quick, strategy,
+                       tpu)
+      stock['fast_examples_per_sec'] = fast['examples_per_sec']
+      stock['fast_vs_stock'] = fast['examples_per_sec'] / stock[
+          'examples_per_sec']
+      stock['fast_kernel_policy'] = fast['kernel_policy']
+    figures[case.name] = stock
+  return figures
+
+
+def table(figures: Dict[str, Any]) -> str:
+  """One row per case."""
+  rows = [('case', 'precision', 'replicas', 'batch', 'examples/s',
+           'TFLOP/s', 'peak GB', 'policy', 'fast / stock')]
+
+  def fmt(value, spec='.3g'):
+    return '-' if value is None else format(value, spec)
+
+  for name, f in figures.items():
+    if not isinstance(f, dict) or 'examples_per_sec' not in f:
+      continue
+    policy = f['kernel_policy']
+    rows.append((name, f['precision'], str(f['replicas']),
+                 str(f['global_batch']), fmt(f['examples_per_sec']),
+                 fmt(f['achieved_tflops']), fmt(f['peak_memory_gb']),
+                 f'{policy["setting"]} on {policy["device"]}',
+                 fmt(f.get('fast_vs_stock'))))
+  return timing.format_table(rows)
