@@ -40,6 +40,7 @@ from official.core import task_factory
 from official.modeling import performance
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.benchmarks import timing
+from official_ext.core import distribution
 from official_ext.core import experiment_params
 from official_ext.core import kernel_policy
 
@@ -151,7 +152,7 @@ def _strategy(params, device: str) -> tf.distribute.Strategy:
   if device == 'CPU':
     cpus = tf.config.list_logical_devices('CPU')
     return tf.distribute.MirroredStrategy([d.name for d in cpus])
-  return experiment_params.distribution_strategy(params)
+  return distribution.distribution_strategy(params)
 
 
 def _batch(task, params, per_replica: int) -> Any:
