@@ -14,10 +14,11 @@ One setting chooses, `runtime.kernel_policy` (`RuntimeConfig`):
   faster on (for every fast path declared here: CPUs, each under its own
   condition in `FAST_PATHS`); on GPUs and TPUs the stock ops (cuDNN's
   Conv3D, tf_keras' BatchNormalization, `tf.recompute_grad`) until a
-  measurement on that accelerator says otherwise.
+  measurement on that accelerator says otherwise (`python -m
+  official_ext.benchmark accelerator` times stock against fast there).
 * 'stock': the stock ops everywhere.
 * 'fast': every fast path whose own condition holds, on any device (to
-  time them against the stock ops on an accelerator).
+  measure them on an accelerator).
 
 How the choice reaches the code: `official_ext.train` resolves the setting
 for the devices of the run's strategy (`for_strategy`) and builds and runs
