@@ -1,5 +1,6 @@
 r"""Benchmarks: `python -m official_ext.benchmark FAMILY [--json FILE] [--quick]
-[--reference_checkout DIR]`.
+[--reference_checkout DIR]`, and `python -m official_ext.benchmark report
+[--results_dir DIR] [--output FILE] [--check]`.
 
 The command line of `official_ext.benchmarks` (see `benchmarks/harness.py`):
 FAMILY is one of `harness.FAMILIES` (yt8m, assemblenet, readout); `--quick`
@@ -8,13 +9,22 @@ figures as JSON; `--reference_checkout DIR` (assemblenet) also times the
 training step of another checkout of this repository (e.g. one made with
 `git worktree add /tmp/ref313792b 313792b`) interleaved with this one's, each
 in a child process.
+
+`report` writes docs/benchmarks.md from the JSON files in the results folder
+(`benchmarks/results/<family>.json`, written by `--json`; see
+`benchmarks/report.py`); `--check` only compares and exits 1 if the page
+differs.
 """
+import sys
 from typing import Sequence
 
 from absl import app
 from absl import flags
 
 from official_ext.benchmarks import harness
+from official_ext.benchmarks import report
+
+REPORT = 'report'
 
 FLAGS = flags.FLAGS
 
@@ -30,14 +40,31 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
       'assemblenet: another checkout of this repository whose training step '
       'is timed interleaved with this one (each in a child process).',
       flag_values=flag_values)
+  flags.DEFINE_string('results_dir', harness.RESULTS_DIR,
+                      'report: the folder of benchmark JSON files.',
+                      flag_values=flag_values)
+  flags.DEFINE_string('output', report.PAGE,
+                      'report: the page to write.', flag_values=flag_values)
+  flags.DEFINE_bool('check', False,
+                    'report: only check that the page is the generated one '
+                    '(exit 1 if not).', flag_values=flag_values)
 
 
 def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
-  """Benchmarks the family `argv[1]` with the parsed `flag_values`."""
-  if len(argv) != 2 or argv[1] not in harness.FAMILIES:
+  """Benchmarks the family `argv[1]` with the parsed `flag_values`, or
+  writes the report page (`argv[1] == 'report'`)."""
+  if len(argv) != 2 or argv[1] not in set(harness.FAMILIES) | {REPORT}:
     raise app.UsageError(
         f'usage: python -m official_ext.benchmark FAMILY [--json FILE] '
-        f'[--quick] [--reference_checkout DIR], FAMILY one of {sorted(harness.FAMILIES)}')
+        f'[--quick] [--reference_checkout DIR], FAMILY one of '
+        f'{sorted(harness.FAMILIES)}; or python -m official_ext.benchmark '
+        f'report [--results_dir DIR] [--output FILE] [--check]')
+  if argv[1] == REPORT:
+    rc = report.main(flag_values.results_dir, flag_values.output,
+                     check=flag_values.check)
+    if rc:
+      sys.exit(rc)
+    return
   harness.main(argv[1], quick=flag_values.quick, json_path=flag_values.json,
                reference_checkout=flag_values.reference_checkout)
 
