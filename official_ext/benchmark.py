@@ -5,10 +5,10 @@ r"""Benchmarks: `python -m official_ext.benchmark FAMILY [--json FILE] [--quick]
 The command line of `official_ext.benchmarks` (see `benchmarks/harness.py`):
 FAMILY is one of `harness.FAMILIES` (yt8m, assemblenet, readout); `--quick`
 runs tiny sizes (a smoke test of the harness); `--json FILE` also writes the
-figures as JSON; `--reference_checkout DIR` (assemblenet) also times the
-training step of another checkout of this repository (e.g. one made with
-`git worktree add /tmp/ref313792b 313792b`) interleaved with this one's, each
-in a child process.
+figures as JSON (the results folder: `--json benchmarks/results/FAMILY.json`);
+`--reference_checkout DIR` (assemblenet) also times the training step of
+another checkout of this repository (e.g. one made with `git worktree add
+/tmp/ref COMMIT`) interleaved with this one's, each in a child process.
 
 `report` writes docs/benchmarks.md from the JSON files in the results folder
 (`benchmarks/results/<family>.json`, written by `--json`; see
