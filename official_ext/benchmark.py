@@ -1,16 +1,23 @@
 r"""Benchmarks: `python -m official_ext.benchmark FAMILY [--json FILE] [--quick]
-[--reference_checkout DIR] [--tpu ADDRESS]`.
+[--reference_checkout DIR] [--tpu ADDRESS]`, and `python -m official_ext.benchmark
+report [--results_dir DIR] [--output FILE] [--check]`.
 
 The command line of `official_ext.benchmarks` (see `benchmarks/harness.py`):
 FAMILY is one of `harness.FAMILIES` (yt8m, assemblenet, readout on this
 machine's CPU; accelerator: the shipped GPU / TPU YAMLs' training steps on
 this machine's GPUs or TPU, `--tpu` its address, an error without one); `--quick`
 runs tiny sizes (a smoke test of the harness); `--json FILE` also writes the
-figures as JSON; `--reference_checkout DIR` (assemblenet) also times the
-training step of another checkout of this repository (e.g. one made with
-`git worktree add /tmp/ref313792b 313792b`) interleaved with this one's, each
-in a child process.
+figures as JSON (the results folder: `--json benchmarks/results/FAMILY.json`);
+`--reference_checkout DIR` (assemblenet) also times the training step of
+another checkout of this repository (e.g. one made with `git worktree add
+/tmp/ref COMMIT`) interleaved with this one's, each in a child process.
+
+`report` writes docs/benchmarks.md from the JSON files in the results folder
+(`benchmarks/results/<family>.json`, written by `--json`; see
+`benchmarks/report.py`); `--check` only compares and exits 1 if the page
+differs.
 """
+import sys
 from typing import Sequence
 
 from absl import app
@@ -18,6 +25,9 @@ from absl import flags
 
 from official_ext.benchmarks import accelerator
 from official_ext.benchmarks import harness
+from official_ext.benchmarks import report
+
+REPORT = 'report'
 
 FLAGS = flags.FLAGS
 
@@ -36,14 +46,31 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_string(
       'tpu', None, 'accelerator: the Cloud TPU address (local on a TPU VM).',
       flag_values=flag_values)
+  flags.DEFINE_string('results_dir', harness.RESULTS_DIR,
+                      'report: the folder of benchmark JSON files.',
+                      flag_values=flag_values)
+  flags.DEFINE_string('output', report.PAGE,
+                      'report: the page to write.', flag_values=flag_values)
+  flags.DEFINE_bool('check', False,
+                    'report: only check that the page is the generated one '
+                    '(exit 1 if not).', flag_values=flag_values)
 
 
 def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
-  """Benchmarks the family `argv[1]` with the parsed `flag_values`."""
-  if len(argv) != 2 or argv[1] not in harness.FAMILIES:
+  """Benchmarks the family `argv[1]` with the parsed `flag_values`, or
+  writes the report page (`argv[1] == 'report'`)."""
+  if len(argv) != 2 or argv[1] not in set(harness.FAMILIES) | {REPORT}:
     raise app.UsageError(
         f'usage: python -m official_ext.benchmark FAMILY [--json FILE] '
-        f'[--quick] [--reference_checkout DIR], FAMILY one of {sorted(harness.FAMILIES)}')
+        f'[--quick] [--reference_checkout DIR] [--tpu ADDRESS], FAMILY one of '
+        f'{sorted(harness.FAMILIES)}; or python -m official_ext.benchmark '
+        f'report [--results_dir DIR] [--output FILE] [--check]')
+  if argv[1] == REPORT:
+    rc = report.main(flag_values.results_dir, flag_values.output,
+                     check=flag_values.check)
+    if rc:
+      sys.exit(rc)
+    return
   try:
     harness.main(argv[1], quick=flag_values.quick, json_path=flag_values.json,
                  reference_checkout=flag_values.reference_checkout,

@@ -1,4 +1,4 @@
-"""The bad-input catalogue (README "Bad input"), for every family's reader.
+"""The bad-input catalogue (docs/bad_input.md), for every family's reader.
 
 Each bad input either fails with an error naming the file (and the feature /
 record), or, with `DataConfig.skip_bad_records=True`, is skipped, logged and

@@ -109,16 +109,17 @@ def test_yt8m_claim_is_model_gardens_published_schedule():
           'warmup_steps': '500'}
 
 
-def test_readme_tpu_example_launches_the_slice_its_yaml_is_made_for():
-  with open(os.path.join(REPO, 'README.md')) as f:
-    readme = f.read()
-  launches = re.findall(
-      r'scripts/launch_cloud_tpu\.sh[^`]*?--accelerator_type=(\S+)[^`]*?'
-      r'--config_file=(\S+)', readme)
+def test_docs_tpu_example_launches_the_slice_its_yaml_is_made_for():
+  launches = []
+  for page in ('README.md', os.path.join('docs', 'distributed.md')):
+    with open(os.path.join(REPO, page)) as f:
+      launches += [(page, *m) for m in re.findall(
+          r'scripts/launch_cloud_tpu\.sh[^`]*?--accelerator_type=(\S+)'
+          r'[^`]*?--config_file=(\S+)', f.read())]
   assert launches
-  for accelerator, path in launches:
+  for page, accelerator, path in launches:
     with open(os.path.join(REPO, path)) as f:
       header = ''.join(l for l in f if l.startswith('#'))
     assert re.search(rf'(?<![\w-]){re.escape(accelerator)}(?![\w-])',
                      header), (
-        f'README launches {accelerator} with {path}, made for another slice')
+        f'{page} launches {accelerator} with {path}, made for another slice')

@@ -304,7 +304,7 @@ def test_loop_level_check_without_the_per_step_record():
 def test_resumed_run_seeds_its_input_from_the_step(trained, tmp_path,
                                                    monkeypatch):
   """The training input of a resumed run is seeded from (seed, restored
-  step) (README "Preemption, resume"); a new run keeps the configured seed
+  step) (docs/distributed.md "Preemption, resume"); a new run keeps the configured seed
   (two new runs then read identically: tests/test_input_sharding.py).
 
   Each run goes through `train.run` up to the point where the trainer

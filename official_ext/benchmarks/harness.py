@@ -12,19 +12,33 @@ run of its family takes (`core.kernel_policy`, the ones `python -m official_ext.
 applies too), applied by `run` only where the process has not yet started
 TensorFlow's runtime (they take effect when it starts), and only where the
 user has not set the variable; the log says what was applied.
+
+Every run's figures carry `machine` (one line) and `environment` (where and
+when they were measured: `environment()`); written with `--json` into
+`RESULTS_DIR/<family>.json`, they are what `python -m official_ext.benchmark
+report` renders into docs/benchmarks.md (`benchmarks/report.py`).
 """
+import datetime
 import importlib
 import inspect
 import json
 import os
 import platform
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from absl import logging
 import tensorflow as tf
 
 from official_ext.benchmarks import timing
 from official_ext.core import process_settings
+
+# The repository's results folder: one JSON file per family, the latest run.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+RESULTS_DIR = os.path.join(REPO_ROOT, 'benchmarks', 'results')
+
+# CPU flags that decide which kernels TensorFlow runs (vector units).
+_CPU_FLAG_PREFIXES = ('avx', 'amx', 'fma', 'f16c', 'sse4')
 
 FAMILIES = {
     'yt8m': 'official_ext.benchmarks.yt8m',
@@ -43,6 +57,64 @@ def machine() -> str:
   return (f'{platform.processor() or platform.machine()}, '
           f'{os.cpu_count()} cores, {cpus} CPU device(s), '
           f'{len(gpus)} GPU(s), TF {tf.__version__}')
+
+
+def _cpuinfo() -> Dict[str, str]:
+  """The first processor's fields of /proc/cpuinfo ({} where unreadable)."""
+  fields = {}
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if not line.strip():
+          break
+        key, _, value = line.partition(':')
+        fields[key.strip()] = value.strip()
+  except OSError:
+    pass
+  return fields
+
+
+def cpu_model() -> str:
+  """The CPU's model name (/proc/cpuinfo), else `platform.processor()`."""
+  return (_cpuinfo().get('model name') or platform.processor() or
+          platform.machine())
+
+
+def cpu_flags() -> List[str]:
+  """The CPU's vector-unit flags (AVX*, AMX*, FMA, F16C, SSE4), sorted."""
+  return sorted(f for f in _cpuinfo().get('flags', '').split()
+                if f.startswith(_CPU_FLAG_PREFIXES))
+
+
+def environment(quick: bool = False) -> Dict[str, Any]:
+  """Where and when a run measured: CPU model and flags, cores, devices,
+  TensorFlow and Python versions, oneDNN kernels, UTC date, load.
+
+  Returns:
+    {'cpu_model': str, 'cpu_flags': [str], 'cores': int,
+     'cpu_devices': int, 'gpus': [str], 'onednn_cpu_kernels': bool,
+     'tensorflow': str, 'python': str, 'platform': str,
+     'date': 'YYYY-MM-DDTHH:MM:SSZ', 'loadavg': [1, 5, 15 min]
+     (how busy the machine was as the run ended), 'quick': bool}.
+  """
+  from official_ext.core import kernel_policy  # pylint: disable=g-import-not-at-top
+  gpus = tf.config.list_physical_devices('GPU')
+  return {
+      'cpu_model': cpu_model(),
+      'cpu_flags': cpu_flags(),
+      'cores': os.cpu_count(),
+      'cpu_devices': len(tf.config.list_physical_devices('CPU')),
+      'gpus': [tf.config.experimental.get_device_details(g).get(
+          'device_name', g.name) for g in gpus],
+      'onednn_cpu_kernels': kernel_policy.onednn_cpu_kernels(),
+      'tensorflow': tf.__version__,
+      'python': platform.python_version(),
+      'platform': platform.platform(),
+      'date': datetime.datetime.now(datetime.timezone.utc).strftime(
+          '%Y-%m-%dT%H:%M:%SZ'),
+      'loadavg': [round(x, 2) for x in os.getloadavg()],
+      'quick': quick,
+  }
 
 
 def generic_table(figures: Dict[str, Any]) -> str:
@@ -91,6 +163,12 @@ def run(family: str, quick: bool = False,
   logging.info('Benchmarking %s on %s', family, machine())
   figures = module.run(quick=quick, **options)
   figures['machine'] = machine()
+  figures['environment'] = environment(quick)
+  figures['command'] = ' '.join(
+      ['python -m official_ext.benchmark', family] +
+      (['--quick'] if quick else []) +
+      ([f'--reference_checkout {reference_checkout}']
+       if reference_checkout else []))
   return figures
 
 
@@ -110,6 +188,7 @@ def main(family: str, quick: bool = False,
                 tpu=tpu)
   print(report(family, figures, quick=quick))
   if json_path:
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
     with open(json_path, 'w') as f:
       json.dump(figures, f, indent=2, sort_keys=True, default=float)
     print(f'wrote {json_path}')

@@ -207,7 +207,7 @@ def test_evaluation_data_is_never_augmented(key):
 
 
 def test_params_override_and_double_label_smoothing():
-  """The README's override turns both on in the demo; with
+  """The override of docs/assemblenet.md turns both on in the demo; with
   `losses.label_smoothing` too, the task refuses (smoothed twice)."""
   config = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
   config = params_dict.override_params_dict(

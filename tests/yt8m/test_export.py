@@ -362,8 +362,8 @@ def test_predict_without_experiment_reads_the_saved_models_data_config(
 # TFLite (`official_ext.export_tflite`): the interpreter's outputs against the
 # SavedModel's `serve_features`, per quantization mode. Measured max abs
 # difference of the probabilities on this tiny trained model: none 9e-8,
-# dynamic_range 2e-5, float16 1e-6 (the yt8m_demo model's are in the README's
-# YT8M export section).
+# dynamic_range 2e-5, float16 1e-6 (the trained yt8m_demo model's are in
+# docs/yt8m.md, "On-device export (TFLite)").
 TFLITE_ATOL = {'none': 1e-5, 'dynamic_range': 1e-3, 'float16': 1e-4}
 
 

@@ -284,7 +284,7 @@ def test_ranking_storage_is_bounded_and_exact():
                    key=lambda k: (-everything[k][2][cls], k))[:cap]
     want = [f'{everything[k][0]}:{everything[k][1]}' for k in order]
     assert ranking.ranked(position) == want, cls
-  # The figures of the README: 10 bytes per kept segment plus a 48 MiB
+  # The figures of docs/yt8m.md: 10 bytes per kept segment plus a 48 MiB
   # candidate buffer (4,194,304 x 12 bytes) and the thresholds.
   assert predict.SegmentRanking.memory_bound(1000, 100000) == 1_050_335_648
   assert predict.SegmentRanking.memory_bound(3862, 100000) == 3_912_347_096

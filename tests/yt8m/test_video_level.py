@@ -234,7 +234,7 @@ def trained(tmp_path_factory):
   params.override({
       'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
       'task': {
-          # XLA steps: the demo run of the README; here they cost time only.
+          # XLA steps: the demo run of docs/yt8m.md; here they cost time only.
           'jit_compile': False,
           'model': {'head': {'type': 'moe', 'moe': {'num_mixtures': 2}}},
           'train_data': {'global_batch_size': 8, 'seed': 3},
