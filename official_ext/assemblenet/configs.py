@@ -362,7 +362,7 @@ def _demo_experiment(model_structure) -> cfg.ExperimentConfig:
   num_classes = demo_data.NUM_CLASSES
   train_batch = 16
   steps_per_epoch = num_train // train_batch  # 150
-  train_steps = 400  # 2.7 epochs: 3 min 36 s on 2 idle CPU cores (README)
+  train_steps = 400  # 2.7 epochs of the generated train split
   shape = (num_frames, size, size, 3)
   common = dict(tfds_name=DEMO_TFDS_NAME, feature_shape=shape,
                 num_classes=num_classes, is_multilabel=False,

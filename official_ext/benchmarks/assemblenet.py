@@ -23,8 +23,8 @@ the forward pass and the training step of both variants is most of it):
   interleaved with ours; `train_speedup_vs_original_width` and
   `forward_speedup_vs_original_width` are the ratios (reference time / ours).
 * with `reference_checkout` (CLI `--reference_checkout DIR`: another checkout
-  of this repository, e.g. `git worktree add /tmp/ref313792b 313792b`, issue
-  16's "today's main"): `reference_checkout_train_sec_per_step` and
+  of this repository, e.g. `git worktree add /tmp/ref COMMIT`):
+  `reference_checkout_train_sec_per_step` and
   `checkout_train_sec_per_step`, the training step of that checkout and of
   this one, each in a long-lived child process of its own
   (`memory_lib.StepChild`) built side by side and timed interleaved (5
@@ -306,8 +306,8 @@ def checkout_child_code(batch: int, frames: int, size: int,
 
   Run with a checkout first on PYTHONPATH, it builds that checkout's
   training step at `batch` x `frames` x `size`^2 (its `_task`, `_inputs` and
-  `_train_fn`: in `official_ext.benchmarks.assemblenet`, or, in checkouts
-  before that package such as 313792b, `official_ext.assemblenet.benchmark`),
+  `_train_fn`: in `official_ext.benchmarks.assemblenet`, or, in older
+  checkouts without that package, `official_ext.assemblenet.benchmark`),
   runs it once (tracing), prints READY (with the `official_ext` it
   imported) and then runs one step per command (DONE: the step's loss). The
   child protocol comes from this checkout's `memory.py`, loaded by path: it
@@ -362,7 +362,7 @@ def reference_checkout_speed(
 
   Args:
     checkout: a directory holding another version of this repository (e.g.
-      `git worktree add /tmp/ref313792b 313792b`).
+      `git worktree add /tmp/ref COMMIT`).
     quick: the quick sizes and networks.
     rounds: interleaved rounds.
     make_child: (checkout, batch, frames, size, quick, name) -> child with
@@ -426,8 +426,8 @@ def run(quick: bool = False, memory: bool = True,
       about 10 GB of RAM in the full run).
     reference: also time the original-width architecture.
     inference: also export the network and time its SavedModel.
-    reference_checkout: another checkout of this repository (e.g. 313792b,
-      "today's main" of issue 16): its training step and this checkout's
+    reference_checkout: another checkout of this repository (e.g. an older
+      commit, to measure a change): its training step and this checkout's
       are timed interleaved, each in a child process of its own
       (`reference_checkout_speed`; before any model is built here).
 

@@ -35,7 +35,7 @@ fast path of `core.kernel_policy` on CPUs, applied by the harness as by `train`;
 with the default allocator every large tensor (the 85 M-float MoE gradient,
 XLA's buffers of [batch x frames, cluster] activations) is fresh memory from
 the kernel each step, and ~16 % of the published-size step was spent in page
-faults zeroing it (perf, issue 16). Both models, ours and Model Garden's, run
+faults zeroing it (perf). Both models, ours and Model Garden's, run
 in the same process, so both get it (it sped each up by 1.2-1.3x; the
 speed-up between them is unchanged).
 """

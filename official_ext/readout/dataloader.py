@@ -49,7 +49,7 @@ Files (`official_ext.core.tfrecord_input`): an `input_path` that matches
 nothing, a broken symlink or a directory is a ValueError naming it; a
 truncated or corrupted file fails naming the file and byte offset. With
 `DataConfig.skip_bad_records` the invalid record, or the damaged records of
-a file, are skipped, logged and counted instead (README "Bad input").
+a file, are skipped, logged and counted instead (docs/bad_input.md).
 
 Batches (`build_dataset`), B = per-replica batch size, n_in / n_out rounded
 up to a multiple of `pad_multiple` (or exactly `max_input_tokens` /

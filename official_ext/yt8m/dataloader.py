@@ -30,8 +30,8 @@ InputReader):
     [train with sampling: + per-example seed from Dataset.random(seed)]
     --Parser.parse_fn--> example dicts [segment mode: unbatch] --> batch.
 
-Bad input (`official_ext.core.bad_records`, the catalogue is in README.md
-"Bad input"): a truncated or corrupted TFRecord file is detected by comparing
+Bad input (`official_ext.core.bad_records`, the catalogue is in
+docs/bad_input.md): a truncated or corrupted TFRecord file is detected by comparing
 the bytes of its readable records with its size, and fails with an error
 naming the file and the byte offset where its readable records end; a record
 that does not parse, a frame of the wrong width or dtype, a NaN in a float32
