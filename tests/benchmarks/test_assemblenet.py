@@ -175,6 +175,6 @@ def test_reference_checkout_timing_interleaves_the_two_children(
 
 
 def test_reference_checkout_is_refused_for_families_without_it():
-  with pytest.raises(ValueError, match='the readout benchmark has no '
-                     'reference-checkout timing'):
+  with pytest.raises(ValueError, match='--reference_checkout: the readout '
+                     r'benchmark does not take it \(assemblenet does\)'):
     harness.run('readout', quick=True, reference_checkout='/tmp')

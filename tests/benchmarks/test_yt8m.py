@@ -105,7 +105,8 @@ def test_quick_run_figures_are_consistent(tmp_path, capsys):
       'reference_metrics_seconds_scaled',
       'metrics_max_abs_diff_vs_reference', 'metrics_num_videos',
       'metrics_num_classes', 'metrics_reference_videos', 'sizes',
-      'per_size', 'machine', 'nextvlad', 'cpu_allocator'}
+      'per_size', 'machine', 'nextvlad', 'cpu_allocator', 'environment',
+      'command'}
   # Only the tiny size ran, with the sizes asked for.
   assert f['sizes'] == {'tiny': dataclasses.asdict(benchmark.TINY)}
   assert set(f['per_size']) == {'tiny'}
