@@ -148,7 +148,7 @@ def _params(case: Case, device: str, quick: bool, tpu: str):
   return params
 
 
-def _strategy(params, device: str) -> tf.distribute.Strategy:
+def strategy_for(params, device: str) -> tf.distribute.Strategy:
   if device == 'CPU':
     cpus = tf.config.list_logical_devices('CPU')
     return tf.distribute.MirroredStrategy([d.name for d in cpus])
@@ -237,54 +237,104 @@ def _reset_memory(device: str) -> None:
       return
 
 
+@dataclasses.dataclass
+class _Step:
+  """A case's compiled training step on one in-memory batch."""
+  step: Callable[[], tf.Tensor]  # One step; returns the mean loss.
+  params: Any
+  per_replica: int
+  precision: str
+  policy: kernel_policy.KernelPolicy
+
+
+def _build_step(case: Case, device: str, policy: kernel_policy.KernelPolicy,
+                quick: bool, strategy: tf.distribute.Strategy, tpu: str = '',
+                precision: Optional[str] = None) -> _Step:
+  """The case's model, optimizer and `tf.function` training step (the
+  task's `train_step` under `strategy.run`) on an in-memory batch of the
+  experiment's shapes, built in the YAML's precision (or `precision`) under
+  `policy`. Keras' global dtype policy is set for the build and left set:
+  the caller restores it."""
+  params = _params(case, device, quick, tpu)
+  if precision is not None:
+    params.override({'runtime': {
+        'mixed_precision_dtype': precision,
+        'loss_scale': 'dynamic' if precision == 'float16' else None}},
+                    is_strict=True)
+  per_replica = (params.task.train_data.global_batch_size //
+                 strategy.num_replicas_in_sync)
+  precision = params.runtime.mixed_precision_dtype or 'float32'
+  performance.set_mixed_precision_policy(precision)
+  with kernel_policy.use(policy), strategy.scope():
+    task = task_factory.get_task(params.task)
+    model = task.build_model()
+    optimizer = task.create_optimizer(params.trainer.optimizer_config,
+                                      params.runtime)
+    metrics = task.build_metrics(training=True)
+    batch = _batch(task, params, per_replica)
+    inputs = strategy.experimental_distribute_values_from_function(
+        lambda _: batch)
+
+    @tf.function
+    def step():
+      logs = strategy.run(
+          lambda b: task.train_step(b, model, optimizer, metrics),
+          args=(inputs,))
+      return strategy.reduce('MEAN', logs[task.loss], axis=None)
+
+  def traced_step():
+    # The first call traces (and creates the optimizer's slots).
+    with kernel_policy.use(policy), strategy.scope():
+      return step()
+
+  return _Step(traced_step, params, per_replica, precision, policy)
+
+
+def training_losses(case: Case, device: str,
+                    policy: kernel_policy.KernelPolicy, steps: int,
+                    strategy: tf.distribute.Strategy, quick: bool = True,
+                    precision: Optional[str] = None, seed: int = 11
+                    ) -> List[float]:
+  """The loss of each of `steps` training steps of `case` on one in-memory
+  batch, in the YAML's precision or `precision` (float16 with dynamic loss
+  scaling), the weights initialized from `seed` (tests: the precisions
+  agree)."""
+  previous = tf_keras.mixed_precision.global_policy()
+  try:
+    tf_keras.utils.set_random_seed(seed)
+    built = _build_step(case, device, policy, quick, strategy,
+                        precision=precision)
+    return [float(built.step()) for _ in range(steps)]
+  finally:
+    tf_keras.mixed_precision.set_global_policy(previous)
+
+
 def time_case(case: Case, device: str, setting: str, steps: int,
               warmup: int, quick: bool, strategy: tf.distribute.Strategy,
               tpu: str = '') -> Dict[str, Any]:
   """Times `steps` training steps of `case` under kernel policy `setting`
   on `strategy` (one for the whole run: a second strategy over the same
   devices could collide with the first one's collectives)."""
-  params = _params(case, device, quick, tpu)
-  replicas = strategy.num_replicas_in_sync
-  per_replica = params.task.train_data.global_batch_size // replicas
-  policy = kernel_policy.resolve(setting, device)
   previous = tf_keras.mixed_precision.global_policy()
-  precision = params.runtime.mixed_precision_dtype
-  if precision:
-    performance.set_mixed_precision_policy(precision)
   try:
-    with kernel_policy.use(policy), strategy.scope():
-      task = task_factory.get_task(params.task)
-      model = task.build_model()
-      optimizer = task.create_optimizer(params.trainer.optimizer_config,
-                                        params.runtime)
-      metrics = task.build_metrics(training=True)
-      batch = _batch(task, params, per_replica)
-      inputs = strategy.experimental_distribute_values_from_function(
-          lambda _: batch)
-
-      @tf.function
-      def step():
-        logs = strategy.run(
-            lambda b: task.train_step(b, model, optimizer, metrics),
-            args=(inputs,))
-        return strategy.reduce('MEAN', logs[task.loss], axis=None)
-
-      for _ in range(warmup):
-        timing.block(step())
-      _reset_memory(device)
-      start = time.perf_counter()
-      for _ in range(steps):
-        loss = step()
-      timing.block(loss)
-      seconds = (time.perf_counter() - start) / steps
+    built = _build_step(case, device, kernel_policy.resolve(setting, device),
+                        quick, strategy, tpu)
+    for _ in range(warmup):
+      timing.block(built.step())
+    _reset_memory(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+      loss = built.step()
+    timing.block(loss)
+    seconds = (time.perf_counter() - start) / steps
   finally:
     tf_keras.mixed_precision.set_global_policy(previous)
-  global_batch = per_replica * replicas
-  flops = _flops_per_example(params)
+  global_batch = built.per_replica * strategy.num_replicas_in_sync
+  flops = _flops_per_example(built.params)
   return {
       'yaml': os.path.relpath(yaml_path(case, device), REPO),
-      'precision': precision or 'float32',
-      'replicas': replicas,
+      'precision': built.precision,
+      'replicas': strategy.num_replicas_in_sync,
       'global_batch': global_batch,
       'step_sec': seconds,
       'examples_per_sec': global_batch / seconds,
@@ -293,7 +343,7 @@ def time_case(case: Case, device: str, setting: str, steps: int,
                           flops * global_batch / seconds / 1e12),
       'peak_memory_gb': _peak_memory_gb(device),
       'loss': float(loss),
-      'kernel_policy': kernel_policy.as_dict(policy),
+      'kernel_policy': kernel_policy.as_dict(built.policy),
   }
 
 
@@ -318,7 +368,7 @@ def run(quick: bool = False, steps: int = 20, warmup: int = 3,
     if cases and case.name not in cases:
       continue
     if strategy is None:
-      strategy = _strategy(_params(case, device, quick, tpu), device)
+      strategy = strategy_for(_params(case, device, quick, tpu), device)
     stock = time_case(case, device, 'auto', steps, warmup, quick, strategy,
                       tpu)
     if case.family in _FAST_FAMILIES:

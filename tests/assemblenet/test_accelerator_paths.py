@@ -1,18 +1,22 @@
-"""The assemblenet family on accelerators simulated on CPU (tests/shipped_configs.py):
-float16 (dynamic loss scaling) and bfloat16 training on two replicas with
-the kernel policy a GPU takes agree with float32; the family's train and
-validation steps compile whole under XLA with its TPU YAML's settings in
-float32 and bfloat16."""
-import os
-
+"""The assemblenet family on accelerators simulated on CPU: float16 (dynamic loss
+scaling) and bfloat16 training on two replicas with the kernel policy a GPU
+takes agree with float32 (the training step of its GPU YAML at tiny sizes,
+`benchmarks.accelerator.training_losses`); the family's train and validation
+steps compile whole under XLA with its TPU YAML's settings in float32 and
+bfloat16 (tests/shipped_configs.py)."""
 import pytest
 
+from official_ext.benchmarks import accelerator
+from tests import conftest
 from tests import shipped_configs
 
-DEMO_YAML = os.path.join(shipped_configs.REPO, 'configs', 'assemblenet', 'demo_cpu.yaml')
-# Relative agreement of the loss after 3 steps with float32's: float16
+CASE = next(c for c in accelerator.CASES if c.name == 'assemblenet_kinetics')
+# Relative agreement of the loss of the third step with float32's: float16
 # keeps ~3 significant digits, bfloat16 ~2 (8-bit mantissa).
 TOLERANCE = {'float16': 0.01, 'bfloat16': 0.05}
+# Each precision with a TPU YAML of the family (in turn, where it has two).
+TPU_YAMLS = [p for p in shipped_configs.yamls('assemblenet')
+             if p.endswith('_tpu.yaml')]
 
 
 @pytest.fixture(scope='module')
@@ -20,21 +24,18 @@ def cache(tmp_path_factory):
   return tmp_path_factory.mktemp('assemblenet_accelerator_cache')
 
 
-def test_mixed_precision_training_agrees_with_float32(cache, tmp_path):
-  losses = {precision: shipped_configs.training_loss(
-      DEMO_YAML, cache, tmp_path / precision, precision)
+def test_mixed_precision_training_agrees_with_float32():
+  strategy = conftest.make_mirrored()
+  losses = {precision: accelerator.training_losses(
+      CASE, 'CPU', shipped_configs.GPU_POLICY, steps=3, strategy=strategy,
+      precision=precision)[-1]
             for precision in ('float32', 'float16', 'bfloat16')}
-  print('loss after 3 steps:', losses)
+  print('loss of the third step:', losses)
   for precision, tolerance in TOLERANCE.items():
     assert losses[precision] == pytest.approx(losses['float32'],
                                               rel=tolerance), losses
   # The precision did change the computation (bfloat16 rounds visibly).
   assert losses['bfloat16'] != losses['float32'], losses
-
-
-# Each precision with a TPU YAML of the family (in turn, where it has two).
-TPU_YAMLS = [p for p in shipped_configs.yamls('assemblenet')
-             if p.endswith('_tpu.yaml')]
 
 
 @pytest.mark.parametrize('precision', ['float32', 'bfloat16'])
