@@ -197,6 +197,18 @@ def _no_strings(batch, what: str) -> None:
     assert tensor.dtype != tf.string, f'{what}: {path} is a string tensor'
 
 
+# The first batch of each YAML's splits, read once per process (both
+# precisions of `xla_steps` take it; its input pipeline costs seconds).
+_FIRST_BATCHES: Dict[Any, Any] = {}
+
+
+def _first_batch(task, data, path: str):
+  key = (path, data.is_training)
+  if key not in _FIRST_BATCHES:
+    _FIRST_BATCHES[key] = next(iter(task.build_inputs(data)))
+  return _FIRST_BATCHES[key]
+
+
 def xla_steps(path: str, cache_dir: str, precision: str) -> Dict[str, float]:
   """A TPU YAML's train and validation steps, each compiled whole by XLA
   (`tf.function(jit_compile=True)`) in `precision` with the kernel policy
@@ -215,7 +227,7 @@ def xla_steps(path: str, cache_dir: str, precision: str) -> Dict[str, float]:
       model = task.build_model()
       optimizer = task.create_optimizer(params.trainer.optimizer_config,
                                         params.runtime)
-      train_batch = next(iter(task.build_inputs(params.task.train_data)))
+      train_batch = _first_batch(task, params.task.train_data, path)
       _no_strings(train_batch, 'training batch')
       for key, tensor in _leaves(train_batch):
         assert tensor.shape.is_fully_defined(), (key, tensor.shape)
@@ -224,7 +236,7 @@ def xla_steps(path: str, cache_dir: str, precision: str) -> Dict[str, float]:
           lambda b: task.train_step(b, model, optimizer, metrics),
           jit_compile=True)
       train_logs = train_step(train_batch)
-      eval_batch = next(iter(task.build_inputs(params.task.validation_data)))
+      eval_batch = _first_batch(task, params.task.validation_data, path)
       _no_strings(eval_batch, 'validation batch')
       eval_metrics = task.build_metrics(training=False)
       eval_step = tf.function(

@@ -237,6 +237,11 @@ def _reset_memory(device: str) -> None:
       return
 
 
+# In-memory batches built in this process: (case, device, quick, per-replica
+# batch) -> batch (`_build_step`).
+_BATCHES: Dict[Any, Any] = {}
+
+
 @dataclasses.dataclass
 class _Step:
   """A case's compiled training step on one in-memory batch."""
@@ -271,7 +276,13 @@ def _build_step(case: Case, device: str, policy: kernel_policy.KernelPolicy,
     optimizer = task.create_optimizer(params.trainer.optimizer_config,
                                       params.runtime)
     metrics = task.build_metrics(training=True)
-    batch = _batch(task, params, per_replica)
+    # The same batch for every run of the case in this process (the stock
+    # and the fast policy, several precisions): a readout batch goes
+    # through the dataloader, whose tracing costs seconds.
+    key = (case.name, device, quick, per_replica)
+    if key not in _BATCHES:
+      _BATCHES[key] = _batch(task, params, per_replica)
+    batch = _BATCHES[key]
     inputs = strategy.experimental_distribute_values_from_function(
         lambda _: batch)
 
