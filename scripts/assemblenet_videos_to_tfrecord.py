@@ -14,7 +14,8 @@ from a CSV (`--labels_csv`: lines `relative/path.mp4,3;17` with
     python scripts/assemblenet_videos_to_tfrecord.py --video_dir=/data/videos \
         --output=/data/tfrecords/train --num_shards=16 --fps=12 --short_side=256
 
-Frames are decoded with OpenCV, optionally resampled to `--fps` and resized so
+Frames are decoded with OpenCV (`official_ext.assemblenet.videos`, the
+reader `predict` and `extract_features` use too), optionally resampled to `--fps` and resized so
 their short side is `--short_side`. An unreadable video stops the run with an
 error naming the file (or, with --skip_unreadable, is listed and skipped).
 
@@ -35,20 +36,12 @@ import re
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from official_ext.assemblenet import videos
 from official_ext.core import output_files
 
-VIDEO_EXTENSIONS = ('.mp4', '.avi', '.mkv', '.webm', '.mov', '.m4v', '.mpg',
-                    '.mpeg')
-
-
-def find_videos(video_dir: str, extensions: Sequence[str] = VIDEO_EXTENSIONS
-                ) -> List[str]:
-  out = []
-  for root, _, files in os.walk(video_dir):
-    for f in files:
-      if f.lower().endswith(tuple(extensions)):
-        out.append(os.path.relpath(os.path.join(root, f), video_dir))
-  return sorted(out)
+VIDEO_EXTENSIONS = videos.VIDEO_EXTENSIONS
+find_videos = videos.find_videos
+read_frames = videos.read_frames
 
 
 def read_labels_csv(path: str) -> Dict[str, List[int]]:
@@ -68,39 +61,6 @@ def read_labels_csv(path: str) -> Dict[str, List[int]]:
         raise ValueError(f'{path}:{lineno}: video {row[0]!r} has no label.')
       labels[row[0]] = ids
   return labels
-
-
-def read_frames(path: str, fps: Optional[float] = None,
-                short_side: Optional[int] = None):
-  """RGB uint8 frames [N, H, W, 3] of a video; ValueError naming the file."""
-  import cv2  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  cap = cv2.VideoCapture(path)
-  if not cap.isOpened():
-    raise ValueError(f'cannot open video file {path}')
-  src_fps = cap.get(cv2.CAP_PROP_FPS) or 0.0
-  step = (src_fps / fps) if (fps and src_fps > fps) else 1.0
-  frames, index, next_keep = [], 0, 0.0
-  while True:
-    ok, frame = cap.read()
-    if not ok:
-      break
-    if index >= next_keep - 1e-6:
-      next_keep += step
-      frame = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
-      if short_side:
-        h, w = frame.shape[:2]
-        scale = short_side / min(h, w)
-        if scale != 1.0:
-          frame = cv2.resize(frame, (max(1, round(w * scale)),
-                                     max(1, round(h * scale))),
-                             interpolation=cv2.INTER_AREA)
-      frames.append(frame)
-    index += 1
-  cap.release()
-  if not frames:
-    raise ValueError(f'video file {path} has no decodable frame')
-  return np.stack(frames)
 
 
 def make_example(frames, labels: Sequence[int], clip_id: str,

@@ -9,6 +9,7 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 from official_ext.assemblenet import configs
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
+from official_ext.assemblenet import videos as videos_lib
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'scripts',
                        'assemblenet_videos_to_tfrecord.py')
@@ -22,14 +23,7 @@ def _script():
 
 
 def _write_video(path, video):
-  import cv2  # pylint: disable=g-import-not-at-top
-  h, w = video.shape[1:3]
-  writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*'MJPG'), 10,
-                           (w, h))
-  assert writer.isOpened()
-  for frame in video:
-    writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-  writer.release()
+  videos_lib.write_video(str(path), video, 10)
 
 
 def test_video_folder_to_tfrecord(tmp_path):

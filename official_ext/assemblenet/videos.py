@@ -1,0 +1,167 @@
+"""Video files in and out: finding, decoding (OpenCV) and writing them.
+
+One reader for every command that takes a user's video files (the
+TFRecord converter, `predict`, `extract_features`), so a video is decoded
+the same way wherever it enters: OpenCV's FFmpeg decoder, BGR -> RGB,
+optionally resampled to a frame rate (frames kept at the source's times
+nearest a regular grid; never more frames than the source has) and resized
+so its short side has a given length (`cv2.INTER_AREA`).
+
+`write_video` writes uint8 RGB frames as an encoded file (`cv2.VideoWriter`:
+mp4v for .mp4/.mov, MJPG for .avi, VP8 for .webm), and `write_demo_videos`
+a folder of the demo's moving shapes (`demo_data.render_video`) as real
+encoded videos in class sub-folders, so the demo and the tests run the
+video commands on what a codec produced, not on arrays.
+"""
+import dataclasses
+import os
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+VIDEO_EXTENSIONS = ('.mp4', '.avi', '.mkv', '.webm', '.mov', '.m4v', '.mpg',
+                    '.mpeg')
+
+# FourCC codes `write_video` uses per file extension.
+_FOURCC = {'.mp4': 'mp4v', '.mov': 'mp4v', '.m4v': 'mp4v', '.avi': 'MJPG',
+           '.mkv': 'MJPG', '.webm': 'VP80'}
+
+
+def is_video(path: str) -> bool:
+  return path.lower().endswith(VIDEO_EXTENSIONS)
+
+
+def find_videos(video_dir: str,
+                extensions: Sequence[str] = VIDEO_EXTENSIONS) -> List[str]:
+  """Paths (relative to `video_dir`, sorted) of the video files under it."""
+  out = []
+  for root, _, files in os.walk(video_dir):
+    for f in files:
+      if f.lower().endswith(tuple(extensions)):
+        out.append(os.path.relpath(os.path.join(root, f), video_dir))
+  return sorted(out)
+
+
+@dataclasses.dataclass
+class Video:
+  """Decoded frames of one file.
+
+  Attributes:
+    frames: uint8 RGB [N, H, W, 3].
+    fps: frames per second of `frames` (after resampling); the source's
+      rate when not resampled, 0.0 when the file does not state one.
+    source_fps: the file's stated rate (0.0 if none).
+  """
+  frames: np.ndarray
+  fps: float
+  source_fps: float
+
+  @property
+  def duration(self) -> float:
+    """Seconds the frames span (0.0 without a frame rate)."""
+    return len(self.frames) / self.fps if self.fps else 0.0
+
+
+def read_video(path: str, fps: Optional[float] = None,
+               short_side: Optional[int] = None) -> Video:
+  """Decodes a video file; ValueError naming the file if it cannot.
+
+  Args:
+    path: the file.
+    fps: keep frames at this rate (only lowers the rate: a source slower
+      than `fps` keeps every frame).
+    short_side: resize so the shorter side has this many pixels.
+  """
+  import cv2  # pylint: disable=g-import-not-at-top
+  if not os.path.isfile(path):
+    raise ValueError(f'video file {path} does not exist')
+  cap = cv2.VideoCapture(path)
+  if not cap.isOpened():
+    raise ValueError(f'cannot open video file {path}')
+  src_fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
+  step = (src_fps / fps) if (fps and src_fps > fps) else 1.0
+  frames, index, next_keep = [], 0, 0.0
+  try:
+    while True:
+      ok, frame = cap.read()
+      if not ok:
+        break
+      if index >= next_keep - 1e-6:
+        next_keep += step
+        frame = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+        if short_side:
+          h, w = frame.shape[:2]
+          scale = short_side / min(h, w)
+          if scale != 1.0:
+            frame = cv2.resize(frame, (max(1, round(w * scale)),
+                                       max(1, round(h * scale))),
+                               interpolation=cv2.INTER_AREA)
+        frames.append(frame)
+      index += 1
+  finally:
+    cap.release()
+  if not frames:
+    raise ValueError(f'video file {path} has no decodable frame')
+  kept_fps = src_fps / step if src_fps else 0.0
+  return Video(np.stack(frames), kept_fps, src_fps)
+
+
+def read_frames(path: str, fps: Optional[float] = None,
+                short_side: Optional[int] = None) -> np.ndarray:
+  """uint8 RGB frames [N, H, W, 3] of a video (`read_video`'s frames)."""
+  return read_video(path, fps, short_side).frames
+
+
+def write_video(path: str, frames: np.ndarray, fps: float) -> str:
+  """Encodes uint8 RGB frames [N, H, W, 3] into `path`; returns `path`.
+
+  The codec follows the extension (module docstring). ValueError naming
+  the file if OpenCV cannot open a writer for it or the frames are not
+  uint8 [N, H, W, 3].
+  """
+  import cv2  # pylint: disable=g-import-not-at-top
+  frames = np.asarray(frames)
+  if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
+    raise ValueError(f'write_video({path}): frames must be uint8 '
+                     f'[N, H, W, 3]; got {frames.dtype} {frames.shape}')
+  ext = os.path.splitext(path)[1].lower()
+  if ext not in _FOURCC:
+    raise ValueError(f'write_video({path}): no codec for {ext!r}; use one of '
+                     f'{sorted(_FOURCC)}')
+  height, width = frames.shape[1:3]
+  writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*_FOURCC[ext]),
+                           float(fps), (width, height))
+  if not writer.isOpened():
+    raise ValueError(f'OpenCV cannot write {path} (codec {_FOURCC[ext]})')
+  try:
+    for frame in frames:
+      writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+  finally:
+    writer.release()
+  return path
+
+
+def write_demo_videos(video_dir: str, videos_per_class: int,
+                      num_frames: int = 16, size: int = 32, fps: float = 8.0,
+                      seed: int = 0, extension: str = '.mp4'
+                      ) -> Dict[str, int]:
+  """Writes the demo's moving shapes as encoded videos; returns {path: label}.
+
+  `video_dir/<label>_<class name>/<class name>_<i>.<ext>` for each of
+  `demo_data.CLASS_NAMES`, `videos_per_class` each, `num_frames` frames of
+  `size` x `size` at `fps` (deterministic in `seed`). The layout is the one
+  the TFRecord converter reads labels from: class sub-folders whose sorted
+  names give the class ids, here the demo's label ids.
+  """
+  from official_ext.assemblenet import demo_data  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  written = {}
+  for i in range(videos_per_class):
+    for label, name in enumerate(demo_data.CLASS_NAMES):
+      folder = os.path.join(video_dir, f'{label}_{name}')
+      os.makedirs(folder, exist_ok=True)
+      path = os.path.join(folder, f'{name}_{i:04d}{extension}')
+      write_video(path, demo_data.render_video(rng, label, num_frames, size),
+                  fps)
+      written[path] = label
+  return written
