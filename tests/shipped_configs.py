@@ -25,6 +25,7 @@ from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
 from official_ext.core import experiment_params
 from official_ext.core import kernel_policy
+from official_ext.core import trainer as trainer_lib
 from tests.assemblenet import minimal
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -227,6 +228,9 @@ def xla_steps(path: str, cache_dir: str, precision: str) -> Dict[str, float]:
       model = task.build_model()
       optimizer = task.create_optimizer(params.trainer.optimizer_config,
                                         params.runtime)
+      trainer_lib.create_optimizer_weights(tf.distribute.get_strategy(),
+                                           optimizer,
+                                           model.trainable_variables)
       train_batch = _first_batch(task, params.task.train_data, path)
       _no_strings(train_batch, 'training batch')
       for key, tensor in _leaves(train_batch):

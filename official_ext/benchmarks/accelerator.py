@@ -43,6 +43,7 @@ from official_ext.benchmarks import timing
 from official_ext.core import distribution
 from official_ext.core import experiment_params
 from official_ext.core import kernel_policy
+from official_ext.core import trainer as trainer_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -275,6 +276,9 @@ def _build_step(case: Case, device: str, policy: kernel_policy.KernelPolicy,
     model = task.build_model()
     optimizer = task.create_optimizer(params.trainer.optimizer_config,
                                       params.runtime)
+    # Slots made now: the step's first call then traces once, as in a run.
+    trainer_lib.create_optimizer_weights(strategy, optimizer,
+                                         model.trainable_variables)
     metrics = task.build_metrics(training=True)
     # The same batch for every run of the case in this process (the stock
     # and the fast policy, several precisions): a readout batch goes
@@ -294,7 +298,7 @@ def _build_step(case: Case, device: str, policy: kernel_policy.KernelPolicy,
       return strategy.reduce('MEAN', logs[task.loss], axis=None)
 
   def traced_step():
-    # The first call traces (and creates the optimizer's slots).
+    # The first call traces.
     with kernel_policy.use(policy), strategy.scope():
       return step()
 

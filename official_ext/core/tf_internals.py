@@ -32,6 +32,10 @@ The private APIs, and who uses them:
 * `tensorflow.lite.python.convert_phase` (`tflite_converter_error`): the
   error class of the TFLite converter, whose list of unsupported ops
   `official_ext.export_tflite` reports.
+* tf_keras's legacy optimizers' `_create_all_weights`
+  (`create_optimizer_weights`): an optimizer's slots made before the first
+  training step is traced (`core.trainer`); tf_keras's newer optimizers
+  have the public `build` for it.
 
 Nothing is imported from TensorFlow when this module is imported: each
 function checks the version, then imports what it needs.
@@ -124,3 +128,33 @@ def trackable_object_graph() -> Any:
 def tflite_converter_error() -> type:
   """The exception class `tf.lite.TFLiteConverter.convert` raises."""
   return _private('tensorflow.lite.python.convert_phase').ConverterError
+
+
+def create_optimizer_weights(optimizer: Any, variables: Sequence[Any]) -> bool:
+  """Creates `optimizer`'s slots (and step counter) for `variables` now.
+
+  What the optimizer's first `apply_gradients` would create. Made before a
+  `tf.function` first runs the training step, that trace creates no
+  variable, and TensorFlow traces it once instead of twice (a function
+  that creates variables on its first call is traced again without them).
+  Wrappers with an `inner_optimizer` (tf_keras's `LossScaleOptimizer`) are
+  unwrapped: their own variables exist from construction.
+
+  Args:
+    optimizer: a tf_keras optimizer (legacy or not).
+    variables: the variables it will update.
+
+  Returns:
+    Whether the weights were created (False for an optimizer of another
+    kind, which then creates them in its first step as before).
+  """
+  while hasattr(optimizer, 'inner_optimizer'):
+    optimizer = optimizer.inner_optimizer
+  if hasattr(optimizer, 'build') and callable(optimizer.build):
+    optimizer.build(list(variables))
+    return True
+  if not hasattr(optimizer, '_create_all_weights'):
+    return False
+  check_version('tf_keras OptimizerV2._create_all_weights')
+  optimizer._create_all_weights(list(variables))  # pylint: disable=protected-access
+  return True

@@ -36,6 +36,7 @@ from official.modeling.multitask import evaluator as multitask_evaluator
 from official.modeling.multitask import interleaving_trainer
 from official.modeling.multitask import multitask
 from official.modeling.multitask import task_sampler
+from official_ext.core import tf_internals
 
 MULTITASK_TRAINER_TYPES = ('joint', 'interleaving')
 
@@ -75,6 +76,23 @@ def _record_first_nonfinite(first: tf.Variable,
   first.assign(tf.where(bad, tf.cast(global_step, tf.int64), first))
 
 
+def create_optimizer_weights(strategy: tf.distribute.Strategy, optimizer,
+                             variables) -> None:
+  """Creates the optimizer's slots for `variables` before training starts.
+
+  Otherwise the first training step creates them inside the traced train
+  loop, and TensorFlow traces the whole loop a second time (a `tf.function`
+  that creates variables on its first call is retraced without them):
+  every run's first loop would cost two traces of the training step. The
+  slots are the ones the first step creates (every trainable variable gets
+  a gradient in this package's tasks: `tests/core/test_trainer.py`).
+  """
+  if not variables:  # A model built in its first step: nothing to create.
+    return
+  with strategy.scope():
+    tf_internals.create_optimizer_weights(optimizer, variables)
+
+
 class Trainer(base_trainer.Trainer):
   """`base_trainer.Trainer` that records the first non-finite-loss step.
 
@@ -91,6 +109,9 @@ class Trainer(base_trainer.Trainer):
     super().__init__(*args, **kwargs)
     self.per_step_check = not _is_tpu(self.strategy)
     self._first_nonfinite_step = _first_nonfinite_variable(self.strategy)
+    if kwargs.get('train', True):
+      create_optimizer_weights(self.strategy, self.optimizer,
+                               self.model.trainable_variables)
 
   @property
   def first_nonfinite_step(self) -> int:
@@ -126,10 +147,13 @@ class _MultiTaskRunnable:
     support '_DictWrapper' objects).
   """
 
-  def _init_runnable(self, evaluator) -> None:
+  def _init_runnable(self, evaluator, train: bool = True) -> None:
     self._evaluator = evaluator
     self.per_step_check = not _is_tpu(self.strategy)
     self._first_nonfinite_step = _first_nonfinite_variable(self.strategy)
+    if train:
+      create_optimizer_weights(self.strategy, self.optimizer,
+                               self.multi_task_model.trainable_variables)
 
   def attach_evaluator(
       self, evaluator: Optional[multitask_evaluator.MultiTaskEvaluator]
@@ -205,7 +229,7 @@ class MultiTaskTrainer(_MultiTaskRunnable,
     super().__init__(multi_task=multi_task, multi_task_model=multi_task_model,
                      optimizer=optimizer, trainer_options=trainer_options,
                      train_datasets=None if train else {})
-    self._init_runnable(evaluator)
+    self._init_runnable(evaluator, train)
 
 
 class MultiTaskInterleavingTrainer(
