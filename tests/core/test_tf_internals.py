@@ -1,6 +1,6 @@
 """core.tf_internals: TensorFlow's private APIs, each behind a version check."""
 import pytest
-import tensorflow as tf
+import tensorflow as tf, tf_keras
 
 from official_ext.core import tf_internals
 
@@ -20,6 +20,9 @@ ACCESSORS = {
         tf_internals.trackable_object_graph],
     'tensorflow.lite.python.convert_phase': [
         tf_internals.tflite_converter_error],
+    'tf_keras OptimizerV2._create_all_weights': [
+        lambda: tf_internals.create_optimizer_weights(
+            tf_keras.optimizers.legacy.Adam(), [tf.Variable(1.0)])],
 }
 _CASES = [(api, f) for api, fs in ACCESSORS.items() for f in fs]
 
@@ -63,6 +66,15 @@ def test_each_private_api_works_on_the_tested_version(tmp_path):
   reader = tf.train.load_checkpoint(checkpoint.write(str(tmp_path / 'ckpt')))
   graph.ParseFromString(reader.get_tensor('_CHECKPOINTABLE_OBJECT_GRAPH'))
   assert any(c.local_name == 'v' for n in graph.nodes for c in n.children)
+
+  variable = tf.Variable([1.0, 2.0])
+  for optimizer in (tf_keras.optimizers.legacy.Adam(),
+                    tf_keras.mixed_precision.LossScaleOptimizer(
+                        tf_keras.optimizers.legacy.Adam()),
+                    tf_keras.optimizers.Adam()):
+    assert tf_internals.create_optimizer_weights(optimizer, [variable])
+    inner = getattr(optimizer, 'inner_optimizer', optimizer)
+    assert len(inner.variables()) >= 3, inner.variables()  # m, v, step.
 
   error = tf_internals.tflite_converter_error()
   assert issubclass(error, Exception) and error.__name__ == 'ConverterError'
