@@ -20,8 +20,9 @@ for a model exported with 64, would score every video differently without
 one); --experiment gives the config class and the values no params.yaml
 sets. --config_file and --params_override apply on top, and contradicting
 params.yaml in a model-affecting key is an error naming the key and both
-values (`official_ext.core.experiment_params`); `run` checks the config it
-is given against the model's params.yaml the same way.
+values (`core.experiment_params.load_model_params`, shared with
+`official_ext.assemblenet.predict`); `run` checks the config it is given
+against the model's params.yaml the same way.
 
 An --output_file whose folder is missing, that is one of the inputs
 (--input_path's files, --segment_label_ids, --vocabulary), or that lies
@@ -83,7 +84,6 @@ import tensorflow as tf, tf_keras
 from official.core import config_definitions
 from official.core import task_factory
 from official_ext.core import checkpoints
-from official_ext.core import config_comparison
 from official_ext.core import experiment_params
 from official_ext.core import output_files
 from official_ext.yt8m import dataloader
@@ -409,83 +409,25 @@ def _top(scores: np.ndarray, videos: np.ndarray, segments: np.ndarray,
   return np.concatenate([above, tied[:k - above.size]])
 
 
-def _model_path(saved_model: Optional[str],
-                checkpoint_path: Optional[str]) -> str:
-  if bool(saved_model) == bool(checkpoint_path):
-    raise ValueError('Pass exactly one of --saved_model and --checkpoint_path.')
-  return saved_model or checkpoint_path
-
-
 def load_params(experiment: Optional[str] = None,
                 config_files: Sequence[str] = (),
                 params_override: str = '',
                 saved_model: Optional[str] = None,
                 checkpoint_path: Optional[str] = None
                 ) -> config_definitions.ExperimentConfig:
-  """The config of the model predict runs (the module docstring's rules).
-
-  Args:
-    experiment: `--experiment`; None: the model's params.yaml must exist
-      (`DEFAULT_EXPERIMENT` is then only the config class).
-    config_files: YAML files applied after params.yaml.
-    params_override: applied last.
-    saved_model: a SavedModel directory of `export_saved_model`, or
-    checkpoint_path: a model_dir or a `ckpt-N` prefix in one (exactly one).
-
-  Returns:
-    The config (`experiment_params.load_params`).
-
-  Raises:
-    ValueError: no params.yaml beside the model and no `experiment`, or
-      what `experiment_params.load_params` raises.
-  """
-  path = _model_path(saved_model, checkpoint_path)
-  if experiment is None:
-    if not experiment_params.find_params_yaml(path):
-      directory = path if tf.io.gfile.isdir(path) else os.path.dirname(path)
-      flag = '--saved_model' if saved_model else '--checkpoint_path'
-      raise ValueError(
-          f'No {os.path.join(directory, experiment_params.PARAMS_YAML)} '
-          f'({flag}={path}): the input pipeline the model was trained with '
-          '(features, max_frames, normalisation, ...) is unknown, and a '
-          'default one would score differently without an error. Export with '
-          'official_ext.export_saved_model, which writes params.yaml, or pass '
-          'the --experiment (and --config_file / --params_override) the model '
-          'was trained with.')
-    experiment = DEFAULT_EXPERIMENT
-  return experiment_params.load_params(experiment, config_files,
-                                       params_override, checkpoint_path=path)
+  """The config of the model predict runs (the module docstring's rules):
+  `experiment_params.load_model_params` with `DEFAULT_EXPERIMENT`."""
+  return experiment_params.load_model_params(
+      DEFAULT_EXPERIMENT, experiment, config_files, params_override,
+      saved_model=saved_model, checkpoint_path=checkpoint_path)
 
 
 def check_params(params: config_definitions.ExperimentConfig,
                  model_path: str) -> None:
-  """Checks `params` against the params.yaml beside the model, if any.
-
-  Args:
-    params: the config `run` was given.
-    model_path: the SavedModel directory or checkpoint.
-
-  Raises:
-    ValueError: a model-affecting key (`config_comparison.model_affecting_key`:
-      the model, features, max_frames, segment_size, normalisation, classes)
-      differs; the message lists each with both values and names the file.
-  """
-  path = experiment_params.find_params_yaml(model_path)
-  if not path:
-    return
-  trained = experiment_params.load_trained_config(params, path)
-  differences = config_comparison.contradictions(
-      config_comparison.config_leaves(trained),
-      config_comparison.config_leaves(params))
-  if differences:
-    lines = '\n  '.join(f'{key}: {path} has {old!r}, the config given has '
-                         f'{new!r}' for key, old, new in differences)
-    raise ValueError(
-        f'The config given to predict contradicts the one the model at '
-        f'{model_path} was trained/exported with in {len(differences)} '
-        f'model-affecting key(s):\n  {lines}\nIt would score every video '
-        'differently; load it with predict.load_params (which reads '
-        f'{path}).')
+  """`experiment_params.check_model_params`: a model-affecting key of
+  `params` (the model, features, max_frames, segment_size, normalisation,
+  classes) that differs from the model's params.yaml is a ValueError."""
+  experiment_params.check_model_params(params, model_path, 'predict')
 
 
 def _data_config(params: config_definitions.ExperimentConfig,
@@ -570,7 +512,7 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
   `output_file` is written whole or not at all (`core.output_files.write_atomically`): after
   any failure an existing file is as it was.
   """
-  model_path = _model_path(saved_model, checkpoint_path)
+  model_path = experiment_params.model_path(saved_model, checkpoint_path)
   for path, flag in ((output_file, '--output_file'),
                      (named_predictions_path(output_file) if vocabulary
                       else None, '--output_file (its _names.csv)')):
