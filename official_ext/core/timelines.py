@@ -6,12 +6,12 @@ features): each scores every window of a video as a video of its own and
 hands the rows here.
 
 Windows (`window_bounds`): a window of `window` frames starts every `stride`
-frames, at frames 0, stride, 2 * stride, ...; windows that fit in the video
-are kept, and the first one that does not (it runs past the last frame) is
-kept cut at the video's end, so every frame is in a window when stride <=
-window (a video shorter than one window is one window of all its frames).
-A stride above the window leaves gaps; a start at or past the last frame
-gives no window. Frame f spans [f / fps, (f + 1) / fps) seconds.
+frames, at frames 0, stride, 2 * stride, ...; the windows that fit in the
+video are kept and, when frames after the last of them remain, the next
+window too, cut at the video's end. So every frame is in a window when
+stride <= window, and a video shorter than one window is one window of all
+its frames. A stride above the window leaves gaps. Frame f spans
+[f / fps, (f + 1) / fps) seconds.
 
 CSV (`write_csv`): header `VideoId,Start,End,<class 0>,<class 1>,...,Error`,
 one row a window in time order: start and end in seconds (6 decimals),
@@ -75,7 +75,11 @@ def window_bounds(num_frames: Union[int, tf.Tensor], window: int,
   n = tf.cast(num_frames, tf.int32)
   starts = tf.range(0, n, stride, dtype=tf.int32)
   full = tf.reduce_sum(tf.cast(starts + window <= n, tf.int32))
-  starts = starts[:tf.minimum(full + 1, tf.size(starts))]
+  # Frames after the last full window (all of them without one): the next
+  # window, cut at the end, takes them.
+  last_end = tf.where(full > 0, (full - 1) * stride + window, 0)
+  keep = tf.minimum(full + tf.cast(last_end < n, tf.int32), tf.size(starts))
+  starts = starts[:keep]
   return starts, tf.minimum(starts + window, n)
 
 
