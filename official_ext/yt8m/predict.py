@@ -65,6 +65,16 @@ written; without it every class is written. An input without a single
 segment to score is an error naming it. Evaluate a submission against rated
 records with `python -m official_ext.yt8m.segment_eval`.
 
+Timeline (`--window_seconds`, `--stride_seconds`, optionally `--plot`;
+`run_timeline`): windows of the whole video (not cut at max_frames; YT8M
+features are one a second, so seconds are frames, rounded), by
+`core.timelines.window_bounds`, each scored as a video of its own
+(`dataloader.Parser.every_window_fn`); one CSV row a window, the PNG of each
+video's top classes over time (`core.timelines`, shared with
+`official_ext.assemblenet.predict`). With a DBoF model of pooling 'none' a
+window's scores are the mean of the model's per-frame probabilities over
+its frames. Frame-level records only.
+
 Memory: one batch, plus for segments the per-class top lists
 (`SegmentRanking`: 10 bytes per kept segment, classes x cap at most, plus a
 fixed 48 MiB candidate buffer and the interned video ids): 1.05 GB for the
