@@ -85,7 +85,8 @@ from official.core import task_factory
 from official.vision.ops import preprocess_ops_3d
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import export
-from official_ext.assemblenet import task as task_lib  # pylint: disable=unused-import  (registers the task)
+# Registers AssembleNetTask with task_factory (a checkpoint's model).
+from official_ext.assemblenet import task  # pylint: disable=unused-import
 from official_ext.assemblenet import videos
 from official_ext.core import checkpoints
 from official_ext.core import experiment_params
@@ -160,10 +161,10 @@ def checkpoint_predictor(params: config_definitions.ExperimentConfig,
   """The model of a training checkpoint, behind the export module's `serve`
   (the evaluation preprocessing and aggregation of views)."""
   tf_keras.mixed_precision.set_global_policy('float32')
-  task = task_factory.get_task(params.task)
-  model = task.build_model()
+  anet_task = task_factory.get_task(params.task)
+  model = anet_task.build_model()
   checkpoints.restore_model(model, checkpoint_path)
-  module = export.AssembleNetExportModule(params, model, task)
+  module = export.AssembleNetExportModule(params, model, anet_task)
   # One trace for every frame count and size (as the SavedModel's).
   serve = tf.function(module.serve, input_signature=[tf.TensorSpec(
       [1, None, None, None, 3], tf.uint8)])
