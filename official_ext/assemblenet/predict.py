@@ -90,6 +90,7 @@ from official_ext.assemblenet import task  # pylint: disable=unused-import
 from official_ext.assemblenet import videos
 from official_ext.core import checkpoints
 from official_ext.core import experiment_params
+from official_ext.core import kernel_policy
 from official_ext.core import output_files
 from official_ext.core import timelines
 
@@ -159,17 +160,27 @@ def load_class_names(path: str, num_classes: int) -> List[str]:
 def checkpoint_predictor(params: config_definitions.ExperimentConfig,
                          checkpoint_path: str) -> Predictor:
   """The model of a training checkpoint, behind the export module's `serve`
-  (the evaluation preprocessing and aggregation of views)."""
+  (the evaluation preprocessing and aggregation of views).
+
+  Built and traced under the kernel policy an evaluation in this process
+  takes (`runtime.kernel_policy` resolved for this process's device,
+  `core.kernel_policy`), in float32.
+  """
   tf_keras.mixed_precision.set_global_policy('float32')
-  anet_task = task_factory.get_task(params.task)
-  model = anet_task.build_model()
+  policy = kernel_policy.resolve(kernel_policy.setting_of(params))
+  with kernel_policy.use(policy):
+    anet_task = task_factory.get_task(params.task)
+    model = anet_task.build_model()
   checkpoints.restore_model(model, checkpoint_path)
   module = export.AssembleNetExportModule(params, model, anet_task)
   # One trace for every frame count and size (as the SavedModel's).
   serve = tf.function(module.serve, input_signature=[tf.TensorSpec(
       [1, None, None, None, 3], tf.uint8)])
-  return lambda frames: serve(tf.constant(frames[np.newaxis]))[
-      'probabilities'].numpy()[0]
+
+  def predict(frames: np.ndarray) -> np.ndarray:
+    with kernel_policy.use(policy):  # The first call traces.
+      return serve(tf.constant(frames[np.newaxis]))['probabilities'].numpy()[0]
+  return predict
 
 
 def saved_model_predictor(saved_model: str) -> Predictor:
