@@ -198,8 +198,12 @@ def _read_video(path: str, video_id: str, fps: Optional[float],
                 short_side: Optional[int]) -> Input:
   try:
     video = videos.read_video(path, fps=fps, short_side=short_side)
-  except Exception as e:  # pylint: disable=broad-except  (named, re-raised)
-    return Input(video_id, None, error=f'{e}')
+  except Exception as e:  # pylint: disable=broad-except
+    # Any decoding failure (ValueError, OpenCV's error): raised or listed
+    # by `_readable`, naming the file.
+    message = str(e)
+    return Input(video_id, None, error=(
+        message if path in message else f'{path}: {message}'))
   return Input(video_id, video.frames, video.fps)
 
 
@@ -270,6 +274,14 @@ def _readable(inputs: Iterator[Input], skip_unreadable: bool,
     skipped.append((item.video_id, item.error))
 
 
+def _finite(video_id: str, probabilities: np.ndarray) -> np.ndarray:
+  if not np.isfinite(probabilities).all():
+    raise ValueError(f'The model scored {video_id} with a non-finite '
+                     'probability (a damaged checkpoint?); nothing was '
+                     'written.')
+  return probabilities
+
+
 def top_k(probabilities: np.ndarray, k: int) -> List[Tuple[int, float]]:
   """The k (class, score) pairs of highest score (ties: lower id)."""
   order = np.argsort(-probabilities, kind='stable')[:k]
@@ -306,10 +318,11 @@ def write_json(predictions, skipped, out, k: int,
 def score_timeline(item: Input, predictor: Predictor, window_seconds: float,
                    stride_seconds: float) -> timelines.Timeline:
   """Every window of a decoded video scored as a video of its own."""
+  where = f' (video {item.video_id})'
   window = timelines.window_frames(window_seconds, item.fps,
-                                   '--window_seconds')
+                                   '--window_seconds' + where)
   stride = timelines.window_frames(stride_seconds, item.fps,
-                                   '--stride_seconds')
+                                   '--stride_seconds' + where)
   starts, ends = (t.numpy() for t in timelines.window_bounds(
       len(item.frames), window, stride))
   scores = [predictor(item.frames[a:b]) for a, b in zip(starts, ends)]
@@ -399,7 +412,8 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
     results = [score_timeline(item, predictor, window_seconds, stride_seconds)
                for item in readable]
   else:
-    results = [(item.video_id, predictor(item.frames)) for item in readable]
+    results = [(item.video_id, _finite(item.video_id, predictor(item.frames)))
+               for item in readable]
   if not results:
     raise ValueError(f'--input={input_path}: no input could be scored '
                      f'({len(skipped)} unreadable); nothing was written.')

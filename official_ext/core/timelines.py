@@ -110,8 +110,10 @@ class Timeline:
           f'{self.ends.shape} and scores {self.scores.shape} do not describe '
           'the same windows ([W], [W], [W, classes]).')
     if not np.isfinite(self.scores).all():
-      raise ValueError(f'Timeline of {self.video_id}: a window has a '
-                       'non-finite score.')
+      w = int(np.flatnonzero(~np.isfinite(self.scores).all(axis=1))[0])
+      raise ValueError(
+          f'Timeline of {self.video_id}: the window [{self.starts[w]:g} s, '
+          f'{self.ends[w]:g} s) has a non-finite score; nothing was written.')
 
 
 def class_columns(num_classes: int,

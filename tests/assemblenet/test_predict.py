@@ -181,6 +181,14 @@ def test_refusals_name_the_flag(tiny, tmp_path):
     predict.run(params, str(tmp_path / 'none-*.tfrecord'),
                 str(tmp_path / 'p.csv'), checkpoint_path=model_dir,
                 predictor=tiny['predictor'])
+  nan = lambda frames: np.full([8], np.nan)
+  with pytest.raises(ValueError, match=r'scored .*\.mp4 with a non-finite'):
+    predict.run(params, tiny['videos'], str(tmp_path / 'p.csv'),
+                checkpoint_path=model_dir, predictor=nan)
+  with pytest.raises(ValueError, match=r'\[0 s, 1 s\) has a non-finite'):
+    predict.run(params, os.path.join(tiny['videos'], tiny['ids'][0]),
+                str(tmp_path / 'p.csv'), checkpoint_path=model_dir,
+                window_seconds=1, stride_seconds=1, predictor=nan)
   assert not (tmp_path / 'p.csv').exists()
 
 
