@@ -318,11 +318,10 @@ def write_json(predictions, skipped, out, k: int,
 def score_timeline(item: Input, predictor: Predictor, window_seconds: float,
                    stride_seconds: float) -> timelines.Timeline:
   """Every window of a decoded video scored as a video of its own."""
-  where = f' (video {item.video_id})'
   window = timelines.window_frames(window_seconds, item.fps,
-                                   '--window_seconds' + where)
+                                   '--window_seconds', item.video_id)
   stride = timelines.window_frames(stride_seconds, item.fps,
-                                   '--stride_seconds' + where)
+                                   '--stride_seconds', item.video_id)
   starts, ends = (t.numpy() for t in timelines.window_bounds(
       len(item.frames), window, stride))
   scores = [predictor(item.frames[a:b]) for a, b in zip(starts, ends)]

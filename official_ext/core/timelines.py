@@ -38,17 +38,19 @@ CSV_HEADER = ('VideoId', 'Start', 'End')
 ERROR_COLUMN = 'Error'
 
 
-def window_frames(seconds: float, fps: float, flag: str) -> int:
+def window_frames(seconds: float, fps: float, flag: str,
+                  video: str = 'the video') -> int:
   """Frames of `seconds` at `fps` (rounded, at least 1).
 
   Raises:
-    ValueError: `seconds` or `fps` is not positive and finite, naming `flag`.
+    ValueError: `seconds` or `fps` is not positive and finite, naming `flag`
+      (and `video`, for the frame rate).
   """
   if not (np.isfinite(seconds) and seconds > 0):
     raise ValueError(f'{flag}={seconds}: expected a positive number of '
                      'seconds.')
   if not (np.isfinite(fps) and fps > 0):
-    raise ValueError(f'{flag}={seconds}: the video has no frame rate '
+    raise ValueError(f'{flag}={seconds}: {video} has no frame rate '
                      f'({fps}); seconds cannot be turned into frames.')
   return max(1, int(round(seconds * fps)))
 

@@ -39,8 +39,9 @@ def test_window_frames_name_the_flag():
   assert timelines.window_frames(1.5, 8.0, '--window_seconds') == 12
   with pytest.raises(ValueError, match='--stride_seconds=0'):
     timelines.window_frames(0, 8.0, '--stride_seconds')
-  with pytest.raises(ValueError, match='no frame rate'):
-    timelines.window_frames(1, 0.0, '--window_seconds')
+  with pytest.raises(ValueError, match='--window_seconds=1: a.mp4 has no '
+                     'frame rate'):
+    timelines.window_frames(1, 0.0, '--window_seconds', 'a.mp4')
 
 
 def test_frame_level_timeline_cli(tmp_path):
