@@ -51,7 +51,8 @@ def test_frame_level_timeline_cli(tmp_path):
                                       'pooling_method': 'none'}},
                 'head': {'moe': {'num_mixtures': 2}}},
       'train_data': {'max_frames': 6},
-      'validation_data': {'max_frames': 6},
+      'validation_data': {'max_frames': 6,
+                          'input_per_feature_l2_norm': False},
       'demo_data': {'cache_dir': str(tmp_path / 'cache')}}}, is_strict=True)
   params.validate()
   tf_keras.utils.set_random_seed(2)
@@ -62,22 +63,19 @@ def test_frame_level_timeline_cli(tmp_path):
   # Videos of 9 and 3 seconds (longer and shorter than max_frames).
   rng = np.random.default_rng(0)
   record = tmp_path / 'test.tfrecord'
+  per_frame = {}
   with tf.io.TFRecordWriter(str(record)) as writer:
     for vid, t in (('long', 9), ('short', 3)):
       rgb = rng.integers(0, 256, [t, 1024], dtype=np.uint8)
       audio = rng.integers(0, 256, [t, 128], dtype=np.uint8)
       writer.write(demo_data.make_sequence_example(
           vid, [0], rgb, audio).SerializeToString())
-  # The reference: each whole video through the evaluation pipeline (20 >=
-  # every video's frames), the model's per-frame probabilities.
-  data = params.task.validation_data.replace(
-      input_path=str(record), max_frames=20, include_video_id=True,
-      global_batch_size=2, drop_remainder=False)
-  batch = next(iter(dataloader.build_dataset(data)))
-  frame_level = model(batch['video_matrix'], num_frames=batch['num_frames'],
-                      training=False)['frame_predictions'].numpy()
-  per_frame = {v.decode(): p for v, p in zip(batch['video_ids'].numpy(),
-                                             frame_level)}
+      # The reference: the model's per-frame probabilities on the whole
+      # video (the demo's features: dequantized, no L2 normalisation).
+      features = tf.concat([dataloader.dequantize(rgb),
+                            dataloader.dequantize(audio)], axis=1)
+      per_frame[vid] = model(features[tf.newaxis], training=False)[
+          'frame_predictions'].numpy()[0]
   out, png = tmp_path / 'timeline.csv', tmp_path / 'timeline.png'
   cli.run_main(predict, f'--checkpoint_path={model_dir / "ckpt-1"}',
                f'--input_path={record}', f'--output_file={out}',
