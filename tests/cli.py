@@ -3,13 +3,13 @@
 The package's CLIs define their flags with `define_flags(flag_values)` and
 run as `main(argv, flag_values)` (`official_ext.export_saved_model`,
 `export_tflite`, `benchmark`, `yt8m.predict`, `yt8m.demo_data`,
-`yt8m.segment_eval`, `assemblenet.derive_structure`); `run_main` gives one a
-fresh `FlagValues` parsed from `args`, as `app.run` would from the command
-line, without the ~10 s of a new Python process importing TensorFlow.
-Subprocesses remain where the process boundary is the subject: the training
-CLI's output (tests/yt8m/test_train.py), SIGKILL and resume
-(tests/test_resilience.py), several workers (tests/test_multiworker.py) and
-`saved_model_cli`.
+`yt8m.segment_eval`, `assemblenet.derive_structure`, `assemblenet.predict`);
+`run_main` gives one a fresh `FlagValues` parsed from `args`, as `app.run`
+would from the command line, without the ~10 s of a new Python process
+importing TensorFlow. Subprocesses remain where the process boundary is the
+subject: the training CLI's output (tests/yt8m/test_train.py), SIGKILL and
+resume (tests/test_resilience.py), several workers
+(tests/test_multiworker.py) and `saved_model_cli`.
 """
 import json
 import os

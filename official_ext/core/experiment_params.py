@@ -2,10 +2,11 @@
 
 Every entry point loads its `ExperimentConfig` (or multitask
 `MultiTaskExperimentConfig`) here: `official_ext.train` (`parse`, from its
-flags), `official_ext.export_saved_model` and `official_ext.yt8m.predict`
-(`load_params`). The steps are Model Garden's `train_utils.ExperimentParser`
-(`parse_configuration`), with the trained model's params.yaml inserted and
-type checks added:
+flags), `official_ext.export_saved_model` (`load_params`) and the predict
+commands of the families (`load_model_params`: a trained model's config,
+`check_model_params`). The steps are Model Garden's
+`train_utils.ExperimentParser` (`parse_configuration`), with the trained
+model's params.yaml inserted and type checks added:
 
 1. the registered `--experiment` (its config class; `exp_factory`);
 2. when a trained model is given (export, predict: `checkpoint_path`), its
@@ -243,3 +244,102 @@ def load_params(experiment: str,
       tpu=tpu, tf_data_service=tf_data_service,
       params_override=params_override or '')
   return parse_flags(options, checkpoint_path=checkpoint_path, lock=lock)
+
+
+# -- The config of a trained model a command reads (predict, extractors) ----
+
+
+def model_path(saved_model: Optional[str],
+               checkpoint_path: Optional[str]) -> str:
+  """The one model path of `--saved_model` / `--checkpoint_path`.
+
+  Raises:
+    ValueError: both or neither are given.
+  """
+  if bool(saved_model) == bool(checkpoint_path):
+    raise ValueError('Pass exactly one of --saved_model and --checkpoint_path.')
+  return saved_model or checkpoint_path
+
+
+def load_model_params(default_experiment: str,
+                      experiment: Optional[str] = None,
+                      config_files: Sequence[str] = (),
+                      params_override: str = '',
+                      saved_model: Optional[str] = None,
+                      checkpoint_path: Optional[str] = None
+                      ) -> config_definitions.ExperimentConfig:
+  """The config of a trained model a command runs (predict, extraction).
+
+  The model's params.yaml (`official_ext.train` writes one into the
+  model_dir, `official_ext.export_saved_model` into the SavedModel
+  directory) gives the config; `load_params`'s steps apply on top of it
+  (a `config_files` / `params_override` value that contradicts it in a
+  model-affecting key is an error naming the key and both values).
+
+  Args:
+    default_experiment: the family's experiment whose config class holds
+      the params.yaml when `experiment` is None.
+    experiment: `--experiment`; None: the model's params.yaml must exist.
+    config_files: YAML files applied after params.yaml.
+    params_override: applied last.
+    saved_model: a SavedModel directory of `export_saved_model`, or
+    checkpoint_path: a model_dir or a `ckpt-N` prefix in one (exactly one).
+
+  Returns:
+    The checked, locked config.
+
+  Raises:
+    ValueError: no params.yaml beside the model and no `experiment` (a
+      default input pipeline would score differently without an error; the
+      message names the missing file and the flag), or what `load_params`
+      raises.
+  """
+  path = model_path(saved_model, checkpoint_path)
+  if experiment is None:
+    if not find_params_yaml(path):
+      directory = path if tf.io.gfile.isdir(path) else os.path.dirname(path)
+      flag = '--saved_model' if saved_model else '--checkpoint_path'
+      raise ValueError(
+          f'No {os.path.join(directory, PARAMS_YAML)} ({flag}={path}): the '
+          'input pipeline the model was trained with (features, frames, '
+          'image size, normalisation, ...) is unknown, and a default one '
+          'would score differently without an error. Export with '
+          'official_ext.export_saved_model, which writes params.yaml, or pass '
+          'the --experiment (and --config_file / --params_override) the model '
+          'was trained with.')
+    experiment = default_experiment
+  return load_params(experiment, config_files, params_override,
+                     checkpoint_path=path)
+
+
+def check_model_params(params: config_definitions.ExperimentConfig,
+                       model: str, command: str = 'predict') -> None:
+  """Checks `params` against the params.yaml beside a model, if any.
+
+  Args:
+    params: the config a command was given (not loaded by
+      `load_model_params`, e.g. built by a test or a library caller).
+    model: the SavedModel directory or checkpoint.
+    command: the command, for the message.
+
+  Raises:
+    ValueError: a model-affecting key (`config_comparison.
+      model_affecting_key`) differs; the message lists each with both
+      values and names the file.
+  """
+  path = find_params_yaml(model)
+  if not path:
+    return
+  trained = load_trained_config(params, path)
+  differences = config_comparison.contradictions(
+      config_comparison.config_leaves(trained),
+      config_comparison.config_leaves(params))
+  if differences:
+    lines = '\n  '.join(f'{key}: {path} has {old!r}, the config given has '
+                         f'{new!r}' for key, old, new in differences)
+    raise ValueError(
+        f'The config given to {command} contradicts the one the model at '
+        f'{model} was trained/exported with in {len(differences)} '
+        f'model-affecting key(s):\n  {lines}\nIt would score every video '
+        'differently; load it with experiment_params.load_model_params '
+        f'(which reads {path}).')

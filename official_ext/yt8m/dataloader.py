@@ -49,6 +49,7 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 from official_ext.core import bad_records as bad_records_lib
 from official_ext.core import graph_checks
 from official_ext.core import tfrecord_input
+from official_ext.core import timelines
 from official_ext.yt8m import configs
 
 # Quantization of the YouTube-8M uint8 features (the starter code's
@@ -702,10 +703,12 @@ class Parser:
   # Segment level -------------------------------------------------------------
 
   def _segment_frames(self, frames: Sequence[tf.Tensor], total: tf.Tensor,
-                      starts: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-    """float32 [R, segment_size, F] frames from `starts` int32 [R] (zeros
-    past the video's `total` frames) and int32 [R] valid frame counts."""
-    size = self._segment_size
+                      starts: tf.Tensor, size: Optional[int] = None
+                      ) -> Tuple[tf.Tensor, tf.Tensor]:
+    """float32 [R, size, F] frames from `starts` int32 [R] (zeros past the
+    video's `total` frames) and int32 [R] valid frame counts; `size`
+    defaults to segment_size."""
+    size = size or self._segment_size
     idx = starts[:, None] + tf.range(size)[None, :]  # [R, size]
     valid = idx < total
     clipped = tf.minimum(idx, total - 1)
@@ -739,6 +742,34 @@ class Parser:
       end = total if short_last_segment else total - size + 1
       starts = tf.range(0, tf.maximum(end, 0), size, dtype=tf.int32)
       matrix, num_frames = self._segment_frames(frames, total, starts)
+      out = {'video_matrix': matrix, 'num_frames': num_frames,
+             'segment_start_times': starts}
+      if self._params.include_video_id:
+        out['video_ids'] = tf.fill([tf.size(starts)], decoded[VIDEO_ID])
+      return out
+
+    return parse
+
+  def every_window_fn(self, window: int, stride: int
+                      ) -> Callable[[Dict[str, Any]], Dict[str, tf.Tensor]]:
+    """decoded dict -> every window of the video, for timelines.
+
+    Windows of `window` frames start every `stride` frames of the whole
+    video (not cut at max_frames), by `core.timelines.window_bounds`: the
+    last one cut at the video's end.
+
+    Returns:
+      A function decoded dict -> dict with a leading dimension R (unbatched
+      later): `video_matrix` float32 [R, window, F] (zeros past a window's
+      frames), `num_frames` int32 [R] (the window's frames),
+      `segment_start_times` int32 [R] (its first frame) and, when
+      `include_video_id`, `video_ids` string [R]. No labels.
+    """
+
+    def parse(decoded: Dict[str, Any]) -> Dict[str, tf.Tensor]:
+      frames, total = self._check_frames(decoded)
+      starts, _ = timelines.window_bounds(total, window, stride)
+      matrix, num_frames = self._segment_frames(frames, total, starts, window)
       out = {'video_matrix': matrix, 'num_frames': num_frames,
              'segment_start_times': starts}
       if self._params.include_video_id:
@@ -801,6 +832,7 @@ def build_dataset(
     bad_records: Optional[bad_records_lib.BadRecordLog] = None,
     every_segment: bool = False,
     short_last_segment: bool = False,
+    windows: Optional[Tuple[int, int]] = None,
 ) -> tf.data.Dataset:
   """Builds the batched input pipeline of one split.
 
@@ -818,6 +850,9 @@ def build_dataset(
       (`Parser.every_segment_fn`; segment-level inference on unrated test
       records) instead of per video or per rated segment; no `labels`.
     short_last_segment: with `every_segment`, also the last, shorter segment.
+    windows: (window, stride) frames, evaluation only: one example per
+      window of every video (`Parser.every_window_fn`; timelines), laid out
+      as `every_segment`'s with T = window.
 
   Returns:
     A Dataset of dicts, batch dimension first (B = per-replica batch size):
@@ -837,16 +872,20 @@ def build_dataset(
       (the message names the pattern).
   """
   _check_params(params)
-  if every_segment and params.record_type == 'video':
-    raise ValueError('build_dataset(every_segment=True) scores the segments of '
-                     'frame-level records; DataConfig.record_type is '
-                     "'video' (one vector per video, no segments).")
-  if every_segment and params.is_training:
-    raise ValueError('build_dataset(every_segment=True) is for inference; '
-                     'DataConfig.is_training must be False.')
+  for name, value in (('every_segment', every_segment), ('windows', windows)):
+    if value and params.record_type == 'video':
+      raise ValueError(f'build_dataset({name}={value}) scores parts of '
+                       'frame-level records; DataConfig.record_type is '
+                       "'video' (one vector per video, no frames).")
+    if value and params.is_training:
+      raise ValueError(f'build_dataset({name}={value}) is for inference; '
+                       'DataConfig.is_training must be False.')
+  if every_segment and windows:
+    raise ValueError('build_dataset: every_segment and windows exclude each '
+                     'other.')
   return tfrecord_input.build_dataset(
       params, input_context, bad_records,
-      lambda p: _stages(p, every_segment, short_last_segment))
+      lambda p: _stages(p, every_segment, short_last_segment, windows))
 
 
 def build_video_and_segment_dataset(
@@ -903,12 +942,14 @@ def build_video_and_segment_dataset(
 
 
 def _stages(params: configs.DataConfig, every_segment: bool,
-            short_last_segment: bool) -> tfrecord_input.Stages:
+            short_last_segment: bool,
+            windows: Optional[Tuple[int, int]] = None
+            ) -> tfrecord_input.Stages:
   """YT8M's decoding, parsing and batching for `params` (as read: with the
   shared file-shuffle seed); the arguments are `build_dataset`'s."""
   decoder = make_decoder(params)
   parser = Parser(params)
-  segment_mode = bool(params.segment_labels) or every_segment
+  segment_mode = bool(params.segment_labels) or every_segment or bool(windows)
   is_training = bool(params.is_training)
 
   sample_fn = None
@@ -939,7 +980,8 @@ def _stages(params: configs.DataConfig, every_segment: bool,
   return tfrecord_input.Stages(
       decoder_fn=lambda filename, record: decoder.decode(record,
                                                          source=filename),
-      parser_fn=(parser.every_segment_fn(short_last_segment) if every_segment
+      parser_fn=(parser.every_window_fn(*windows) if windows else
+                 parser.every_segment_fn(short_last_segment) if every_segment
                  else parser.parse_fn(is_training)),
       sample_fn=sample_fn,
       transform_fn=transform_fn)

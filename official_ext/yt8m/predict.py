@@ -20,8 +20,9 @@ for a model exported with 64, would score every video differently without
 one); --experiment gives the config class and the values no params.yaml
 sets. --config_file and --params_override apply on top, and contradicting
 params.yaml in a model-affecting key is an error naming the key and both
-values (`official_ext.core.experiment_params`); `run` checks the config it
-is given against the model's params.yaml the same way.
+values (`core.experiment_params.load_model_params`, shared with
+`official_ext.assemblenet.predict`); `run` checks the config it is given
+against the model's params.yaml the same way.
 
 An --output_file whose folder is missing, that is one of the inputs
 (--input_path's files, --segment_label_ids, --vocabulary), or that lies
@@ -64,6 +65,16 @@ written; without it every class is written. An input without a single
 segment to score is an error naming it. Evaluate a submission against rated
 records with `python -m official_ext.yt8m.segment_eval`.
 
+Timeline (`--window_seconds`, `--stride_seconds`, optionally `--plot`;
+`run_timeline`): windows of the whole video (not cut at max_frames; YT8M
+features are one a second, so seconds are frames, rounded), by
+`core.timelines.window_bounds`, each scored as a video of its own
+(`dataloader.Parser.every_window_fn`); one CSV row a window, the PNG of each
+video's top classes over time (`core.timelines`, shared with
+`official_ext.assemblenet.predict`). With a DBoF model of pooling 'none' a
+window's scores are the mean of the model's per-frame probabilities over
+its frames. Frame-level records only.
+
 Memory: one batch, plus for segments the per-class top lists
 (`SegmentRanking`: 10 bytes per kept segment, classes x cap at most, plus a
 fixed 48 MiB candidate buffer and the interned video ids): 1.05 GB for the
@@ -83,9 +94,9 @@ import tensorflow as tf, tf_keras
 from official.core import config_definitions
 from official.core import task_factory
 from official_ext.core import checkpoints
-from official_ext.core import config_comparison
 from official_ext.core import experiment_params
 from official_ext.core import output_files
+from official_ext.core import timelines
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import segment_eval
 from official_ext.yt8m import vocabulary as vocabulary_lib
@@ -98,6 +109,8 @@ VIDEO_HEADER = 'VideoId,LabelConfidencePairs'
 # The predictions with class names (`--vocabulary`).
 NAMED_HEADER = ('VideoId', 'Rank', 'LabelId', 'Name', 'Score')
 SEGMENT_HEADER = segment_eval.SEGMENT_HEADER
+# YouTube-8M's frame features: one a second.
+FEATURES_PER_SECOND = 1.0
 
 Predictor = Callable[[tf.Tensor, tf.Tensor], np.ndarray]
 
@@ -409,83 +422,25 @@ def _top(scores: np.ndarray, videos: np.ndarray, segments: np.ndarray,
   return np.concatenate([above, tied[:k - above.size]])
 
 
-def _model_path(saved_model: Optional[str],
-                checkpoint_path: Optional[str]) -> str:
-  if bool(saved_model) == bool(checkpoint_path):
-    raise ValueError('Pass exactly one of --saved_model and --checkpoint_path.')
-  return saved_model or checkpoint_path
-
-
 def load_params(experiment: Optional[str] = None,
                 config_files: Sequence[str] = (),
                 params_override: str = '',
                 saved_model: Optional[str] = None,
                 checkpoint_path: Optional[str] = None
                 ) -> config_definitions.ExperimentConfig:
-  """The config of the model predict runs (the module docstring's rules).
-
-  Args:
-    experiment: `--experiment`; None: the model's params.yaml must exist
-      (`DEFAULT_EXPERIMENT` is then only the config class).
-    config_files: YAML files applied after params.yaml.
-    params_override: applied last.
-    saved_model: a SavedModel directory of `export_saved_model`, or
-    checkpoint_path: a model_dir or a `ckpt-N` prefix in one (exactly one).
-
-  Returns:
-    The config (`experiment_params.load_params`).
-
-  Raises:
-    ValueError: no params.yaml beside the model and no `experiment`, or
-      what `experiment_params.load_params` raises.
-  """
-  path = _model_path(saved_model, checkpoint_path)
-  if experiment is None:
-    if not experiment_params.find_params_yaml(path):
-      directory = path if tf.io.gfile.isdir(path) else os.path.dirname(path)
-      flag = '--saved_model' if saved_model else '--checkpoint_path'
-      raise ValueError(
-          f'No {os.path.join(directory, experiment_params.PARAMS_YAML)} '
-          f'({flag}={path}): the input pipeline the model was trained with '
-          '(features, max_frames, normalisation, ...) is unknown, and a '
-          'default one would score differently without an error. Export with '
-          'official_ext.export_saved_model, which writes params.yaml, or pass '
-          'the --experiment (and --config_file / --params_override) the model '
-          'was trained with.')
-    experiment = DEFAULT_EXPERIMENT
-  return experiment_params.load_params(experiment, config_files,
-                                       params_override, checkpoint_path=path)
+  """The config of the model predict runs (the module docstring's rules):
+  `experiment_params.load_model_params` with `DEFAULT_EXPERIMENT`."""
+  return experiment_params.load_model_params(
+      DEFAULT_EXPERIMENT, experiment, config_files, params_override,
+      saved_model=saved_model, checkpoint_path=checkpoint_path)
 
 
 def check_params(params: config_definitions.ExperimentConfig,
                  model_path: str) -> None:
-  """Checks `params` against the params.yaml beside the model, if any.
-
-  Args:
-    params: the config `run` was given.
-    model_path: the SavedModel directory or checkpoint.
-
-  Raises:
-    ValueError: a model-affecting key (`config_comparison.model_affecting_key`:
-      the model, features, max_frames, segment_size, normalisation, classes)
-      differs; the message lists each with both values and names the file.
-  """
-  path = experiment_params.find_params_yaml(model_path)
-  if not path:
-    return
-  trained = experiment_params.load_trained_config(params, path)
-  differences = config_comparison.contradictions(
-      config_comparison.config_leaves(trained),
-      config_comparison.config_leaves(params))
-  if differences:
-    lines = '\n  '.join(f'{key}: {path} has {old!r}, the config given has '
-                         f'{new!r}' for key, old, new in differences)
-    raise ValueError(
-        f'The config given to predict contradicts the one the model at '
-        f'{model_path} was trained/exported with in {len(differences)} '
-        f'model-affecting key(s):\n  {lines}\nIt would score every video '
-        'differently; load it with predict.load_params (which reads '
-        f'{path}).')
+  """`experiment_params.check_model_params`: a model-affecting key of
+  `params` (the model, features, max_frames, segment_size, normalisation,
+  classes) that differs from the model's params.yaml is a ValueError."""
+  experiment_params.check_model_params(params, model_path, 'predict')
 
 
 def _data_config(params: config_definitions.ExperimentConfig,
@@ -523,8 +478,9 @@ def predict_batches(dataset: tf.data.Dataset, predictor: Predictor
     out = {'video_ids': batch['video_ids'].numpy(),
            'probabilities': predictor(batch['video_matrix'],
                                       batch['num_frames'])}
-    if 'segment_start_times' in batch:
+    if 'segment_start_times' in batch:  # Segments, windows.
       out['segment_start_times'] = batch['segment_start_times'].numpy()
+      out['num_frames'] = batch['num_frames'].numpy()
     yield out
 
 
@@ -570,7 +526,7 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
   `output_file` is written whole or not at all (`core.output_files.write_atomically`): after
   any failure an existing file is as it was.
   """
-  model_path = _model_path(saved_model, checkpoint_path)
+  model_path = experiment_params.model_path(saved_model, checkpoint_path)
   for path, flag in ((output_file, '--output_file'),
                      (named_predictions_path(output_file) if vocabulary
                       else None, '--output_file (its _names.csv)')):
@@ -633,6 +589,110 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
   return count
 
 
+def timeline_batches(batches: Iterable[Dict[str, np.ndarray]]
+                     ) -> Iterator[timelines.Timeline]:
+  """Groups window rows (video id, first frame, frame count, scores) into
+  one `core.timelines.Timeline` a video; features are 1 a second, so frames
+  are seconds.
+
+  Raises:
+    ValueError: a video's windows are not consecutive (the input holds a
+      video id more than once).
+  """
+  seen = set()
+  current, rows = None, []
+
+  def finish():
+    starts = np.asarray([r[0] for r in rows], np.float64)
+    ends = starts + np.asarray([r[1] for r in rows], np.float64)
+    return timelines.Timeline(current, starts / FEATURES_PER_SECOND,
+                              ends / FEATURES_PER_SECOND,
+                              np.stack([r[2] for r in rows]))
+
+  for batch in batches:
+    for vid, start, count, scores in zip(
+        batch['video_ids'], batch['segment_start_times'], batch['num_frames'],
+        batch['probabilities']):
+      vid = vid.decode() if isinstance(vid, bytes) else str(vid)
+      if vid != current:
+        if current is not None:
+          yield finish()
+        if vid in seen:
+          raise ValueError(f'Video {vid!r} was read twice: the input holds '
+                           'its id more than once.')
+        seen.add(vid)
+        current, rows = vid, []
+      rows.append((int(start), int(count), scores))
+  if current is not None:
+    yield finish()
+
+
+def run_timeline(params: config_definitions.ExperimentConfig, input_path: str,
+                 output_file: str, window_seconds: float,
+                 stride_seconds: float, saved_model: Optional[str] = None,
+                 checkpoint_path: Optional[str] = None,
+                 plot: Optional[str] = None, plot_classes: int = 5,
+                 batch_size: int = 64,
+                 vocabulary: Optional[str] = None) -> int:
+  """Writes the timeline of every video of `input_path` (module docstring).
+
+  Args:
+    params: the experiment config (`load_params`); frame-level records.
+    input_path: TFRecord file pattern.
+    output_file: the timeline CSV (`core.timelines.write_csv`).
+    window_seconds: seconds (features) a window, rounded to whole ones.
+    stride_seconds: seconds between window starts, rounded likewise.
+    saved_model: a SavedModel of `export_saved_model`, or
+    checkpoint_path: a training checkpoint (exactly one of the two).
+    plot: also a PNG of each video's top classes over time.
+    plot_classes: classes a video in `plot`.
+    batch_size: windows a batch.
+    vocabulary: the dataset's vocabulary.csv: class names as columns.
+
+  Returns:
+    Windows written.
+
+  Raises:
+    ValueError: naming the flag: an output that is an input or lies inside a
+      model; video-level records; no video with a frame; `params`
+      contradicting the model's params.yaml.
+  """
+  model_path = experiment_params.model_path(saved_model, checkpoint_path)
+  if plot and not plot.lower().endswith('.png'):
+    raise ValueError(f'--plot={plot}: expected a .png file.')
+  for path, flag in ((output_file, '--output_file'), (plot, '--plot')):
+    if path:  # Before anything is read or written.
+      output_files.check_output_file(
+          path, flag, inputs=[('--input_path', input_path),
+                              ('--vocabulary', vocabulary)],
+          models=[('--saved_model', saved_model),
+                  ('--checkpoint_path', checkpoint_path)])
+  window = timelines.window_frames(window_seconds, FEATURES_PER_SECOND,
+                                   '--window_seconds')
+  stride = timelines.window_frames(stride_seconds, FEATURES_PER_SECOND,
+                                   '--stride_seconds')
+  check_params(params, model_path)
+  data = _data_config(params, input_path, batch_size)
+  if data.record_type == 'video':
+    raise ValueError('--window_seconds needs frame-level records (one '
+                     'feature vector a second); the model reads video-level '
+                     "records (task.validation_data.record_type='video').")
+  names = (vocabulary_lib.load_vocabulary(vocabulary, data.num_classes)
+           if vocabulary else None)
+  predictor = (_saved_model_predictor(saved_model) if saved_model else
+               _checkpoint_predictor(params, checkpoint_path))
+  dataset = dataloader.build_dataset(data, windows=(window, stride))
+  results = list(timeline_batches(predict_batches(dataset, predictor)))
+  if not results:
+    raise ValueError(f'--input_path={input_path!r}: no video with a frame; '
+                     f'{output_file} not written.')
+  rows = timelines.write_outputs(results, output_file, plot, plot_classes,
+                                 names)
+  logging.info('Wrote %d windows of %d videos to %s', rows, len(results),
+               output_file)
+  return rows
+
+
 FLAGS = flags.FLAGS
 
 
@@ -671,6 +731,15 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       "The dataset's vocabulary.csv (Index and Name columns; "
                       'video level): also writes the predictions with class '
                       'names, to <output_file stem>_names.csv.', **define)
+  flags.DEFINE_float('window_seconds', None,
+                     'Timeline: seconds (features) a window; writes a '
+                     'window a row instead of the submission.', **define)
+  flags.DEFINE_float('stride_seconds', None,
+                     'Timeline: seconds between window starts.', **define)
+  flags.DEFINE_string('plot', None, 'Timeline: PNG of the top classes over '
+                      'time.', **define)
+  flags.DEFINE_integer('plot_classes', 5, 'Classes a video in --plot.',
+                       **define)
   flags.mark_flags_as_required(['input_path', 'output_file'],
                                flag_values=flag_values)
 
@@ -682,6 +751,23 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
   params = load_params(fv.experiment, fv.config_file, fv.params_override,
                        saved_model=fv.saved_model,
                        checkpoint_path=fv.checkpoint_path)
+  timeline = (fv.window_seconds, fv.stride_seconds)
+  if any(v is not None for v in timeline) or fv.plot:
+    if None in timeline or fv.segment_labels:
+      raise ValueError(
+          '--window_seconds and --stride_seconds go together (--plot needs '
+          'them) and exclude --segment_labels; got --window_seconds='
+          f'{fv.window_seconds}, --stride_seconds={fv.stride_seconds}, '
+          f'--segment_labels={fv.segment_labels}.')
+    rows = run_timeline(params, fv.input_path, fv.output_file,
+                        fv.window_seconds, fv.stride_seconds,
+                        saved_model=fv.saved_model,
+                        checkpoint_path=fv.checkpoint_path, plot=fv.plot,
+                        plot_classes=fv.plot_classes,
+                        batch_size=fv.batch_size, vocabulary=fv.vocabulary)
+    plot = f' and {fv.plot}' if fv.plot else ''
+    print(f'Wrote {rows} windows to {fv.output_file}{plot}')
+    return
   count = run(params, fv.input_path, fv.output_file,
               saved_model=fv.saved_model,
               checkpoint_path=fv.checkpoint_path, top_k=fv.top_k,

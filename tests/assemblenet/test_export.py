@@ -19,6 +19,8 @@ from official_ext import export_saved_model
 from official_ext import export_tflite
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import export
+from official_ext.assemblenet import predict
+from official_ext.assemblenet import videos
 from official_ext.core import kernel_policy
 from tests.assemblenet import minimal
 from tests import cli
@@ -172,3 +174,27 @@ def test_exports_trace_the_ops_of_their_targets(exported):
         {'serving_default': 'serving_default'})
   ops = _graph_ops(signatures['serving_default'].graph)
   assert 'Conv3D' in ops, sorted(ops)
+
+
+def test_predict_cli_scores_video_files_with_the_saved_model(exported,
+                                                             tmp_path):
+  """`python -m official_ext.assemblenet.predict --saved_model` (its main,
+  in-process): the config from the SavedModel's params.yaml, encoded video
+  files decoded by the converter's reader and scored by `serving_default`."""
+  written = videos.write_demo_videos(str(tmp_path / 'videos'), 1,
+                                     num_frames=8, size=36, fps=8.0)
+  out = tmp_path / 'pred.json'
+  cli.run_main(predict, f'--saved_model={exported["export_dir"]}',
+               f'--input={tmp_path / "videos"}', f'--output_file={out}',
+               '--top_k=3')
+  with open(out) as f:
+    doc = json.load(f)
+  fn = exported['loaded'].signatures['serving_default']
+  assert len(doc['videos']) == len(written)
+  for video in doc['videos']:
+    frames = videos.read_video(str(tmp_path / 'videos' / video['id'])).frames
+    expected = fn(frames=tf.constant(frames[None]))['probabilities'].numpy()[0]
+    top = np.argsort(-expected, kind='stable')[:3]
+    assert [e['label_id'] for e in video['top_k']] == top.tolist()
+    np.testing.assert_allclose([e['score'] for e in video['top_k']],
+                               expected[top], rtol=1e-6)
