@@ -255,6 +255,30 @@ def _decode_frames_py(frames, source):
   return np.stack(out, axis=0)
 
 
+@tf.function(jit_compile=True)
+def floor_flip_normalize(images: tf.Tensor, flip: tf.Tensor,
+                         zero_centering_image: bool) -> tf.Tensor:
+  """Resized frames -> Model Garden's training values, in one XLA loop.
+
+  What `video_input.process_image` does to the resized frames in three
+  passes over the clip (cast to uint8, which truncates; flip; cast to float
+  and normalize) as one fused loop: TensorFlow's ReverseV2 on a uint8
+  [T, H, W, 3] clip costs as much as the resize.
+
+  Args:
+    images: float32 [T, H, W, 3] in [0, 255] (`tf.image.resize`'s output).
+    flip: bool scalar, flip left-right.
+    zero_centering_image: [-1, 1] (else [0, 1]), as `normalize_image`.
+
+  Returns:
+    float32 [T, H, W, 3]: floor(images), flipped if `flip`, / 255 (or
+    * 2 / 255 - 1).
+  """
+  images = tf.floor(images)
+  images = tf.where(flip, tf.reverse(images, [2]), images)
+  return preprocess_ops_3d.normalize_image(images, zero_centering_image)
+
+
 class Parser:
   """Decoded dict -> ({'image': float32 [views*T, H, W, 3]}, labels [K])."""
 
@@ -314,23 +338,121 @@ class Parser:
       t = self._num_frames
       frames = preprocess_ops_3d.sample_sequence(frames, t, True,
                                                  p.temporal_stride)
-      images = self._decode(frames, source)
-      images = preprocess_ops_3d.random_crop_resize(
-          images, self._height, self._width, t, 3,
-          (p.aug_min_aspect_ratio, p.aug_max_aspect_ratio),
-          (p.aug_min_area_ratio, p.aug_max_area_ratio))
-      if p.random_flip:
-        images = preprocess_ops_3d.random_flip_left_right(images)
-      if self._augmenter is not None:
-        # One call on the uint8 [T, H, W, 3] clip: the same ops and
-        # magnitudes on every frame (see DataConfig.aug_type).
-        images = self._augmenter.distort(images)
-      images = preprocess_ops_3d.normalize_image(images,
-                                                 p.zero_centering_image)
+      images = self.train_clip(frames, source)
       images = tf.ensure_shape(images, [t, self._height, self._width, 3])
       return {'image': images}, self._labels(decoded[LABELS], source)
 
     return parse
+
+  def _crop_box(self, frame_shape: tf.Tensor) -> tf.Tensor:
+    """The random resized crop's window [y, x, height, width] of frames of
+    `frame_shape` ([height, width, channels]): Model Garden's
+    `preprocess_ops_3d.random_crop_resize` sampling (its aspect ratios scaled
+    by the output's width / height)."""
+    p = self._p
+    factor = self._width / self._height
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        frame_shape,
+        bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
+        min_object_covered=0.1,
+        aspect_ratio_range=(p.aug_min_aspect_ratio * factor,
+                            p.aug_max_aspect_ratio * factor),
+        area_range=(p.aug_min_area_ratio, p.aug_max_area_ratio),
+        max_attempts=100, use_image_if_no_bounding_boxes=True)
+    return tf.stack([begin[0], begin[1], size[0], size[1]])
+
+  def _decode_jpeg_crops(self, frames: tf.Tensor, source: tf.Tensor
+                         ) -> tf.Tensor:
+    """JPEG strings [T] (T static) -> uint8 crops [T, h, w, 3] of one random
+    window: only the window is decoded (`tf.io.decode_and_crop_jpeg`).
+
+    Checked in the graph first, naming the record's file and the sampled
+    frame: every frame ends with the JPEG end-of-image marker (a truncated
+    frame does not), and every frame's size (read from its header) is frame
+    0's."""
+    n = frames.shape[0]
+    truncated = tf.not_equal(tf.strings.substr(frames, -2, 2), b'\xff\xd9')
+    index = tf.range(n)
+    whole = graph_checks.require(
+        tf.logical_not(tf.reduce_any(truncated)), lambda: graph_checks.join(
+            'Corrupt frame in a record of file `', source, '`: sampled frame ',
+            graph_checks.first_where(index, truncated), ' (',
+            graph_checks.first_where(tf.strings.length(frames), truncated),
+            ' bytes) does not decode as JPEG/PNG: it has no JPEG end marker '
+            '(truncated).'))
+    with tf.control_dependencies([whole]):
+      shapes = tf.stack([tf.io.extract_jpeg_shape(frames[i])
+                         for i in range(n)])[:, :2]
+    other = tf.reduce_any(tf.not_equal(shapes, shapes[:1]), axis=1)
+
+    def size_text(hw):
+      return graph_checks.join('(', hw[0], ', ', hw[1], ', 3)')
+
+    same = graph_checks.require(
+        tf.logical_not(tf.reduce_any(other)), lambda: graph_checks.join(
+            'Frames of a record of file `', source, '` differ in size: '
+            'sampled frame ', graph_checks.first_where(index, other), ' is ',
+            size_text(tf.boolean_mask(shapes, other)[0]), ', frame 0 is ',
+            size_text(shapes[0]), '.'))
+    with tf.control_dependencies([same]):
+      box = self._crop_box(tf.concat([shapes[0], [3]], 0))
+    return tf.stack([tf.io.decode_and_crop_jpeg(frames[i], box, channels=3)
+                     for i in range(n)])
+
+  def _decode_crops(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
+    """Sampled frames -> uint8 crops [T, h, w, 3] of one random window (the
+    frames decoded whole, `_decode`, then cut)."""
+    images = self._decode(frames, source)
+    box = self._crop_box(tf.shape(images)[1:])
+    return tf.slice(images, tf.stack([0, box[0], box[1], 0]),
+                    tf.stack([-1, box[2], box[3], -1]))
+
+  def train_clip(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
+    """A training clip from its sampled frames: Model Garden's training
+    preprocessing (`video_input.process_image`).
+
+    Random resized crop (one window for the clip), random left-right flip
+    (`random_flip`), `aug_type` on the uint8 clip, normalization. JPEG frames
+    are decoded in their window only (`_decode_jpeg_crops`); other frames
+    (PNG, TFDS uint8) whole. Without `aug_type` the crop is resized to float
+    and truncated to integers there (the values of Model Garden's uint8
+    round trip, without it), flipped and scaled in float.
+
+    Args:
+      frames: the T sampled frames: JPEG/PNG strings [T] or uint8
+        [T, H, W, 3].
+      source: string scalar naming the record, for errors.
+
+    Returns:
+      float32 [T, height, width, 3] in [0, 1] ([-1, 1] with
+      `zero_centering_image`).
+    """
+    p = self._p
+    if frames.dtype == tf.string and frames.shape[0] is not None:
+      # (Frames too short to hold a JPEG's markers take the generic path.)
+      is_jpeg = tf.reduce_all(
+          (tf.strings.length(frames) >= 4) &
+          tf.equal(tf.strings.substr(frames, 0, 3), b'\xff\xd8\xff'))
+      crops = tf.cond(is_jpeg,
+                      lambda: self._decode_jpeg_crops(frames, source),
+                      lambda: self._decode_crops(frames, source))
+    else:
+      crops = self._decode_crops(frames, source)
+    size = (self._height, self._width)
+    if self._augmenter is not None:
+      images = tf.cast(tf.image.resize(crops, size), tf.uint8)
+      if p.random_flip:
+        images = preprocess_ops_3d.random_flip_left_right(images)
+      # One call on the uint8 [T, H, W, 3] clip: the same ops and
+      # magnitudes on every frame (see DataConfig.aug_type).
+      images = self._augmenter.distort(images)
+      return preprocess_ops_3d.normalize_image(images, p.zero_centering_image)
+    if p.random_flip:  # preprocess_ops_3d.random_flip_left_right's draw.
+      flip = tf.equal(tf.random.uniform((), 0, 2, dtype=tf.int32), 1)
+    else:
+      flip = tf.constant(False)
+    return floor_flip_normalize(tf.image.resize(crops, size), flip,
+                                p.zero_centering_image)
 
   def eval_views(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
     """Evaluation views of one video (also the SavedModel's preprocessing).
