@@ -243,10 +243,7 @@ def _decode_frames_py(frames, source):
     try:
       img = tf.io.decode_image(f, channels=3, expand_animations=False)
     except (tf.errors.InvalidArgumentError, ValueError) as e:
-      raise ValueError(
-          f'Corrupt frame in a record of file `{name}`: sampled frame {i} '
-          f'({len(f)} bytes) does not decode as JPEG/PNG: '
-          f'{getattr(e, "message", e)}') from e
+      raise _corrupt_frame(name, i, f, e) from e
     if out and img.shape != out[0].shape:
       raise ValueError(
           f'Frames of a record of file `{name}` differ in size: sampled frame '
@@ -256,14 +253,27 @@ def _decode_frames_py(frames, source):
 
 
 @tf.function(jit_compile=True)
+def _floor_flip_normalize(images: tf.Tensor, flip: tf.Tensor,
+                          divisor: tf.Tensor, zero_centering_image: bool
+                          ) -> tf.Tensor:
+  """`floor_flip_normalize`'s XLA program (`divisor`: 255)."""
+  images = tf.floor(images)
+  images = tf.where(flip, tf.reverse(images, [2]), images)
+  if zero_centering_image:
+    return images * (2.0 / 255.0) - 1.0
+  # A division, as normalize_image's (XLA would multiply by the constant's
+  # reciprocal, one rounding off): the divisor is an input of the program.
+  return images / divisor
+
+
 def floor_flip_normalize(images: tf.Tensor, flip: tf.Tensor,
                          zero_centering_image: bool) -> tf.Tensor:
   """Resized frames -> Model Garden's training values, in one XLA loop.
 
   What `video_input.process_image` does to the resized frames in three
   passes over the clip (cast to uint8, which truncates; flip; cast to float
-  and normalize) as one fused loop: TensorFlow's ReverseV2 on a uint8
-  [T, H, W, 3] clip costs as much as the resize.
+  and normalize) as one fused loop (`_floor_flip_normalize`): TensorFlow's
+  ReverseV2 on a uint8 [T, H, W, 3] clip alone costs as much as the resize.
 
   Args:
     images: float32 [T, H, W, 3] in [0, 255] (`tf.image.resize`'s output).
@@ -272,11 +282,75 @@ def floor_flip_normalize(images: tf.Tensor, flip: tf.Tensor,
 
   Returns:
     float32 [T, H, W, 3]: floor(images), flipped if `flip`, / 255 (or
-    * 2 / 255 - 1).
+    * 2 / 255 - 1): the same values as Model Garden's.
   """
-  images = tf.floor(images)
-  images = tf.where(flip, tf.reverse(images, [2]), images)
-  return preprocess_ops_3d.normalize_image(images, zero_centering_image)
+  return _floor_flip_normalize(images, flip, tf.constant(255.0),
+                               zero_centering_image)
+
+
+def _corrupt_frame(name: str, i: int, frame: bytes, e: Exception
+                   ) -> ValueError:
+  return ValueError(
+      f'Corrupt frame in a record of file `{name}`: sampled frame {i} '
+      f'({len(frame)} bytes) does not decode as JPEG/PNG: '
+      f'{getattr(e, "message", e)}')
+
+
+# JPEG start-of-frame markers (baseline, progressive, ...): not DHT (C4),
+# JPG (C8) or DAC (CC).
+_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_size(data: bytes) -> Tuple[int, int]:
+  """(height, width) from a JPEG's frame header, read in python.
+
+  Raises:
+    ValueError: saying what is wrong (no start marker, a broken segment, no
+      frame header before the scan or the end of the data).
+  """
+  if data[:2] != b'\xff\xd8':
+    raise ValueError('no JPEG start marker')
+  i, n = 2, len(data)
+  while i + 4 <= n:
+    if data[i] != 0xFF:
+      raise ValueError(f'no JPEG marker at byte {i}')
+    marker = data[i + 1]
+    if marker == 0xFF:  # Fill byte.
+      i += 1
+      continue
+    length = int.from_bytes(data[i + 2:i + 4], 'big')
+    if marker in _JPEG_SOF:
+      if i + 9 > n or length < 7:
+        raise ValueError(f'frame header at byte {i} is cut short')
+      height = int.from_bytes(data[i + 5:i + 7], 'big')
+      width = int.from_bytes(data[i + 7:i + 9], 'big')
+      if not height or not width:
+        raise ValueError(f'frame header gives size {height} x {width}')
+      return height, width
+    if marker == 0xDA or length < 2:
+      raise ValueError(f'no frame header before byte {i}')
+    i += 2 + length
+  raise ValueError(f'the data ({n} bytes) end before a frame header')
+
+
+def _jpeg_size_py(frames, source):
+  """[height, width] of JPEG strings [N] (`jpeg_size`); errors name the file
+  and frame (a header that does not read, sizes that differ)."""
+  name = source.numpy().decode('utf-8', 'replace')
+  first = None
+  for i, f in enumerate(frames.numpy()):
+    try:
+      size = jpeg_size(f)
+    except ValueError as e:
+      raise _corrupt_frame(name, i, f, e) from e
+    if first is None:
+      first = size
+    elif size != first:
+      raise ValueError(
+          f'Frames of a record of file `{name}` differ in size: sampled frame '
+          f'{i} is ({size[0]}, {size[1]}, 3), frame 0 is ({first[0]}, '
+          f'{first[1]}, 3).')
+  return np.asarray(first, np.int32)
 
 
 class Parser:
@@ -366,36 +440,42 @@ class Parser:
     """JPEG strings [T] (T static) -> uint8 crops [T, h, w, 3] of one random
     window: only the window is decoded (`tf.io.decode_and_crop_jpeg`).
 
-    Checked in the graph first, naming the record's file and the sampled
-    frame: every frame ends with the JPEG end-of-image marker (a truncated
-    frame does not), and every frame's size (read from its header) is frame
-    0's."""
+    Every frame's size (its header) must be frame 0's: else an error naming
+    the record's file and the frame. With `name_file_in_decode_errors` the
+    headers are read in python (`jpeg_size`, one `tf.py_function` per clip)
+    and every frame must end with the JPEG end marker (a truncated frame does
+    not), errors naming the file and the frame; else the headers are read by
+    TensorFlow's op (a damaged header: TensorFlow's message)."""
     n = frames.shape[0]
-    truncated = tf.not_equal(tf.strings.substr(frames, -2, 2), b'\xff\xd9')
-    index = tf.range(n)
-    whole = graph_checks.require(
-        tf.logical_not(tf.reduce_any(truncated)), lambda: graph_checks.join(
-            'Corrupt frame in a record of file `', source, '`: sampled frame ',
-            graph_checks.first_where(index, truncated), ' (',
-            graph_checks.first_where(tf.strings.length(frames), truncated),
-            ' bytes) does not decode as JPEG/PNG: it has no JPEG end marker '
-            '(truncated).'))
-    with tf.control_dependencies([whole]):
+    if self._p.name_file_in_decode_errors:
+      hw = tf.ensure_shape(
+          tf.py_function(_jpeg_size_py, [frames, source], tf.int32), [2])
+      cut = tf.not_equal(tf.strings.substr(frames, -2, 2), b'\xff\xd9')
+      whole = graph_checks.require(
+          tf.logical_not(tf.reduce_any(cut)), lambda: graph_checks.join(
+              'Corrupt frame in a record of file `', source, '`: sampled '
+              'frame ', graph_checks.first_where(tf.range(n), cut), ' (',
+              graph_checks.first_where(tf.strings.length(frames), cut),
+              ' bytes) does not decode as JPEG/PNG: no JPEG end marker '
+              '(truncated).'))
+      checks = [whole]
+    else:
       shapes = tf.stack([tf.io.extract_jpeg_shape(frames[i])
                          for i in range(n)])[:, :2]
-    other = tf.reduce_any(tf.not_equal(shapes, shapes[:1]), axis=1)
+      hw = shapes[0]
+      other = tf.reduce_any(tf.not_equal(shapes, shapes[:1]), axis=1)
 
-    def size_text(hw):
-      return graph_checks.join('(', hw[0], ', ', hw[1], ', 3)')
+      def size_text(size):
+        return graph_checks.join('(', size[0], ', ', size[1], ', 3)')
 
-    same = graph_checks.require(
-        tf.logical_not(tf.reduce_any(other)), lambda: graph_checks.join(
-            'Frames of a record of file `', source, '` differ in size: '
-            'sampled frame ', graph_checks.first_where(index, other), ' is ',
-            size_text(tf.boolean_mask(shapes, other)[0]), ', frame 0 is ',
-            size_text(shapes[0]), '.'))
-    with tf.control_dependencies([same]):
-      box = self._crop_box(tf.concat([shapes[0], [3]], 0))
+      checks = [graph_checks.require(
+          tf.logical_not(tf.reduce_any(other)), lambda: graph_checks.join(
+              'Frames of a record of file `', source, '` differ in size: '
+              'sampled frame ', graph_checks.first_where(tf.range(n), other),
+              ' is ', size_text(tf.boolean_mask(shapes, other)[0]),
+              ', frame 0 is ', size_text(shapes[0]), '.'))]
+    with tf.control_dependencies(checks):
+      box = self._crop_box(tf.concat([hw, [3]], 0))
     return tf.stack([tf.io.decode_and_crop_jpeg(frames[i], box, channels=3)
                      for i in range(n)])
 
