@@ -11,17 +11,20 @@ TFDS, sharding, bad records, evaluation padding, Model Garden's InputReader):
     files --> (file name, record) --decode--> {frames, labels, source}
     --parse--> temporal sampling (num_frames, temporal_stride; training: a
     random window; evaluation: the middle clip, or `num_test_clips` linearly
-    spaced clips) --> frame decoding (sampled frames only) --> training:
-    random resized crop + random flip (+ `aug_type`: RandAugment /
-    AutoAugment on the uint8 clip); evaluation: short side resized to
-    `min_image_size`, center crop (or `num_test_crops` crops) --> [0, 1] (or
+    spaced clips) --> frame decoding (sampled frames only; JPEG training
+    clips: only the crop window) --> training: random resized crop + random
+    flip (+ `aug_type`: RandAugment / AutoAugment on the uint8 clip): the
+    values of Model Garden's `video_input.process_image`; evaluation: short
+    side resized to `min_image_size`, center crop (or `num_test_crops` crops) --> [0, 1] (or
     [-1, 1]) float32 --> batch --> evaluation views folded into the batch
     (training + `mixup_and_cutmix`: clips and labels mixed per batch).
 
 Bad input fails loudly: a label outside [0, num_classes), a video without
 a label, or (single-label) with several labels is an InvalidArgumentError
 naming the record's file and its labels; a frame that does not decode is an
-error naming the file and the frame index (`name_file_in_decode_errors`); a
+error naming the file and the frame index (`name_file_in_decode_errors`;
+JPEG training clips: a header that does not read, a missing end marker or
+frames of different sizes); a
 record that is not a SequenceExample or a feature of another dtype fails in
 TensorFlow's parser naming the file and feature; a truncated or corrupted file
 fails naming the file and byte offset (`official_ext.core.bad_records`). With

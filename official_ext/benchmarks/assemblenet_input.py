@@ -277,6 +277,10 @@ def run(quick: bool = False, core_counts: Optional[Sequence[int]] = None,
   rounds, min_seconds = (1, 0.0) if quick else (3, 8.0)
   all_cores = len(os.sched_getaffinity(0))
   counts = list(core_counts or sorted({1, all_cores}))
+  for n in counts:
+    if not 1 <= n <= all_cores:
+      raise ValueError(f'input_pipeline: {n} cores asked, this process may '
+                       f'use 1 to {all_cores}.')
   out: Dict[str, Any] = {}
   with tempfile.TemporaryDirectory() as tmp:
     files = write_records(tmp, **sizes)
@@ -284,9 +288,6 @@ def run(quick: bool = False, core_counts: Optional[Sequence[int]] = None,
     out['input_pipeline_record_mb'] = sum(
         os.path.getsize(f) for f in files) / 2 ** 20 / sizes['videos']
     for n in counts:
-      if n > all_cores:
-        raise ValueError(f'input_pipeline: {n} cores asked, this process may '
-                         f'use {all_cores}.')
       if in_process:
         m = measure(pattern, n, rounds=rounds, min_seconds=min_seconds,
                     warmup=1, **sizes)

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
+from official.vision.dataloaders import video_input
 from official_ext.assemblenet import configs
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
@@ -197,7 +198,6 @@ def test_training_clip_equals_model_garden(monkeypatch, flip, encode,
   # The same window and flip: our training clip (JPEG: only the window
   # decoded, the fused floor/flip/normalize) holds exactly the values of
   # Model Garden's video_input.process_image.
-  from official.vision.dataloaders import video_input  # pylint: disable=g-import-not-at-top
   video = _videos(1, frames=4, size=40)[0][0]
   encoder = tf.io.encode_jpeg if encode == 'jpeg' else tf.io.encode_png
   frames = tf.constant([encoder(f).numpy() for f in video])
