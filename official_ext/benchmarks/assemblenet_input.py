@@ -190,6 +190,7 @@ def pipelines(input_path: str, cores: int, **sizes
 
 def measure(input_path: str, cores: int, rounds: int = 3,
             min_seconds: float = 5.0, warmup: int = 3,
+            first_batches: Optional[Dict[str, Any]] = None,
             **sizes) -> Dict[str, Any]:
   """Clips/s of both pipelines in this process, interleaved.
 
@@ -198,6 +199,8 @@ def measure(input_path: str, cores: int, rounds: int = 3,
     cores: CPUs this process may use (the threading of both pipelines).
     rounds, min_seconds, warmup: `timing.interleaved_samples`' (one call is
       one batch).
+    first_batches: if given, gets each pipeline's first batch ({name:
+      (features, labels)}), e.g. to compare them.
     **sizes: frames, size, stride, batch (`FULL`, `QUICK`).
 
   Returns:
@@ -212,6 +215,8 @@ def measure(input_path: str, cores: int, rounds: int = 3,
   for name, it in its.items():
     features, labels = next(it)
     shapes[name] = [list(features['image'].shape), list(labels.shape)]
+    if first_batches is not None:
+      first_batches[name] = (features, labels)
   samples = timing.interleaved_samples(
       {k: (lambda it=it: next(it)) for k, it in its.items()},
       rounds=rounds, warmup=warmup, min_seconds=min_seconds)
@@ -257,7 +262,8 @@ def cpu_step_clips_per_sec(figures: Dict[str, Any]) -> Optional[float]:
 
 def run(quick: bool = False, core_counts: Optional[Sequence[int]] = None,
         step_figures: Optional[Dict[str, Any]] = None,
-        in_process: bool = False) -> Dict[str, Any]:
+        in_process: bool = False,
+        first_batches: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """The `input_pipeline` case: figures prefixed `input_pipeline_`.
 
   Args:
@@ -267,6 +273,8 @@ def run(quick: bool = False, core_counts: Optional[Sequence[int]] = None,
       `cpu_step_clips_per_sec` (default: none, no cores-to-feed figure).
     in_process: measure in this process (unpinned; tests) instead of pinned
       children.
+    first_batches: with `in_process`, gets the pipelines' first batches
+      (`measure`).
 
   Returns:
     Flat figures: per core count N, `input_pipeline_{N}core_*` (see
@@ -290,7 +298,7 @@ def run(quick: bool = False, core_counts: Optional[Sequence[int]] = None,
     for n in counts:
       if in_process:
         m = measure(pattern, n, rounds=rounds, min_seconds=min_seconds,
-                    warmup=1, **sizes)
+                    warmup=1, first_batches=first_batches, **sizes)
       else:
         m = memory_lib.run_child(child_code(pattern, n, sizes, rounds,
                                             min_seconds))

@@ -184,45 +184,13 @@ def test_reference_checkout_is_refused_for_families_without_it():
     harness.run('readout', quick=True, reference_checkout='/tmp')
 
 
-@pytest.fixture(scope='module')
-def tiny_records(tmp_path_factory):
-  """The input-pipeline case's quick records (4 videos, 6 frames of 40x48)."""
-  directory = str(tmp_path_factory.mktemp('input_pipeline'))
-  assemblenet_input.write_records(directory, **assemblenet_input.QUICK)
-  return directory + '/*.tfrecord'
-
-
-def test_input_pipelines_agree_with_model_garden(tiny_records):
-  # The same records and settings: batches of the same shapes and dtypes,
-  # values in [0, 1] on the 1/255 grid (uint8 pixels), one-hot labels of
-  # the same classes.
-  datasets = assemblenet_input.pipelines(tiny_records, cores=1,
-                                         **assemblenet_input.QUICK)
-  batches = {k: next(iter(ds)) for k, ds in datasets.items()}
-  (ours, ours_y), (mg, mg_y) = batches['ours'], batches['model_garden']
-  assert ours['image'].shape == mg['image'].shape == (2, 4, 32, 32, 3)
-  assert ours['image'].dtype == mg['image'].dtype == tf.float32
-  assert ours_y.shape == mg_y.shape == (2, 400)
-  for x, y in ((ours['image'], ours_y), (mg['image'], mg_y)):
-    x = x.numpy()
-    assert 0.0 <= x.min() and x.max() <= 1.0 and x.std() > 0.05
-    np.testing.assert_allclose(x * 255, np.round(x * 255), atol=1e-3)
-    np.testing.assert_array_equal(tf.reduce_sum(y, -1), [1.0, 1.0])
-    assert set(np.argmax(y, -1)) <= {0, 1, 2, 3}  # labels i % 400 of 4.
-  # Different settings would not fit Model Garden's parser: named.
-  params = assemblenet_input.training_params(tiny_records,
-                                             **assemblenet_input.QUICK)
-  params.random_flip = False
-  with pytest.raises(ValueError, match='random_flip'):
-    assemblenet_input.model_garden_params(params)
-
-
-def test_input_pipeline_case_figures(tiny_records, monkeypatch):
+def test_input_pipeline_case_agrees_with_model_garden(monkeypatch):
   # The quick case in this process (the CLI measures in pinned children:
   # their program is checked below without running it).
   step = {'train_model_gflops': 60.0, 'gflops_per_clip': 400.0}
+  batches = {}
   f = assemblenet_input.run(quick=True, core_counts=[1], step_figures=step,
-                            in_process=True)
+                            in_process=True, first_batches=batches)
   json.dumps(f)
   assert f['input_pipeline_1core_batch_shapes'] == {
       'ours': [[2, 4, 32, 32, 3], [2, 400]],
@@ -234,10 +202,24 @@ def test_input_pipeline_case_figures(tiny_records, monkeypatch):
   assert f['input_pipeline_cpu_step_clips_per_sec'] == pytest.approx(0.05)
   assert f['input_pipeline_cores_to_feed_cpu_step'] == pytest.approx(
       0.05 / ours)
+  # The same records and settings: batches of the same dtypes, values in
+  # [0, 1] on the 1/255 grid (uint8 pixels), one-hot labels of the records'
+  # classes (i % 400 of 4 records).
+  for name, (features, y) in batches.items():
+    x = features['image'].numpy()
+    assert x.dtype == np.float32 and y.dtype == tf.float32, name
+    assert 0.0 <= x.min() and x.max() <= 1.0 and x.std() > 0.05, name
+    np.testing.assert_allclose(x * 255, np.round(x * 255), atol=1e-3)
+    np.testing.assert_array_equal(tf.reduce_sum(y, -1), [1.0, 1.0])
+    assert set(np.argmax(y, -1)) <= {0, 1, 2, 3}, name
+  # Settings Model Garden's parser cannot take are named.
+  params = assemblenet_input.training_params('x', **assemblenet_input.QUICK)
+  params.random_flip = False
+  with pytest.raises(ValueError, match='random_flip'):
+    assemblenet_input.model_garden_params(params)
   too_many = len(os.sched_getaffinity(0)) + 1
   with pytest.raises(ValueError, match=f'{too_many} cores asked'):
-    assemblenet_input.run(quick=True, core_counts=[too_many],
-                          in_process=True)
+    assemblenet_input.run(quick=True, core_counts=[too_many])
   # The pinned child's program: its CPUs fixed before TensorFlow starts.
   calls = []
   monkeypatch.setattr(assemblenet_input, 'child',
