@@ -253,3 +253,10 @@ def test_cases_choose_and_merge(monkeypatch):
   assert merged['input_pipeline_environment'] == {'date': 'new'}
   assert merged['input_pipeline_command'] == 'c'
   assert merged['train_model_gflops'] == 80.0 and 'quick' not in merged
+  # The model case's run is the file's own.
+  merged = harness.merge_cases(recorded, {'environment': {'date': 'new'},
+                                          'train_model_gflops': 81.0},
+                               ['model'])
+  assert merged['environment'] == {'date': 'new'}
+  assert merged['train_model_gflops'] == 81.0
+  assert merged['input_pipeline_x'] == 0.5
