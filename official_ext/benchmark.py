@@ -1,6 +1,7 @@
 r"""Benchmarks: `python -m official_ext.benchmark FAMILY [--json FILE] [--quick]
-[--reference_checkout DIR] [--tpu ADDRESS]`, and `python -m official_ext.benchmark
-report [--results_dir DIR] [--output FILE] [--check]`.
+[--reference_checkout DIR] [--tpu ADDRESS] [--cases CASE,...]`, and
+`python -m official_ext.benchmark report [--results_dir DIR] [--output FILE]
+[--check]`.
 
 The command line of `official_ext.benchmarks` (see `benchmarks/harness.py`):
 FAMILY is one of `harness.FAMILIES` (yt8m, assemblenet, readout on this
@@ -10,7 +11,9 @@ runs tiny sizes (a smoke test of the harness); `--json FILE` also writes the
 figures as JSON (the results folder: `--json benchmarks/results/FAMILY.json`);
 `--reference_checkout DIR` (assemblenet) also times the training step of
 another checkout of this repository (e.g. one made with `git worktree add
-/tmp/ref COMMIT`) interleaved with this one's, each in a child process.
+/tmp/ref COMMIT`) interleaved with this one's, each in a child process;
+`--cases` (assemblenet: `model`, `input_pipeline`) runs only those cases and,
+with `--json`, merges their figures into the existing file.
 
 `report` writes docs/benchmarks.md from the JSON files in the results folder
 (`benchmarks/results/<family>.json`, written by `--json`; see
@@ -43,6 +46,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
       'assemblenet: another checkout of this repository whose training step '
       'is timed interleaved with this one (each in a child process).',
       flag_values=flag_values)
+  flags.DEFINE_list(
+      'cases', None,
+      'assemblenet: only these cases (model, input_pipeline); with --json, '
+      'merged into the existing file.', flag_values=flag_values)
   flags.DEFINE_string(
       'tpu', None, 'accelerator: the Cloud TPU address (local on a TPU VM).',
       flag_values=flag_values)
@@ -74,7 +81,7 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
   try:
     harness.main(argv[1], quick=flag_values.quick, json_path=flag_values.json,
                  reference_checkout=flag_values.reference_checkout,
-                 tpu=flag_values.tpu)
+                 tpu=flag_values.tpu, cases=flag_values.cases)
   except accelerator.NoAcceleratorError as e:
     raise SystemExit(f'official_ext.benchmark accelerator: {e}') from e
 

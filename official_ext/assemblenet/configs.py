@@ -91,11 +91,15 @@ class DataConfig(cfg.DataConfig):
       one-hot and multi-hot labels), so `task.losses.label_smoothing` must
       then be 0.
     image_field_key, label_field_key: feature names of the records.
-    name_file_in_decode_errors: decode frames in a `tf.py_function` so that a
-      corrupt frame fails with an error naming the record's file and frame
-      (default). False decodes in pure graph ops (serializable pipelines, e.g.
-      tf.data service); a corrupt frame then still fails, with TensorFlow's
-      message only.
+    name_file_in_decode_errors: a corrupt frame fails with an error naming
+      the record's file and frame (default): frames are decoded in a
+      `tf.py_function`, except JPEG training clips, whose headers are read
+      in one (a header that does not read, a missing end marker or another
+      frame size is named) and whose crop windows are decoded in graph ops
+      (damage inside the compressed data: TensorFlow's message). False
+      decodes in pure graph ops (serializable pipelines, e.g. tf.data
+      service); a corrupt frame then still fails, with TensorFlow's message
+      only (frames of different sizes are still named).
     num_examples: examples in the split (sizes evaluation; -1 unknown).
     skip_bad_records: False (default): a truncated/corrupted TFRecord file or
       an invalid record (unparsable, bad label, corrupt frame) is an error

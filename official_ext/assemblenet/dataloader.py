@@ -11,17 +11,20 @@ TFDS, sharding, bad records, evaluation padding, Model Garden's InputReader):
     files --> (file name, record) --decode--> {frames, labels, source}
     --parse--> temporal sampling (num_frames, temporal_stride; training: a
     random window; evaluation: the middle clip, or `num_test_clips` linearly
-    spaced clips) --> frame decoding (sampled frames only) --> training:
-    random resized crop + random flip (+ `aug_type`: RandAugment /
-    AutoAugment on the uint8 clip); evaluation: short side resized to
-    `min_image_size`, center crop (or `num_test_crops` crops) --> [0, 1] (or
+    spaced clips) --> frame decoding (sampled frames only; JPEG training
+    clips: only the crop window) --> training: random resized crop + random
+    flip (+ `aug_type`: RandAugment / AutoAugment on the uint8 clip): the
+    values of Model Garden's `video_input.process_image`; evaluation: short
+    side resized to `min_image_size`, center crop (or `num_test_crops` crops) --> [0, 1] (or
     [-1, 1]) float32 --> batch --> evaluation views folded into the batch
     (training + `mixup_and_cutmix`: clips and labels mixed per batch).
 
 Bad input fails loudly: a label outside [0, num_classes), a video without
 a label, or (single-label) with several labels is an InvalidArgumentError
 naming the record's file and its labels; a frame that does not decode is an
-error naming the file and the frame index (`name_file_in_decode_errors`); a
+error naming the file and the frame index (`name_file_in_decode_errors`;
+JPEG training clips: a header that does not read, a missing end marker or
+frames of different sizes); a
 record that is not a SequenceExample or a feature of another dtype fails in
 TensorFlow's parser naming the file and feature; a truncated or corrupted file
 fails naming the file and byte offset (`official_ext.core.bad_records`). With
@@ -243,16 +246,114 @@ def _decode_frames_py(frames, source):
     try:
       img = tf.io.decode_image(f, channels=3, expand_animations=False)
     except (tf.errors.InvalidArgumentError, ValueError) as e:
-      raise ValueError(
-          f'Corrupt frame in a record of file `{name}`: sampled frame {i} '
-          f'({len(f)} bytes) does not decode as JPEG/PNG: '
-          f'{getattr(e, "message", e)}') from e
+      raise _corrupt_frame(name, i, f, e) from e
     if out and img.shape != out[0].shape:
       raise ValueError(
           f'Frames of a record of file `{name}` differ in size: sampled frame '
           f'{i} is {tuple(img.shape)}, frame 0 is {tuple(out[0].shape)}.')
     out.append(img.numpy())
   return np.stack(out, axis=0)
+
+
+@tf.function(jit_compile=True)
+def _floor_flip_normalize(images: tf.Tensor, flip: tf.Tensor,
+                          divisor: tf.Tensor, zero_centering_image: bool
+                          ) -> tf.Tensor:
+  """`floor_flip_normalize`'s XLA program (`divisor`: 255)."""
+  images = tf.floor(images)
+  images = tf.where(flip, tf.reverse(images, [2]), images)
+  if zero_centering_image:
+    return images * (2.0 / 255.0) - 1.0
+  # A division, as normalize_image's (XLA would multiply by the constant's
+  # reciprocal, one rounding off): the divisor is an input of the program.
+  return images / divisor
+
+
+def floor_flip_normalize(images: tf.Tensor, flip: tf.Tensor,
+                         zero_centering_image: bool) -> tf.Tensor:
+  """Resized frames -> Model Garden's training values, in one XLA loop.
+
+  What `video_input.process_image` does to the resized frames in three
+  passes over the clip (cast to uint8, which truncates; flip; cast to float
+  and normalize) as one fused loop (`_floor_flip_normalize`): TensorFlow's
+  ReverseV2 on a uint8 [T, H, W, 3] clip alone costs as much as the resize.
+
+  Args:
+    images: float32 [T, H, W, 3] in [0, 255] (`tf.image.resize`'s output).
+    flip: bool scalar, flip left-right.
+    zero_centering_image: [-1, 1] (else [0, 1]), as `normalize_image`.
+
+  Returns:
+    float32 [T, H, W, 3]: floor(images), flipped if `flip`, / 255 (or
+    * 2 / 255 - 1): the same values as Model Garden's.
+  """
+  return _floor_flip_normalize(images, flip, tf.constant(255.0),
+                               zero_centering_image)
+
+
+def _corrupt_frame(name: str, i: int, frame: bytes, e: Exception
+                   ) -> ValueError:
+  return ValueError(
+      f'Corrupt frame in a record of file `{name}`: sampled frame {i} '
+      f'({len(frame)} bytes) does not decode as JPEG/PNG: '
+      f'{getattr(e, "message", e)}')
+
+
+# JPEG start-of-frame markers (baseline, progressive, ...): not DHT (C4),
+# JPG (C8) or DAC (CC).
+_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_size(data: bytes) -> Tuple[int, int]:
+  """(height, width) from a JPEG's frame header, read in python.
+
+  Raises:
+    ValueError: saying what is wrong (no start marker, a broken segment, no
+      frame header before the scan or the end of the data).
+  """
+  if data[:2] != b'\xff\xd8':
+    raise ValueError('no JPEG start marker')
+  i, n = 2, len(data)
+  while i + 4 <= n:
+    if data[i] != 0xFF:
+      raise ValueError(f'no JPEG marker at byte {i}')
+    marker = data[i + 1]
+    if marker == 0xFF:  # Fill byte.
+      i += 1
+      continue
+    length = int.from_bytes(data[i + 2:i + 4], 'big')
+    if marker in _JPEG_SOF:
+      if i + 9 > n or length < 7:
+        raise ValueError(f'frame header at byte {i} is cut short')
+      height = int.from_bytes(data[i + 5:i + 7], 'big')
+      width = int.from_bytes(data[i + 7:i + 9], 'big')
+      if not height or not width:
+        raise ValueError(f'frame header gives size {height} x {width}')
+      return height, width
+    if marker == 0xDA or length < 2:
+      raise ValueError(f'no frame header before byte {i}')
+    i += 2 + length
+  raise ValueError(f'the data ({n} bytes) end before a frame header')
+
+
+def _jpeg_size_py(frames, source):
+  """[height, width] of JPEG strings [N] (`jpeg_size`); errors name the file
+  and frame (a header that does not read, sizes that differ)."""
+  name = source.numpy().decode('utf-8', 'replace')
+  first = None
+  for i, f in enumerate(frames.numpy()):
+    try:
+      size = jpeg_size(f)
+    except ValueError as e:
+      raise _corrupt_frame(name, i, f, e) from e
+    if first is None:
+      first = size
+    elif size != first:
+      raise ValueError(
+          f'Frames of a record of file `{name}` differ in size: sampled frame '
+          f'{i} is ({size[0]}, {size[1]}, 3), frame 0 is ({first[0]}, '
+          f'{first[1]}, 3).')
+  return np.asarray(first, np.int32)
 
 
 class Parser:
@@ -314,23 +415,127 @@ class Parser:
       t = self._num_frames
       frames = preprocess_ops_3d.sample_sequence(frames, t, True,
                                                  p.temporal_stride)
-      images = self._decode(frames, source)
-      images = preprocess_ops_3d.random_crop_resize(
-          images, self._height, self._width, t, 3,
-          (p.aug_min_aspect_ratio, p.aug_max_aspect_ratio),
-          (p.aug_min_area_ratio, p.aug_max_area_ratio))
-      if p.random_flip:
-        images = preprocess_ops_3d.random_flip_left_right(images)
-      if self._augmenter is not None:
-        # One call on the uint8 [T, H, W, 3] clip: the same ops and
-        # magnitudes on every frame (see DataConfig.aug_type).
-        images = self._augmenter.distort(images)
-      images = preprocess_ops_3d.normalize_image(images,
-                                                 p.zero_centering_image)
+      images = self.train_clip(frames, source)
       images = tf.ensure_shape(images, [t, self._height, self._width, 3])
       return {'image': images}, self._labels(decoded[LABELS], source)
 
     return parse
+
+  def _crop_box(self, frame_shape: tf.Tensor) -> tf.Tensor:
+    """The random resized crop's window [y, x, height, width] of frames of
+    `frame_shape` ([height, width, channels]): Model Garden's
+    `preprocess_ops_3d.random_crop_resize` sampling (its aspect ratios scaled
+    by the output's width / height)."""
+    p = self._p
+    factor = self._width / self._height
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        frame_shape,
+        bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
+        min_object_covered=0.1,
+        aspect_ratio_range=(p.aug_min_aspect_ratio * factor,
+                            p.aug_max_aspect_ratio * factor),
+        area_range=(p.aug_min_area_ratio, p.aug_max_area_ratio),
+        max_attempts=100, use_image_if_no_bounding_boxes=True)
+    return tf.stack([begin[0], begin[1], size[0], size[1]])
+
+  def _decode_jpeg_crops(self, frames: tf.Tensor, source: tf.Tensor
+                         ) -> tf.Tensor:
+    """JPEG strings [T] (T static) -> uint8 crops [T, h, w, 3] of one random
+    window: only the window is decoded (`tf.io.decode_and_crop_jpeg`).
+
+    Every frame's size (its header) must be frame 0's: else an error naming
+    the record's file and the frame. With `name_file_in_decode_errors` the
+    headers are read in python (`jpeg_size`, one `tf.py_function` per clip)
+    and every frame must end with the JPEG end marker (a truncated frame does
+    not), errors naming the file and the frame; else the headers are read by
+    TensorFlow's op (a damaged header: TensorFlow's message)."""
+    n = frames.shape[0]
+    if self._p.name_file_in_decode_errors:
+      hw = tf.ensure_shape(
+          tf.py_function(_jpeg_size_py, [frames, source], tf.int32), [2])
+      cut = tf.not_equal(tf.strings.substr(frames, -2, 2), b'\xff\xd9')
+      whole = graph_checks.require(
+          tf.logical_not(tf.reduce_any(cut)), lambda: graph_checks.join(
+              'Corrupt frame in a record of file `', source, '`: sampled '
+              'frame ', graph_checks.first_where(tf.range(n), cut), ' (',
+              graph_checks.first_where(tf.strings.length(frames), cut),
+              ' bytes) does not decode as JPEG/PNG: no JPEG end marker '
+              '(truncated).'))
+      checks = [whole]
+    else:
+      shapes = tf.stack([tf.io.extract_jpeg_shape(frames[i])
+                         for i in range(n)])[:, :2]
+      hw = shapes[0]
+      other = tf.reduce_any(tf.not_equal(shapes, shapes[:1]), axis=1)
+
+      def size_text(size):
+        return graph_checks.join('(', size[0], ', ', size[1], ', 3)')
+
+      checks = [graph_checks.require(
+          tf.logical_not(tf.reduce_any(other)), lambda: graph_checks.join(
+              'Frames of a record of file `', source, '` differ in size: '
+              'sampled frame ', graph_checks.first_where(tf.range(n), other),
+              ' is ', size_text(tf.boolean_mask(shapes, other)[0]),
+              ', frame 0 is ', size_text(shapes[0]), '.'))]
+    with tf.control_dependencies(checks):
+      box = self._crop_box(tf.concat([hw, [3]], 0))
+    return tf.stack([tf.io.decode_and_crop_jpeg(frames[i], box, channels=3)
+                     for i in range(n)])
+
+  def _decode_crops(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
+    """Sampled frames -> uint8 crops [T, h, w, 3] of one random window (the
+    frames decoded whole, `_decode`, then cut)."""
+    images = self._decode(frames, source)
+    box = self._crop_box(tf.shape(images)[1:])
+    return tf.slice(images, tf.stack([0, box[0], box[1], 0]),
+                    tf.stack([-1, box[2], box[3], -1]))
+
+  def train_clip(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
+    """A training clip from its sampled frames: Model Garden's training
+    preprocessing (`video_input.process_image`).
+
+    Random resized crop (one window for the clip), random left-right flip
+    (`random_flip`), `aug_type` on the uint8 clip, normalization. JPEG frames
+    are decoded in their window only (`_decode_jpeg_crops`); other frames
+    (PNG, TFDS uint8) whole. Without `aug_type` the crop is resized to float
+    and truncated to integers there (the values of Model Garden's uint8
+    round trip, without it), flipped and scaled in float.
+
+    Args:
+      frames: the T sampled frames: JPEG/PNG strings [T] or uint8
+        [T, H, W, 3].
+      source: string scalar naming the record, for errors.
+
+    Returns:
+      float32 [T, height, width, 3] in [0, 1] ([-1, 1] with
+      `zero_centering_image`).
+    """
+    p = self._p
+    if frames.dtype == tf.string and frames.shape[0] is not None:
+      # (Frames too short to hold a JPEG's markers take the generic path.)
+      is_jpeg = tf.reduce_all(
+          (tf.strings.length(frames) >= 4) &
+          tf.equal(tf.strings.substr(frames, 0, 3), b'\xff\xd8\xff'))
+      crops = tf.cond(is_jpeg,
+                      lambda: self._decode_jpeg_crops(frames, source),
+                      lambda: self._decode_crops(frames, source))
+    else:
+      crops = self._decode_crops(frames, source)
+    size = (self._height, self._width)
+    if self._augmenter is not None:
+      images = tf.cast(tf.image.resize(crops, size), tf.uint8)
+      if p.random_flip:
+        images = preprocess_ops_3d.random_flip_left_right(images)
+      # One call on the uint8 [T, H, W, 3] clip: the same ops and
+      # magnitudes on every frame (see DataConfig.aug_type).
+      images = self._augmenter.distort(images)
+      return preprocess_ops_3d.normalize_image(images, p.zero_centering_image)
+    if p.random_flip:  # preprocess_ops_3d.random_flip_left_right's draw.
+      flip = tf.equal(tf.random.uniform((), 0, 2, dtype=tf.int32), 1)
+    else:
+      flip = tf.constant(False)
+    return floor_flip_normalize(tf.image.resize(crops, size), flip,
+                                p.zero_centering_image)
 
   def eval_views(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
     """Evaluation views of one video (also the SavedModel's preprocessing).

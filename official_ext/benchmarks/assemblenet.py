@@ -52,6 +52,14 @@ the forward pass and the training step of both variants is most of it):
   `inference_gflops_per_clip` the analytic GFLOPs of one such clip and
   `inference_model_gflops` the GFLOP/s it achieves.
 
+* case `input_pipeline` (`assemblenet_input`): the training input pipeline
+  from JPEG-frame records to 32 x 224^2 batches, ours against Model
+  Garden's `video_input` on the same records and settings, clips/s per CPU
+  core measured in child processes pinned to 1 and to all cores, and the
+  cores that feed the CPU training step (`input_pipeline_*` figures).
+  `run(cases=...)` (CLI `--cases model,input_pipeline`) picks the cases;
+  'model' is every figure above.
+
 Every time goes through `timing.interleaved_seconds`: the forward pass and
 the training step of our network and, with `reference=True`, of the
 original-width network are timed in alternating rounds (one warm-up call
@@ -62,7 +70,7 @@ import json
 import os
 import statistics
 import tempfile
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf, tf_keras
@@ -76,6 +84,7 @@ from official_ext.assemblenet import task as assemblenet_task
 from official_ext.assemblenet.modeling import complexity
 from official_ext.core import kernel_policy
 from official_ext.core import process_settings
+from official_ext.benchmarks import assemblenet_input
 from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
 
@@ -414,9 +423,16 @@ def reference_checkout_speed(
   }
 
 
+# The cases `run` measures ('model': every figure above; 'input_pipeline':
+# `assemblenet_input.run`, ours against Model Garden's video_input).
+CASES = ('model', 'input_pipeline')
+
+
 def run(quick: bool = False, memory: bool = True,
         reference: bool = True, inference: bool = True,
-        reference_checkout: Optional[str] = None) -> Dict[str, Any]:
+        reference_checkout: Optional[str] = None,
+        cases: Optional[Sequence[str]] = None,
+        step_figures: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """Measures the figures described in the module docstring.
 
   Args:
@@ -430,11 +446,38 @@ def run(quick: bool = False, memory: bool = True,
       commit, to measure a change): its training step and this checkout's
       are timed interleaved, each in a child process of its own
       (`reference_checkout_speed`; before any model is built here).
+    cases: which of `CASES` to measure (default all; CLI `--cases`).
+    step_figures: for the input pipeline's cores-to-feed figure when the
+      'model' case is not run: a recorded run's figures (the harness passes
+      the results file's).
 
   Returns:
     A flat dict of figures (see the module docstring); sizes are included.
+
+  Raises:
+    ValueError: a case not in `CASES`, naming it.
   """
+  cases = list(cases or CASES)
+  unknown = [c for c in cases if c not in CASES]
+  if unknown:
+    raise ValueError(f'--cases: unknown assemblenet case(s) {unknown}; the '
+                     f'cases are {list(CASES)}.')
   out: Dict[str, Any] = {'quick': quick}
+  if 'model' in cases:
+    out.update(_model_figures(quick, memory, reference, inference,
+                              reference_checkout))
+  if 'input_pipeline' in cases:
+    # The step rate of this run's figures, else of the recorded run.
+    out.update(assemblenet_input.run(
+        quick=quick, step_figures=out if 'model' in cases else step_figures))
+  return out
+
+
+def _model_figures(quick: bool, memory: bool, reference: bool,
+                   inference: bool, reference_checkout: Optional[str]
+                   ) -> Dict[str, Any]:
+  """The 'model' case of `run`: the figures of the module docstring."""
+  out: Dict[str, Any] = {}
   cx = dict(num_classes=157)
   if quick:
     cx.update(structure=QUICK_STRUCTURE,

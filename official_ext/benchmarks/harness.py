@@ -140,17 +140,24 @@ def family_module(family: str):
 
 def run(family: str, quick: bool = False,
         reference_checkout: Optional[str] = None,
-        tpu: Optional[str] = None) -> Dict[str, Any]:
+        tpu: Optional[str] = None,
+        cases: Optional[List[str]] = None,
+        previous: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """Runs `family`'s benchmark; its figures plus 'machine'.
 
   `reference_checkout` (another checkout of this repository, timed beside
   this one) is passed to families whose `run` takes it (assemblenet);
-  `tpu` (the TPU address) to the accelerator benchmark.
+  `tpu` (the TPU address) to the accelerator benchmark; `cases` (some of
+  the family's `CASES`) to families that have cases (assemblenet), with
+  `previous` (the family's recorded figures) as their `step_figures`.
   """
   module = family_module(family)
   options = {}
+  if cases:
+    options['step_figures'] = previous
   for name, value, who in (('reference_checkout', reference_checkout,
-                            'assemblenet'), ('tpu', tpu, 'accelerator')):
+                            'assemblenet'), ('tpu', tpu, 'accelerator'),
+                           ('cases', cases, 'assemblenet')):
     if not value:
       continue
     if name not in inspect.signature(module.run).parameters:
@@ -168,8 +175,35 @@ def run(family: str, quick: bool = False,
       ['python -m official_ext.benchmark', family] +
       (['--quick'] if quick else []) +
       ([f'--reference_checkout {reference_checkout}']
-       if reference_checkout else []))
+       if reference_checkout else []) +
+      ([f'--cases {",".join(cases)}'] if cases else []))
   return figures
+
+
+# What describes a run rather than a figure.
+RUN_KEYS = ('machine', 'environment', 'command')
+
+
+def merge_cases(previous: Dict[str, Any], figures: Dict[str, Any],
+                cases: List[str]) -> Dict[str, Any]:
+  """A results file's figures with a run of some cases merged in.
+
+  The run's figures replace the recorded ones of the same key; its machine,
+  environment and command are kept under `<case>_machine`, ... (the case
+  names joined), so the recorded run's stay what they were, except with the
+  'model' case (the figures without a case prefix), whose run they are.
+  """
+  named = [c for c in cases if c != 'model']
+  merged = dict(previous)
+  for key, value in figures.items():
+    if key in RUN_KEYS:
+      if named:
+        merged['_'.join(named) + '_' + key] = value
+      if 'model' in cases:
+        merged[key] = value
+    elif key != 'quick':
+      merged[key] = value
+  return merged
 
 
 def report(family: str, figures: Dict[str, Any], quick: bool = False) -> str:
@@ -182,11 +216,21 @@ def report(family: str, figures: Dict[str, Any], quick: bool = False) -> str:
 def main(family: str, quick: bool = False,
          json_path: Optional[str] = None,
          reference_checkout: Optional[str] = None,
-         tpu: Optional[str] = None) -> Dict[str, Any]:
-  """Runs, prints the report, writes the figures to `json_path` if given."""
+         tpu: Optional[str] = None,
+         cases: Optional[List[str]] = None) -> Dict[str, Any]:
+  """Runs, prints the report, writes the figures to `json_path` if given.
+
+  With `cases` and an existing `json_path`, the run's figures are merged
+  into that file's (`merge_cases`) instead of replacing them."""
+  previous = None
+  if cases and json_path and os.path.exists(json_path):
+    with open(json_path) as f:
+      previous = json.load(f)
   figures = run(family, quick=quick, reference_checkout=reference_checkout,
-                tpu=tpu)
+                tpu=tpu, cases=cases, previous=previous)
   print(report(family, figures, quick=quick))
+  if previous is not None:
+    figures = merge_cases(previous, figures, cases)
   if json_path:
     os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
     with open(json_path, 'w') as f:

@@ -99,6 +99,18 @@ checkpointing (`recompute_grad: true`) and runs one training step; the child fix
 threshold as CPU training does (`MALLOC_MMAP_THRESHOLD_`, a kernel-policy fast path). The TF1
 original does not run here: the `tf1_quoted` figures are its timings quoted from another
 machine, not a measurement beside ours.
+
+The input pipeline (`input_pipeline_*`, `--cases input_pipeline`): generated JPEG-frame
+SequenceExample records (256-pixel short side, 72 frames) read to training batches of 32 × 224²
+clips (stride 2, random resized crop, random flip: the Kinetics experiment's training data) by
+our `assemblenet.dataloader.build_dataset` and by Model Garden's `video_input` Decoder, Parser
+and PostBatchProcessor through Model Garden's InputReader, timed interleaved in one child
+process pinned to 1 core (and one pinned to all cores), both with that many tf.data threads and
+one thread per op; clips/s per core is the rate over the child's cores. Ours decodes only the
+crop window of each sampled frame and fuses the truncation, flip and scaling in one XLA loop; the
+values equal Model Garden's for the same crop and flip. `cores_to_feed_cpu_step`: the CPU
+training step's clips/s at 32 × 224² (the step's achieved GFLOP/s at the benchmark size over
+three forward passes of that clip) over ours per core.
 """,
     'readout': """\
 The readout layer alone: the same queries routed as a padded batch and chained (`varlen`), rates
@@ -175,6 +187,17 @@ _LABELS: Dict[str, Sequence[_Row]] = {
          'training step of the reference checkout in a child process, s', _f(3)),
         ('train_speedup_vs_reference_checkout',
          'speed-up over the reference checkout', _x),
+        ('input_pipeline_size', 'input pipeline: batch and records', _s),
+        ('input_pipeline_ours_clips_per_sec_per_core',
+         'input pipeline, ours: clips/s per core (1 core)', _f(2)),
+        ('input_pipeline_model_garden_clips_per_sec_per_core',
+         "input pipeline, Model Garden's video_input: clips/s per core (1 core)", _f(2)),
+        ('input_pipeline_speedup_vs_model_garden',
+         "input pipeline: ours over Model Garden's, per core", _x),
+        ('input_pipeline_cpu_step_clips_per_sec',
+         'CPU training step at 32 × 224², clips/s (from the figures above)', _f(3)),
+        ('input_pipeline_cores_to_feed_cpu_step',
+         'input pipeline: cores that feed that training step', _f(3)),
         ('tf1_quoted_train_clips_per_sec',
          'TF1 original, training step, clips/s (quoted, not measured here)', _f(3)),
         ('tf1_quoted_forward_clips_per_sec',

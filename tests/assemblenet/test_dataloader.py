@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
+from official.vision.dataloaders import video_input
 from official_ext.assemblenet import configs
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
@@ -171,3 +172,80 @@ def test_generator_is_deterministic_and_moves():
     dx, dy = xs[-1] - xs[0], ys[-1] - ys[0]
     moved = {'right': dx, 'left': -dx, 'down': dy, 'up': -dy}[direction]
     assert moved > 3, (label, dx, dy)
+
+
+def _fixed_draws(monkeypatch, flip):
+  """Fixes the random crop window ([3, 5] + [20, 30]) and the flip draw of
+  both our pipeline and Model Garden's (`tf.random.uniform` returns its
+  largest value (flip) or its smallest, for the flip draw; 0 for the
+  temporal offset of a clip as long as the video)."""
+  begin, size = tf.constant([3, 5, 0]), tf.constant([20, 30, -1])
+  monkeypatch.setattr(tf.image, 'sample_distorted_bounding_box',
+                      lambda *a, **k: (begin, size, tf.zeros([1, 1, 4])))
+
+  def uniform(shape, minval=0, maxval=None, dtype=tf.float32, seed=None):
+    del shape, seed
+    return tf.constant(maxval - 1 if flip and maxval == 2 else minval, dtype)
+
+  monkeypatch.setattr(tf.random, 'uniform', uniform)
+
+
+@pytest.mark.parametrize('flip', [False, True])
+@pytest.mark.parametrize('encode', ['jpeg', 'png'])
+@pytest.mark.parametrize('name_file', [True, False])
+def test_training_clip_equals_model_garden(monkeypatch, flip, encode,
+                                           name_file):
+  # The same window and flip: our training clip (JPEG: only the window
+  # decoded, the fused floor/flip/normalize) holds exactly the values of
+  # Model Garden's video_input.process_image.
+  video = _videos(1, frames=4, size=40)[0][0]
+  encoder = tf.io.encode_jpeg if encode == 'jpeg' else tf.io.encode_png
+  frames = tf.constant([encoder(f).numpy() for f in video])
+  _fixed_draws(monkeypatch, flip)
+  params = _params('x', is_training=True, feature_shape=(4, 24, 24, 3),
+                   name_file_in_decode_errors=name_file)
+  ours = dataloader.Parser(params).train_clip(frames, tf.constant('f'))
+  theirs = video_input.process_image(frames, is_training=True, num_frames=4,
+                                     stride=1, crop_size=24)
+  assert ours.shape == theirs.shape == (4, 24, 24, 3)
+  assert ours.dtype == theirs.dtype == tf.float32
+  np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+  # The window and the flip took effect (not the whole frame resized).
+  whole = tf.image.resize(video.astype(np.float32), [24, 24]) / 255.0
+  assert np.abs(ours.numpy() - whole.numpy()).mean() > 0.01
+
+
+@pytest.mark.parametrize('name_file', [True, False])
+def test_training_frames_of_other_sizes_name_the_file(tmp_path, name_file):
+  frames = [tf.io.encode_jpeg(np.full([s, s, 3], 90, np.uint8)).numpy()
+            for s in (40, 40, 36, 40)]
+  _write(tmp_path / 'bad.tfrecord', [frames], [[1]])
+  ds = dataloader.build_dataset(_params(
+      tmp_path / 'bad.tfrecord', is_training=True, drop_remainder=True,
+      global_batch_size=1, name_file_in_decode_errors=name_file))
+  with pytest.raises(tf.errors.OpError,
+                     match=r'bad\.tfrecord` differ in size: sampled frame 2 '
+                           r'is \(36, 36, 3\), frame 0 is \(40, 40, 3\)'):
+    next(iter(ds))
+
+
+@pytest.mark.parametrize('damage, reason', [
+    # Truncated: the header reads, the end marker is missing.
+    (lambda f: f[:300], 'no JPEG end marker'),
+    # The header's first segment overwritten: no frame size to read.
+    (lambda f: f[:3] + b'\0' * 297, 'no frame header before byte 2'),
+])
+def test_training_corrupt_jpeg_names_the_file_and_frame(tmp_path, damage,
+                                                        reason):
+  videos, labels = _videos(1, frames=4)
+  frames = demo_data.encode_jpeg_frames(videos[0])
+  frames[1] = damage(frames[1])
+  _write(tmp_path / 'bad.tfrecord', [frames], labels)
+  ds = dataloader.build_dataset(_params(
+      tmp_path / 'bad.tfrecord', is_training=True, drop_remainder=True,
+      global_batch_size=1))
+  with pytest.raises(tf.errors.OpError,
+                     match=r'Corrupt frame in a record of file `[^`]*bad\.'
+                           r'tfrecord`: sampled frame 1 \(300 bytes\) does '
+                           r'not decode as JPEG/PNG: ' + reason):
+    next(iter(ds))

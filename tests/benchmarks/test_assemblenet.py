@@ -1,12 +1,16 @@
 """The AssembleNet++lite benchmark: analytic FLOPs and a quick run."""
 import json
 import math
+import os
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from official_ext.assemblenet import structures
 from official_ext.assemblenet.modeling import complexity
 from official_ext.benchmarks import assemblenet as benchmark
+from official_ext.benchmarks import assemblenet_input
 from official_ext.benchmarks import harness
 from official_ext.benchmarks import memory as memory_lib
 
@@ -37,8 +41,9 @@ def test_memory_child_program_calls_this_module(monkeypatch, capsys):
 def test_quick_run_figures_are_consistent():
   # Without the memory child (see above; `python -m official_ext.benchmark
   # assemblenet --quick` runs it), with the original-width reference and
-  # the exported SavedModel.
-  f = benchmark.run(quick=True, memory=False, reference=True)
+  # the exported SavedModel (the input pipeline case: below).
+  f = benchmark.run(quick=True, memory=False, reference=True,
+                    cases=['model'])
   json.dumps(f)  # The harness writes them as JSON.
   assert f['quick'] is True
   assert not any(k.startswith('peak_rss') for k in f)
@@ -178,3 +183,80 @@ def test_reference_checkout_is_refused_for_families_without_it():
   with pytest.raises(ValueError, match='--reference_checkout: the readout '
                      r'benchmark does not take it \(assemblenet does\)'):
     harness.run('readout', quick=True, reference_checkout='/tmp')
+
+
+def test_input_pipeline_case_agrees_with_model_garden(monkeypatch):
+  # The quick case in this process (the CLI measures in pinned children:
+  # their program is checked below without running it).
+  step = {'train_model_gflops': 60.0, 'gflops_per_clip': 400.0}
+  batches = {}
+  f = assemblenet_input.run(quick=True, core_counts=[1], step_figures=step,
+                            in_process=True, first_batches=batches)
+  json.dumps(f)
+  assert f['input_pipeline_1core_batch_shapes'] == {
+      'ours': [[2, 4, 32, 32, 3], [2, 400]],
+      'model_garden': [[2, 4, 32, 32, 3], [2, 400]]}
+  ours = f['input_pipeline_ours_clips_per_sec_per_core']
+  mg = f['input_pipeline_model_garden_clips_per_sec_per_core']
+  assert ours > 0 and mg > 0
+  assert f['input_pipeline_speedup_vs_model_garden'] == pytest.approx(ours / mg)
+  assert f['input_pipeline_cpu_step_clips_per_sec'] == pytest.approx(0.05)
+  assert f['input_pipeline_cores_to_feed_cpu_step'] == pytest.approx(
+      0.05 / ours)
+  # The same records and settings: batches of the same dtypes, values in
+  # [0, 1] on the 1/255 grid (uint8 pixels), one-hot labels of the records'
+  # classes (i % 400 of 4 records).
+  for name, (features, y) in batches.items():
+    x = features['image'].numpy()
+    assert x.dtype == np.float32 and y.dtype == tf.float32, name
+    assert 0.0 <= x.min() and x.max() <= 1.0 and x.std() > 0.05, name
+    np.testing.assert_allclose(x * 255, np.round(x * 255), atol=1e-3)
+    np.testing.assert_array_equal(tf.reduce_sum(y, -1), [1.0, 1.0])
+    assert set(np.argmax(y, -1)) <= {0, 1, 2, 3}, name
+  # Settings Model Garden's parser cannot take are named.
+  params = assemblenet_input.training_params('x', **assemblenet_input.QUICK)
+  params.random_flip = False
+  with pytest.raises(ValueError, match='random_flip'):
+    assemblenet_input.model_garden_params(params)
+  too_many = len(os.sched_getaffinity(0)) + 1
+  with pytest.raises(ValueError, match=f'{too_many} cores asked'):
+    assemblenet_input.run(quick=True, core_counts=[too_many])
+  # The pinned child's program: its CPUs fixed before TensorFlow starts.
+  calls = []
+  monkeypatch.setattr(assemblenet_input, 'child',
+                      lambda *a: calls.append(a) or {'cores': 1})
+  code = assemblenet_input.child_code('/x/*.tfrecord', 1, {'batch': 2}, 1, 0.0)
+  assert code.startswith('import os; os.sched_setaffinity(0, ')
+  exec(code, {})  # pylint: disable=exec-used
+  assert calls == [('/x/*.tfrecord', 1, {'batch': 2}, 1, 0.0)]
+
+
+def test_cases_choose_and_merge(monkeypatch):
+  with pytest.raises(ValueError, match=r"unknown assemblenet case\(s\) "
+                                       r"\['pipeline'\]"):
+    benchmark.run(quick=True, cases=['pipeline'])
+  got = []
+  monkeypatch.setattr(benchmark.assemblenet_input, 'run',
+                      lambda quick, step_figures: got.append(step_figures) or
+                      {'input_pipeline_x': 1.0})
+  recorded = {'train_model_gflops': 80.0, 'gflops_per_clip': 376.0,
+              'input_pipeline_x': 0.5, 'environment': {'date': 'old'},
+              'command': 'python -m official_ext.benchmark assemblenet'}
+  f = benchmark.run(quick=True, cases=['input_pipeline'],
+                    step_figures=recorded)
+  assert got == [recorded] and f == {'quick': True, 'input_pipeline_x': 1.0}
+  merged = harness.merge_cases(
+      recorded, dict(f, environment={'date': 'new'}, command='c',
+                     machine='m'), ['input_pipeline'])
+  assert merged['input_pipeline_x'] == 1.0
+  assert merged['environment'] == {'date': 'old'}
+  assert merged['input_pipeline_environment'] == {'date': 'new'}
+  assert merged['input_pipeline_command'] == 'c'
+  assert merged['train_model_gflops'] == 80.0 and 'quick' not in merged
+  # The model case's run is the file's own.
+  merged = harness.merge_cases(recorded, {'environment': {'date': 'new'},
+                                          'train_model_gflops': 81.0},
+                               ['model'])
+  assert merged['environment'] == {'date': 'new'}
+  assert merged['train_model_gflops'] == 81.0
+  assert merged['input_pipeline_x'] == 0.5

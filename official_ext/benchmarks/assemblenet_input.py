@@ -1,0 +1,320 @@
+"""The AssembleNet++lite input pipeline against Model Garden's `video_input`.
+
+`benchmark assemblenet` case `input_pipeline` (`run`): JPEG-frame
+SequenceExample records (`write_records`: generated, textured frames of a
+256-pixel short side, enough frames for a 32-frame clip at stride 2; no
+download) are read to training batches by
+
+* ours: `official_ext.assemblenet.dataloader.build_dataset` with the
+  Kinetics experiment's training data settings (`training_params`: 32 x
+  224^2 clips, temporal stride 2, random resized crop, random flip, no
+  `aug_type`) and
+* Model Garden's: `official.vision.dataloaders.video_input` `Decoder`,
+  `Parser` and `PostBatchProcessor` with the same settings
+  (`model_garden_params`) through Model Garden's `InputReader`, as
+  `official.vision.tasks.video_classification` builds them,
+
+both over the same files, to float32 [batch, 32, 224, 224, 3] batches.
+
+"Per core" is measured, not divided by a guess: each measurement runs in a
+child process pinned to `cores` CPUs (`os.sched_setaffinity` before
+TensorFlow starts, so its thread pools are that size too), and both
+pipelines run with `private_threadpool_size = cores` and
+`max_intra_op_parallelism = 1` (`threading_options`). The two pipelines are
+timed in interleaved rounds in that child (`timing.interleaved_samples`,
+one call = one batch, each round at least `min_seconds`), so their ratio
+shares the machine's load; `clips_per_sec_per_core` is the rate over the
+cores the child had. `cores_to_feed_cpu_step` is how many such cores feed
+the CPU training step of the 32 x 224^2 clip: its rate is estimated from the
+recorded `benchmark assemblenet` run (`cpu_step_clips_per_sec`: the
+training step's achieved GFLOP/s at the benchmark's clip size over three
+forward passes of the 32 x 224^2 clip, `gflops_per_clip`).
+"""
+import os
+import tempfile
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+
+from official.core import exp_factory
+from official.core import input_reader
+from official.vision.configs import video_classification as mg_configs
+from official.vision.dataloaders import video_input
+from official_ext.assemblenet import configs
+from official_ext.assemblenet import dataloader
+from official_ext.assemblenet import demo_data
+from official_ext.benchmarks import memory as memory_lib
+from official_ext.benchmarks import timing
+
+# Records: videos, frames per video, frame height, width; the clip:
+# frames, crop size, temporal stride; batch (one replica's batch of the
+# shipped Kinetics GPU/TPU YAMLs: 64 over 8).
+FULL = dict(videos=12, video_frames=72, height=256, width=340, frames=32,
+            size=224, stride=2, batch=8)
+QUICK = dict(videos=4, video_frames=6, height=40, width=48, frames=4,
+             size=32, stride=1, batch=2)
+EXPERIMENT = 'assemblenet_plus_lite_kinetics'
+
+
+def _frames(rng: np.random.Generator, frames: int, height: int, width: int
+            ) -> np.ndarray:
+  """uint8 [frames, height, width, 3]: a smooth textured background panning
+  under a moving disk, with mild pixel noise (JPEG sizes of real footage,
+  not of flat or white-noise frames)."""
+  low = rng.uniform(0, 255, (1, height // 8 + 2, width // 8 + 2 + frames, 3))
+  background = tf.image.resize(low, (height + 16, width + 8 * frames + 16),
+                               'bicubic').numpy()[0]
+  yy, xx = np.mgrid[:height, :width]
+  out = np.empty((frames, height, width, 3), np.uint8)
+  r = height / 6
+  for t in range(frames):
+    img = background[:height, t * 8 // 2:t * 8 // 2 + width].copy()
+    cy = height / 2 + height / 4 * np.sin(t / 7)
+    cx = width * (0.2 + 0.6 * (t / max(frames - 1, 1)))
+    img[(yy - cy) ** 2 + (xx - cx) ** 2 < r * r] = (230, 60, 40)
+    img += rng.normal(0, 4, img.shape)
+    out[t] = np.clip(img, 0, 255).astype(np.uint8)
+  return out
+
+
+def write_records(directory: str, videos: int, video_frames: int,
+                  height: int, width: int, num_classes: int = 400,
+                  seed: int = 0, **unused) -> List[str]:
+  """Writes `videos` JPEG-frame SequenceExamples into 2 TFRecord files.
+
+  Args:
+    directory: where the files go (created).
+    videos: records in all.
+    video_frames: frames per record (JPEG, quality 90).
+    height, width: frame size.
+    num_classes: labels are `i % num_classes`.
+    seed: the generator's seed.
+
+  Returns:
+    The files' paths.
+  """
+  del unused
+  os.makedirs(directory, exist_ok=True)
+  rng = np.random.default_rng(seed)
+  paths = [os.path.join(directory, f'train-{i}.tfrecord') for i in range(2)]
+  writers = [tf.io.TFRecordWriter(p) for p in paths]
+  try:
+    for i in range(videos):
+      clip = _frames(rng, video_frames, height, width)
+      encoded = demo_data.encode_jpeg_frames(clip, quality=90)
+      writers[i % 2].write(demo_data.make_sequence_example(
+          encoded, [i % num_classes]).SerializeToString())
+  finally:
+    for w in writers:
+      w.close()
+  return paths
+
+
+def training_params(input_path: str, frames: int, size: int, stride: int,
+                    batch: int, **unused) -> configs.DataConfig:
+  """The Kinetics experiment's training data, at this clip size and batch."""
+  del unused
+  params = exp_factory.get_exp_config(EXPERIMENT).task.train_data
+  params.override({'input_path': input_path,
+                   'feature_shape': [frames, size, size, 3],
+                   'temporal_stride': stride, 'global_batch_size': batch},
+                  is_strict=True)
+  return params
+
+
+def model_garden_params(ours: configs.DataConfig) -> mg_configs.DataConfig:
+  """Model Garden's video `DataConfig` with `ours`' training settings.
+
+  Raises:
+    ValueError: a setting of `ours` that Model Garden's parser cannot take
+      (it always flips; it has no mixing in the parser), naming it.
+  """
+  if not ours.random_flip:
+    raise ValueError('DataConfig.random_flip is False: Model Garden\'s '
+                     'video_input always flips training clips.')
+  if ours.mixup_and_cutmix is not None:
+    raise ValueError('DataConfig.mixup_and_cutmix is set: the comparison '
+                     'with video_input covers the parser, not mixing.')
+  return mg_configs.DataConfig(
+      input_path=ours.input_path, is_training=True,
+      global_batch_size=ours.global_batch_size,
+      drop_remainder=ours.drop_remainder,
+      feature_shape=tuple(ours.feature_shape),
+      temporal_stride=ours.temporal_stride, num_classes=ours.num_classes,
+      shuffle_buffer_size=ours.shuffle_buffer_size,
+      zero_centering_image=ours.zero_centering_image,
+      aug_min_aspect_ratio=ours.aug_min_aspect_ratio,
+      aug_max_aspect_ratio=ours.aug_max_aspect_ratio,
+      aug_min_area_ratio=ours.aug_min_area_ratio,
+      aug_max_area_ratio=ours.aug_max_area_ratio,
+      aug_type=ours.aug_type, image_field_key=ours.image_field_key,
+      label_field_key=ours.label_field_key)
+
+
+def model_garden_dataset(params: mg_configs.DataConfig) -> tf.data.Dataset:
+  """Model Garden's training pipeline (its video classification task's
+  `build_inputs` without mixing): TFRecordDataset, `video_input.Decoder`,
+  `Parser`, `PostBatchProcessor`, through `InputReader`."""
+  parser = video_input.Parser(params, image_key=params.image_field_key,
+                              label_key=params.label_field_key)
+  reader = input_reader.InputReader(
+      params, dataset_fn=tf.data.TFRecordDataset,
+      decoder_fn=video_input.Decoder(params.image_field_key,
+                                     params.label_field_key).decode,
+      parser_fn=parser.parse_fn(True),
+      postprocess_fn=video_input.PostBatchProcessor(params))
+  return reader.read()
+
+
+def threading_options(cores: int) -> tf.data.Options:
+  """tf.data threading of both pipelines: `cores` threads, one per op."""
+  options = tf.data.Options()
+  options.threading.private_threadpool_size = cores
+  options.threading.max_intra_op_parallelism = 1
+  return options
+
+
+def pipelines(input_path: str, cores: int, **sizes
+              ) -> Dict[str, tf.data.Dataset]:
+  """{'ours': ..., 'model_garden': ...}: both training pipelines over
+  `input_path` with `threading_options(cores)`."""
+  ours = training_params(input_path, **sizes)
+  return {
+      'ours': dataloader.build_dataset(ours).with_options(
+          threading_options(cores)),
+      'model_garden': model_garden_dataset(model_garden_params(ours))
+                      .with_options(threading_options(cores)),
+  }
+
+
+def measure(input_path: str, cores: int, rounds: int = 3,
+            min_seconds: float = 5.0, warmup: int = 3,
+            first_batches: Optional[Dict[str, Any]] = None,
+            **sizes) -> Dict[str, Any]:
+  """Clips/s of both pipelines in this process, interleaved.
+
+  Args:
+    input_path: the records (`write_records`).
+    cores: CPUs this process may use (the threading of both pipelines).
+    rounds, min_seconds, warmup: `timing.interleaved_samples`' (one call is
+      one batch).
+    first_batches: if given, gets each pipeline's first batch ({name:
+      (features, labels)}), e.g. to compare them.
+    **sizes: frames, size, stride, batch (`FULL`, `QUICK`).
+
+  Returns:
+    {'ours_clips_per_sec', 'model_garden_clips_per_sec',
+     'ours_clips_per_sec_per_core', 'model_garden_clips_per_sec_per_core',
+     'speedup_vs_model_garden', 'cores', 'batch_shapes': {name: shape}}.
+  """
+  batch = sizes['batch']
+  its = {k: iter(ds) for k, ds in pipelines(input_path, cores,
+                                            **sizes).items()}
+  shapes = {}
+  for name, it in its.items():
+    features, labels = next(it)
+    shapes[name] = [list(features['image'].shape), list(labels.shape)]
+    if first_batches is not None:
+      first_batches[name] = (features, labels)
+  samples = timing.interleaved_samples(
+      {k: (lambda it=it: next(it)) for k, it in its.items()},
+      rounds=rounds, warmup=warmup, min_seconds=min_seconds)
+  out: Dict[str, Any] = {'cores': cores, 'batch_shapes': shapes}
+  for name, s in samples.items():
+    rate = batch / float(np.median(s))
+    out[f'{name}_clips_per_sec'] = rate
+    out[f'{name}_clips_per_sec_per_core'] = rate / cores
+  out['speedup_vs_model_garden'] = (out['ours_clips_per_sec'] /
+                                    out['model_garden_clips_per_sec'])
+  return out
+
+
+def child(input_path: str, cores: int, sizes: Dict[str, Any],
+          rounds: int, min_seconds: float) -> Dict[str, Any]:
+  """In a child process pinned to `cores` CPUs: `measure`."""
+  return measure(input_path, cores, rounds=rounds, min_seconds=min_seconds,
+                 **sizes)
+
+
+def child_code(input_path: str, cores: int, sizes: Dict[str, Any],
+               rounds: int, min_seconds: float) -> str:
+  """The `python -c` program of a pinned child: its CPUs are fixed before
+  TensorFlow is imported (its thread pools are sized by them)."""
+  return (f'import os; os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))'
+          f'[:{cores}]); '
+          'from official_ext.benchmarks import assemblenet_input as b, '
+          'memory; '
+          f'print(memory.result_line(b.child({input_path!r}, {cores}, '
+          f'{sizes!r}, {rounds}, {min_seconds})))')
+
+
+def cpu_step_clips_per_sec(figures: Dict[str, Any]) -> Optional[float]:
+  """The CPU training step's clips/s at 32 x 224^2, from a full run's
+  `train_model_gflops` (the step's achieved rate at the benchmark's size)
+  and `gflops_per_clip` (one 32 x 224^2 clip's forward): rate / (3 x
+  GFLOP); None where the figures lack them."""
+  if not figures.get('train_model_gflops') or not figures.get(
+      'gflops_per_clip'):
+    return None
+  return figures['train_model_gflops'] / (3 * figures['gflops_per_clip'])
+
+
+def run(quick: bool = False, core_counts: Optional[Sequence[int]] = None,
+        step_figures: Optional[Dict[str, Any]] = None,
+        in_process: bool = False,
+        first_batches: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+  """The `input_pipeline` case: figures prefixed `input_pipeline_`.
+
+  Args:
+    quick: `QUICK` sizes (tiny records; one short round).
+    core_counts: CPU counts to measure with (default: 1 and all of them).
+    step_figures: a `benchmark assemblenet` run's figures, for
+      `cpu_step_clips_per_sec` (default: none, no cores-to-feed figure).
+    in_process: measure in this process (unpinned; tests) instead of pinned
+      children.
+    first_batches: with `in_process`, gets the pipelines' first batches
+      (`measure`).
+
+  Returns:
+    Flat figures: per core count N, `input_pipeline_{N}core_*` (see
+    `measure`); the 1-core ones also without the count, the sizes, and
+    `input_pipeline_cores_to_feed_cpu_step` where the step rate is known.
+  """
+  sizes = dict(QUICK if quick else FULL)
+  rounds, min_seconds = (1, 0.0) if quick else (3, 8.0)
+  all_cores = len(os.sched_getaffinity(0))
+  counts = list(core_counts or sorted({1, all_cores}))
+  for n in counts:
+    if not 1 <= n <= all_cores:
+      raise ValueError(f'input_pipeline: {n} cores asked, this process may '
+                       f'use 1 to {all_cores}.')
+  out: Dict[str, Any] = {}
+  with tempfile.TemporaryDirectory() as tmp:
+    files = write_records(tmp, **sizes)
+    pattern = os.path.join(tmp, '*.tfrecord')
+    out['input_pipeline_record_mb'] = sum(
+        os.path.getsize(f) for f in files) / 2 ** 20 / sizes['videos']
+    for n in counts:
+      if in_process:
+        m = measure(pattern, n, rounds=rounds, min_seconds=min_seconds,
+                    warmup=1, first_batches=first_batches, **sizes)
+      else:
+        m = memory_lib.run_child(child_code(pattern, n, sizes, rounds,
+                                            min_seconds))
+      for k, v in m.items():
+        out[f'input_pipeline_{n}core_{k}'] = v
+  first = counts[0]
+  for k in ('ours_clips_per_sec_per_core',
+            'model_garden_clips_per_sec_per_core', 'speedup_vs_model_garden'):
+    out[f'input_pipeline_{k}'] = out[f'input_pipeline_{first}core_{k}']
+  out['input_pipeline_size'] = (
+      f"{sizes['batch']}x{sizes['frames']}x{sizes['size']}^2 from "
+      f"{sizes['video_frames']}-frame records of {sizes['height']}x"
+      f"{sizes['width']} JPEG frames, stride {sizes['stride']}")
+  step = cpu_step_clips_per_sec(step_figures or {})
+  if step is not None:
+    out['input_pipeline_cpu_step_clips_per_sec'] = step
+    out['input_pipeline_cores_to_feed_cpu_step'] = (
+        step / out['input_pipeline_ours_clips_per_sec_per_core'])
+  return out
