@@ -13,11 +13,14 @@ CLI's output (tests/yt8m/test_train.py), SIGKILL and resume
 """
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
-from typing import Sequence
+from typing import Dict, Sequence, Tuple
 
 from absl import flags
+import pytest
 
 
 def _parse(module, args: Sequence[str]):
@@ -61,7 +64,16 @@ for args in json.loads(sys.argv[1]):
 def saved_model_cli(*commands: Sequence[str]) -> str:
   """Runs `saved_model_cli <command>` for each command (an argument list), in
   ONE fresh Python process (the SavedModel must stand alone); returns its
-  stdout. A command that fails is an AssertionError with its stderr."""
+  stdout. A command that fails is an AssertionError with its stderr.
+
+  The console script `saved_model_cli` must be installed (with TensorFlow,
+  on PATH): the test fails naming it otherwise. Its entry point,
+  `saved_model_cli.main`, runs the commands, so that several cost one
+  process."""
+  if shutil.which('saved_model_cli') is None:
+    pytest.fail('saved_model_cli, the console script installed with '
+                'TensorFlow, is not on PATH; install tensorflow into this '
+                'environment (or put its bin/ folder on PATH).')
   result = subprocess.run(
       [sys.executable, '-c', _SAVED_MODEL_CLI,
        json.dumps([[str(a) for a in c] for c in commands])],
@@ -69,3 +81,40 @@ def saved_model_cli(*commands: Sequence[str]) -> str:
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
   assert result.returncode == 0, result.stderr[-3000:]
   return result.stdout
+
+
+# {name: (dtype, shape)} of a signature's inputs or outputs, as
+# `saved_model_cli show` prints them: ('DT_FLOAT', '(-1, 8)').
+TensorInfos = Dict[str, Tuple[str, str]]
+
+
+def shown_signatures(text: str) -> Dict[str, Tuple[TensorInfos, TensorInfos]]:
+  """{signature: (inputs, outputs)} of `saved_model_cli show --all`'s
+  output (one tag set; `__saved_model_init_op` left out)."""
+  signatures, current, side, name = {}, None, None, None
+  for line in text.splitlines():
+    line = line.strip()
+    match = re.match(r"signature_def\['(.+)'\]:", line)
+    if match:
+      current, side = match.group(1), None
+      if current.startswith('__'):
+        current = None
+      else:
+        signatures[current] = ({}, {})
+      continue
+    if current is None:
+      continue
+    match = re.match(r'The given SavedModel SignatureDef contains the '
+                     r'following (input|output)', line)
+    if match:
+      side = 0 if match.group(1) == 'input' else 1
+    match = re.match(r"(?:inputs|outputs)\['(.+)'\] tensor_info:", line)
+    if match:
+      name = match.group(1)
+    match = re.match(r'(dtype|shape): (.+)', line)
+    if match and side is not None and name is not None:
+      entry = signatures[current][side].setdefault(name, ['', ''])
+      entry[0 if match.group(1) == 'dtype' else 1] = match.group(2)
+  return {key: tuple({n: tuple(v) for n, v in infos.items()}
+                     for infos in sides)
+          for key, sides in signatures.items()}
