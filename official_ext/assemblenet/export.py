@@ -35,8 +35,9 @@ not a serialized SequenceExample or lacks the frames feature (TensorFlow's
 parser, naming the record and the feature), a record with 0 frames, a frame
 that is not a JPEG, PNG, GIF, BMP or WebP image (by its header: the record,
 the frame and its size in bytes); a frame with such a header whose data is
-corrupt fails in TensorFlow's decoder ("Invalid JPEG data ...", without the
-record's index).
+corrupt, and sampled frames of different sizes, fail in TensorFlow's decoder
+("Invalid JPEG data ...", "Incompatible shapes during merge"), without the
+record's index.
 """
 from typing import Dict, List, Mapping
 
