@@ -17,7 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import Dict, Sequence, Tuple
+from typing import Callable, Dict, Sequence, Tuple
 
 from absl import flags
 import pytest
@@ -70,17 +70,34 @@ def saved_model_cli(*commands: Sequence[str]) -> str:
   on PATH): the test fails naming it otherwise. Its entry point,
   `saved_model_cli.main`, runs the commands, so that several cost one
   process."""
+  return start_saved_model_cli(*commands)()
+
+
+def start_saved_model_cli(*commands: Sequence[str]) -> Callable[[], str]:
+  """`saved_model_cli` started in the background: the process imports
+  TensorFlow (seconds) while the test goes on; call the result to wait for
+  it and get its stdout (as `saved_model_cli`)."""
   if shutil.which('saved_model_cli') is None:
     pytest.fail('saved_model_cli, the console script installed with '
                 'TensorFlow, is not on PATH; install tensorflow into this '
                 'environment (or put its bin/ folder on PATH).')
-  result = subprocess.run(
+  process = subprocess.Popen(
       [sys.executable, '-c', _SAVED_MODEL_CLI,
        json.dumps([[str(a) for a in c] for c in commands])],
-      capture_output=True, text=True, timeout=300, check=False,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result.stdout
+
+  def result() -> str:
+    try:
+      stdout, stderr = process.communicate(timeout=300)
+    finally:
+      if process.poll() is None:
+        process.kill()
+        process.communicate()
+    assert process.returncode == 0, stderr[-3000:]
+    return stdout
+
+  return result
 
 
 # {name: (dtype, shape)} of a signature's inputs or outputs, as

@@ -454,6 +454,8 @@ def test_export_saved_model_serves_each_routine_like_its_family(joint_run,
   cli.run_main(export_saved_model, '--experiment=readout_yt8m_joint',
                f'--checkpoint_path={model_dir}', f'--export_dir={export_dir}',
                '--top_k=3')
+  # TensorFlow's own tool, in a fresh process, meanwhile.
+  shown = cli.start_saved_model_cli(['show', '--dir', export_dir, '--all'])
   loaded = tf.saved_model.load(str(export_dir))
   assert sorted(loaded.signatures) == ['readout', 'yt8m']
   readout_config, yt8m_config = (r.task_config
@@ -490,8 +492,7 @@ def test_export_saved_model_serves_each_routine_like_its_family(joint_run,
     loaded.signatures['yt8m'](examples=tf.constant([yt8m_records[0],
                                                     b'not a record']))
 
-  shown = cli.shown_signatures(cli.saved_model_cli(
-      ['show', '--dir', export_dir, '--all']))
+  shown = cli.shown_signatures(shown())
   examples = {'examples': ('DT_STRING', '(-1)')}
   classes = yt8m_config.validation_data.num_classes
   assert shown['yt8m'] == (examples, {
