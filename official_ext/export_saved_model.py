@@ -37,8 +37,10 @@ between the renames, abandoned staging directories removed. Those of a
 writer that may still run, or of another host, are named in a warning and
 left.
 
-A joint (multitask) experiment has no SavedModel export: an error naming it
-(`check_exportable`).
+A joint (multitask) experiment is exported with one signature per task
+routine, named after the routine's task name, each serving that task's
+sub-model as the family's `serving_default` does (`joint/export.py`);
+restored strictly from the joint checkpoint.
 """
 import os
 import re
@@ -61,6 +63,8 @@ from official_ext.assemblenet import configs as assemblenet_configs
 from official_ext.assemblenet import export as assemblenet_export
 from official_ext.core import checkpoints
 from official_ext.core import experiment_params
+from official_ext.joint import configs as joint_configs
+from official_ext.joint import export as joint_export
 from official_ext.readout import configs as readout_configs
 from official_ext.readout import export as readout_export
 from official_ext.yt8m import configs as yt8m_configs
@@ -68,14 +72,12 @@ from official_ext.yt8m import export as yt8m_export
 
 
 _EXPORTABLE = (yt8m_configs.YT8MTask, assemblenet_configs.AssembleNetTask,
-               readout_configs.ReadoutTaskConfig)
+               readout_configs.ReadoutTaskConfig,
+               joint_configs.JointTaskConfig)
 
 
 def check_exportable(params, experiment: Optional[str] = None) -> None:
-  """ValueError unless `params` is an experiment of one family.
-
-  A joint (multitask) experiment (`official_ext.joint`) has no SavedModel
-  export: each family's export module serves that family's model alone.
+  """ValueError unless `params` is an experiment of a family or a joint one.
 
   Args:
     params: the experiment config.
@@ -86,16 +88,6 @@ def check_exportable(params, experiment: Optional[str] = None) -> None:
     return
   what = (f'experiment {experiment!r}' if experiment else
           f'the experiment of task config {type(params.task).__name__}')
-  routines = getattr(params.task, 'task_routines', None)
-  if routines is not None:
-    names = ', '.join(r.task_name or type(r.task_config).__name__
-                      for r in routines)
-    raise ValueError(
-        f'export_saved_model: {what} is a joint (multitask) experiment '
-        f'(routines {names}); exporting it is not supported, nothing was '
-        'written: a SavedModel serves the model of one family (YT8M, '
-        'AssembleNet++lite or readout). To serve one task, train and export '
-        'a single-family experiment of it (e.g. yt8m_demo, readout_demo).')
   raise ValueError(
       f'export_saved_model: {what} has no SavedModel export; it exports '
       f'{", ".join(t.__name__ for t in _EXPORTABLE)}. Nothing was written.')
@@ -112,6 +104,9 @@ def _export_module(params: config_definitions.ExperimentConfig,
   if isinstance(params.task, readout_configs.ReadoutTaskConfig):
     return readout_export.ReadoutExportModule(params, model), (
         readout_export.SIGNATURES)
+  if isinstance(params.task, joint_configs.JointTaskConfig):
+    return joint_export.JointExportModule(params, model, top_k=top_k), (
+        joint_export.signature_names(params.task))
   raise ValueError(f'No export module for task config '
                    f'{type(params.task).__name__}.')
 
@@ -385,7 +380,10 @@ def export_module(params: config_definitions.ExperimentConfig,
   check_exportable(params)
   tf_keras.mixed_precision.set_global_policy('float32')
   task = task_factory.get_task(params.task)
-  model = task.build_model()
+  if isinstance(params.task, joint_configs.JointTaskConfig):
+    model = task.build_multitask_model()  # Every routine's sub-model.
+  else:
+    model = task.build_model()
   restored = checkpoints.restore_model(model, checkpoint_path)
   logging.info('Restored %s', restored)
   return _export_module(params, model, task, top_k)
@@ -406,8 +404,7 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
     export_dir.
 
   Raises:
-    ValueError: a joint (multitask) experiment, or a task config of no
-      family (`check_exportable`).
+    ValueError: a task config of no family (`check_exportable`).
     ExportDirNotEmptyError: `export_dir` is a file, is not empty and not
       `overwrite`, or is not a previous export (`not_an_export`: it holds a
       run's files or others, named) whatever `overwrite` (checked before

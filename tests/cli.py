@@ -13,11 +13,14 @@ resume (tests/test_resilience.py), several workers
 """
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
-from typing import Sequence
+from typing import Callable, Dict, Sequence, Tuple
 
 from absl import flags
+import pytest
 
 
 def _parse(module, args: Sequence[str]):
@@ -61,11 +64,74 @@ for args in json.loads(sys.argv[1]):
 def saved_model_cli(*commands: Sequence[str]) -> str:
   """Runs `saved_model_cli <command>` for each command (an argument list), in
   ONE fresh Python process (the SavedModel must stand alone); returns its
-  stdout. A command that fails is an AssertionError with its stderr."""
-  result = subprocess.run(
+  stdout. A command that fails is an AssertionError with its stderr.
+
+  The console script `saved_model_cli` must be installed (with TensorFlow,
+  on PATH): the test fails naming it otherwise. Its entry point,
+  `saved_model_cli.main`, runs the commands, so that several cost one
+  process."""
+  return start_saved_model_cli(*commands)()
+
+
+def start_saved_model_cli(*commands: Sequence[str]) -> Callable[[], str]:
+  """`saved_model_cli` started in the background: the process imports
+  TensorFlow (seconds) while the test goes on; call the result to wait for
+  it and get its stdout (as `saved_model_cli`)."""
+  if shutil.which('saved_model_cli') is None:
+    pytest.fail('saved_model_cli, the console script installed with '
+                'TensorFlow, is not on PATH; install tensorflow into this '
+                'environment (or put its bin/ folder on PATH).')
+  process = subprocess.Popen(
       [sys.executable, '-c', _SAVED_MODEL_CLI,
        json.dumps([[str(a) for a in c] for c in commands])],
-      capture_output=True, text=True, timeout=300, check=False,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result.stdout
+
+  def result() -> str:
+    try:
+      stdout, stderr = process.communicate(timeout=300)
+    finally:
+      if process.poll() is None:
+        process.kill()
+        process.communicate()
+    assert process.returncode == 0, stderr[-3000:]
+    return stdout
+
+  return result
+
+
+# {name: (dtype, shape)} of a signature's inputs or outputs, as
+# `saved_model_cli show` prints them: ('DT_FLOAT', '(-1, 8)').
+TensorInfos = Dict[str, Tuple[str, str]]
+
+
+def shown_signatures(text: str) -> Dict[str, Tuple[TensorInfos, TensorInfos]]:
+  """{signature: (inputs, outputs)} of `saved_model_cli show --all`'s
+  output (one tag set; `__saved_model_init_op` left out)."""
+  signatures, current, side, name = {}, None, None, None
+  for line in text.splitlines():
+    line = line.strip()
+    match = re.match(r"signature_def\['(.+)'\]:", line)
+    if match:
+      current, side = match.group(1), None
+      if current.startswith('__'):
+        current = None
+      else:
+        signatures[current] = ({}, {})
+      continue
+    if current is None:
+      continue
+    match = re.match(r'The given SavedModel SignatureDef contains the '
+                     r'following (input|output)', line)
+    if match:
+      side = 0 if match.group(1) == 'input' else 1
+    match = re.match(r"(?:inputs|outputs)\['(.+)'\] tensor_info:", line)
+    if match:
+      name = match.group(1)
+    match = re.match(r'(dtype|shape): (.+)', line)
+    if match and side is not None and name is not None:
+      entry = signatures[current][side].setdefault(name, ['', ''])
+      entry[0 if match.group(1) == 'dtype' else 1] = match.group(2)
+  return {key: tuple({n: tuple(v) for n, v in infos.items()}
+                     for infos in sides)
+          for key, sides in signatures.items()}

@@ -1,20 +1,43 @@
 """SavedModel export of AssembleNet++lite video classifiers.
 
-Signature `serving_default(frames)`: uint8 frames [batch, frames, height,
-width, 3] (any number of frames and any size) -> `probabilities` float32
-[batch, num_classes] (softmax, or sigmoid for multi-label), with the
-evaluation preprocessing of `dataloader.Parser.eval_views` (evenly spaced
-clips, resize, center/multi crops, normalization) and the evaluation's
-aggregation of a video's views (`task.eval_aggregation`). The clips the
-model scores have the *validation* shape, `validation_data.feature_shape`
-[T, H, W, 3], which may have more frames than training clips.
+Signatures (both exported by `official_ext.export_saved_model`):
+* `serving_default(frames)`: uint8 frames [batch, frames, height, width, 3]
+  (any number of frames and any size).
+* `serve_examples(examples)`: string [batch] of serialized
+  `tf.train.SequenceExample`s in the training record format
+  (`validation_data.image_field_key`, default `image/encoded`: one JPEG or
+  PNG string per frame; a label, `label_field_key`, may be present and is
+  ignored), as Model Garden's video serving takes them (its 'serve_examples'
+  / 'tf_example' input type): a client sends the records it stores. Parsed
+  by the evaluation's `dataloader.Decoder`; frames decoded in graph ops (no
+  `tf.py_function`, which a SavedModel cannot carry to another process).
 
-What cannot be scored is refused, naming `frames`: a shape other than
-[batch, frames, height, width, 3] (InvalidArgumentError giving the shape;
-TF Serving and concrete functions do not check a signature's rank), a clip
-of 0 frames, 0 rows or 0 columns (the dimension), and, in-process, frames
-that are not uint8 (TypeError): uint8 pixels cannot be NaN or infinite, and
+Both return `probabilities` float32 [batch, num_classes] (softmax, or
+sigmoid for multi-label) with the evaluation preprocessing of
+`dataloader.Parser.eval_views` (evenly spaced clips, resize, center/multi
+crops, normalization) and the evaluation's aggregation of a video's views
+(`task.eval_aggregation`): for a record, `serve_examples` returns what
+`serving_default` returns for its decoded frames and what the validation
+step scores. The clips the model scores have the *validation* shape,
+`validation_data.feature_shape` [T, H, W, 3], which may have more frames
+than training clips.
+
+What cannot be scored is refused (InvalidArgumentError), never answered
+with a default. `serving_default`, naming `frames`: a shape other than
+[batch, frames, height, width, 3] (the message gives the shape; TF Serving
+and concrete functions do not check a signature's rank), a clip of 0
+frames, 0 rows or 0 columns (the dimension), and, in-process, frames that
+are not uint8 (TypeError): uint8 pixels cannot be NaN or infinite, and
 float frames (0..1 or 0..255?) would be cast to uint8 whatever they hold.
+`serve_examples`, naming `examples` and the record's index i as
+"input `examples`[i]": input of another rank (the shape), a string that is
+not a serialized SequenceExample or lacks the frames feature (TensorFlow's
+parser, naming the record and the feature), a record with 0 frames, a frame
+that is not a JPEG, PNG, GIF, BMP or WebP image (by its header: the record,
+the frame and its size in bytes); a frame with such a header whose data is
+corrupt, and sampled frames of different sizes, fail in TensorFlow's decoder
+("Invalid JPEG data ...", "Incompatible shapes during merge"), without the
+record's index.
 """
 from typing import Dict, List, Mapping
 
@@ -27,7 +50,12 @@ from official_ext.assemblenet import dataloader
 from official_ext.core import graph_checks
 from official_ext.core import kernel_policy
 
-SIGNATURES = ('serving_default',)
+SIGNATURES = ('serving_default', 'serve_examples')
+
+# Headers `tf.io.decode_image` recognizes: (offset, bytes) pairs per format.
+_IMAGE_HEADERS = (((0, b'\xff\xd8\xff'),), ((0, b'\x89PNG\r\n\x1a\n'),),
+                  ((0, b'GIF8'),), ((0, b'BM'),),
+                  ((0, b'RIFF'), (8, b'WEBP')))
 
 
 class AssembleNetExportModule(export_base.ExportModule):
@@ -39,6 +67,12 @@ class AssembleNetExportModule(export_base.ExportModule):
     super().__init__(params, model)
     data = params.task.validation_data
     self._parser = dataloader.Parser(data)
+    # Records' frames decoded in graph ops (a py_function does not travel
+    # with a SavedModel); the same decoding op as the py_function's.
+    self._decoder = dataloader.Decoder(data)
+    self._record_parser = dataloader.Parser(
+        data.replace(name_file_in_decode_errors=False))
+    self._image_key = data.image_field_key
     self._task = task
     self._num_frames, self._height, self._width, _ = data.feature_shape
     self._views = data.num_test_clips * data.num_test_crops
@@ -71,14 +105,89 @@ class AssembleNetExportModule(export_base.ExportModule):
       frames = tf.identity(frames)
     images = tf.map_fn(
         lambda f: self._parser.eval_views(f, tf.constant('input `frames`')),
-        frames,
-        fn_output_signature=tf.TensorSpec(
-            [self._views * self._num_frames, self._height, self._width, 3],
-            tf.float32))
+        frames, fn_output_signature=self._views_spec())
+    return self._score(images)
+
+  def _views_spec(self) -> tf.TensorSpec:
+    """One video's evaluation views, `Parser.eval_views`'s output."""
+    return tf.TensorSpec(
+        [self._views * self._num_frames, self._height, self._width, 3],
+        tf.float32)
+
+  def _score(self, images: tf.Tensor) -> Dict[str, tf.Tensor]:
+    """Views [batch, views * T, H, W, 3] -> {'probabilities': [batch, K]}."""
     images = tf.reshape(
         images, [-1, self._num_frames, self._height, self._width, 3])
     probabilities = self._task.inference_step({'image': images}, self.model)
     return {'probabilities': tf.cast(probabilities, tf.float32)}
+
+  def _record_views(self, serialized: tf.Tensor, index: tf.Tensor
+                    ) -> tf.Tensor:
+    """One serialized record -> its evaluation views (`_views_spec`).
+
+    Parsed by the evaluation's `Decoder` (its errors name the record,
+    "input `examples`[index]"), checked (frames present, each a known image
+    format), then `Parser.eval_views` as in evaluation.
+    """
+    source = graph_checks.join('input `examples`[', index, ']')
+    frames = self._decoder.decode_record(source, serialized)[
+        dataloader.FRAMES]
+    count = tf.shape(frames)[0]
+    prefix = 'AssembleNet serve_examples: '
+
+    def known_format():
+      # Padded: `substr` refuses a position past a string's end.
+      padded = tf.strings.join([frames, '\0' * 12])
+      ok = tf.zeros_like(frames, tf.bool)
+      for header in _IMAGE_HEADERS:
+        match = tf.ones_like(frames, tf.bool)
+        for offset, magic in header:
+          match = tf.logical_and(match, tf.equal(
+              tf.strings.substr(padded, offset, len(magic)), magic))
+        ok = tf.logical_or(ok, match)
+      return ok
+
+    def format_message():
+      bad = tf.logical_not(known_format())
+      return graph_checks.join(
+          prefix, source, ': frame ',
+          graph_checks.first_where(tf.range(count), bad), ' of ', count,
+          f' (feature `{self._image_key}`, ',
+          graph_checks.first_where(tf.strings.length(frames), bad),
+          ' bytes) is not a JPEG, PNG, GIF, BMP or WebP image (its first '
+          'bytes are none of their headers).')
+
+    checks = graph_checks.in_order([
+        lambda: graph_checks.require(count > 0, lambda: graph_checks.join(
+            prefix, source, f' has 0 frames (feature `{self._image_key}` is '
+            'empty); expected at least one.')),
+        lambda: graph_checks.require(tf.reduce_all(known_format()),
+                                     format_message),
+    ])
+    with tf.control_dependencies(checks):
+      frames = tf.identity(frames)
+    return self._record_parser.eval_views(frames, source)
+
+  def serve_examples(self, examples: tf.Tensor) -> Dict[str, tf.Tensor]:
+    """Serialized SequenceExamples [batch] -> {'probabilities': [batch, K]}.
+
+    Refuses what it cannot score (see the module docstring).
+    """
+    examples = tf.convert_to_tensor(examples)
+    if examples.dtype != tf.string:
+      raise TypeError(
+          f'AssembleNet serve_examples: input `examples` is '
+          f'{examples.dtype.name}; expected serialized tf.train.'
+          'SequenceExample strings [batch].')
+    with tf.control_dependencies([graph_checks.require_shape(
+        examples, 'AssembleNet serve_examples: input `examples`', [None],
+        '[batch] (serialized tf.train.SequenceExample strings)')]):
+      examples = tf.reshape(examples, [-1])
+    images = tf.map_fn(
+        lambda args: self._record_views(*args),
+        (examples, tf.range(tf.shape(examples)[0])),
+        fn_output_signature=self._views_spec())
+    return self._score(images)
 
   def tflite_input_shape(self) -> List[int]:
     """The fixed `frames` shape of the TFLite model (`tflite_function`).
@@ -115,15 +224,20 @@ class AssembleNetExportModule(export_base.ExportModule):
   def get_inference_signatures(
       self, function_keys: Mapping[str, str]) -> Dict[str, object]:
     signatures = {}
+    inputs = {
+        'serving_default': (self.serve, tf.TensorSpec(
+            [None, None, None, None, 3], tf.uint8, name='frames')),
+        'serve_examples': (self.serve_examples, tf.TensorSpec(
+            [None], tf.string, name='examples')),
+    }
     for key, name in function_keys.items():
-      if key != 'serving_default':
+      if key not in inputs:
         raise ValueError(f'Unknown AssembleNet signature {key!r}; expected '
                          f'one of {SIGNATURES}.')
+      fn, spec = inputs[key]
       # Traced for devices unknown here (`kernel_policy.for_export`: the
       # stock ops unless runtime.kernel_policy is 'fast').
       with kernel_policy.use(kernel_policy.for_export(
           kernel_policy.setting_of(self.params))):
-        signatures[name] = tf.function(self.serve).get_concrete_function(
-            tf.TensorSpec([None, None, None, None, 3], tf.uint8,
-                          name='frames'))
+        signatures[name] = tf.function(fn).get_concrete_function(spec)
     return signatures

@@ -1,8 +1,9 @@
-"""AssembleNet++lite SavedModel: uint8 frames -> probabilities, served by
+"""AssembleNet++lite SavedModel: uint8 frames (`serving_default`) or stored
+SequenceExample records (`serve_examples`) -> probabilities, served by
 TensorFlow's own saved_model_cli, equal to the Python model with the
-evaluation preprocessing. The model is trained on 4-frame clips and
-evaluated (and served) on 6-frame clips: the export module's clips are the
-validation data's."""
+evaluation preprocessing and to the validation step on the same records.
+The model is trained on 4-frame clips and evaluated (and served) on 6-frame
+clips: the export module's clips are the validation data's."""
 import glob
 import json
 
@@ -18,6 +19,7 @@ from official.core import train_utils
 from official_ext import export_saved_model
 from official_ext import export_tflite
 from official_ext.assemblenet import dataloader
+from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import export
 from official_ext.assemblenet import predict
 from official_ext.assemblenet import videos
@@ -65,6 +67,84 @@ def exported(tmp_path_factory):
               loaded=tf.saved_model.load(export_dir), ckpt=ckpt, root=root)
 
 
+@pytest.fixture(scope='module')
+def records(exported):
+  """Two stored records (JPEG frames, 8 frames of 36x40), their decoded
+  frames, and the validation step's probabilities for them."""
+  params, task, model = exported['params'], exported['task'], exported['model']
+  rng = np.random.default_rng(2)
+  # Smooth frames: JPEG keeps them close, and the records hold what it kept.
+  videos = np.repeat(np.repeat(rng.integers(
+      0, 256, [2, 8, 9, 10, 3], dtype=np.uint8), 4, axis=2), 4, axis=3)
+  serialized = [demo_data.make_sequence_example(
+      demo_data.encode_jpeg_frames(v), [i]).SerializeToString()
+                for i, v in enumerate(videos)]
+  frames = np.stack([tf.map_fn(tf.io.decode_jpeg, tf.constant(
+      [f for f in demo_data.encode_jpeg_frames(v)]), fn_output_signature=
+                               tf.uint8).numpy() for v in videos])
+  path = str(exported['root'] / 'records.tfrecord')
+  with tf.io.TFRecordWriter(path) as writer:
+    for record in serialized:
+      writer.write(record)
+  data = params.task.validation_data.replace(
+      input_path=path, tfds_name='', global_batch_size=2)
+  (features, _), = dataloader.build_dataset(data).take(1)
+  validation = task.inference_step(features, model).numpy()
+  return dict(serialized=serialized, frames=frames, validation=validation)
+
+
+def test_serve_examples_scores_stored_records_like_validation(exported,
+                                                              records):
+  """A record sent as the client stores it is scored as the validation step
+  scores it, and as `serving_default` scores its decoded frames."""
+  loaded = exported['loaded']
+  served = loaded.signatures['serve_examples'](
+      examples=tf.constant(records['serialized']))['probabilities'].numpy()
+  assert served.shape == (2, exported['params'].task.validation_data
+                          .num_classes)
+  np.testing.assert_allclose(served, records['validation'], atol=1e-5)
+  from_frames = loaded.signatures['serving_default'](
+      frames=tf.constant(records['frames']))['probabilities'].numpy()
+  np.testing.assert_allclose(served, from_frames, atol=1e-5)
+  # Rows differ: each record is scored on its own frames.
+  assert np.abs(served[0] - served[1]).max() > 1e-6
+
+
+def _sequence_example(frames):
+  example = tf.train.SequenceExample()
+  feature_list = example.feature_lists.feature_list['image/encoded']
+  for frame in frames:
+    feature_list.feature.add().bytes_list.value.append(frame)
+  return example.SerializeToString()
+
+
+def test_serve_examples_refuses_records_it_cannot_score(exported, records):
+  fn = exported['loaded'].signatures['serve_examples']
+  good = records['serialized'][0]
+  jpeg = demo_data.encode_jpeg_frames(records['frames'][0][:1])[0]
+  for bad, match in (
+      (b'not a record', r'input `examples`\[1\]'),
+      (tf.train.Example().SerializeToString(),
+       r"input `examples`\[1\].*'image/encoded' is required"),
+      (_sequence_example([]), r'input `examples`\[1\] has 0 frames '
+       r'\(feature `image/encoded` is empty\)'),
+      (_sequence_example([jpeg, b'GARBAGE!', jpeg]),
+       r'input `examples`\[1\]: frame 1 of 3 \(feature `image/encoded`, 8 '
+       r'bytes\) is not a JPEG, PNG, GIF, BMP or WebP image'),
+      (_sequence_example([jpeg[:len(jpeg) // 2]] * 6),
+       r'Invalid JPEG data')):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+      fn(examples=tf.constant([good, bad]))
+  module = export.AssembleNetExportModule(
+      exported['params'], exported['model'], exported['task'])
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r'input `examples` has shape \[1, 1\]; expected '
+                     r'\[batch\]'):
+    module.serve_examples(tf.constant([[good]]))
+  with pytest.raises(TypeError, match=r'input `examples` is uint8'):
+    module.serve_examples(tf.zeros([1], tf.uint8))
+
+
 def test_export_serves_frames_like_python(exported, tmp_path):
   params, task, model = exported['params'], exported['task'], exported['model']
   export_dir = exported['export_dir']
@@ -82,11 +162,21 @@ def test_export_serves_frames_like_python(exported, tmp_path):
       frames=tf.constant(frames))['probabilities'].numpy()
   np.testing.assert_allclose(served, expected, atol=1e-5)
 
+  # TensorFlow's own tool, in a fresh process: both signatures' inputs and
+  # outputs; one run (each loads the SavedModel anew: seconds).
   np.save(tmp_path / 'frames.npy', frames)
-  cli.saved_model_cli(
+  shown = cli.saved_model_cli(
+      ['show', '--dir', export_dir, '--all'],
       ['run', '--dir', export_dir, '--tag_set', 'serve', '--signature_def',
        'serving_default', '--inputs', f'frames={tmp_path / "frames.npy"}',
        '--outdir', tmp_path / 'out'])
+  signatures = cli.shown_signatures(shown)
+  num_classes = params.task.validation_data.num_classes
+  output = {'probabilities': ('DT_FLOAT', f'(-1, {num_classes})')}
+  assert signatures == {
+      'serving_default': ({'frames': ('DT_UINT8', '(-1, -1, -1, -1, 3)')},
+                          output),
+      'serve_examples': ({'examples': ('DT_STRING', '(-1)')}, output)}
   from_cli = np.load(glob.glob(str(tmp_path / 'out' /
                                  'probabilities.npy'))[0])
   np.testing.assert_allclose(from_cli, expected, atol=1e-5)

@@ -5,6 +5,7 @@ one runner: batch check, checkpoint restore, resume reseed, non-finite stop,
 progress line, final metrics), with Model Garden's joint or interleaving
 multitask trainer.
 """
+import glob
 import logging
 import os
 import re
@@ -15,6 +16,7 @@ import pytest
 import tensorflow as tf, tf_keras
 import yaml
 
+from official.core import config_definitions as cfg
 from official.core import exp_factory
 from official.core import task_factory
 from official_ext import export_saved_model
@@ -27,9 +29,13 @@ from official_ext.core import trainer as trainer_lib
 from official_ext.joint import configs
 from official_ext.joint import modeling
 from official_ext.readout import configs as readout_configs
+from official_ext.readout import dataloader as readout_dataloader
+from official_ext.readout import demo_data as readout_demo_data
+from official_ext.readout import export as readout_export
 from official_ext.readout import task as readout_task
 from official_ext.readout.modeling import model as readout_model
 from official_ext.yt8m import configs as yt8m_configs
+from official_ext.yt8m import export as yt8m_export
 from official_ext.yt8m import task as yt8m_task
 from tests import cli
 
@@ -437,16 +443,72 @@ def test_joint_config_round_trips_through_params_yaml(joint_run):
   assert [r.family for r in loaded.task.task_routines] == ['readout', 'yt8m']
 
 
-def test_export_saved_model_says_a_joint_experiment_is_not_supported(
-    tmp_path):
-  """Before anything is built or written, naming the experiment, its
-  routines and what to do (it was an AttributeError of the multitask)."""
+def test_export_saved_model_serves_each_routine_like_its_family(joint_run,
+                                                                tmp_path):
+  """`export_saved_model` on a joint run (its params.yaml, its newest
+  checkpoint restored strictly): one signature per routine, named after it,
+  each serving the routine's sub-model as its family's `serving_default`
+  serves it; TensorFlow's saved_model_cli shows their inputs and outputs."""
+  cache, model_dir, params, model, _ = joint_run
   export_dir = tmp_path / 'export'
-  with pytest.raises(ValueError) as error:
-    cli.run_main(export_saved_model, '--experiment=readout_yt8m_joint',
-                 f'--checkpoint_path={tmp_path}', f'--export_dir={export_dir}')
-  message = str(error.value)
-  assert "experiment 'readout_yt8m_joint' is a joint (multitask) " in message
-  assert 'routines readout, yt8m' in message
-  assert 'not supported' in message and 'single-family experiment' in message
-  assert not export_dir.exists()
+  cli.run_main(export_saved_model, '--experiment=readout_yt8m_joint',
+               f'--checkpoint_path={model_dir}', f'--export_dir={export_dir}',
+               '--top_k=3')
+  # TensorFlow's own tool, in a fresh process, meanwhile.
+  shown = cli.start_saved_model_cli(['show', '--dir', export_dir, '--all'])
+  loaded = tf.saved_model.load(str(export_dir))
+  assert sorted(loaded.signatures) == ['readout', 'yt8m']
+  readout_config, yt8m_config = (r.task_config
+                                 for r in params.task.task_routines)
+  readout_records = list(readout_demo_data.generate_trials(
+      3, seed=0, split_id=2))
+  yt8m_records = list(tf.data.TFRecordDataset(
+      glob.glob(os.path.join(str(cache), '**', 'validation-*'),
+                recursive=True)).take(3).as_numpy_iterator())
+  assert len(yt8m_records) == 3
+  # The family modules on the trained sub-models, in this process.
+  family = lambda task: cfg.ExperimentConfig(task=task)
+  expected = {
+      'readout': readout_export.ReadoutExportModule(
+          family(readout_config), model.sub_tasks['readout']).serve(
+              tf.constant(readout_records)),
+      'yt8m': yt8m_export.YT8MExportModule(
+          family(yt8m_config), model.sub_tasks['yt8m'], top_k=3).serve(
+              tf.constant(yt8m_records)),
+  }
+  for name, records in (('readout', readout_records),
+                        ('yt8m', yt8m_records)):
+    served = loaded.signatures[name](examples=tf.constant(records))
+    assert sorted(served) == sorted(expected[name]), name
+    for key, value in expected[name].items():
+      if value.dtype == tf.string:
+        assert served[key].numpy().tolist() == value.numpy().tolist()
+      else:
+        np.testing.assert_allclose(served[key], value, atol=1e-5,
+                                   err_msg=f'{name}/{key}')
+  # A bad record is refused as the family's serving_default refuses it.
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r'input `examples`\[1\]'):
+    loaded.signatures['yt8m'](examples=tf.constant([yt8m_records[0],
+                                                    b'not a record']))
+
+  shown = cli.shown_signatures(shown())
+  examples = {'examples': ('DT_STRING', '(-1)')}
+  classes = yt8m_config.validation_data.num_classes
+  assert shown['yt8m'] == (examples, {
+      'video_id': ('DT_STRING', '(-1)'),
+      'top_k_classes': ('DT_INT32', '(-1, 3)'),
+      'top_k_scores': ('DT_FLOAT', '(-1, 3)'),
+      'probabilities': ('DT_FLOAT', f'(-1, {classes})')})
+  width = lambda spec: 2 if spec.type == 'von_mises' else spec.dim
+  readouts = {spec.name: ('DT_FLOAT', f'(-1, -1, {width(spec)})')
+              for spec in readout_config.readouts}
+  assert shown['readout'][0] == examples
+  targets = readout_dataloader.Parser(
+      readout_config.validation_data, readout_config.readouts,
+      readout_config.task_vocabulary).max_target_size
+  assert shown['readout'][1] == dict(
+      readouts, output_readout_index=('DT_INT32', '(-1, -1)'),
+      targets=('DT_FLOAT', f'(-1, -1, {targets})'),
+      weights=('DT_FLOAT', '(-1, -1)'))
+  assert sorted(shown) == ['readout', 'yt8m']
