@@ -222,3 +222,29 @@ def write_demo_videos(video_dir: str, videos_per_class: int,
                   fps)
       written[path] = label
   return written
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  """`python -m official_ext.assemblenet.videos`: writes the demo videos."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  p = argparse.ArgumentParser(
+      description='Writes the demo\'s moving shapes as encoded videos in '
+      'class sub-folders (write_demo_videos).')
+  p.add_argument('--output_dir', required=True)
+  p.add_argument('--videos_per_class', type=int, required=True)
+  p.add_argument('--num_frames', type=int, default=16)
+  p.add_argument('--size', type=int, default=32)
+  p.add_argument('--fps', type=float, default=8.0)
+  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--extension', default='.mp4')
+  a = p.parse_args(argv)
+  if os.path.isdir(a.output_dir) and os.listdir(a.output_dir):
+    raise ValueError(f'--output_dir={a.output_dir} is not empty; choose a new '
+                     'or empty folder.')
+  written = write_demo_videos(a.output_dir, a.videos_per_class, a.num_frames,
+                              a.size, a.fps, a.seed, a.extension)
+  print(f'wrote {len(written)} videos to {a.output_dir}')
+
+
+if __name__ == '__main__':
+  main()
