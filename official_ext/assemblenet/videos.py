@@ -3,16 +3,18 @@
 One reader for every command that takes a user's video files (the
 TFRecord converter, `predict`, `extract_features`), so a video is decoded
 and labelled the same way wherever it enters (labels from class
-sub-folders or a labels CSV: `video_labels`): OpenCV's FFmpeg decoder, BGR -> RGB,
-optionally resampled to a frame rate (frames kept at the source's times
-nearest a regular grid; never more frames than the source has) and resized
-so its short side has a given length (`cv2.INTER_AREA`).
+sub-folders or a labels CSV: `video_labels`): OpenCV's FFmpeg decoder,
+BGR -> RGB, optionally resampled to a frame rate (frames kept at the
+source's times nearest a regular grid; never more frames than the source
+has) and resized so its short side has a given length (`cv2.INTER_AREA`).
 
 `write_video` writes uint8 RGB frames as an encoded file (`cv2.VideoWriter`:
 mp4v for .mp4/.mov, MJPG for .avi, VP8 for .webm), and `write_demo_videos`
 a folder of the demo's moving shapes (`demo_data.render_video`) as real
 encoded videos in class sub-folders, so the demo and the tests run the
-video commands on what a codec produced, not on arrays.
+video commands on what a codec produced, not on arrays
+(`python -m official_ext.assemblenet.videos --output_dir=DIR
+--videos_per_class=N` writes them).
 """
 import csv
 import dataclasses
@@ -229,7 +231,7 @@ def define_flags(flag_values=None) -> None:
   """The flags of `python -m official_ext.assemblenet.videos` (writes the
   demo videos) in `flag_values` (default: absl's FLAGS)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  d = dict(flag_values=flag_values or flags.FLAGS)
+  d = dict(flag_values=flags.FLAGS if flag_values is None else flag_values)
   flags.DEFINE_string('output_dir', None, 'New or empty folder.', **d)
   flags.DEFINE_integer('videos_per_class', None, 'Videos of each class.', **d)
   flags.DEFINE_integer('num_frames', 16, 'Frames per video.', **d)
@@ -245,7 +247,7 @@ def main(argv: Sequence[str], flag_values=None) -> None:
   """Writes `write_demo_videos(...)` into a new or empty --output_dir."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   del argv
-  fv = flag_values or flags.FLAGS
+  fv = flags.FLAGS if flag_values is None else flag_values
   if os.path.isdir(fv.output_dir) and os.listdir(fv.output_dir):
     raise ValueError(f'--output_dir={fv.output_dir} is not empty; choose a '
                      'new or empty folder.')
