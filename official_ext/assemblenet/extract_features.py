@@ -54,7 +54,8 @@ loads a checkpoint (`core.experiment_params`; without a params.yaml,
 `--experiment` is needed). A SavedModel serves probabilities, not features,
 so it cannot be used here.
 
-Written whole or not at all (`core.output_files.write_together`): the
+The folder of OUTPUT is created if missing. Written whole or not at all
+(`core.output_files.write_together`): the
 features of every video are computed (and kept in memory: videos x features
 x width float32) before any file is written; a failure leaves the folder as
 it was. Files of an earlier run to the same OUTPUT are an error naming them
@@ -509,6 +510,8 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
     raise ValueError('Pass exactly one of --video_dir and --input_path; got '
                      f'--video_dir={fv.video_dir!r}, '
                      f'--input_path={fv.input_path!r}.')
+  folder = os.path.dirname(os.path.abspath(fv.output))
+  tf.io.gfile.makedirs(folder)  # As the converter's --output prefix.
   for path in shard_paths(fv.output, fv.num_shards) + [fv.output + PCA_SUFFIX]:
     output_files.check_output_file(
         path, '--output',

@@ -221,6 +221,28 @@ def test_records_read_back_within_the_quantization_error(bridge):
   assert batch['labels'].numpy()[0].argmax() == 3
 
 
+def test_clip_records_give_the_videos_features(bridge):
+  """--input_path: the converter's clip records of the validation videos
+  (JPEG frames) give each video's id, labels and, up to the JPEG coding,
+  the features of its .mp4 file."""
+  split = bridge['split']['validation']
+  with pytest.raises(ValueError, match='--fps'):
+    list(ef.videos_in_records(split['clips'], None,
+                              bridge['extractor'].params))
+  sources = list(ef.videos_in_records(split['clips'], FPS,
+                                      bridge['extractor'].params))
+  assert len(sources) == len(split['videos'])
+  path, features = _features_of(bridge, 'validation')
+  video_id = os.path.relpath(path, split['video_dir'])
+  source, = [s for s in sources if s.video_id == video_id]
+  assert source.labels == [split['videos'][path]]
+  frames, fps = source.load()
+  from_records = ef.extract_video(bridge['extractor'], frames, fps)
+  assert from_records.shape == features.shape
+  assert (np.linalg.norm(from_records - features) <
+          0.1 * np.linalg.norm(features))
+
+
 def test_unreadable_video_is_named(bridge, tmp_path):
   video_dir = tmp_path / 'videos'
   videos_lib.write_demo_videos(str(video_dir), 1, 8, fps=FPS)
