@@ -30,7 +30,6 @@ unless --overwrite is given: then they are replaced once the new shards are
 complete, shards of another --num_shards included.
 """
 import argparse
-import csv
 import os
 import re
 import sys
@@ -42,25 +41,8 @@ from official_ext.core import output_files
 VIDEO_EXTENSIONS = videos.VIDEO_EXTENSIONS
 find_videos = videos.find_videos
 read_frames = videos.read_frames
-
-
-def read_labels_csv(path: str) -> Dict[str, List[int]]:
-  labels = {}
-  with open(path, newline='') as f:
-    for lineno, row in enumerate(csv.reader(f), 1):
-      if not row or row[0].startswith('#'):
-        continue
-      if len(row) != 2:
-        raise ValueError(f'{path}:{lineno}: expected "video,ids"; got {row}')
-      try:
-        ids = [int(x) for x in row[1].split(';') if x.strip()]
-      except ValueError as e:
-        raise ValueError(f'{path}:{lineno}: class ids must be ints separated '
-                         f'by ";"; got {row[1]!r}') from e
-      if not ids:
-        raise ValueError(f'{path}:{lineno}: video {row[0]!r} has no label.')
-      labels[row[0]] = ids
-  return labels
+read_labels_csv = videos.read_labels_csv
+video_labels = videos.video_labels
 
 
 def make_example(frames, labels: Sequence[int], clip_id: str,
@@ -114,21 +96,8 @@ def convert(video_dir: str, output: str, labels_csv: Optional[str] = None,
   if not videos:
     raise ValueError(f'no video file ({", ".join(VIDEO_EXTENSIONS)}) under '
                      f'{video_dir}')
-  classes = None
-  if labels_csv:
-    table = read_labels_csv(labels_csv)
-    missing = [v for v in videos if v not in table]
-    if missing:
-      raise ValueError(f'{labels_csv} has no label for {len(missing)} videos, '
-                       f'e.g. {missing[:3]}')
-    label_of = lambda v: table[v]
-  else:
-    classes = sorted({v.split(os.sep)[0] for v in videos})
-    if any(os.sep not in v for v in videos):
-      raise ValueError('without --labels_csv every video must be in a class '
-                       f'sub-folder of {video_dir}')
-    index = {c: i for i, c in enumerate(classes)}
-    label_of = lambda v: [index[v.split(os.sep)[0]]]
+  labels, classes = video_labels(video_dir, videos, labels_csv)
+  label_of = labels.__getitem__
   files = [f'{output}-{i:05d}-of-{num_shards:05d}.tfrecord'
            for i in range(num_shards)]
   classes_file = output + '.classes.txt'

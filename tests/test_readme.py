@@ -212,7 +212,9 @@ _MODULES = {
     'official_ext.benchmark', 'official_ext.yt8m.predict',
     'official_ext.yt8m.demo_data', 'official_ext.yt8m.segment_eval',
     'official_ext.assemblenet.derive_structure',
-    'official_ext.assemblenet.predict'}
+    'official_ext.assemblenet.predict',
+    'official_ext.assemblenet.extract_features',
+    'official_ext.assemblenet.videos'}
 
 
 def _check_command(words, path):

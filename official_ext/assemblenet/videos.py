@@ -2,20 +2,24 @@
 
 One reader for every command that takes a user's video files (the
 TFRecord converter, `predict`, `extract_features`), so a video is decoded
-the same way wherever it enters: OpenCV's FFmpeg decoder, BGR -> RGB,
-optionally resampled to a frame rate (frames kept at the source's times
-nearest a regular grid; never more frames than the source has) and resized
-so its short side has a given length (`cv2.INTER_AREA`).
+and labelled the same way wherever it enters (labels from class
+sub-folders or a labels CSV: `video_labels`): OpenCV's FFmpeg decoder,
+BGR -> RGB, optionally resampled to a frame rate (frames kept at the
+source's times nearest a regular grid; never more frames than the source
+has) and resized so its short side has a given length (`cv2.INTER_AREA`).
 
 `write_video` writes uint8 RGB frames as an encoded file (`cv2.VideoWriter`:
 mp4v for .mp4/.mov, MJPG for .avi, VP8 for .webm), and `write_demo_videos`
 a folder of the demo's moving shapes (`demo_data.render_video`) as real
 encoded videos in class sub-folders, so the demo and the tests run the
-video commands on what a codec produced, not on arrays.
+video commands on what a codec produced, not on arrays
+(`python -m official_ext.assemblenet.videos --output_dir=DIR
+--videos_per_class=N` writes them).
 """
+import csv
 import dataclasses
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -40,6 +44,61 @@ def find_videos(video_dir: str,
       if f.lower().endswith(tuple(extensions)):
         out.append(os.path.relpath(os.path.join(root, f), video_dir))
   return sorted(out)
+
+
+def read_labels_csv(path: str) -> Dict[str, List[int]]:
+  """{relative video path: class ids} from lines `path.mp4,3;17` (';'-
+  separated ids; lines starting with '#' skipped); ValueError naming the
+  file and line of a malformed one."""
+  labels = {}
+  with open(path, newline='') as f:
+    for lineno, row in enumerate(csv.reader(f), 1):
+      if not row or row[0].startswith('#'):
+        continue
+      if len(row) != 2:
+        raise ValueError(f'{path}:{lineno}: expected "video,ids"; got {row}')
+      try:
+        ids = [int(x) for x in row[1].split(';') if x.strip()]
+      except ValueError as e:
+        raise ValueError(f'{path}:{lineno}: class ids must be ints separated '
+                         f'by ";"; got {row[1]!r}') from e
+      if not ids:
+        raise ValueError(f'{path}:{lineno}: video {row[0]!r} has no label.')
+      labels[row[0]] = ids
+  return labels
+
+
+def video_labels(video_dir: str, videos: Sequence[str],
+                 labels_csv: Optional[str] = None
+                 ) -> Tuple[Dict[str, List[int]], Optional[List[str]]]:
+  """The class ids of `videos` (paths relative to `video_dir`).
+
+  From `labels_csv` (`read_labels_csv`; every video must be in it), or else
+  from class sub-folders: `video_dir/<class>/<video>`, class ids the indices
+  of the sorted folder names.
+
+  Returns:
+    ({video: class ids}, the sorted class folder names, or None with
+    `labels_csv`).
+
+  Raises:
+    ValueError: naming the CSV and videos it lacks, or (without a CSV) a
+      video outside a class sub-folder of `video_dir`.
+  """
+  if labels_csv:
+    table = read_labels_csv(labels_csv)
+    missing = [v for v in videos if v not in table]
+    if missing:
+      raise ValueError(f'{labels_csv} has no label for {len(missing)} videos, '
+                       f'e.g. {missing[:3]}')
+    return {v: table[v] for v in videos}, None
+  outside = [v for v in videos if os.sep not in v]
+  if outside:
+    raise ValueError('without --labels_csv every video must be in a class '
+                     f'sub-folder of {video_dir}; {outside[:3]} are not')
+  classes = sorted({v.split(os.sep)[0] for v in videos})
+  index = {c: i for i, c in enumerate(classes)}
+  return {v: [index[v.split(os.sep)[0]]] for v in videos}, classes
 
 
 @dataclasses.dataclass
@@ -165,3 +224,40 @@ def write_demo_videos(video_dir: str, videos_per_class: int,
                   fps)
       written[path] = label
   return written
+
+
+
+def define_flags(flag_values=None) -> None:
+  """The flags of `python -m official_ext.assemblenet.videos` (writes the
+  demo videos) in `flag_values` (default: absl's FLAGS)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  d = dict(flag_values=flags.FLAGS if flag_values is None else flag_values)
+  flags.DEFINE_string('output_dir', None, 'New or empty folder.', **d)
+  flags.DEFINE_integer('videos_per_class', None, 'Videos of each class.', **d)
+  flags.DEFINE_integer('num_frames', 16, 'Frames per video.', **d)
+  flags.DEFINE_integer('size', 32, 'Height and width.', **d)
+  flags.DEFINE_float('fps', 8.0, 'Frame rate stated in the files.', **d)
+  flags.DEFINE_integer('seed', 0, 'Random seed (use another per split).', **d)
+  flags.DEFINE_string('extension', '.mp4', 'File type (codec).', **d)
+  flags.mark_flags_as_required(['output_dir', 'videos_per_class'],
+                               flag_values=d['flag_values'])
+
+
+def main(argv: Sequence[str], flag_values=None) -> None:
+  """Writes `write_demo_videos(...)` into a new or empty --output_dir."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  del argv
+  fv = flags.FLAGS if flag_values is None else flag_values
+  if os.path.isdir(fv.output_dir) and os.listdir(fv.output_dir):
+    raise ValueError(f'--output_dir={fv.output_dir} is not empty; choose a '
+                     'new or empty folder.')
+  written = write_demo_videos(fv.output_dir, fv.videos_per_class,
+                              fv.num_frames, fv.size, fv.fps, fv.seed,
+                              fv.extension)
+  print(f'wrote {len(written)} videos to {fv.output_dir}')
+
+
+if __name__ == '__main__':
+  from absl import app  # pylint: disable=g-import-not-at-top
+  define_flags()
+  app.run(main)
