@@ -1,0 +1,113 @@
+"""The video converter as an Apache Beam pipeline
+(official_ext.assemblenet.beam_pipelines) on the DirectRunner: the records
+the single-process converter writes, sharded as documented, a broken video
+listed in the failures file, whole-or-nothing output."""
+import os
+
+import pytest
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+
+from official_ext.assemblenet import beam_pipelines
+from official_ext.assemblenet import video_records
+from official_ext.assemblenet import videos
+from tests import cli
+
+BROKEN = os.path.join('2_square_down', 'broken.mp4')
+
+# Apache Beam is the `beam` extra (setup.py).
+needs_beam = pytest.mark.skipif(beam_pipelines.beam is None,
+                                reason='apache_beam is not installed')
+
+
+def test_without_beam_the_pipelines_say_how_to_install_it(monkeypatch,
+                                                          tmp_path):
+  monkeypatch.setattr(beam_pipelines, 'beam', None)
+  with pytest.raises(ImportError, match=r'official_ext\[beam\]'):
+    beam_pipelines.convert(str(tmp_path), str(tmp_path / 'out'))
+
+
+def _records(files):
+  return sorted(r.numpy() for r in tf.data.TFRecordDataset(files))
+
+
+def _contents(folder):
+  return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder))}
+
+
+@pytest.fixture(scope='module')
+def corpus(tmp_path_factory):
+  """Eight tiny demo videos in class folders and one broken file, converted
+  by the single-process converter and by the pipeline (3 shards, through
+  the command line)."""
+  root = tmp_path_factory.mktemp('beam')
+  video_dir = root / 'videos'
+  videos.write_demo_videos(str(video_dir), videos_per_class=1, num_frames=4,
+                           size=32)
+  (video_dir / BROKEN).write_bytes(b'not a video')
+  reference, skipped = video_records.convert(
+      str(video_dir), str(root / 'reference' / 'train'), num_shards=2,
+      skip_unreadable=True, log=lambda _: None)
+  assert skipped == [BROKEN]
+  (root / 'out').mkdir()
+  result = cli.run_main(
+      beam_pipelines, 'convert', f'--video_dir={video_dir}',
+      f'--output={root / "out" / "train"}', '--num_shards=3',
+      '--beam_pipeline_options=runner=DirectRunner,direct_num_workers=1')
+  return root, reference, result
+
+
+@needs_beam
+def test_the_pipeline_writes_the_converters_records(corpus):
+  root, reference, result = corpus
+  names = [f'train-0000{i}-of-00003.tfrecord' for i in range(3)]
+  assert sorted(os.listdir(root / 'out')) == sorted(
+      names + ['train.classes.txt', 'train.failures.tsv'])
+  assert result.files == [str(root / 'out' / n) for n in names]
+  assert result.num_videos == 9
+  got = _records(result.files)
+  assert len(got) == 8
+  assert got == _records(reference)  # Same bytes: one per-video function.
+  assert ((root / 'out' / 'train.classes.txt').read_bytes() ==
+          (root / 'reference' / 'train.classes.txt').read_bytes())
+
+
+@needs_beam
+def test_a_broken_video_is_listed_not_fatal(corpus):
+  root, _, result = corpus
+  lines = (root / 'out' / 'train.failures.tsv').read_text().splitlines()
+  assert lines[0] == 'video\terror'
+  assert len(lines) == 2
+  video, error = lines[1].split('\t')
+  assert video == BROKEN
+  assert error.startswith('ValueError: ') and BROKEN in error
+  assert result.failed == [(BROKEN, error)]
+  assert beam_pipelines.read_failures(result.failures_file) == result.failed
+
+
+@needs_beam
+def test_a_previous_conversion_is_kept_unless_a_new_one_completes(corpus):
+  """Refused without --overwrite (before the pipeline); with it, a run that
+  would leave a shard empty raises naming --num_shards and leaves the
+  previous files as they were, without a staging folder."""
+  root, _, _ = corpus
+  before = _contents(root / 'out')
+  args = dict(video_dir=str(root / 'videos'), output=str(root / 'out' /
+                                                         'train'))
+  with pytest.raises(FileExistsError, match=r'train-00000-of-00003\.tfrecord'
+                     r'.*--overwrite'):
+    beam_pipelines.convert(**args, num_shards=9)
+  with pytest.raises(ValueError, match=r'--num_shards=9 but 8 video\(s\) '
+                     r'were written \(1 unreadable'):
+    beam_pipelines.convert(**args, num_shards=9, overwrite=True)
+  assert _contents(root / 'out') == before
+
+
+@needs_beam
+def test_pipeline_options_are_key_value_pairs():
+  options = beam_pipelines.pipeline_options(
+      'runner=DirectRunner,direct_num_workers=2').get_all_options()
+  assert options['runner'] == 'DirectRunner'
+  assert options['direct_num_workers'] == 2
+  with pytest.raises(ValueError, match="--beam_pipeline_options=runner.*"
+                     "'DirectRunner' is not key=value"):
+    beam_pipelines.pipeline_options('runner=x,DirectRunner')
