@@ -11,7 +11,7 @@ setup_file=./setup.py"
 
 `convert` is `video_records.convert` (the single-process converter) as a
 Beam pipeline: the launcher lists the videos and resolves their labels
-(`video_records.list_videos`, `video_labels`; a labels problem is an error
+(`video_records.list_videos`, `videos.video_labels`; a labels problem is an error
 before the pipeline starts), writes the list as a JSON-lines manifest into
 the staging folder (so the job graph stays small for any corpus; workers
 read it), and the pipeline decodes and encodes each video on the workers
@@ -55,6 +55,7 @@ from absl import app
 from absl import flags
 
 from official_ext.assemblenet import video_records
+from official_ext.assemblenet import videos
 from official_ext.core import output_files
 
 try:
@@ -187,8 +188,7 @@ def convert(video_dir: str, output: str, labels_csv: Optional[str] = None,
   options = pipeline_options(beam_pipeline_options)
   previous = video_records.refuse_previous_output(output, overwrite)
   found = video_records.list_videos(video_dir)
-  label_of, classes = video_records.video_labels(video_dir, found,
-                                                 labels_csv)
+  label_of, classes = videos.video_labels(video_dir, found, labels_csv)
   files = video_records.shard_paths(output, num_shards)
   failures_file = output + video_records.FAILURES_SUFFIX
   classes_file = output + video_records.CLASSES_SUFFIX

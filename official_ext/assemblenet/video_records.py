@@ -9,7 +9,7 @@ Garden's `video_input`) reads.
 Labels come either from class sub-folders (`VIDEO_DIR/<class>/<video>`; class
 ids are the sorted folder names' indices, written to OUTPUT.classes.txt) or
 from a CSV (`labels_csv`: lines `relative/path.mp4,3;17` with ';'-separated
-class ids, for multi-label data such as Charades): `video_labels`.
+class ids, for multi-label data such as Charades): `videos.video_labels`.
 
 Frames are decoded with OpenCV (`official_ext.assemblenet.videos`, the
 reader `predict` and `extract_features` use too), optionally resampled to
@@ -32,12 +32,11 @@ then they are replaced once the new shards are complete, shards of another
 `num_shards` included. `scripts/assemblenet_videos_to_tfrecord.py` is its
 command.
 """
-import csv
 import os
 import re
 import sys
 import tempfile
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from official_ext.assemblenet import videos as videos_lib
 from official_ext.core import output_files
@@ -47,61 +46,6 @@ VIDEO_EXTENSIONS = videos_lib.VIDEO_EXTENSIONS
 # Suffixes of the files beside the shards.
 CLASSES_SUFFIX = '.classes.txt'
 FAILURES_SUFFIX = '.failures.tsv'
-
-
-def read_labels_csv(path: str) -> Dict[str, List[int]]:
-  """{video path relative to the folder: class ids} of a labels CSV.
-
-  ValueError naming `path` and the line of a malformed row.
-  """
-  labels = {}
-  with open(path, newline='') as f:
-    for lineno, row in enumerate(csv.reader(f), 1):
-      if not row or row[0].startswith('#'):
-        continue
-      if len(row) != 2:
-        raise ValueError(f'{path}:{lineno}: expected "video,ids"; got {row}')
-      try:
-        ids = [int(x) for x in row[1].split(';') if x.strip()]
-      except ValueError as e:
-        raise ValueError(f'{path}:{lineno}: class ids must be ints separated '
-                         f'by ";"; got {row[1]!r}') from e
-      if not ids:
-        raise ValueError(f'{path}:{lineno}: video {row[0]!r} has no label.')
-      labels[row[0]] = ids
-  return labels
-
-
-def video_labels(video_dir: str, videos: Sequence[str],
-                 labels_csv: Optional[str] = None
-                 ) -> Tuple[Dict[str, List[int]], Optional[List[str]]]:
-  """({video: class ids}, class names or None) of the listed videos.
-
-  Args:
-    video_dir: the folder `videos` are relative to (for messages).
-    videos: video paths relative to `video_dir` (`find_videos`).
-    labels_csv: a labels CSV (`read_labels_csv`); None: the class
-      sub-folders' sorted names give the class ids, and are returned.
-
-  Raises:
-    ValueError: the CSV has no row for some videos (naming the CSV and a
-      few of them), or without a CSV a video is not in a class sub-folder.
-  """
-  if labels_csv:
-    table = read_labels_csv(labels_csv)
-    missing = [v for v in videos if v not in table]
-    if missing:
-      raise ValueError(f'{labels_csv} has no label for {len(missing)} videos, '
-                       f'e.g. {missing[:3]}')
-    return {v: table[v] for v in videos}, None
-  loose = [v for v in videos if os.sep not in v]
-  if loose:
-    raise ValueError('without --labels_csv every video must be in a class '
-                     f'sub-folder of {video_dir}; {len(loose)} are not, e.g. '
-                     f'{loose[:3]}')
-  classes = sorted({v.split(os.sep)[0] for v in videos})
-  index = {c: i for i, c in enumerate(classes)}
-  return {v: [index[v.split(os.sep)[0]]] for v in videos}, classes
 
 
 def make_example(frames, labels: Sequence[int], clip_id: str,
@@ -246,7 +190,7 @@ def convert(video_dir: str, output: str, labels_csv: Optional[str] = None,
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   previous = refuse_previous_output(output, overwrite)
   found = list_videos(video_dir)
-  label_of, classes = video_labels(video_dir, found, labels_csv)
+  label_of, classes = videos_lib.video_labels(video_dir, found, labels_csv)
   files = shard_paths(output, num_shards)
   classes_file = output + CLASSES_SUFFIX
   skipped = []

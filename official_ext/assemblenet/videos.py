@@ -2,7 +2,8 @@
 
 One reader for every command that takes a user's video files (the
 TFRecord converter, `predict`, `extract_features`), so a video is decoded
-the same way wherever it enters: OpenCV's FFmpeg decoder, BGR -> RGB,
+and labelled the same way wherever it enters (labels from class
+sub-folders or a labels CSV: `video_labels`): OpenCV's FFmpeg decoder, BGR -> RGB,
 optionally resampled to a frame rate (frames kept at the source's times
 nearest a regular grid; never more frames than the source has) and resized
 so its short side has a given length (`cv2.INTER_AREA`).
@@ -13,9 +14,10 @@ a folder of the demo's moving shapes (`demo_data.render_video`) as real
 encoded videos in class sub-folders, so the demo and the tests run the
 video commands on what a codec produced, not on arrays.
 """
+import csv
 import dataclasses
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -40,6 +42,61 @@ def find_videos(video_dir: str,
       if f.lower().endswith(tuple(extensions)):
         out.append(os.path.relpath(os.path.join(root, f), video_dir))
   return sorted(out)
+
+
+def read_labels_csv(path: str) -> Dict[str, List[int]]:
+  """{relative video path: class ids} from lines `path.mp4,3;17` (';'-
+  separated ids; lines starting with '#' skipped); ValueError naming the
+  file and line of a malformed one."""
+  labels = {}
+  with open(path, newline='') as f:
+    for lineno, row in enumerate(csv.reader(f), 1):
+      if not row or row[0].startswith('#'):
+        continue
+      if len(row) != 2:
+        raise ValueError(f'{path}:{lineno}: expected "video,ids"; got {row}')
+      try:
+        ids = [int(x) for x in row[1].split(';') if x.strip()]
+      except ValueError as e:
+        raise ValueError(f'{path}:{lineno}: class ids must be ints separated '
+                         f'by ";"; got {row[1]!r}') from e
+      if not ids:
+        raise ValueError(f'{path}:{lineno}: video {row[0]!r} has no label.')
+      labels[row[0]] = ids
+  return labels
+
+
+def video_labels(video_dir: str, videos: Sequence[str],
+                 labels_csv: Optional[str] = None
+                 ) -> Tuple[Dict[str, List[int]], Optional[List[str]]]:
+  """The class ids of `videos` (paths relative to `video_dir`).
+
+  From `labels_csv` (`read_labels_csv`; every video must be in it), or else
+  from class sub-folders: `video_dir/<class>/<video>`, class ids the indices
+  of the sorted folder names.
+
+  Returns:
+    ({video: class ids}, the sorted class folder names, or None with
+    `labels_csv`).
+
+  Raises:
+    ValueError: naming the CSV and videos it lacks, or (without a CSV) a
+      video outside a class sub-folder of `video_dir`.
+  """
+  if labels_csv:
+    table = read_labels_csv(labels_csv)
+    missing = [v for v in videos if v not in table]
+    if missing:
+      raise ValueError(f'{labels_csv} has no label for {len(missing)} videos, '
+                       f'e.g. {missing[:3]}')
+    return {v: table[v] for v in videos}, None
+  outside = [v for v in videos if os.sep not in v]
+  if outside:
+    raise ValueError('without --labels_csv every video must be in a class '
+                     f'sub-folder of {video_dir}; {outside[:3]} are not')
+  classes = sorted({v.split(os.sep)[0] for v in videos})
+  index = {c: i for i, c in enumerate(classes)}
+  return {v: [index[v.split(os.sep)[0]]] for v in videos}, classes
 
 
 @dataclasses.dataclass

@@ -47,6 +47,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official_ext.core import bad_records as bad_records_lib
+from official_ext.core import frame_features
 from official_ext.core import graph_checks
 from official_ext.core import tfrecord_input
 from official_ext.yt8m import configs
@@ -54,11 +55,11 @@ from official_ext.yt8m import configs
 # Quantization of the YouTube-8M uint8 features (the starter code's
 # `Dequantize` with max_quantized_value=2, min_quantized_value=-2):
 # x -> x * 4 / 255 + 4 / 512 - 2.
-MAX_QUANTIZED_VALUE = 2.0
-MIN_QUANTIZED_VALUE = -2.0
-QUANTIZATION_SCALE = (MAX_QUANTIZED_VALUE - MIN_QUANTIZED_VALUE) / 255.0
-QUANTIZATION_BIAS = ((MAX_QUANTIZED_VALUE - MIN_QUANTIZED_VALUE) / 512.0 +
-                     MIN_QUANTIZED_VALUE)
+# Defined with the rest of the format in `core.frame_features`.
+MAX_QUANTIZED_VALUE = frame_features.MAX_QUANTIZED_VALUE
+MIN_QUANTIZED_VALUE = frame_features.MIN_QUANTIZED_VALUE
+QUANTIZATION_SCALE = frame_features.QUANTIZATION_SCALE
+QUANTIZATION_BIAS = frame_features.QUANTIZATION_BIAS
 
 _DTYPES = {'uint8': tf.uint8, 'float32': tf.float32}
 

@@ -39,6 +39,7 @@ import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official_ext.core import demo_cache
+from official_ext.core import frame_features
 from official_ext.core import output_files
 from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
@@ -57,11 +58,8 @@ _FRAME_NOISE_STD = 0.8
 _SPLITS = ('train', 'validation')
 
 
-def quantize(x: np.ndarray) -> np.ndarray:
-  """Inverse of `dataloader.dequantize`: float array -> uint8 (clipped)."""
-  q = np.rint((x - dataloader.QUANTIZATION_BIAS) /
-              dataloader.QUANTIZATION_SCALE)
-  return np.clip(q, 0, 255).astype(np.uint8)
+# Inverse of `dataloader.dequantize`: float array -> uint8 (clipped).
+quantize = frame_features.quantize
 
 
 def _bytes_feature_list(frames: np.ndarray) -> tf.train.FeatureList:

@@ -56,7 +56,7 @@ def test_video_folder_to_tfrecord(tmp_path):
 def test_labels_csv_errors(tmp_path):
   (tmp_path / 'l.csv').write_text('a.mp4,1;x\n')
   with pytest.raises(ValueError, match=r'l\.csv:1'):
-    video_records.read_labels_csv(str(tmp_path / 'l.csv'))
+    videos_lib.read_labels_csv(str(tmp_path / 'l.csv'))
 
 
 

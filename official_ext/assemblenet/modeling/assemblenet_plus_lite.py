@@ -360,6 +360,15 @@ class LiteHead(layers.Layer):
             stddev=0.01), kernel_regularizer=kernel_regularizer,
         dtype='float32', name='final_dense')
 
+  def embedding(self, inputs, training=None):
+    """The pre-logit feature: float32 [B, filters[1]], the second 1x1x1
+    conv's output (BN, ReLU) averaged over (T, H, W) -- what the dense layer
+    reads, before dropout, without `max_pool_predictions`' per-frame
+    logits."""
+    x = self._bn1(self._conv1(inputs), training=training)
+    x = self._bn2(self._conv2(x), training=training)
+    return tf.cast(tf.reduce_mean(x, axis=[1, 2, 3]), tf.float32)
+
   def call(self, inputs, training=None):
     x = self._bn1(self._conv1(inputs), training=training)
     x = self._bn2(self._conv2(x), training=training)
@@ -413,6 +422,10 @@ class AssembleNetPlusLiteModel(tf_keras.Model):
   @property
   def backbone(self):
     return self._backbone
+
+  @property
+  def head(self) -> LiteHead:
+    return self._head
 
   @property
   def checkpoint_items(self):

@@ -1,0 +1,193 @@
+"""YouTube-8M's frame-feature format: quantization, PCA and records.
+
+What a YouTube-8M frame-level record holds, written once for the families
+that read it (`yt8m.dataloader`, `yt8m.demo_data`) and those that write it
+(`assemblenet.extract_features`, the feature bridge):
+
+* quantization: a float feature value x in [MIN_QUANTIZED_VALUE,
+  MAX_QUANTIZED_VALUE] = [-2, 2] is stored as the uint8
+  `rint((x - QUANTIZATION_BIAS) / QUANTIZATION_SCALE)` (values outside are
+  clipped to 0 or 255), and read back as `q * QUANTIZATION_SCALE +
+  QUANTIZATION_BIAS` (the starter code's `Dequantize`): inside the range the
+  round trip errs by at most half a step, 4 / 255 / 2 = 0.0078.
+* PCA, as YouTube-8M's feature extractor applies it before quantizing
+  (`feature_extractor.py`'s `apply_pca`): `((x - mean) @ components.T) /
+  sqrt(eigenvalues + PCA_EPSILON)`, i.e. projected on the top components
+  and whitened, so each output dimension has unit variance on the data the
+  PCA was fitted on and nearly all values fall in [-2, 2]. `Pca` is fitted
+  on one split's features (`fit_pca`), stored as an .npz file (`mean` [D],
+  `components` [dim, D], `eigenvalues` [dim]) and loaded unchanged for every
+  other split (`load_pca`).
+* records: `make_sequence_example` writes a frame-level
+  `tf.train.SequenceExample`: context `id` (bytes) and `labels` (int64), and
+  per feature a feature list of one entry per frame: a bytes string of the
+  uint8 values (quantized) or a float list (float32 features; read with
+  `feature_dtypes` 'float32' and `feature_from_bytes` False).
+"""
+import dataclasses
+import io
+from typing import Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+
+from official_ext.core import output_files
+
+MAX_QUANTIZED_VALUE = 2.0
+MIN_QUANTIZED_VALUE = -2.0
+QUANTIZATION_SCALE = (MAX_QUANTIZED_VALUE - MIN_QUANTIZED_VALUE) / 255.0
+QUANTIZATION_BIAS = ((MAX_QUANTIZED_VALUE - MIN_QUANTIZED_VALUE) / 512.0 +
+                     MIN_QUANTIZED_VALUE)
+# Added to the eigenvalues before whitening (YouTube-8M's extractor's 1e-4).
+PCA_EPSILON = 1e-4
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+  """Float array -> uint8 of the same shape (clipped to [0, 255])."""
+  q = np.rint((np.asarray(x) - QUANTIZATION_BIAS) / QUANTIZATION_SCALE)
+  return np.clip(q, 0, 255).astype(np.uint8)
+
+
+def dequantize(q: np.ndarray) -> np.ndarray:
+  """uint8 array -> float32 (the inverse of `quantize` inside [-2, 2])."""
+  return (np.asarray(q, np.float32) * np.float32(QUANTIZATION_SCALE) +
+          np.float32(QUANTIZATION_BIAS))
+
+
+@dataclasses.dataclass
+class Pca:
+  """A fitted PCA with whitening (module docstring).
+
+  Attributes:
+    mean: float32 [D], the fitted features' mean.
+    components: float32 [dim, D], orthonormal rows, by decreasing variance.
+    eigenvalues: float32 [dim], the variance along each component.
+  """
+  mean: np.ndarray
+  components: np.ndarray
+  eigenvalues: np.ndarray
+
+  @property
+  def input_dim(self) -> int:
+    return int(self.mean.shape[0])
+
+  @property
+  def dim(self) -> int:
+    return int(self.components.shape[0])
+
+  def apply(self, features: np.ndarray, name: str = 'features') -> np.ndarray:
+    """float [N, D] -> float32 [N, dim], whitened; `name` is for errors."""
+    features = np.asarray(features, np.float32)
+    if features.ndim != 2 or features.shape[1] != self.input_dim:
+      raise ValueError(
+          f'{name}: {features.shape} features, but the PCA was fitted on '
+          f'{self.input_dim}-wide features (expected [N, {self.input_dim}]).')
+    projected = (features - self.mean) @ self.components.T
+    return (projected / np.sqrt(self.eigenvalues + PCA_EPSILON)).astype(
+        np.float32)
+
+  def save(self, path: str) -> None:
+    """Writes the .npz file at `path`, whole or not at all."""
+    buffer = io.BytesIO()
+    np.savez(buffer, mean=self.mean, components=self.components,
+             eigenvalues=self.eigenvalues)
+    output_files.write_atomically(
+        path, lambda out: out.write(buffer.getvalue()), binary=True)
+
+
+def fit_pca(features: np.ndarray, dim: int, flag: str = '--pca_dim') -> Pca:
+  """Fits a `dim`-component PCA on float [N, D] features (N >= 2).
+
+  ValueError naming `flag` when `dim` is not in [1, min(D, N - 1)] (more
+  components than the features span would be arbitrary directions), or the
+  features are not finite.
+  """
+  features = np.asarray(features, np.float64)
+  if features.ndim != 2:
+    raise ValueError(f'fit_pca: features must be [N, D]; got '
+                     f'{features.shape}.')
+  n, d = features.shape
+  if not 1 <= dim <= min(d, n - 1):
+    raise ValueError(
+        f'{flag}={dim}: a PCA fitted on {n} feature vectors of width {d} has '
+        f'at most min({d}, {n} - 1) = {max(0, min(d, n - 1))} components; '
+        f'choose {flag} in [1, {max(1, min(d, n - 1))}] or fit on more '
+        'features.')
+  if not np.isfinite(features).all():
+    raise ValueError('fit_pca: the features hold NaN or infinite values.')
+  mean = features.mean(axis=0)
+  covariance = np.cov(features - mean, rowvar=False).reshape(d, d)
+  eigenvalues, vectors = np.linalg.eigh(covariance)
+  order = np.argsort(eigenvalues)[::-1][:dim]
+  return Pca(mean=mean.astype(np.float32),
+             components=vectors[:, order].T.astype(np.float32),
+             eigenvalues=np.maximum(eigenvalues[order], 0.0).astype(
+                 np.float32))
+
+
+def load_pca(path: str, flag: str = '--pca_file') -> Pca:
+  """The PCA stored at `path` by `Pca.save`; ValueError naming the file (and
+  `flag`) if it is missing or not such a file."""
+  if not tf.io.gfile.exists(path):
+    raise ValueError(f'{flag}={path}: no such file.')
+  try:
+    with tf.io.gfile.GFile(path, 'rb') as f:
+      data = np.load(io.BytesIO(f.read()))
+      arrays = {k: np.asarray(data[k], np.float32)
+                for k in ('mean', 'components', 'eigenvalues')}
+  except (KeyError, ValueError, OSError) as e:
+    raise ValueError(f'{flag}={path} is not a PCA file (an .npz with mean, '
+                     f'components and eigenvalues): {e}') from e
+  pca = Pca(**arrays)
+  if (pca.mean.ndim != 1 or pca.components.ndim != 2 or
+      pca.components.shape[1] != pca.input_dim or
+      pca.eigenvalues.shape != (pca.dim,)):
+    raise ValueError(
+        f'{flag}={path}: inconsistent shapes: mean {pca.mean.shape}, '
+        f'components {pca.components.shape}, eigenvalues '
+        f'{pca.eigenvalues.shape} (expected [D], [dim, D], [dim]).')
+  return pca
+
+
+def make_sequence_example(video_id: str, labels: Sequence[int],
+                          features: Mapping[str, np.ndarray]
+                          ) -> tf.train.SequenceExample:
+  """A YouTube-8M frame-level record (module docstring).
+
+  Args:
+    video_id: context `id`.
+    labels: context `labels`, video-level class ids.
+    features: {feature list name: [frames, width]}, uint8 (one bytes string
+      per frame) or float32 (one float list per frame); every feature the
+      same number of frames (at least 1).
+
+  Raises:
+    ValueError: naming the feature with another dtype or rank, a non-finite
+      value, or a frame count that differs from the others'.
+  """
+  example = tf.train.SequenceExample()
+  context = example.context.feature
+  context['id'].bytes_list.value.append(video_id.encode('utf-8'))
+  context['labels'].int64_list.value.extend(int(l) for l in labels)
+  frames = None
+  for name, values in features.items():
+    values = np.asarray(values)
+    if values.ndim != 2 or values.dtype not in (np.uint8, np.float32):
+      raise ValueError(
+          f'video {video_id!r}, feature {name!r}: expected uint8 or float32 '
+          f'[frames, width]; got {values.dtype} {values.shape}.')
+    if values.dtype == np.float32 and not np.isfinite(values).all():
+      raise ValueError(f'video {video_id!r}, feature {name!r}: NaN or '
+                       'infinite values.')
+    if frames is None:
+      frames = values.shape[0]
+    if values.shape[0] != frames or not frames:
+      raise ValueError(f'video {video_id!r}, feature {name!r}: '
+                       f'{values.shape[0]} frames; expected {frames or ">0"}.')
+    feature_list = example.feature_lists.feature_list[name]
+    for row in values:
+      if values.dtype == np.uint8:
+        feature_list.feature.add().bytes_list.value.append(row.tobytes())
+      else:
+        feature_list.feature.add().float_list.value.extend(row.tolist())
+  return example
