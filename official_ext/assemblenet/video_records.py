@@ -69,11 +69,12 @@ def make_example(frames, labels: Sequence[int], clip_id: str,
   return ex
 
 
-def _read_frames(path: str, fps: Optional[float], short_side: Optional[int]):
-  """`videos.read_frames`, for a remote file (`gs://...`) through a local
-  copy (OpenCV reads local files only)."""
+def read_video_file(path: str, fps: Optional[float] = None,
+                    short_side: Optional[int] = None) -> videos_lib.Video:
+  """`videos.read_video`, for a remote file (`gs://...`) through a local
+  copy (OpenCV reads local files only); ValueError naming the file."""
   if '://' not in path:
-    return videos_lib.read_frames(path, fps, short_side)
+    return videos_lib.read_video(path, fps, short_side)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as folder:
     local = os.path.join(folder, os.path.basename(path))
@@ -81,7 +82,10 @@ def _read_frames(path: str, fps: Optional[float], short_side: Optional[int]):
       tf.io.gfile.copy(path, local)
     except tf.errors.OpError as e:
       raise ValueError(f'cannot copy video file {path}: {e.message}') from e
-    return videos_lib.read_frames(local, fps, short_side)
+    try:
+      return videos_lib.read_video(local, fps, short_side)
+    except ValueError as e:
+      raise ValueError(f'{path} (copied to {local}): {e}') from e
 
 
 def encode_video(video_dir: str, video: str, labels: Sequence[int],
@@ -99,7 +103,8 @@ def encode_video(video_dir: str, video: str, labels: Sequence[int],
   Raises:
     ValueError: the video cannot be read (naming the file).
   """
-  frames = _read_frames(os.path.join(video_dir, video), fps, short_side)
+  frames = read_video_file(os.path.join(video_dir, video), fps,
+                           short_side).frames
   return make_example(frames, labels, video, jpeg_quality).SerializeToString()
 
 
@@ -111,9 +116,13 @@ def shard_paths(output: str, num_shards: int) -> List[str]:
           for i in range(num_shards)]
 
 
-def previous_output(output: str) -> List[str]:
-  """Files of an earlier conversion to the prefix `output`: its shards (of
-  any count), `output.classes.txt` and `output.failures.tsv`, sorted."""
+def previous_output(output: str,
+                    suffixes: Sequence[str] = (CLASSES_SUFFIX,
+                                               FAILURES_SUFFIX)) -> List[str]:
+  """Files of an earlier run to the prefix `output` (local or `gs://`), sorted:
+  its shards of any count, `OUTPUT-0000i-of-0000n.tfrecord`, and
+  `output + suffix` for each of `suffixes` (the converter's: the classes and
+  failures files)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   folder, name = os.path.split(output if '://' in output
                                else os.path.abspath(output))
@@ -121,21 +130,23 @@ def previous_output(output: str) -> List[str]:
     return []
   shard = re.compile(re.escape(name) + r'-\d{5}-of-\d{5}\.tfrecord$')
   return sorted(os.path.join(folder, f) for f in tf.io.gfile.listdir(folder)
-                if shard.match(f) or f in (name + CLASSES_SUFFIX,
-                                           name + FAILURES_SUFFIX))
+                if shard.match(f) or f in {name + s for s in suffixes})
 
 
-def refuse_previous_output(output: str, overwrite: bool) -> List[str]:
-  """`previous_output(output)`; FileExistsError naming them unless
+def refuse_previous_output(output: str, overwrite: bool,
+                           suffixes: Sequence[str] = (CLASSES_SUFFIX,
+                                                      FAILURES_SUFFIX)
+                           ) -> List[str]:
+  """`previous_output(output, suffixes)`; FileExistsError naming them unless
   `overwrite` (call before any video is read)."""
-  previous = previous_output(output)
+  previous = previous_output(output, suffixes)
   if previous and not overwrite:
     shown = ', '.join(os.path.basename(f) for f in previous[:5])
     more = f' and {len(previous) - 5} more' if len(previous) > 5 else ''
     raise FileExistsError(
         f'--output={output}: {len(previous)} file(s) of a previous '
-        f'conversion are there ({shown}{more} in '
-        f'{os.path.dirname(os.path.abspath(output))}); nothing was written. '
+        f'run are there ({shown}{more} in {os.path.dirname(previous[0])}); '
+        'nothing was written. '
         'Choose another --output, or pass --overwrite to replace them once '
         'the new shards are complete.')
   return previous

@@ -1,16 +1,24 @@
-"""The video converter as an Apache Beam pipeline
+"""The video converter and the feature extractor as Apache Beam pipelines
 (official_ext.assemblenet.beam_pipelines) on the DirectRunner: the records
-the single-process converter writes, sharded as documented, a broken video
+the single-process commands write, sharded as documented, a broken video
 listed in the failures file, whole-or-nothing output."""
 import os
 
+import numpy as np
 import pytest
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
+from official.core import exp_factory
+from official.core import task_factory
+from official.core import train_utils
+from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.assemblenet import beam_pipelines
+from official_ext.assemblenet import extract_features
 from official_ext.assemblenet import video_records
 from official_ext.assemblenet import videos
+from official_ext.core import frame_features
 from tests import cli
+from tests.assemblenet import minimal
 
 BROKEN = os.path.join('2_square_down', 'broken.mp4')
 
@@ -111,3 +119,75 @@ def test_pipeline_options_are_key_value_pairs():
   with pytest.raises(ValueError, match="--beam_pipeline_options=runner.*"
                      "'DirectRunner' is not key=value"):
     beam_pipelines.pipeline_options('runner=x,DirectRunner')
+
+
+def _checkpoint(root):
+  """A tiny untrained AssembleNet++lite checkpoint with its params.yaml
+  (2-frame evaluation clips)."""
+  params = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
+  data = {'tfds_name': 'moving_shapes/tiny', 'feature_shape': [2, 32, 32, 3],
+          'global_batch_size': 2}
+  params.override({'task': {
+      'model': {'backbone': minimal.backbone(), 'head_filters': [16, 24]},
+      'train_data': data, 'validation_data': data,
+      'demo_data': {'data_dir': str(root / 'tfds')}}}, is_strict=True)
+  model = task_factory.get_task(params.task).build_model()
+  prefix = tf.train.Checkpoint(model=model).write(str(root / 'ckpt'))
+  train_utils.serialize_config(params, str(root))
+  return prefix
+
+
+def _feature_records(files):
+  out = {}
+  for record in tf.data.TFRecordDataset(files):
+    example = tf.train.SequenceExample.FromString(record.numpy())
+    video = example.context.feature['id'].bytes_list.value[0].decode()
+    out[video] = (
+        list(example.context.feature['labels'].int64_list.value),
+        np.array([f.float_list.value for f in
+                  example.feature_lists.feature_list['rgb'].feature]))
+  return out
+
+
+@needs_beam
+def test_the_feature_pipeline_fits_the_pca_of_the_single_process_run(
+    corpus, monkeypatch):
+  """extract_features with --pca_dim: the PCA fitted from the workers'
+  merged moments and the records equal the single-process command's (to
+  float32 rounding: the moments are summed in another order); the broken
+  video is listed."""
+  root, _, _ = corpus
+  model_dir = root / 'model'
+  model_dir.mkdir()
+  checkpoint = _checkpoint(model_dir)
+  video_dir = str(root / 'videos')
+  # The model the pipeline's workers (this process) load: built and traced
+  # once for both runs.
+  extractor = beam_pipelines.load_extractor(checkpoint)
+  reference = extract_features.extract(
+      extractor, extract_features.videos_in_folder(video_dir),
+      str(root / 'features_ref' / 'train'), rate=4.0, pca_dim=3,
+      skip_unreadable=True)
+  result = cli.run_main(
+      beam_pipelines, 'extract_features', f'--checkpoint_path={checkpoint}',
+      f'--video_dir={video_dir}', f'--output={root / "out" / "features"}',
+      '--rate=4', '--pca_dim=3', '--num_shards=2')
+  assert sorted(n for n in os.listdir(root / 'out')
+                if n.startswith('features')) == [
+                    'features-00000-of-00002.tfrecord',
+                    'features-00001-of-00002.tfrecord',
+                    'features.failures.tsv', 'features.pca.npz']
+  assert [video for video, _ in result.failed] == [BROKEN]
+  fitted = frame_features.load_pca(result.pca_file)
+  expected = frame_features.load_pca(reference.pca_file)
+  for name in ('mean', 'components', 'eigenvalues'):
+    np.testing.assert_allclose(getattr(fitted, name), getattr(expected, name),
+                               rtol=1e-4, atol=1e-5, err_msg=name)
+  got, want = _feature_records(result.files), _feature_records(
+      reference.files)
+  assert sorted(got) == sorted(want) and len(got) == 8
+  for video, (labels, values) in want.items():
+    assert got[video][0] == labels
+    assert values.shape == (2, 3)
+    np.testing.assert_allclose(got[video][1], values, atol=1e-4,
+                               err_msg=video)
