@@ -143,12 +143,14 @@ class EncodeVideoFn(beam.DoFn if beam else object):
   def process(self, line: str):
     item = json.loads(line)
     try:
-      yield video_records.encode_video(
+      record = video_records.encode_video(
           self._video_dir, item['video'], item['labels'], self._fps,
           self._short_side, self._jpeg_quality)
     except Exception as e:  # pylint: disable=broad-except
       # Listed, not raised: one bad file does not stop the corpus.
       yield beam.pvalue.TaggedOutput(FAILED, (item['video'], _error_text(e)))
+      return
+    yield record
 
 
 def _failure_line(failure) -> str:

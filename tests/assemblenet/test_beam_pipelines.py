@@ -4,6 +4,7 @@ the single-process commands write, sharded as documented, a broken video
 listed in the failures file, whole-or-nothing output."""
 import os
 
+from absl import app
 import numpy as np
 import pytest
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
@@ -108,6 +109,24 @@ def test_a_previous_conversion_is_kept_unless_a_new_one_completes(corpus):
                      r'were written \(1 unreadable'):
     beam_pipelines.convert(**args, num_shards=9, overwrite=True)
   assert _contents(root / 'out') == before
+
+
+def test_each_pipeline_takes_its_own_flags():
+  """A flag of the other pipeline, a missing required flag or an unknown
+  pipeline is a usage error naming it (before anything is read)."""
+  for args, message in (
+      (['convert', '--video_dir=v', '--output=o', '--checkpoint_path=c',
+        '--pca_dim=2'], 'convert does not take --checkpoint_path, '
+       '--pca_dim'),
+      (['extract_features', '--video_dir=v', '--output=o', '--fps=2'],
+       'extract_features needs --checkpoint_path'),
+      (['extract_features', '--video_dir=v', '--output=o',
+        '--checkpoint_path=c', '--jpeg_quality=80'],
+       'extract_features does not take --jpeg_quality'),
+      (['build', '--video_dir=v'], r"one pipeline of \('convert', "
+       r"'extract_features'\); got \['build'\]")):
+    with pytest.raises(app.UsageError, match=message):
+      cli.run_main(beam_pipelines, *args)
 
 
 @needs_beam
