@@ -111,6 +111,27 @@ def test_a_previous_conversion_is_kept_unless_a_new_one_completes(corpus):
   assert _contents(root / 'out') == before
 
 
+def test_a_remote_video_folder_is_read_like_a_local_one(tmp_path):
+  """Workers on a cluster read --video_dir from Cloud Storage: a remote
+  folder (TensorFlow's ram:// file system standing in for gs://) is listed
+  and each video copied locally for OpenCV, giving the local file's record;
+  a broken remote file is an error naming it."""
+  local = tmp_path / 'videos'
+  videos.write_demo_videos(str(local), videos_per_class=1, num_frames=4,
+                           size=32)
+  remote = 'ram://beam_test/videos'
+  found = video_records.list_videos(str(local))
+  for video in found:
+    tf.io.gfile.makedirs(os.path.dirname(os.path.join(remote, video)))
+    tf.io.gfile.copy(str(local / video), os.path.join(remote, video))
+  tf.io.gfile.GFile(os.path.join(remote, BROKEN), 'wb').write(b'not a video')
+  assert video_records.list_videos(remote) == sorted(found + [BROKEN])
+  assert (video_records.encode_video(remote, found[0], [3]) ==
+          video_records.encode_video(str(local), found[0], [3]))
+  with pytest.raises(ValueError, match=f'{remote}/{BROKEN}'):
+    video_records.encode_video(remote, BROKEN, [2])
+
+
 def test_each_pipeline_takes_its_own_flags():
   """A flag of the other pipeline, a missing required flag or an unknown
   pipeline is a usage error naming it (before anything is read)."""
