@@ -211,7 +211,9 @@ _MODULES = {
     'official_ext.export_saved_model', 'official_ext.export_tflite',
     'official_ext.benchmark', 'official_ext.yt8m.predict',
     'official_ext.yt8m.demo_data', 'official_ext.yt8m.segment_eval',
-    'official_ext.assemblenet.derive_structure'}
+    'official_ext.assemblenet.derive_structure',
+    'official_ext.assemblenet.extract_features',
+    'official_ext.assemblenet.videos'}
 # Modules whose command takes one positional argument from a fixed set.
 _POSITIONAL = {
     'official_ext.assemblenet.beam_pipelines': (

@@ -20,11 +20,13 @@ video of N frames at `fps` gives max(1, floor(N / fps * rate)) features.
 
 The feature (`--feature_layer`):
 
-* 'backbone' (default): the backbone's output -- the head's input -- averaged
-  over time and space, float32 [C] (C: the last block group's channels);
-* 'head': the head's pre-logit feature (`LiteHead.embedding`: its second
-  1x1x1 convolution, BN, ReLU, averaged over time and space), float32
-  [head_filters[1]], what the classifier's dense layer reads.
+* 'head' (default): the head's pre-logit feature (`LiteHead.embedding`: its
+  second 1x1x1 convolution, BN, ReLU, averaged over time and space), float32
+  [head_filters[1]], what the classifier's dense layer reads -- the layer
+  YouTube-8M's features come from (Inception's pre-logit pool);
+* 'backbone': the backbone's output -- the head's input -- averaged over
+  time and space, float32 [C] (C: the last block group's channels; narrower
+  and less trained for classification).
 
 Inputs: `--video_dir`, a folder of video files (decoded by
 `videos.read_video`, OpenCV, as the TFRecord converter decodes them; labels
@@ -82,7 +84,7 @@ from official_ext.core import frame_features
 from official_ext.core import kernel_policy
 from official_ext.core import output_files
 
-FEATURE_LAYERS = ('backbone', 'head')
+FEATURE_LAYERS = ('head', 'backbone')
 ENCODINGS = ('float', 'quantized')
 FEATURE_NAME = 'rgb'
 PCA_SUFFIX = '.pca.npz'
@@ -126,7 +128,7 @@ class FeatureExtractor:
   """
 
   def __init__(self, params: config_definitions.ExperimentConfig,
-               model: tf_keras.Model, feature_layer: str = 'backbone',
+               model: tf_keras.Model, feature_layer: str = 'head',
                batch_size: int = 16):
     """Args: params: the model's experiment; model: the restored
     `AssembleNetPlusLiteModel`; feature_layer: one of FEATURE_LAYERS;
@@ -476,8 +478,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_string('input_path', None, 'Or clip TFRecords (glob).', **d)
   flags.DEFINE_float('fps', None, 'Frame rate of --input_path records.', **d)
   flags.DEFINE_float('rate', 1.0, 'Features per second.', **d)
-  flags.DEFINE_enum('feature_layer', 'backbone', FEATURE_LAYERS,
-                    'backbone: pooled backbone output; head: pre-logits.', **d)
+  flags.DEFINE_enum('feature_layer', 'head', FEATURE_LAYERS,
+                    'head: pre-logits; backbone: pooled backbone output.', **d)
   flags.DEFINE_enum('encoding', 'float', ENCODINGS, 'float32 features, or '
                     "YouTube-8M's PCA + uint8 quantization.", **d)
   flags.DEFINE_integer('pca_dim', None, 'Fit a PCA of this many dimensions '

@@ -222,3 +222,40 @@ def write_demo_videos(video_dir: str, videos_per_class: int,
                   fps)
       written[path] = label
   return written
+
+
+
+def define_flags(flag_values=None) -> None:
+  """The flags of `python -m official_ext.assemblenet.videos` (writes the
+  demo videos) in `flag_values` (default: absl's FLAGS)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  d = dict(flag_values=flag_values or flags.FLAGS)
+  flags.DEFINE_string('output_dir', None, 'New or empty folder.', **d)
+  flags.DEFINE_integer('videos_per_class', None, 'Videos of each class.', **d)
+  flags.DEFINE_integer('num_frames', 16, 'Frames per video.', **d)
+  flags.DEFINE_integer('size', 32, 'Height and width.', **d)
+  flags.DEFINE_float('fps', 8.0, 'Frame rate stated in the files.', **d)
+  flags.DEFINE_integer('seed', 0, 'Random seed (use another per split).', **d)
+  flags.DEFINE_string('extension', '.mp4', 'File type (codec).', **d)
+  flags.mark_flags_as_required(['output_dir', 'videos_per_class'],
+                               flag_values=d['flag_values'])
+
+
+def main(argv: Sequence[str], flag_values=None) -> None:
+  """Writes `write_demo_videos(...)` into a new or empty --output_dir."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  del argv
+  fv = flag_values or flags.FLAGS
+  if os.path.isdir(fv.output_dir) and os.listdir(fv.output_dir):
+    raise ValueError(f'--output_dir={fv.output_dir} is not empty; choose a '
+                     'new or empty folder.')
+  written = write_demo_videos(fv.output_dir, fv.videos_per_class,
+                              fv.num_frames, fv.size, fv.fps, fv.seed,
+                              fv.extension)
+  print(f'wrote {len(written)} videos to {fv.output_dir}')
+
+
+if __name__ == '__main__':
+  from absl import app  # pylint: disable=g-import-not-at-top
+  define_flags()
+  app.run(main)

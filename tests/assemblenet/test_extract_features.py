@@ -1,0 +1,251 @@
+"""The feature bridge: encoded videos -> AssembleNet++lite -> YT8M records.
+
+One chain, shared by the tests (module fixture): the demo's moving shapes
+written as .mp4 files (OpenCV), converted to clip records, a minimal
+AssembleNet++lite trained on them by `official_ext.train`, its features
+extracted from the .mp4 files (PCA fitted on the training split, quantized
+as YouTube-8M does), and a YT8M DBoF model trained on those records, whose
+validation hit@1 must beat chance (1/8) by a stated margin.
+"""
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf, tf_keras
+
+from official.core import exp_factory
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext import train
+from official_ext.assemblenet import extract_features as ef
+from official_ext.assemblenet import videos as videos_lib
+from official_ext.core import frame_features
+from official_ext.yt8m import configs as yt8m_configs
+from official_ext.yt8m import dataloader as yt8m_dataloader
+from tests import cli
+from tests.assemblenet import minimal
+
+_SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'scripts',
+                       'assemblenet_videos_to_tfrecord.py')
+NUM_CLASSES = 8
+FRAMES, FPS = 16, 4.0  # 4 s videos: 4 features each at YouTube-8M's rate.
+PCA_DIM = 8
+# The bridge's validation hit@1 must beat chance (1/8) by this much.
+MARGIN = 0.25
+
+
+def _converter():
+  spec = importlib.util.spec_from_file_location('videos_to_tfrecord', _SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _anet_params(records, model_dir_steps=240):
+  params = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
+  shape = [4, 32, 32, 3]
+  data = dict(feature_shape=shape, tfds_name='', input_path=records)
+  params.override({
+      'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
+      'task': {
+          'model': {'backbone': minimal.backbone(), 'head_filters': [16, 24],
+                    'dropout_rate': 0.0},
+          'train_data': dict(data, global_batch_size=8,
+                             shuffle_buffer_size=64, num_examples=32),
+          'validation_data': dict(data, global_batch_size=8,
+                                  num_examples=24),
+          'demo_data': {'enabled': False}},
+      'trainer': {
+          'train_steps': model_dir_steps, 'steps_per_loop': model_dir_steps,
+          'checkpoint_interval': model_dir_steps,
+          'summary_interval': model_dir_steps,
+          'optimizer_config': {
+              'learning_rate': {'cosine': {'initial_learning_rate': 0.01,
+                                           'decay_steps': model_dir_steps}},
+              'warmup': {'linear': {'warmup_steps': 10}}}},
+  }, is_strict=True)
+  params.validate()
+  return params
+
+
+def _yt8m_params(train_files, validation_files, steps=160):
+  params = exp_factory.get_exp_config('yt8m_demo')
+  data = dict(feature_names=['rgb'], feature_sizes=[PCA_DIM],
+              feature_dtypes=['uint8'], feature_from_bytes=[True],
+              num_classes=NUM_CLASSES, max_frames=4, global_batch_size=8)
+  params.override({
+      'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
+      'task': {
+          'model': {'backbone': {'dbof': {'cluster_size': 16,
+                                          'hidden_size': 16}}},
+          'train_data': dict(data, input_path=train_files,
+                             num_sample_frames=None, num_examples=32),
+          'validation_data': dict(data, input_path=validation_files,
+                                  num_examples=24),
+          'demo_data': {'enabled': False}, 'jit_compile': False},
+      'trainer': {'train_steps': steps, 'steps_per_loop': steps,
+                  'checkpoint_interval': steps, 'summary_interval': steps,
+                  'validation_interval': steps, 'validation_steps': -1,
+                  'optimizer_config': {
+                      'learning_rate': {'exponential': {
+                          'initial_learning_rate': 0.01}},
+                      'warmup': {'linear': {'warmup_steps': 10}}}},
+  }, is_strict=True)
+  params.validate()
+  return params
+
+
+@pytest.fixture(scope='module')
+def bridge(tmp_path_factory):
+  root = tmp_path_factory.mktemp('bridge')
+  tf_keras.utils.set_random_seed(3)
+  split = {}
+  for name, per_class, seed in (('train', 4, 1), ('validation', 3, 2)):
+    video_dir = str(root / 'videos' / name)
+    written = videos_lib.write_demo_videos(video_dir, per_class, FRAMES,
+                                           fps=FPS, seed=seed)
+    files, _ = _converter().convert(video_dir, str(root / 'clips' / name))
+    split[name] = dict(video_dir=video_dir, videos=written, clips=files[0])
+  model_dir = str(root / 'anet')
+  params = _anet_params(split['train']['clips'])
+  model, _ = train.run(params, 'train', model_dir)
+  # The command (test_cli_...) loads it from model_dir and its params.yaml.
+  extractor = ef.FeatureExtractor(params, model)
+  (root / 'features').mkdir()
+  train_out = str(root / 'features' / 'train')
+  summary = ef.extract(extractor,
+                       ef.videos_in_folder(split['train']['video_dir']),
+                       train_out, encoding='quantized', pca_dim=PCA_DIM)
+  return dict(root=root, split=split, model_dir=model_dir,
+              extractor=extractor, train_out=train_out, summary=summary)
+
+
+def _records(path):
+  return [tf.train.SequenceExample.FromString(r.numpy())
+          for r in tf.data.TFRecordDataset(path)]
+
+
+def _features_of(bridge, split, index=0):
+  path = sorted(bridge['split'][split]['videos'])[index]
+  video = videos_lib.read_video(path)
+  return path, ef.extract_video(bridge['extractor'], video.frames, video.fps)
+
+
+def test_rate_gives_features_per_second(bridge):
+  extractor = bridge['extractor']
+  assert ef.clip_windows(FRAMES, FPS, 1.0, 4) == [(0, 4), (4, 8), (8, 12),
+                                                  (12, 16)]
+  assert ef.clip_windows(10, 4.0, 2.0, 8) == [(0, 8), (0, 8), (1, 9),
+                                              (2, 10), (2, 10)]
+  path = sorted(bridge['split']['train']['videos'])[0]
+  video = videos_lib.read_video(path)
+  assert video.fps == FPS and len(video.frames) == FRAMES
+  for rate in (1.0, 2.0):
+    features = ef.extract_video(extractor, video.frames, video.fps, rate)
+    assert features.shape == (FRAMES / FPS * rate, extractor.dim)
+  assert bridge['summary'].features_per_video == [4] * 32
+
+
+def test_head_feature_is_what_the_classifier_reads(bridge):
+  """--feature_layer=head is the input of the dense layer: dense(feature)
+  gives the model's logits."""
+  extractor = bridge['extractor']
+  model = extractor.model
+  clip = np.random.default_rng(0).uniform(size=[2, 4, 32, 32, 3]).astype(
+      np.float32)
+  embedding = model.head.embedding(
+      model.backbone(clip, training=False)['output'], training=False)
+  dense = model.head._dense  # pylint: disable=protected-access
+  np.testing.assert_allclose(dense(embedding), model({'image': clip}),
+                             rtol=1e-4, atol=1e-5)
+  assert extractor.dim == embedding.shape[-1] == 24
+
+
+def test_pca_fitted_on_train_is_reused_for_validation(bridge):
+  pca_file = bridge['train_out'] + ef.PCA_SUFFIX
+  pca = frame_features.load_pca(pca_file)
+  assert (pca.dim, pca.input_dim) == (PCA_DIM, 24)
+  val_out = str(bridge['root'] / 'features' / 'validation_float')
+  sources = ef.videos_in_folder(bridge['split']['validation']['video_dir'])
+  ef.extract(bridge['extractor'], sources[:3], val_out, encoding='quantized',
+             pca_file=pca_file)
+  assert not os.path.exists(val_out + ef.PCA_SUFFIX)  # Loaded, not fitted.
+  path, features = _features_of(bridge, 'validation')
+  record = _records(ef.shard_paths(val_out, 1)[0])[0]
+  assert record.context.feature['id'].bytes_list.value[0].decode() == (
+      os.path.relpath(path, bridge['split']['validation']['video_dir']))
+  stored = np.stack([np.frombuffer(f.bytes_list.value[0], np.uint8) for f in
+                     record.feature_lists.feature_list['rgb'].feature])
+  np.testing.assert_array_equal(stored,
+                                frame_features.quantize(pca.apply(features)))
+  # A PCA fitted on the validation features would encode them otherwise.
+  refit = frame_features.fit_pca(features, 2)
+  assert not np.allclose(refit.mean, pca.mean)
+  with pytest.raises(FileExistsError, match='validation_float'):
+    ef.extract(bridge['extractor'], sources[:1], val_out,
+               encoding='quantized', pca_file=pca_file)
+
+
+def test_records_read_back_within_the_quantization_error(bridge):
+  """The YT8M input pipeline reads the quantized records: its dequantized
+  frames equal the whitened PCA features (clipped to [-2, 2]) within half a
+  quantization step; float records read back exactly."""
+  pca = frame_features.load_pca(bridge['train_out'] + ef.PCA_SUFFIX)
+  data = yt8m_configs.DataConfig(
+      input_path=ef.shard_paths(bridge['train_out'], 1)[0],
+      feature_names=('rgb',), feature_sizes=(PCA_DIM,),
+      feature_dtypes=('uint8',), feature_from_bytes=(True,),
+      num_classes=NUM_CLASSES, max_frames=4, is_training=False,
+      include_video_id=True, global_batch_size=4, drop_remainder=False)
+  batch = next(iter(yt8m_dataloader.build_dataset(data)))
+  first = sorted(bridge['split']['train']['videos'])[0]
+  ids = [v.decode() for v in batch['video_ids'].numpy()]
+  row = ids.index(os.path.relpath(first, bridge['split']['train']['video_dir']))
+  _, features = _features_of(bridge, 'train')
+  # Values outside [-2, 2] are stored as its ends.
+  expected = np.clip(pca.apply(features), -2.0, 2.0)
+  error = np.abs(batch['video_matrix'].numpy()[row] - expected)
+  assert error.max() <= frame_features.QUANTIZATION_SCALE / 2 + 1e-5
+  assert np.ptp(expected) > 1.0  # Not a constant feature.
+  example = ef.make_yt8m_example('v', [3], features, 'float')
+  float_data = data.replace(feature_dtypes=('float32',),
+                            feature_from_bytes=(False,),
+                            feature_sizes=(features.shape[1],),
+                            input_path=str(bridge['root'] / 'float.tfrecord'))
+  with tf.io.TFRecordWriter(float_data.input_path) as w:
+    w.write(example.SerializeToString())
+  batch = next(iter(yt8m_dataloader.build_dataset(float_data)))
+  np.testing.assert_array_equal(batch['video_matrix'].numpy()[0], features)
+  assert batch['labels'].numpy()[0].argmax() == 3
+
+
+def test_unreadable_video_is_named(bridge, tmp_path):
+  video_dir = tmp_path / 'videos'
+  videos_lib.write_demo_videos(str(video_dir), 1, 8, fps=FPS)
+  broken = video_dir / '0_square_right' / 'broken.mp4'
+  broken.write_bytes(b'not a video')
+  sources = ef.videos_in_folder(str(video_dir))
+  with pytest.raises(ValueError, match='broken.mp4'):
+    ef.extract(bridge['extractor'], sources, str(tmp_path / 'a'))
+  assert not ef.previous_output(str(tmp_path / 'a'))  # Nothing written.
+  summary = ef.extract(bridge['extractor'], sources, str(tmp_path / 'b'),
+                       skip_unreadable=True)
+  assert summary.skipped == [str(broken)] and summary.num_videos == 8
+
+
+def test_cli_and_the_bridge_beats_chance(bridge):
+  """The command on the validation videos (PCA loaded from the training
+  split), then a YT8M DBoF trained on the training features: validation
+  hit@1 beats chance by MARGIN."""
+  val_out = str(bridge['root'] / 'features' / 'validation')
+  cli.run_main(ef, f'--checkpoint_path={bridge["model_dir"]}',
+               f'--video_dir={bridge["split"]["validation"]["video_dir"]}',
+               f'--output={val_out}', '--encoding=quantized',
+               f'--pca_file={bridge["train_out"]}{ef.PCA_SUFFIX}')
+  params = _yt8m_params(ef.shard_paths(bridge['train_out'], 1)[0],
+                        ef.shard_paths(val_out, 1)[0])
+  tf_keras.utils.set_random_seed(5)
+  _, metrics = train.run(params, 'train_and_eval',
+                         str(bridge['root'] / 'yt8m'))
+  hit_at_one = float(metrics['hit_at_one'])
+  assert hit_at_one >= 1 / NUM_CLASSES + MARGIN, metrics
