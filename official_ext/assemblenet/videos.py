@@ -229,7 +229,7 @@ def define_flags(flag_values=None) -> None:
   """The flags of `python -m official_ext.assemblenet.videos` (writes the
   demo videos) in `flag_values` (default: absl's FLAGS)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  d = dict(flag_values=flag_values or flags.FLAGS)
+  d = dict(flag_values=flags.FLAGS if flag_values is None else flag_values)
   flags.DEFINE_string('output_dir', None, 'New or empty folder.', **d)
   flags.DEFINE_integer('videos_per_class', None, 'Videos of each class.', **d)
   flags.DEFINE_integer('num_frames', 16, 'Frames per video.', **d)
@@ -245,7 +245,7 @@ def main(argv: Sequence[str], flag_values=None) -> None:
   """Writes `write_demo_videos(...)` into a new or empty --output_dir."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   del argv
-  fv = flag_values or flags.FLAGS
+  fv = flags.FLAGS if flag_values is None else flag_values
   if os.path.isdir(fv.output_dir) and os.listdir(fv.output_dir):
     raise ValueError(f'--output_dir={fv.output_dir} is not empty; choose a '
                      'new or empty folder.')
