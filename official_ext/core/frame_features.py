@@ -144,9 +144,10 @@ def pca_from_moments(moments: 'Moments', dim: int,
                      flag: str = '--pca_dim') -> Pca:
   """The `dim`-component PCA of features with these `Moments`.
 
-  The covariance is the unbiased one (scatter / (N - 1)); each component's
-  sign is fixed (its largest-magnitude entry positive), so the same data
-  gives the same PCA however its moments were merged. ValueError naming
+  The covariance is the unbiased one (scatter / (N - 1)), as `np.cov`'s;
+  moments merged in another order give it to rounding (a component's sign,
+  which a PCA leaves open, may then differ: every split must use the one
+  stored PCA, as it must anyway). ValueError naming
   `flag` when `dim` is not in [1, min(D, N - 1)] (more components than the
   features span would be arbitrary directions).
   """
@@ -160,11 +161,8 @@ def pca_from_moments(moments: 'Moments', dim: int,
   covariance = moments.scatter / (n - 1)
   eigenvalues, vectors = np.linalg.eigh((covariance + covariance.T) / 2)
   order = np.argsort(eigenvalues)[::-1][:dim]
-  components = vectors[:, order].T
-  largest = np.argmax(np.abs(components), axis=1)
-  components *= np.sign(components[np.arange(dim), largest])[:, None]
   return Pca(mean=moments.mean.astype(np.float32),
-             components=components.astype(np.float32),
+             components=vectors[:, order].T.astype(np.float32),
              eigenvalues=np.maximum(eigenvalues[order], 0.0).astype(
                  np.float32))
 
