@@ -3,16 +3,18 @@
 One reader for every command that takes a user's video files (the
 TFRecord converter, `predict`, `extract_features`), so a video is decoded
 and labelled the same way wherever it enters (labels from class
-sub-folders or a labels CSV: `video_labels`): OpenCV's FFmpeg decoder, BGR -> RGB,
-optionally resampled to a frame rate (frames kept at the source's times
-nearest a regular grid; never more frames than the source has) and resized
-so its short side has a given length (`cv2.INTER_AREA`).
+sub-folders or a labels CSV: `video_labels`): OpenCV's FFmpeg decoder,
+BGR -> RGB, optionally resampled to a frame rate (frames kept at the
+source's times nearest a regular grid; never more frames than the source
+has) and resized so its short side has a given length (`cv2.INTER_AREA`).
 
 `write_video` writes uint8 RGB frames as an encoded file (`cv2.VideoWriter`:
 mp4v for .mp4/.mov, MJPG for .avi, VP8 for .webm), and `write_demo_videos`
 a folder of the demo's moving shapes (`demo_data.render_video`) as real
 encoded videos in class sub-folders, so the demo and the tests run the
-video commands on what a codec produced, not on arrays.
+video commands on what a codec produced, not on arrays
+(`python -m official_ext.assemblenet.videos --output_dir=DIR
+--videos_per_class=N` writes them).
 """
 import csv
 import dataclasses
