@@ -4,6 +4,11 @@ import setuptools
 # official_ext.readout.nwb (scripts/nwb_to_readout.py): Neurodata Without
 # Borders files in (the version its tests ran with).
 NWB = ["pynwb~=4.2.0"]
+# official_ext.assemblenet.beam_pipelines: Apache Beam (the version its tests
+# ran with; `tfrecord` adds the CRC library WriteToTFRecord needs). It caps
+# protobuf below 7 (TensorFlow 2.20 takes >= 5.28), pyarrow below 26 and
+# pillow below 13: installed beside TensorFlow it settles those versions.
+BEAM = ["apache-beam[tfrecord]~=2.77.0"]
 
 setuptools.setup(
     name="official_ext",
@@ -30,7 +35,9 @@ setuptools.setup(
     ],
     extras_require={
         "nwb": NWB,
-        # scikit-learn: readout metric tests; NWB: the NWB converter's tests.
-        "test": ["pytest", "pytest-xdist", "scikit-learn"] + NWB,
+        "beam": BEAM,
+        # scikit-learn: readout metric tests; NWB: the NWB converter's tests;
+        # BEAM: the Beam pipelines' tests.
+        "test": ["pytest", "pytest-xdist", "scikit-learn"] + NWB + BEAM,
     },
 )

@@ -215,11 +215,20 @@ _MODULES = {
     'official_ext.assemblenet.predict',
     'official_ext.assemblenet.extract_features',
     'official_ext.assemblenet.videos'}
+# Modules whose command takes one positional argument from a fixed set.
+_POSITIONAL = {
+    'official_ext.assemblenet.beam_pipelines': (
+        'convert', 'extract_features')}
 
 
 def _check_command(words, path):
   if words[:2] == ['python', '-m'] and words[2] == 'official_ext.train':
     _check_train(words[3:], path)
+  elif words[:2] == ['python', '-m'] and words[2] in _POSITIONAL:
+    module = __import__(words[2], fromlist=['main'])
+    positional = cli._parse(module, words[3:])[1][1:]  # pylint: disable=protected-access
+    assert len(positional) == 1 and positional[0] in _POSITIONAL[words[2]], (
+        words)
   elif words[:2] == ['python', '-m'] and words[2] in _MODULES:
     module = __import__(words[2], fromlist=['main'])
     # Parsed as the command line is (`--name value` too): unknown flags and

@@ -64,7 +64,6 @@ unless `--overwrite`. An unreadable video is an error naming it, or, with
 """
 import dataclasses
 import os
-import re
 import sys
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
@@ -76,6 +75,7 @@ import tensorflow as tf, tf_keras
 
 from official.core import config_definitions
 from official_ext.assemblenet import dataloader
+from official_ext.assemblenet import video_records
 from official_ext.assemblenet import videos as videos_lib
 from official_ext.assemblenet.modeling import assemblenet_plus_lite
 from official_ext.assemblenet import task as task_lib
@@ -348,20 +348,14 @@ def videos_in_records(input_path: str, fps: Optional[float],
 
 
 def shard_paths(output: str, num_shards: int) -> List[str]:
-  return [f'{output}-{i:05d}-of-{num_shards:05d}.tfrecord'
-          for i in range(num_shards)]
+  """`OUTPUT-0000i-of-0000n.tfrecord` (the converter's naming)."""
+  return video_records.shard_paths(output, num_shards)
 
 
 def previous_output(output: str) -> List[str]:
   """Files of an earlier run to the prefix `output` (shards of any count,
   its .pca.npz), sorted."""
-  folder, name = os.path.split(os.path.abspath(output))
-  if not os.path.isdir(folder):
-    return []
-  pattern = re.compile(re.escape(name) + r'(-\d{5}-of-\d{5}\.tfrecord|' +
-                       re.escape(PCA_SUFFIX) + ')$')
-  return sorted(os.path.join(folder, f) for f in os.listdir(folder)
-                if pattern.match(f))
+  return video_records.previous_output(output, (PCA_SUFFIX,))
 
 
 @dataclasses.dataclass

@@ -15,9 +15,10 @@ that read it (`yt8m.dataloader`, `yt8m.demo_data`) and those that write it
   sqrt(eigenvalues + PCA_EPSILON)`, i.e. projected on the top components
   and whitened, so each output dimension has unit variance on the data the
   PCA was fitted on and nearly all values fall in [-2, 2]. `Pca` is fitted
-  on one split's features (`fit_pca`), stored as an .npz file (`mean` [D],
-  `components` [dim, D], `eigenvalues` [dim]) and loaded unchanged for every
-  other split (`load_pca`).
+  on one split's features (`fit_pca`; on features computed by many workers,
+  from their merged `Moments`: `pca_from_moments`), stored as an .npz file
+  (`mean` [D], `components` [dim, D], `eigenvalues` [dim]) and loaded
+  unchanged for every other split (`load_pca`).
 * records: `make_sequence_example` writes a frame-level
   `tf.train.SequenceExample`: context `id` (bytes) and `labels` (int64), and
   per feature a feature list of one entry per frame: a bytes string of the
@@ -95,34 +96,85 @@ class Pca:
         path, lambda out: out.write(buffer.getvalue()), binary=True)
 
 
-def fit_pca(features: np.ndarray, dim: int, flag: str = '--pca_dim') -> Pca:
-  """Fits a `dim`-component PCA on float [N, D] features (N >= 2).
+@dataclasses.dataclass
+class Moments:
+  """Count, mean and scatter of feature vectors, mergeable across workers.
 
-  ValueError naming `flag` when `dim` is not in [1, min(D, N - 1)] (more
-  components than the features span would be arbitrary directions), or the
-  features are not finite.
+  `of` one batch, `merge` two (Chan, Golub and LeVeque's pairwise update),
+  in any order and grouping: how a PCA is fitted on features computed in
+  many places (the Beam feature pipeline) as in one (`fit_pca`).
+
+  Attributes:
+    count: N, the vectors seen.
+    mean: float64 [D].
+    scatter: float64 [D, D], sum of (x - mean)(x - mean)^T.
   """
-  features = np.asarray(features, np.float64)
-  if features.ndim != 2:
-    raise ValueError(f'fit_pca: features must be [N, D]; got '
-                     f'{features.shape}.')
-  n, d = features.shape
+  count: int
+  mean: np.ndarray
+  scatter: np.ndarray
+
+  @classmethod
+  def of(cls, features: np.ndarray, name: str = 'features') -> 'Moments':
+    """Of float [N, D] features (N >= 1); ValueError naming `name` if they
+    are not [N, D] or not finite."""
+    features = np.asarray(features, np.float64)
+    if features.ndim != 2 or not features.shape[0]:
+      raise ValueError(f'{name}: features must be [N, D] with N >= 1; got '
+                       f'{features.shape}.')
+    if not np.isfinite(features).all():
+      raise ValueError(f'{name}: the features hold NaN or infinite values.')
+    mean = features.mean(axis=0)
+    centred = features - mean
+    return cls(features.shape[0], mean, centred.T @ centred)
+
+  def merge(self, other: 'Moments') -> 'Moments':
+    """The moments of both sets; ValueError if their widths differ."""
+    if self.mean.shape != other.mean.shape:
+      raise ValueError(f'features of width {self.mean.shape[0]} and '
+                       f'{other.mean.shape[0]} cannot share a PCA.')
+    count = self.count + other.count
+    delta = other.mean - self.mean
+    mean = self.mean + delta * (other.count / count)
+    scatter = (self.scatter + other.scatter +
+               np.outer(delta, delta) * (self.count * other.count / count))
+    return Moments(count, mean, scatter)
+
+
+def pca_from_moments(moments: 'Moments', dim: int,
+                     flag: str = '--pca_dim') -> Pca:
+  """The `dim`-component PCA of features with these `Moments`.
+
+  The covariance is the unbiased one (scatter / (N - 1)), as `np.cov`'s;
+  moments merged in another order give it to rounding (a component's sign,
+  which a PCA leaves open, may then differ: every split must use the one
+  stored PCA, as it must anyway). ValueError naming
+  `flag` when `dim` is not in [1, min(D, N - 1)] (more components than the
+  features span would be arbitrary directions).
+  """
+  n, d = moments.count, moments.mean.shape[0]
   if not 1 <= dim <= min(d, n - 1):
     raise ValueError(
         f'{flag}={dim}: a PCA fitted on {n} feature vectors of width {d} has '
         f'at most min({d}, {n} - 1) = {max(0, min(d, n - 1))} components; '
         f'choose {flag} in [1, {max(1, min(d, n - 1))}] or fit on more '
         'features.')
-  if not np.isfinite(features).all():
-    raise ValueError('fit_pca: the features hold NaN or infinite values.')
-  mean = features.mean(axis=0)
-  covariance = np.cov(features - mean, rowvar=False).reshape(d, d)
-  eigenvalues, vectors = np.linalg.eigh(covariance)
+  covariance = moments.scatter / (n - 1)
+  eigenvalues, vectors = np.linalg.eigh((covariance + covariance.T) / 2)
   order = np.argsort(eigenvalues)[::-1][:dim]
-  return Pca(mean=mean.astype(np.float32),
+  return Pca(mean=moments.mean.astype(np.float32),
              components=vectors[:, order].T.astype(np.float32),
              eigenvalues=np.maximum(eigenvalues[order], 0.0).astype(
                  np.float32))
+
+
+def fit_pca(features: np.ndarray, dim: int, flag: str = '--pca_dim') -> Pca:
+  """Fits a `dim`-component PCA on float [N, D] features (N >= 2):
+  `pca_from_moments(Moments.of(features), dim, flag)`.
+
+  ValueError naming `flag` when `dim` is not in [1, min(D, N - 1)], or when
+  the features are not [N, D] or not finite.
+  """
+  return pca_from_moments(Moments.of(features, 'fit_pca'), dim, flag)
 
 
 def load_pca(path: str, flag: str = '--pca_file') -> Pca:

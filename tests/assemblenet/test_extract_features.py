@@ -7,7 +7,6 @@ extracted from the .mp4 files (PCA fitted on the training split, quantized
 as YouTube-8M does), and a YT8M DBoF model trained on those records, whose
 validation hit@1 must beat chance (1/8) by a stated margin.
 """
-import importlib.util
 import os
 
 import numpy as np
@@ -18,6 +17,7 @@ from official.core import exp_factory
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
 from official_ext.assemblenet import extract_features as ef
+from official_ext.assemblenet import video_records
 from official_ext.assemblenet import videos as videos_lib
 from official_ext.core import frame_features
 from official_ext.yt8m import configs as yt8m_configs
@@ -25,20 +25,11 @@ from official_ext.yt8m import dataloader as yt8m_dataloader
 from tests import cli
 from tests.assemblenet import minimal
 
-_SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'scripts',
-                       'assemblenet_videos_to_tfrecord.py')
 NUM_CLASSES = 8
 FRAMES, FPS = 16, 4.0  # 4 s videos: 4 features each at YouTube-8M's rate.
 PCA_DIM = 16
 # The bridge's validation hit@1 must beat chance (1/8) by this much.
 MARGIN = 0.25
-
-
-def _converter():
-  spec = importlib.util.spec_from_file_location('videos_to_tfrecord', _SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def _anet_params(records, model_dir_steps=300):
@@ -104,7 +95,7 @@ def bridge(tmp_path_factory):
     video_dir = str(root / 'videos' / name)
     written = videos_lib.write_demo_videos(video_dir, per_class, FRAMES,
                                            fps=FPS, seed=seed)
-    files, _ = _converter().convert(video_dir, str(root / 'clips' / name))
+    files, _ = video_records.convert(video_dir, str(root / 'clips' / name))
     split[name] = dict(video_dir=video_dir, videos=written, clips=files[0])
   model_dir = str(root / 'anet')
   params = _anet_params(split['train']['clips'])

@@ -1,4 +1,5 @@
-"""The video-folder-to-TFRecord script (scripts/assemblenet_videos_to_tfrecord.py)."""
+"""The video-folder-to-TFRecord converter (assemblenet.video_records) and its
+command (scripts/assemblenet_videos_to_tfrecord.py)."""
 import importlib.util
 import os
 
@@ -9,6 +10,7 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 from official_ext.assemblenet import configs
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
+from official_ext.assemblenet import video_records
 from official_ext.assemblenet import videos as videos_lib
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'scripts',
@@ -27,7 +29,6 @@ def _write_video(path, video):
 
 
 def test_video_folder_to_tfrecord(tmp_path):
-  script = _script()
   videos = list(demo_data.generate(4, 6, 32, seed=1))
   for i, video, label in videos:
     folder = tmp_path / 'videos' / demo_data.CLASS_NAMES[label]
@@ -35,10 +36,11 @@ def test_video_folder_to_tfrecord(tmp_path):
     _write_video(folder / f'v{i}.avi', video)
   (tmp_path / 'videos' / 'square_right' / 'broken.avi').write_bytes(b'xx')
   with pytest.raises(ValueError, match='broken.avi'):
-    script.convert(str(tmp_path / 'videos'), str(tmp_path / 'out' / 'a'))
-  files, skipped = script.convert(str(tmp_path / 'videos'),
-                                  str(tmp_path / 'out' / 'train'),
-                                  num_shards=2, skip_unreadable=True)
+    video_records.convert(str(tmp_path / 'videos'),
+                          str(tmp_path / 'out' / 'a'))
+  files, skipped = video_records.convert(str(tmp_path / 'videos'),
+                                         str(tmp_path / 'out' / 'train'),
+                                         num_shards=2, skip_unreadable=True)
   assert skipped == [os.path.join('square_right', 'broken.avi')]
   classes = (tmp_path / 'out' / 'train.classes.txt').read_text().split()
   params = configs.DataConfig(
@@ -52,10 +54,9 @@ def test_video_folder_to_tfrecord(tmp_path):
 
 
 def test_labels_csv_errors(tmp_path):
-  script = _script()
   (tmp_path / 'l.csv').write_text('a.mp4,1;x\n')
   with pytest.raises(ValueError, match=r'l\.csv:1'):
-    script.read_labels_csv(str(tmp_path / 'l.csv'))
+    videos_lib.read_labels_csv(str(tmp_path / 'l.csv'))
 
 
 
@@ -76,18 +77,17 @@ def test_a_used_output_is_refused_unless_asked(tmp_path):
   unreadable video, which truncated the previous run's shards) is refused
   before anything is read or written, naming the files there; other files
   of the folder do not count."""
-  script = _script()
   _videos(tmp_path / 'videos')
   out = tmp_path / 'out'
-  files, _ = script.convert(str(tmp_path / 'videos'), str(out / 'train'),
-                            num_shards=2)
+  files, _ = video_records.convert(str(tmp_path / 'videos'),
+                                   str(out / 'train'), num_shards=2)
   (out / 'validation-00000-of-00001.tfrecord').write_bytes(b'other')
   before = _contents(out)
   (tmp_path / 'videos' / 'square_right').mkdir(exist_ok=True)
   (tmp_path / 'videos' / 'square_right' / 'broken.avi').write_bytes(b'xx')
   with pytest.raises(FileExistsError) as error:
-    script.convert(str(tmp_path / 'videos'), str(out / 'train'),
-                   num_shards=2)
+    video_records.convert(str(tmp_path / 'videos'), str(out / 'train'),
+                          num_shards=2)
   message = str(error.value)
   assert f'--output={out / "train"}' in message and '--overwrite' in message
   for name in ('train-00000-of-00002.tfrecord', 'train.classes.txt'):
@@ -95,8 +95,8 @@ def test_a_used_output_is_refused_unless_asked(tmp_path):
   assert 'validation' not in message
   assert _contents(out) == before
   # Another prefix in the same folder is free.
-  script.convert(str(tmp_path / 'videos'), str(out / 'other'),
-                 skip_unreadable=True)
+  video_records.convert(str(tmp_path / 'videos'), str(out / 'other'),
+                        skip_unreadable=True)
 
 
 def test_a_failed_conversion_leaves_the_previous_shards(tmp_path):
@@ -104,19 +104,19 @@ def test_a_failed_conversion_leaves_the_previous_shards(tmp_path):
   when every video was written; an unreadable video leaves the previous
   run's shards as they were (and no staging file); a complete one replaces
   them, the previous run's shards of another count included."""
-  script = _script()
   _videos(tmp_path / 'videos')
   out = tmp_path / 'out'
-  script.convert(str(tmp_path / 'videos'), str(out / 'train'), num_shards=2)
+  video_records.convert(str(tmp_path / 'videos'), str(out / 'train'),
+                        num_shards=2)
   before = _contents(out)
   (tmp_path / 'videos' / 'square_right').mkdir(exist_ok=True)
   (tmp_path / 'videos' / 'square_right' / 'broken.avi').write_bytes(b'xx')
   with pytest.raises(ValueError, match='broken.avi'):
-    script.main(['--video_dir', str(tmp_path / 'videos'),
+    _script().main(['--video_dir', str(tmp_path / 'videos'),
                  '--output', str(out / 'train'), '--num_shards=3',
                  '--overwrite'])
   assert _contents(out) == before
-  files, skipped = script.convert(
+  files, skipped = video_records.convert(
       str(tmp_path / 'videos'), str(out / 'train'), num_shards=3,
       skip_unreadable=True, overwrite=True)
   assert len(skipped) == 1
@@ -129,10 +129,9 @@ def test_a_failed_conversion_leaves_the_previous_shards(tmp_path):
 def test_more_shards_than_videos_is_refused(tmp_path):
   """A shard without a video would be an empty file, which training
   refuses: the conversion names --num_shards and writes nothing."""
-  script = _script()
   _videos(tmp_path / 'videos', n=2)
   with pytest.raises(ValueError, match=r'--num_shards=3 but 2 video\(s\) '
                      r'were written .*Use --num_shards of at most 2'):
-    script.convert(str(tmp_path / 'videos'), str(tmp_path / 'out' / 'train'),
-                   num_shards=3)
+    video_records.convert(str(tmp_path / 'videos'),
+                          str(tmp_path / 'out' / 'train'), num_shards=3)
   assert os.listdir(tmp_path / 'out') == []

@@ -1,0 +1,570 @@
+r"""Apache Beam pipelines for corpora too large for one process.
+
+    python -m official_ext.assemblenet.beam_pipelines convert \
+        --video_dir=/data/videos --output=/data/tfrecords/train --num_shards=256
+    python -m official_ext.assemblenet.beam_pipelines extract_features \
+        --checkpoint_path=/tmp/anet_demo --video_dir=/data/videos/train \
+        --output=/data/features/train --encoding=quantized --pca_dim=32 \
+        --beam_pipeline_options="runner=DataflowRunner,project=$PROJECT,\
+region=$REGION,temp_location=gs://$BUCKET/tmp,setup_file=./setup.py"
+
+Two pipelines, each the single-process command's per-video function run on
+Beam workers, so a video gives the same record either way:
+
+* `convert`: `video_records.convert` (video files -> clip TFRecords),
+  each video by `video_records.encode_video`. Its flags are the converter's
+  but --skip_unreadable (a failed video is always listed, below).
+* `extract_features`: `extract_features.extract` (video files -> YouTube-8M
+  frame-level feature records), each video by `extract_features.
+  extract_video` and `make_yt8m_example`; the model is loaded once per
+  worker process (`ExtractFeaturesFn.setup`, `load_extractor`). With --pca_dim the PCA is fitted on
+  every feature of this run (run it on the training split): each worker's
+  features are reduced to `frame_features.Moments` (count, mean, scatter),
+  merged (`MomentsFn`), and `frame_features.pca_from_moments` -- the
+  function `fit_pca` calls -- fits the PCA, a side input of the step that
+  writes the records, stored as OUTPUT.pca.npz. With --pca_file a stored
+  PCA is applied unchanged (the other splits). Only --video_dir inputs (not
+  the single-process command's --input_path records).
+
+Both: the launcher lists the videos and resolves their labels
+(`video_records.list_videos`, `videos.video_labels`; a labels problem is an
+error before the pipeline starts) and writes the list as a JSON-lines
+manifest into the staging folder, which the workers read (so the job graph
+stays small for any corpus). The records are written with
+`beam.io.WriteToTFRecord` as `OUTPUT-0000i-of-0000n.tfrecord` (--num_shards
+fixed; which shard holds a video is the runner's choice, not the
+single-process commands' round robin). A video that cannot be read or
+processed does not stop the corpus: it goes to a tagged side output,
+written as `OUTPUT.failures.tsv` (header `video<TAB>error`, one line per
+failed video: its path relative to --video_dir and the error naming it; the
+header alone when none failed). `convert` with class sub-folders also
+writes OUTPUT.classes.txt as the single-process converter does.
+
+Whole or not at all: the pipeline writes into a hidden staging folder beside
+the output (`core.output_files.write_together`; Beam's own temporary files
+inside it), and the launcher moves the files into place only after the
+pipeline succeeded and every shard holds a video. A failed pipeline (an
+error raised, the job cancelled, a shard left empty because fewer videos
+than --num_shards were written) leaves the output folder as it was and
+removes the staging folder; a killed launcher leaves the hidden
+`.NAME-...partial-*` folder, which can be deleted. Files of an earlier run
+to the same --output prefix (`video_records.previous_output`: shards of any
+count and the classes, failures and PCA files) are refused before anything
+is read, unless --overwrite: then they are replaced once the new files are
+complete.
+
+Pipeline options (runner, project, workers, ...) are given as TFDS gives
+them, in --beam_pipeline_options: comma-separated `key=value` pairs, each
+passed to Beam as `--key=value` (no comma inside a value); none: Beam's
+DirectRunner in this process. Workers need this package and its
+dependencies (Dataflow: `setup_file=./setup.py` from a checkout, or a
+custom container), and read --video_dir and --checkpoint_path themselves
+(on a cluster: `gs://` paths; a remote video is copied to a local
+temporary file for OpenCV). Beam is an optional dependency: `pip install
+"official_ext[beam]"` (docs/assemblenet.md); without it the pipelines raise
+an ImportError saying so, and this module still imports.
+"""
+import json
+import os
+import threading
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from absl import app
+from absl import flags
+
+from official_ext.assemblenet import extract_features
+from official_ext.assemblenet import video_records
+from official_ext.assemblenet import videos
+from official_ext.core import frame_features
+from official_ext.core import output_files
+
+try:
+  import apache_beam as beam  # pylint: disable=g-import-not-at-top
+  _BEAM_IMPORT_ERROR = None
+except ImportError as _error:  # The `beam` extra is optional.
+  beam = None
+  _BEAM_IMPORT_ERROR = _error
+
+FLAGS = flags.FLAGS
+
+PIPELINES = ('convert', 'extract_features')
+
+# The side output of the videos that failed.
+FAILED = 'failed'
+FAILURES_HEADER = 'video\terror'
+
+# The manifest the launcher writes for the workers (in the staging folder).
+_MANIFEST = 'videos.jsonl'
+
+
+def _require_beam() -> None:
+  if beam is None:
+    raise ImportError(
+        f'Apache Beam is not installed ({_BEAM_IMPORT_ERROR}); the Beam '
+        'pipelines need it: pip install "official_ext[beam]" (see '
+        'docs/assemblenet.md, "Large corpora with Apache Beam").')
+
+
+def pipeline_options(beam_pipeline_options: str):
+  """`beam.options.pipeline_options.PipelineOptions` of 'k=v,k2=v2'.
+
+  ValueError naming --beam_pipeline_options and the item without '='.
+  """
+  _require_beam()
+  from apache_beam.options import pipeline_options as options_lib  # pylint: disable=g-import-not-at-top
+  args = []
+  for item in filter(None, (i.strip() for i in
+                            beam_pipeline_options.split(','))):
+    key, eq, value = item.partition('=')
+    if not eq or not key:
+      raise ValueError(f'--beam_pipeline_options={beam_pipeline_options}: '
+                       f'{item!r} is not key=value.')
+    args.append(f'--{key.lstrip("-")}={value}')
+  return options_lib.PipelineOptions(args)
+
+
+def _error_text(error: Exception) -> str:
+  """One line: the error's type and message (no tab or newline)."""
+  return ' '.join(f'{type(error).__name__}: {error}'.split())
+
+
+class EncodeVideoFn(beam.DoFn if beam else object):
+  """Manifest line -> the video's serialized record, or (video, error) to
+  the `FAILED` output (`video_records.encode_video`)."""
+
+  def __init__(self, video_dir: str, fps: Optional[float],
+               short_side: Optional[int], jpeg_quality: int):
+    super().__init__()
+    self._video_dir = video_dir
+    self._fps = fps
+    self._short_side = short_side
+    self._jpeg_quality = jpeg_quality
+
+  def process(self, line: str):
+    item = json.loads(line)
+    try:
+      record = video_records.encode_video(
+          self._video_dir, item['video'], item['labels'], self._fps,
+          self._short_side, self._jpeg_quality)
+    except Exception as e:  # pylint: disable=broad-except
+      # Listed, not raised: one bad file does not stop the corpus.
+      yield beam.pvalue.TaggedOutput(FAILED, (item['video'], _error_text(e)))
+      return
+    yield record
+
+
+def _failure_line(failure) -> str:
+  """`video<TAB>error` (tabs and line breaks in the path as spaces)."""
+  video, error = failure
+  return f'{video.replace(chr(9), " ").replace(chr(10), " ")}\t{error}'
+
+
+class Result(NamedTuple):
+  """What a pipeline wrote.
+
+  Attributes:
+    files: the shards, `OUTPUT-0000i-of-0000n.tfrecord`.
+    failures_file: `OUTPUT.failures.tsv`.
+    failed: [(video, error)] of the videos not written, sorted.
+    num_videos: videos listed.
+    pca_file: `extract_features`: the PCA fitted (`OUTPUT.pca.npz`) or
+      applied; None without one.
+  """
+  files: List[str]
+  failures_file: str
+  failed: List[Sequence[str]]
+  num_videos: int
+  pca_file: Optional[str] = None
+
+
+def read_failures(path: str) -> List[Sequence[str]]:
+  """[(video, error)] of a failures file, sorted; ValueError naming the file
+  if its header is not `FAILURES_HEADER`."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  with tf.io.gfile.GFile(path) as f:
+    lines = f.read().splitlines()
+  if not lines or lines[0] != FAILURES_HEADER:
+    raise ValueError(f'{path}: expected the header {FAILURES_HEADER!r}; got '
+                     f'{lines[:1]}')
+  return sorted(tuple(line.split('\t', 1)) for line in lines[1:])
+
+
+def _run(options, video_dir: str, output: str, num_shards: int,
+         labels_csv: Optional[str], previous: Sequence[str],
+         extra_files: Sequence[str],
+         expand: Callable[..., Tuple[object, object]],
+         write_classes: bool = False) -> Result:
+  """Lists and labels the videos, runs the pipeline into a staging folder
+  and moves its files into place (module docstring).
+
+  `expand(manifest_lines, staged)` adds the per-video steps to the
+  pipeline: given the PCollection of manifest lines and {file: staging
+  path}, it returns (serialized records, (video, error) failures); it
+  writes `extra_files` (to their staging paths) itself.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  found = video_records.list_videos(video_dir)
+  label_of, classes = videos.video_labels(video_dir, found, labels_csv)
+  files = video_records.shard_paths(output, num_shards)
+  failures_file = output + video_records.FAILURES_SUFFIX
+  classes_file = output + video_records.CLASSES_SUFFIX
+  if not (write_classes and classes):
+    classes_file = None
+  with output_files.write_together(
+      files + [failures_file] + list(extra_files) +
+      ([classes_file] if classes_file else []), replaces=previous) as staged:
+    staging = os.path.dirname(staged[failures_file])
+    manifest = os.path.join(staging, _MANIFEST)
+    with tf.io.gfile.GFile(manifest, 'w') as f:
+      for v in found:
+        f.write(json.dumps({'video': v, 'labels': label_of[v]}) + '\n')
+    if classes_file:
+      with tf.io.gfile.GFile(staged[classes_file], 'w') as f:
+        f.write('\n'.join(classes) + '\n')
+    with beam.Pipeline(options=options) as pipeline:
+      lines = pipeline | 'ReadManifest' >> beam.io.ReadFromText(manifest)
+      records, failures = expand(lines, staged)
+      _ = records | 'WriteShards' >> beam.io.WriteToTFRecord(
+          os.path.join(staging, os.path.basename(output)),
+          file_name_suffix='.tfrecord', num_shards=num_shards,
+          shard_name_template='-SSSSS-of-NNNNN')
+      _ = (failures
+           | 'FormatFailures' >> beam.Map(_failure_line)
+           | 'WriteFailures' >> beam.io.WriteToText(
+               staged[failures_file], num_shards=1, shard_name_template='',
+               header=FAILURES_HEADER))
+    missing = [f for f, s in staged.items() if not tf.io.gfile.exists(s)]
+    if missing:
+      raise ValueError(f'the pipeline did not write {missing}; nothing was '
+                       'written.')
+    failed = read_failures(staged[failures_file])
+    video_records.check_shards_filled(num_shards, len(found) - len(failed),
+                                      len(failed))
+  return Result(files, failures_file, failed, len(found))
+
+
+def convert(video_dir: str, output: str, labels_csv: Optional[str] = None,
+            num_shards: int = 1, fps: Optional[float] = None,
+            short_side: Optional[int] = None, jpeg_quality: int = 90,
+            overwrite: bool = False,
+            beam_pipeline_options: str = '') -> Result:
+  """Runs the conversion pipeline (module docstring) to the end.
+
+  Args:
+    video_dir, output, labels_csv, num_shards, fps, short_side,
+      jpeg_quality, overwrite: as `video_records.convert`'s.
+    beam_pipeline_options: 'key=value,...' Beam pipeline options ('': the
+      DirectRunner).
+
+  Raises:
+    ImportError: Apache Beam is not installed.
+    FileExistsError: a previous conversion to `output` and not `overwrite`.
+    ValueError: a labels problem, or fewer videos converted than
+      `num_shards` (naming the flag and the failures); nothing written.
+  """
+  _require_beam()
+  options = pipeline_options(beam_pipeline_options)
+  previous = video_records.refuse_previous_output(output, overwrite)
+
+  def expand(lines, staged):
+    del staged
+    results = lines | 'EncodeVideos' >> beam.ParDo(EncodeVideoFn(
+        video_dir, fps, short_side, jpeg_quality)).with_outputs(
+            FAILED, main='records')
+    return results.records, results[FAILED]
+
+  return _run(options, video_dir, output, num_shards, labels_csv, previous,
+              (), expand, write_classes=True)
+
+
+# Models loaded in this process, by `load_extractor`'s arguments.
+_EXTRACTORS = {}
+_EXTRACTORS_LOCK = threading.Lock()
+
+
+def load_extractor(checkpoint_path: str, experiment: Optional[str] = None,
+                   config_files: Sequence[str] = (),
+                   params_override: str = '',
+                   feature_layer: str = 'backbone', batch_size: int = 16
+                   ) -> extract_features.FeatureExtractor:
+  """`FeatureExtractor.from_checkpoint`, once per process for the same
+  arguments: a worker's DoFn instances (one per thread) share one model."""
+  key = (checkpoint_path, experiment, tuple(config_files), params_override,
+         feature_layer, batch_size)
+  with _EXTRACTORS_LOCK:
+    if key not in _EXTRACTORS:
+      _EXTRACTORS[key] = extract_features.FeatureExtractor.from_checkpoint(
+          checkpoint_path, experiment, config_files, params_override,
+          feature_layer=feature_layer, batch_size=batch_size)
+    return _EXTRACTORS[key]
+
+
+class ExtractFeaturesFn(beam.DoFn if beam else object):
+  """Manifest line -> (video, labels, float32 [S, D] features), or (video,
+  error) to the `FAILED` output (`extract_features.extract_video`). The
+  model is loaded once per worker process (`setup`, `load_extractor`)."""
+
+  def __init__(self, video_dir: str, model: Dict[str, object],
+               short_side: Optional[int], rate: float,
+               pca_file: Optional[str], pca_input_dim: Optional[int]):
+    """`model`: `load_extractor`'s keyword arguments;
+    `pca_input_dim`: the width the --pca_file PCA takes, checked against the
+    model's features."""
+    super().__init__()
+    self._video_dir = video_dir
+    self._model = model
+    self._short_side = short_side
+    self._rate = rate
+    self._pca_file = pca_file
+    self._pca_input_dim = pca_input_dim
+    self._extractor = None
+
+  def setup(self):
+    self._extractor = load_extractor(**self._model)
+    if (self._pca_input_dim is not None and
+        self._pca_input_dim != self._extractor.dim):
+      raise ValueError(
+          f'--pca_file={self._pca_file} was fitted on '
+          f'{self._pca_input_dim}-wide features; this model\'s '
+          f'--feature_layer={self._extractor.feature_layer} gives '
+          f'{self._extractor.dim}.')
+
+  def process(self, line: str):
+    item = json.loads(line)
+    path = os.path.join(self._video_dir, item['video'])
+    try:
+      video = video_records.read_video_file(path,
+                                            short_side=self._short_side)
+      features = extract_features.extract_video(
+          self._extractor, video.frames, video.fps, self._rate, path)
+    except Exception as e:  # pylint: disable=broad-except
+      # Listed, not raised: one bad file does not stop the corpus.
+      yield beam.pvalue.TaggedOutput(FAILED, (item['video'], _error_text(e)))
+      return
+    yield item['video'], item['labels'], features
+
+
+class MomentsFn(beam.CombineFn if beam else object):
+  """(video, labels, features [S, D]) -> the `frame_features.Moments` of
+  every feature vector (for `pca_from_moments`); ValueError naming
+  --pca_dim when there is none (every video failed)."""
+
+  def create_accumulator(self):
+    return None
+
+  def add_input(self, accumulator, element):
+    video, _, features = element
+    moments = frame_features.Moments.of(features, f'video {video!r}')
+    return moments if accumulator is None else accumulator.merge(moments)
+
+  def merge_accumulators(self, accumulators):
+    merged = None
+    for moments in accumulators:
+      if moments is not None:
+        merged = moments if merged is None else merged.merge(moments)
+    return merged
+
+  def extract_output(self, accumulator):
+    if accumulator is None:
+      raise ValueError('--pca_dim: no video gave features to fit the PCA '
+                       'on (every one failed; see the failures file).')
+    return accumulator
+
+
+def _feature_record(element, encoding: str, pca) -> bytes:
+  video, labels, features = element
+  return extract_features.make_yt8m_example(
+      video, labels, features, encoding, pca).SerializeToString()
+
+
+def _save_pca(pca, path: str) -> None:
+  pca.save(path)
+
+
+def extract(checkpoint_path: str, video_dir: str, output: str,
+            experiment: Optional[str] = None,
+            config_files: Sequence[str] = (), params_override: str = '',
+            labels_csv: Optional[str] = None,
+            short_side: Optional[int] = None, rate: float = 1.0,
+            feature_layer: str = 'backbone', encoding: str = 'float',
+            pca_dim: Optional[int] = None, pca_file: Optional[str] = None,
+            num_shards: int = 1, batch_size: int = 16,
+            overwrite: bool = False,
+            beam_pipeline_options: str = '') -> Result:
+  """Runs the feature-extraction pipeline (module docstring) to the end.
+
+  Args:
+    checkpoint_path, experiment, config_files, params_override,
+      feature_layer, batch_size: the model (`extract_features.
+      FeatureExtractor.from_checkpoint`), loaded on each worker.
+    video_dir, labels_csv, short_side: the videos
+      (`extract_features.videos_in_folder`'s).
+    output, rate, encoding, pca_dim, pca_file, num_shards, overwrite: as
+      `extract_features.extract`'s; with `pca_dim` the PCA is fitted on
+      every feature of this run (the training split) and written to
+      OUTPUT.pca.npz.
+    beam_pipeline_options: 'key=value,...' ('': the DirectRunner).
+
+  Raises:
+    ImportError: Apache Beam is not installed.
+    FileExistsError: an earlier run's files at `output`, not `overwrite`.
+    ValueError: a flag problem (naming it), a labels problem, or fewer
+      videos extracted than `num_shards`; nothing written.
+  """
+  _require_beam()
+  options = pipeline_options(beam_pipeline_options)
+  if encoding not in extract_features.ENCODINGS:
+    raise ValueError(f'--encoding={encoding!r}: expected one of '
+                     f'{extract_features.ENCODINGS}.')
+  if pca_dim is not None and pca_file:
+    raise ValueError(f'--pca_dim={pca_dim} and --pca_file={pca_file}: give '
+                     'one (fit a PCA on this split, or load the one fitted '
+                     'on the training split).')
+  if encoding == 'quantized' and pca_dim is None and not pca_file:
+    raise ValueError('--encoding=quantized needs --pca_dim (fit the PCA on '
+                     'this, the training, split) or --pca_file (load it).')
+  pca_path = output + extract_features.PCA_SUFFIX
+  for path in video_records.shard_paths(output, num_shards) + [pca_path]:
+    output_files.check_output_file(
+        path, '--output', inputs=[('--pca_file', pca_file),
+                                  ('--labels_csv', labels_csv)],
+        models=[('--checkpoint_path', checkpoint_path)])
+  previous = video_records.refuse_previous_output(
+      output, overwrite, (extract_features.PCA_SUFFIX,
+                          video_records.FAILURES_SUFFIX))
+  loaded = frame_features.load_pca(pca_file) if pca_file else None
+  model = dict(checkpoint_path=checkpoint_path, experiment=experiment,
+               config_files=tuple(config_files),
+               params_override=params_override, feature_layer=feature_layer,
+               batch_size=batch_size)
+
+  def expand(lines, staged):
+    results = lines | 'ExtractFeatures' >> beam.ParDo(ExtractFeaturesFn(
+        video_dir, model, short_side, rate, pca_file,
+        loaded.input_dim if loaded else None)).with_outputs(
+            FAILED, main='features')
+    pca = loaded
+    if pca_dim is not None:
+      fitted = (results.features
+                | 'Moments' >> beam.CombineGlobally(MomentsFn())
+                | 'FitPca' >> beam.Map(frame_features.pca_from_moments,
+                                       pca_dim))
+      _ = fitted | 'SavePca' >> beam.Map(_save_pca, staged[pca_path])
+      pca = beam.pvalue.AsSingleton(fitted)
+    records = results.features | 'Records' >> beam.Map(
+        _feature_record, encoding, pca)
+    return records, results[FAILED]
+
+  result = _run(options, video_dir, output, num_shards, labels_csv,
+                previous, [pca_path] if pca_dim is not None else [], expand)
+  return result._replace(
+      pca_file=pca_path if pca_dim is not None else pca_file)
+
+
+# The flags each pipeline takes (besides --beam_pipeline_options); another
+# one given is an error naming it.
+_VIDEO_FLAGS = ('video_dir', 'output', 'labels_csv', 'num_shards',
+                'short_side', 'overwrite')
+PIPELINE_FLAGS = {
+    'convert': _VIDEO_FLAGS + ('fps', 'jpeg_quality'),
+    'extract_features': _VIDEO_FLAGS + (
+        'checkpoint_path', 'experiment', 'config_file', 'params_override',
+        'rate', 'feature_layer', 'encoding', 'pca_dim', 'pca_file',
+        'batch_size'),
+}
+_REQUIRED = {'convert': ('video_dir', 'output'),
+             'extract_features': ('video_dir', 'output', 'checkpoint_path')}
+
+
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
+  d = dict(flag_values=flag_values)
+  flags.DEFINE_string('video_dir', None, 'The folder of videos (local or '
+                      'gs://; class sub-folders or --labels_csv).', **d)
+  flags.DEFINE_string('output', None, 'Output path prefix.', **d)
+  flags.DEFINE_string('labels_csv', None, 'Lines `video,ids` (";"-separated '
+                      'ids), paths relative to --video_dir.', **d)
+  flags.DEFINE_integer('num_shards', 1, 'Output shards.', **d)
+  flags.DEFINE_integer('short_side', None, 'Resize frames to this short '
+                       'side.', **d)
+  flags.DEFINE_bool('overwrite', False, 'Replace the files of an earlier run '
+                    'to --output (once the new ones are complete).', **d)
+  flags.DEFINE_string('beam_pipeline_options', '', 'Beam pipeline options, '
+                      'comma-separated key=value (e.g. runner=DataflowRunner,'
+                      'project=P,...); empty: the DirectRunner.', **d)
+  # convert
+  flags.DEFINE_float('fps', None, 'convert: keep frames at this rate.', **d)
+  flags.DEFINE_integer('jpeg_quality', 90, 'convert: JPEG quality of the '
+                       'frames.', **d)
+  # extract_features
+  flags.DEFINE_string('checkpoint_path', None, 'extract_features: model_dir '
+                      'or ckpt-N prefix of a trained model.', **d)
+  flags.DEFINE_string('experiment', None, 'extract_features: needed only '
+                      'without params.yaml beside the checkpoint.', **d)
+  flags.DEFINE_multi_string('config_file', None, 'extract_features: YAML '
+                            'after params.yaml.', **d)
+  flags.DEFINE_string('params_override', '', 'extract_features: overrides, '
+                      'applied last.', **d)
+  flags.DEFINE_float('rate', 1.0, 'extract_features: features per second.',
+                     **d)
+  flags.DEFINE_enum('feature_layer', 'backbone',
+                    extract_features.FEATURE_LAYERS, 'extract_features: '
+                    'backbone: pooled backbone output; head: pre-logits.', **d)
+  flags.DEFINE_enum('encoding', 'float', extract_features.ENCODINGS,
+                    'extract_features: float32 features, or YouTube-8M\'s '
+                    'PCA + uint8 quantization.', **d)
+  flags.DEFINE_integer('pca_dim', None, 'extract_features: fit a PCA of '
+                       'this many dimensions on these features (the '
+                       'training split).', **d)
+  flags.DEFINE_string('pca_file', None, 'extract_features: or apply this '
+                      'stored PCA (.npz).', **d)
+  flags.DEFINE_integer('batch_size', 16, 'extract_features: clips per model '
+                       'call.', **d)
+
+
+def _check_flags(fv: flags.FlagValues, pipeline: str) -> None:
+  """UsageError naming a required flag missing, or a flag given that
+  `pipeline` does not take."""
+  missing = [f'--{n}' for n in _REQUIRED[pipeline]
+             if fv[n].value in (None, '')]
+  if missing:
+    raise app.UsageError(f'{pipeline} needs {", ".join(missing)}.')
+  takes = set(PIPELINE_FLAGS[pipeline]) | {'beam_pipeline_options'}
+  others = {n for p in PIPELINE_FLAGS.values() for n in p} - takes
+  given = sorted(f'--{n}' for n in others if fv[n].present)
+  if given:
+    raise app.UsageError(f'{pipeline} does not take {", ".join(given)}.')
+
+
+def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS
+         ) -> Result:
+  """Runs the pipeline named by the positional argument (`PIPELINES`);
+  prints and returns what it wrote."""
+  fv = flag_values
+  if len(argv) != 2 or argv[1] not in PIPELINES:
+    raise app.UsageError(f'expected one pipeline of {PIPELINES}; got '
+                         f'{list(argv[1:])}')
+  pipeline = argv[1]
+  _check_flags(fv, pipeline)
+  if pipeline == 'convert':
+    result = convert(fv.video_dir, fv.output, fv.labels_csv, fv.num_shards,
+                     fv.fps, fv.short_side, fv.jpeg_quality, fv.overwrite,
+                     fv.beam_pipeline_options)
+  else:
+    result = extract(
+        fv.checkpoint_path, fv.video_dir, fv.output, fv.experiment,
+        fv.config_file or (), fv.params_override, fv.labels_csv,
+        fv.short_side, fv.rate, fv.feature_layer, fv.encoding, fv.pca_dim,
+        fv.pca_file, fv.num_shards, fv.batch_size, fv.overwrite,
+        fv.beam_pipeline_options)
+  print(f'wrote {len(result.files)} shard(s) ({result.files[0]} ...) of '
+        f'{result.num_videos - len(result.failed)} of {result.num_videos} '
+        f'videos; {len(result.failed)} failed, listed in '
+        f'{result.failures_file}' +
+        (f'; PCA: {result.pca_file}' if result.pca_file else ''))
+  return result
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)

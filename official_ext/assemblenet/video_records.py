@@ -1,0 +1,233 @@
+r"""A folder of video files as Model Garden video TFRecords (the converter).
+
+Each video becomes one `tf.train.SequenceExample`: sequence feature
+`image/encoded` (one JPEG per kept frame) and context `clip/label/index`
+(int64 class ids), plus `clip/id` (bytes, the file's path relative to the
+folder) -- the format `official_ext.assemblenet.dataloader` (and Model
+Garden's `video_input`) reads.
+
+Labels come either from class sub-folders (`VIDEO_DIR/<class>/<video>`; class
+ids are the sorted folder names' indices, written to OUTPUT.classes.txt) or
+from a CSV (`labels_csv`: lines `relative/path.mp4,3;17` with ';'-separated
+class ids, for multi-label data such as Charades): `videos.video_labels`.
+
+Frames are decoded with OpenCV (`official_ext.assemblenet.videos`, the
+reader `predict` and `extract_features` use too), optionally resampled to
+`fps` and resized so their short side is `short_side`; `encode_video` turns
+one file into its serialized record. It is the one per-video function of
+both converters: `convert` here (one process) and the Apache Beam pipeline
+of `official_ext.assemblenet.beam_pipelines` (many workers).
+
+`convert` writes `OUTPUT-0000i-of-0000n.tfrecord` (video k of those written,
+in sorted path order, in shard k mod n) whole or not at all: the shards and
+OUTPUT.classes.txt are written into a hidden staging folder beside them and
+moved into place only once every video was written
+(`official_ext.core.output_files.write_together`); a failed run leaves the
+folder as it was (a killed one leaves the hidden `.NAME-...partial-*`
+folder, which can be deleted). An unreadable video stops the run with an
+error naming the file (or, with `skip_unreadable`, is listed and skipped).
+Files of a previous conversion to the same OUTPUT prefix (`previous_output`)
+are an error naming them, before any video is read, unless `overwrite`:
+then they are replaced once the new shards are complete, shards of another
+`num_shards` included. `scripts/assemblenet_videos_to_tfrecord.py` is its
+command.
+"""
+import os
+import re
+import sys
+import tempfile
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from official_ext.assemblenet import videos as videos_lib
+from official_ext.core import output_files
+
+VIDEO_EXTENSIONS = videos_lib.VIDEO_EXTENSIONS
+
+# Suffixes of the files beside the shards.
+CLASSES_SUFFIX = '.classes.txt'
+FAILURES_SUFFIX = '.failures.tsv'
+
+
+def make_example(frames, labels: Sequence[int], clip_id: str,
+                 jpeg_quality: int = 90):
+  """The `tf.train.SequenceExample` of one video.
+
+  Args:
+    frames: uint8 RGB [N, H, W, 3].
+    labels: its class ids.
+    clip_id: its path relative to the video folder.
+    jpeg_quality: of the frames' JPEGs, 0-100.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  ex = tf.train.SequenceExample()
+  ex.context.feature['clip/label/index'].int64_list.value.extend(labels)
+  ex.context.feature['clip/id'].bytes_list.value.append(clip_id.encode())
+  fl = ex.feature_lists.feature_list['image/encoded']
+  for frame in frames:
+    fl.feature.add().bytes_list.value.append(
+        tf.io.encode_jpeg(frame, quality=jpeg_quality).numpy())
+  return ex
+
+
+def read_video_file(path: str, fps: Optional[float] = None,
+                    short_side: Optional[int] = None) -> videos_lib.Video:
+  """`videos.read_video`, for a remote file (`gs://...`) through a local
+  copy (OpenCV reads local files only); ValueError naming the file."""
+  if '://' not in path:
+    return videos_lib.read_video(path, fps, short_side)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as folder:
+    local = os.path.join(folder, os.path.basename(path))
+    try:
+      tf.io.gfile.copy(path, local)
+    except tf.errors.OpError as e:
+      raise ValueError(f'cannot copy video file {path}: {e.message}') from e
+    try:
+      return videos_lib.read_video(local, fps, short_side)
+    except ValueError as e:
+      raise ValueError(f'{path} (copied to {local}): {e}') from e
+
+
+def encode_video(video_dir: str, video: str, labels: Sequence[int],
+                 fps: Optional[float] = None, short_side: Optional[int] = None,
+                 jpeg_quality: int = 90) -> bytes:
+  """The serialized record of one video (decode, resample, resize, encode).
+
+  Args:
+    video_dir: the folder (local or a `gs://` path).
+    video: the file's path relative to `video_dir` (its `clip/id`).
+    labels: its class ids.
+    fps, short_side: `videos.read_video`'s.
+    jpeg_quality: of the frames' JPEGs.
+
+  Raises:
+    ValueError: the video cannot be read (naming the file).
+  """
+  frames = read_video_file(os.path.join(video_dir, video), fps,
+                           short_side).frames
+  return make_example(frames, labels, video, jpeg_quality).SerializeToString()
+
+
+def shard_paths(output: str, num_shards: int) -> List[str]:
+  """`OUTPUT-0000i-of-0000n.tfrecord` for i < n."""
+  if num_shards < 1:
+    raise ValueError(f'--num_shards={num_shards}; expected at least 1.')
+  return [f'{output}-{i:05d}-of-{num_shards:05d}.tfrecord'
+          for i in range(num_shards)]
+
+
+def previous_output(output: str,
+                    suffixes: Sequence[str] = (CLASSES_SUFFIX,
+                                               FAILURES_SUFFIX)) -> List[str]:
+  """Files of an earlier run to the prefix `output` (local or `gs://`), sorted:
+  its shards of any count, `OUTPUT-0000i-of-0000n.tfrecord`, and
+  `output + suffix` for each of `suffixes` (the converter's: the classes and
+  failures files)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  folder, name = os.path.split(output if '://' in output
+                               else os.path.abspath(output))
+  if not tf.io.gfile.isdir(folder):
+    return []
+  shard = re.compile(re.escape(name) + r'-\d{5}-of-\d{5}\.tfrecord$')
+  return sorted(os.path.join(folder, f) for f in tf.io.gfile.listdir(folder)
+                if shard.match(f) or f in {name + s for s in suffixes})
+
+
+def refuse_previous_output(output: str, overwrite: bool,
+                           suffixes: Sequence[str] = (CLASSES_SUFFIX,
+                                                      FAILURES_SUFFIX)
+                           ) -> List[str]:
+  """`previous_output(output, suffixes)`; FileExistsError naming them unless
+  `overwrite` (call before any video is read)."""
+  previous = previous_output(output, suffixes)
+  if previous and not overwrite:
+    shown = ', '.join(os.path.basename(f) for f in previous[:5])
+    more = f' and {len(previous) - 5} more' if len(previous) > 5 else ''
+    raise FileExistsError(
+        f'--output={output}: {len(previous)} file(s) of a previous '
+        f'run are there ({shown}{more} in {os.path.dirname(previous[0])}); '
+        'nothing was written. '
+        'Choose another --output, or pass --overwrite to replace them once '
+        'the new shards are complete.')
+  return previous
+
+
+def list_videos(video_dir: str) -> List[str]:
+  """`videos.find_videos` (local folders) or the same listing of a remote
+  one (`gs://...`, through `tf.io.gfile.walk`); ValueError naming the
+  folder if it holds no video file."""
+  if '://' in video_dir:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    found = sorted(
+        os.path.relpath(os.path.join(root, f), video_dir)
+        for root, _, files in tf.io.gfile.walk(video_dir) for f in files
+        if videos_lib.is_video(f))
+  else:
+    found = videos_lib.find_videos(video_dir)
+  if not found:
+    raise ValueError(f'no video file ({", ".join(VIDEO_EXTENSIONS)}) under '
+                     f'{video_dir}')
+  return found
+
+
+def check_shards_filled(num_shards: int, written: int, failed: int) -> None:
+  """ValueError naming --num_shards when some shard would hold no video
+  (training refuses empty files)."""
+  if written < num_shards:
+    raise ValueError(
+        f'--num_shards={num_shards} but {written} video(s) were written '
+        f'({failed} unreadable skipped): {num_shards - written} '
+        f'shard(s) would be empty; nothing was written. Use --num_shards '
+        f'of at most {written}.')
+
+
+def convert(video_dir: str, output: str, labels_csv: Optional[str] = None,
+            num_shards: int = 1, fps: Optional[float] = None,
+            short_side: Optional[int] = None, jpeg_quality: int = 90,
+            skip_unreadable: bool = False, overwrite: bool = False,
+            log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
+            ) -> Tuple[List[str], List[str]]:
+  """Writes OUTPUT-0000i-of-0000n.tfrecord shards; returns (files, skipped).
+
+  All files or none (module docstring). `log` receives a line per skipped
+  video.
+
+  Raises:
+    FileExistsError: files of a previous conversion to `output` are there
+      and not `overwrite` (before any video is read).
+    ValueError: an unreadable video (unless `skip_unreadable`), a labels
+      problem, or more shards than videos written (naming the file or flag).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  previous = refuse_previous_output(output, overwrite)
+  found = list_videos(video_dir)
+  label_of, classes = videos_lib.video_labels(video_dir, found, labels_csv)
+  files = shard_paths(output, num_shards)
+  classes_file = output + CLASSES_SUFFIX
+  skipped = []
+  with output_files.write_together(
+      files + ([classes_file] if classes else []),
+      replaces=previous) as staged:
+    if classes:
+      with tf.io.gfile.GFile(staged[classes_file], 'w') as f:
+        f.write('\n'.join(classes) + '\n')
+    writers = [tf.io.TFRecordWriter(staged[f]) for f in files]
+    written = 0
+    try:
+      for v in found:
+        try:
+          record = encode_video(video_dir, v, label_of[v], fps, short_side,
+                                jpeg_quality)
+        except ValueError as e:
+          if not skip_unreadable:
+            raise
+          log(f'skipping: {e}')
+          skipped.append(v)
+          continue
+        writers[written % num_shards].write(record)
+        written += 1
+    finally:
+      for w in writers:
+        w.close()
+    check_shards_filled(num_shards, written, len(skipped))
+  return files, skipped
