@@ -172,17 +172,9 @@ class FeatureExtractor:
         params.yaml: `core.experiment_params`).
       **kwargs: `FeatureExtractor` arguments.
     """
-    if experiment is None:
-      if not experiment_params.find_params_yaml(checkpoint_path):
-        raise ValueError(
-            f'--checkpoint_path={checkpoint_path}: no '
-            f'{experiment_params.PARAMS_YAML} beside it, so the model and its '
-            'evaluation preprocessing are unknown; pass the --experiment '
-            '(and --config_file / --params_override) it was trained with.')
-      experiment = 'assemblenet_plus_lite_demo'  # Only the config class.
-    params = experiment_params.load_params(
-        experiment, config_files, params_override,
-        checkpoint_path=checkpoint_path)
+    params = experiment_params.load_model_params(
+        'assemblenet_plus_lite_demo', experiment, config_files,
+        params_override, checkpoint_path=checkpoint_path)
     tf_keras.mixed_precision.set_global_policy('float32')
     task = task_lib.AssembleNetTask(params.task)
     with kernel_policy.use(kernel_policy.resolve(
