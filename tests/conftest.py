@@ -4,7 +4,7 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # Under pytest-xdist each worker process gets one thread for an op's own
 # parallelism (TensorFlow reads the variable when it starts; child processes
-# inherit it): workers with TensorFlow's default of one per core each
+# inherit it): two workers with TensorFlow's default of one per core each
 # oversubscribe the cores (measured: a pair of test files side by side ran
 # 10-18% faster). Ops still run concurrently (inter-op threads unchanged).
 if int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1')) > 1:
@@ -81,21 +81,3 @@ def _release_module_state():
   import tf_keras  # pylint: disable=g-import-not-at-top
   tf_keras.backend.clear_session()
   gc.freeze()
-
-
-# The longest files start first (pytest-xdist hands out whole files in
-# collection order): one of them starting last would leave the other
-# workers idle at the end of the run.
-_LONGEST_FIRST = (
-    'tests/test_resilience.py', 'tests/test_multiworker.py',
-    'tests/joint/test_joint.py', 'tests/assemblenet/test_export.py',
-    'tests/assemblenet/test_modeling.py',
-    'tests/readout/test_accelerator_paths.py', 'tests/yt8m/test_train.py',
-    'tests/assemblenet/test_extract_features.py',
-)
-
-
-def pytest_collection_modifyitems(items):
-  rank = {path: i for i, path in enumerate(_LONGEST_FIRST)}
-  items.sort(key=lambda item: rank.get(
-      item.nodeid.split('::')[0], len(_LONGEST_FIRST)))
