@@ -4,7 +4,7 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # Under pytest-xdist each worker process gets one thread for an op's own
 # parallelism (TensorFlow reads the variable when it starts; child processes
-# inherit it): two workers with TensorFlow's default of one per core each
+# inherit it): workers with TensorFlow's default of one per core each
 # oversubscribe the cores (measured: a pair of test files side by side ran
 # 10-18% faster). Ops still run concurrently (inter-op threads unchanged).
 if int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1')) > 1:
