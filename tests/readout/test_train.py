@@ -68,9 +68,9 @@ def test_mirrored_two_replicas_matches_one_device(tmp_path, capsys, mirrored,
   of ~3e-5, which moves Adam's weights by less than the tolerance): each
   step moves a weight by ~0.01, so a different update on two replicas (e.g.
   each replica clipping its own gradient) shows in the weights. The
-  one-device reference trains eagerly (`trainer.train_tf_function` false:
-  tracing the training step costs ~10x running it twice); both evaluate in
-  graphs, and the two replicas train in one, as configured.
+  one-device reference trains and evaluates eagerly (`trainer.*_tf_function`
+  false: tracing a step costs ~10x running it twice); the two replicas
+  train and evaluate in graphs, as configured.
   """
   params = _params(cache, 'varlen', train_steps=2)
   params.task.validation_data.batching = 'padded'
@@ -79,7 +79,8 @@ def test_mirrored_two_replicas_matches_one_device(tmp_path, capsys, mirrored,
       'learning_rate': {'cosine': {'initial_learning_rate': 0.01}},
       'warmup': {'type': None}}}}, is_strict=True)
   reference = params.replace(trainer=params.trainer.replace(
-      train_tf_function=False, train_tf_while_loop=False))
+      train_tf_function=False, train_tf_while_loop=False,
+      eval_tf_function=False, eval_tf_while_loop=False))
   one_model, one = _run(reference, tmp_path / 'one',
                         tf.distribute.OneDeviceStrategy('/cpu:0'))
   two_model, two = _run(params, tmp_path / 'two',
