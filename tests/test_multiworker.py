@@ -110,6 +110,12 @@ def test_two_workers_match_one_process(tmp_path):
   # Steps 1-2 in one process; both jobs go on from this checkpoint (initial
   # weights are random per job).
   ref_dir, mw_dir = tmp_path / 'one_process', tmp_path / 'two_workers'
+  # The one-process runs train and evaluate eagerly (a traced step costs
+  # more than running it); the workers run in graphs, as configured.
+  eager = {'trainer': {'train_tf_function': False, 'train_tf_while_loop': False,
+                       'eval_tf_function': False,
+                       'eval_tf_while_loop': False}}
+  params.override(eager, is_strict=True)
   train.run(params, 'train', str(ref_dir), strategy=one_device)
   mw_dir.mkdir()
   for path in glob.glob(str(ref_dir / 'ckpt-2.*')) + [
