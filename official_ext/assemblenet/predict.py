@@ -460,14 +460,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                      'the TFRecord converter).', **define)
   flags.DEFINE_integer('short_side', None, 'Resize decoded frames to this '
                        'short side (as the TFRecord converter).', **define)
-  flags.DEFINE_float('window_seconds', None,
-                     'Timeline: seconds a window.', **define)
-  flags.DEFINE_float('stride_seconds', None,
-                     'Timeline: seconds between window starts.', **define)
-  flags.DEFINE_string('plot', None, 'Timeline: PNG of the top classes over '
-                      'time.', **define)
-  flags.DEFINE_integer('plot_classes', 5, 'Classes a video in --plot.',
-                       **define)
+  timelines.define_flags(flag_values, 'seconds a window.')
   flags.mark_flags_as_required(['input', 'output_file'],
                                flag_values=flag_values)
 

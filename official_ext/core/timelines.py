@@ -35,6 +35,22 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 from official_ext.core import output_files
 
 CSV_HEADER = ('VideoId', 'Start', 'End')
+
+
+def define_flags(flag_values, window_help: str = 'seconds a window.'
+                 ) -> None:
+  """The timeline flags of the predict commands, in `flag_values`:
+  --window_seconds, --stride_seconds, --plot, --plot_classes."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  define = dict(flag_values=flag_values)
+  flags.DEFINE_float('window_seconds', None, f'Timeline: {window_help}',
+                     **define)
+  flags.DEFINE_float('stride_seconds', None,
+                     'Timeline: seconds between window starts.', **define)
+  flags.DEFINE_string('plot', None, 'Timeline: PNG of the top classes over '
+                      'time.', **define)
+  flags.DEFINE_integer('plot_classes', 5, 'Classes a video in --plot.',
+                       **define)
 ERROR_COLUMN = 'Error'
 
 

@@ -731,15 +731,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       "The dataset's vocabulary.csv (Index and Name columns; "
                       'video level): also writes the predictions with class '
                       'names, to <output_file stem>_names.csv.', **define)
-  flags.DEFINE_float('window_seconds', None,
-                     'Timeline: seconds (features) a window; writes a '
-                     'window a row instead of the submission.', **define)
-  flags.DEFINE_float('stride_seconds', None,
-                     'Timeline: seconds between window starts.', **define)
-  flags.DEFINE_string('plot', None, 'Timeline: PNG of the top classes over '
-                      'time.', **define)
-  flags.DEFINE_integer('plot_classes', 5, 'Classes a video in --plot.',
-                       **define)
+  timelines.define_flags(flag_values, 'seconds (features) a window; writes '
+                         'a window a row instead of the submission.')
   flags.mark_flags_as_required(['input_path', 'output_file'],
                                flag_values=flag_values)
 
