@@ -413,16 +413,7 @@ def extract(checkpoint_path: str, video_dir: str, output: str,
   """
   _require_beam()
   options = pipeline_options(beam_pipeline_options)
-  if encoding not in extract_features.ENCODINGS:
-    raise ValueError(f'--encoding={encoding!r}: expected one of '
-                     f'{extract_features.ENCODINGS}.')
-  if pca_dim is not None and pca_file:
-    raise ValueError(f'--pca_dim={pca_dim} and --pca_file={pca_file}: give '
-                     'one (fit a PCA on this split, or load the one fitted '
-                     'on the training split).')
-  if encoding == 'quantized' and pca_dim is None and not pca_file:
-    raise ValueError('--encoding=quantized needs --pca_dim (fit the PCA on '
-                     'this, the training, split) or --pca_file (load it).')
+  extract_features.check_encoding(encoding, pca_dim, pca_file)
   pca_path = output + extract_features.PCA_SUFFIX
   for path in video_records.shard_paths(output, num_shards) + [pca_path]:
     output_files.check_output_file(

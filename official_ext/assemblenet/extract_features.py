@@ -362,6 +362,21 @@ class Summary:
   clipped_fraction: float  # Quantized values at 0 or 255.
 
 
+def check_encoding(encoding: str, pca_dim: Optional[int],
+                   pca_file: Optional[str]) -> None:
+  """ValueError naming the flag when --encoding, --pca_dim and --pca_file
+  do not go together (the single-process and the Beam extractor's check)."""
+  if encoding not in ENCODINGS:
+    raise ValueError(f'--encoding={encoding!r}: expected one of {ENCODINGS}.')
+  if pca_dim is not None and pca_file:
+    raise ValueError(f'--pca_dim={pca_dim} and --pca_file={pca_file}: give '
+                     'one (fit a PCA on this split, or load the one fitted '
+                     'on the training split).')
+  if encoding == 'quantized' and pca_dim is None and not pca_file:
+    raise ValueError('--encoding=quantized needs --pca_dim (fit the PCA on '
+                     'this, the training, split) or --pca_file (load it).')
+
+
 def extract(extractor: FeatureExtractor, sources: Sequence[VideoSource],
             output: str, rate: float = 1.0, encoding: str = 'float',
             pca_dim: Optional[int] = None, pca_file: Optional[str] = None,
@@ -375,15 +390,7 @@ def extract(extractor: FeatureExtractor, sources: Sequence[VideoSource],
     ValueError: an unreadable video (naming it; unless `skip_unreadable`),
       an encoding / PCA flag problem (naming the flag).
   """
-  if encoding not in ENCODINGS:
-    raise ValueError(f'--encoding={encoding!r}: expected one of {ENCODINGS}.')
-  if pca_dim is not None and pca_file:
-    raise ValueError(f'--pca_dim={pca_dim} and --pca_file={pca_file}: give '
-                     'one (fit a PCA on this split, or load the one fitted '
-                     'on the training split).')
-  if encoding == 'quantized' and pca_dim is None and not pca_file:
-    raise ValueError('--encoding=quantized needs --pca_dim (fit the PCA on '
-                     'this, the training, split) or --pca_file (load it).')
+  check_encoding(encoding, pca_dim, pca_file)
   if num_shards < 1:
     raise ValueError(f'--num_shards={num_shards}: expected >= 1.')
   previous = previous_output(output)
