@@ -89,7 +89,8 @@ class AlignedSets:
     for w, s, rows in zip(weights, self.sets, self.rows):
       if w == 0:
         continue
-      part = s.probabilities[rows[start:stop]].astype(np.float32) * np.float32(w)
+      part = (s.probabilities[rows[start:stop]].astype(np.float32) *
+              np.float32(w))
       out = part if out is None else out + part
     return out
 
