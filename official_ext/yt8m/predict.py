@@ -64,6 +64,13 @@ under a header line such as `Index`) restricts the classes scored and
 written; without it every class is written. An input without a single
 segment to score is an error naming it. Evaluate a submission against rated
 records with `python -m official_ext.yt8m.segment_eval`.
+`--segment_top_classes=20` applies the starter `inference.py`'s rule: a
+segment enters a class's list only if the class is among the segment's 20
+best (`SegmentRanking`); by default every segment is ranked for every class.
+
+`--output_probabilities=DIR` also stores every video's (segment's) scores,
+ids and labels as float16 shards (`stored_predictions`), written with the
+CSV, whole or not at all, for `python -m official_ext.yt8m.ensemble`.
 
 Timeline (`--window_seconds`, `--stride_seconds`, optionally `--plot`;
 `run_timeline`): windows of the whole video (not cut at max_frames; YT8M
