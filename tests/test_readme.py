@@ -211,6 +211,7 @@ _MODULES = {
     'official_ext.export_saved_model', 'official_ext.export_tflite',
     'official_ext.benchmark', 'official_ext.yt8m.predict',
     'official_ext.yt8m.demo_data', 'official_ext.yt8m.segment_eval',
+    'official_ext.yt8m.ensemble',
     'official_ext.assemblenet.derive_structure',
     'official_ext.assemblenet.predict',
     'official_ext.assemblenet.extract_features',

@@ -64,6 +64,13 @@ under a header line such as `Index`) restricts the classes scored and
 written; without it every class is written. An input without a single
 segment to score is an error naming it. Evaluate a submission against rated
 records with `python -m official_ext.yt8m.segment_eval`.
+`--segment_top_classes=20` applies the starter `inference.py`'s rule: a
+segment enters a class's list only if the class is among the segment's 20
+best (`SegmentRanking`); by default every segment is ranked for every class.
+
+`--output_probabilities=DIR` also stores every video's (segment's) scores,
+ids and labels as float16 shards (`stored_predictions`), written with the
+CSV, whole or not at all, for `python -m official_ext.yt8m.ensemble`.
 
 Timeline (`--window_seconds`, `--stride_seconds`, optionally `--plot`;
 `run_timeline`): windows of the whole video (not cut at max_frames; YT8M
@@ -99,6 +106,7 @@ from official_ext.core import output_files
 from official_ext.core import timelines
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import segment_eval
+from official_ext.yt8m import stored_predictions
 from official_ext.yt8m import vocabulary as vocabulary_lib
 # Registers YT8MTask with task_factory (a checkpoint's model is built by it).
 from official_ext.yt8m import task  # pylint: disable=unused-import
@@ -196,10 +204,18 @@ class SegmentRanking:
   [classes, <= cap] (10 bytes an entry, grown by doubling up to cap), plus
   the candidate buffer of `pending_size` entries (12 bytes each) and one
   string per video id. `memory_bound` gives the array bytes.
+
+  With `top_classes` (the starter `inference.py`'s rule, its `--top_k` 20)
+  a segment enters a class's list only if the class is among the segment's
+  `top_classes` best of the ranked classes (ties: the class earlier in
+  `class_ids`); its other scores are set to -inf, which no list keeps, so a
+  class's list may hold fewer than `cap` segments. Without it (None) every
+  segment is ranked for every class.
   """
 
   def __init__(self, class_ids: Sequence[int], cap: int, segment_size: int,
-               pending_size: int = DEFAULT_PENDING_SIZE):
+               pending_size: int = DEFAULT_PENDING_SIZE,
+               top_classes: Optional[int] = None):
     """An empty ranking.
 
     Args:
@@ -209,9 +225,15 @@ class SegmentRanking:
       segment_size: frames per segment; start times must be multiples of it.
       pending_size: candidate buffer entries (> 0; raised to one row of
         classes, lowered to classes x cap).
+      top_classes: None (every segment in every class's list), or > 0: a
+        segment enters only the lists of its `top_classes` best classes.
     """
     if cap <= 0:
       raise ValueError(f'--segment_max_per_class={cap}; expected > 0.')
+    if top_classes is not None and top_classes <= 0:
+      raise ValueError(f'--segment_top_classes={top_classes}; expected > 0 '
+                       '(or 0 on the command line: every class).')
+    self._top_classes = top_classes
     if pending_size <= 0:
       raise ValueError(f'pending_size={pending_size}; expected > 0.')
     self._class_ids = np.asarray(class_ids, np.int64)
@@ -329,6 +351,10 @@ class SegmentRanking:
       i = int(np.flatnonzero(~np.isfinite(scores).all(axis=1))[0])
       raise ValueError(f'Non-finite score for segment {video_ids[i]!r}:'
                        f'{int(segment_start_times[i])}.')
+    if self._top_classes is not None and self._top_classes < scores.shape[1]:
+      # The starter's rule: only a segment's best classes list it.
+      below = np.argsort(-scores, axis=1, kind='stable')[:, self._top_classes:]
+      np.put_along_axis(scores, below, -np.inf, axis=1)
     videos = self._video_indices(video_ids)
     segments = self._segment_indices(segment_start_times, video_ids)
     self._seen += b
@@ -387,9 +413,10 @@ class SegmentRanking:
     """`<video>:<start>` ids of class `class_ids[position]`, best first."""
     self._merge()
     k = self._filled
-    scores = self._scores[position, :k]
-    videos = self._videos[position, :k]
-    segments = self._segments[position, :k]
+    listed = self._scores[position, :k] > -np.inf  # See top_classes.
+    scores = self._scores[position, :k][listed]
+    videos = self._videos[position, :k][listed]
+    segments = self._segments[position, :k][listed]
     order = np.lexsort((segments, videos, -scores))
     size = self._segment_size
     return [f'{self._ids[v]}:{int(s) * size}'
@@ -478,6 +505,8 @@ def predict_batches(dataset: tf.data.Dataset, predictor: Predictor
     out = {'video_ids': batch['video_ids'].numpy(),
            'probabilities': predictor(batch['video_matrix'],
                                       batch['num_frames'])}
+    if 'labels' in batch:  # Video level.
+      out['labels'] = batch['labels'].numpy()
     if 'segment_start_times' in batch:  # Segments, windows.
       out['segment_start_times'] = batch['segment_start_times'].numpy()
       out['num_frames'] = batch['num_frames'].numpy()
@@ -490,7 +519,11 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
         segment_labels: bool = False, segment_max_per_class: int = 100000,
         batch_size: int = 64, segment_label_ids: Optional[str] = None,
         segment_short_last: bool = False,
-        vocabulary: Optional[str] = None) -> int:
+        vocabulary: Optional[str] = None,
+        segment_top_classes: Optional[int] = None,
+        output_probabilities: Optional[str] = None,
+        probabilities_shard_rows: int = stored_predictions.DEFAULT_SHARD_ROWS
+        ) -> int:
   """Predicts every record of `input_path` into `output_file`.
 
   Args:
@@ -509,6 +542,13 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
     vocabulary: the dataset's vocabulary.csv (video level): the predictions
       are also written with class names, to `named_predictions_path(
       output_file)` (`write_video_predictions`).
+    segment_top_classes: segment level: a segment enters only the lists of
+      its best `segment_top_classes` classes (the starter's rule, 20;
+      `SegmentRanking`); None: every segment is ranked for every class.
+    output_probabilities: also store every video's (segment's) scores, with
+      ids and labels, in this directory (`stored_predictions`), for
+      `official_ext.yt8m.ensemble`.
+    probabilities_shard_rows: rows a shard of `output_probabilities`.
 
   Returns:
     Videos (video level) or segments (segment level) scored.
@@ -538,6 +578,19 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
                   ('--vocabulary', vocabulary)],
           models=[('--saved_model', saved_model),
                   ('--checkpoint_path', checkpoint_path)])
+  if output_probabilities:
+    stored_predictions.check_output(
+        output_probabilities, '--output_probabilities',
+        inputs=[('--input_path', input_path),
+                ('--segment_label_ids', segment_label_ids),
+                ('--vocabulary', vocabulary)],
+        models=[('--saved_model', saved_model),
+                ('--checkpoint_path', checkpoint_path)])
+  if segment_top_classes is not None and (not segment_labels or
+                                          segment_top_classes <= 0):
+    raise ValueError(f'--segment_top_classes={segment_top_classes}: expected '
+                     '> 0 (0 on the command line: every class), with '
+                     '--segment_labels.')
   check_params(params, model_path)
   data = _data_config(params, input_path, batch_size)
   names = None
@@ -558,19 +611,24 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
       data, every_segment=segment_labels,
       short_last_segment=segment_short_last)
   batches = predict_batches(dataset, predictor)
-  if not segment_labels and names is None:
-    count = output_files.write_atomically(
-        output_file, lambda out: write_video_predictions(batches, out, top_k))
-  elif not segment_labels:  # Each whole; a failed read replaces neither.
-    named_file = named_predictions_path(output_file)
-    count = output_files.write_atomically(
-        named_file, lambda named_out: output_files.write_atomically(
-            output_file, lambda out: write_video_predictions(
-                batches, out, top_k, names, named_out)))
-    logging.info('Wrote the predictions with class names to %s', named_file)
-  else:
+
+  def write_outputs(batches):
+    if not segment_labels and names is None:
+      return output_files.write_atomically(
+          output_file,
+          lambda out: write_video_predictions(batches, out, top_k))
+    if not segment_labels:  # Each whole; a failed read replaces neither.
+      named_file = named_predictions_path(output_file)
+      count = output_files.write_atomically(
+          named_file, lambda named_out: output_files.write_atomically(
+              output_file, lambda out: write_video_predictions(
+                  batches, out, top_k, names, named_out)))
+      logging.info('Wrote the predictions with class names to %s',
+                   named_file)
+      return count
     ranking = SegmentRanking(class_ids, segment_max_per_class,
-                             data.segment_size)
+                             data.segment_size,
+                             top_classes=segment_top_classes)
     for batch in batches:
       ranking.add(batch['video_ids'], batch['segment_start_times'],
                   batch['probabilities'])
@@ -584,6 +642,22 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
     output_files.write_atomically(output_file, ranking.write)
     logging.info('Ranked %d segments for %d classes (at most %d each).',
                  count, len(class_ids), segment_max_per_class)
+    return count
+
+  if output_probabilities:
+    count = stored_predictions.write(
+        output_probabilities, batches, write_outputs,
+        level='segment' if segment_labels else 'video',
+        num_classes=data.num_classes,
+        class_ids=class_ids if segment_labels else range(data.num_classes),
+        segment_size=data.segment_size if segment_labels else None,
+        shard_rows=probabilities_shard_rows,
+        source={'model': model_path, 'input_path': input_path})
+    logging.info('Stored the scores of %d %s in %s', count,
+                 'segments' if segment_labels else 'videos',
+                 output_probabilities)
+  else:
+    count = write_outputs(batches)
   logging.info('Wrote %d %s to %s', count,
                'segments' if segment_labels else 'videos', output_file)
   return count
@@ -731,6 +805,20 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       "The dataset's vocabulary.csv (Index and Name columns; "
                       'video level): also writes the predictions with class '
                       'names, to <output_file stem>_names.csv.', **define)
+  flags.DEFINE_integer('segment_top_classes', 0,
+                       "A segment enters only its best N classes' lists "
+                       "(the starter inference.py's rule: 20); 0: every "
+                       'segment is ranked for every class (segment level).',
+                       **define)
+  flags.DEFINE_string('output_probabilities', None,
+                      "Also store every video's (segment's) scores, ids and "
+                      'labels in this directory (float16 shards, '
+                      'official_ext.yt8m.stored_predictions) for '
+                      'official_ext.yt8m.ensemble.', **define)
+  flags.DEFINE_integer('probabilities_shard_rows',
+                       stored_predictions.DEFAULT_SHARD_ROWS,
+                       'Rows (videos or segments) a shard of '
+                       '--output_probabilities.', **define)
   timelines.define_flags(flag_values, 'seconds (features) a window; writes '
                          'a window a row instead of the submission.')
   flags.mark_flags_as_required(['input_path', 'output_file'],
@@ -746,6 +834,9 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
                        checkpoint_path=fv.checkpoint_path)
   timeline = (fv.window_seconds, fv.stride_seconds)
   if any(v is not None for v in timeline) or fv.plot:
+    if fv.output_probabilities:
+      raise ValueError('--output_probabilities stores video or segment '
+                       'scores; it does not go with --window_seconds.')
     if None in timeline or fv.segment_labels:
       raise ValueError(
           '--window_seconds and --stride_seconds go together (--plot needs '
@@ -769,7 +860,10 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
               batch_size=fv.batch_size,
               segment_label_ids=fv.segment_label_ids,
               segment_short_last=fv.segment_short_last,
-              vocabulary=fv.vocabulary)
+              vocabulary=fv.vocabulary,
+              segment_top_classes=fv.segment_top_classes or None,
+              output_probabilities=fv.output_probabilities,
+              probabilities_shard_rows=fv.probabilities_shard_rows)
   named = (f' and {named_predictions_path(fv.output_file)}'
            if fv.vocabulary else '')
   print(f'Wrote {count} {"segments" if fv.segment_labels else "videos"} '

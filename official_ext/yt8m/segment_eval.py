@@ -253,22 +253,52 @@ def read_submission(path: str, ratings: SegmentRatings, classes: Set[int],
       if cls not in classes:
         other.append(cls)
         continue
-      pos, lab = [], []
-      for i, segment in enumerate(segments):
-        value = ratings.scores.get((segment, cls))
-        if value is None:
-          if ':' not in segment:
-            raise ValueError(f'Submission {path}, line {number}: '
-                             f'{segment!r} is not `<video>:<start>`.')
-          num_unrated += 1
-          continue
-        pos.append(i)
-        lab.append(value > 0)
-      positions[cls] = np.asarray(pos, np.int64)
-      labels[cls] = np.asarray(lab, bool)
+      positions[cls], labels[cls], unrated = _rated(segments, cls, ratings)
+      bad = next((s for s in unrated if ':' not in s), None)
+      if bad is not None:
+        raise ValueError(f'Submission {path}, line {number}: '
+                         f'{bad!r} is not `<video>:<start>`.')
+      num_unrated += len(unrated)
   if not seen_lines:
     raise ValueError(f'Submission {path} has no class line '
                      '(`<class>,<video>:<start> ...`).')
+  return SubmissionLabels(positions, labels, num_unrated, sorted(other))
+
+
+def _rated(segments: Sequence[str], cls: int, ratings: SegmentRatings):
+  """(positions int [n], positive bool [n], unrated segments) of the
+  segments of class `cls`'s list that have a rating for `cls`."""
+  pos, lab, unrated = [], [], []
+  for i, segment in enumerate(segments):
+    value = ratings.scores.get((segment, cls))
+    if value is None:
+      unrated.append(segment)
+      continue
+    pos.append(i)
+    lab.append(value > 0)
+  return np.asarray(pos, np.int64), np.asarray(lab, bool), unrated
+
+
+def ranked_lists_labels(lists: Dict[int, Sequence[str]],
+                        ratings: SegmentRatings, classes: Set[int],
+                        top_k: int = DEFAULT_TOP_K) -> SubmissionLabels:
+  """`read_submission` of ranked lists held in memory.
+
+  Args:
+    lists: {class: `<video>:<start>` segments, best first} (e.g.
+      `yt8m.predict.SegmentRanking.ranked`), each without repeats.
+    ratings: `read_ratings` of the labelled records.
+    classes: the evaluated classes; other lists are counted only.
+    top_k: entries kept per class, before dropping unrated ones.
+  """
+  positions, labels, other, num_unrated = {}, {}, [], 0
+  for cls, segments in lists.items():
+    if cls not in classes:
+      other.append(cls)
+      continue
+    positions[cls], labels[cls], unrated = _rated(list(segments)[:top_k], cls,
+                                                  ratings)
+    num_unrated += len(unrated)
   return SubmissionLabels(positions, labels, num_unrated, sorted(other))
 
 
@@ -295,6 +325,27 @@ def mean_average_precision(submission: str, ratings: SegmentRatings,
     ValueError: no evaluated class has a positive rating, top_k <= 0, or the
       submission is malformed (see `read_submission`).
   """
+  evaluated, without = _evaluated_classes(ratings, top_k, class_ids)
+  read = read_submission(submission, ratings, set(evaluated), top_k)
+  return _mean_average_precision(read, ratings, evaluated, without, top_k)
+
+
+def mean_average_precision_of_lists(lists: Dict[int, Sequence[str]],
+                                    ratings: SegmentRatings,
+                                    top_k: int = DEFAULT_TOP_K,
+                                    class_ids: Optional[Sequence[int]] = None
+                                    ) -> Dict[str, object]:
+  """`mean_average_precision` of ranked lists held in memory ({class:
+  segments, best first}: what a submission's lines hold); the same result
+  as of the submission file written from them."""
+  evaluated, without = _evaluated_classes(ratings, top_k, class_ids)
+  read = ranked_lists_labels(lists, ratings, set(evaluated), top_k)
+  return _mean_average_precision(read, ratings, evaluated, without, top_k)
+
+
+def _evaluated_classes(ratings: SegmentRatings, top_k: int,
+                       class_ids: Optional[Sequence[int]]):
+  """(evaluated classes, considered classes without a positive rating)."""
   if top_k <= 0:
     raise ValueError(f'--top_k={top_k}; expected > 0.')
   candidates = (set(int(c) for c in class_ids) if class_ids is not None else
@@ -305,7 +356,12 @@ def mean_average_precision(submission: str, ratings: SegmentRatings,
     raise ValueError('No evaluated class has a positive segment rating '
                      f'({len(candidates)} class(es) considered); mAP is '
                      'undefined.')
-  read = read_submission(submission, ratings, set(evaluated), top_k)
+  return evaluated, without
+
+
+def _mean_average_precision(read: SubmissionLabels, ratings: SegmentRatings,
+                            evaluated: List[int], without: List[int],
+                            top_k: int) -> Dict[str, object]:
   index = {c: i for i, c in enumerate(evaluated)}
   scores, positive, classes = [], [], []
   for cls, pos in read.positions.items():

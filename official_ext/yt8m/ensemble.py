@@ -1,0 +1,437 @@
+r"""Ensembles of stored predictions: fitted weights, one submission.
+
+  # Each model's scores, on the validation records and on the test records:
+  python -m official_ext.yt8m.predict --checkpoint_path=/tmp/a \
+      --input_path='/data/validate*.tfrecord' --output_file=/tmp/a_val.csv \
+      --output_probabilities=/tmp/a_val
+  ... (the same for /tmp/a_test, /tmp/b_val, /tmp/b_test)
+  python -m official_ext.yt8m.ensemble --fit_on=/tmp/a_val,/tmp/b_val \
+      --predictions=/tmp/a_test,/tmp/b_test --output_file=/tmp/submission.csv
+
+Inputs are sets of `official_ext.yt8m.stored_predictions` (`predict
+--output_probabilities`), one per model, in the same model order in
+`--fit_on` and `--predictions`. The sets of one flag must hold the same
+level (video or segment), classes, segment size and ids (videos, or
+`<video>:<start>` segments; in any order): anything else is an error naming
+the file. At video level the `--fit_on` sets must hold the records' labels,
+the same ones in every set; at segment level the ratings come from the
+segment-rated records the `--fit_on` sets were predicted from
+(`--segment_ratings`, read by `segment_eval.read_ratings`).
+
+The ensemble's score of a row is the weighted mean of the models' scores,
+weights w >= 0 with sum 1. The weights (`fit_weights`) maximise the fit
+sets' GAP (video level: `metrics.AveragePrecisionAccumulator`, top 20 of
+every video, the challenge's metric) or mAP@K (segment level:
+`segment_eval`, the challenge's metric, of the lists `predict` would write),
+by coordinate search on the simplex: start at the best single model (the
+lower index on a tie); in turn for each model i, move the weights along the
+line to model i's vertex, w' = (1 - t) w + t e_i, by t = +step and -step
+(clipped so that w' stays >= 0), and keep a move that raises the score;
+when no move of a round raises it, halve the step (from 1/2 down to 1/64).
+The fitted score is therefore never below the best single model's on the
+fit sets. `--weights` gives the weights instead.
+
+The submission is written from `--predictions` (default: the `--fit_on`
+sets) by predict's writers, in its formats: video level
+`predict.write_video_predictions` (top `--top_k` pairs), segment level
+`predict.SegmentRanking` (`--segment_max_per_class`, the starter's
+`--segment_top_classes` rule when given), whole or not at all
+(`core.output_files.write_atomically`); an output that is one of the
+inputs, or lies inside one of the sets or a model, is refused before
+anything is read.
+
+Memory: the sets of one flag are read whole (float16: 2 bytes a class a
+row and model) and each evaluation of the fit builds the mean in float32,
+8,192 rows at a time (segment level: the rows of all segments and the
+ranking, `predict.SegmentRanking`).
+"""
+import dataclasses
+import json
+import os
+from typing import Callable, Dict, List, Optional, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+
+from official_ext.core import output_files
+from official_ext.yt8m import metrics
+from official_ext.yt8m import predict
+from official_ext.yt8m import segment_eval
+from official_ext.yt8m import stored_predictions
+
+_CHUNK_ROWS = 8192
+FIRST_STEP = 0.5
+LAST_STEP = 1.0 / 64
+
+
+@dataclasses.dataclass
+class AlignedSets:
+  """Stored sets of one flag, their rows in one order.
+
+  Attributes:
+    sets: the sets, in model order.
+    rows: per set, int [N]: its row of each aligned row (the first set's
+      order).
+  """
+  sets: List[stored_predictions.StoredPredictions]
+  rows: List[np.ndarray]
+
+  @property
+  def first(self) -> stored_predictions.StoredPredictions:
+    return self.sets[0]
+
+  def mean(self, weights: Sequence[float], start: int = 0,
+           stop: Optional[int] = None) -> np.ndarray:
+    """float32 [rows, C]: the weighted mean of aligned rows start:stop."""
+    out = None
+    for w, s, rows in zip(weights, self.sets, self.rows):
+      if w == 0:
+        continue
+      part = (s.probabilities[rows[start:stop]].astype(np.float32) *
+              np.float32(w))
+      out = part if out is None else out + part
+    return out
+
+
+def _check_same(sets, flag: str) -> None:
+  first = sets[0]
+  for s in sets[1:]:
+    for what, a, b in (
+        ('level', first.level, s.level),
+        ('num_classes', first.num_classes, s.num_classes),
+        ('class_ids', first.class_ids.tolist(), s.class_ids.tolist()),
+        ('segment_size', first.segment_size, s.segment_size)):
+      if a != b:
+        short = lambda v: (f'{len(v)} classes {v[:5]}...' if
+                           isinstance(v, list) and len(v) > 5 else v)
+        raise ValueError(f'{flag}: {s.path} holds {what} {short(b)}; '
+                         f'{first.path} holds {short(a)}. The sets of an '
+                         'ensemble hold the same rows and classes.')
+
+
+def align(sets: Sequence[stored_predictions.StoredPredictions],
+          flag: str = '--predictions') -> AlignedSets:
+  """Checks that `sets` hold the same rows and classes; aligns their rows.
+
+  Raises:
+    ValueError: naming the file: another level, classes or segment size; a
+      repeated id; ids that another set lacks or adds (counted, with an
+      example).
+  """
+  sets = list(sets)
+  _check_same(sets, flag)
+  keys = [s.keys() for s in sets]
+  orders = []
+  for s, k in zip(sets, keys):
+    order = np.argsort(k, kind='stable')
+    ordered = k[order]
+    repeated = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if repeated.size:
+      raise ValueError(f'{flag}: {s.path} holds {ordered[repeated[0]]!r} '
+                       'twice (the input held a video more than once).')
+    orders.append(order)
+  first_sorted = keys[0][orders[0]]
+  rank_of_first = np.empty_like(orders[0])
+  rank_of_first[orders[0]] = np.arange(len(orders[0]))
+  rows = []
+  for s, k, order in zip(sets, keys, orders):
+    other = k[order]
+    if len(other) != len(first_sorted) or not np.array_equal(other,
+                                                             first_sorted):
+      missing = sorted(set(first_sorted) - set(other))
+      extra = sorted(set(other) - set(first_sorted))
+      raise ValueError(
+          f'{flag}: {s.path} holds {len(other)} rows, {sets[0].path} '
+          f'{len(first_sorted)}: {len(missing)} of the latter are missing '
+          f'(e.g. {missing[:3]}) and {len(extra)} are not in it (e.g. '
+          f'{extra[:3]}). The sets of an ensemble are predictions of the '
+          'same records.')
+    rows.append(order[rank_of_first])
+  return AlignedSets(sets, rows)
+
+
+def check_labels(aligned: AlignedSets, flag: str = '--fit_on') -> None:
+  """Video level: every set holds labels, the same for every row.
+
+  Raises:
+    ValueError: naming the file without labels, or the file and video whose
+      labels differ from the first set's.
+  """
+  for s in aligned.sets:
+    if not s.has_labels:
+      raise ValueError(f'{flag}: {s.path} holds no labels (predicted from '
+                       'unlabelled records); weights are fitted on '
+                       'predictions of labelled (validation) records.')
+  first = aligned.first
+  for s, rows in zip(aligned.sets[1:], aligned.rows[1:]):
+    for start in range(0, len(rows), _CHUNK_ROWS):
+      a = first.labels(aligned.rows[0][start:start + _CHUNK_ROWS])
+      b = s.labels(rows[start:start + _CHUNK_ROWS])
+      differ = np.flatnonzero((a != b).any(axis=1))
+      if differ.size:
+        row = aligned.rows[0][start + differ[0]]
+        raise ValueError(f'{flag}: {s.path} and {first.path} hold other '
+                         f'labels for video {first.keys()[row]!r}.')
+
+
+def video_gap(aligned: AlignedSets, weights: Sequence[float],
+              top_k: int = 20) -> float:
+  """GAP (top_k a video) of the weighted mean against the first set's
+  labels (`metrics.AveragePrecisionAccumulator`)."""
+  first = aligned.first
+  acc = metrics.AveragePrecisionAccumulator(first.num_classes, top_k)
+  n = len(aligned.rows[0])
+  for start in range(0, n, _CHUNK_ROWS):
+    acc.accumulate(aligned.mean(weights, start, start + _CHUNK_ROWS),
+                   first.labels(aligned.rows[0][start:start + _CHUNK_ROWS]))
+  return float(acc.result()['gap'])
+
+
+def segment_ranking(aligned: AlignedSets, weights: Sequence[float],
+                    cap: int, top_classes: Optional[int] = None
+                    ) -> predict.SegmentRanking:
+  """The ranking `predict` builds, of the weighted mean of every segment."""
+  first = aligned.first
+  # The stored columns are the ranked classes: rank every column.
+  ranking = predict.SegmentRanking(np.arange(first.class_ids.size), cap,
+                                   first.segment_size,
+                                   top_classes=top_classes)
+  rows = aligned.rows[0]
+  for start in range(0, len(rows), _CHUNK_ROWS):
+    part = rows[start:start + _CHUNK_ROWS]
+    ranking.add(first.video_ids[part], first.segment_start_times[part],
+                aligned.mean(weights, start, start + _CHUNK_ROWS))
+  return ranking
+
+
+def segment_map(aligned: AlignedSets, weights: Sequence[float],
+                ratings: segment_eval.SegmentRatings,
+                top_k: int = segment_eval.DEFAULT_TOP_K,
+                top_classes: Optional[int] = None) -> float:
+  """mAP@top_k (`segment_eval`) of the lists of the weighted mean."""
+  ranking = segment_ranking(aligned, weights, top_k, top_classes)
+  class_ids = aligned.first.class_ids
+  lists = {int(c): ranking.ranked(i) for i, c in enumerate(class_ids)}
+  return float(segment_eval.mean_average_precision_of_lists(
+      lists, ratings, top_k, class_ids.tolist())['map'])
+
+
+def fit_weights(score: Callable[[np.ndarray], float], num_models: int,
+                first_step: float = FIRST_STEP, last_step: float = LAST_STEP
+                ) -> Dict[str, object]:
+  """Non-negative weights, sum 1, maximising `score` (module docstring).
+
+  Args:
+    score: weights float64 [num_models] -> the metric (higher is better).
+    num_models: >= 1.
+    first_step, last_step: the search's first and last step.
+
+  Returns:
+    `weights` (float64 [num_models]), `score`, `single_scores` (each
+    model's alone), `evaluations`.
+  """
+  eye = np.eye(num_models)
+  single = [score(eye[i]) for i in range(num_models)]
+  best_i = int(np.argmax(single))
+  w, best = eye[best_i].copy(), single[best_i]
+  evaluations, step = num_models, first_step
+  while num_models > 1 and step >= last_step:
+    improved = False
+    for i in range(num_models):
+      for t in (step, -step):
+        # w' = (1 - t) w + t e_i >= 0: t >= -w_i / (1 - w_i) when t < 0.
+        if t < 0:
+          t = max(t, -w[i] / (1.0 - w[i])) if w[i] < 1 else t
+        if t == 0 or (t < 0 and w[i] == 0):
+          continue
+        candidate = np.clip((1 - t) * w + t * eye[i], 0.0, None)
+        candidate /= candidate.sum()
+        value = score(candidate)
+        evaluations += 1
+        if value > best:
+          w, best, improved = candidate, value, True
+    if not improved:
+      step /= 2
+  return {'weights': w, 'score': best, 'single_scores': single,
+          'evaluations': evaluations}
+
+
+def _load(paths: Sequence[str], flag: str) -> AlignedSets:
+  if not paths:
+    raise ValueError(f'{flag}: no stored predictions given.')
+  return align([stored_predictions.load(p, flag) for p in paths], flag)
+
+
+def run(fit_on: Sequence[str], output_file: str,
+        predictions: Sequence[str] = (),
+        weights: Optional[Sequence[float]] = None, top_k: int = 20,
+        segment_ratings: Optional[str] = None,
+        segment_max_per_class: int = 100000,
+        segment_top_classes: Optional[int] = None,
+        segment_map_top_k: int = segment_eval.DEFAULT_TOP_K
+        ) -> Dict[str, object]:
+  """Fits the weights on `fit_on` and writes the submission of
+  `predictions` (module docstring).
+
+  Args:
+    fit_on: stored sets of labelled records, one per model.
+    output_file: the submission CSV.
+    predictions: stored sets to combine, in the same model order (default:
+      `fit_on`).
+    weights: the weights instead of a fit (>= 0, not all 0; normalised to
+      sum 1); then `fit_on` may be empty.
+    top_k: pairs a video (video level).
+    segment_ratings: segment-rated records of the `fit_on` sets (segment
+      level fit).
+    segment_max_per_class: segments a class in the submission.
+    segment_top_classes: the starter's rule (`predict.SegmentRanking`).
+    segment_map_top_k: K of the mAP@K the segment weights maximise.
+
+  Returns:
+    `weights`, `level`, and with a fit `score` (the ensemble's on `fit_on`),
+    `single_scores`, `metric`, `evaluations`; `rows` written.
+  """
+  predictions = list(predictions) or list(fit_on)
+  inputs = [('--fit_on', ','.join(fit_on)),
+            ('--predictions', ','.join(predictions)),
+            ('--segment_ratings', segment_ratings)]
+  # Not an input, not inside a model_dir or SavedModel, nor inside a set.
+  output_files.check_output_file(output_file, '--output_file', inputs,
+                                 models=[])
+  target = os.path.realpath(output_file)
+  for path in predictions + list(fit_on):
+    if target.startswith(os.path.realpath(path).rstrip('/') + '/'):
+      raise ValueError(f'--output_file={output_file} lies inside the stored '
+                       f'predictions {path}; nothing was written.')
+  result: Dict[str, object] = {}
+  fit_level = fit_classes = None
+  num_models = len(predictions)
+  if weights is not None:
+    w = np.asarray(weights, np.float64)
+    if w.shape != (num_models,) or (w < 0).any() or not w.sum() > 0:
+      raise ValueError(f'--weights={list(weights)}: expected {num_models} '
+                       'weights >= 0 (one per --predictions set), not all 0.')
+    w = w / w.sum()
+  else:
+    if len(fit_on) != num_models:
+      raise ValueError(f'--fit_on names {len(fit_on)} sets and --predictions '
+                       f'{num_models}; expected one of each per model, in '
+                       'the same order.')
+    fit = _load(fit_on, '--fit_on')
+    fit_level, fit_classes = fit.first.level, fit.first.class_ids.tolist()
+    if fit_level == 'video':
+      check_labels(fit)
+      metric = f'gap (top {top_k})'
+      score = lambda v: video_gap(fit, v, top_k)
+    else:
+      if not segment_ratings:
+        raise ValueError('--fit_on holds segment-level predictions: '
+                         '--segment_ratings names the segment-rated records '
+                         'they were predicted from.')
+      ratings = segment_eval.read_ratings(segment_ratings)
+      metric = f'segment mAP@{segment_map_top_k}'
+      score = lambda v: segment_map(fit, v, ratings, segment_map_top_k,
+                                    segment_top_classes)
+    found = fit_weights(score, num_models)
+    w = found['weights']
+    result.update(score=found['score'], single_scores=found['single_scores'],
+                  evaluations=found['evaluations'], metric=metric)
+    logging.info('Fitted weights %s: %s %.6f (each model alone: %s) in %d '
+                 'evaluations.', np.round(w, 4).tolist(), metric,
+                 found['score'], np.round(found['single_scores'], 6).tolist(),
+                 found['evaluations'])
+    del fit
+  combined = _load(predictions, '--predictions')
+  if fit_level not in (None, combined.first.level) or (
+      fit_classes not in (None, combined.first.class_ids.tolist())):
+    raise ValueError(f'--predictions ({combined.first.path}, ...) hold '
+                     f'{combined.first.level}-level predictions of '
+                     f'{combined.first.class_ids.size} classes and --fit_on '
+                     f'{fit_level}-level ones of {len(fit_classes)}: '
+                     'expected the same level and classes.')
+  first = combined.first
+  if first.level == 'video':
+    def batches():
+      rows = combined.rows[0]
+      for start in range(0, len(rows), _CHUNK_ROWS):
+        yield {'video_ids': first.video_ids[rows[start:start + _CHUNK_ROWS]],
+               'probabilities': combined.mean(w, start,
+                                              start + _CHUNK_ROWS)}
+    written = output_files.write_atomically(
+        output_file,
+        lambda out: predict.write_video_predictions(batches(), out, top_k))
+  else:
+    ranking = segment_ranking(combined, w, segment_max_per_class,
+                              segment_top_classes)
+    output_files.write_atomically(output_file, _segment_writer(
+        ranking, first.class_ids))
+    written = ranking.num_segments
+  result.update(weights=w.tolist(), level=first.level, rows=int(written))
+  return result
+
+
+def _segment_writer(ranking: predict.SegmentRanking, class_ids: np.ndarray):
+  """Writes `ranking` (ranked by column) with the stored class ids."""
+  def write(out):
+    out.write(predict.SEGMENT_HEADER + '\n')
+    for position, cls in enumerate(class_ids):
+      out.write(f'{int(cls)},' + ' '.join(ranking.ranked(position)) + '\n')
+  return write
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
+  define = dict(flag_values=flag_values)
+  flags.DEFINE_list('fit_on', [], 'Stored predictions (predict '
+                    '--output_probabilities) of labelled records, one per '
+                    'model: the weights are fitted on them.', **define)
+  flags.DEFINE_list('predictions', [], 'Stored predictions to combine, one '
+                    'per model in the --fit_on order (default: the --fit_on '
+                    'sets).', **define)
+  flags.DEFINE_list('weights', None, 'Weights instead of a fit, one per '
+                    'model.', **define)
+  flags.DEFINE_string('output_file', None, 'The submission CSV.', **define)
+  flags.DEFINE_integer('top_k', 20, 'Pairs a video (video level).', **define)
+  flags.DEFINE_string('segment_ratings', None, 'Segment-rated records the '
+                      '--fit_on sets were predicted from (segment level).',
+                      **define)
+  flags.DEFINE_integer('segment_max_per_class', 100000, 'Segments a class '
+                       '(segment level).', **define)
+  flags.DEFINE_integer('segment_top_classes', 0, "A segment enters only its "
+                       "best N classes' lists (the starter's rule: 20); 0: "
+                       'every class (segment level).', **define)
+  flags.DEFINE_integer('segment_map_top_k', segment_eval.DEFAULT_TOP_K,
+                       'K of the segment mAP@K the weights maximise.',
+                       **define)
+  flags.mark_flags_as_required(['output_file'], flag_values=flag_values)
+
+
+def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
+  """Fits (or takes) the weights and writes the submission; prints them."""
+  del argv
+  fv = flag_values
+  weights = None
+  if fv.weights:
+    try:
+      weights = [float(v) for v in fv.weights]
+    except ValueError:
+      raise ValueError(f'--weights={",".join(fv.weights)}: expected numbers.'
+                       ) from None
+  elif not fv.fit_on:
+    raise ValueError('Give --fit_on (stored predictions of labelled records '
+                     'to fit the weights on) or --weights.')
+  result = run(fv.fit_on, fv.output_file, fv.predictions, weights,
+               fv.top_k, fv.segment_ratings, fv.segment_max_per_class,
+               fv.segment_top_classes or None, fv.segment_map_top_k)
+  print(json.dumps({k: result[k] for k in sorted(result)}))
+  print(f'Wrote {result["rows"]} {result["level"]}s to {fv.output_file}')
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)
