@@ -219,14 +219,55 @@ class NextVladModel(hyperparams.Config):
 
 
 @dataclasses.dataclass
+class MixNextVladModel(hyperparams.Config):
+  """The mixture of NeXtVLAD models with online distillation (Lin, Xiao and
+  Fan, 2018); see `modeling/mix_nextvlad.py`. Needs the 'logistic' head
+  (one classifier per branch, mixed in logit space).
+
+  Defaults are the authors' final submission (github.com/linrongc/
+  youtube-8m, `scripts/train_mix_nextvlad_final_submission.sh`): 3
+  branches, each a NeXtVLAD with λ = 2, G = 8, K = 112 (audio: K = 56,
+  G = 4), hidden 2048, SE gating reduction 16, dropout 0.5; distillation
+  weight 9 at temperature 3.
+
+  Attributes:
+    num_branches: NeXtVLAD branches of the mixture (`--mix_number`).
+    feature_sizes: as `NextVladModel`'s, for every branch.
+    cluster_sizes: as `NextVladModel`'s.
+    groups: as `NextVladModel`'s.
+    expansion: as `NextVladModel`'s.
+    hidden_size: as `NextVladModel`'s.
+    gating_reduction: as `NextVladModel`'s.
+    dropout_rate: as `NextVladModel`'s.
+    regularize_backbone: as `NextVladModel`'s (the authors: False).
+    distillation_weight: λ of the distillation term (`--cl_lambda`); 0
+      trains the branches without it.
+    distillation_temperature: T of its softmaxes (`--cl_temperature`).
+  """
+  num_branches: int = 3
+  feature_sizes: Tuple[int, ...] = (1024, 128)
+  cluster_sizes: Tuple[int, ...] = (112, 56)
+  groups: Tuple[int, ...] = (8, 4)
+  expansion: int = 2
+  hidden_size: int = 2048
+  gating_reduction: int = 16
+  dropout_rate: float = 0.5
+  regularize_backbone: bool = False
+  distillation_weight: float = 9.0
+  distillation_temperature: float = 3.0
+
+
+@dataclasses.dataclass
 class Backbone(hyperparams.OneOfConfig):
-  """'dbof' or 'nextvlad' (frame-level records), or 'identity' (video-level
-  records)."""
+  """'dbof', 'nextvlad' or 'mix_nextvlad' (frame-level records), or
+  'identity' (video-level records)."""
   type: Optional[str] = 'dbof'
   dbof: DbofModel = dataclasses.field(default_factory=DbofModel)
   identity: IdentityBackbone = dataclasses.field(
       default_factory=IdentityBackbone)
   nextvlad: NextVladModel = dataclasses.field(default_factory=NextVladModel)
+  mix_nextvlad: MixNextVladModel = dataclasses.field(
+      default_factory=MixNextVladModel)
 
 
 @dataclasses.dataclass
@@ -733,4 +774,69 @@ def yt8m_nextvlad_demo() -> cfg.ExperimentConfig:
   steps_per_epoch = data.num_examples // data.global_batch_size
   config.trainer.train_steps = 7 * steps_per_epoch
   config.trainer.validation_interval = config.trainer.train_steps
+  return config
+
+
+# The mixture of NeXtVLAD models (the 2nd challenge's winner) as its authors
+# trained it: `scripts/train_mix_nextvlad_final_submission.sh`.
+MIX_NEXTVLAD_EPOCHS = 15
+MIX_NEXTVLAD_DECAY_EXAMPLES = 2_500_000  # lr x 0.8 every 2.5M examples.
+
+
+@exp_factory.register_config_factory('yt8m_mix_nextvlad')
+def yt8m_mix_nextvlad() -> cfg.ExperimentConfig:
+  """The NeXtVLAD mixture with online distillation, the authors' setup
+  (needs input_path and the rgb PCA eigenvalues).
+
+  3 NeXtVLAD branches (λ = 2, G = 8, K = 112; audio K = 56, G = 4; hidden
+  2048, SE reduction 16, dropout 0.5), each with a logistic classifier,
+  mixed by a gate on the frames' mean; loss: the mixture's and every
+  branch's cross-entropy plus the distillation term (weight 9, temperature
+  3); all 300 frames; batch 160, Adam 2e-4 x 0.8 (staircase) every 2.5M
+  examples, 15 epochs, float32; the authors' recipe (`nextvlad_recipe`:
+  cross-entropy summed over the classes, L2 1e-5 on the classifiers,
+  per-variable clipping at 1, batch-norm momentum 0.999, Adam epsilon 1e-8,
+  He-normal classifiers, the rgb whitening undone). Deviations, each with
+  its expected effect: the classifiers' biases are not L2-regularized
+  (negligible, as in `yt8m_nextvlad`); padded frames are left out of the
+  gate's frame mean and of the batch-norm statistics (theirs count the
+  padding of videos shorter than 300 frames: the same on full-length
+  videos); the epochs count the train split (the authors' final model
+  trained on train and validate files: point `input_path` at both for
+  that).
+  """
+  config = yt8m_nextvlad()
+  config.task.model = VideoClassificationModel(
+      backbone=Backbone(type='mix_nextvlad',
+                        mix_nextvlad=MixNextVladModel()),
+      head=Head(type='logistic', logistic=LogisticModel()))
+  batch = NEXTVLAD_BATCH_SIZE
+  steps_per_epoch = YT8M_TRAIN_EXAMPLES // batch
+  config.trainer.train_steps = MIX_NEXTVLAD_EPOCHS * steps_per_epoch
+  config.trainer.optimizer_config.learning_rate.exponential.decay_steps = (
+      MIX_NEXTVLAD_DECAY_EXAMPLES // batch)
+  nextvlad_recipe(config)
+  return config
+
+
+@exp_factory.register_config_factory('yt8m_mix_nextvlad_demo')
+def yt8m_mix_nextvlad_demo() -> cfg.ExperimentConfig:
+  """The NeXtVLAD mixture on `yt8m_demo`'s generated data and validation
+  videos: 3 branches of `yt8m_nextvlad_demo`'s NeXtVLAD (λ = 1, G = 8 / 4,
+  K = 16 / 8, hidden 256, dropout 0.25), distillation weight 9 at
+  temperature 3, with its schedule (7 epochs of 16 sampled frames, one
+  evaluation at the end) and the authors' recipe except the whitening (the
+  demo's frames are not PCA-whitened).
+  """
+  config = yt8m_nextvlad_demo()
+  small = config.task.model.backbone.nextvlad
+  config.task.model = VideoClassificationModel(
+      backbone=Backbone(type='mix_nextvlad', mix_nextvlad=MixNextVladModel(
+          num_branches=3, cluster_sizes=small.cluster_sizes,
+          groups=small.groups, expansion=small.expansion,
+          hidden_size=small.hidden_size,
+          gating_reduction=small.gating_reduction,
+          dropout_rate=small.dropout_rate)),
+      head=Head(type='logistic', logistic=LogisticModel()))
+  nextvlad_recipe(config, reverse_whitening=False)
   return config

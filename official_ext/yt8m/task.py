@@ -321,10 +321,33 @@ class YT8MTask(base_task.Task):
     return tf.math.divide_no_nan(tf.reduce_sum(per_entry * label_weights),
                                  tf.reduce_sum(label_weights))
 
+  def _add_mixture_losses(self, all_losses: Dict[str, tf.Tensor],
+                          outputs: Dict[str, tf.Tensor], labels: tf.Tensor,
+                          label_weights: Optional[tf.Tensor]
+                          ) -> Dict[str, tf.Tensor]:
+    """The NeXtVLAD mixture's training terms, added to the total loss:
+    `branch_loss`, the sum of every branch's cross-entropy (reduced as the
+    mixture's), and the model's `distillation_loss`. Other models'
+    losses are returned as they are."""
+    if 'branch_predictions' not in outputs:
+      return all_losses
+    branches = tf.cast(outputs['branch_predictions'], tf.float32)
+    branch_loss = tf.add_n([
+        self._cross_entropy(labels, branches[:, i], label_weights)
+        for i in range(branches.shape[1])])
+    distillation = tf.cast(outputs['distillation_loss'], tf.float32)
+    all_losses = dict(all_losses)
+    all_losses['total_loss'] += branch_loss + distillation
+    all_losses.update(branch_loss=branch_loss, distillation_loss=distillation)
+    return all_losses
+
   def build_metrics(self, training: bool = True):
     """Mean losses; in evaluation also the streaming AP accumulator."""
+    names = ['total_loss', 'model_loss']
+    if training and self.task_config.model.backbone.type == 'mix_nextvlad':
+      names += ['branch_loss', 'distillation_loss']
     metrics = [tf_keras.metrics.Mean(name, dtype=tf.float32)
-               for name in ('total_loss', 'model_loss')]
+               for name in names]
     metrics += bad_records.task_metrics(  # `bad_records_skipped`.
         self, self.task_config.train_data if training else
         self.task_config.validation_data, training)
@@ -400,6 +423,8 @@ class YT8MTask(base_task.Task):
           labels=labels, model_outputs=predictions,
           label_weights=label_weights,
           aux_losses=model.losses if l2_pairs is None else None)
+      all_losses = self._add_mixture_losses(all_losses, outputs, labels,
+                                            label_weights)
       # Gradients are summed over replicas: scale to the global-batch mean.
       scaled_loss = gradients.scale_loss(
           optimizer, all_losses['total_loss'] / num_replicas)
