@@ -216,9 +216,14 @@ def xla_steps(path: str, cache_dir: str, precision: str) -> Dict[str, float]:
   a TPU takes: one step of each on the first batch of the YAML's tiny run.
   The training batch has static shapes (a TPU program's), no batch a string
   tensor. Returns the two steps' losses."""
+  return xla_steps_of(tiny_params(path, cache_dir), path, precision)
+
+
+def xla_steps_of(params, path: str, precision: str) -> Dict[str, float]:
+  """`xla_steps` of an experiment's tiny `params` (`path` names it in the
+  messages and keys its cached first batches)."""
   from official.core import task_factory  # pylint: disable=g-import-not-at-top
   from official.modeling import performance  # pylint: disable=g-import-not-at-top
-  params = tiny_params(path, cache_dir)
   previous = tf_keras.mixed_precision.global_policy()
   performance.set_mixed_precision_policy(precision)
   try:

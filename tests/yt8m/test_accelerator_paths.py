@@ -42,3 +42,18 @@ def test_mixed_precision_training_agrees_with_float32():
 def test_tpu_yaml_steps_compile_whole_under_xla(precision, cache):
   path = TPU_YAMLS[['float32', 'bfloat16'].index(precision) % len(TPU_YAMLS)]
   shipped_configs.xla_steps(path, cache, precision)
+
+
+@pytest.mark.parametrize('precision', ['float32', 'bfloat16'])
+def test_mix_nextvlad_steps_compile_whole_under_xla(precision, cache):
+  """The NeXtVLAD mixture's train step (branch and distillation losses
+  included) and validation step, each compiled whole by XLA. One branch:
+  every op of the mixture, half the compilation of two."""
+  from tests.yt8m import test_mix_nextvlad  # pylint: disable=g-import-not-at-top
+  params = test_mix_nextvlad.tiny_demo_params(cache, jit_compile=True,
+                                              num_branches=1)
+  params.override({'task': {'train_data': {'num_sample_frames': 4}}},
+                  is_strict=True)
+  losses = shipped_configs.xla_steps_of(params, 'yt8m_mix_nextvlad_demo',
+                                        precision)
+  assert losses['train'] > losses['validation'] > 0, losses
