@@ -204,14 +204,78 @@ class NextVladModel(hyperparams.Config):
 
 
 @dataclasses.dataclass
+class FrameAverageModel(hyperparams.Config):
+  """The mean of the valid frames, no variables (`modeling/starter.py`):
+  with the logistic head, the starter code's `FrameLevelLogisticModel`."""
+
+
+@dataclasses.dataclass
+class LstmModel(hyperparams.Config):
+  """Stacked LSTMs (`modeling/starter.py`), the starter code's `LstmModel`.
+
+  Attributes:
+    cells: units per LSTM layer (the starter's `--lstm_cells`, 1024).
+    layers: stacked layers (`--lstm_layers`, 2).
+  """
+  cells: int = 1024
+  layers: int = 2
+
+
+@dataclasses.dataclass
+class LearnablePoolingModel(hyperparams.Config):
+  """A WILLOW learnable-pooling backbone (`modeling/willow.py`): the pooling
+  is the backbone's type ('netvlad', 'netrvlad', 'soft_dbof', 'netfv').
+
+  Defaults: the authors' NetVLAD / NetRVLAD (github.com/antoine77340/
+  Youtube-8M-WILLOW, README: `--netvlad_cluster_size=256
+  --netvlad_hidden_size=1024 --netvlad_relu=False --gating=True`; audio has
+  half the clusters); `Backbone` sets Soft-DBoF's and NetFV's.
+
+  Attributes:
+    feature_sizes: width of each stream, in input order; must equal
+      `task.train_data.feature_sizes` (each stream is pooled by its own
+      module).
+    cluster_sizes: K of each stream's module.
+    hidden_size: width of the hidden layer (the head's input).
+    hidden_relu: hidden layer with batch norm and relu6 (the authors'
+      `--*_relu=True`); False (theirs): a bias, no activation.
+    context_gating: context gating after the hidden layer (`--gating`).
+    regularize_backbone: apply `task.losses.l2_weight_decay` to this
+      backbone's kernels, centers and covariances too. The authors
+      regularize only the MoE classifier (False).
+  """
+  feature_sizes: Tuple[int, ...] = (1024, 128)
+  cluster_sizes: Tuple[int, ...] = (256, 128)
+  hidden_size: int = 1024
+  hidden_relu: bool = False
+  context_gating: bool = True
+  regularize_backbone: bool = False
+
+
+@dataclasses.dataclass
 class Backbone(hyperparams.OneOfConfig):
-  """'dbof' or 'nextvlad' (frame-level records), or 'identity' (video-level
+  """'dbof', 'nextvlad', 'frame_average', 'lstm', 'netvlad', 'netrvlad',
+  'soft_dbof' or 'netfv' (frame-level records), or 'identity' (video-level
   records)."""
   type: Optional[str] = 'dbof'
   dbof: DbofModel = dataclasses.field(default_factory=DbofModel)
   identity: IdentityBackbone = dataclasses.field(
       default_factory=IdentityBackbone)
   nextvlad: NextVladModel = dataclasses.field(default_factory=NextVladModel)
+  frame_average: FrameAverageModel = dataclasses.field(
+      default_factory=FrameAverageModel)
+  lstm: LstmModel = dataclasses.field(default_factory=LstmModel)
+  netvlad: LearnablePoolingModel = dataclasses.field(
+      default_factory=LearnablePoolingModel)
+  netrvlad: LearnablePoolingModel = dataclasses.field(
+      default_factory=LearnablePoolingModel)
+  # The authors' Soft-DBoW: 8000 clusters (audio 1/8), no gating.
+  soft_dbof: LearnablePoolingModel = dataclasses.field(
+      default_factory=lambda: LearnablePoolingModel(  # pylint: disable=g-long-lambda
+          cluster_sizes=(8000, 1000), context_gating=False))
+  # The authors' NetFV: 128 clusters (audio 64).
+  netfv: LearnablePoolingModel = dataclasses.field(
+      default_factory=lambda: LearnablePoolingModel(cluster_sizes=(128, 64)))
 
 
 @dataclasses.dataclass
