@@ -225,12 +225,15 @@ def _first_batch(task, data, path: str):
   return _FIRST_BATCHES[key]
 
 
-def xla_steps(path: str, cache_dir: str, precision: str) -> Dict[str, float]:
+def xla_steps(path: str, cache_dir: str, precision: str,
+              batches_of: str = '') -> Dict[str, float]:
   """A TPU YAML's train and validation steps, each compiled whole by XLA
   (`tf.function(jit_compile=True)`) in `precision` with the kernel policy
   a TPU takes: one step of each on the first batch of the YAML's tiny run.
   The training batch has static shapes (a TPU program's), no batch a string
-  tensor. Returns the two steps' losses."""
+  tensor. Returns the two steps' losses. YAMLs whose tiny runs read the
+  same data may share their first batches: `batches_of` names the YAML
+  whose batches this one takes ('': its own)."""
   from official.core import task_factory  # pylint: disable=g-import-not-at-top
   from official.modeling import performance  # pylint: disable=g-import-not-at-top
   params = tiny_params(path, cache_dir)
@@ -246,7 +249,8 @@ def xla_steps(path: str, cache_dir: str, precision: str) -> Dict[str, float]:
       trainer_lib.create_optimizer_weights(tf.distribute.get_strategy(),
                                            optimizer,
                                            model.trainable_variables)
-      train_batch = _first_batch(task, params.task.train_data, path)
+      train_batch = _first_batch(task, params.task.train_data,
+                                 batches_of or path)
       _no_strings(train_batch, 'training batch')
       for key, tensor in _leaves(train_batch):
         assert tensor.shape.is_fully_defined(), (key, tensor.shape)
@@ -255,7 +259,8 @@ def xla_steps(path: str, cache_dir: str, precision: str) -> Dict[str, float]:
           lambda b: task.train_step(b, model, optimizer, metrics),
           jit_compile=True)
       train_logs = train_step(train_batch)
-      eval_batch = _first_batch(task, params.task.validation_data, path)
+      eval_batch = _first_batch(task, params.task.validation_data,
+                                batches_of or path)
       _no_strings(eval_batch, 'validation batch')
       eval_metrics = task.build_metrics(training=False)
       eval_step = tf.function(

@@ -218,7 +218,12 @@ def cache(tmp_path_factory):
 def demo_yaml(name, folder):
   path = os.path.join(str(folder), f'{name}_demo.yaml')
   with open(path, 'w') as f:
-    f.write(f'# --experiment=yt8m_{name}_demo\ntask:\n  jit_compile: true\n')
+    # Eager steps: tracing (and XLA, see test_accelerator_paths.py) cost
+    # more than the two steps they would speed up.
+    f.write(f'# --experiment=yt8m_{name}_demo\n'
+            'task: {jit_compile: false}\n'
+            'trainer: {train_tf_function: false, train_tf_while_loop: false, '
+            'eval_tf_function: false, eval_tf_while_loop: false}\n')
   return path
 
 
