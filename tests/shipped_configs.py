@@ -225,18 +225,20 @@ def _first_batch(task, data, path: str):
   return _FIRST_BATCHES[key]
 
 
-def xla_steps(path: str, cache_dir: str, precision: str,
-              batches_of: str = '') -> Dict[str, float]:
+def xla_steps(path: str, cache_dir: str, precision: str) -> Dict[str, float]:
   """A TPU YAML's train and validation steps, each compiled whole by XLA
   (`tf.function(jit_compile=True)`) in `precision` with the kernel policy
   a TPU takes: one step of each on the first batch of the YAML's tiny run.
   The training batch has static shapes (a TPU program's), no batch a string
-  tensor. Returns the two steps' losses. YAMLs whose tiny runs read the
-  same data may share their first batches: `batches_of` names the YAML
-  whose batches this one takes ('': its own)."""
+  tensor. Returns the two steps' losses."""
+  return xla_steps_of(tiny_params(path, cache_dir), path, precision)
+
+
+def xla_steps_of(params, path: str, precision: str) -> Dict[str, float]:
+  """`xla_steps` of an experiment's tiny `params` (`path` names it in the
+  messages and keys its cached first batches)."""
   from official.core import task_factory  # pylint: disable=g-import-not-at-top
   from official.modeling import performance  # pylint: disable=g-import-not-at-top
-  params = tiny_params(path, cache_dir)
   previous = tf_keras.mixed_precision.global_policy()
   performance.set_mixed_precision_policy(precision)
   try:
@@ -249,8 +251,7 @@ def xla_steps(path: str, cache_dir: str, precision: str,
       trainer_lib.create_optimizer_weights(tf.distribute.get_strategy(),
                                            optimizer,
                                            model.trainable_variables)
-      train_batch = _first_batch(task, params.task.train_data,
-                                 batches_of or path)
+      train_batch = _first_batch(task, params.task.train_data, path)
       _no_strings(train_batch, 'training batch')
       for key, tensor in _leaves(train_batch):
         assert tensor.shape.is_fully_defined(), (key, tensor.shape)
@@ -259,8 +260,7 @@ def xla_steps(path: str, cache_dir: str, precision: str,
           lambda b: task.train_step(b, model, optimizer, metrics),
           jit_compile=True)
       train_logs = train_step(train_batch)
-      eval_batch = _first_batch(task, params.task.validation_data,
-                                batches_of or path)
+      eval_batch = _first_batch(task, params.task.validation_data, path)
       _no_strings(eval_batch, 'validation batch')
       eval_metrics = task.build_metrics(training=False)
       eval_step = tf.function(

@@ -3,12 +3,13 @@
     scaled = scale_loss(optimizer, loss_share)        # float16 loss scaling
     grads = unscale_gradients(optimizer, tape.gradient(scaled, variables))
     [grads = add_l2_gradients(grads, variables, l2_regularized_kernels(...))]
-    apply_gradients(optimizer, grads, variables, clip_norm)
+    apply_gradients(optimizer, grads, variables, clip_norm[, per_variable])
 
 `loss_share` is this replica's share of the global-batch loss (its sum over
 replicas is the loss). `apply_gradients` makes sparse gradients dense, sums
-them over replicas, clips the *summed* gradient by its global norm and
-applies it (`minimize` does the four lines for a tape). The L2 helpers
+them over replicas, clips the *summed* gradient by its global norm (or,
+with `per_variable`, each variable's gradient by its own norm, as the
+YouTube-8M starter code's `utils.clip_gradient_norms` does) and applies it (`minimize` does the four lines for a tape). The L2 helpers
 compute the value of plain-L2 kernel regularization outside XLA and add its
 gradient directly (YT8M's fast path).
 """
@@ -37,14 +38,15 @@ def unscale_gradients(optimizer, grads: Sequence[Optional[tf.Tensor]]
 
 def apply_gradients(optimizer, grads: Sequence[Optional[tf.Tensor]],
                     variables: Sequence[tf.Variable],
-                    clip_norm: float) -> None:
+                    clip_norm: float, per_variable: bool = False) -> None:
   """Applies this replica's unscaled gradients, clipped after the sum.
 
   Sparse gradients (`tf.IndexedSlices`, e.g. of an embedding) are made dense
   first: their row counts differ between replicas, which a cross-replica
   all-reduce of slices cannot sum. With `clip_norm` > 0 the gradient summed
-  over replicas is clipped by its global norm (`clip_and_apply_gradients`);
-  otherwise the optimizer sums and applies.
+  over replicas is clipped by its global norm, or each variable's by its
+  own norm with `per_variable` (`clip_and_apply_gradients`); otherwise the
+  optimizer sums and applies.
 
   Args:
     optimizer: a tf_keras optimizer (a LossScaleOptimizer receives unscaled
@@ -52,17 +54,21 @@ def apply_gradients(optimizer, grads: Sequence[Optional[tf.Tensor]],
     grads: one per variable (None allowed), from `unscale_gradients`.
     variables: the trainable variables.
     clip_norm: maximum global norm of the summed gradient; <= 0: no clipping.
+    per_variable: clip each variable's summed gradient to norm `clip_norm`
+      (`tf.clip_by_norm`) instead of the global norm.
   """
   grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
            for g in grads]
   if clip_norm > 0:
-    clip_and_apply_gradients(optimizer, grads, variables, clip_norm)
+    clip_and_apply_gradients(optimizer, grads, variables, clip_norm,
+                             per_variable=per_variable)
   else:
     optimizer.apply_gradients(list(zip(grads, variables)))
 
 
 def minimize(optimizer, tape: tf.GradientTape, scaled_loss: tf.Tensor,
-             variables: Sequence[tf.Variable], clip_norm: float) -> None:
+             variables: Sequence[tf.Variable], clip_norm: float,
+             per_variable: bool = False) -> None:
   """`apply_gradients` of the unscaled gradients of `scaled_loss`.
 
   Args:
@@ -71,9 +77,10 @@ def minimize(optimizer, tape: tf.GradientTape, scaled_loss: tf.Tensor,
     scaled_loss: `scale_loss(optimizer, this replica's loss share)`.
     variables: the trainable variables.
     clip_norm: see `apply_gradients`.
+    per_variable: see `apply_gradients`.
   """
   grads = unscale_gradients(optimizer, tape.gradient(scaled_loss, variables))
-  apply_gradients(optimizer, grads, variables, clip_norm)
+  apply_gradients(optimizer, grads, variables, clip_norm, per_variable)
 
 
 def _skip_aggregation_kwargs(optimizer) -> dict:
@@ -88,8 +95,10 @@ def _skip_aggregation_kwargs(optimizer) -> dict:
 
 def clip_and_apply_gradients(optimizer, grads: Sequence[tf.Tensor],
                              variables: Sequence[tf.Variable],
-                             clip_norm: float) -> None:
-  """Clips the GLOBAL gradient by its global norm, then applies it.
+                             clip_norm: float,
+                             per_variable: bool = False) -> None:
+  """Clips the GLOBAL gradient by its global norm (or each variable's
+  gradient by its own norm), then applies it.
 
   Called in a replica context with this replica's (already unscaled)
   gradients. With several replicas the gradients are first summed across
@@ -104,6 +113,8 @@ def clip_and_apply_gradients(optimizer, grads: Sequence[tf.Tensor],
     grads: this replica's gradients, one per variable (None allowed).
     variables: the trainable variables.
     clip_norm: maximum global norm of the summed gradient.
+    per_variable: clip each variable's summed gradient to norm `clip_norm`
+      (`clip_by_norm_per_variable`) instead.
   """
   grads = list(grads)
   replica_context = tf.distribute.get_replica_context()
@@ -122,7 +133,10 @@ def clip_and_apply_gradients(optimizer, grads: Sequence[tf.Tensor],
       for i, g in zip(present, summed):
         grads[i] = g
     # An optimizer that cannot skip aggregation gets per-replica clipping.
-  grads = clip_by_global_norm(grads, clip_norm)
+  if per_variable:
+    grads = clip_by_norm_per_variable(grads, clip_norm)
+  else:
+    grads = clip_by_global_norm(grads, clip_norm)
   optimizer.apply_gradients(list(zip(grads, variables)), **kwargs)
 
 
@@ -152,6 +166,14 @@ def clip_by_global_norm(grads: Sequence[tf.Tensor], clip_norm: float):
   for i, g in zip(present, clipped):
     grads[i] = g
   return grads
+
+
+def clip_by_norm_per_variable(grads: Sequence[Optional[tf.Tensor]],
+                              clip_norm: float) -> List[Optional[tf.Tensor]]:
+  """Each gradient clipped to L2 norm `clip_norm` on its own
+  (`tf.clip_by_norm`; None entries kept): the starter code's and the
+  NeXtVLAD authors' `utils.clip_gradient_norms`."""
+  return [None if g is None else tf.clip_by_norm(g, clip_norm) for g in grads]
 
 
 def l2_regularized_kernels(model: tf_keras.Model

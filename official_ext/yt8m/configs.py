@@ -102,6 +102,19 @@ class DataConfig(cfg.DataConfig):
     skip_bad_records: False (default) stops on a truncated/corrupted record
       with an error naming the file; True skips such records and counts them
       (logged, and the count is available from the reader).
+    reverse_whitening_feature: '' (off) or the name of a feature in
+      `feature_names` (the NeXtVLAD authors: 'rgb') whose released values
+      are PCA-whitened: each frame's block becomes (x - b) * (sqrt(e) +
+      1e-4), with e the PCA eigenvalues of `pca_eigenvalues_path` and b the
+      dequantization's half-step bias (range / 512 = 4/512 for uint8
+      features, 0 for float32 ones), which undoes the whitening as the
+      NeXtVLAD authors' `train.py` does. Applied after dequantization and
+      before `input_per_feature_l2_norm`.
+    pca_eigenvalues_path: a .npy file of the PCA eigenvalues of that
+      feature (shape [n] or [n, 1], n >= its width; the first width values
+      are used), e.g. the `yt8m_pca/eigenvals.npy` of the NeXtVLAD authors'
+      repository or the YouTube-8M feature extractor's PCA data; supplied by
+      the user, never downloaded. Needed with `reverse_whitening_feature`.
   """
   name: Optional[str] = 'yt8m'
   split: Optional[str] = 'train'
@@ -121,6 +134,8 @@ class DataConfig(cfg.DataConfig):
   include_video_id: bool = False
   num_examples: int = -1
   skip_bad_records: bool = False
+  reverse_whitening_feature: str = ''
+  pca_eigenvalues_path: str = ''
   shuffle_buffer_size: int = 1000
   prefetch_buffer_size: Optional[int] = None  # AUTOTUNE.
 
@@ -253,15 +268,56 @@ class LearnablePoolingModel(hyperparams.Config):
 
 
 @dataclasses.dataclass
+class MixNextVladModel(hyperparams.Config):
+  """The mixture of NeXtVLAD models with online distillation (Lin, Xiao and
+  Fan, 2018); see `modeling/mix_nextvlad.py`. Needs the 'logistic' head
+  (one classifier per branch, mixed in logit space).
+
+  Defaults are the authors' final submission (github.com/linrongc/
+  youtube-8m, `scripts/train_mix_nextvlad_final_submission.sh`): 3
+  branches, each a NeXtVLAD with λ = 2, G = 8, K = 112 (audio: K = 56,
+  G = 4), hidden 2048, SE gating reduction 16, dropout 0.5; distillation
+  weight 9 at temperature 3.
+
+  Attributes:
+    num_branches: NeXtVLAD branches of the mixture (`--mix_number`).
+    feature_sizes: as `NextVladModel`'s, for every branch.
+    cluster_sizes: as `NextVladModel`'s.
+    groups: as `NextVladModel`'s.
+    expansion: as `NextVladModel`'s.
+    hidden_size: as `NextVladModel`'s.
+    gating_reduction: as `NextVladModel`'s.
+    dropout_rate: as `NextVladModel`'s.
+    regularize_backbone: as `NextVladModel`'s (the authors: False).
+    distillation_weight: λ of the distillation term (`--cl_lambda`); 0
+      trains the branches without it.
+    distillation_temperature: T of its softmaxes (`--cl_temperature`).
+  """
+  num_branches: int = 3
+  feature_sizes: Tuple[int, ...] = (1024, 128)
+  cluster_sizes: Tuple[int, ...] = (112, 56)
+  groups: Tuple[int, ...] = (8, 4)
+  expansion: int = 2
+  hidden_size: int = 2048
+  gating_reduction: int = 16
+  dropout_rate: float = 0.5
+  regularize_backbone: bool = False
+  distillation_weight: float = 9.0
+  distillation_temperature: float = 3.0
+
+
+@dataclasses.dataclass
 class Backbone(hyperparams.OneOfConfig):
-  """'dbof', 'nextvlad', 'frame_average', 'lstm', 'netvlad', 'netrvlad',
-  'soft_dbof' or 'netfv' (frame-level records), or 'identity' (video-level
-  records)."""
+  """'dbof', 'nextvlad', 'mix_nextvlad', 'frame_average', 'lstm',
+  'netvlad', 'netrvlad', 'soft_dbof' or 'netfv' (frame-level records), or
+  'identity' (video-level records)."""
   type: Optional[str] = 'dbof'
   dbof: DbofModel = dataclasses.field(default_factory=DbofModel)
   identity: IdentityBackbone = dataclasses.field(
       default_factory=IdentityBackbone)
   nextvlad: NextVladModel = dataclasses.field(default_factory=NextVladModel)
+  mix_nextvlad: MixNextVladModel = dataclasses.field(
+      default_factory=MixNextVladModel)
   frame_average: FrameAverageModel = dataclasses.field(
       default_factory=FrameAverageModel)
   lstm: LstmModel = dataclasses.field(default_factory=LstmModel)
@@ -299,8 +355,18 @@ class MoeModel(hyperparams.Config):
 
 @dataclasses.dataclass
 class LogisticModel(hyperparams.Config):
-  """Logistic (one dense layer + sigmoid) head."""
+  """Logistic (one dense layer + sigmoid) head.
+
+  Attributes:
+    return_logits: also return the logits ('logits' [batch, classes]).
+    kernel_initializer: initializer of the classifier's kernel, a tf_keras
+      initializer name: 'glorot_uniform' (tf_keras' default and the
+      starter code's `slim.fully_connected` default, Xavier) or
+      'he_normal' (truncated normal of variance 2 / fan_in: the NeXtVLAD
+      authors' `slim.variance_scaling_initializer()`).
+  """
   return_logits: bool = False
+  kernel_initializer: str = 'glorot_uniform'
 
 
 @dataclasses.dataclass
@@ -328,11 +394,20 @@ class Losses(hyperparams.Config):
     from_logits: the model outputs logits rather than probabilities.
     label_smoothing: label smoothing of the binary cross-entropy.
     l2_weight_decay: L2 weight decay on the kernels (added to the loss).
+    class_reduction: how each example's per-class cross-entropies are
+      reduced: 'mean' over the classes (Model Garden's YT8M task) or 'sum'
+      (the YouTube-8M starter code's, WILLOW's and the NeXtVLAD authors'
+      `CrossEntropyLoss`: 3,862x larger on YouTube-8M, so the same
+      `l2_weight_decay` weighs 3,862x less against it). Either way the
+      loss is then the mean over the examples (with `label_weights`: 'mean'
+      is the weighted mean over the rated entries, 'sum' the sum of the
+      weighted entries over the examples with a rated class).
   """
   name: str = 'binary_crossentropy'
   from_logits: bool = False
   label_smoothing: float = 0.0
   l2_weight_decay: float = 1e-5
+  class_reduction: str = 'mean'
 
 
 @dataclasses.dataclass
@@ -428,6 +503,10 @@ class YT8MTask(cfg.TaskConfig):
       missing from the checkpoint, or of another shape, is an error naming
       it. The log lists the variables restored.
     gradient_clip_norm: clip gradients by this global norm (<= 0: off).
+    gradient_clip_per_variable: clip each variable's gradient to norm
+      `gradient_clip_norm` on its own instead (the starter code's and the
+      NeXtVLAD authors' `utils.clip_gradient_norms`;
+      `core.gradients.clip_by_norm_per_variable`).
     demo_data: generated data used when an `input_path` is empty.
     jit_compile: XLA-compile each training step's forward and backward pass
       (fuses the per-frame batch norm / activation / pooling work around the
@@ -446,6 +525,7 @@ class YT8MTask(cfg.TaskConfig):
           average_precision=AveragePrecisionConfig()))
   init_checkpoint_modules: str = 'all'
   gradient_clip_norm: float = 1.0
+  gradient_clip_per_variable: bool = False
   demo_data: DemoDataConfig = dataclasses.field(default_factory=DemoDataConfig)
   jit_compile: bool = True
 
@@ -667,13 +747,24 @@ NEXTVLAD_DECAY_EXAMPLES = 2_000_000  # lr x 0.8 every 2M examples.
 
 @exp_factory.register_config_factory('yt8m_nextvlad')
 def yt8m_nextvlad() -> cfg.ExperimentConfig:
-  """NeXtVLAD + logistic classifier, the authors' setup (needs input_path).
+  """NeXtVLAD + logistic classifier, the authors' setup (needs input_path
+  and the rgb PCA eigenvalues).
 
   λ = 2, G = 8, K = 128 (audio: its own module with K = 64, G = 4), hidden
-  2048, SE gating reduction 8, dropout 0.5, logistic classifier, L2 1e-5 on
-  the classifier only; all 300 frames, no frame sampling (padding masked);
-  batch 160, Adam 2e-4 x 0.8 (staircase) every 2M examples, gradients
-  clipped to norm 1, 5 epochs (the paper's local experiments), float32.
+  2048, SE gating reduction 8, dropout 0.5, logistic classifier; all 300
+  frames, no frame sampling (padding masked); batch 160, Adam 2e-4 x 0.8
+  (staircase) every 2M examples, 5 epochs (the paper's local experiments),
+  float32. Their training recipe (`nextvlad_recipe`): the cross-entropy
+  summed over the classes, L2 1e-5 on the classifier, each variable's
+  gradient clipped to norm 1, batch-norm momentum 0.999 (slim's), Adam
+  epsilon 1e-8 (tf.train's), the classifier initialized He-normal
+  (`slim.variance_scaling_initializer`), the rgb input's PCA whitening
+  undone (`DataConfig.reverse_whitening_feature`: set
+  `pca_eigenvalues_path` of both splits). Deviations, each with its
+  expected effect: the classifier's bias is not L2-regularized (theirs is,
+  at 1e-5 on 3,862 values: negligible next to the kernel's 7.9 M); padded
+  frames are left out of the batch-norm statistics (theirs count them:
+  statistics of the valid frames only, the same on videos of 300 frames).
   """
   batch = NEXTVLAD_BATCH_SIZE
   steps_per_epoch = YT8M_TRAIN_EXAMPLES // batch
@@ -681,13 +772,11 @@ def yt8m_nextvlad() -> cfg.ExperimentConfig:
   task = YT8MTask(
       model=VideoClassificationModel(
           backbone=Backbone(type='nextvlad', nextvlad=NextVladModel()),
-          head=Head(type='logistic', logistic=LogisticModel())),
-      losses=Losses(l2_weight_decay=1e-5),
-      gradient_clip_norm=1.0)
+          head=Head(type='logistic', logistic=LogisticModel())))
   task.train_data.num_sample_frames = None
   task.train_data.global_batch_size = batch
   task.validation_data.global_batch_size = batch
-  return _experiment(
+  config = _experiment(
       task, steps_per_loop=steps_per_loop,
       train_steps=NEXTVLAD_EPOCHS * steps_per_epoch,
       validation_steps=YT8M_VAL_EXAMPLES // batch,
@@ -696,6 +785,37 @@ def yt8m_nextvlad() -> cfg.ExperimentConfig:
           learning_rate=0.0002,
           decay_steps=NEXTVLAD_DECAY_EXAMPLES // batch,
           warmup_steps=0, decay_rate=0.8, staircase=True))
+  nextvlad_recipe(config)
+  return config
+
+
+def nextvlad_recipe(config: cfg.ExperimentConfig,
+                    reverse_whitening: bool = True) -> None:
+  """Sets the NeXtVLAD authors' training recipe (github.com/linrongc/
+  youtube-8m, `train.py`, `losses.py`, `nextvlad.py`) on `config`.
+
+  The cross-entropy summed over the classes (`CrossEntropyLoss`); L2 1e-5
+  on the classifier (`--l2_penalty`); each variable's gradient clipped to
+  norm 1 (`--clip_gradient_norm`, `utils.clip_gradient_norms`); batch-norm
+  momentum 0.999 and epsilon 1e-3 (`slim.batch_norm`'s defaults); Adam
+  epsilon 1e-8 (`tf.train.AdamOptimizer`'s); the logistic classifier
+  He-normal (`slim.variance_scaling_initializer()`); with
+  `reverse_whitening` the rgb frames' PCA whitening undone
+  (`DataConfig.reverse_whitening_feature`; the eigenvalues file is the
+  user's to supply as `pca_eigenvalues_path`).
+  """
+  task = config.task
+  task.losses.class_reduction = 'sum'
+  task.losses.l2_weight_decay = 1e-5
+  task.gradient_clip_norm = 1.0
+  task.gradient_clip_per_variable = True
+  task.model.norm_activation.norm_momentum = 0.999
+  task.model.norm_activation.norm_epsilon = 1e-3
+  task.model.head.logistic.kernel_initializer = 'he_normal'
+  config.trainer.optimizer_config.optimizer.adam.epsilon = 1e-8
+  if reverse_whitening:
+    for data in (task.train_data, task.validation_data):
+      data.reverse_whitening_feature = 'rgb'
 
 
 @exp_factory.register_config_factory('yt8m_nextvlad_demo')
@@ -718,6 +838,71 @@ def yt8m_nextvlad_demo() -> cfg.ExperimentConfig:
   steps_per_epoch = data.num_examples // data.global_batch_size
   config.trainer.train_steps = 7 * steps_per_epoch
   config.trainer.validation_interval = config.trainer.train_steps
+  return config
+
+
+# The mixture of NeXtVLAD models (the 2nd challenge's winner) as its authors
+# trained it: `scripts/train_mix_nextvlad_final_submission.sh`.
+MIX_NEXTVLAD_EPOCHS = 15
+MIX_NEXTVLAD_DECAY_EXAMPLES = 2_500_000  # lr x 0.8 every 2.5M examples.
+
+
+@exp_factory.register_config_factory('yt8m_mix_nextvlad')
+def yt8m_mix_nextvlad() -> cfg.ExperimentConfig:
+  """The NeXtVLAD mixture with online distillation, the authors' setup
+  (needs input_path and the rgb PCA eigenvalues).
+
+  3 NeXtVLAD branches (λ = 2, G = 8, K = 112; audio K = 56, G = 4; hidden
+  2048, SE reduction 16, dropout 0.5), each with a logistic classifier,
+  mixed by a gate on the frames' mean; loss: the mixture's and every
+  branch's cross-entropy plus the distillation term (weight 9, temperature
+  3); all 300 frames; batch 160, Adam 2e-4 x 0.8 (staircase) every 2.5M
+  examples, 15 epochs, float32; the authors' recipe (`nextvlad_recipe`:
+  cross-entropy summed over the classes, L2 1e-5 on the classifiers,
+  per-variable clipping at 1, batch-norm momentum 0.999, Adam epsilon 1e-8,
+  He-normal classifiers, the rgb whitening undone). Deviations, each with
+  its expected effect: the classifiers' biases are not L2-regularized
+  (negligible, as in `yt8m_nextvlad`); padded frames are left out of the
+  gate's frame mean and of the batch-norm statistics (theirs count the
+  padding of videos shorter than 300 frames: the same on full-length
+  videos); the epochs count the train split (the authors' final model
+  trained on train and validate files: point `input_path` at both for
+  that).
+  """
+  config = yt8m_nextvlad()
+  config.task.model = VideoClassificationModel(
+      backbone=Backbone(type='mix_nextvlad',
+                        mix_nextvlad=MixNextVladModel()),
+      head=Head(type='logistic', logistic=LogisticModel()))
+  batch = NEXTVLAD_BATCH_SIZE
+  steps_per_epoch = YT8M_TRAIN_EXAMPLES // batch
+  config.trainer.train_steps = MIX_NEXTVLAD_EPOCHS * steps_per_epoch
+  config.trainer.optimizer_config.learning_rate.exponential.decay_steps = (
+      MIX_NEXTVLAD_DECAY_EXAMPLES // batch)
+  nextvlad_recipe(config)
+  return config
+
+
+@exp_factory.register_config_factory('yt8m_mix_nextvlad_demo')
+def yt8m_mix_nextvlad_demo() -> cfg.ExperimentConfig:
+  """The NeXtVLAD mixture on `yt8m_demo`'s generated data and validation
+  videos: 3 branches of `yt8m_nextvlad_demo`'s NeXtVLAD (λ = 1, G = 8 / 4,
+  K = 16 / 8, hidden 256, dropout 0.25), distillation weight 9 at
+  temperature 3, with its schedule (7 epochs of 16 sampled frames, one
+  evaluation at the end) and the authors' recipe except the whitening (the
+  demo's frames are not PCA-whitened).
+  """
+  config = yt8m_nextvlad_demo()
+  small = config.task.model.backbone.nextvlad
+  config.task.model = VideoClassificationModel(
+      backbone=Backbone(type='mix_nextvlad', mix_nextvlad=MixNextVladModel(
+          num_branches=3, cluster_sizes=small.cluster_sizes,
+          groups=small.groups, expansion=small.expansion,
+          hidden_size=small.hidden_size,
+          gating_reduction=small.gating_reduction,
+          dropout_rate=small.dropout_rate)),
+      head=Head(type='logistic', logistic=LogisticModel()))
+  nextvlad_recipe(config, reverse_whitening=False)
   return config
 
 
@@ -746,13 +931,17 @@ def _published(model: VideoClassificationModel, batch: int,
                l2_weight_decay: float, learning_rate: float,
                decay_rate: float, decay_examples: int, train_steps: int,
                num_sample_frames: Optional[int]) -> cfg.ExperimentConfig:
-  """A published-size frame-level experiment (needs input_path): Adam with
-  TF1's epsilon and a staircase exponential decay every `decay_examples`,
-  slim's batch-norm momentum, gradients clipped to norm 1, float32."""
+  """A published-size frame-level experiment (needs input_path) with the
+  starter's recipe, which WILLOW's train.py keeps: the cross-entropy summed
+  over the classes, each variable's gradient clipped to norm 1 (slim's
+  `clip_gradient_norms`), Adam with TF1's epsilon and a staircase
+  exponential decay every `decay_examples`, slim's batch-norm momentum,
+  float32."""
   steps_per_loop = 500
   model.norm_activation.norm_momentum = SLIM_BATCH_NORM_MOMENTUM
-  task = YT8MTask(model=model, losses=Losses(l2_weight_decay=l2_weight_decay),
-                  gradient_clip_norm=1.0)
+  task = YT8MTask(model=model, losses=Losses(l2_weight_decay=l2_weight_decay,
+                                             class_reduction='sum'),
+                  gradient_clip_norm=1.0, gradient_clip_per_variable=True)
   task.train_data.num_sample_frames = num_sample_frames
   task.train_data.global_batch_size = batch
   task.validation_data.global_batch_size = batch
@@ -790,15 +979,13 @@ def yt8m_frame_logistic() -> cfg.ExperimentConfig:
   """The starter's `FrameLevelLogisticModel` as its train.py trains it.
 
   The mean of the valid (L2-normalized) frames of all 300 frames into a
-  logistic classifier (L2 1e-8); batch 1024, Adam at 0.01 (epsilon 1e-8)
-  x 0.95 every 4M examples (staircase), gradients clipped to norm 1, 5
-  epochs. Deviations: the starter sums the cross-entropy over the classes,
-  this task averages it (Adam's steps do not depend on the loss scale, but
-  the L2 term weighs 3,862 times more relative to it: negligible at 1e-8,
-  and so is the clipping threshold's relative change); the starter clips
-  each variable's gradient to norm 1 (slim's `clip_gradient_norms`), this
-  task the global norm (a smaller step where several variables' gradients
-  are large together).
+  logistic classifier (L2 1e-8, Glorot-uniform kernel as slim's); the
+  cross-entropy summed over the classes, batch 1024, Adam at 0.01 (epsilon
+  1e-8) x 0.95 every 4M examples (staircase), each variable's gradient
+  clipped to norm 1, 5 epochs. One deviation: the starter's cross-entropy
+  adds 1e-5 inside its logarithms, tf_keras' clips the probabilities to
+  [1e-7, 1 - 1e-7] (the loss of a confident mistake is capped at 16.1
+  instead of 11.5; no effect on the other terms).
   """
   steps_per_epoch = YT8M_TRAIN_EXAMPLES // STARTER_BATCH_SIZE
   return _published(
@@ -829,10 +1016,10 @@ def yt8m_lstm() -> cfg.ExperimentConfig:
   """The starter's `LstmModel` with its train.py's defaults.
 
   Two LSTM layers of 1024 cells over all 300 (L2-normalized) frames, the
-  last layer's final output into the MoE (2 mixtures, L2 1e-8); training
-  as `yt8m_frame_logistic` (batch 1024, Adam 0.01 x 0.95 every 4M
-  examples, clipping at 1, 5 epochs), with its deviations (mean over the
-  classes, global-norm clipping).
+  last layer's final output into the MoE (2 mixtures, L2 1e-8); trained
+  as `yt8m_frame_logistic` (its recipe and its one deviation). The forget
+  gates' biases start at 1 where the starter adds a constant 1 to biases
+  that start at 0: the same function, trained alike.
   """
   steps_per_epoch = YT8M_TRAIN_EXAMPLES // STARTER_BATCH_SIZE
   return _published(
@@ -876,13 +1063,15 @@ def _willow(model: VideoClassificationModel, moe_l2: float,
 
 
 _WILLOW_DEVIATIONS = """
-  Deviations from the authors' training, with their expected effect: the
-  cross-entropy is averaged over the classes where they sum it (Adam's steps
-  do not depend on the loss scale, but the L2 term weighs 3,862 times more
-  relative to it); the gradients' global norm is clipped where they clip
-  each variable's (a smaller step when several variables' gradients are
-  large together); the MoE's probability gate kernel is L2-regularized with
-  the experts' (theirs is not; a 1e-6 pull on 3,862 x 3,862 weights);
+  The recipe is the authors' (the starter's train.py): the cross-entropy
+  summed over the classes, each variable's gradient clipped to norm 1, Adam
+  epsilon 1e-8, batch-norm momentum 0.999, the authors' initializers.
+  Deviations, with their expected effect: the MoE's probability gate
+  kernel is L2-regularized with the experts' (theirs is not; a small pull
+  on 3,862 x 3,862 weights whose data gradient is summed over the classes);
+  the context gates' kernels start Glorot-uniform (theirs normal; the same
+  standard deviation, 1/sqrt(width)); the cross-entropy's epsilon as in
+  `yt8m_frame_logistic`;
   evaluation pools all valid frames where theirs samples 300 with
   replacement (a less noisy score); the 300 training frames are sampled
   without replacement where a video has 300 (theirs always with

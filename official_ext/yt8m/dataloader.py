@@ -42,8 +42,10 @@ goes on past them), or the one invalid record, is skipped, logged and counted
 in a `BadRecordLog` (`bad_records.bad_record_log()`, or the task's); every
 other record is read.
 """
+import io
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official_ext.core import bad_records as bad_records_lib
@@ -98,6 +100,66 @@ def dequantize(x: tf.Tensor,
   scale = quantized_range / 255.0
   bias = quantized_range / 512.0 + min_quantized_value
   return tf.cast(x, tf.float32) * scale + bias
+
+
+# Added to sqrt(eigenvalue) by the reverse whitening (the NeXtVLAD authors').
+REVERSE_WHITENING_EPSILON = 1e-4
+
+
+def reverse_whitening_scale(params: configs.DataConfig
+                            ) -> Optional[Tuple[int, np.ndarray]]:
+  """(feature index, float32 [width] scale) of `reverse_whitening_feature`.
+
+  The scale is sqrt(e) + 1e-4 with e the first `width` PCA eigenvalues of
+  `pca_eigenvalues_path` (see `configs.DataConfig`). None when
+  `reverse_whitening_feature` is ''.
+
+  Raises:
+    ValueError: naming the key and value at fault: the feature is not in
+      `feature_names`, the path is empty, missing or not a .npy array, or
+      the eigenvalues are fewer than the feature's width, not a vector
+      ([n] or [n, 1]), negative or not finite.
+  """
+  feature = params.reverse_whitening_feature
+  if not feature:
+    return None
+  names = tuple(params.feature_names or ())
+  if feature not in names:
+    raise ValueError(
+        f'DataConfig.reverse_whitening_feature={feature!r} is not one of '
+        f'DataConfig.feature_names {names}.')
+  index = names.index(feature)
+  width = int(params.feature_sizes[index])
+  path = params.pca_eigenvalues_path
+  key = f'DataConfig.pca_eigenvalues_path={path!r}'
+  if not path:
+    raise ValueError(
+        f'DataConfig.reverse_whitening_feature={feature!r} needs the PCA '
+        'eigenvalues of that feature: DataConfig.pca_eigenvalues_path is '
+        "empty (a .npy file, e.g. the NeXtVLAD authors' "
+        "yt8m_pca/eigenvals.npy; or set reverse_whitening_feature='').")
+  if not tf.io.gfile.exists(path):
+    raise ValueError(f'{key}: no such file (the PCA eigenvalues of feature '
+                     f'{feature!r}, a .npy array).')
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    try:
+      values = np.load(io.BytesIO(f.read()), allow_pickle=False)
+    except ValueError as e:
+      raise ValueError(f'{key} is not a .npy array: {e}') from e
+  if values.ndim == 2 and values.shape[1] == 1:
+    values = values[:, 0]
+  if values.ndim != 1 or values.shape[0] < width:
+    raise ValueError(
+        f'{key} holds an array of shape {values.shape}; expected [n] or '
+        f'[n, 1] with n >= {width}, the width of feature {feature!r}.')
+  values = values[:width].astype(np.float64)
+  bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
+  if bad.size:
+    raise ValueError(
+        f'{key}: eigenvalue {bad[0]} is {float(values[bad[0]])}; expected finite '
+        f'values >= 0 ({bad.size} are not).')
+  return index, (np.sqrt(values) + REVERSE_WHITENING_EPSILON).astype(
+      np.float32)
 
 
 # ---------------------------------------------------------------------------
@@ -528,6 +590,7 @@ class Parser:
     self._num_sample_frames = (None if params.num_sample_frames is None else
                                int(params.num_sample_frames))
     self._segment_size = int(params.segment_size)
+    self._whitening = reverse_whitening_scale(params)
 
   def parse_fn(self, is_training: bool) -> Callable[[Dict[str, Any]],
                                                      Dict[str, tf.Tensor]]:
@@ -536,6 +599,7 @@ class Parser:
     Video level (`segment_labels` False), one example per video:
       `video_matrix`: float32 [T, sum(feature_sizes)], the features
         concatenated in `feature_names` order, dequantized when uint8,
+        the `reverse_whitening_feature` scaled back (`_to_float`),
         L2-normalised per feature block if `input_per_feature_l2_norm`.
         With `num_sample_frames` S: T = S frames sampled from the first
         min(frames, max_frames) frames (random sorted frames, or a random
@@ -588,11 +652,21 @@ class Parser:
             decoded.get(SOURCE, tf.constant('<unknown file>')), "`")
 
   def _to_float(self, frames: Sequence[tf.Tensor]) -> tf.Tensor:
-    """[..., size_i] stored features -> float32 [..., sum(sizes)]."""
+    """[..., size_i] stored features -> float32 [..., sum(sizes)].
+
+    Dequantized (uint8); the `reverse_whitening_feature`'s block then
+    becomes (x - b) * scale (`reverse_whitening_scale`; b the dequantization
+    bias range / 512 for uint8, 0 for float32); then the optional L2
+    normalization.
+    """
     blocks = []
-    for values, dtype in zip(frames, self._dtypes):
+    for i, (values, dtype) in enumerate(zip(frames, self._dtypes)):
       block = dequantize(values) if dtype == tf.uint8 else tf.cast(
           values, tf.float32)
+      if self._whitening is not None and self._whitening[0] == i:
+        if dtype == tf.uint8:
+          block -= (MAX_QUANTIZED_VALUE - MIN_QUANTIZED_VALUE) / 512.0
+        block *= tf.constant(self._whitening[1])
       if self._params.input_per_feature_l2_norm:
         block = tf.math.l2_normalize(block, axis=-1)
       blocks.append(block)

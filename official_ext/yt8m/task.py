@@ -27,6 +27,8 @@ _INIT_MODULES = {'all': None, 'backbone': ('backbone',)}
 # Metric prefixes of `evaluation.video_and_segment_level`.
 _VIDEO_PREFIX = 'video/'
 _SEGMENT_PREFIX = 'segment/'
+# task.losses.class_reduction.
+CLASS_REDUCTIONS = ('mean', 'sum')
 
 
 def _ap_accumulators(params: configs.YT8MTask
@@ -121,6 +123,20 @@ def _check_record_type(config: configs.YT8MTask) -> None:
           'frame-level ones a frame backbone (dbof, nextvlad, lstm, ...).')
 
 
+def _check_input_scaling(config: configs.YT8MTask) -> None:
+  """Both splits undo the same PCA whitening (a model trained on one input
+  scale is evaluated on the same); raises ValueError naming the keys."""
+  keys = ('reverse_whitening_feature', 'pca_eigenvalues_path')
+  train = tuple(getattr(config.train_data, k) for k in keys)
+  validation = tuple(getattr(config.validation_data, k) for k in keys)
+  if train != validation:
+    raise ValueError(
+        f'task.train_data.{keys[0]}/{keys[1]}={train} but '
+        f'task.validation_data.{keys[0]}/{keys[1]}={validation}: the model '
+        'would be evaluated on inputs of another scale; set the same in '
+        'both.')
+
+
 @task_factory.register_task_cls(configs.YT8MTask)
 class YT8MTask(base_task.Task):
   """YouTube-8M classification: DBoF + MoE/logistic head on frame-level
@@ -152,6 +168,10 @@ class YT8MTask(base_task.Task):
     if evaluation.num_best_worst_classes < 0:
       raise ValueError('task.evaluation.num_best_worst_classes='
                        f'{evaluation.num_best_worst_classes}; expected >= 0.')
+    reduction = params.losses.class_reduction
+    if reduction not in CLASS_REDUCTIONS:
+      raise ValueError(f'task.losses.class_reduction={reduction!r}; expected '
+                       f'one of {CLASS_REDUCTIONS}.')
     self._class_names = None  # By class id, for the evaluation log.
     if evaluation.vocabulary_path:
       self._class_names = vocabulary.load_vocabulary(
@@ -166,6 +186,7 @@ class YT8MTask(base_task.Task):
   def build_model(self) -> tf_keras.Model:
     data = self.task_config.train_data
     _check_record_type(self.task_config)
+    _check_input_scaling(self.task_config)
     model = yt8m_model.build_model(
         self.task_config.model,
         num_classes=data.num_classes,
@@ -265,32 +286,68 @@ class YT8MTask(base_task.Task):
       model_outputs: float32 [batch, classes] probabilities (logits when
         `losses.from_logits`).
       label_weights: optional float32 [batch, classes]; the loss is then the
-        weighted mean over the rated (weight > 0) entries.
+        weighted mean over the rated (weight > 0) entries ('sum'
+        `losses.class_reduction`: their weighted sum over the examples with
+        a rated class).
       aux_losses: regularization losses (`model.losses`), added to the total.
 
     Returns:
       {'total_loss': scalar, 'model_loss': scalar}.
     """
-    losses_config = self.task_config.losses
-    per_entry = tf_keras.losses.binary_crossentropy(
-        labels[..., tf.newaxis], model_outputs[..., tf.newaxis],
-        from_logits=losses_config.from_logits,
-        label_smoothing=losses_config.label_smoothing)
-    if label_weights is None:
-      model_loss = tf_utils.safe_mean(per_entry)
-    else:
-      model_loss = tf.math.divide_no_nan(
-          tf.reduce_sum(per_entry * label_weights),
-          tf.reduce_sum(label_weights))
+    model_loss = self._cross_entropy(labels, model_outputs, label_weights)
     total_loss = model_loss
     if aux_losses:
       total_loss += tf.add_n([tf.cast(l, tf.float32) for l in aux_losses])
     return {'total_loss': total_loss, 'model_loss': model_loss}
 
+  def _cross_entropy(self, labels: tf.Tensor, model_outputs: tf.Tensor,
+                     label_weights: Optional[tf.Tensor]) -> tf.Tensor:
+    """The batch's cross-entropy, reduced over the classes as
+    `losses.class_reduction` says and averaged over the examples."""
+    losses_config = self.task_config.losses
+    per_entry = tf_keras.losses.binary_crossentropy(
+        labels[..., tf.newaxis], model_outputs[..., tf.newaxis],
+        from_logits=losses_config.from_logits,
+        label_smoothing=losses_config.label_smoothing)
+    if losses_config.class_reduction == 'sum':
+      if label_weights is None:
+        return tf_utils.safe_mean(tf.reduce_sum(per_entry, axis=-1))
+      rated = tf.reduce_sum(tf.cast(
+          tf.reduce_max(label_weights, axis=-1) > 0, tf.float32))
+      return tf.math.divide_no_nan(
+          tf.reduce_sum(per_entry * label_weights), rated)
+    if label_weights is None:
+      return tf_utils.safe_mean(per_entry)
+    return tf.math.divide_no_nan(tf.reduce_sum(per_entry * label_weights),
+                                 tf.reduce_sum(label_weights))
+
+  def _add_mixture_losses(self, all_losses: Dict[str, tf.Tensor],
+                          outputs: Dict[str, tf.Tensor], labels: tf.Tensor,
+                          label_weights: Optional[tf.Tensor]
+                          ) -> Dict[str, tf.Tensor]:
+    """The NeXtVLAD mixture's training terms, added to the total loss:
+    `branch_loss`, the sum of every branch's cross-entropy (reduced as the
+    mixture's), and the model's `distillation_loss`. Other models'
+    losses are returned as they are."""
+    if 'branch_predictions' not in outputs:
+      return all_losses
+    branches = tf.cast(outputs['branch_predictions'], tf.float32)
+    branch_loss = tf.add_n([
+        self._cross_entropy(labels, branches[:, i], label_weights)
+        for i in range(branches.shape[1])])
+    distillation = tf.cast(outputs['distillation_loss'], tf.float32)
+    all_losses = dict(all_losses)
+    all_losses['total_loss'] += branch_loss + distillation
+    all_losses.update(branch_loss=branch_loss, distillation_loss=distillation)
+    return all_losses
+
   def build_metrics(self, training: bool = True):
     """Mean losses; in evaluation also the streaming AP accumulator."""
+    names = ['total_loss', 'model_loss']
+    if training and self.task_config.model.backbone.type == 'mix_nextvlad':
+      names += ['branch_loss', 'distillation_loss']
     metrics = [tf_keras.metrics.Mean(name, dtype=tf.float32)
-               for name in ('total_loss', 'model_loss')]
+               for name in names]
     metrics += bad_records.task_metrics(  # `bad_records_skipped`.
         self, self.task_config.train_data if training else
         self.task_config.validation_data, training)
@@ -366,6 +423,8 @@ class YT8MTask(base_task.Task):
           labels=labels, model_outputs=predictions,
           label_weights=label_weights,
           aux_losses=model.losses if l2_pairs is None else None)
+      all_losses = self._add_mixture_losses(all_losses, outputs, labels,
+                                            label_weights)
       # Gradients are summed over replicas: scale to the global-batch mean.
       scaled_loss = gradients.scale_loss(
           optimizer, all_losses['total_loss'] / num_replicas)
@@ -415,7 +474,8 @@ class YT8MTask(base_task.Task):
       all_losses['total_loss'] += gradients.l2_loss(l2_pairs)
     loss = all_losses['total_loss']
     gradients.apply_gradients(optimizer, grads, model.trainable_variables,
-                              self.task_config.gradient_clip_norm)
+                              self.task_config.gradient_clip_norm,
+                              self.task_config.gradient_clip_per_variable)
     logs = {self.loss: loss}
     logs.update(self.process_metrics(
         metrics, labels=labels, outputs=predictions, model_losses=all_losses,

@@ -49,7 +49,8 @@ def test_tpu_yaml_steps_compile_whole_under_xla(precision, cache):
 @pytest.mark.parametrize('precision', ['float32', 'bfloat16'])
 @pytest.mark.parametrize('name', test_zoo_backbones.MODELS)
 def test_zoo_steps_compile_whole_under_xla(name, precision, cache):
-  # The zoo's demos read the same data: one first batch for all of them.
-  first = test_zoo_backbones.demo_yaml(test_zoo_backbones.MODELS[0], cache)
-  shipped_configs.xla_steps(test_zoo_backbones.demo_yaml(name, cache), cache,
-                            precision, batches_of=first)
+  # The zoo's demos read the same data: the first batches, cached under one
+  # key, are read once for all of them.
+  params = shipped_configs.tiny_params(
+      test_zoo_backbones.demo_yaml(name, cache), cache)
+  shipped_configs.xla_steps_of(params, 'yt8m zoo demos', precision)

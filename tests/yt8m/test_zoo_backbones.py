@@ -87,6 +87,26 @@ def test_parameter_count_at_published_size_by_hand(name):
   assert count == BY_HAND[name]
 
 
+@pytest.mark.parametrize('name', MODELS)
+def test_published_experiment_has_the_authors_recipe(name):
+  """The starter's train.py recipe, which WILLOW's keeps."""
+  params = exp_factory.get_exp_config(f'yt8m_{name}')
+  task = params.task
+  assert task.losses.class_reduction == 'sum'
+  assert task.gradient_clip_norm == 1.0 and task.gradient_clip_per_variable
+  assert task.model.norm_activation.norm_momentum == 0.999
+  assert params.trainer.optimizer_config.optimizer.adam.epsilon == 1e-8
+  assert params.runtime.mixed_precision_dtype == 'float32'
+  assert task.train_data.reverse_whitening_feature == ''
+  lr = params.trainer.optimizer_config.learning_rate.exponential
+  assert lr.staircase and params.trainer.optimizer_config.warmup.type is None
+  willow_method = name not in ('frame_logistic', 'lstm')
+  batch = 80 if willow_method else 1024
+  assert task.train_data.global_batch_size == batch
+  assert lr.decay_steps == 4_000_000 // batch
+  assert task.train_data.num_sample_frames == (300 if willow_method else None)
+
+
 def test_published_sizes_are_the_authors():
   """The figures the counts above are for."""
   assert BY_HAND['frame_logistic'] == 4_452_886

@@ -107,14 +107,25 @@ class LogisticHead(tf_keras.layers.Layer):
   """One dense layer + sigmoid per class."""
 
   def __init__(self, num_classes: int, return_logits: bool = False,
+               kernel_initializer: str = 'glorot_uniform',
                kernel_regularizer: Optional[Any] = None, **kwargs):
-    """Args: num_classes C; return_logits also returns 'logits' [batch, C]."""
+    """Args: num_classes C; return_logits also returns 'logits' [batch, C];
+    kernel_initializer, a tf_keras initializer name, of the kernel
+    (`configs.LogisticModel`); kernel_regularizer of the kernel."""
     super().__init__(**kwargs)
-    self._config = dict(num_classes=num_classes, return_logits=return_logits)
+    self._config = dict(num_classes=num_classes, return_logits=return_logits,
+                        kernel_initializer=kernel_initializer)
     self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+    try:
+      initializer = tf_keras.initializers.get(kernel_initializer)
+    except ValueError as e:
+      raise ValueError(
+          'task.model.head.logistic.kernel_initializer='
+          f'{kernel_initializer!r} is not a tf_keras initializer name (e.g. '
+          "'glorot_uniform', 'he_normal').") from e
     self._dense = tf_keras.layers.Dense(
-        num_classes, kernel_regularizer=self._kernel_regularizer,
-        name='logits')
+        num_classes, kernel_initializer=initializer,
+        kernel_regularizer=self._kernel_regularizer, name='logits')
 
   def call(self, inputs: tf.Tensor, training=None) -> Dict[str, tf.Tensor]:
     """Args: inputs [batch, features]. Returns {'predictions': [batch, C]}."""

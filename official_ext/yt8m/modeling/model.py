@@ -1,6 +1,7 @@
 """The YouTube-8M video classification model: a frame-level backbone (DBoF,
 NeXtVLAD, the starter's frame average or LSTM, WILLOW's learnable pooling)
-+ a head, or (video level) the head alone on the video's features."""
++ a head, the mixture of NeXtVLAD models with their classifiers, or (video
+level) the head alone on the video's features."""
 from typing import Any, Dict, Mapping, Optional, Union
 
 import tensorflow as tf, tf_keras
@@ -8,6 +9,7 @@ import tensorflow as tf, tf_keras
 from official_ext.yt8m import configs
 from official_ext.yt8m.modeling import dbof
 from official_ext.yt8m.modeling import heads
+from official_ext.yt8m.modeling import mix_nextvlad
 from official_ext.yt8m.modeling import nextvlad
 from official_ext.yt8m.modeling import starter
 from official_ext.yt8m.modeling import willow
@@ -40,6 +42,12 @@ class VideoClassificationModel(tf_keras.Model):
   `inputs` float32 [batch, features] as they are, `num_frames` is ignored,
   and there is no `backbone` (None): the starter code's video-level models
   (logistic, MoE).
+
+  With the 'mix_nextvlad' backbone (`mix_nextvlad`) the head is one
+  logistic classifier per branch, 'predictions' the mixture's and 'logits'
+  its logits; in training the outputs add 'branch_predictions' float32
+  [batch, branches, num_classes] and 'distillation_loss' (a scalar,
+  `mix_nextvlad.distillation_loss`), which the task adds to the loss.
 
   Variables are named `backbone/...` and `head/...` (checkpoint items
   `backbone` and `head`; `head` only with the 'identity' backbone).
@@ -102,14 +110,37 @@ class VideoClassificationModel(tf_keras.Model):
       # The starter regularizes only the classifier.
       self.backbone = starter.Lstm(name='backbone',
                                    **params.backbone.lstm.as_dict())
+    elif params.backbone.type == 'mix_nextvlad':
+      backbone_cfg = params.backbone.mix_nextvlad.as_dict()
+      regularize = backbone_cfg.pop('regularize_backbone')
+      self._distillation = (backbone_cfg.pop('distillation_weight'),
+                            backbone_cfg.pop('distillation_temperature'))
+      if self._distillation[1] <= 0:
+        raise ValueError(
+            'task.model.backbone.mix_nextvlad.distillation_temperature='
+            f'{self._distillation[1]!r}; expected > 0.')
+      if params.head.type != 'logistic':
+        raise ValueError(
+            f"task.model.head.type={params.head.type!r}: the 'mix_nextvlad' "
+            "backbone mixes one 'logistic' classifier per branch.")
+      self._pooling = None
+      self.backbone = mix_nextvlad.MixNextVlad(
+          kernel_regularizer=regularizer if regularize else None,
+          name='backbone', **backbone_cfg, **norm_kwargs)
     elif params.backbone.type == 'identity':
       self._pooling = None
       self.backbone = None
     else:
       raise ValueError(f'task.model.backbone.type={params.backbone.type!r}; '
-                       'expected dbof, nextvlad, frame_average, lstm, '
-                       f'{", ".join(willow.METHODS)} or identity.')
-    if params.head.type == 'moe':
+                       'expected dbof, nextvlad, mix_nextvlad, frame_average, '
+                       f'lstm, {", ".join(willow.METHODS)} or identity.')
+    if params.backbone.type == 'mix_nextvlad':
+      self.head = mix_nextvlad.MixtureLogisticHead(
+          num_classes=num_classes,
+          num_branches=params.backbone.mix_nextvlad.num_branches,
+          kernel_initializer=params.head.logistic.kernel_initializer,
+          kernel_regularizer=regularizer, name='head')
+    elif params.head.type == 'moe':
       self.head = heads.MoeHead(
           num_classes=num_classes, kernel_regularizer=regularizer,
           name='head', **params.head.moe.as_dict(), **norm_kwargs)
@@ -136,6 +167,16 @@ class VideoClassificationModel(tf_keras.Model):
     if video_level:
       return self.head(inputs, training=training)
     features = self.backbone(inputs, num_frames=num_frames, training=training)
+    if isinstance(self.backbone, mix_nextvlad.MixNextVlad):
+      outputs = self.head(features, training=training)
+      result = {'predictions': outputs['predictions'],
+                'logits': outputs['logits']}
+      if training:
+        weight, temperature = self._distillation
+        result['branch_predictions'] = outputs['branch_predictions']
+        result['distillation_loss'] = mix_nextvlad.distillation_loss(
+            outputs['logits'], outputs['branch_logits'], temperature, weight)
+      return result
     if self._pooling != 'none':
       return self.head(features, training=training)
     batch = tf.shape(features)[0]

@@ -1,0 +1,198 @@
+"""The mixture of NeXtVLAD models with online distillation (Lin, Xiao and
+Fan, 2018), the 2nd YouTube-8M challenge's winning model.
+
+A re-implementation in tf_keras of the authors' `MixNeXtVladModel`
+(github.com/linrongc/youtube-8m, `nextvlad.py`, with the flags of
+`scripts/train_mix_nextvlad_final_submission.sh`), not a copy:
+
+* `MixNextVlad` (the backbone): `num_branches` NeXtVLAD backbones
+  (`nextvlad.NextVlad`, variables `branch_{i}/`) read the same frames, and a
+  gate picks their mixture per video: the frames' mean (over the valid
+  frames) -> batch norm (`mix_bn`) -> dense to one logit per branch
+  (`mix_weights`) -> softmax.
+* `MixtureLogisticHead` (the head): one logistic classifier per branch
+  (`branch_{i}`); the mixture's logits are the gate-weighted sum of the
+  branches' logits, its predictions their sigmoid.
+* `distillation_loss`: the online knowledge distillation from the mixture to
+  every branch, λ · mean over the videos of Σ_branches KL(softmax(z_mix / T)
+  ‖ softmax(z_branch / T)), the softmax over the classes, the mixture not
+  held fixed (its gradient flows into both, as in the authors' code), with
+  their epsilon 1e-8 inside the logarithms; weight λ and temperature T are
+  constants through training (their `--cl_lambda`, `--cl_temperature`).
+
+In training the model adds every branch's own cross-entropy to the loss
+(the task, from 'branch_predictions') and this distillation term.
+"""
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import tensorflow as tf, tf_keras
+
+from official_ext.yt8m.modeling import layers as yt8m_layers
+from official_ext.yt8m.modeling import nextvlad
+
+_KEY = 'task.model.backbone.mix_nextvlad'
+# Inside the logarithms of the distillation's KL divergence (the authors').
+DISTILLATION_EPSILON = 1e-8
+
+
+def distillation_loss(mix_logits: tf.Tensor, branch_logits: tf.Tensor,
+                      temperature: float, weight: float) -> tf.Tensor:
+  """The mixture's online distillation into its branches.
+
+  weight * mean_b sum_i sum_c p_bc (log(p_bc + eps) - log(q_bic + eps)) with
+  p = softmax(mix_logits / T) and q_i = softmax(branch_logits_i / T) over
+  the classes c, eps = 1e-8.
+
+  Args:
+    mix_logits: float32 [batch, classes], the mixture's logits.
+    branch_logits: float32 [batch, branches, classes].
+    temperature: T > 0.
+    weight: λ.
+
+  Returns:
+    float32 scalar.
+  """
+  p = tf.nn.softmax(mix_logits / temperature, axis=-1)[:, tf.newaxis, :]
+  q = tf.nn.softmax(branch_logits / temperature, axis=-1)
+  kl = tf.reduce_sum(
+      p * (tf.math.log(p + DISTILLATION_EPSILON) -
+           tf.math.log(q + DISTILLATION_EPSILON)), axis=-1)  # [batch, n]
+  return weight * tf.reduce_mean(tf.reduce_sum(kl, axis=-1))
+
+
+class MixNextVlad(tf_keras.layers.Layer):
+  """`num_branches` NeXtVLAD backbones and their per-video mixture gate.
+
+  Call: `(inputs [batch, frames, features], num_frames [batch] or None,
+  training)` -> {'branches': [batch, branches, hidden_size] (each branch's
+  `NextVlad` output), 'mix_weights': float32 [batch, branches] (softmax)}.
+  """
+
+  def __init__(self,
+               num_branches: int = 3,
+               feature_sizes: Sequence[int] = (1024, 128),
+               cluster_sizes: Sequence[int] = (112, 56),
+               groups: Sequence[int] = (8, 4),
+               expansion: int = 2,
+               hidden_size: int = 2048,
+               gating_reduction: int = 16,
+               dropout_rate: float = 0.5,
+               norm_momentum: float = 0.99,
+               norm_epsilon: float = 1e-3,
+               use_sync_bn: bool = False,
+               kernel_regularizer: Optional[Any] = None,
+               **kwargs):
+    """Initializes the backbone.
+
+    Args:
+      num_branches: number of NeXtVLAD branches (>= 1).
+      feature_sizes: see `nextvlad.NextVlad`; every branch has the same.
+      cluster_sizes: see `nextvlad.NextVlad`.
+      groups: see `nextvlad.NextVlad`.
+      expansion: see `nextvlad.NextVlad`.
+      hidden_size: see `nextvlad.NextVlad`.
+      gating_reduction: see `nextvlad.NextVlad`.
+      dropout_rate: see `nextvlad.NextVlad`.
+      norm_momentum: batch norm momentum (branches and `mix_bn`).
+      norm_epsilon: batch norm epsilon.
+      use_sync_bn: synchronized batch norm across replicas.
+      kernel_regularizer: regularizer of the branches' kernels and centers
+        (not of the mixture gate, as the authors').
+      **kwargs: tf_keras.layers.Layer arguments.
+    """
+    super().__init__(**kwargs)
+    if int(num_branches) < 1:
+      raise ValueError(f'{_KEY}.num_branches={num_branches!r}; expected >= '
+                       '1.')
+    self._config = dict(
+        num_branches=int(num_branches), feature_sizes=tuple(feature_sizes),
+        cluster_sizes=tuple(cluster_sizes), groups=tuple(groups),
+        expansion=expansion, hidden_size=hidden_size,
+        gating_reduction=gating_reduction, dropout_rate=dropout_rate,
+        norm_momentum=norm_momentum, norm_epsilon=norm_epsilon,
+        use_sync_bn=use_sync_bn)
+    self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+    branch = {k: v for k, v in self._config.items() if k != 'num_branches'}
+    self._branches = [
+        nextvlad.NextVlad(kernel_regularizer=self._kernel_regularizer,
+                          name=f'branch_{i}', **branch)
+        for i in range(self._config['num_branches'])]
+    self._mix_bn = tf_keras.layers.BatchNormalization(
+        momentum=norm_momentum, epsilon=norm_epsilon,
+        synchronized=use_sync_bn, name='mix_bn')
+    self._mix_dense = tf_keras.layers.Dense(
+        self._config['num_branches'],
+        kernel_initializer=yt8m_layers.variance_scaling_fan_in(),
+        name='mix_weights')
+
+  def call(self, inputs: tf.Tensor, num_frames: Optional[tf.Tensor] = None,
+           training=None) -> Dict[str, tf.Tensor]:
+    """See the class docstring; padded frames (past `num_frames`) are left
+    out of the mean and of every branch."""
+    x = tf.cast(inputs, tf.float32)
+    mask = yt8m_layers.frame_mask(num_frames, tf.shape(x)[1], tf.float32)
+    mean = yt8m_layers.pool_frames(x, 'average', mask)
+    gate = self._mix_dense(self._mix_bn(
+        tf.cast(mean, self.compute_dtype), training=training))
+    branches = [b(inputs, num_frames=num_frames, training=training)
+                for b in self._branches]
+    return {'branches': tf.stack(branches, axis=1),
+            'mix_weights': tf.nn.softmax(tf.cast(gate, tf.float32), axis=-1)}
+
+  def get_config(self) -> Mapping[str, Any]:
+    config = super().get_config()
+    config.update(self._config)
+    config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
+        self._kernel_regularizer)
+    return config
+
+
+class MixtureLogisticHead(tf_keras.layers.Layer):
+  """One logistic classifier per branch, mixed by the gate in logit space.
+
+  Call: `({'branches': [batch, n, features], 'mix_weights': [batch, n]},
+  training)` -> {'predictions': sigmoid(Σ_i w_i z_i) [batch, C], 'logits':
+  Σ_i w_i z_i, 'branch_logits': [batch, n, C], 'branch_predictions':
+  sigmoid of those}, all float32. Variables: `branch_{i}/{kernel,bias}`.
+  """
+
+  def __init__(self, num_classes: int, num_branches: int,
+               kernel_initializer: str = 'glorot_uniform',
+               kernel_regularizer: Optional[Any] = None, **kwargs):
+    """Args: num_classes C; num_branches n; kernel_initializer (a tf_keras
+    initializer name) and kernel_regularizer of every classifier."""
+    super().__init__(**kwargs)
+    self._config = dict(num_classes=num_classes, num_branches=num_branches,
+                        kernel_initializer=kernel_initializer)
+    self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+    try:
+      tf_keras.initializers.get(kernel_initializer)
+    except ValueError as e:
+      raise ValueError(
+          'task.model.head.logistic.kernel_initializer='
+          f'{kernel_initializer!r} is not a tf_keras initializer name (e.g. '
+          "'glorot_uniform', 'he_normal').") from e
+    self._classifiers = [
+        tf_keras.layers.Dense(
+            num_classes, kernel_initializer=kernel_initializer,
+            kernel_regularizer=self._kernel_regularizer, name=f'branch_{i}')
+        for i in range(num_branches)]
+
+  def call(self, inputs: Mapping[str, tf.Tensor],
+           training=None) -> Dict[str, tf.Tensor]:
+    branches = inputs['branches']
+    logits = tf.stack(
+        [tf.cast(c(branches[:, i]), tf.float32)
+         for i, c in enumerate(self._classifiers)], axis=1)  # [B, n, C]
+    mix = tf.reduce_sum(inputs['mix_weights'][:, :, tf.newaxis] * logits,
+                        axis=1)
+    return {'predictions': tf.sigmoid(mix), 'logits': mix,
+            'branch_logits': logits,
+            'branch_predictions': tf.sigmoid(logits)}
+
+  def get_config(self) -> Mapping[str, Any]:
+    config = super().get_config()
+    config.update(self._config)
+    config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
+        self._kernel_regularizer)
+    return config
