@@ -1031,8 +1031,9 @@ def yt8m_lstm() -> cfg.ExperimentConfig:
 
 @exp_factory.register_config_factory('yt8m_lstm_demo')
 def yt8m_lstm_demo() -> cfg.ExperimentConfig:
-  """A small `yt8m_lstm` (one layer of 64 cells) on the demo data."""
-  return _zoo_demo(lstm_model(cells=64, layers=1))
+  """A small `yt8m_lstm` (one layer of 128 cells) on the demo data, Adam at
+  0.01 as the starter's (at yt8m_demo's 0.002 it learns a third as far)."""
+  return _zoo_demo(lstm_model(cells=128, layers=1), learning_rate=0.01)
 
 
 def willow_model(method: str, cluster_sizes: Tuple[int, int],
