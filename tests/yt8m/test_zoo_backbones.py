@@ -172,6 +172,12 @@ def test_training_step_learns_every_variable_and_ignores_padding(name):
   # The authors regularize only the classifier: the head's kernels.
   assert len(model.losses) == len(
       [v for v in model.head.trainable_variables if 'kernel' in v.name])
+  # The config rebuilds the same model.
+  clone = yt8m_model.VideoClassificationModel.from_config(model.get_config())
+  clone(valid[:1], num_frames=tf.constant([1]))
+  clone.set_weights(model.get_weights())
+  np.testing.assert_allclose(clone(valid)['predictions'],
+                             model(valid)['predictions'], atol=1e-6)
 
 
 def _reference_pooling(layer, x):
