@@ -9,9 +9,10 @@
 replicas is the loss). `apply_gradients` makes sparse gradients dense, sums
 them over replicas, clips the *summed* gradient by its global norm (or,
 with `per_variable`, each variable's gradient by its own norm, as the
-YouTube-8M starter code's `utils.clip_gradient_norms` does) and applies it (`minimize` does the four lines for a tape). The L2 helpers
-compute the value of plain-L2 kernel regularization outside XLA and add its
-gradient directly (YT8M's fast path).
+YouTube-8M starter code's `utils.clip_gradient_norms` does) and applies it
+(`minimize` does the four lines for a tape). The L2 helpers compute the
+value of plain-L2 kernel regularization outside XLA and add its gradient
+directly (YT8M's fast path).
 """
 import inspect
 from typing import List, Optional, Sequence, Tuple

@@ -12,7 +12,11 @@ are registered:
 * `yt8m_demo`: a small model on 100 classes that trains on generated data in
   the real record format (see `official_ext.yt8m.demo_data`); no download.
 
-and two on the video-level records (`DataConfig.record_type='video'`: one
+two NeXtVLAD experiments (`yt8m_nextvlad`, `yt8m_nextvlad_demo`), the
+mixture of NeXtVLAD models with online distillation
+(`yt8m_mix_nextvlad`, `yt8m_mix_nextvlad_demo`; the published ones follow
+the authors' training recipe, `nextvlad_recipe`), and two on the
+video-level records (`DataConfig.record_type='video'`: one
 `tf.Example` per video holding `mean_rgb` and `mean_audio`), with the
 starter code's video-level models (the logistic or MoE head on the
 concatenated mean features; backbone type 'identity'):
@@ -673,10 +677,18 @@ def yt8m_video_level() -> cfg.ExperimentConfig:
   with its defaults: LogisticModel (L2 1e-8), batch 1024, Adam at
   base_learning_rate 0.01 multiplied by 0.95 every 4,000,000 examples
   (staircase), gradients clipped to norm 1.0, 5 epochs; eval.py's top_k 20.
-  One difference: the starter sums the cross-entropy over the classes, this
-  task averages it (Adam's updates do not depend on the loss scale, but the
-  L2 term weighs 3,862 times more relative to it; at 1e-8 it is negligible
-  either way).
+  Differences from the starter, each with its expected effect: it sums the
+  cross-entropy over the classes, this experiment averages it
+  (`losses.class_reduction: mean`; Adam's updates hardly depend on the
+  loss scale, but the L2 term weighs 3,862 times more relative to it; at
+  1e-8 it is negligible either way); it clips each variable's gradient to
+  norm 1, this experiment the global norm (`gradient_clip_per_variable:
+  false`; with one kernel and one bias the two differ little); Adam's
+  epsilon is 1e-7 here, 1e-8 there (negligible next to gradients of the
+  summed loss). `losses.class_reduction=sum`,
+  `gradient_clip_per_variable=true` and
+  `trainer.optimizer_config.optimizer.adam.epsilon=1e-8` set them as the
+  starter has them.
   """
   train_batch_size = 1024
   eval_batch_size = 1024

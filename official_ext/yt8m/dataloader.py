@@ -156,8 +156,8 @@ def reverse_whitening_scale(params: configs.DataConfig
   bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
   if bad.size:
     raise ValueError(
-        f'{key}: eigenvalue {bad[0]} is {float(values[bad[0]])}; expected finite '
-        f'values >= 0 ({bad.size} are not).')
+        f'{key}: eigenvalue {bad[0]} is {float(values[bad[0]])}; expected '
+        f'finite values >= 0 ({bad.size} are not).')
   return index, (np.sqrt(values) + REVERSE_WHITENING_EPSILON).astype(
       np.float32)
 

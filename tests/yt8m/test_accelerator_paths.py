@@ -54,3 +54,18 @@ def test_zoo_steps_compile_whole_under_xla(name, precision, cache):
   params = shipped_configs.tiny_params(
       test_zoo_backbones.demo_yaml(name, cache), cache)
   shipped_configs.xla_steps_of(params, 'yt8m zoo demos', precision)
+
+
+@pytest.mark.parametrize('precision', ['float32', 'bfloat16'])
+def test_mix_nextvlad_steps_compile_whole_under_xla(precision, cache):
+  """The NeXtVLAD mixture's train step (branch and distillation losses
+  included) and validation step, each compiled whole by XLA. One branch:
+  every op of the mixture, half the compilation of two."""
+  from tests.yt8m import test_mix_nextvlad  # pylint: disable=g-import-not-at-top
+  params = test_mix_nextvlad.tiny_demo_params(cache, jit_compile=True,
+                                              num_branches=1)
+  params.override({'task': {'train_data': {'num_sample_frames': 4}}},
+                  is_strict=True)
+  losses = shipped_configs.xla_steps_of(params, 'yt8m_mix_nextvlad_demo',
+                                        precision)
+  assert losses['train'] > losses['validation'] > 0, losses

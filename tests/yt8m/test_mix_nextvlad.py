@@ -20,9 +20,9 @@ TINY_BACKBONE = {'feature_sizes': list(FEATURES), 'cluster_sizes': [4, 2],
                  'groups': [2, 1], 'hidden_size': 8, 'num_branches': 2}
 
 
-def tiny_demo_params(cache_dir, jit_compile=False):
-  """`yt8m_mix_nextvlad_demo` at tiny sizes on a tiny generated data set,
-  2 training steps and one evaluation batch."""
+def tiny_demo_params(cache_dir, jit_compile=False, num_branches=2):
+  """`yt8m_mix_nextvlad_demo` at tiny sizes (`num_branches` branches) on a
+  tiny generated data set, 2 training steps and one evaluation batch."""
   params = exp_factory.get_exp_config('yt8m_mix_nextvlad_demo')
   data = shipped_configs._data_overrides(  # pylint: disable=protected-access
       'yt8m_mix_nextvlad_demo', str(cache_dir))
@@ -30,7 +30,7 @@ def tiny_demo_params(cache_dir, jit_compile=False):
       'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
       'task': dict(data, model={'backbone': {'mix_nextvlad': {
           'cluster_sizes': [4, 2], 'groups': [2, 1], 'hidden_size': 8,
-          'num_branches': 2}}},
+          'num_branches': num_branches}}},
                    jit_compile=jit_compile),
       'trainer': {'train_steps': 2, 'steps_per_loop': 1,
                   'summary_interval': 1, 'checkpoint_interval': 2,

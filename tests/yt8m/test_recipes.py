@@ -36,7 +36,7 @@ def _tiny_nextvlad(experiment='yt8m_nextvlad'):
   return params
 
 
-# -- loss reduction over the classes -------------------------------------------
+# -- loss reduction over the classes -----------------------------------------
 def test_class_reduction_sum_is_the_starters_cross_entropy():
   params = _tiny_nextvlad()
   labels = tf.constant([[1., 0., 0., 1., 0.], [0., 1., 0., 0., 0.]])
@@ -63,7 +63,7 @@ def test_class_reduction_sum_is_the_starters_cross_entropy():
     task_factory.get_task(params.task)
 
 
-# -- per-variable gradient clipping ---------------------------------------------
+# -- per-variable gradient clipping ------------------------------------------
 def test_clip_by_norm_per_variable_against_global():
   grads = [tf.constant([3.0, 0.0]), None, tf.constant([[0.0, 4.0]])]
   per_variable = gradients.clip_by_norm_per_variable(grads, 1.0)
@@ -101,7 +101,7 @@ def test_task_clips_each_variable_or_the_global_norm(per_variable):
     assert max(moved) < 0.9e-3
 
 
-# -- batch norm, Adam, classifier ------------------------------------------------
+# -- batch norm, Adam, classifier --------------------------------------------
 def test_nextvlad_recipe_settings_reach_the_model_and_optimizer():
   params = _tiny_nextvlad()
   task = task_factory.get_task(params.task)
@@ -137,7 +137,7 @@ def test_classifier_initializer():
     heads.LogisticHead(num_classes=3, kernel_initializer='he_nrmal')
 
 
-# -- reverse whitening ----------------------------------------------------------
+# -- reverse whitening -------------------------------------------------------
 def _record_file(tmp_path):
   rgb = (np.arange(3 * RGB).reshape(3, RGB) * 11 % 256).astype(np.uint8)
   audio = (np.arange(3 * AUDIO).reshape(3, AUDIO) * 5 % 256).astype(np.uint8)
@@ -172,7 +172,9 @@ def test_reverse_whitening_of_rgb(tmp_path):
   plain = _matrix(_data(path))
   scaled = _matrix(_data(path, reverse_whitening_feature='rgb',
                          pca_eigenvalues_path=eig_path))
-  deq = lambda x: x.astype(np.float32) * (4 / 255) + 4 / 512 - 2  # pylint: disable=g-long-lambda
+  def deq(x):
+    return x.astype(np.float32) * (4 / 255) + 4 / 512 - 2
+
   np.testing.assert_allclose(plain[:, :RGB], deq(rgb), atol=1e-6)
   # (x - 4/512) * (sqrt(eigenvalue) + 1e-4), the NeXtVLAD authors' train.py.
   np.testing.assert_allclose(

@@ -184,8 +184,8 @@ class MixtureLogisticHead(tf_keras.layers.Layer):
     logits = tf.stack(
         [tf.cast(c(branches[:, i]), tf.float32)
          for i, c in enumerate(self._classifiers)], axis=1)  # [B, n, C]
-    mix = tf.reduce_sum(inputs['mix_weights'][:, :, tf.newaxis] * logits,
-                        axis=1)
+    weights = tf.cast(inputs['mix_weights'], tf.float32)  # Autocast.
+    mix = tf.reduce_sum(weights[:, :, tf.newaxis] * logits, axis=1)
     return {'predictions': tf.sigmoid(mix), 'logits': mix,
             'branch_logits': logits,
             'branch_predictions': tf.sigmoid(logits)}
