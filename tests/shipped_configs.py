@@ -42,6 +42,11 @@ DEMO_OF = {
     'assemblenet_plus_lite_demo': 'assemblenet_plus_lite_demo',
     'readout_demo': 'readout_demo',
 }
+# The model zoo's demos (tests/yt8m/test_zoo_backbones.py starts them).
+ZOO_DEMOS = ('yt8m_frame_logistic_demo', 'yt8m_lstm_demo',
+             'yt8m_netvlad_demo', 'yt8m_netrvlad_demo', 'yt8m_soft_dbof_demo',
+             'yt8m_netfv_demo')
+DEMO_OF.update({name: name for name in ZOO_DEMOS})
 
 BATCH = 8
 TRAIN_STEPS = 2
@@ -54,6 +59,16 @@ _TINY_MODEL = {
     'yt8m_nextvlad_demo': {'backbone': {'nextvlad': {
         'cluster_sizes': [4, 4], 'groups': [2, 2], 'expansion': 1,
         'hidden_size': 16}}},
+    'yt8m_frame_logistic_demo': {},
+    'yt8m_lstm_demo': {'backbone': {'lstm': {'cells': 8}}},
+    'yt8m_netvlad_demo': {'backbone': {'netvlad': {
+        'cluster_sizes': [4, 2], 'hidden_size': 16}}},
+    'yt8m_netrvlad_demo': {'backbone': {'netrvlad': {
+        'cluster_sizes': [4, 2], 'hidden_size': 16}}},
+    'yt8m_soft_dbof_demo': {'backbone': {'soft_dbof': {
+        'cluster_sizes': [8, 2], 'hidden_size': 16}}},
+    'yt8m_netfv_demo': {'backbone': {'netfv': {
+        'cluster_sizes': [4, 2], 'hidden_size': 16}}},
     'assemblenet_plus_lite_demo': {'backbone': minimal.backbone(),
                                    'head_filters': [16, 24]},
     'readout_demo': {'encoder': {'hidden_size': 8, 'num_heads': 2,

@@ -223,6 +223,55 @@ class NextVladModel(hyperparams.Config):
 
 
 @dataclasses.dataclass
+class FrameAverageModel(hyperparams.Config):
+  """The mean of the valid frames, no variables (`modeling/starter.py`):
+  with the logistic head, the starter code's `FrameLevelLogisticModel`."""
+
+
+@dataclasses.dataclass
+class LstmModel(hyperparams.Config):
+  """Stacked LSTMs (`modeling/starter.py`), the starter code's `LstmModel`.
+
+  Attributes:
+    cells: units per LSTM layer (the starter's `--lstm_cells`, 1024).
+    layers: stacked layers (`--lstm_layers`, 2).
+  """
+  cells: int = 1024
+  layers: int = 2
+
+
+@dataclasses.dataclass
+class LearnablePoolingModel(hyperparams.Config):
+  """A WILLOW learnable-pooling backbone (`modeling/willow.py`): the pooling
+  is the backbone's type ('netvlad', 'netrvlad', 'soft_dbof', 'netfv').
+
+  Defaults: the authors' NetVLAD / NetRVLAD (github.com/antoine77340/
+  Youtube-8M-WILLOW, README: `--netvlad_cluster_size=256
+  --netvlad_hidden_size=1024 --netvlad_relu=False --gating=True`; audio has
+  half the clusters); `Backbone` sets Soft-DBoF's and NetFV's.
+
+  Attributes:
+    feature_sizes: width of each stream, in input order; must equal
+      `task.train_data.feature_sizes` (each stream is pooled by its own
+      module).
+    cluster_sizes: K of each stream's module.
+    hidden_size: width of the hidden layer (the head's input).
+    hidden_relu: hidden layer with batch norm and relu6 (the authors'
+      `--*_relu=True`); False (theirs): a bias, no activation.
+    context_gating: context gating after the hidden layer (`--gating`).
+    regularize_backbone: apply `task.losses.l2_weight_decay` to this
+      backbone's kernels, centers and covariances too. The authors
+      regularize only the MoE classifier (False).
+  """
+  feature_sizes: Tuple[int, ...] = (1024, 128)
+  cluster_sizes: Tuple[int, ...] = (256, 128)
+  hidden_size: int = 1024
+  hidden_relu: bool = False
+  context_gating: bool = True
+  regularize_backbone: bool = False
+
+
+@dataclasses.dataclass
 class MixNextVladModel(hyperparams.Config):
   """The mixture of NeXtVLAD models with online distillation (Lin, Xiao and
   Fan, 2018); see `modeling/mix_nextvlad.py`. Needs the 'logistic' head
@@ -263,7 +312,8 @@ class MixNextVladModel(hyperparams.Config):
 
 @dataclasses.dataclass
 class Backbone(hyperparams.OneOfConfig):
-  """'dbof', 'nextvlad' or 'mix_nextvlad' (frame-level records), or
+  """'dbof', 'nextvlad', 'mix_nextvlad', 'frame_average', 'lstm',
+  'netvlad', 'netrvlad', 'soft_dbof' or 'netfv' (frame-level records), or
   'identity' (video-level records)."""
   type: Optional[str] = 'dbof'
   dbof: DbofModel = dataclasses.field(default_factory=DbofModel)
@@ -272,6 +322,20 @@ class Backbone(hyperparams.OneOfConfig):
   nextvlad: NextVladModel = dataclasses.field(default_factory=NextVladModel)
   mix_nextvlad: MixNextVladModel = dataclasses.field(
       default_factory=MixNextVladModel)
+  frame_average: FrameAverageModel = dataclasses.field(
+      default_factory=FrameAverageModel)
+  lstm: LstmModel = dataclasses.field(default_factory=LstmModel)
+  netvlad: LearnablePoolingModel = dataclasses.field(
+      default_factory=LearnablePoolingModel)
+  netrvlad: LearnablePoolingModel = dataclasses.field(
+      default_factory=LearnablePoolingModel)
+  # The authors' Soft-DBoW: 8000 clusters (audio 1/8), no gating.
+  soft_dbof: LearnablePoolingModel = dataclasses.field(
+      default_factory=lambda: LearnablePoolingModel(  # pylint: disable=g-long-lambda
+          cluster_sizes=(8000, 1000), context_gating=False))
+  # The authors' NetFV: 128 clusters (audio 64).
+  netfv: LearnablePoolingModel = dataclasses.field(
+      default_factory=lambda: LearnablePoolingModel(cluster_sizes=(128, 64)))
 
 
 @dataclasses.dataclass
@@ -852,3 +916,264 @@ def yt8m_mix_nextvlad_demo() -> cfg.ExperimentConfig:
       head=Head(type='logistic', logistic=LogisticModel()))
   nextvlad_recipe(config, reverse_whitening=False)
   return config
+
+
+# ---------------------------------------------------------------------------
+# The model zoo: the starter code's frame-level models and WILLOW's learnable
+# pooling, each at its published size (`yt8m_<model>`, needs input_path) and
+# on the demo data (`yt8m_<model>_demo`).
+# ---------------------------------------------------------------------------
+
+# The starter code's train.py defaults (github.com/google/youtube-8m).
+STARTER_BATCH_SIZE = 1024
+STARTER_EPOCHS = 5
+STARTER_DECAY_EXAMPLES = 4_000_000  # lr x 0.95 every 4M examples.
+# TF1's `tf.train.AdamOptimizer` epsilon (Model Garden's Adam: 1e-7) and
+# slim's batch-norm decay (tf_keras: 0.99), used by both code bases.
+TF1_ADAM_EPSILON = 1e-8
+SLIM_BATCH_NORM_MOMENTUM = 0.999
+# WILLOW's README commands (github.com/antoine77340/Youtube-8M-WILLOW).
+WILLOW_BATCH_SIZE = 80
+WILLOW_LEARNING_RATE = 0.0002
+WILLOW_DECAY_EXAMPLES = 4_000_000  # train.py's learning_rate_decay_examples.
+WILLOW_ITERATIONS = 300  # --iterations: frames sampled per video.
+
+
+def _published(model: VideoClassificationModel, batch: int,
+               l2_weight_decay: float, learning_rate: float,
+               decay_rate: float, decay_examples: int, train_steps: int,
+               num_sample_frames: Optional[int]) -> cfg.ExperimentConfig:
+  """A published-size frame-level experiment (needs input_path) with the
+  starter's recipe, which WILLOW's train.py keeps: the cross-entropy summed
+  over the classes, each variable's gradient clipped to norm 1 (slim's
+  `clip_gradient_norms`), Adam with TF1's epsilon and a staircase
+  exponential decay every `decay_examples`, slim's batch-norm momentum,
+  float32."""
+  steps_per_loop = 500
+  model.norm_activation.norm_momentum = SLIM_BATCH_NORM_MOMENTUM
+  task = YT8MTask(model=model, losses=Losses(l2_weight_decay=l2_weight_decay,
+                                             class_reduction='sum'),
+                  gradient_clip_norm=1.0, gradient_clip_per_variable=True)
+  task.train_data.num_sample_frames = num_sample_frames
+  task.train_data.global_batch_size = batch
+  task.validation_data.global_batch_size = batch
+  config = _experiment(
+      task, steps_per_loop=steps_per_loop, train_steps=train_steps,
+      validation_steps=YT8M_VAL_EXAMPLES // batch,
+      validation_interval=10 * steps_per_loop,
+      optimizer_config=_optimizer(
+          learning_rate=learning_rate, decay_steps=decay_examples // batch,
+          warmup_steps=0, decay_rate=decay_rate, staircase=True))
+  config.trainer.optimizer_config.optimizer.adam.epsilon = TF1_ADAM_EPSILON
+  return config
+
+
+def _zoo_demo(model: VideoClassificationModel,
+              learning_rate: float = 0.002) -> cfg.ExperimentConfig:
+  """`yt8m_demo` (its data, validation videos, 16 epochs of 32 sampled
+  frames) with `model` and Adam at `learning_rate`."""
+  config = yt8m_demo()
+  config.task.model = model
+  config.trainer.optimizer_config.learning_rate.exponential.override(
+      {'initial_learning_rate': learning_rate})
+  return config
+
+
+def frame_logistic_model() -> VideoClassificationModel:
+  """The starter's `FrameLevelLogisticModel`: frame mean + logistic."""
+  return VideoClassificationModel(
+      backbone=Backbone(type='frame_average'),
+      head=Head(type='logistic', logistic=LogisticModel()))
+
+
+@exp_factory.register_config_factory('yt8m_frame_logistic')
+def yt8m_frame_logistic() -> cfg.ExperimentConfig:
+  """The starter's `FrameLevelLogisticModel` as its train.py trains it.
+
+  The mean of the valid (L2-normalized) frames of all 300 frames into a
+  logistic classifier (L2 1e-8, Glorot-uniform kernel as slim's); the
+  cross-entropy summed over the classes, batch 1024, Adam at 0.01 (epsilon
+  1e-8) x 0.95 every 4M examples (staircase), each variable's gradient
+  clipped to norm 1, 5 epochs. One deviation: the starter's cross-entropy
+  adds 1e-5 inside its logarithms, tf_keras' clips the probabilities to
+  [1e-7, 1 - 1e-7] (the loss of a confident mistake is capped at 16.1
+  instead of 11.5; no effect on the other terms).
+  """
+  steps_per_epoch = YT8M_TRAIN_EXAMPLES // STARTER_BATCH_SIZE
+  return _published(
+      frame_logistic_model(), batch=STARTER_BATCH_SIZE, l2_weight_decay=1e-8,
+      learning_rate=0.01, decay_rate=0.95,
+      decay_examples=STARTER_DECAY_EXAMPLES,
+      train_steps=STARTER_EPOCHS * steps_per_epoch, num_sample_frames=None)
+
+
+@exp_factory.register_config_factory('yt8m_frame_logistic_demo')
+def yt8m_frame_logistic_demo() -> cfg.ExperimentConfig:
+  """`yt8m_frame_logistic` on the demo data (yt8m_demo's budget), Adam at
+  0.01 as the starter's."""
+  return _zoo_demo(frame_logistic_model(), learning_rate=0.01)
+
+
+def lstm_model(cells: int = 1024, layers: int = 2, num_mixtures: int = 2
+               ) -> VideoClassificationModel:
+  """The starter's `LstmModel`: stacked LSTMs + its default MoE head."""
+  return VideoClassificationModel(
+      backbone=Backbone(type='lstm', lstm=LstmModel(cells=cells,
+                                                    layers=layers)),
+      head=Head(type='moe', moe=MoeModel(num_mixtures=num_mixtures)))
+
+
+@exp_factory.register_config_factory('yt8m_lstm')
+def yt8m_lstm() -> cfg.ExperimentConfig:
+  """The starter's `LstmModel` with its train.py's defaults.
+
+  Two LSTM layers of 1024 cells over all 300 (L2-normalized) frames, the
+  last layer's final output into the MoE (2 mixtures, L2 1e-8); trained
+  as `yt8m_frame_logistic` (its recipe and its one deviation). The forget
+  gates' biases start at 1 where the starter adds a constant 1 to biases
+  that start at 0: the same function, trained alike.
+  """
+  steps_per_epoch = YT8M_TRAIN_EXAMPLES // STARTER_BATCH_SIZE
+  return _published(
+      lstm_model(), batch=STARTER_BATCH_SIZE, l2_weight_decay=1e-8,
+      learning_rate=0.01, decay_rate=0.95,
+      decay_examples=STARTER_DECAY_EXAMPLES,
+      train_steps=STARTER_EPOCHS * steps_per_epoch, num_sample_frames=None)
+
+
+@exp_factory.register_config_factory('yt8m_lstm_demo')
+def yt8m_lstm_demo() -> cfg.ExperimentConfig:
+  """A small `yt8m_lstm` (one layer of 128 cells) on the demo data, Adam at
+  0.01 as the starter's (64 cells at yt8m_demo's 0.002 learn far less in
+  the same budget)."""
+  return _zoo_demo(lstm_model(cells=128, layers=1), learning_rate=0.01)
+
+
+def willow_model(method: str, cluster_sizes: Tuple[int, int],
+                 hidden_size: int = 1024, context_gating: bool = True,
+                 prob_gating: bool = True) -> VideoClassificationModel:
+  """A WILLOW model: `method` pooling + MoE (2 mixtures; `prob_gating`:
+  the authors' `--moe_prob_gating`, a context gate on the probabilities)."""
+  pooling = LearnablePoolingModel(
+      cluster_sizes=cluster_sizes, hidden_size=hidden_size,
+      context_gating=context_gating)
+  return VideoClassificationModel(
+      backbone=Backbone(type=method, **{method: pooling}),
+      head=Head(type='moe', moe=MoeModel(
+          num_mixtures=2, use_output_context_gate=prob_gating)))
+
+
+def _willow(model: VideoClassificationModel, moe_l2: float,
+            decay_rate: float, max_steps: int) -> cfg.ExperimentConfig:
+  """WILLOW's training (README commands, train.py defaults): batch 80, Adam
+  at 2e-4 (epsilon 1e-8) x `decay_rate` every 4M examples (staircase),
+  gradients clipped to norm 1, `max_steps` steps, 300 frames sampled per
+  training video, slim's batch-norm momentum 0.999, float32."""
+  return _published(
+      model, batch=WILLOW_BATCH_SIZE, l2_weight_decay=moe_l2,
+      learning_rate=WILLOW_LEARNING_RATE, decay_rate=decay_rate,
+      decay_examples=WILLOW_DECAY_EXAMPLES, train_steps=max_steps,
+      num_sample_frames=WILLOW_ITERATIONS)
+
+
+_WILLOW_DEVIATIONS = """
+  The recipe is the authors' (the starter's train.py): the cross-entropy
+  summed over the classes, each variable's gradient clipped to norm 1, Adam
+  epsilon 1e-8, batch-norm momentum 0.999, the authors' initializers.
+  Deviations, with their expected effect: the MoE's probability gate
+  kernel is L2-regularized with the experts' (theirs is not; a small pull
+  on 3,862 x 3,862 weights whose data gradient is summed over the classes);
+  the context gates' kernels start Glorot-uniform (theirs normal; the same
+  standard deviation, 1/sqrt(width)); the cross-entropy's epsilon as in
+  `yt8m_frame_logistic`;
+  evaluation pools all valid frames where theirs samples 300 with
+  replacement (a less noisy score); the 300 training frames are sampled
+  without replacement where a video has 300 (theirs always with
+  replacement), in time order (no effect: the pooling ignores the order).
+"""
+
+
+@exp_factory.register_config_factory('yt8m_netvlad')
+def yt8m_netvlad() -> cfg.ExperimentConfig:
+  """WILLOW's gated NetVLAD (the authors' best single model).
+
+  `--model=NetVLADModelLF --netvlad_cluster_size=256 --netvlad_hidden_size=
+  1024 --netvlad_relu=False --gating=True --moe_prob_gating=True
+  --moe_l2=1e-6 --learning_rate_decay=0.8 --max_step=700000`: NetVLAD with
+  256 clusters on rgb, 128 on audio, hidden 1024 (bias, no activation),
+  context gating, MoE with 2 mixtures and probability gating, L2 1e-6 on
+  the MoE; lr x 0.8 every 4M examples, 700,000 steps (the README's best
+  single model stops at 300,000).
+  """
+  return _willow(willow_model('netvlad', (256, 128)), moe_l2=1e-6,
+                 decay_rate=0.8, max_steps=700_000)
+
+
+@exp_factory.register_config_factory('yt8m_netrvlad')
+def yt8m_netrvlad() -> cfg.ExperimentConfig:
+  """WILLOW's gated NetRVLAD (`--lightvlad=True`: VLAD without centers).
+
+  The `yt8m_netvlad` command with `--lightvlad=True --max_step=600000`.
+  """
+  return _willow(willow_model('netrvlad', (256, 128)), moe_l2=1e-6,
+                 decay_rate=0.8, max_steps=600_000)
+
+
+@exp_factory.register_config_factory('yt8m_soft_dbof')
+def yt8m_soft_dbof() -> cfg.ExperimentConfig:
+  """WILLOW's Soft-DBoW (`--model=SoftDbofModelLF`).
+
+  `--dbof_cluster_size=8000 --dbof_hidden_size=1024 --dbof_relu=False
+  --max_step=800000`: soft bag of frames with 8000 clusters on rgb and 1000
+  (1/8) on audio, hidden 1024 (bias, no activation), no context gating (the
+  authors' SoftDbofModelLF has none; `context_gating` turns it on), MoE
+  with 2 mixtures without probability gating, train.py's L2 1e-8 and decay
+  0.9.
+  """
+  return _willow(willow_model('soft_dbof', (8000, 1000), context_gating=False,
+                              prob_gating=False),
+                 moe_l2=1e-8, decay_rate=0.9, max_steps=800_000)
+
+
+@exp_factory.register_config_factory('yt8m_netfv')
+def yt8m_netfv() -> cfg.ExperimentConfig:
+  """WILLOW's gated NetFV (`--model=NetFVModelLF`).
+
+  `--fv_cluster_size=128 --fv_hidden_size=1024 --fv_relu=False --gating=True
+  --moe_prob_gating=True --moe_l2=1e-6 --learning_rate_decay=0.8
+  --fv_couple_weights=False --max_step=600000`: NetFV with 128 clusters on
+  rgb, 64 on audio (centers separate from the assignment weights).
+  """
+  return _willow(willow_model('netfv', (128, 64)), moe_l2=1e-6,
+                 decay_rate=0.8, max_steps=600_000)
+
+
+# Each published WILLOW experiment's docstring names its deviations.
+for _factory in (yt8m_netvlad, yt8m_netrvlad, yt8m_soft_dbof, yt8m_netfv):
+  _factory.__doc__ = _factory.__doc__.rstrip() + '\n' + _WILLOW_DEVIATIONS
+
+
+@exp_factory.register_config_factory('yt8m_netvlad_demo')
+def yt8m_netvlad_demo() -> cfg.ExperimentConfig:
+  """A small `yt8m_netvlad` (16 / 8 clusters, hidden 256) on the demo."""
+  return _zoo_demo(willow_model('netvlad', (16, 8), hidden_size=256))
+
+
+@exp_factory.register_config_factory('yt8m_netrvlad_demo')
+def yt8m_netrvlad_demo() -> cfg.ExperimentConfig:
+  """A small `yt8m_netrvlad` (16 / 8 clusters, hidden 256) on the demo."""
+  return _zoo_demo(willow_model('netrvlad', (16, 8), hidden_size=256))
+
+
+@exp_factory.register_config_factory('yt8m_soft_dbof_demo')
+def yt8m_soft_dbof_demo() -> cfg.ExperimentConfig:
+  """A small `yt8m_soft_dbof` (256 / 32 clusters, hidden 256) on the
+  demo."""
+  return _zoo_demo(willow_model('soft_dbof', (256, 32), hidden_size=256,
+                                context_gating=False, prob_gating=False))
+
+
+@exp_factory.register_config_factory('yt8m_netfv_demo')
+def yt8m_netfv_demo() -> cfg.ExperimentConfig:
+  """A small `yt8m_netfv` (8 / 4 clusters, hidden 256) on the demo."""
+  return _zoo_demo(willow_model('netfv', (8, 4), hidden_size=256))

@@ -120,7 +120,7 @@ def _check_record_type(config: configs.YT8MTask) -> None:
           f'task.{key}.record_type={record_type!r} but '
           f'task.model.backbone.type={backbone!r} takes {expected}-level '
           "records: video-level records need the 'identity' backbone, "
-          'frame-level ones a frame backbone (dbof, nextvlad).')
+          'frame-level ones a frame backbone (dbof, nextvlad, lstm, ...).')
 
 
 def _check_input_scaling(config: configs.YT8MTask) -> None:

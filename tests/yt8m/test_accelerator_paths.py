@@ -3,12 +3,14 @@ scaling) and bfloat16 training on two replicas with the kernel policy a GPU
 takes agree with float32 (the training step of its GPU YAML at tiny sizes,
 `benchmarks.accelerator.training_losses`); the family's train and validation
 steps compile whole under XLA with its TPU YAML's settings in float32 and
-bfloat16 (tests/shipped_configs.py)."""
+bfloat16 (tests/shipped_configs.py), and so do the model zoo's (each
+demo at tiny sizes: tests/yt8m/test_zoo_backbones.py)."""
 import pytest
 
 from official_ext.benchmarks import accelerator
 from tests import conftest
 from tests import shipped_configs
+from tests.yt8m import test_zoo_backbones
 
 CASE = next(c for c in accelerator.CASES if c.name == 'yt8m_dbof')
 # Relative agreement of the loss of the third step with float32's: float16
@@ -42,6 +44,16 @@ def test_mixed_precision_training_agrees_with_float32():
 def test_tpu_yaml_steps_compile_whole_under_xla(precision, cache):
   path = TPU_YAMLS[['float32', 'bfloat16'].index(precision) % len(TPU_YAMLS)]
   shipped_configs.xla_steps(path, cache, precision)
+
+
+@pytest.mark.parametrize('precision', ['float32', 'bfloat16'])
+@pytest.mark.parametrize('name', test_zoo_backbones.MODELS)
+def test_zoo_steps_compile_whole_under_xla(name, precision, cache):
+  # The zoo's demos read the same data: the first batches, cached under one
+  # key, are read once for all of them.
+  params = shipped_configs.tiny_params(
+      test_zoo_backbones.demo_yaml(name, cache), cache)
+  shipped_configs.xla_steps_of(params, 'yt8m zoo demos', precision)
 
 
 @pytest.mark.parametrize('precision', ['float32', 'bfloat16'])

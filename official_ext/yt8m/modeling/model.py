@@ -1,6 +1,7 @@
-"""The YouTube-8M video classification model: DBoF or NeXtVLAD + a head, the
-mixture of NeXtVLAD models with their classifiers, or (video level) the head
-alone on the video's features."""
+"""The YouTube-8M video classification model: a frame-level backbone (DBoF,
+NeXtVLAD, the starter's frame average or LSTM, WILLOW's learnable pooling)
++ a head, the mixture of NeXtVLAD models with their classifiers, or (video
+level) the head alone on the video's features."""
 from typing import Any, Dict, Mapping, Optional, Union
 
 import tensorflow as tf, tf_keras
@@ -10,6 +11,8 @@ from official_ext.yt8m.modeling import dbof
 from official_ext.yt8m.modeling import heads
 from official_ext.yt8m.modeling import mix_nextvlad
 from official_ext.yt8m.modeling import nextvlad
+from official_ext.yt8m.modeling import starter
+from official_ext.yt8m.modeling import willow
 
 ModelConfig = Union[configs.VideoClassificationModel, Mapping[str, Any]]
 
@@ -91,6 +94,22 @@ class VideoClassificationModel(tf_keras.Model):
       self.backbone = nextvlad.NextVlad(
           kernel_regularizer=regularizer if regularize else None,
           name='backbone', **backbone_cfg, **norm_kwargs)
+    elif params.backbone.type in willow.METHODS:
+      backbone_cfg = params.backbone.get().as_dict()
+      regularize = backbone_cfg.pop('regularize_backbone')
+      self._pooling = None
+      self.backbone = willow.WillowBackbone(
+          method=params.backbone.type,
+          kernel_regularizer=regularizer if regularize else None,
+          name='backbone', **backbone_cfg, **norm_kwargs)
+    elif params.backbone.type == 'frame_average':
+      self._pooling = None
+      self.backbone = starter.FrameAverage(name='backbone')
+    elif params.backbone.type == 'lstm':
+      self._pooling = None
+      # The starter regularizes only the classifier.
+      self.backbone = starter.Lstm(name='backbone',
+                                   **params.backbone.lstm.as_dict())
     elif params.backbone.type == 'mix_nextvlad':
       backbone_cfg = params.backbone.mix_nextvlad.as_dict()
       regularize = backbone_cfg.pop('regularize_backbone')
@@ -113,7 +132,8 @@ class VideoClassificationModel(tf_keras.Model):
       self.backbone = None
     else:
       raise ValueError(f'task.model.backbone.type={params.backbone.type!r}; '
-                       'expected dbof, nextvlad, mix_nextvlad or identity.')
+                       'expected dbof, nextvlad, mix_nextvlad, frame_average, '
+                       f'lstm, {", ".join(willow.METHODS)} or identity.')
     if params.backbone.type == 'mix_nextvlad':
       self.head = mix_nextvlad.MixtureLogisticHead(
           num_classes=num_classes,
