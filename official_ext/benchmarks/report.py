@@ -372,7 +372,21 @@ def _family_section(family: str, figures: Optional[Dict[str, Any]]) -> str:
             'compare.', '']
   out += ['Measured by:', '', environment_list(figures), '',
             family_table(family, figures), '']
+  module = harness.family_module(family)
+  for case, title, intro, table in getattr(module, 'subsections',
+                                           lambda f: [])(figures):
+    out += [f'### {title}', '', intro.rstrip(), '',
+            'Measured by:', '', environment_list(case_run(figures, case)),
+            '', markdown_safe(table), '']
   return '\n'.join(out)
+
+
+def case_run(figures: Dict[str, Any], case: str) -> Dict[str, Any]:
+  """The machine, environment and command of the run that measured `case`:
+  its own (`<case>_environment`, ..., `harness.merge_cases`), else the
+  file's."""
+  return {key: figures.get(f'{case}_{key}', figures.get(key))
+          for key in harness.RUN_KEYS}
 
 
 def _accelerator_section(data: Optional[Dict[str, Any]]) -> str:
