@@ -461,7 +461,7 @@ def zoo_models(names: Optional[Sequence[str]] = None) -> List[ZooModel]:
   return [models[n] for n in names]
 
 
-def _zoo_params(experiment: str, batch: int,
+def zoo_params(experiment: str, batch: int,
                 overrides: Optional[Dict[str, Any]] = None):
   """`experiment`'s config with training batch `batch` and `overrides`."""
   params = exp_factory.get_exp_config(experiment)
@@ -589,7 +589,7 @@ def zoo_model(model: ZooModel, peak_gflops: float, quick: bool = False,
   """
   workdir = workdir or tempfile.mkdtemp(prefix='yt8m_zoo_')
   batch = QUICK_BATCH if quick else ZOO_BATCH
-  params = _zoo_params(model.published, batch,
+  params = zoo_params(model.published, batch,
                        QUICK_PUBLISHED.get(model.published) if quick else None)
   data = params.task.train_data
   task = task_factory.get_task(params.task)
