@@ -50,7 +50,6 @@ import tensorflow as tf, tf_keras
 from official.core import exp_factory
 from official.core import task_factory
 from official_ext import train
-from official_ext.benchmarks import accelerator
 from official_ext.benchmarks import graph_flops
 from official_ext.benchmarks import timing
 from official_ext.core import kernel_policy
@@ -391,11 +390,22 @@ ZOO_BATCH = 32
 # The demo budget: every demo trains on this many training videos (4 epochs
 # of the demo's 4,000), then evaluates on all its validation videos.
 ZOO_DEMO_EXAMPLES = 16_000
-# Tiny sizes of `--quick`: overrides of a published experiment (the
-# accelerator benchmark's quick cases; an experiment without one runs at
-# its published size), and of every demo (a few videos, 2 steps).
-QUICK_PUBLISHED = {c.experiment: c.quick for c in accelerator.CASES
-                   if c.family == 'yt8m'}
+# Tiny sizes of `--quick` (and of the accelerator benchmark's quick
+# cases): overrides of a published experiment (one without runs at its
+# published size), and of every demo (`_quick_demo`: a few videos, 2 steps).
+QUICK_PUBLISHED = {
+    'yt8m': {'task': {
+        'model': {'backbone': {'dbof': {'cluster_size': 32,
+                                        'hidden_size': 32}}},
+        'train_data': {'num_classes': 20, 'max_frames': 8,
+                       'num_sample_frames': 8},
+        'validation_data': {'num_classes': 20}}},
+    'yt8m_nextvlad': {'task': {
+        'model': {'backbone': {'nextvlad': {
+            'cluster_sizes': [4, 2], 'groups': [2, 1], 'hidden_size': 16}}},
+        'train_data': {'num_classes': 20, 'max_frames': 8},
+        'validation_data': {'num_classes': 20}}},
+}
 QUICK_BATCH = 4
 QUICK_DEMO_VIDEOS = 16
 
