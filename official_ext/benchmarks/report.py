@@ -53,6 +53,7 @@ those files. Each section says where and when its run measured. To measure on yo
 
 ```bash
 {COMMAND} yt8m --json benchmarks/results/yt8m.json
+{COMMAND} yt8m --cases zoo --json benchmarks/results/yt8m.json  # every YT8M model
 {COMMAND} assemblenet --json benchmarks/results/assemblenet.json
 {COMMAND} readout --json benchmarks/results/readout.json
 {COMMAND} report          # rewrites docs/benchmarks.md
