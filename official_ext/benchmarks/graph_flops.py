@@ -130,8 +130,8 @@ def train_step_flops(task, model: tf_keras.Model,
   The step is traced with the stock ops (kernel policy 'stock': the model's
   computation, not a CPU fast path's matrix-vector batch-norm sums), without
   XLA (`task.task_config.jit_compile` is False while it traces: the
-  compiled function's body is a nested function) and with plain SGD, whose update
-  holds no contraction.
+  compiled function's body is a nested function) and with plain SGD, whose
+  update holds no contraction.
 
   Args:
     task: a task with `train_step(inputs, model, optimizer, metrics)` and

@@ -29,6 +29,21 @@ Figures (all measured in one process; every time goes through
 * `metrics.evaluate` on 100,000 x 3,862 predictions vs the straightforward
   reference (`metrics_reference`) on a 2,000-video slice, scaled.
 
+Those are the 'model' case (the default). The 'zoo' case (`--cases zoo`,
+`zoo`) measures every registered YouTube-8M model, found by the experiment
+naming (`yt8m_<model>` and `yt8m_<model>_demo`; `yt8m` / `yt8m_demo` is
+DBoF + MoE), so that a model registered later gets its row without a change
+here: trainable parameters and the training step's GFLOP per video at the
+published size (`graph_flops.train_step_flops`: counted from the traced
+step, which agrees with the hand formulas above, a test checks), the demo's
+validation GAP after the same budget of training videos
+(`ZOO_DEMO_EXAMPLES`) on the same generated videos, trained and evaluated
+by `official_ext.train.run`, and the published-size step's examples/sec
+and fraction of the matmul peak (`bench_step`; for the model Model Garden
+has, DBoF + MoE of the `yt8m` config, `bench_train_step`: ours beside
+Model Garden's). `zoo_table` renders them; `benchmark report` writes that
+table into docs/benchmarks.md and a generated block of docs/yt8m.md.
+
 The process runs with TensorFlow's BFC CPU allocator (`PROCESS_SETTINGS`, a
 fast path of `core.kernel_policy` on CPUs, applied by the harness as by `train`;
 `figures['cpu_allocator']` says which allocator a run had):
