@@ -816,8 +816,9 @@ of the run; beside Model Garden's model where Model Garden has it (DBoF + MoE, b
 
 def subsections(figures: Dict[str, object]) -> List[Tuple[str, str, str, str]]:
   """(case, title, intro, table) of the report's subsections: the zoo's,
-  when the figures hold it."""
-  if 'zoo' not in figures:
+  when the figures hold it beside the 'model' case's (alone, `table` is
+  the zoo's)."""
+  if 'zoo' not in figures or 'per_size' not in figures:
     return []
   return [('zoo', ZOO_TITLE, ZOO_INTRO, zoo_table(figures['zoo']))]
 
