@@ -6,10 +6,12 @@ import pytest
 import tensorflow as tf
 
 from official.core import exp_factory
+from official_ext import benchmark as benchmark_cli
 from official_ext.benchmarks import graph_flops
 from official_ext.benchmarks import harness
 from official_ext.benchmarks import report
 from official_ext.benchmarks import yt8m as benchmark
+from tests import cli
 
 
 def test_graph_count_equals_the_nextvlad_hand_formula():
@@ -178,3 +180,28 @@ def test_the_docs_block_is_generated_from_the_results(quick_zoo, tmp_path):
     text = f.read()
   assert text == report.with_zoo_block(
       text, report.zoo_block(harness.RESULTS_DIR), 'docs/yt8m.md')
+
+
+def test_cli_merges_the_zoo_case_into_the_results(quick_zoo, monkeypatch,
+                                                  tmp_path, capsys):
+  """`benchmark yt8m --cases zoo --json FILE` keeps the file's other figures
+  and adds the zoo's with its own run keys (the zoo itself: replaced here by
+  the quick figures measured above)."""
+  calls = []
+
+  def zoo(quick, models, peak_gflops):
+    calls.append((quick, models))
+    return quick_zoo
+
+  monkeypatch.setattr(benchmark, 'zoo', zoo)
+  out = tmp_path / 'yt8m.json'
+  out.write_text(json.dumps({'speedup': 1.5, 'command': 'recorded'}))
+  cli.run_main(benchmark_cli, 'yt8m', '--quick', '--cases=zoo',
+               f'--json={out}')
+  assert calls == [(True, None)]
+  f = json.loads(out.read_text())
+  assert (f['speedup'], f['command']) == (1.5, 'recorded')
+  assert f['zoo'] == json.loads(json.dumps(quick_zoo))
+  assert f['zoo_command'] == ('python -m official_ext.benchmark yt8m --quick '
+                              '--cases zoo')
+  assert '| video_level |' in capsys.readouterr().out
