@@ -10,11 +10,21 @@ step on a batch (forward pass, losses and the gradients the step computes:
 TensorFlow computes no gradient with respect to an input that nothing
 trains, so neither does the count) and divides by the batch size.
 
+Only ops whose values are used count (those the function's outputs and
+control outputs depend on: what runs). Loops and conditionals are followed into the graphs `tf.while_loop` and
+`tf.cond` traced (`core.tf_internals.control_flow_graphs`): a loop body
+counts times its number of iterations where the trace fixes it: a static
+`maximum_iterations`, or a counter from a static start to a static bound (a
+Keras RNN, e.g. the starter's LSTM: one iteration per frame; its gradient
+loop runs as often as the forward loop did); a conditional counts once when
+its branches hold the same contractions.
+
 Contract: the count is exact for the ops it counts, or an error. A counted
 op with an unknown dimension, an Einsum it cannot read (an ellipsis, one or
 three operands), a convolution (not counted here: `assemblenet/modeling/
-complexity.py` counts AssembleNet's), or a contraction inside a function
-the graph calls (a nested `tf.function`, a `tf.cond` branch, a loop body,
+complexity.py` counts AssembleNet's), a loop holding contractions whose
+number of iterations the trace does not fix, a conditional whose branches differ, or a
+contraction inside a function called otherwise (a nested `tf.function`,
 whose shapes the graph does not hold) raises a ValueError naming the op or
 function; a count is never silently low.
 """
@@ -24,6 +34,7 @@ import numpy as np
 import tensorflow as tf, tf_keras
 
 from official_ext.core import kernel_policy
+from official_ext.core import tf_internals
 
 MATMULS = ('MatMul', 'BatchMatMul', 'BatchMatMulV2', 'BatchMatMulV3')
 EINSUM = 'Einsum'
@@ -74,21 +85,188 @@ def _einsum_flops(op) -> int:
   return 2 * int(np.prod(list(sizes.values()), dtype=np.int64))
 
 
-def _check_functions(graph: tf.Graph) -> None:
-  """Raises if a function the graph calls holds a contraction."""
-  for function in graph.as_graph_def().library.function:
-    ops = sorted({n.op for n in function.node_def} &
+WHILE_OPS = ('While', 'StatelessWhile')
+IF_OPS = ('If', 'StatelessIf')
+
+
+def _called(node, attr_names=('f', 'body', 'cond', 'then_branch',
+                              'else_branch')) -> list:
+  """The names of the functions an op (or a NodeDef) calls."""
+  names = []
+  for name in attr_names:
+    try:
+      value = node.get_attr(name) if hasattr(node, 'get_attr') else (
+          node.attr[name].func if name in node.attr else None)
+    except ValueError:
+      continue
+    if value is not None and getattr(value, 'name', ''):
+      names.append(value.name)
+  return names
+
+
+def _refuse_if_contracting(op, library) -> None:
+  """Raises if a function `op` calls (directly or through others) holds a
+  contraction, whose shapes the graph does not record."""
+  todo, seen = _called(op), set()
+  while todo:
+    name = todo.pop()
+    if name in seen or name not in library:
+      continue
+    seen.add(name)
+    ops = sorted({n.op for n in library[name].node_def} &
                  set(COUNTED + NOT_COUNTED))
     if ops:
       raise ValueError(
-          f'graph_flops: the function {function.signature.name!r} called by '
-          f'the graph holds {ops}, whose shapes the graph does not record: '
-          'trace without nested tf.functions, conditionals or loops around '
-          'them (e.g. jit_compile off).')
+          f'graph_flops: the function {name!r} called by {op.type} op '
+          f'{op.name!r} holds {ops}, whose shapes the graph does not record: '
+          'trace without nested tf.functions around them (e.g. jit_compile '
+          'off).')
+    for node in library[name].node_def:
+      todo.extend(_called(node))
+
+
+def _live(graph) -> set:
+  """The names of the ops that the outputs of `graph` (a function's graph)
+  and its control outputs (e.g. variable updates) depend on: the ops that
+  run. (Keras' RNN, for one, traces a step outside its loop only to learn
+  the output's shape.)"""
+  todo = [t.op for t in graph.outputs] + list(
+      getattr(graph, 'control_outputs', []))
+  live = set()
+  while todo:
+    op = todo.pop()
+    if op.name in live:
+      continue
+    live.add(op.name)
+    todo.extend(t.op for t in op.inputs)
+    todo.extend(op.control_inputs)
+  return live
+
+
+def _unwrap(tensor):
+  while tensor.op.type == 'Identity':
+    tensor = tensor.op.inputs[0]
+  return tensor
+
+
+def _static(tensor, loops: Dict[str, int]):
+  """`tensor`'s value where the trace fixes it, else None: a constant, a
+  slice of a static shape, or a counted loop's counter output (output 0 of
+  a While op: its number of iterations)."""
+  value = tf.get_static_value(tensor)
+  if value is not None:
+    return value
+  op = tensor.op
+  if op.type in WHILE_OPS and tensor.value_index == 0 and op.name in loops:
+    return loops[op.name]
+  if op.type == 'StridedSlice' and op.get_attr('shrink_axis_mask') == 1:
+    base = tf.get_static_value(op.inputs[0])
+    source = op.inputs[0].op
+    if (base is None and source.type == 'Shape' and
+        source.inputs[0].shape.is_fully_defined()):
+      base = np.array(source.inputs[0].shape.as_list())
+    begin = tf.get_static_value(op.inputs[1])
+    if base is not None and begin is not None and len(begin) == 1:
+      return int(base[int(begin[0])])
+  return None
+
+
+def _trips(op, graphs, loops: Dict[str, int]):
+  """The number of iterations of While op `op`, where the trace fixes it:
+  its static `maximum_iterations` (input 1; -1: none), or the bound of a
+  condition `counter < bound` whose counter starts static and whose body
+  adds 1 to it, the bound static (or a loop variable the body passes on
+  unchanged), whichever is smaller; else None."""
+  bounds = []
+  maximum = tf.get_static_value(op.inputs[1])
+  if maximum is not None and int(maximum) >= 0:
+    bounds.append(int(maximum))
+  cond, body = graphs['cond'], graphs['body']
+  less = _unwrap(cond.outputs[0]).op
+  if less.type == 'Less':
+    cond_inputs = [id(t) for t in cond.inputs]
+    captured = {id(inner): outer for outer, inner in cond.captures}
+
+    def outer_value(tensor, must_not_change: bool):
+      if id(tensor) in cond_inputs:
+        i = cond_inputs.index(id(tensor))
+        if must_not_change and (
+            _unwrap(body.outputs[i]) is not body.inputs[i]):
+          return None
+        return i, _static(op.inputs[i], loops)
+      if id(tensor) in captured:
+        return None, _static(captured[id(tensor)], loops)
+      return None, tf.get_static_value(tensor)
+
+    counter = outer_value(less.inputs[0], False)
+    bound = outer_value(less.inputs[1], True)
+    if counter and bound and counter[0] is not None and (
+        counter[1] is not None and bound[1] is not None):
+      step = _unwrap(body.outputs[counter[0]]).op
+      if step.type in ('AddV2', 'Add') and (
+          step.inputs[0] is body.inputs[counter[0]] and
+          tf.get_static_value(step.inputs[1]) == 1):
+        bounds.append(max(0, int(bound[1]) - int(counter[1])))
+  return min(bounds) if bounds else None
+
+
+def _add(graph: tf.Graph, times: int, totals: Dict[str, int],
+         library, loops: Dict[str, int]) -> None:
+  """Adds `times` x the contractions of `graph` (and of the loops and
+  conditionals in it) to `totals`; `loops` collects each While op's number
+  of iterations."""
+  live = _live(graph)
+  for op in graph.get_operations():
+    if op.name not in live:
+      continue  # Its value is never used: pruned when the graph runs.
+    if op.type in NOT_COUNTED:
+      raise ValueError(f'graph_flops: {op.type} op {op.name!r}: '
+                       'convolutions are not counted by this counter.')
+    if op.type in MATMULS or op.type == EINSUM:
+      flops = _matmul_flops(op) if op.type in MATMULS else _einsum_flops(op)
+      totals[op.type] = totals.get(op.type, 0) + times * flops
+      continue
+    graphs = tf_internals.control_flow_graphs(op)
+    if op.type in WHILE_OPS and graphs:
+      body: Dict[str, int] = {}
+      _add(graphs['body'], 1, body, library, loops)
+      _add(graphs['cond'], 1, body, library, loops)
+      trips = _trips(op, graphs, loops)
+      if trips is not None:
+        loops[op.name] = trips
+      if not body:
+        continue
+      if trips is None:
+        raise ValueError(
+            f'graph_flops: {op.type} op {op.name!r} holds {sorted(body)} but '
+            'its number of iterations is not static (neither a static '
+            'maximum_iterations nor a counter run to a static bound).')
+      for key, value in body.items():
+        totals[key] = totals.get(key, 0) + times * int(trips) * value
+    elif op.type in IF_OPS and graphs:
+      branches = []
+      for key in ('then', 'else'):
+        branch: Dict[str, int] = {}
+        _add(graphs[key], 1, branch, library, loops)
+        branches.append(branch)
+      if branches[0] != branches[1]:
+        raise ValueError(
+            f'graph_flops: {op.type} op {op.name!r}: its branches hold '
+            f'different contractions ({branches[0]} and {branches[1]}); '
+            'which one runs is not known before the step runs.')
+      for key, value in branches[0].items():
+        totals[key] = totals.get(key, 0) + times * value
+    else:
+      _refuse_if_contracting(op, library)
 
 
 def graph_flops(graph: tf.Graph) -> Dict[str, int]:
   """FLOPs of the contractions of `graph`, by op type.
+
+  Loops (`tf.while_loop`, Keras' RNNs and their gradients) count their
+  body times their number of iterations, where the trace fixes it
+  (`_trips`); a conditional counts its branches once when both hold the
+  same contractions.
 
   Args:
     graph: a traced graph (`tf.function(...).get_concrete_function().graph`)
@@ -101,19 +279,10 @@ def graph_flops(graph: tf.Graph) -> Dict[str, int]:
   Raises:
     ValueError: an op it cannot count (see the module docstring), naming it.
   """
-  _check_functions(graph)
+  library = {f.signature.name: f
+             for f in graph.as_graph_def().library.function}
   totals: Dict[str, int] = {}
-  for op in graph.get_operations():
-    if op.type in NOT_COUNTED:
-      raise ValueError(f'graph_flops: {op.type} op {op.name!r}: '
-                       'convolutions are not counted by this counter.')
-    if op.type in MATMULS:
-      flops = _matmul_flops(op)
-    elif op.type == EINSUM:
-      flops = _einsum_flops(op)
-    else:
-      continue
-    totals[op.type] = totals.get(op.type, 0) + flops
+  _add(graph, 1, totals, library, {})
   return totals
 
 

@@ -3,7 +3,7 @@ import json
 import os
 
 import pytest
-import tensorflow as tf
+import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
 from official_ext import benchmark as benchmark_cli
@@ -51,9 +51,46 @@ def test_graph_flops_refuses_what_it_cannot_count():
     graph_flops.function_flops(lambda: tf.nn.conv2d(
         tf.ones([1, 4, 4, 1]), tf.ones([2, 2, 1, 1]), 1, 'SAME'))
   inner = tf.function(lambda: tf.matmul(tf.ones([2, 2]), tf.ones([2, 2])))
-  with pytest.raises(ValueError, match=r"function '.*' called by the graph "
-                     r"holds \['MatMul'\]"):
+  with pytest.raises(ValueError, match=r"function '.*' called by "
+                     r"(Stateful)?PartitionedCall op .* holds \['MatMul'\]"):
     graph_flops.function_flops(inner)
+  x = tf.ones([2, 2])
+  with pytest.raises(ValueError, match='branches hold different'):
+    graph_flops.function_flops(lambda: tf.cond(
+        tf.reduce_sum(x) > 0, lambda: tf.matmul(x, x), lambda: x))
+  with pytest.raises(ValueError, match='number of iterations is not static'):
+    graph_flops.function_flops(lambda: tf.while_loop(
+        lambda m: tf.reduce_sum(m) < 100.0, lambda m: tf.matmul(m, x), [x]))
+
+
+def test_graph_flops_follows_loops_and_conditionals():
+  x = tf.ones([2, 3])
+  w = tf.ones([3, 3])
+  # 7 iterations of a [2, 3] x [3, 3] matmul (36 FLOPs each); a conditional
+  # with one in each branch counts it once.
+  assert graph_flops.function_flops(lambda: tf.while_loop(
+      lambda m: tf.reduce_sum(m) > -1.0, lambda m: tf.matmul(m, w), [x],
+      maximum_iterations=7)) == 7 * 36
+  assert graph_flops.function_flops(lambda: tf.cond(
+      tf.reduce_sum(x) > 0, lambda: tf.matmul(x, w),
+      lambda: 2.0 * tf.matmul(x, w))) == 36
+  # A Keras LSTM (the starter's) loops once per frame: per frame and video
+  # x [3] @ W [3, 16] and h [4] @ U [4, 16], each 2 FLOPs a multiply-add.
+  lstm = tf_keras.layers.RNN(tf_keras.layers.LSTMCell(4))
+  frames = tf.ones([2, 5, 3])
+  lstm(frames)
+  forward = 5 * 2 * 2 * (3 * 16 + 4 * 16)
+  assert graph_flops.function_flops(lambda: lstm(frames)) == forward
+
+  def train():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(lstm(frames))
+    return tape.gradient(loss, lstm.trainable_variables)
+
+  # Its gradient loop runs 5 times too: the weight gradients of W and U and
+  # the gradient into h (none into the frames, which nothing trains).
+  assert graph_flops.function_flops(train) == (
+      forward + 5 * 2 * 2 * (3 * 16 + 4 * 16 + 4 * 16))
 
 
 def test_zoo_lists_each_registered_pair():
