@@ -615,7 +615,7 @@ def zoo_model(model: ZooModel, peak_gflops: float, quick: bool = False,
   workdir = workdir or tempfile.mkdtemp(prefix='yt8m_zoo_')
   batch = QUICK_BATCH if quick else ZOO_BATCH
   params = zoo_params(model.published, batch,
-                       QUICK_PUBLISHED.get(model.published) if quick else None)
+                      QUICK_PUBLISHED.get(model.published) if quick else None)
   data = params.task.train_data
   task = task_factory.get_task(params.task)
   built = task.build_model()
