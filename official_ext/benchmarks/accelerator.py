@@ -40,6 +40,7 @@ from official.core import task_factory
 from official.modeling import performance
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.benchmarks import timing
+from official_ext.benchmarks import yt8m as yt8m_bench
 from official_ext.core import distribution
 from official_ext.core import experiment_params
 from official_ext.core import kernel_policy
@@ -72,17 +73,10 @@ class Case:
 
 
 CASES = (
-    Case('yt8m_dbof', 'yt8m', 'yt8m', 'yt8m', {'task': {
-        'model': {'backbone': {'dbof': {'cluster_size': 32,
-                                        'hidden_size': 32}}},
-        'train_data': {'num_classes': 20, 'max_frames': 8,
-                       'num_sample_frames': 8},
-        'validation_data': {'num_classes': 20}}}),
-    Case('yt8m_nextvlad', 'yt8m_nextvlad', 'yt8m', 'yt8m_nextvlad', {'task': {
-        'model': {'backbone': {'nextvlad': {
-            'cluster_sizes': [4, 2], 'groups': [2, 1], 'hidden_size': 16}}},
-        'train_data': {'num_classes': 20, 'max_frames': 8},
-        'validation_data': {'num_classes': 20}}}),
+    Case('yt8m_dbof', 'yt8m', 'yt8m', 'yt8m',
+         yt8m_bench.QUICK_PUBLISHED['yt8m']),
+    Case('yt8m_nextvlad', 'yt8m_nextvlad', 'yt8m', 'yt8m_nextvlad',
+         yt8m_bench.QUICK_PUBLISHED['yt8m_nextvlad']),
     Case('assemblenet_kinetics', 'assemblenet_plus_lite_kinetics',
          'assemblenet', 'kinetics', {'task': {
              'model': {'backbone': {'assemblenet_plus_lite': {
@@ -189,7 +183,6 @@ def _flops_per_example(params) -> Optional[float]:
   task = params.task
   family = type(task).__module__.split('.')[1]
   if family == 'yt8m':
-    from official_ext.benchmarks import yt8m as yt8m_bench  # pylint: disable=g-import-not-at-top
     data = task.train_data
     frames = data.num_sample_frames or data.max_frames
     backbone = task.model.backbone

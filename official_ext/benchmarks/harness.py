@@ -148,7 +148,7 @@ def run(family: str, quick: bool = False,
   `reference_checkout` (another checkout of this repository, timed beside
   this one) is passed to families whose `run` takes it (assemblenet);
   `tpu` (the TPU address) to the accelerator benchmark; `cases` (some of
-  the family's `CASES`) to families that have cases (assemblenet), with
+  the family's `CASES`) to families that have cases (assemblenet, yt8m), with
   `previous` (the family's recorded figures) as their `step_figures`.
   """
   module = family_module(family)
@@ -157,7 +157,7 @@ def run(family: str, quick: bool = False,
     options['step_figures'] = previous
   for name, value, who in (('reference_checkout', reference_checkout,
                             'assemblenet'), ('tpu', tpu, 'accelerator'),
-                           ('cases', cases, 'assemblenet')):
+                           ('cases', cases, 'assemblenet and yt8m')):
     if not value:
       continue
     if name not in inspect.signature(module.run).parameters:
@@ -208,9 +208,16 @@ def merge_cases(previous: Dict[str, Any], figures: Dict[str, Any],
 
 def report(family: str, figures: Dict[str, Any], quick: bool = False) -> str:
   """The printed report: a header line and the family's table."""
-  table = getattr(family_module(family), 'table', generic_table)
-  return (f'{family} benchmark on {figures["machine"]}'
+  module = family_module(family)
+  table = getattr(module, 'table', generic_table)
+  text = (f'{family} benchmark on {figures["machine"]}'
           f'{" (quick sizes)" if quick else ""}:\n{table(figures)}')
+  # A family's further tables (the YT8M zoo), unless `table` printed it.
+  for _, title, _, sub in getattr(module, 'subsections', lambda f: [])(
+      figures):
+    if sub not in text:
+      text += f'\n{title}:\n{sub}'
+  return text
 
 
 def main(family: str, quick: bool = False,

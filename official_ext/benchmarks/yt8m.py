@@ -29,6 +29,21 @@ Figures (all measured in one process; every time goes through
 * `metrics.evaluate` on 100,000 x 3,862 predictions vs the straightforward
   reference (`metrics_reference`) on a 2,000-video slice, scaled.
 
+Those are the 'model' case (the default). The 'zoo' case (`--cases zoo`,
+`zoo`) measures every registered YouTube-8M model, found by the experiment
+naming (`yt8m_<model>` and `yt8m_<model>_demo`; `yt8m` / `yt8m_demo` is
+DBoF + MoE), so that a model registered later gets its row without a change
+here: trainable parameters and the training step's GFLOP per video at the
+published size (`graph_flops.train_step_flops`: counted from the traced
+step, which agrees with the hand formulas above, a test checks), the demo's
+validation GAP after the same budget of training videos
+(`ZOO_DEMO_EXAMPLES`) on the same generated videos, trained and evaluated
+by `official_ext.train.run`, and the published-size step's examples/sec
+and fraction of the matmul peak (`bench_step`; for the model Model Garden
+has, DBoF + MoE of the `yt8m` config, `bench_train_step`: ours beside
+Model Garden's). `zoo_table` renders them; `benchmark report` writes that
+table into docs/benchmarks.md and a generated block of docs/yt8m.md.
+
 The process runs with TensorFlow's BFC CPU allocator (`PROCESS_SETTINGS`, a
 fast path of `core.kernel_policy` on CPUs, applied by the harness as by `train`;
 `figures['cpu_allocator']` says which allocator a run had):
@@ -40,14 +55,17 @@ in the same process, so both get it (it sped each up by 1.2-1.3x; the
 speed-up between them is unchanged).
 """
 import dataclasses
+import os
 import tempfile
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
 from official.core import task_factory
+from official_ext import train
+from official_ext.benchmarks import graph_flops
 from official_ext.benchmarks import timing
 from official_ext.core import kernel_policy
 from official_ext.yt8m import configs  # pylint: disable=unused-import  (registers 'yt8m')
@@ -180,19 +198,33 @@ def bench_nextvlad_train_step(size: NextVladSize, peak_gflops: float,
   """Examples/sec of the NeXtVLAD training step at `size` (XLA, padding
   masked: every video has all `size.frames` frames)."""
   task = build_nextvlad_task(size)
-  step = _step_fn(task, task.build_model(), make_batch(size))
-  n = _matmul_size(size)
+  return bench_step(task, task.build_model(), make_batch(size),
+                    nextvlad_train_flops_per_example(size), peak_gflops,
+                    _matmul_size(size), rounds=rounds)
+
+
+def bench_step(task, model: tf_keras.Model, batch: Dict[str, tf.Tensor],
+               flops: float, peak_gflops: float, matmul_n: int,
+               rounds: int = 5) -> Dict[str, float]:
+  """Examples/sec of `task.train_step` of `model` on `batch`, timed
+  interleaved with an [matmul_n, matmul_n] matmul; `flops` per example.
+
+  Returns:
+    {'examples_per_sec', 'gflops_per_example', 'achieved_gflops',
+     'peak_fraction' (of `peak_gflops`), 'interleaved_matmul_gflops',
+     'interleaved_matmul_fraction'}.
+  """
+  step = _step_fn(task, model, batch)
   seconds = timing.interleaved_seconds(
-      {'nextvlad': step, 'matmul': timing.matmul_candidate(n)},
+      {'step': step, 'matmul': timing.matmul_candidate(matmul_n)},
       rounds=rounds)
-  flops = nextvlad_train_flops_per_example(size)
-  examples_per_sec = size.batch / seconds['nextvlad']
+  examples_per_sec = int(batch['labels'].shape[0]) / seconds['step']
   achieved = examples_per_sec * flops / 1e9
   return {'examples_per_sec': examples_per_sec,
           'gflops_per_example': flops / 1e9,
           'achieved_gflops': achieved,
           'peak_fraction': achieved / peak_gflops,
-          **_interleaved_matmul(achieved, n, seconds['matmul'])}
+          **_interleaved_matmul(achieved, matmul_n, seconds['matmul'])}
 
 
 def _matmul_size(size) -> int:
@@ -362,10 +394,378 @@ def bench_metrics(num_videos: int = 100_000, num_classes: int = 3862,
           'metrics_reference_videos': reference_videos}
 
 
-def run(quick: bool = False) -> Dict[str, object]:
-  """All YT8M figures; `quick` uses tiny sizes (a smoke test)."""
+# ---------------------------------------------------------------------------
+# The model zoo (`--cases zoo`): every YouTube-8M model, one row each.
+# ---------------------------------------------------------------------------
+
+CASES = ('model', 'zoo')
+# The published-size training step of the zoo: batch 32, as the DBoF and
+# NeXtVLAD figures above.
+ZOO_BATCH = 32
+# The demo budget: every demo trains on this many training videos (4 epochs
+# of the demo's 4,000), then evaluates on all its validation videos.
+ZOO_DEMO_EXAMPLES = 16_000
+# Tiny sizes of `--quick` (and of the accelerator benchmark's quick
+# cases): overrides of a published experiment (one without runs at its
+# published size), and of every demo (`_quick_demo`: a few videos, 2 steps).
+QUICK_PUBLISHED = {
+    'yt8m': {'task': {
+        'model': {'backbone': {'dbof': {'cluster_size': 32,
+                                        'hidden_size': 32}}},
+        'train_data': {'num_classes': 20, 'max_frames': 8,
+                       'num_sample_frames': 8},
+        'validation_data': {'num_classes': 20}}},
+    'yt8m_nextvlad': {'task': {
+        'model': {'backbone': {'nextvlad': {
+            'cluster_sizes': [4, 2], 'groups': [2, 1], 'hidden_size': 16}}},
+        'train_data': {'num_classes': 20, 'max_frames': 8},
+        'validation_data': {'num_classes': 20}}},
+}
+QUICK_BATCH = 4
+QUICK_DEMO_VIDEOS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class ZooModel:
+  """A model of the zoo: its published-size and demo experiments.
+
+  Attributes:
+    name: the model's name: `<model>` of `yt8m_<model>`; 'dbof' for `yt8m`.
+    published: the published-size experiment.
+    demo: its demo experiment (`<published>_demo`).
+  """
+  name: str
+  published: str
+  demo: str
+
+
+def _registered_experiments() -> List[str]:
+  """The names of every registered experiment (Model Garden's registry)."""
+  registered = getattr(exp_factory, '_REGISTERED_CONFIGS', None)
+  if registered is None:
+    raise RuntimeError('official.core.exp_factory has no _REGISTERED_CONFIGS:'
+                       ' the zoo cannot list the registered experiments.')
+  return sorted(registered)
+
+
+def zoo_models(names: Optional[Sequence[str]] = None) -> List[ZooModel]:
+  """The registered YouTube-8M models, by the experiment naming.
+
+  A model is a pair of registered experiments `yt8m_<model>` and
+  `yt8m_<model>_demo` (and `yt8m` / `yt8m_demo`: DBoF + MoE) whose task is
+  a `YT8MTask`; models registered later appear without a change here.
+
+  Args:
+    names: only these models (`ZooModel.name`, in this order); None: all,
+      sorted by published experiment.
+
+  Raises:
+    ValueError: a pair whose task is not YT8M's, or a name in `names` that
+      is not a model, naming it and the models found.
+  """
+  registered = set(_registered_experiments())
+  models = {}
+  for name in sorted(registered):
+    if not (name == 'yt8m' or name.startswith('yt8m_')) or (
+        name.endswith('_demo') or f'{name}_demo' not in registered):
+      continue
+    for experiment in (name, f'{name}_demo'):
+      task = exp_factory.get_exp_config(experiment).task
+      if not isinstance(task, configs.YT8MTask):
+        raise ValueError(f'experiment {experiment!r}: named as a YouTube-8M '
+                         f'model but its task is {type(task).__name__}, not '
+                         'YT8MTask.')
+    model = 'dbof' if name == 'yt8m' else name[len('yt8m_'):]
+    models[model] = ZooModel(model, name, f'{name}_demo')
+  if names is None:
+    return list(models.values())
+  unknown = [n for n in names if n not in models]
+  if unknown:
+    raise ValueError(f'zoo: unknown model(s) {unknown}; the registered '
+                     f'models are {sorted(models)}.')
+  return [models[n] for n in names]
+
+
+def zoo_params(experiment: str, batch: int,
+                overrides: Optional[Dict[str, Any]] = None):
+  """`experiment`'s config with training batch `batch` and `overrides`."""
+  params = exp_factory.get_exp_config(experiment)
+  if overrides:
+    params.override(overrides, is_strict=True)
+  params.override({'task': {'train_data': {'global_batch_size': batch}}},
+                  is_strict=True)
+  return params
+
+
+def config_batch(data: configs.DataConfig, batch: int, seed: int = 0
+                 ) -> Dict[str, tf.Tensor]:
+  """A random training batch of the shapes `data` (a train DataConfig)
+  gives: frame-level, its `num_sample_frames` (else `max_frames`) frames;
+  video-level, one vector per video (`make_batch`'s values)."""
+  video = data.record_type == 'video'
+  frames = 1 if video else (data.num_sample_frames or data.max_frames)
+  shape = _BatchShape(batch=batch, frames=frames,
+                      features=sum(data.feature_sizes),
+                      classes=data.num_classes)
+  out = make_batch(shape, seed=seed)
+  if video:
+    out['video_matrix'] = out['video_matrix'][:, 0]
+    out['num_frames'] = tf.ones([batch], tf.int32)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _BatchShape:
+  batch: int
+  frames: int
+  features: int
+  classes: int
+
+
+def model_garden_size(params, batch: int, name: str = 'published'
+                      ) -> Optional[Size]:
+  """The `Size` (named `name`) of `bench_train_step` (ours vs Model
+  Garden's DBoF + MoE) whose model and losses are `params`' (the `yt8m`
+  experiment's, at any sizes), else None: Model Garden has no such model."""
+  model = params.task.model
+  data = params.task.train_data
+  if (model.backbone.type != 'dbof' or model.head.type != 'moe' or
+      data.record_type != 'frame' or not data.num_sample_frames):
+    return None
+  size = Size(name, batch=batch, frames=data.num_sample_frames,
+              cluster=model.backbone.dbof.cluster_size,
+              hidden=model.backbone.dbof.hidden_size,
+              mixtures=model.head.moe.num_mixtures,
+              classes=data.num_classes, features=sum(data.feature_sizes))
+  twin = build_task(size, jit_compile=True).task_config
+  if (twin.model.as_dict() != model.as_dict() or
+      twin.losses.as_dict() != params.task.losses.as_dict()):
+    return None
+  return size
+
+
+def demo_gap(experiment: str, examples: int, workdir: str,
+             overrides: Optional[Dict[str, Any]] = None,
+             seed: int = 0) -> Dict[str, float]:
+  """The validation metrics of `experiment` (a demo) after `examples`
+  training videos, trained and evaluated by `official_ext.train.run`.
+
+  Args:
+    experiment: a registered demo experiment (its demo data: generated once,
+      cached).
+    examples: training videos; the steps are `examples` // its batch.
+    workdir: an empty folder for the run's model_dir.
+    overrides: applied to the experiment first (tests: tiny data).
+    seed: `tf_keras.utils.set_random_seed` before the run.
+
+  Returns:
+    {'gap', 'map', 'hit_at_one', 'perr' (validation, all its videos),
+     'train_steps', 'train_examples'}.
+
+  Raises:
+    ValueError: a budget below one step, naming the experiment.
+  """
+  params = exp_factory.get_exp_config(experiment)
+  if overrides:
+    params.override(overrides, is_strict=True)
+  steps = examples // params.task.train_data.global_batch_size
+  if steps < 1:
+    raise ValueError(f'zoo: {examples} training videos are less than one '
+                     f'batch of {experiment} '
+                     f'({params.task.train_data.global_batch_size}).')
+  params.override({'trainer': {
+      'train_steps': steps, 'steps_per_loop': steps,
+      'checkpoint_interval': steps, 'summary_interval': steps,
+      'validation_interval': steps, 'validation_steps': -1}},
+                  is_strict=True)
+  params.validate()
+  tf_keras.utils.set_random_seed(seed)
+  _, metrics = train.run(params, 'train_and_eval',
+                         os.path.join(workdir, experiment),
+                         experiment=experiment)
+  missing = [k for k in ('gap', 'map', 'hit_at_one', 'perr')
+             if k not in metrics]
+  if missing:
+    raise ValueError(f'zoo: the evaluation of {experiment} reported no '
+                     f'{missing} (metrics: {sorted(metrics)}).')
+  return {'gap': float(metrics['gap']), 'map': float(metrics['map']),
+          'hit_at_one': float(metrics['hit_at_one']),
+          'perr': float(metrics['perr']), 'train_steps': steps,
+          'train_examples': steps * params.task.train_data.global_batch_size}
+
+
+def zoo_model(model: ZooModel, peak_gflops: float, quick: bool = False,
+              rounds: int = 5, workdir: Optional[str] = None
+              ) -> Dict[str, Any]:
+  """One row of the zoo: `model`'s figures.
+
+  Returns:
+    {'published', 'demo' (experiments), 'backbone', 'head' (types),
+     'parameters' (trainable, at the published size), 'gflops_per_example'
+     (analytic, `graph_flops.train_step_flops`: the training step's
+     contractions at the published size), the published-size step's
+     `bench_step` figures (batch `ZOO_BATCH`: 'examples_per_sec',
+     'achieved_gflops', 'peak_fraction', 'interleaved_matmul_*'),
+     'model_garden_examples_per_sec' and 'speedup_vs_model_garden'
+     (Model Garden's model of the same config, `bench_train_step`; None
+     where Model Garden has none), 'demo_gap', 'demo_map',
+     'demo_hit_at_one', 'demo_train_examples', 'demo_train_steps' (the demo
+     after the zoo's budget), 'batch', 'frames', 'features', 'classes'}.
+  """
+  workdir = workdir or tempfile.mkdtemp(prefix='yt8m_zoo_')
+  batch = QUICK_BATCH if quick else ZOO_BATCH
+  params = zoo_params(model.published, batch,
+                      QUICK_PUBLISHED.get(model.published) if quick else None)
+  data = params.task.train_data
+  task = task_factory.get_task(params.task)
+  built = task.build_model()
+  parameters = int(sum(np.prod(v.shape) for v in built.trainable_variables))
+  inputs = config_batch(data, batch)
+  flops = graph_flops.train_step_flops(task, built, inputs)
+  size = model_garden_size(params, batch,
+                           name='tiny' if quick else 'published')
+  if size is None:
+    step = bench_step(task, built, inputs, flops, peak_gflops,
+                      512 if quick else 3072, rounds=rounds)
+    reference = {'model_garden_examples_per_sec': None,
+                 'speedup_vs_model_garden': None}
+  else:
+    del built  # `bench_train_step` builds ours and Model Garden's.
+    both = bench_train_step(size, peak_gflops, rounds=rounds)
+    achieved = both['ours_examples_per_sec'] * flops / 1e9
+    step = {'examples_per_sec': both['ours_examples_per_sec'],
+            'gflops_per_example': flops / 1e9,
+            'achieved_gflops': achieved,
+            'peak_fraction': achieved / peak_gflops,
+            'interleaved_matmul_gflops': both['interleaved_matmul_gflops'],
+            'interleaved_matmul_fraction': (
+                achieved / both['interleaved_matmul_gflops'])}
+    reference = {
+        'model_garden_examples_per_sec': both['reference_examples_per_sec'],
+        'speedup_vs_model_garden': both['speedup']}
+  demo = demo_gap(model.demo, 2 * QUICK_BATCH if quick else ZOO_DEMO_EXAMPLES,
+                  workdir, _quick_demo(workdir) if quick else None)
+  return {
+      'published': model.published, 'demo': model.demo,
+      'backbone': params.task.model.backbone.type,
+      'head': params.task.model.head.type,
+      'parameters': parameters, **step, **reference,
+      'demo_gap': demo['gap'], 'demo_map': demo['map'],
+      'demo_hit_at_one': demo['hit_at_one'],
+      'demo_train_examples': demo['train_examples'],
+      'demo_train_steps': demo['train_steps'],
+      'batch': batch, 'frames': int(inputs['video_matrix'].shape[1])
+      if data.record_type == 'frame' else 0,
+      'features': sum(data.feature_sizes), 'classes': data.num_classes}
+
+
+def _quick_demo(workdir: str) -> Dict[str, Any]:
+  """Overrides of a demo experiment for `--quick`: `QUICK_DEMO_VIDEOS`
+  generated videos per split (cached in `workdir`), batches of
+  `QUICK_BATCH`, no XLA."""
+  return {
+      'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
+      'task': {
+          'train_data': {'global_batch_size': QUICK_BATCH},
+          'validation_data': {'global_batch_size': QUICK_BATCH},
+          'demo_data': {'cache_dir': os.path.join(workdir, 'cache'),
+                        'num_train_videos': QUICK_DEMO_VIDEOS,
+                        'num_validation_videos': QUICK_DEMO_VIDEOS,
+                        'num_shards': 1},
+          'jit_compile': False}}
+
+
+def zoo(quick: bool = False, models: Optional[Sequence[str]] = None,
+        peak_gflops: Optional[float] = None,
+        workdir: Optional[str] = None) -> Dict[str, Any]:
+  """The zoo's figures: `zoo_model` for each model of `zoo_models(models)`.
+
+  Args:
+    quick: tiny sizes (`QUICK_PUBLISHED`, `_quick_demo`).
+    models: only these models (tests); None: every registered one.
+    peak_gflops: the run's matmul peak (None: measured here).
+    workdir: where the demos' model_dirs (and, quick, their data) go;
+      None: a new temporary folder.
+
+  Returns:
+    {'batch', 'demo_train_examples_budget', 'matmul_peak_gflops',
+     'models': {name: `zoo_model` figures}}.
+  """
+  workdir = workdir or tempfile.mkdtemp(prefix='yt8m_zoo_')
+  if peak_gflops is None:
+    peak_gflops = timing.matmul_peak_gflops(
+        sizes=(512,) if quick else (2048, 3072), repeats=3 if quick else 8)
+  rows = {}
+  for model in zoo_models(models):
+    rows[model.name] = zoo_model(model, peak_gflops, quick=quick,
+                                 rounds=1 if quick else 5, workdir=workdir)
+  return {'batch': QUICK_BATCH if quick else ZOO_BATCH,
+          'demo_train_examples_budget': (2 * QUICK_BATCH if quick else
+                                         ZOO_DEMO_EXAMPLES),
+          'matmul_peak_gflops': peak_gflops, 'models': rows}
+
+
+def _m(v: Any) -> str:
+  return f'{v / 1e6:,.2f} M' if v >= 1e5 else f'{v:,}'
+
+
+def zoo_table(zoo_figures: Dict[str, Any]) -> str:
+  """One markdown table of the zoo's models (`zoo`'s figures)."""
+  rows = [('model', 'experiments', 'backbone + head', 'parameters',
+           'GFLOP per video, training step',
+           f"demo GAP ({zoo_figures['demo_train_examples_budget']:,} "
+           'training videos)',
+           f"examples/s, batch {zoo_figures['batch']}",
+           'share of the matmul peak',
+           "Model Garden's examples/s", "ours over Model Garden's")]
+  for name, f in zoo_figures['models'].items():
+    mg = f['model_garden_examples_per_sec']
+    rows.append((
+        name, f"`{f['published']}`, `{f['demo']}`",
+        f"{f['backbone']} + {f['head']}", _m(f['parameters']),
+        f"{f['gflops_per_example']:.3f}", f"{f['demo_gap']:.4f}",
+        f"{f['examples_per_sec']:.1f}", f"{f['peak_fraction']:.0%}",
+        '–' if mg is None else f'{mg:.1f}',
+        '–' if mg is None else f"{f['speedup_vs_model_garden']:.2f}×"))
+  return timing.format_table(rows)
+
+
+def run(quick: bool = False, cases: Optional[Sequence[str]] = None,
+        step_figures: Optional[Dict[str, Any]] = None,
+        models: Optional[Sequence[str]] = None) -> Dict[str, object]:
+  """The YT8M figures; `quick` uses tiny sizes (a smoke test).
+
+  Args:
+    quick: tiny sizes.
+    cases: which of `CASES` to measure (CLI `--cases`): 'model' (the figures
+      of the module docstring; the default) and 'zoo' (`zoo`: every
+      registered model, each trained on its demo, so it runs only when
+      asked for).
+    step_figures: a recorded run's figures (the harness passes them with
+      `--cases`); unused.
+    models: the zoo's models (None: all).
+
+  Raises:
+    ValueError: a case not in `CASES`, naming it.
+  """
+  del step_figures  # No case reads another's figures.
+  cases = list(cases or ('model',))
+  unknown = [c for c in cases if c not in CASES]
+  if unknown:
+    raise ValueError(f'--cases: unknown yt8m case(s) {unknown}; the cases '
+                     f'are {list(CASES)}.')
   peak = timing.matmul_peak_gflops(
       sizes=(512,) if quick else (2048, 3072), repeats=3 if quick else 8)
+  figures = {}
+  if 'zoo' in cases:
+    figures['zoo'] = zoo(quick=quick, models=models, peak_gflops=peak)
+  if 'model' in cases:
+    figures.update(_model_figures(quick, peak))
+  return figures
+
+
+def _model_figures(quick: bool, peak: float) -> Dict[str, object]:
+  """The figures of the 'model' case (module docstring)."""
   sizes = [TINY] if quick else [DEMO, PUBLISHED]
   rounds = 2 if quick else 5
   per_size = {s.name: bench_train_step(s, peak, rounds=rounds) for s in sizes}
@@ -399,7 +799,34 @@ def _interleaved_row(f: Dict[str, float]) -> str:
           f"{f['interleaved_matmul_gflops']:.1f} GFLOP/s")
 
 
+ZOO_TITLE = 'The model zoo'
+ZOO_INTRO = """\
+Every registered YouTube-8M model (`yt8m_<model>` and its `yt8m_<model>_demo`; DBoF + MoE is
+`yt8m`), from `--cases zoo`. Parameters: trainable, at the published size. GFLOP per video: the
+published-size training step's matmuls and einsums, counted from its traced graph
+(`benchmarks/graph_flops.py`: forward pass and the gradients the step computes; element-wise
+work and the optimizer not counted). Demo GAP: each demo experiment trained by
+`official_ext.train` on the same generated videos for the same number of training videos, then
+evaluated on all its validation videos. Speed: the published-size training step (fp32, Adam, an
+in-memory batch), its achieved GFLOP/s as a share of the fp32 matmul peak measured at the start
+of the run; beside Model Garden's model where Model Garden has it (DBoF + MoE, both driven by
+`YT8MTask.train_step` as above).
+"""
+
+
+def subsections(figures: Dict[str, object]) -> List[Tuple[str, str, str, str]]:
+  """(case, title, intro, table) of the report's subsections: the zoo's,
+  when the figures hold it beside the 'model' case's (alone, `table` is
+  the zoo's)."""
+  if 'zoo' not in figures or 'per_size' not in figures:
+    return []
+  return [('zoo', ZOO_TITLE, ZOO_INTRO, zoo_table(figures['zoo']))]
+
+
 def table(figures: Dict[str, object]) -> str:
+  """The 'model' case's table; a run of the zoo alone: the zoo's."""
+  if 'per_size' not in figures and 'zoo' in figures:
+    return zoo_table(figures['zoo'])
   rows = [('figure', 'value')]
   rows.append(('fp32 matmul peak (GFLOP/s)',
                f"{figures['matmul_peak_gflops']:.1f}"))

@@ -37,6 +37,12 @@ The private APIs, and who uses them:
   training step is traced (`core.trainer`); tf_keras's newer optimizers
   have the public `build` for it.
 
+* the `_body_graph` / `_cond_graph` and `_true_graph` / `_false_graph`
+  attributes that `while_v2` and `cond_v2` set on the While and If ops they
+  build (`control_flow_graphs`): the traced graphs of a loop's body and a
+  conditional's branches, with their static shapes; the FLOP count of
+  `benchmarks/graph_flops.py`.
+
 Nothing is imported from TensorFlow when this module is imported: each
 function checks the version, then imports what it needs.
 """
@@ -158,3 +164,25 @@ def create_optimizer_weights(optimizer: Any, variables: Sequence[Any]) -> bool:
   check_version('tf_keras OptimizerV2._create_all_weights')
   optimizer._create_all_weights(list(variables))  # pylint: disable=protected-access
   return True
+
+
+# Where `while_v2` / `cond_v2` keep the graphs of the ops they build.
+_CONTROL_FLOW_GRAPHS = {
+    'While': (('body', '_body_graph'), ('cond', '_cond_graph')),
+    'StatelessWhile': (('body', '_body_graph'), ('cond', '_cond_graph')),
+    'If': (('then', '_true_graph'), ('else', '_false_graph')),
+    'StatelessIf': (('then', '_true_graph'), ('else', '_false_graph')),
+}
+
+
+def control_flow_graphs(op: Any) -> dict:
+  """The traced graphs of a While op's body and condition ({'body', 'cond'})
+  or of an If op's branches ({'then', 'else'}), as `tf.while_loop` and
+  `tf.cond` built them in this process; {} for another op, or one whose
+  graphs are not kept (e.g. a loaded graph)."""
+  if op.type not in _CONTROL_FLOW_GRAPHS:
+    return {}
+  check_version('Operation._body_graph (while_v2, cond_v2)')
+  graphs = {key: getattr(op, attr, None)
+            for key, attr in _CONTROL_FLOW_GRAPHS[op.type]}
+  return graphs if all(g is not None for g in graphs.values()) else {}
