@@ -185,3 +185,45 @@ def test_finetune_refuses_mismatched_checkpoints(data, tmp_path):
   binned_task = task_lib.ReadoutTask(binned)
   with pytest.raises(ValueError, match='has a unit vocabulary'):
     binned_task.initialize(binned_task.build_model())
+
+
+def test_export_round_trip(data, tmp_path):
+  from official.core import config_definitions as cfg  # pylint: disable=g-import-not-at-top
+  from official.core import export_base  # pylint: disable=g-import-not-at-top
+  from official_ext.readout import export  # pylint: disable=g-import-not-at-top
+  root, patterns = data
+  t = _task_config(root, patterns, demo_data.VOCABULARY_FILE)
+  task = task_lib.ReadoutTask(t)
+  model = task.build_model()
+  module = export.ReadoutExportModule(cfg.ExperimentConfig(task=t), model)
+  export_base.export(module, function_keys={k: k for k in export.SIGNATURES},
+                     export_savedmodel_dir=str(tmp_path / 'sm'),
+                     timestamped=False)
+  loaded = tf.saved_model.load(str(tmp_path / 'sm'))
+  assert (loaded.model.unit_vocabulary.numpy().decode() ==
+          vocabulary.to_json(task.unit_vocabulary()))
+  records = list(tf.data.TFRecordDataset(tf.io.gfile.glob(
+      patterns['validation'])).as_numpy_iterator())
+  batch = next(iter(task.build_inputs(t.validation_data.replace(
+      global_batch_size=len(records)))))
+  expected = model(batch)
+  served = loaded.signatures['serving_default'](examples=tf.constant(records))
+  index = served['output_readout_index'].numpy()
+  np.testing.assert_allclose(served['choice'].numpy()[index == 1],
+                             expected['choice'], rtol=1e-4, atol=1e-5)
+  keys = ('input_values', 'input_timestamps', 'input_mask',
+          'output_readout_index', 'output_timestamps', 'input_unit_ids',
+          'session_ids')
+  tokens = loaded.signatures['serve_tokens'](**{k: batch[k] for k in keys})
+  np.testing.assert_allclose(tokens['choice'], served['choice'], atol=1e-5)
+  bad = dict({k: batch[k] for k in keys})
+  bad['input_unit_ids'] = tf.tensor_scatter_nd_update(
+      bad['input_unit_ids'], [[1, 0]], [99])
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match='row 1 of input_unit_ids has unit id 99 at token '
+                           '0, which is not in the unit vocabulary'):
+    loaded.signatures['serve_tokens'](**bad)
+  # A checkpoint of another vocabulary restored into the model is refused.
+  model.unit_vocabulary.assign('{"sessions":[],"units":[]}')
+  with pytest.raises(ValueError, match='another unit vocabulary'):
+    export.ReadoutExportModule(cfg.ExperimentConfig(task=t), model)
