@@ -229,7 +229,8 @@ class ReadoutTask(base_task.Task):
     """A one-head model grafted from a multitask checkpoint (see
     `model.graft_single_task_head`)."""
     return model_lib.graft_single_task_head(self.task_config, task_name,
-                                            checkpoint_path)
+                                            checkpoint_path,
+                                            units=self.unit_vocabulary())
 
   # -- data ------------------------------------------------------------------
   def _resolve_input_path(self, params: configs.DataConfig, key: str,

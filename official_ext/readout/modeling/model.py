@@ -361,7 +361,9 @@ def _checkpoint_prefix(checkpoint_path: str, task_name: str) -> str:
 
 def graft_single_task_head(task_config: configs.ReadoutTaskConfig,
                            task_name: str,
-                           checkpoint_path: str) -> ReadoutModel:
+                           checkpoint_path: str,
+                           units: Optional[vocabulary_lib.Vocabulary] = None
+                           ) -> ReadoutModel:
   """A single-task model restored from a multitask checkpoint.
 
   Builds the model of `task_config` with only the head of `task_name` and
@@ -377,6 +379,7 @@ def graft_single_task_head(task_config: configs.ReadoutTaskConfig,
     task_config: the multitask model's task config.
     task_name: the head to keep.
     checkpoint_path: a checkpoint file prefix or a directory (its latest).
+    units: the unit vocabulary of a unit-token model (None: binned).
 
   Returns:
     The restored single-task `ReadoutModel`.
@@ -395,7 +398,7 @@ def graft_single_task_head(task_config: configs.ReadoutTaskConfig,
     if latest is None:
       raise ValueError(f'No checkpoint in directory {checkpoint_path}.')
     checkpoint_path = latest
-  model = build_model(task_config, readouts=[specs[task_name]])
+  model = build_model(task_config, readouts=[specs[task_name]], units=units)
   path = [p for p in _checkpoint_prefix(checkpoint_path,
                                         task_name).split('/') if p]
   root = model
