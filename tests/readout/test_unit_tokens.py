@@ -76,17 +76,17 @@ def _write(path, records):
   return path
 
 
-@pytest.mark.parametrize('batching', ['padded', 'varlen'])
-def test_batches_carry_unit_and_session_ids(tmp_path, batching):
+def test_batches_carry_unit_and_session_ids(tmp_path):
   path = _write(str(tmp_path / 'r.tfrecord'),
                 [_record('r0', [1, 2]), _record('r1', [4, 4, 4], 'b')])
-  params = _params(input_path=path, is_training=False, batching=batching)
-  batch = next(iter(dataloader.build_dataset(params, READOUTS, VOCAB,
-                                             units=UNITS)))
-  np.testing.assert_array_equal(batch['input_unit_ids'],
-                                [[1, 2] + [0] * 6, [4, 4, 4] + [0] * 5])
-  np.testing.assert_array_equal(batch['session_ids'], [1, 2])
-  assert batch['input_values'].shape == (2, 8, 1)
+  for batching in ('padded', 'varlen'):
+    params = _params(input_path=path, is_training=False, batching=batching)
+    batch = next(iter(dataloader.build_dataset(params, READOUTS, VOCAB,
+                                               units=UNITS)))
+    np.testing.assert_array_equal(batch['input_unit_ids'],
+                                  [[1, 2] + [0] * 6, [4, 4, 4] + [0] * 5])
+    np.testing.assert_array_equal(batch['session_ids'], [1, 2])
+    assert batch['input_values'].shape == (2, 8, 1)
 
 
 def test_balance_sessions(tmp_path):
@@ -101,10 +101,10 @@ def test_balance_sessions(tmp_path):
                      global_batch_size=20, seed=1)
     ds = dataloader.build_dataset(params, READOUTS, VOCAB, units=UNITS)
     ids = np.concatenate([b['session_ids'].numpy()
-                          for b in ds.take(15)])
+                          for b in ds.take(8)])
     drawn[balanced] = np.mean(ids == 2)
-  assert abs(drawn[False] - 0.25) < 0.08
-  assert abs(drawn[True] - 0.5) < 0.08
+  assert abs(drawn[False] - 0.25) < 0.1
+  assert abs(drawn[True] - 0.5) < 0.1
   with pytest.raises(ValueError, match='balance_sessions.*binned'):
     dataloader.build_dataset(_params(input_path=path, is_training=True,
                                      balance_sessions=True),
