@@ -157,10 +157,33 @@ class ReadoutTask(base_task.Task):
     """The model with every head; `encoder`: a shared TokenEncoder."""
     model = model_lib.build_model(self.task_config, encoder=encoder,
                                   units=self.unit_vocabulary())
+    self._check_run_vocabulary(model)
     logging.info('Readout model: %d heads, %d parameters.',
                  len(self._specs),
                  sum(int(np.prod(v.shape)) for v in model.trainable_variables))
     return model
+
+  def _check_run_vocabulary(self, model: model_lib.ReadoutModel) -> None:
+    """A unit-token run resumed or evaluated from its model_dir (the
+    task's `logging_dir`) must use the vocabulary its checkpoint was
+    written with: a ValueError names both otherwise, since restoring the
+    tables under other names would pair rows with the wrong units."""
+    directory = self.logging_dir
+    if model.units is None or not directory or not tf.io.gfile.isdir(
+        directory):
+      return
+    latest = tf.train.latest_checkpoint(directory)
+    if latest is None:
+      return
+    stored = model_lib.checkpoint_vocabulary(latest)
+    if stored is not None and stored != model.units:
+      raise ValueError(
+          f'The checkpoint {latest} of this run was written with another '
+          f'unit vocabulary ({len(stored.sessions)} sessions, '
+          f'{len(stored.units)} units; first difference: '
+          f'{vocabulary_lib.is_prefix(stored, model.units) or "longer"}) '
+          f'than task.vocabulary_file ({self.task_config.vocabulary_file!r}); '
+          'resume or evaluate it with its own vocabulary.')
 
   def initialize(self, model: model_lib.ReadoutModel):
     """Model Garden's init_fn (a run without a checkpoint in its model_dir):

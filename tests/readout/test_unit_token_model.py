@@ -179,6 +179,11 @@ def test_finetune_refuses_mismatched_checkpoints(data, tmp_path):
     task_lib.ReadoutTask(_task_config(root, patterns, 'x',
                                       init_checkpoint=path,
                                       freeze=('encoders',)))
+  # A run's own checkpoint (resume, eval) must match the vocabulary file.
+  run_task = task_lib.ReadoutTask(t.replace(init_checkpoint=''),
+                                  logging_dir=str(tmp_path))
+  with pytest.raises(ValueError, match='another unit vocabulary'):
+    run_task.build_model()
   binned = configs.readout_demo_task()
   binned.model = binned.model.replace(encoder=TINY)
   binned.init_checkpoint = path
