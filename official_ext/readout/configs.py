@@ -458,6 +458,8 @@ class DemoDataConfig(hyperparams.Config):
       units drawn in [min_units, max_units], each with its own tuning to
       the shared latents and gain (`demo_data.unit_session`).
     mean_rate_hz: unit tokens: the units' median firing rate at rest.
+    tuning_std: unit tokens: std of each unit's log-rate weight on each
+      latent variable (how strongly a unit encodes the task).
     train_split: the generated split `task.train_data` reads: 'train', or
       'held_out_train' (unit tokens: the held-out sessions, whose units the
       extended vocabulary adds).
@@ -484,6 +486,7 @@ class DemoDataConfig(hyperparams.Config):
   min_units: int = 8
   max_units: int = 32
   mean_rate_hz: float = 5.0
+  tuning_std: float = 0.5
   train_split: str = 'train'
   validation_split: str = 'validation'
 

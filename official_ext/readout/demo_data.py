@@ -255,17 +255,17 @@ def _generate(num_trials: int, seed: int, split_id: int, encoders,
 
 
 def unit_session(seed: int, session: int, min_units: int, max_units: int,
-                 mean_rate_hz: float, gain_std: float
+                 mean_rate_hz: float, gain_std: float, tuning_std: float = 0.5
                  ) -> Tuple[np.ndarray, np.ndarray]:
   """Session `session`'s recorded units (unit-token data), from its own seed
   `[seed, 2, session]`: (tuning float [latents, n_units], each unit's
   log-rate weights on the shared latents; log_base_rate float [n_units],
-  log(mean_rate_hz) plus the unit's log gain, normal with std `gain_std`).
-  n_units is drawn in [min_units, max_units]: sessions share the latent
+  log(mean_rate_hz) plus the unit's log gain, normal with std `gain_std`;
+  the tuning weights are normal with std `tuning_std`). n_units is drawn in [min_units, max_units]: sessions share the latent
   dynamics but differ in unit count, gains and tuning."""
   rng = np.random.default_rng([seed, 2, session])
   n_units = int(rng.integers(min_units, max_units + 1))
-  tuning = rng.normal(0, 1.0 / np.sqrt(_NUM_LATENTS), [_NUM_LATENTS, n_units])
+  tuning = rng.normal(0, tuning_std, [_NUM_LATENTS, n_units])
   log_base = np.log(mean_rate_hz) + rng.normal(0, gain_std, n_units)
   return tuning, log_base
 
@@ -285,7 +285,8 @@ def write_unit_token_dataset(output_dir: str, *, num_train_trials: int,
                              num_held_out_train_trials: int = 0,
                              min_units: int = 8, max_units: int = 32,
                              mean_rate_hz: float = 5.0,
-                             session_gain_std: float = 0.5
+                             session_gain_std: float = 0.5,
+                             tuning_std: float = 0.5
                              ) -> Dict[str, str]:
   """Writes spike-event unit-token data (`_spike_encoder`) of the demo's
   trials: splits `train` and `validation` (sessions 0..num_sessions-1),
@@ -321,7 +322,8 @@ def write_unit_token_dataset(output_dir: str, *, num_train_trials: int,
   for group in (training, held):
     for k in group:
       tuning, log_base = unit_session(seed, k, min_units, max_units,
-                                      mean_rate_hz, session_gain_std)
+                                      mean_rate_hz, session_gain_std,
+                                      tuning_std)
       names = [unit_name(k, j) for j in range(tuning.shape[1])]
       units = vocabulary_lib.extend(units, [session_name(k)], names)
       encoders[k] = _spike_encoder(tuning, log_base, np.asarray(
@@ -456,7 +458,8 @@ def demo_data_params(task_config: configs.ReadoutTaskConfig
           'num_held_out_train_trials': int(demo.num_held_out_train_trials),
           'min_units': int(demo.min_units),
           'max_units': int(demo.max_units),
-          'mean_rate_hz': float(demo.mean_rate_hz)}),
+          'mean_rate_hz': float(demo.mean_rate_hz),
+          'tuning_std': float(demo.tuning_std)}),
   }
 
 
@@ -546,7 +549,7 @@ def _ensure(task_config: configs.ReadoutTaskConfig,
         directory, num_held_out_train_trials=params[
             'num_held_out_train_trials'], min_units=params['min_units'],
         max_units=params['max_units'], mean_rate_hz=params['mean_rate_hz'],
-        **common)
+        tuning_std=params['tuning_std'], **common)
   else:
     write = lambda directory: write_demo_dataset(
         directory, input_dim=params['input_dim'],
