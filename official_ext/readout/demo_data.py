@@ -261,7 +261,8 @@ def unit_session(seed: int, session: int, min_units: int, max_units: int,
   `[seed, 2, session]`: (tuning float [latents, n_units], each unit's
   log-rate weights on the shared latents; log_base_rate float [n_units],
   log(mean_rate_hz) plus the unit's log gain, normal with std `gain_std`;
-  the tuning weights are normal with std `tuning_std`). n_units is drawn in [min_units, max_units]: sessions share the latent
+  the tuning weights are normal with std `tuning_std`). n_units is drawn
+  in [min_units, max_units]: sessions share the latent
   dynamics but differ in unit count, gains and tuning."""
   rng = np.random.default_rng([seed, 2, session])
   n_units = int(rng.integers(min_units, max_units + 1))

@@ -4,9 +4,20 @@ takes agree with float32 (the training step of its GPU YAML at tiny sizes,
 `benchmarks.accelerator.training_losses`); the family's train and validation
 steps compile whole under XLA with its TPU YAML's settings in float32 and
 bfloat16 (tests/shipped_configs.py)."""
+import numpy as np
 import pytest
+import tensorflow as tf
+import tf_keras
 
+from official.core import exp_factory
+from official.core import task_factory
+from official.modeling import performance
 from official_ext.benchmarks import accelerator
+from official_ext.core import kernel_policy
+from official_ext.core import trainer as trainer_lib
+from official_ext.readout import configs
+from official_ext.readout import dataloader
+from official_ext.readout import vocabulary
 from tests import conftest
 from tests import shipped_configs
 
@@ -49,11 +60,6 @@ def _unit_token_params(cache):
   """A unit-token task at tiny sizes (two readouts, hand-made records of two
   sessions) with the TPU YAML's static shapes (fixed token and query counts,
   masked routing)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from official.core import exp_factory  # pylint: disable=g-import-not-at-top
-  from official_ext.readout import configs  # pylint: disable=g-import-not-at-top
-  from official_ext.readout import dataloader  # pylint: disable=g-import-not-at-top
-  from official_ext.readout import vocabulary  # pylint: disable=g-import-not-at-top
   units = vocabulary.from_names(['a', 'b'], ['a/0', 'a/1', 'b/0'])
   vocabulary.save(units, str(cache / 'units.json'))
   rng = np.random.default_rng(0)
@@ -91,13 +97,6 @@ def _unit_token_params(cache):
 def test_unit_token_steps_compile_whole_under_xla(precision, cache):
   """Unit tokens (unit and session embeddings, Perceiver latents): the
   train and validation steps compile whole under XLA."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  from official.core import task_factory  # pylint: disable=g-import-not-at-top
-  from official.modeling import performance  # pylint: disable=g-import-not-at-top
-  from official_ext.core import kernel_policy  # pylint: disable=g-import-not-at-top
-  from official_ext.core import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   params = _unit_token_params(cache)
   performance.set_mixed_precision_policy(precision)
   try:

@@ -6,8 +6,11 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from official.core import config_definitions as cfg
+from official.core import export_base
 from official_ext.readout import configs
 from official_ext.readout import demo_data
+from official_ext.readout import export
 from official_ext.readout import task as task_lib
 from official_ext.readout import vocabulary
 from official_ext.readout.modeling import model as model_lib
@@ -193,9 +196,6 @@ def test_finetune_refuses_mismatched_checkpoints(data, tmp_path):
 
 
 def test_export_round_trip(data, tmp_path):
-  from official.core import config_definitions as cfg  # pylint: disable=g-import-not-at-top
-  from official.core import export_base  # pylint: disable=g-import-not-at-top
-  from official_ext.readout import export  # pylint: disable=g-import-not-at-top
   root, patterns = data
   t = _task_config(root, patterns, demo_data.VOCABULARY_FILE)
   task = task_lib.ReadoutTask(t)

@@ -271,8 +271,8 @@ def checkpoint_vocabulary(checkpoint_path: str
       text, where=f'the unit vocabulary of checkpoint {checkpoint_path}')
 
 
-def initialize_from(model: ReadoutModel, task_config: configs.ReadoutTaskConfig,
-                    checkpoint_path: str) -> Optional[vocabulary_lib.Vocabulary]:
+def initialize_from(model: ReadoutModel, task_config, checkpoint_path: str
+                    ) -> Optional[vocabulary_lib.Vocabulary]:
   """Restores `model` from a checkpoint of the same model, strictly, letting
   the unit and session tables grow.
 
