@@ -12,7 +12,11 @@ Signatures:
 * `serve_tokens(input_values, input_timestamps, input_mask,
   output_readout_index, output_timestamps)`: an already padded batch,
   float32 [B, n_in, input_dim], float32 [B, n_in], bool [B, n_in], int32
-  [B, n_out] (0: padding), float32 [B, n_out].
+  [B, n_out] (0: padding), float32 [B, n_out]; a unit-token model
+  (`ReadoutModel.tokenization` 'unit_tokens') also takes `input_unit_ids`
+  int32 [B, n_in] (the tokens' unit ids, `input_values` [B, n_in, 1]) and
+  `session_ids` int32 [B] (ids of the model's vocabulary, which the
+  SavedModel holds as the string variable `unit_vocabulary`).
 
 Both return `output_readout_index` int32 [B, n_out] and, per task, `<task>`
 float32 [B, n_out, k]: the served output of the task's readout type
@@ -31,7 +35,9 @@ the wrong rank or width (the shape), inputs whose batch, token or query
 lengths disagree (both inputs and both lengths), a row without an unmasked
 input token, a routing id that is neither 0 nor a readout's, and a NaN or
 infinite `input_values` / `input_timestamps` entry of an unmasked token or
-`output_timestamps` entry of a query. Masked input tokens and padding
+`output_timestamps` entry of a query, and (unit tokens) an unmasked
+token's unit id or a row's session id outside the vocabulary. Masked input
+tokens and padding
 queries (id 0) are ignored whatever they hold: they are replaced by zeros
 before the model, by selection (attention masks by adding -1e9, and NaN +
 -1e9 is still NaN).
@@ -47,6 +53,7 @@ from official_ext.core import graph_checks
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import readout_types
+from official_ext.readout import vocabulary as vocabulary_lib
 
 SIGNATURES = ('serving_default', 'serve_tokens')
 
@@ -68,8 +75,18 @@ class ReadoutExportModule(export_base.ExportModule):
     super().__init__(params, model)
     self._data = params.task.validation_data.replace(
         batching='padded', drop_remainder=False, is_training=False)
+    self._units = getattr(model, 'units', None)
+    if self._units is not None:
+      stored = model.unit_vocabulary.numpy().decode('utf-8')
+      if stored != vocabulary_lib.to_json(self._units):
+        raise ValueError(
+            'The restored checkpoint holds another unit vocabulary than '
+            'task.vocabulary_file (its `unit_vocabulary` variable: '
+            f'{stored[:200]}...); export with the vocabulary it was trained '
+            'with.')
     self._parser = dataloader.Parser(self._data, params.task.readouts,
-                                     params.task.task_vocabulary)
+                                     params.task.task_vocabulary,
+                                     units=self._units)
     self._input_dim = int(self._data.input_dim)
     # {task: head outputs -> served output}: de-normalised (a readout with
     # target normalisation), then its readout type's serving function.
@@ -101,8 +118,58 @@ class ReadoutExportModule(export_base.ExportModule):
     outputs['weights'] = batch['output_weights']
     return outputs
 
-  def _token_checks(self, values, times, mask, index, queries):
-    """The checks of `serve_tokens`, in order (see the module docstring)."""
+  def _unit_checks(self, mask, unit_ids, session_ids):
+    """The unit-token checks of `serve_tokens` (steps of `in_order`)."""
+    p = 'serve_tokens: '
+    units = self._units
+    bad_unit = lambda: tf.logical_and(mask, tf.logical_or(
+        unit_ids < 1, unit_ids >= units.num_unit_ids))
+    bad_session = lambda: tf.logical_or(session_ids < 1,
+                                        session_ids >= units.num_session_ids)
+
+    def unit_message():
+      first = tf.where(bad_unit())[0]
+      return graph_checks.join(
+          p, 'row ', first[0], ' of input_unit_ids has unit id ',
+          tf.gather_nd(unit_ids, first), ' at token ', first[1],
+          f', which is not in the unit vocabulary (ids 1..'
+          f'{len(units.units)}).')
+
+    return [
+        lambda: graph_checks.require_shape(
+            unit_ids, p + 'input_unit_ids', [None, None], '[batch, tokens]'),
+        lambda: graph_checks.require_shape(
+            session_ids, p + 'session_ids', [None], '[batch]'),
+        lambda: graph_checks.require(
+            tf.reduce_all(tf.equal(tf.shape(unit_ids), tf.shape(mask))),
+            lambda: graph_checks.join(
+                p, 'input_unit_ids has ', tf.shape(unit_ids)[0], ' rows of ',
+                tf.shape(unit_ids)[1], ' tokens but input_mask ',
+                tf.shape(mask)[0], ' rows of ', tf.shape(mask)[1], '.')),
+        lambda: graph_checks.require(
+            tf.equal(tf.shape(session_ids)[0], tf.shape(mask)[0]),
+            lambda: graph_checks.join(
+                p, 'session_ids has ', tf.shape(session_ids)[0],
+                ' rows but input_mask has ', tf.shape(mask)[0], '.')),
+        lambda: graph_checks.require(
+            tf.logical_not(tf.reduce_any(bad_unit())), unit_message),
+        lambda: graph_checks.require(
+            tf.logical_not(tf.reduce_any(bad_session())),
+            lambda: graph_checks.join(
+                p, 'row ', graph_checks.first_where(
+                    tf.range(tf.size(session_ids)), bad_session()),
+                ' has session id ', graph_checks.first_where(
+                    session_ids, bad_session()),
+                f', which is not in the unit vocabulary (ids 1..'
+                f'{len(units.sessions)}).')),
+    ]
+
+  def _token_checks(self, values, times, mask, index, queries,
+                    unit_checks=()):
+    """The checks of `serve_tokens`, in order (see the module docstring);
+    `unit_checks` (`_unit_checks`) come after the shape checks of the
+    binned inputs."""
+    unit_checks = list(unit_checks)
     p = 'serve_tokens: '
     dim = self._input_dim
     shape = tf.shape
@@ -155,7 +222,7 @@ class ReadoutExportModule(export_base.ExportModule):
 
     rows = lambda: tf.range(shape(mask)[0])
     empty = lambda: tf.logical_not(tf.reduce_any(mask, axis=1))
-    return graph_checks.in_order([
+    return graph_checks.in_order(unit_checks + [
         lambda: graph_checks.require_shape(
             values, p + 'input_values', [None, None, dim],
             f'[batch, tokens, {dim}] (DataConfig.input_dim {dim})'),
@@ -193,17 +260,33 @@ class ReadoutExportModule(export_base.ExportModule):
     ])
 
   def serve_tokens(self, input_values, input_timestamps, input_mask,
-                   output_readout_index, output_timestamps
+                   output_readout_index, output_timestamps,
+                   input_unit_ids=None, session_ids=None
                    ) -> Dict[str, tf.Tensor]:
-    """A padded batch -> outputs (see the module docstring)."""
+    """A padded batch -> outputs (see the module docstring); unit tokens
+    also take `input_unit_ids` and `session_ids`."""
+    unit_inputs, unit_checks = {}, []
+    if self._units is not None:
+      if input_unit_ids is None or session_ids is None:
+        raise ValueError('serve_tokens of a unit-token model needs '
+                         'input_unit_ids and session_ids.')
+      input_unit_ids = tf.cast(input_unit_ids, tf.int32)
+      session_ids = tf.cast(session_ids, tf.int32)
+      unit_checks = self._unit_checks(tf.cast(input_mask, tf.bool),
+                                      input_unit_ids, session_ids)
     input_values = tf.convert_to_tensor(input_values, tf.float32)
     input_timestamps = tf.convert_to_tensor(input_timestamps, tf.float32)
     input_mask = tf.cast(input_mask, tf.bool)
     output_readout_index = tf.cast(output_readout_index, tf.int32)
     output_timestamps = tf.convert_to_tensor(output_timestamps, tf.float32)
     checks = self._token_checks(input_values, input_timestamps, input_mask,
-                                output_readout_index, output_timestamps)
+                                output_readout_index, output_timestamps,
+                                unit_checks)
     with tf.control_dependencies(checks):
+      if self._units is not None:
+        unit_inputs = {
+            'input_unit_ids': tf.where(input_mask, input_unit_ids, 0),
+            'session_ids': tf.identity(session_ids)}
       # Masked tokens and padding queries: zeros, by selection.
       input_values = tf.where(input_mask[:, :, tf.newaxis], input_values,
                               tf.zeros_like(input_values))
@@ -218,7 +301,7 @@ class ReadoutExportModule(export_base.ExportModule):
         'input_values': input_values, 'input_timestamps': input_timestamps,
         'input_mask': input_mask,
         'output_readout_index': output_readout_index,
-        'output_timestamps': output_timestamps})
+        'output_timestamps': output_timestamps, **unit_inputs})
 
   def get_inference_signatures(
       self, function_keys: Mapping[str, str]) -> Dict[str, object]:
@@ -235,7 +318,10 @@ class ReadoutExportModule(export_base.ExportModule):
             tf.TensorSpec([None, None], tf.bool, name='input_mask'),
             tf.TensorSpec([None, None], tf.int32,
                           name='output_readout_index'),
-            tf.TensorSpec([None, None], tf.float32, name='output_timestamps'))
+            tf.TensorSpec([None, None], tf.float32, name='output_timestamps'),
+            *([] if self._units is None else [
+                tf.TensorSpec([None, None], tf.int32, name='input_unit_ids'),
+                tf.TensorSpec([None], tf.int32, name='session_ids')]))
       else:
         raise ValueError(f'Unknown readout signature {key!r}; expected one of '
                          f'{SIGNATURES}.')

@@ -4,9 +4,20 @@ takes agree with float32 (the training step of its GPU YAML at tiny sizes,
 `benchmarks.accelerator.training_losses`); the family's train and validation
 steps compile whole under XLA with its TPU YAML's settings in float32 and
 bfloat16 (tests/shipped_configs.py)."""
+import numpy as np
 import pytest
+import tensorflow as tf
+import tf_keras
 
+from official.core import exp_factory
+from official.core import task_factory
+from official.modeling import performance
 from official_ext.benchmarks import accelerator
+from official_ext.core import kernel_policy
+from official_ext.core import trainer as trainer_lib
+from official_ext.readout import configs
+from official_ext.readout import dataloader
+from official_ext.readout import vocabulary
 from tests import conftest
 from tests import shipped_configs
 
@@ -42,3 +53,75 @@ def test_mixed_precision_training_agrees_with_float32():
 def test_tpu_yaml_steps_compile_whole_under_xla(precision, cache):
   path = TPU_YAMLS[['float32', 'bfloat16'].index(precision) % len(TPU_YAMLS)]
   shipped_configs.xla_steps(path, cache, precision)
+
+
+
+def _unit_token_params(cache):
+  """A unit-token task at tiny sizes (two readouts, hand-made records of two
+  sessions) with the TPU YAML's static shapes (fixed token and query counts,
+  masked routing)."""
+  units = vocabulary.from_names(['a', 'b'], ['a/0', 'a/1', 'b/0'])
+  vocabulary.save(units, str(cache / 'units.json'))
+  rng = np.random.default_rng(0)
+  records = []
+  for i in range(4):
+    session = 'ab'[i % 2]
+    ids = rng.choice(units.unit_ids_of(session), 6)
+    records.append(dataloader.make_example(
+        f'r{i}', np.ones([6, 1]), np.sort(rng.uniform(0, 1, 6)),
+        output_task_ids=[1, 2], output_timestamps=[0.5, 0.9],
+        output_targets=[[rng.normal()], [i % 2]], session_id=session,
+        input_unit_ids=ids))
+  path = str(cache / 'units.tfrecord')
+  dataloader.write_records(path, records)
+  params = exp_factory.get_exp_config('readout_units_demo')
+  task = params.task
+  task.readouts = (configs.ReadoutSpec(name='speed', type='continuous'),
+                   configs.ReadoutSpec(name='choice', type='binary'))
+  task.task_vocabulary = ('speed', 'choice')
+  task.vocabulary_file = str(cache / 'units.json')
+  task.model = task.model.replace(
+      static_shapes=True, encoder=task.model.encoder.replace(
+          hidden_size=8, num_heads=2, num_layers=1, num_latents=4,
+          intermediate_size=8))
+  task.demo_data = task.demo_data.replace(enabled=False)
+  static = dict(input_path=path, global_batch_size=4, drop_remainder=True,
+                batching='padded', max_input_tokens=8, max_queries=8)
+  task.train_data = task.train_data.replace(**static)
+  task.validation_data = task.validation_data.replace(**static)
+  task.evaluation = task.evaluation.replace(stitch=False)
+  return params
+
+
+@pytest.mark.parametrize('precision', ['float32', 'bfloat16'])
+def test_unit_token_steps_compile_whole_under_xla(precision, cache):
+  """Unit tokens (unit and session embeddings, Perceiver latents): the
+  train and validation steps compile whole under XLA."""
+  params = _unit_token_params(cache)
+  performance.set_mixed_precision_policy(precision)
+  try:
+    with kernel_policy.use(shipped_configs.TPU_POLICY):
+      tf_keras.utils.set_random_seed(5)
+      task = task_factory.get_task(params.task)
+      model = task.build_model()
+      optimizer = task.create_optimizer(params.trainer.optimizer_config,
+                                        params.runtime)
+      trainer_lib.create_optimizer_weights(tf.distribute.get_strategy(),
+                                           optimizer,
+                                           model.trainable_variables)
+      batch = next(iter(task.build_inputs(params.task.train_data)))
+      assert batch['input_unit_ids'].shape == (4, 8)
+      metrics = task.build_metrics(training=True)
+      train_logs = tf.function(
+          lambda b: task.train_step(b, model, optimizer, metrics),
+          jit_compile=True)(batch)
+      eval_batch = next(iter(task.build_inputs(
+          params.task.validation_data)))
+      eval_metrics = task.build_metrics(training=False)
+      eval_logs = tf.function(
+          lambda b: task.validation_step(b, model, eval_metrics),
+          jit_compile=True)(eval_batch)
+  finally:
+    tf_keras.mixed_precision.set_global_policy('float32')
+  for logs in (train_logs, eval_logs):
+    assert np.isfinite(float(logs[task.loss]))
