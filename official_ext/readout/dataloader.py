@@ -61,7 +61,7 @@ up to a multiple of `pad_multiple` (or exactly `max_input_tokens` /
   `output_timestamps` float32 [B, n_out], `output_weights` float32 [B, n_out]
   (0 on padding), `output_metric_weights` float32 [B, n_out] (each query's
   weight in the metrics: its `output_eval_mask` if the record has one, else
-  its weight; 0 on padding), `output_targets` float32 [B, n_out, T] (zeros
+  its weight, or 1 with `unweighted_metrics`; 0 on padding), `output_targets` float32 [B, n_out, T] (zeros
   past a query's target size).
 * with session names (stitched evaluation): `session_index` int32 [B] (the
   position of the record's `session_id` in the names, -1 without one; no
@@ -247,7 +247,8 @@ class Parser:
   def __init__(self, params: configs.DataConfig,
                readouts: Sequence[configs.ReadoutSpec],
                task_vocabulary: Sequence[str],
-               session_names: Optional[Sequence[str]] = None):
+               session_names: Optional[Sequence[str]] = None,
+               unweighted_metrics: bool = False):
     """Args:
       params: the split's DataConfig.
       readouts: the task's ReadoutSpecs.
@@ -257,10 +258,14 @@ class Parser:
         `session_index` (position here, -1 without a session_id; a name not
         here is an error naming the record) and `window_start`. None: they
         are not read.
+      unweighted_metrics: the metric weight of a query of a record without
+        `output_eval_mask` is 1 (every query scored, whatever its loss
+        weight: the 'torch_brain' evaluation protocol), not its weight.
     """
     _check_config(params)
     configs.validate_readouts(readouts, task_vocabulary)
     self._params = params
+    self._unweighted_metrics = bool(unweighted_metrics)
     self._input_dim = int(params.input_dim)
     specs = {s.name: s for s in readouts}
     vocab = list(task_vocabulary)
@@ -381,7 +386,8 @@ class Parser:
                       where: Callable[..., Callable[[], tf.Tensor]]
                       ) -> Tuple[tf.Tensor, List[tf.Tensor]]:
     """Each query's weight in the metrics: `output_eval_mask` (checked: one
-    0 or 1 per query) if the record has one, else `output_weights`.
+    0 or 1 per query) if the record has one, else `output_weights` (1 with
+    `unweighted_metrics`).
 
     Returns:
       (float32 [n_q], the checks).
@@ -404,9 +410,11 @@ class Parser:
                 ' has output_eval_mask ', graph_checks.first_where(mask, bad),
                 '; expected 0 or 1.'))),
     ]
+    fallback = (tf.ones_like(weights) if self._unweighted_metrics else
+                weights)
     with tf.control_dependencies(checks):
       return tf.cond(has_mask, lambda: tf.cast(mask, tf.float32),
-                     lambda: tf.identity(weights)), checks
+                     lambda: tf.identity(fallback)), checks
 
   def _session(self, f: Dict[str, tf.Tensor],
                where: Callable[..., Callable[[], tf.Tensor]]
@@ -692,7 +700,8 @@ _TRACED_PARSES: Dict[str, Callable[..., Dict[str, tf.Tensor]]] = {}
 def traced_parse(params: configs.DataConfig,
                  readouts: Sequence[configs.ReadoutSpec],
                  task_vocabulary: Sequence[str],
-                 session_names: Optional[Sequence[str]] = None
+                 session_names: Optional[Sequence[str]] = None,
+                 unweighted_metrics: bool = False
                  ) -> Callable[..., Dict[str, tf.Tensor]]:
   """`Parser(...).parse` as a tf.function shared by every pipeline of its kind.
 
@@ -702,10 +711,11 @@ def traced_parse(params: configs.DataConfig,
   run's restarts, several runs in one process) call one traced function
   instead of tracing it again each. A parser's behaviour depends only on
   what the key holds: `params.input_dim`, `max_input_tokens`, `max_queries`,
-  the readouts, the vocabulary and the session names.
+  the readouts, the vocabulary, the session names and `unweighted_metrics`.
 
   Args:
-    params, readouts, task_vocabulary, session_names: as `Parser`'s.
+    params, readouts, task_vocabulary, session_names, unweighted_metrics:
+      as `Parser`'s.
 
   Returns:
     A tf.function (serialized, source) -> `Parser.parse`'s dict.
@@ -713,11 +723,13 @@ def traced_parse(params: configs.DataConfig,
   key = json.dumps(
       [int(params.input_dim), params.max_input_tokens, params.max_queries,
        [r.as_dict() for r in readouts], [str(n) for n in task_vocabulary],
-       None if session_names is None else [str(n) for n in session_names]],
+       None if session_names is None else [str(n) for n in session_names],
+       bool(unweighted_metrics)],
       sort_keys=True, default=repr)
   if key not in _TRACED_PARSES:
     _TRACED_PARSES[key] = tf.function(Parser(
-        params, readouts, task_vocabulary, session_names=session_names).parse)
+        params, readouts, task_vocabulary, session_names=session_names,
+        unweighted_metrics=unweighted_metrics).parse)
   return _TRACED_PARSES[key]
 
 
@@ -726,7 +738,8 @@ def build_dataset(params: configs.DataConfig,
                   task_vocabulary: Sequence[str],
                   input_context: Optional[tf.distribute.InputContext] = None,
                   bad_records: Optional[bad_records_lib.BadRecordLog] = None,
-                  session_names: Optional[Sequence[str]] = None
+                  session_names: Optional[Sequence[str]] = None,
+                  unweighted_metrics: bool = False
                   ) -> tf.data.Dataset:
   """Builds the batched pipeline of one split.
 
@@ -744,6 +757,7 @@ def build_dataset(params: configs.DataConfig,
       `official_ext.core.bad_records.bad_record_log()`).
     session_names: see `Parser` (stitched evaluation); None: sessions are
       not read.
+    unweighted_metrics: see `Parser` (the 'torch_brain' protocol).
 
   Returns:
     A Dataset of batch dicts (module docstring); training: shuffled and
@@ -752,8 +766,10 @@ def build_dataset(params: configs.DataConfig,
   """
   _check_config(params)
   parser = Parser(params, readouts, task_vocabulary,
-                  session_names=session_names)
-  parse = traced_parse(params, readouts, task_vocabulary, session_names)
+                  session_names=session_names,
+                  unweighted_metrics=unweighted_metrics)
+  parse = traced_parse(params, readouts, task_vocabulary, session_names,
+                       unweighted_metrics)
   stages = tfrecord_input.Stages(
       decoder_fn=lambda filename, record: parse(record, source=filename),
       batch_fn=lambda ds, batch_size: batch_examples(
