@@ -67,7 +67,8 @@ readout_types.register_readout_type(readout_types.ReadoutType(
 readout_types.register_readout_type(readout_types.ReadoutType(
     name='binary', loss=_sigmoid_cross_entropy,
     metrics=('balanced_accuracy', 'macro_f1'),
-    compute_metrics=lambda spec, p, y, w: metrics.binary_scores(p, y, w),
+    compute_metrics=lambda spec, p, y, w: metrics.binary_scores(
+        p, y, w, accuracy=True),
     dim_doc='the number of independent labels',
     invalid_targets=_LABEL_CHECK,
     torch_brain_metrics=_TORCH_BRAIN_CLASS_METRICS))
@@ -75,7 +76,8 @@ readout_types.register_readout_type(readout_types.ReadoutType(
 readout_types.register_readout_type(readout_types.ReadoutType(
     name='multinomial', loss=_softmax_cross_entropy,
     metrics=('balanced_accuracy', 'macro_f1'),
-    compute_metrics=lambda spec, p, y, w: metrics.multinomial_scores(p, y, w),
+    compute_metrics=lambda spec, p, y, w: metrics.multinomial_scores(
+        p, y, w, accuracy=True),
     target_size=lambda spec: 1, target_doc='1 class id', min_dim=2,
     dim_doc='the number of classes',
     invalid_targets=(('a class id that is not an integer in [0, dim)',

@@ -153,21 +153,29 @@ def _class_scores(y_true, y_pred, w) -> Dict[str, float]:
           'accuracy': float(np.sum(w[y_true == y_pred]) / np.sum(w))}
 
 
-def binary_scores(logits, target, weights=None) -> Dict[str, float]:
-  """balanced_accuracy, macro_f1 and accuracy of logits > 0, averaged over
-  channels."""
+def _class_keys(accuracy: bool) -> Tuple[str, ...]:
+  return ('balanced_accuracy', 'macro_f1') + (('accuracy',) if accuracy
+                                              else ())
+
+
+def binary_scores(logits, target, weights=None,
+                  accuracy: bool = False) -> Dict[str, float]:
+  """balanced_accuracy and macro_f1 (and with `accuracy` the plain
+  accuracy) of logits > 0, averaged over channels."""
   p, y, w = _prep(logits, target, weights)
   per = [_class_scores((y[:, c] > 0.5).astype(int), (p[:, c] > 0).astype(int),
                        w) for c in range(p.shape[1])]
   return {k: float(np.mean([s[k] for s in per])) if per else float('nan')
-          for k in ('balanced_accuracy', 'macro_f1', 'accuracy')}
+          for k in _class_keys(accuracy)}
 
 
-def multinomial_scores(logits, target, weights=None) -> Dict[str, float]:
-  """balanced_accuracy, macro_f1 and accuracy of argmax(logits) vs class
-  ids [n, 1]."""
+def multinomial_scores(logits, target, weights=None,
+                       accuracy: bool = False) -> Dict[str, float]:
+  """balanced_accuracy and macro_f1 (and with `accuracy` the plain
+  accuracy) of argmax(logits) vs class ids [n, 1]."""
   p, y, w = _prep(logits, target, weights)
-  return _class_scores(np.rint(y[:, 0]).astype(int), np.argmax(p, 1), w)
+  scores = _class_scores(np.rint(y[:, 0]).astype(int), np.argmax(p, 1), w)
+  return {k: scores[k] for k in _class_keys(accuracy)}
 
 
 def average_precision(scores, labels, weights=None) -> float:
