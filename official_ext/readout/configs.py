@@ -276,6 +276,12 @@ class DataConfig(cfg.DataConfig):
       invalid record is an error naming the file and record. True: the
       damaged records of a file, or the invalid record, are skipped,
       logged and counted (`bad_records_skipped` in the task's logs).
+    balance_sessions: training with unit tokens only: every session of the
+      files is drawn equally often (rejection resampling of the shuffled,
+      repeated records; each session's share of the files is counted in
+      one pass over their `session_id`s before training), so a long
+      recording does not outweigh a short one. False: records are drawn as
+      they are shuffled.
   """
   input_dim: int = 32
   batching: str = 'padded'
@@ -285,6 +291,7 @@ class DataConfig(cfg.DataConfig):
   shuffle_buffer_size: int = 1000
   num_examples: int = -1
   skip_bad_records: bool = False
+  balance_sessions: bool = False
 
 
 @dataclasses.dataclass
@@ -332,10 +339,25 @@ class ReadoutModel(hyperparams.Config):
     static_shapes: route with masks instead of gathering rows (every head
       runs on every query; the loss masks the rest). Needed under XLA/TPU;
       same losses and metrics.
+    tokenization: 'binned' (default): a token is one time bin's vector of
+      `input_dim` features, embedded by `Dense(hidden_size)`
+      (`token_embedding`): a model fits one recording's units. 'unit_tokens':
+      a token is one unit's activity at one time (a spike event, value 1,
+      or a bin's count), embedded as unit_embedding(unit id) +
+      value_projection(value) + session_embedding(session id); the tables'
+      rows come from `task.vocabulary_file`, so one model reads recordings
+      of any unit count (`input_dim` 1).
   """
   encoder: Encoder = dataclasses.field(default_factory=Encoder)
   decoder: Decoder = dataclasses.field(default_factory=Decoder)
   static_shapes: bool = False
+  tokenization: str = 'binned'
+
+
+TOKENIZATIONS = ('binned', 'unit_tokens')
+# Modules `ReadoutTaskConfig.freeze` can hold (the model's variable groups).
+FREEZABLE_MODULES = ('encoder', 'decoder', 'readout', 'unit_embedding',
+                     'session_embedding')
 
 
 # The generated splits an evaluation set can read (`demo_data`):
@@ -444,7 +466,23 @@ class DemoDataConfig(hyperparams.Config):
     num_held_out_session_trials: records of the `held_out_sessions` split
       (0: not written; then num_held_out_sessions must be 0).
     session_gain_std: std of the log of the per-unit gains of a session
-      (session 0 excepted).
+      (session 0 excepted; with unit tokens every session's units).
+    num_held_out_train_trials: unit tokens: records of the `held_out_train`
+      split, training trials of the held-out sessions (adaptation to a new
+      recording; 0: not written).
+    min_units, max_units: unit tokens: each session records a number of
+      units drawn in [min_units, max_units], each with its own tuning to
+      the shared latents and gain (`demo_data.unit_session`).
+    mean_rate_hz: unit tokens: the units' median firing rate at rest.
+    train_split: the generated split `task.train_data` reads: 'train', or
+      'held_out_train' (unit tokens: the held-out sessions, whose units the
+      extended vocabulary adds).
+    validation_split: the generated split `task.validation_data` reads
+      ('validation' or 'held_out_sessions').
+
+  With `task.model.tokenization` 'unit_tokens' the generated records are
+  spike-event unit tokens of the same simulated trials (`demo_data`), and
+  the data's vocabulary is used when `task.vocabulary_file` is empty.
   """
   enabled: bool = False
   cache_dir: str = ''
@@ -458,6 +496,12 @@ class DemoDataConfig(hyperparams.Config):
   num_held_out_sessions: int = 0
   num_held_out_session_trials: int = 0
   session_gain_std: float = 0.5
+  num_held_out_train_trials: int = 0
+  min_units: int = 8
+  max_units: int = 32
+  mean_rate_hz: float = 5.0
+  train_split: str = 'train'
+  validation_split: str = 'validation'
 
 
 @dataclasses.dataclass
@@ -475,6 +519,24 @@ class ReadoutTaskConfig(cfg.TaskConfig):
       (torch_brain's POYO+ scaling, with loss_weight applied as well).
     evaluation: evaluation options.
     demo_data: generated data used when an `input_path` is empty.
+    vocabulary_file: the unit and session vocabulary (`vocabulary`, JSON)
+      of `model.tokenization` 'unit_tokens' (required there, unused with
+      'binned'): the embedding tables have one row per id. With demo data
+      and this empty, the generated data's vocabulary is used.
+    init_checkpoint: (Model Garden's) a checkpoint (file prefix or
+      directory) to start from: every variable is restored strictly, except
+      that the unit and session tables may have more rows than the
+      checkpoint's (rows of ids the checkpoint's vocabulary has are copied
+      bit-identically, the others keep their initialisation). The
+      checkpoint's stored vocabulary must be a prefix of this one.
+    freeze: modules not trained, among 'encoder', 'decoder', 'readout',
+      'unit_embedding', 'session_embedding' (`FREEZABLE_MODULES`).
+      'unit_embedding' / 'session_embedding' freeze the rows of the ids in
+      the checkpoint's vocabulary only (new rows are trained), so
+      `freeze=[encoder, decoder, readout, unit_embedding,
+      session_embedding]` is unit identification of a new recording.
+    unfreeze_step: from this training step on every module trains; 0: the
+      frozen modules stay frozen for the whole run.
   """
   model: ReadoutModel = dataclasses.field(default_factory=ReadoutModel)
   train_data: DataConfig = dataclasses.field(
@@ -487,6 +549,9 @@ class ReadoutTaskConfig(cfg.TaskConfig):
   loss_weighting: str = 'weighted_sum'
   evaluation: Evaluation = dataclasses.field(default_factory=Evaluation)
   demo_data: DemoDataConfig = dataclasses.field(default_factory=DemoDataConfig)
+  vocabulary_file: str = ''
+  freeze: Tuple[str, ...] = ()
+  unfreeze_step: int = 0
 
 
 # The demo's eight readouts (see `demo_data`): all five types.
@@ -576,4 +641,55 @@ def readout_demo_named_eval() -> cfg.ExperimentConfig:
       EvalSet(name='held_out_sessions', data=data,
               demo_split='held_out_sessions'),
   ))
+  return params
+
+
+def readout_units_demo_task() -> ReadoutTaskConfig:
+  """The unit-token demo's task: spike-event tokens of eight generated
+  sessions of 8-32 units each, one Perceiver encoder (32 latents)."""
+  task = readout_demo_task(num_train=4096, num_val=512, batch_size=64)
+  task.model = task.model.replace(
+      tokenization='unit_tokens',
+      encoder=task.model.encoder.replace(num_latents=32))
+  task.train_data = task.train_data.replace(input_dim=1,
+                                            balance_sessions=True)
+  task.validation_data = task.validation_data.replace(input_dim=1)
+  task.demo_data = task.demo_data.replace(
+      num_sessions=8, num_held_out_sessions=1,
+      num_held_out_session_trials=256, num_held_out_train_trials=256)
+  task.evaluation = task.evaluation.replace(stitch=True)
+  return task
+
+
+@exp_factory.register_config_factory('readout_units_demo')
+def readout_units_demo() -> cfg.ExperimentConfig:
+  """Pretraining over many sessions: one unit-token model over eight
+  generated recordings of different unit counts, sessions drawn equally
+  often, metrics per session."""
+  params = readout_demo()
+  params.task = readout_units_demo_task()
+  return params
+
+
+@exp_factory.register_config_factory('readout_units_finetune_demo')
+def readout_units_finetune_demo() -> cfg.ExperimentConfig:
+  """Adaptation of `readout_units_demo` to its held-out session: from
+  `task.init_checkpoint` (the pretraining run), the vocabulary extended by
+  the new session; its unit and session rows are trained alone (unit
+  identification) for the first 64 steps, then everything is fine-tuned."""
+  params = readout_units_demo()
+  task = params.task
+  task.demo_data = task.demo_data.replace(train_split='held_out_train',
+                                          validation_split='held_out_sessions')
+  task.train_data = task.train_data.replace(
+      global_batch_size=32, num_examples=256, balance_sessions=False)
+  task.validation_data = task.validation_data.replace(num_examples=256)
+  task.freeze = FREEZABLE_MODULES
+  task.unfreeze_step = 64
+  steps_per_epoch, train_steps = 8, 256
+  params.trainer = params.trainer.replace(
+      steps_per_loop=steps_per_epoch, summary_interval=steps_per_epoch,
+      checkpoint_interval=64, train_steps=train_steps,
+      validation_interval=64,
+      optimizer_config=demo_optimizer(2e-3, train_steps, steps_per_epoch))
   return params

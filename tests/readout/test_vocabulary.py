@@ -1,0 +1,67 @@
+"""Unit and session vocabularies: ids, growth without renumbering, files."""
+import json
+import os
+
+import pytest
+
+from official_ext.readout import vocabulary
+
+
+def _vocab():
+  return vocabulary.from_names(['s1', 's2'], ['s1/0', 's1/1', 's2/a'])
+
+
+def test_ids_start_at_one():
+  v = _vocab()
+  assert v.session_id('s1') == 1 and v.session_id('s2') == 2
+  assert v.unit_id('s2/a') == 3
+  assert v.num_unit_ids == 4 and v.num_session_ids == 3
+  assert v.units_of('s1') == ['s1/0', 's1/1']
+  assert v.unit_ids_of('s2') == [3]
+  with pytest.raises(KeyError, match="'s3'"):
+    v.session_id('s3')
+  with pytest.raises(KeyError, match="'s1/9'"):
+    v.unit_id('s1/9')
+
+
+def test_extend_appends_without_renumbering():
+  v = _vocab()
+  grown = vocabulary.extend(v, sessions=['s3', 's1'],
+                            units=['s3/0', 's1/1', 's3/1', 's3/0'])
+  assert grown.sessions == ('s1', 's2', 's3')
+  assert grown.units == ('s1/0', 's1/1', 's2/a', 's3/0', 's3/1')
+  for name in v.units:
+    assert grown.unit_id(name) == v.unit_id(name)
+  assert vocabulary.is_prefix(v, grown) is None
+  assert 'units[0]' in vocabulary.is_prefix(
+      v, vocabulary.from_names(['s1', 's2'], ['s1/1', 's1/0', 's2/a']))
+  with pytest.raises(ValueError, match="'s4/0'.*'s4'"):
+    vocabulary.extend(v, units=['s4/0'])
+
+
+def test_save_load_round_trip_and_errors(tmp_path):
+  path = str(tmp_path / 'vocab.json')
+  vocabulary.save(_vocab(), path)
+  assert vocabulary.load(path) == _vocab()
+  assert json.load(open(path)) == {'sessions': ['s1', 's2'],
+                                   'units': ['s1/0', 's1/1', 's2/a']}
+  assert os.listdir(tmp_path) == ['vocab.json']  # No temporary left.
+  bad = tmp_path / 'bad.json'
+  bad.write_text(json.dumps({'sessions': ['s1', 's1'], 'units': []}))
+  with pytest.raises(ValueError, match=f"{bad}.*'s1' appears twice"):
+    vocabulary.load(str(bad))
+  bad.write_text(json.dumps({'sessions': ['s1'], 'units': ['s2/0']}))
+  with pytest.raises(ValueError, match=f"{bad}.*'s2/0'.*'s2'"):
+    vocabulary.load(str(bad))
+  bad.write_text(json.dumps({'sessions': ['s1'], 'units': ['nounit']}))
+  with pytest.raises(ValueError, match="'nounit'"):
+    vocabulary.load(str(bad))
+  bad.write_text('{"sessions": []}')
+  with pytest.raises(ValueError, match=f'{bad}.*"units"'):
+    vocabulary.load(str(bad))
+  bad.write_text('not json')
+  with pytest.raises(ValueError, match=f'{bad} is not JSON'):
+    vocabulary.load(str(bad))
+  with pytest.raises(FileNotFoundError, match='missing.json'):
+    vocabulary.load(str(tmp_path / 'missing.json'))
+  assert vocabulary.from_json(vocabulary.to_json(_vocab()), 'x') == _vocab()
