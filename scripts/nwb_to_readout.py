@@ -2,6 +2,11 @@ r"""Converts a Neurodata Without Borders (NWB) file into readout TFRecords.
 
     python scripts/nwb_to_readout.py --nwb=session.nwb --output_dir=/data/s1 \
         --trial_columns=choice,reward --timeseries=wheel_speed --bin_size=0.1
+    python scripts/nwb_to_readout.py --nwb=a.nwb,b.nwb --tokens=spikes \
+        --output_dir=/data/ab --trial_columns=choice
+    python scripts/nwb_to_readout.py --nwb=c.nwb --tokens=spikes \
+        --vocabulary=/data/ab/vocabulary.json --output_dir=/data/c \
+        --trial_columns=choice
 
 The command of `official_ext.readout.nwb.convert` (its docstring: what is
 read, what is written, and the errors): each flag is the keyword argument of
@@ -18,7 +23,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(
       description=__doc__.split('\n\n')[0],
       formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--nwb', required=True, help='The NWB file.')
+  p.add_argument('--nwb', required=True,
+                 help='The NWB file; with --tokens=spikes one or more, '
+                 'comma-separated.')
+  p.add_argument('--tokens', default='binned', choices=nwb.TOKENS,
+                 help='binned: one token per bin, the counts of every unit '
+                 '(one file); spikes: one token per spike (its unit id in '
+                 'the unit and session vocabulary, value 1, its time).')
+  p.add_argument('--vocabulary', default='',
+                 help='--tokens=spikes: an existing vocabulary.json to '
+                 'extend (its ids are kept; new sessions and units are '
+                 'appended); the extended one is written to --output_dir.')
   p.add_argument('--output_dir', required=True, help='Where to write.')
   p.add_argument('--trial_columns', default='',
                  help='Trials columns to read out: name[:type],...; types '

@@ -3,9 +3,11 @@
 * continuous (dim: channels): stores dim values; MSE; r2, pearson; serves
   the values.
 * binary (dim: independent labels): dim labels in [0, 1]; sigmoid
-  cross-entropy; balanced_accuracy, macro_f1; serves logits.
+  cross-entropy; balanced_accuracy, macro_f1 (the 'torch_brain' protocol:
+  accuracy first); serves logits.
 * multinomial (dim: classes, >= 2): 1 class id, an integer in [0, dim);
-  softmax cross-entropy; balanced_accuracy, macro_f1; serves logits.
+  softmax cross-entropy; balanced_accuracy, macro_f1 (the 'torch_brain'
+  protocol: accuracy first); serves logits.
 * multilabel (dim: labels): dim labels in [0, 1]; sigmoid cross-entropy;
   map; serves logits.
 * event_rate (dim: event channels): dim counts >= 0; Poisson NLL of
@@ -54,6 +56,8 @@ def _not_label(values, dims):
 
 
 _LABEL_CHECK = (('a label outside [0, 1]', _not_label),)
+# torch_brain scores classification by plain (micro) accuracy.
+_TORCH_BRAIN_CLASS_METRICS = ('accuracy', 'balanced_accuracy', 'macro_f1')
 
 
 readout_types.register_readout_type(readout_types.ReadoutType(
@@ -63,20 +67,24 @@ readout_types.register_readout_type(readout_types.ReadoutType(
 readout_types.register_readout_type(readout_types.ReadoutType(
     name='binary', loss=_sigmoid_cross_entropy,
     metrics=('balanced_accuracy', 'macro_f1'),
-    compute_metrics=lambda spec, p, y, w: metrics.binary_scores(p, y, w),
+    compute_metrics=lambda spec, p, y, w: metrics.binary_scores(
+        p, y, w, accuracy=True),
     dim_doc='the number of independent labels',
-    invalid_targets=_LABEL_CHECK))
+    invalid_targets=_LABEL_CHECK,
+    torch_brain_metrics=_TORCH_BRAIN_CLASS_METRICS))
 
 readout_types.register_readout_type(readout_types.ReadoutType(
     name='multinomial', loss=_softmax_cross_entropy,
     metrics=('balanced_accuracy', 'macro_f1'),
-    compute_metrics=lambda spec, p, y, w: metrics.multinomial_scores(p, y, w),
+    compute_metrics=lambda spec, p, y, w: metrics.multinomial_scores(
+        p, y, w, accuracy=True),
     target_size=lambda spec: 1, target_doc='1 class id', min_dim=2,
     dim_doc='the number of classes',
     invalid_targets=(('a class id that is not an integer in [0, dim)',
                       lambda values, dims: tf.logical_or(
                           tf.logical_or(values < 0, values >= dims),
-                          tf.not_equal(values, tf.round(values)))),)))
+                          tf.not_equal(values, tf.round(values)))),),
+    torch_brain_metrics=_TORCH_BRAIN_CLASS_METRICS))
 
 readout_types.register_readout_type(readout_types.ReadoutType(
     name='multilabel', loss=_sigmoid_cross_entropy, metrics=('map',),

@@ -178,11 +178,11 @@ def validate_readouts(readouts, task_vocabulary) -> None:
       raise ValueError(f'{where}: loss_weight {spec.loss_weight}; expected '
                        '>= 0.')
     target_normalization(spec)  # Raises for a bad normalisation.
-    unknown = set(spec.metrics) - set(readout_type.metrics)
+    unknown = set(spec.metrics) - set(readout_type.known_metrics)
     if unknown:
       raise ValueError(f'{where}: metrics {sorted(unknown)} are not defined '
                        f'for type {spec.type}; expected a subset of '
-                       f'{readout_type.metrics}.')
+                       f'{readout_type.known_metrics}.')
   missing = [n for n in names if n not in vocab]
   if missing:
     raise ValueError(f'No routing index for readouts {missing}: add them to '
@@ -416,12 +416,28 @@ class Evaluation(hyperparams.Config):
       so a session time carries its rounding (up to 6e-8 x the time: 6e-5 s
       at 1000 s): raise this for long sessions, below half the sampling
       period of the targets.
+    protocol: how the metrics are computed and summarised (`metrics`).
+      'official_ext': weighted by the queries' metric weights
+      (`output_eval_mask`, else the loss weights), classification by
+      balanced accuracy, headline keys pooled over the sessions.
+      'torch_brain': the numbers of torch_brain's stitching evaluator:
+      stitched whatever `stitch` says, metrics unweighted (a record without
+      `output_eval_mask` has every query scored once), classification by
+      plain (micro) accuracy, headline keys the means over sessions of the
+      per-session scores; every evaluated record needs a session_id.
   """
   print_table: bool = True
   eval_sets: Tuple[EvalSet, ...] = ()
   eval_set: str = ''
   stitch: bool = False
   stitch_resolution: float = 1e-6
+  protocol: str = 'official_ext'
+
+
+def stitching(evaluation: Evaluation) -> bool:
+  """Whether an evaluation stitches: `stitch`, or the 'torch_brain'
+  protocol (which always does)."""
+  return bool(evaluation.stitch) or evaluation.protocol == 'torch_brain'
 
 
 @dataclasses.dataclass

@@ -69,8 +69,9 @@ up to a multiple of `pad_multiple` (or exactly `max_input_tokens` /
   `output_timestamps` float32 [B, n_out], `output_weights` float32 [B, n_out]
   (0 on padding), `output_metric_weights` float32 [B, n_out] (each query's
   weight in the metrics: its `output_eval_mask` if the record has one, else
-  its weight; 0 on padding), `output_targets` float32 [B, n_out, T] (zeros
-  past a query's target size).
+  its weight, or 1 with `unweighted_metrics`; 0 on padding),
+  `output_targets` float32 [B, n_out, T] (zeros past a query's target
+  size).
 * unit tokens: `input_unit_ids` int32 [B, n_in] (0 on padding) and
   `session_ids` int32 [B] (the record's session id in the vocabulary).
 * with session names (stitched evaluation): `session_index` int32 [B] (the
@@ -288,7 +289,8 @@ class Parser:
                readouts: Sequence[configs.ReadoutSpec],
                task_vocabulary: Sequence[str],
                session_names: Optional[Sequence[str]] = None,
-               units: Optional[vocabulary_lib.Vocabulary] = None):
+               units: Optional[vocabulary_lib.Vocabulary] = None,
+               unweighted_metrics: bool = False):
     """Args:
       params: the split's DataConfig.
       readouts: the task's ReadoutSpecs.
@@ -303,6 +305,9 @@ class Parser:
         it, or a unit of another session, is an error naming the record and
         the id), and examples carry `input_unit_ids` and `session_ids`.
         None: binned tokens (`input_unit_ids` is not read).
+      unweighted_metrics: the metric weight of a query of a record without
+        `output_eval_mask` is 1 (every query scored, whatever its loss
+        weight: the 'torch_brain' evaluation protocol), not its weight.
     """
     _check_config(params)
     if units is not None and int(params.input_dim) != 1:
@@ -312,6 +317,7 @@ class Parser:
     self._units = units
     configs.validate_readouts(readouts, task_vocabulary)
     self._params = params
+    self._unweighted_metrics = bool(unweighted_metrics)
     self._input_dim = int(params.input_dim)
     specs = {s.name: s for s in readouts}
     vocab = list(task_vocabulary)
@@ -445,7 +451,8 @@ class Parser:
                       where: Callable[..., Callable[[], tf.Tensor]]
                       ) -> Tuple[tf.Tensor, List[tf.Tensor]]:
     """Each query's weight in the metrics: `output_eval_mask` (checked: one
-    0 or 1 per query) if the record has one, else `output_weights`.
+    0 or 1 per query) if the record has one, else `output_weights` (1 with
+    `unweighted_metrics`).
 
     Returns:
       (float32 [n_q], the checks).
@@ -468,9 +475,11 @@ class Parser:
                 ' has output_eval_mask ', graph_checks.first_where(mask, bad),
                 '; expected 0 or 1.'))),
     ]
+    fallback = (tf.ones_like(weights) if self._unweighted_metrics else
+                weights)
     with tf.control_dependencies(checks):
       return tf.cond(has_mask, lambda: tf.cast(mask, tf.float32),
-                     lambda: tf.identity(weights)), checks
+                     lambda: tf.identity(fallback)), checks
 
   def _unit_tokens(self, f: Dict[str, tf.Tensor],
                    where: Callable[..., Callable[[], tf.Tensor]]
@@ -853,7 +862,8 @@ def traced_parse(params: configs.DataConfig,
                  readouts: Sequence[configs.ReadoutSpec],
                  task_vocabulary: Sequence[str],
                  session_names: Optional[Sequence[str]] = None,
-                 units: Optional[vocabulary_lib.Vocabulary] = None
+                 units: Optional[vocabulary_lib.Vocabulary] = None,
+                 unweighted_metrics: bool = False
                  ) -> Callable[..., Dict[str, tf.Tensor]]:
   """`Parser(...).parse` as a tf.function shared by every pipeline of its kind.
 
@@ -863,10 +873,12 @@ def traced_parse(params: configs.DataConfig,
   run's restarts, several runs in one process) call one traced function
   instead of tracing it again each. A parser's behaviour depends only on
   what the key holds: `params.input_dim`, `max_input_tokens`, `max_queries`,
-  the readouts, the vocabulary, the session names and the unit vocabulary.
+  the readouts, the vocabulary, the session names, the unit vocabulary and
+  `unweighted_metrics`.
 
   Args:
-    params, readouts, task_vocabulary, session_names, units: as `Parser`'s.
+    params, readouts, task_vocabulary, session_names, units,
+      unweighted_metrics: as `Parser`'s.
 
   Returns:
     A tf.function (serialized, source) -> `Parser.parse`'s dict.
@@ -875,12 +887,12 @@ def traced_parse(params: configs.DataConfig,
       [int(params.input_dim), params.max_input_tokens, params.max_queries,
        [r.as_dict() for r in readouts], [str(n) for n in task_vocabulary],
        None if session_names is None else [str(n) for n in session_names],
-       None if units is None else units.as_dict()],
+       None if units is None else units.as_dict(), bool(unweighted_metrics)],
       sort_keys=True, default=repr)
   if key not in _TRACED_PARSES:
     _TRACED_PARSES[key] = tf.function(Parser(
         params, readouts, task_vocabulary, session_names=session_names,
-        units=units).parse)
+        units=units, unweighted_metrics=unweighted_metrics).parse)
   return _TRACED_PARSES[key]
 
 
@@ -890,7 +902,8 @@ def build_dataset(params: configs.DataConfig,
                   input_context: Optional[tf.distribute.InputContext] = None,
                   bad_records: Optional[bad_records_lib.BadRecordLog] = None,
                   session_names: Optional[Sequence[str]] = None,
-                  units: Optional[vocabulary_lib.Vocabulary] = None
+                  units: Optional[vocabulary_lib.Vocabulary] = None,
+                  unweighted_metrics: bool = False
                   ) -> tf.data.Dataset:
   """Builds the batched pipeline of one split.
 
@@ -911,6 +924,7 @@ def build_dataset(params: configs.DataConfig,
     units: see `Parser` (unit tokens); None: binned tokens. Training with
       `params.balance_sessions` draws every session equally often
       (`balance_sessions`).
+    unweighted_metrics: see `Parser` (the 'torch_brain' protocol).
 
   Returns:
     A Dataset of batch dicts (module docstring); training: shuffled and
@@ -919,9 +933,10 @@ def build_dataset(params: configs.DataConfig,
   """
   _check_config(params)
   parser = Parser(params, readouts, task_vocabulary,
-                  session_names=session_names, units=units)
+                  session_names=session_names, units=units,
+                  unweighted_metrics=unweighted_metrics)
   parse = traced_parse(params, readouts, task_vocabulary, session_names,
-                       units)
+                       units, unweighted_metrics)
   transform_fn = None
   if params.balance_sessions and params.is_training:
     if units is None:

@@ -18,6 +18,9 @@ measure (no query of positive weight, or no positive label for mAP);
   mean recall over the classes present in the targets.
 * `macro_f1` (binary, multinomial): mean F1 over the classes present in the
   targets or the predictions; F1 = 2 TP / (2 TP + FP + FN).
+* `accuracy` (binary, multinomial; reported under the 'torch_brain'
+  protocol): the share of correct predictions (micro accuracy), averaged
+  over channels.
 * `map` (multilabel): mean over labels with a positive of the average
   precision sum_k (R_k - R_{k-1}) P_k over distinct score thresholds
   (scikit-learn's `average_precision_score`; tied scores are one threshold),
@@ -56,9 +59,29 @@ groups alone) and, for each such key, `<key>/session_mean`: the mean over
 the sessions that give it a value. Queries of records without a session_id
 are each record's own session (stitched within the record only) and have no
 per-session keys; an evaluation mixing them with named sessions is an error.
+
+Evaluation protocols (`ReadoutMetrics(protocol=...)`, `PROTOCOLS`):
+
+* 'official_ext' (the default): everything above.
+* 'torch_brain': the numbers of torch_brain's multitask stitching evaluator
+  (POYO, POYO+). Queries are stitched (a `stitch_resolution` is required)
+  and every record needs a session_id. Metrics are unweighted: a query of
+  metric weight > 0 counts once, whatever its weight. Binary and
+  multinomial readouts report `accuracy` (plain, micro) as their primary
+  metric, then balanced_accuracy and macro_f1; other types their usual
+  metrics. Each task is scored per session
+  (`sessions/<session>/<task>/<metric>`, and the session's
+  `sessions/<session>/average/...`, for every session, even one), and the
+  headline keys are means over sessions, never pooled: `<task>/<metric>`
+  the mean over the sessions that give it a value (torch_brain's
+  `average_<task>_val_metric`), `average/<metric>` and `average/score` the
+  mean over every (session, task) value of that metric / of the tasks'
+  primary metrics (torch_brain's `average_val_metric` when each task is
+  configured with its primary metric). No `session_mean` key: the headline
+  keys are already session means.
 """
 import math
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -68,6 +91,9 @@ from official_ext.readout import readout_types
 # A `configs.ReadoutSpec`: `configs` imports this module (through the readout
 # types it registers), so this module does not import it.
 ReadoutSpec = Any
+
+# `Evaluation.protocol` values (module docstring).
+PROTOCOLS = ('official_ext', 'torch_brain')
 
 
 def _prep(pred, target, weights):
@@ -107,10 +133,12 @@ def pearson(pred, target, weights=None) -> float:
   return float(np.mean(scores))
 
 
-def _class_scores(y_true, y_pred, w):
-  """(balanced accuracy, macro F1) of integer labels with sample weights."""
+def _class_scores(y_true, y_pred, w) -> Dict[str, float]:
+  """balanced_accuracy, macro_f1 and accuracy (the weighted share of correct
+  predictions) of integer labels with sample weights."""
   if w.size == 0:
-    return float('nan'), float('nan')
+    return {'balanced_accuracy': float('nan'), 'macro_f1': float('nan'),
+            'accuracy': float('nan')}
   present = np.unique(y_true)
   recalls = [np.sum(w[(y_true == c) & (y_pred == c)]) /
              np.sum(w[y_true == c]) for c in present]
@@ -120,25 +148,34 @@ def _class_scores(y_true, y_pred, w):
     fp = np.sum(w[(y_true != c) & (y_pred == c)])
     fn = np.sum(w[(y_true == c) & (y_pred != c)])
     f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn > 0 else 0.0)
-  return float(np.mean(recalls)), float(np.mean(f1s))
+  return {'balanced_accuracy': float(np.mean(recalls)),
+          'macro_f1': float(np.mean(f1s)),
+          'accuracy': float(np.sum(w[y_true == y_pred]) / np.sum(w))}
 
 
-def binary_scores(logits, target, weights=None) -> Dict[str, float]:
-  """balanced_accuracy and macro_f1 of logits > 0, averaged over channels."""
+def _class_keys(accuracy: bool) -> Tuple[str, ...]:
+  return ('balanced_accuracy', 'macro_f1') + (('accuracy',) if accuracy
+                                              else ())
+
+
+def binary_scores(logits, target, weights=None,
+                  accuracy: bool = False) -> Dict[str, float]:
+  """balanced_accuracy and macro_f1 (and with `accuracy` the plain
+  accuracy) of logits > 0, averaged over channels."""
   p, y, w = _prep(logits, target, weights)
-  if w.size == 0:
-    return {'balanced_accuracy': float('nan'), 'macro_f1': float('nan')}
   per = [_class_scores((y[:, c] > 0.5).astype(int), (p[:, c] > 0).astype(int),
                        w) for c in range(p.shape[1])]
-  return {'balanced_accuracy': float(np.mean([s[0] for s in per])),
-          'macro_f1': float(np.mean([s[1] for s in per]))}
+  return {k: float(np.mean([s[k] for s in per])) if per else float('nan')
+          for k in _class_keys(accuracy)}
 
 
-def multinomial_scores(logits, target, weights=None) -> Dict[str, float]:
-  """balanced_accuracy and macro_f1 of argmax(logits) vs class ids [n, 1]."""
+def multinomial_scores(logits, target, weights=None,
+                       accuracy: bool = False) -> Dict[str, float]:
+  """balanced_accuracy and macro_f1 (and with `accuracy` the plain
+  accuracy) of argmax(logits) vs class ids [n, 1]."""
   p, y, w = _prep(logits, target, weights)
-  bal, f1 = _class_scores(np.rint(y[:, 0]).astype(int), np.argmax(p, 1), w)
-  return {'balanced_accuracy': bal, 'macro_f1': f1}
+  scores = _class_scores(np.rint(y[:, 0]).astype(int), np.argmax(p, 1), w)
+  return {k: scores[k] for k in _class_keys(accuracy)}
 
 
 def average_precision(scores, labels, weights=None) -> float:
@@ -229,32 +266,37 @@ def stitch(predictions, targets, weights, sessions, times,
 
 
 def task_metrics(spec: ReadoutSpec, predictions, targets,
-                 weights=None) -> Dict[str, float]:
-  """The metrics of one task ({metric: value}, those of `spec.metrics`),
-  computed by its readout type (`readout_types`).
+                 weights=None, protocol: str = 'official_ext'
+                 ) -> Dict[str, float]:
+  """The metrics of one task ({metric: value}, those of `spec.metrics`, or
+  of its type under `protocol`), computed by its readout type
+  (`readout_types`).
 
   Args:
     spec: the task's ReadoutSpec.
     predictions: [n, dim] head outputs.
     targets: [n, >= target_size]; extra columns are ignored.
     weights: [n] (None: all 1).
+    protocol: an evaluation protocol (`PROTOCOLS`).
   """
   readout_type = readout_types.get_readout_type(spec)
   targets = np.asarray(targets)[:, :readout_types.target_size(spec)]
   p, y, w = _prep(predictions, targets, weights)
   values = readout_type.compute_metrics(spec, p, y, w)
-  return {m: values[m] for m in readout_types.spec_metrics(spec)}
+  return {m: values[m] for m in readout_types.spec_metrics(spec, protocol)}
 
 
 def _score_tasks(specs: Mapping[str, ReadoutSpec],
-                 rows: Mapping[str, tuple]) -> Dict[str, Dict[str, float]]:
+                 rows: Mapping[str, tuple], protocol: str = 'official_ext'
+                 ) -> Dict[str, Dict[str, float]]:
   """{task: {metric: value}} of (predictions, targets, weights) per task."""
-  return {name: task_metrics(spec, *rows[name])
+  return {name: task_metrics(spec, *rows[name], protocol=protocol)
           for name, spec in specs.items()}
 
 
 def _summarize(specs: Mapping[str, ReadoutSpec],
-               values: Mapping[str, Mapping[str, float]]) -> Dict[str, float]:
+               values: Mapping[str, Mapping[str, float]],
+               protocol: str = 'official_ext') -> Dict[str, float]:
   """`<task>/<metric>`, `average/<metric>`, `average/score` of the values
   that are not NaN (module docstring)."""
   out = {}
@@ -265,7 +307,7 @@ def _summarize(specs: Mapping[str, ReadoutSpec],
     for metric, value in measured.items():
       out[f'{name}/{metric}'] = value
       by_metric.setdefault(metric, []).append(value)
-    primary = readout_types.get_readout_type(spec).metrics[0]
+    primary = readout_types.primary_metric(spec, protocol)
     if primary in measured:
       primaries.append(measured[primary])
   for metric, metric_values in by_metric.items():
@@ -284,18 +326,28 @@ class ReadoutMetrics:
   """
 
   def __init__(self, specs: Mapping[str, ReadoutSpec],
-               stitch_resolution: Optional[float] = None):
+               stitch_resolution: Optional[float] = None,
+               protocol: str = 'official_ext'):
     """Args:
       specs: {task: ReadoutSpec}.
       stitch_resolution: seconds; given, queries are stitched (module
         docstring) and `accumulate` needs their sessions and times. None:
         every query is scored as it is.
+      protocol: the evaluation protocol (`PROTOCOLS`, module docstring);
+        'torch_brain' needs `stitch_resolution`.
     """
+    if protocol not in PROTOCOLS:
+      raise ValueError(f'task.evaluation.protocol is {protocol!r}; expected '
+                       f'one of {PROTOCOLS}.')
     if stitch_resolution is not None and not stitch_resolution > 0:
       raise ValueError('task.evaluation.stitch_resolution is '
                        f'{stitch_resolution}; expected seconds > 0.')
+    if protocol == 'torch_brain' and stitch_resolution is None:
+      raise ValueError("The 'torch_brain' evaluation protocol stitches: "
+                       'give ReadoutMetrics a stitch_resolution.')
     self._specs = dict(specs)
     self._resolution = stitch_resolution
+    self._protocol = protocol
     self._session_names: Dict[int, str] = {}
     self.reset()
 
@@ -331,6 +383,8 @@ class ReadoutMetrics:
     targets = np.asarray(targets, np.float64).reshape([n, -1])
     weights = (np.ones([n]) if weights is None else
                np.asarray(weights, np.float64).reshape([n]))
+    if self._protocol == 'torch_brain':  # Scored or not, never weighted.
+      weights = (weights > 0).astype(np.float64)
     chunk = (predictions.reshape([n, -1]), targets, weights)
     if self._resolution is not None:
       if sessions is None or times is None:
@@ -369,8 +423,10 @@ class ReadoutMetrics:
   def result(self) -> Dict[str, float]:
     """The metrics with a value (module docstring); no NaN."""
     rows = {name: self._rows(name) for name in self._specs}
-    values = _score_tasks(self._specs, {n: r[:3] for n, r in rows.items()})
     self._unmeasured = {}
+    if self._protocol == 'torch_brain':
+      return self._torch_brain_results(rows)
+    values = _score_tasks(self._specs, {n: r[:3] for n, r in rows.items()})
     for name, task_values in values.items():
       for metric, value in task_values.items():
         if math.isnan(value):
@@ -381,6 +437,57 @@ class ReadoutMetrics:
     out = _summarize(self._specs, values)
     if self._resolution is not None:
       out.update(self._session_results(rows))
+    return out
+
+  def _session_values(self, rows: Mapping[str, tuple], key: int
+                      ) -> Dict[str, Dict[str, float]]:
+    """{task: {metric: value}} of the stitched rows of session `key`."""
+    sub = {task: tuple(a[r[3] == key] for a in r[:3])
+           for task, r in rows.items()}
+    return _score_tasks(self._specs, sub, self._protocol)
+
+  def _torch_brain_results(self, rows: Mapping[str, tuple]
+                           ) -> Dict[str, float]:
+    """The 'torch_brain' protocol's keys (module docstring) of stitched
+    rows: per session, then means over the sessions."""
+    keys = np.unique(np.concatenate([r[3] for r in rows.values()]))
+    if np.any(keys < 0):
+      raise ValueError(
+          "The 'torch_brain' evaluation protocol scores each session: "
+          f'{int(np.sum(keys < 0))} evaluated records have no session_id; '
+          'give every record of the evaluation a session_id.')
+    out = {}
+    by_task: Dict[Tuple[str, str], List[float]] = {}
+    by_metric: Dict[str, List[float]] = {}
+    primaries = []
+    for key in keys.tolist():
+      name = self._session_names.get(key, str(key))
+      values = self._session_values(rows, key)
+      for k, v in _summarize(self._specs, values, self._protocol).items():
+        out[f'sessions/{name}/{k}'] = v
+      for task, task_values in values.items():
+        primary = readout_types.primary_metric(self._specs[task],
+                                               self._protocol)
+        for metric, value in task_values.items():
+          if math.isnan(value):
+            continue
+          by_task.setdefault((task, metric), []).append(value)
+          by_metric.setdefault(metric, []).append(value)
+          if metric == primary:
+            primaries.append(value)
+    for name, spec in self._specs.items():
+      for metric in readout_types.spec_metrics(spec, self._protocol):
+        if (name, metric) in by_task:
+          out[f'{name}/{metric}'] = float(np.mean(by_task[name, metric]))
+        else:
+          self._unmeasured[f'{name}/{metric}'] = (
+              'no query of positive weight' if not self.num_queries(name)
+              else 'no positive label' if metric == 'map' else
+              'nothing to measure in any session')
+    for metric, values in by_metric.items():
+      out[f'average/{metric}'] = float(np.mean(values))
+    if primaries:
+      out['average/score'] = float(np.mean(primaries))
     return out
 
   def _session_results(self, rows: Mapping[str, tuple]) -> Dict[str, float]:
@@ -399,10 +506,8 @@ class ReadoutMetrics:
     by_key: Dict[str, List[float]] = {}
     for key in named.tolist():
       name = self._session_names.get(key, str(key))
-      sub = {task: tuple(a[r[3] == key] for a in r[:3])
-             for task, r in rows.items()}
       for k, v in _summarize(self._specs,
-                             _score_tasks(self._specs, sub)).items():
+                             self._session_values(rows, key)).items():
         out[f'sessions/{name}/{k}'] = v
         by_key.setdefault(k, []).append(v)
     for k, session_values in by_key.items():
@@ -412,11 +517,13 @@ class ReadoutMetrics:
 
 def format_table(results: Mapping[str, float],
                  specs: Mapping[str, ReadoutSpec],
-                 counts: Optional[Mapping[str, int]] = None) -> str:
-  """The per-task table: one row per task, one column per metric."""
+                 counts: Optional[Mapping[str, int]] = None,
+                 protocol: str = 'official_ext') -> str:
+  """The per-task table: one row per task, one column per metric (those of
+  the evaluation `protocol`)."""
   columns = []
   for spec in specs.values():
-    for m in readout_types.spec_metrics(spec):
+    for m in readout_types.spec_metrics(spec, protocol):
       if m not in columns:
         columns.append(m)
   header = f"{'task':<16s} {'type':<12s} {'queries':>8s} " + ' '.join(
@@ -435,7 +542,9 @@ def format_table(results: Mapping[str, float],
          else f"{'':>17s}" for c in columns]
   lines.append(f"{'average':<16s} {'':<12s} {'':>8s} " + ' '.join(avg))
   score = results.get('average/score')
-  lines.append('average/score (mean primary metric): ' +
+  lines.append(('average/score (mean primary metric over sessions and '
+                'tasks): ' if protocol == 'torch_brain' else
+                'average/score (mean primary metric): ') +
                ('n/a (no task has a value)' if score is None else
                 f'{score:.4f}'))
   sessions = [k[len('sessions/'):-len('/average/score')] for k in results

@@ -1,8 +1,9 @@
 r"""Neurodata Without Borders (NWB) files into readout TFRecords.
 
-`convert` reads one NWB file with `pynwb` (`pip install -e ".[nwb]"`) and
-writes the readout family's records (`official_ext.readout.dataloader`, one
-per trial) and the readout specs they imply:
+`convert` reads one NWB file (or, with spike tokens, several: below) with
+`pynwb` (`pip install -e ".[nwb]"`) and writes the readout family's records
+(`official_ext.readout.dataloader`, one per trial) and the readout specs
+they imply:
 
 * `DIR/train.tfrecord`, `DIR/validation.tfrecord`: the trials, split by a
   seeded permutation (`--validation_fraction`, `--split_seed`), each file in
@@ -69,6 +70,32 @@ Records carry `example_id` `<identifier>/trial<id>`, `session_id` = the NWB
 file's `identifier` and `window_start` = the window's start in session
 seconds (a query's session time is window_start + its timestamp).
 
+Spike tokens and several files (`tokens='spikes'`, `--tokens=spikes`):
+
+* `nwb` may name several files (comma-separated); each is one session, named
+  by its `identifier` (two files with one identifier are an error naming
+  both). Their trials become one dataset: every file's trials are split on
+  their own (the same seeded rule, so every session is in both splits) and
+  the records are written file after file.
+* An input token is one spike: `input_unit_ids` = its unit's id in the unit
+  and session vocabulary (`official_ext.readout.vocabulary`; unit
+  `<identifier>/<units table id>`), `input_values` 1.0, `input_timestamps`
+  its time from the window start; every spike in `[window start, window
+  end)`, ordered by time (then by the unit's row). A trial without a spike
+  in its window is an error naming it.
+* The vocabulary: the sessions and units of the files in order, appended to
+  `vocabulary` (`--vocabulary`, an existing vocabulary.json) when given:
+  the names already there keep their ids (a session converted again keeps
+  its units' ids, a new unit of it is appended), so a model trained on the
+  old vocabulary keeps its rows. Written as `DIR/vocabulary.json` (never
+  over the `--vocabulary` file).
+* Readouts are shared: a trials column's type and multinomial classes come
+  from every file's values together; a time series must have the same
+  channels in every file. readout.yaml sets `task.model.tokenization:
+  unit_tokens`, `task.vocabulary_file` and `input_dim: 1`; conversion.json
+  lists each file under `sessions` (file, identifier, unit ids, trial ids
+  per split).
+
 A file without a units or trials table, a trials column or time series that
 is not in the file, a value that does not fit the type asked for, or a trial
 whose window is empty, is an error naming it (and what the file has).
@@ -87,6 +114,7 @@ import yaml
 from official_ext.core import output_files
 from official_ext.readout import configs
 from official_ext.readout import dataloader
+from official_ext.readout import vocabulary as vocabulary_lib
 
 # Readout types a trials column can be converted to; time series are
 # continuous.
@@ -94,6 +122,10 @@ COLUMN_TYPES = ('binary', 'multinomial', 'continuous', 'event_rate')
 _NAME = re.compile(r'^[A-Za-z0-9_.\-]+$')
 EXPERIMENT = 'readout_demo'
 _CONFIG, _SUMMARY = 'readout.yaml', 'conversion.json'
+_VOCABULARY = 'vocabulary.json'
+# `--tokens`: 'binned' (one file: a vector of every unit's counts per bin) or
+# 'spikes' (one token per spike: unit id, value 1, time; several files).
+TOKENS = ('binned', 'spikes')
 
 
 class NWBConversionError(ValueError):
@@ -376,6 +408,31 @@ def bin_spikes(spike_times: Sequence[np.ndarray], window_start: float,
                    for s in spike_times], 1).astype(np.float32)
 
 
+def spike_tokens(spike_times: Sequence[np.ndarray], unit_ids: Sequence[int],
+                 window_start: float, duration: float
+                 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """One token per spike in `[window_start, window_start + duration)`.
+
+  Args:
+    spike_times: per unit, sorted session seconds.
+    unit_ids: per unit, its id in the unit vocabulary.
+    window_start, duration: the window (session seconds, seconds).
+
+  Returns:
+    (values float32 [n, 1] all 1.0, timestamps float64 [n] from the window
+    start, unit ids int64 [n]), ordered by time, then by the unit's row.
+  """
+  end = window_start + duration
+  times, ids = [], []
+  for spikes, unit_id in zip(spike_times, unit_ids):
+    lo, hi = np.searchsorted(spikes, [window_start, end], side='left')
+    times.append(spikes[lo:hi] - window_start)
+    ids.append(np.full([hi - lo], unit_id, np.int64))
+  times, ids = np.concatenate(times), np.concatenate(ids)
+  order = np.argsort(times, kind='stable')
+  return (np.ones([times.size, 1], np.float32), times[order], ids[order])
+
+
 def interpolate(times: np.ndarray, data: np.ndarray, at: np.ndarray
                 ) -> np.ndarray:
   """Linear interpolation of `data` [n, c] at times `at` [m] -> [m, c]; NaN
@@ -430,7 +487,94 @@ def trial_queries(session: Session, readouts: Sequence[Readout],
   return queries
 
 
-def convert(nwb: str, output_dir: str, *, trial_columns: str = '',
+def _paths(nwb) -> List[str]:
+  """The files of `--nwb`: a comma-separated string or a sequence."""
+  items = nwb.split(',') if isinstance(nwb, str) else list(nwb)
+  paths = [str(p).strip() for p in items if str(p).strip()]
+  if not paths:
+    raise ValueError('--nwb is empty; expected one NWB file, or several '
+                     '(comma-separated) with --tokens=spikes.')
+  return paths
+
+
+def _load_vocabulary(vocabulary: str, tokens: str,
+                     output_dir: str) -> vocabulary_lib.Vocabulary:
+  """The vocabulary the conversion extends: `--vocabulary`'s, else empty.
+
+  Raises:
+    ValueError: `--vocabulary` without spike tokens, or naming the file the
+      conversion writes (it would be replaced by what it is read into).
+  """
+  if not vocabulary:
+    return vocabulary_lib.Vocabulary()
+  if tokens != 'spikes':
+    raise ValueError(f'--vocabulary={vocabulary}: a unit and session '
+                     'vocabulary applies to --tokens=spikes; binned tokens '
+                     f'have none (--tokens={tokens}).')
+  written = os.path.join(output_dir, _VOCABULARY)
+  if os.path.realpath(vocabulary) == os.path.realpath(written):
+    raise ValueError(f'--vocabulary={vocabulary} is the file this conversion '
+                     f'writes ({written}); nothing was written. Convert into '
+                     'another --output_dir: the extended vocabulary is '
+                     'written beside the new records.')
+  return vocabulary_lib.load(vocabulary)
+
+
+def _windows(session: Session, pre_time: float, post_time: float,
+             trial_query_time: str, has_columns: bool
+             ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(window starts, durations, trial-column query times from the window
+  start), float [n_trials] each, of one file's trials.
+
+  Raises:
+    NWBConversionError: a trial's window is empty, or its query time lies
+      outside it (naming the file and the trial).
+  """
+  window_start = session.start_time - pre_time
+  duration = session.stop_time + post_time - window_start
+  bad = np.flatnonzero(~(np.isfinite(duration) & (duration > 0)))
+  if bad.size:
+    i = bad[0]
+    raise NWBConversionError(
+        f'{session.path}: trial {session.trial_ids[i]} has start_time '
+        f'{session.start_time[i]} and stop_time {session.stop_time[i]}: its '
+        'window is empty.')
+  if trial_query_time == 'stop_time':
+    query_time = session.stop_time - window_start
+  else:
+    query_time = session.columns[trial_query_time].astype(
+        np.float64) - window_start
+  outside = np.flatnonzero(~((query_time >= 0) & (query_time <= duration)))
+  if has_columns and outside.size:
+    i = outside[0]
+    raise NWBConversionError(
+        f'{session.path}: trial {session.trial_ids[i]}: --trial_query_time '
+        f'{trial_query_time} is {query_time[i] + window_start[i]:.6g} s, '
+        f'outside its window [{window_start[i]:.6g}, '
+        f'{window_start[i] + duration[i]:.6g}] s '
+        '(widen it with --pre_time / --post_time).')
+  return window_start, duration, query_time
+
+
+def _split(session: Session, validation_fraction: float,
+           split_seed: int) -> np.ndarray:
+  """bool [n_trials]: the file's trials in the validation split (a seeded
+  permutation; both splits non-empty, else a ValueError naming the file)."""
+  n_trials = len(session.trial_ids)
+  n_val = int(round(validation_fraction * n_trials))
+  if not 1 <= n_val <= n_trials - 1:
+    raise ValueError(f'{session.path} has {n_trials} trials: '
+                     f'--validation_fraction {validation_fraction} gives '
+                     f'{n_val} validation trials; both splits need at least '
+                     'one.')
+  is_val = np.zeros([n_trials], bool)
+  is_val[np.random.default_rng(split_seed).permutation(n_trials)[:n_val]] = (
+      True)
+  return is_val
+
+
+def convert(nwb, output_dir: str, *, tokens: str = 'binned',
+            vocabulary: str = '', trial_columns: str = '',
             timeseries: str = '', bin_size: float = 0.1,
             pre_time: float = 0.0, post_time: float = 0.0,
             trial_query_time: str = 'stop_time', query_interval: float = 0.1,
@@ -438,14 +582,25 @@ def convert(nwb: str, output_dir: str, *, trial_columns: str = '',
             split_seed: int = 0, batch_size: int = 32,
             train_epochs: int = 20, overwrite: bool = False
             ) -> Dict[str, Any]:
-  """Converts `nwb` into `output_dir` (module docstring); returns the
-  summary written to conversion.json, plus the written paths (`files`).
+  """Converts `nwb` (one file, or with `tokens='spikes'` several: a
+  comma-separated string or a sequence) into `output_dir` (module
+  docstring); returns the summary written to conversion.json, plus the
+  written paths (`files`).
 
   An `output_dir` that holds files is refused before the NWB file is read,
   unless `overwrite`; the files are written whole or not at all
   (`output_files.write_directory`: staged, then renamed into place,
   readout.yaml last)."""
   output_files.check_output_dir(output_dir, overwrite)
+  paths = _paths(nwb)
+  if tokens not in TOKENS:
+    raise ValueError(f'--tokens is {tokens!r}; expected one of {TOKENS}.')
+  if tokens == 'binned' and len(paths) > 1:
+    raise ValueError(
+        f'--nwb names {len(paths)} files; binned tokens (--tokens=binned) '
+        "are one recording's units. Convert several files with "
+        '--tokens=spikes (one unit and session vocabulary).')
+  base_vocabulary = _load_vocabulary(vocabulary, tokens, output_dir)
   columns = parse_names(trial_columns, '--trial_columns')
   series_names = [n.strip() for n in timeseries.split(',') if n.strip()]
   for flag, value in (('--bin_size', bin_size),
@@ -461,11 +616,31 @@ def convert(nwb: str, output_dir: str, *, trial_columns: str = '',
   if not columns and not series_names:
     raise ValueError('Nothing to read out: give --trial_columns and/or '
                      '--timeseries.')
-  session = read_session(nwb, [n for n, _ in columns], series_names,
-                         trial_query_time)
-  readouts = [column_readout(nwb, n, session.columns[n], kind, max_classes)
+  sessions = [read_session(p, [n for n, _ in columns], series_names,
+                           trial_query_time) for p in paths]
+  first = {}
+  for session in sessions:
+    if session.identifier in first:
+      raise NWBConversionError(
+          f'{session.path} and {first[session.identifier]} have the same '
+          f'identifier {session.identifier!r}; a session is named by its '
+          "file's identifier, so convert them separately or give one a new "
+          'identifier.')
+    first[session.identifier] = session.path
+  # A trials column's type and classes come from every file's values.
+  source = paths[0] if len(paths) == 1 else ', '.join(paths)
+  readouts = [column_readout(source, n, np.concatenate(
+      [s.columns[n] for s in sessions]), kind, max_classes)
               for n, kind in columns]
-  for name, (location, _, data) in session.series.items():
+  for name, (location, _, data) in sessions[0].series.items():
+    for other in sessions[1:]:
+      channels = other.series[name][2].shape[1]
+      if channels != data.shape[1]:
+        raise NWBConversionError(
+            f'{other.path}: TimeSeries {other.series[name][0]} has '
+            f'{channels} channels, {sessions[0].path}\'s {location} '
+            f'{data.shape[1]}; one readout needs the same channels in every '
+            'file.')
     readouts.append(Readout(name, location, 'continuous', data.shape[1],
                             reason='time series'))
   for r in readouts:
@@ -473,84 +648,91 @@ def convert(nwb: str, output_dir: str, *, trial_columns: str = '',
       raise ValueError(f'Readout {r.name!r} (from {r.source}): a readout name '
                        "has letters, digits, '_', '.', '-' only.")
   specs = [r.spec() for r in readouts]
-  vocabulary = [r.name for r in readouts]
-  configs.validate_readouts(specs, vocabulary)
-  ids = configs.task_index(vocabulary)
-
-  n_trials = len(session.trial_ids)
-  window_start = session.start_time - pre_time
-  duration = session.stop_time + post_time - window_start
-  bad = np.flatnonzero(~(np.isfinite(duration) & (duration > 0)))
-  if bad.size:
-    i = bad[0]
-    raise NWBConversionError(
-        f'{nwb}: trial {session.trial_ids[i]} has start_time '
-        f'{session.start_time[i]} and stop_time {session.stop_time[i]}: its '
-        'window is empty.')
-  if trial_query_time == 'stop_time':
-    query_time = session.stop_time - window_start
-  else:
-    query_time = session.columns[trial_query_time].astype(
-        np.float64) - window_start
-  outside = np.flatnonzero(~((query_time >= 0) & (query_time <= duration)))
-  if columns and outside.size:
-    i = outside[0]
-    raise NWBConversionError(
-        f'{nwb}: trial {session.trial_ids[i]}: --trial_query_time '
-        f'{trial_query_time} is {query_time[i] + window_start[i]:.6g} s, '
-        f'outside its window [{window_start[i]:.6g}, '
-        f'{window_start[i] + duration[i]:.6g}] s '
-        '(widen it with --pre_time / --post_time).')
+  task_vocabulary = [r.name for r in readouts]
+  configs.validate_readouts(specs, task_vocabulary)
+  ids = configs.task_index(task_vocabulary)
+  units = None
+  if tokens == 'spikes':
+    units = vocabulary_lib.extend(
+        base_vocabulary, sessions=[s.identifier for s in sessions],
+        units=[vocabulary_lib.unit_name(s.identifier, str(u))
+               for s in sessions for u in s.unit_ids])
 
   left_out = {r.name: 0 for r in readouts}
-  examples, targets_by_trial = [], []
-  for i in range(n_trials):
-    n_bins = max(1, int(math.ceil(duration[i] / bin_size - 1e-9)))
-    tokens = bin_spikes(session.spike_times, window_start[i], n_bins,
-                        bin_size)
-    queries = trial_queries(session, readouts, window_start[i], duration[i],
-                            query_time[i], query_interval, i, left_out)
-    targets_by_trial.append(queries)
-    example = dataloader.make_example(
-        f'{session.identifier}/trial{session.trial_ids[i]}', tokens,
-        (np.arange(n_bins) + 0.5) * bin_size,
-        output_task_ids=[ids[q[0]] for q in queries],
-        output_timestamps=[q[1] for q in queries],
-        output_targets=[q[2] for q in queries],
-        session_id=session.identifier, window_start=float(window_start[i]))
-    # Map keys sorted: the same file and flags give the same bytes in every
-    # process (the default order follows Python's per-process string hash).
-    examples.append(example.SerializeToString(deterministic=True))
-
-  n_val = int(round(validation_fraction * n_trials))
-  if not 1 <= n_val <= n_trials - 1:
-    raise ValueError(f'{nwb} has {n_trials} trials: --validation_fraction '
-                     f'{validation_fraction} gives {n_val} validation trials; '
-                     'both splits need at least one.')
-  is_val = np.zeros([n_trials], bool)
-  is_val[np.random.default_rng(split_seed).permutation(n_trials)[:n_val]] = (
-      True)
+  examples, targets_by_trial, is_val, trial_session = [], [], [], []
+  offset = 0
+  for k, session in enumerate(sessions):
+    window_start, duration, query_time = _windows(
+        session, pre_time, post_time, trial_query_time, bool(columns))
+    unit_ids = None if units is None else [
+        units.unit_id(vocabulary_lib.unit_name(session.identifier, str(u)))
+        for u in session.unit_ids]
+    for i in range(len(session.trial_ids)):
+      name = f'{session.identifier}/trial{session.trial_ids[i]}'
+      if unit_ids is None:
+        n_bins = max(1, int(math.ceil(duration[i] / bin_size - 1e-9)))
+        values = bin_spikes(session.spike_times, window_start[i], n_bins,
+                            bin_size)
+        times, token_units = (np.arange(n_bins) + 0.5) * bin_size, None
+      else:
+        values, times, token_units = spike_tokens(
+            session.spike_times, unit_ids, window_start[i], duration[i])
+        if not times.size:
+          raise NWBConversionError(
+              f'{session.path}: trial {session.trial_ids[i]} has no spike in '
+              f'its window [{window_start[i]:.6g}, '
+              f'{window_start[i] + duration[i]:.6g}) s; a record needs at '
+              'least one token (widen it with --pre_time / --post_time).')
+      queries = trial_queries(session, readouts, window_start[i], duration[i],
+                              query_time[i], query_interval, offset + i,
+                              left_out)
+      targets_by_trial.append(queries)
+      example = dataloader.make_example(
+          name, values, times,
+          output_task_ids=[ids[q[0]] for q in queries],
+          output_timestamps=[q[1] for q in queries],
+          output_targets=[q[2] for q in queries],
+          session_id=session.identifier, window_start=float(window_start[i]),
+          input_unit_ids=token_units)
+      # Map keys sorted: the same file and flags give the same bytes in
+      # every process (the default order follows Python's per-process
+      # string hash).
+      examples.append(example.SerializeToString(deterministic=True))
+    is_val.append(_split(session, validation_fraction, split_seed))
+    trial_session += [k] * len(session.trial_ids)
+    offset += len(session.trial_ids)
+  is_val = np.concatenate(is_val)
   split_of = {'train': np.flatnonzero(~is_val),
               'validation': np.flatnonzero(is_val)}
   if batch_size < 1 or batch_size > len(split_of['train']):
     raise ValueError(f'--batch_size {batch_size}: the training split has '
                      f'{len(split_of["train"])} trials; expected 1..that.')
 
-  summary = _summary(session, readouts, split_of, targets_by_trial, left_out,
-                     bin_size=bin_size, pre_time=pre_time, post_time=post_time,
-                     trial_query_time=trial_query_time,
-                     query_interval=query_interval)
   files = {split: os.path.abspath(os.path.join(output_dir,
                                                f'{split}.tfrecord'))
            for split in split_of}
+  vocabulary_path = (os.path.abspath(os.path.join(output_dir, _VOCABULARY))
+                     if units is not None else None)
+  summary = _summary(sessions, np.asarray(trial_session), readouts, split_of,
+                     targets_by_trial, left_out, tokens=tokens,
+                     bin_size=bin_size, pre_time=pre_time, post_time=post_time,
+                     trial_query_time=trial_query_time,
+                     query_interval=query_interval)
+  if units is not None:
+    summary['vocabulary'] = vocabulary_path
+    summary['extended_vocabulary'] = (os.path.abspath(vocabulary)
+                                      if vocabulary else None)
   config_path = os.path.join(output_dir, _CONFIG)
   text = _config_yaml(summary, readouts, files, config_path,
-                      len(session.unit_ids), batch_size, train_epochs)
+                      1 if units is not None else len(sessions[0].unit_ids),
+                      batch_size, train_epochs, vocabulary_path)
 
   def write(staging: str) -> None:
     for split, rows in split_of.items():
       dataloader.write_records(os.path.join(staging, f'{split}.tfrecord'),
                                (examples[i] for i in rows))
+    if units is not None:
+      vocabulary_lib.save(units, os.path.join(staging, _VOCABULARY))
     with open(os.path.join(staging, _CONFIG), 'w') as f:
       f.write(text)
     with open(os.path.join(staging, _SUMMARY), 'w') as f:
@@ -561,13 +743,20 @@ def convert(nwb: str, output_dir: str, *, trial_columns: str = '',
                                last=(_CONFIG,))
   summary['files'] = dict(files, config=config_path,
                           summary=os.path.join(output_dir, _SUMMARY))
+  if vocabulary_path:
+    summary['files']['vocabulary'] = vocabulary_path
   return summary
 
 
-def _summary(session: Session, readouts: List[Readout],
-             split_of: Dict[str, np.ndarray], targets_by_trial, left_out,
+def _summary(sessions: List[Session], trial_session: np.ndarray,
+             readouts: List[Readout], split_of: Dict[str, np.ndarray],
+             targets_by_trial, left_out, tokens: str,
              **options) -> Dict[str, Any]:
-  """conversion.json's contents."""
+  """conversion.json's contents. `trial_session`: int [n_trials], the
+  session (position in `sessions`) of each trial, in record order. Binned
+  tokens (one file) describe the file at the top level (`nwb`,
+  `session_id`, `unit_ids`, `num_trials`, `trial_ids`); spike tokens list
+  each file's under `sessions`, with the totals."""
   out_readouts = []
   for r in readouts:
     entry = {'name': r.name, 'source': r.source, 'type': r.type, 'dim': r.dim,
@@ -584,16 +773,27 @@ def _summary(session: Session, readouts: List[Readout],
         entry['train_mean'] = train.mean(0).tolist()
         entry['train_std'] = train.std(0).tolist()
     out_readouts.append(entry)
-  return {
-      'nwb': os.path.abspath(session.path),
-      'session_id': session.identifier,
-      'unit_ids': session.unit_ids.tolist(),
-      'num_trials': len(session.trial_ids),
-      **options,
-      'readouts': out_readouts,
-      'trial_ids': {split: session.trial_ids[rows].tolist()
-                    for split, rows in split_of.items()},
-  }
+  offsets = np.cumsum([0] + [len(s.trial_ids) for s in sessions])
+  entries = []
+  for k, session in enumerate(sessions):
+    entries.append({
+        'nwb': os.path.abspath(session.path),
+        'session_id': session.identifier,
+        'unit_ids': session.unit_ids.tolist(),
+        'num_trials': len(session.trial_ids),
+        'trial_ids': {split: session.trial_ids[
+            rows[trial_session[rows] == k] - offsets[k]].tolist()
+                      for split, rows in split_of.items()},
+    })
+  described = (entries[0] if tokens == 'binned' else
+               {'sessions': entries,
+                'num_trials': int(offsets[-1]),
+                'num_split_trials': {split: len(rows) for split, rows
+                                     in split_of.items()}})
+  return {**{k: v for k, v in described.items() if k != 'trial_ids'},
+          'tokens': tokens, **options, 'readouts': out_readouts,
+          **({'trial_ids': described['trial_ids']}
+             if 'trial_ids' in described else {})}
 
 
 def _spec_entry(readout: Readout, summary_entry: Dict[str, Any]
@@ -610,18 +810,30 @@ def _spec_entry(readout: Readout, summary_entry: Dict[str, Any]
   return spec
 
 
+def _split_sizes(summary: Dict[str, Any]) -> Dict[str, int]:
+  """{split: trials} of a conversion's summary."""
+  if 'trial_ids' in summary:
+    return {k: len(v) for k, v in summary['trial_ids'].items()}
+  return dict(summary['num_split_trials'])
+
+
 def _config_yaml(summary: Dict[str, Any], readouts: List[Readout],
                  files: Dict[str, str], config_path: str, input_dim: int,
-                 batch_size: int, train_epochs: int) -> str:
-  """readout.yaml for `--experiment=readout_demo`."""
-  n_train = len(summary['trial_ids']['train'])
-  steps_per_epoch = n_train // batch_size
+                 batch_size: int, train_epochs: int,
+                 vocabulary_path: Optional[str] = None) -> str:
+  """readout.yaml for `--experiment=readout_demo`; with `vocabulary_path`
+  (spike tokens) a unit-token model reading that vocabulary."""
+  sizes = _split_sizes(summary)
+  steps_per_epoch = sizes['train'] // batch_size
   train_steps = steps_per_epoch * train_epochs
   every = steps_per_epoch * max(1, -(-train_epochs // 4))
   data = lambda split: {'input_path': files[split], 'input_dim': input_dim,
-                        'num_examples': len(summary['trial_ids'][split])}
+                        'num_examples': sizes[split]}
+  model = ({'model': {'tokenization': 'unit_tokens'},
+            'vocabulary_file': vocabulary_path} if vocabulary_path else {})
   config = {
       'task': {
+          **model,
           'readouts': [_spec_entry(r, entry)
                        for r, entry in zip(readouts, summary['readouts'])],
           'task_vocabulary': [r.name for r in readouts],
@@ -640,7 +852,11 @@ def _config_yaml(summary: Dict[str, Any], readouts: List[Readout],
   }
   # What the file and the command line supplied (identifier, paths, class
   # values) goes through the YAML emitter, and every line of it is commented.
-  source = {'nwb': summary['nwb'], 'session': summary['session_id']}
+  if 'sessions' in summary:
+    source = {'nwb': [s['nwb'] for s in summary['sessions']],
+              'sessions': [s['session_id'] for s in summary['sessions']]}
+  else:
+    source = {'nwb': summary['nwb'], 'session': summary['session_id']}
   classes = {r.name: {'source': r.source, 'values': r.classes}
              for r in readouts if r.classes is not None}
   if classes:
@@ -658,7 +874,7 @@ def _config_yaml(summary: Dict[str, Any], readouts: List[Readout],
       yaml.safe_dump(config, sort_keys=False))
   if yaml.safe_load(text) != config:
     raise NWBConversionError(
-        f'{summary["nwb"]}: readout.yaml would not read back as the config '
+        f'{source["nwb"]}: readout.yaml would not read back as the config '
         'written (a value from the file could not be represented safely); '
         'nothing was written.')
   return text
@@ -694,17 +910,30 @@ def format_summary(summary: Dict[str, Any]) -> str:
     summary: what `convert` returned.
   """
   files = summary['files']
-  lines = [
-      f'Session {summary["session_id"]} ({summary["nwb"]}): '
-      f'{summary["num_trials"]} trials, {len(summary["unit_ids"])} units '
-      f'(input_dim), {summary["bin_size"]} s bins over [start_time - '
-      f'{summary["pre_time"]}, stop_time + {summary["post_time"]}] s; '
-      f'trial-column queries at {summary["trial_query_time"]}, time-series '
-      f'queries every {summary["query_interval"]} s.']
-  for split in ('train', 'validation'):
-    lines.append(f'  {split}: {files[split]} '
-                 f'({len(summary["trial_ids"][split])} trials)')
+  queries = (f'trial-column queries at {summary["trial_query_time"]}, '
+             f'time-series queries every {summary["query_interval"]} s.')
+  if 'sessions' in summary:
+    lines = [f'{len(summary["sessions"])} sessions, '
+             f'{summary["num_trials"]} trials, spike tokens (unit id, time) '
+             f'over [start_time - {summary["pre_time"]}, stop_time + '
+             f'{summary["post_time"]}] s; {queries}']
+    lines += [f'  session {s["session_id"]} ({s["nwb"]}): {s["num_trials"]} '
+              f'trials, {len(s["unit_ids"])} units'
+              for s in summary['sessions']]
+  else:
+    lines = [
+        f'Session {summary["session_id"]} ({summary["nwb"]}): '
+        f'{summary["num_trials"]} trials, {len(summary["unit_ids"])} units '
+        f'(input_dim), {summary["bin_size"]} s bins over [start_time - '
+        f'{summary["pre_time"]}, stop_time + {summary["post_time"]}] s; '
+        + queries]
+  for split, size in _split_sizes(summary).items():
+    lines.append(f'  {split}: {files[split]} ({size} trials)')
   lines.append(f'  config: {files["config"]}\n  summary: {files["summary"]}')
+  if 'vocabulary' in files:
+    extended = summary.get('extended_vocabulary')
+    lines.append(f'  vocabulary: {files["vocabulary"]}' +
+                 (f' (extends {extended})' if extended else ''))
   lines.append('Readouts:')
   for r in summary['readouts']:
     extra = f' classes {r["classes"]}' if 'classes' in r else ''

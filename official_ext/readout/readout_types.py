@@ -89,6 +89,9 @@ class ReadoutType:
     invalid_targets: ((what, fn), ...) target values the type refuses.
     serve: (spec, head outputs [..., dim]) -> served output [..., k]
       (default: the head outputs).
+    torch_brain_metrics: the metrics reported under the 'torch_brain'
+      evaluation protocol (`metrics`), the first its primary metric; empty:
+      `metrics`. `compute_metrics` returns each of them too.
   """
   name: str
   loss: LossFn
@@ -101,6 +104,21 @@ class ReadoutType:
   dim_doc: str = 'the head width'
   invalid_targets: Tuple[Tuple[str, CheckFn], ...] = ()
   serve: Callable[[object, tf.Tensor], tf.Tensor] = _identity
+  torch_brain_metrics: Tuple[str, ...] = ()
+
+  def protocol_metrics(self, protocol: str = 'official_ext'
+                       ) -> Tuple[str, ...]:
+    """The metrics the type reports under an evaluation protocol
+    ('official_ext' or 'torch_brain', `metrics`); the first is primary."""
+    if protocol == 'torch_brain' and self.torch_brain_metrics:
+      return self.torch_brain_metrics
+    return self.metrics
+
+  @property
+  def known_metrics(self) -> Tuple[str, ...]:
+    """Every metric a spec may name in `ReadoutSpec.metrics`."""
+    return self.metrics + tuple(m for m in self.torch_brain_metrics
+                                if m not in self.metrics)
 
   def dim_problem(self, dim: int) -> Optional[str]:
     """Why `dim` is not valid for this type (None: it is)."""
@@ -187,7 +205,14 @@ def target_size(spec) -> int:
   return get_readout_type(spec).target_size(spec)
 
 
-def spec_metrics(spec) -> Tuple[str, ...]:
+def spec_metrics(spec, protocol: str = 'official_ext') -> Tuple[str, ...]:
   """The metrics a `configs.ReadoutSpec` reports: its own `metrics`, or
-  every metric of its type."""
-  return tuple(spec.metrics) or get_readout_type(spec).metrics
+  every metric of its type under the evaluation `protocol`."""
+  return (tuple(spec.metrics) or
+          get_readout_type(spec).protocol_metrics(protocol))
+
+
+def primary_metric(spec, protocol: str = 'official_ext') -> str:
+  """The primary metric of a spec's type under `protocol` (averaged into
+  `average/score`)."""
+  return get_readout_type(spec).protocol_metrics(protocol)[0]

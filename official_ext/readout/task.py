@@ -60,7 +60,9 @@ class ReadoutTask(base_task.Task):
   nothing to measure is left out (logged), never NaN. Metrics weigh queries
   by their metric weights (`output_eval_mask`, else the loss weights);
   `task.evaluation.stitch` averages the predictions of overlapping windows
-  and adds per-session metrics (`metrics`).
+  and adds per-session metrics (`metrics`); `task.evaluation.protocol`
+  'torch_brain' computes torch_brain's numbers instead (stitched,
+  unweighted, micro accuracy, means over sessions: `metrics`).
 
   Named evaluation sets (`task.evaluation.eval_sets`, the one named by
   `task.evaluation.eval_set` or all): the evaluation input is the selected
@@ -87,7 +89,10 @@ class ReadoutTask(base_task.Task):
       raise ValueError(f'task.loss_weighting is {params.loss_weighting!r}; '
                        f'expected one of {configs.LOSS_WEIGHTINGS}.')
     evaluation = params.evaluation
-    if evaluation.stitch and not evaluation.stitch_resolution > 0:
+    if evaluation.protocol not in readout_metrics.PROTOCOLS:
+      raise ValueError(f'task.evaluation.protocol is {evaluation.protocol!r}; '
+                       f'expected one of {readout_metrics.PROTOCOLS}.')
+    if configs.stitching(evaluation) and not evaluation.stitch_resolution > 0:
       raise ValueError('task.evaluation.stitch_resolution is '
                        f'{evaluation.stitch_resolution}; expected seconds '
                        '> 0.')
@@ -334,14 +339,17 @@ class ReadoutTask(base_task.Task):
     evaluation split, stitched, with its session names (kept under the
     metric `prefix` of its accumulator)."""
     sessions = None
-    if not resolved.is_training and self.task_config.evaluation.stitch:
+    evaluation = self.task_config.evaluation
+    if not resolved.is_training and configs.stitching(evaluation):
       sessions = self._session_names[prefix] = dataloader.session_names(
           resolved.input_path)
     return dataloader.build_dataset(
         resolved, self.task_config.readouts,
         self.task_config.task_vocabulary, input_context=input_context,
         bad_records=bad_records.log_for_split(self, resolved.is_training),
-        session_names=sessions, units=self.unit_vocabulary())
+        session_names=sessions, units=self.unit_vocabulary(),
+        unweighted_metrics=(not resolved.is_training and
+                            evaluation.protocol == 'torch_brain'))
 
   # -- routing targets like predictions --------------------------------------
   def route(self, model: model_lib.ReadoutModel, inputs: Mapping[str, Any],
@@ -526,12 +534,13 @@ class ReadoutTask(base_task.Task):
 
   def _new_eval_state(self) -> Dict[str, readout_metrics.ReadoutMetrics]:
     """{metric prefix: accumulator}: '' without sets, else `<set>/`; each
-    stitching when `task.evaluation.stitch`."""
+    stitching when `configs.stitching`, under `task.evaluation.protocol`."""
     evaluation = self.task_config.evaluation
-    resolution = evaluation.stitch_resolution if evaluation.stitch else None
-    return {p: readout_metrics.ReadoutMetrics(self._specs,
-                                              stitch_resolution=resolution)
-            for p in self._prefixes()}
+    resolution = (evaluation.stitch_resolution
+                  if configs.stitching(evaluation) else None)
+    return {p: readout_metrics.ReadoutMetrics(
+        self._specs, stitch_resolution=resolution,
+        protocol=evaluation.protocol) for p in self._prefixes()}
 
   def _prefixes(self) -> List[str]:
     """The metric prefixes of the accumulators, in set order."""
@@ -599,7 +608,7 @@ class ReadoutTask(base_task.Task):
                        spec, tf.cast(p[name], tf.float32)),
                    'targets': t[name], 'weights': w[name]}
             for name, spec in self._specs.items()}
-    if self.task_config.evaluation.stitch:
+    if configs.stitching(self.task_config.evaluation):
       batch_size = tf.shape(inputs['input_values'])[0]
       per_query = {
           'sessions': self._per_query(inputs, inputs['session_index']),
@@ -744,11 +753,16 @@ class ReadoutTask(base_task.Task):
           f'Evaluation saw {accumulator.num_examples} trials of {dataset} '
           'but no query of positive weight in any of the tasks '
           f'{sorted(self._specs)}: no readout metric has a value.')
-    results = accumulator.result()
+    try:
+      results = accumulator.result()
+    except ValueError as e:
+      raise ValueError(f'Readout evaluation of {dataset}: {e}') from e
     for key, reason in accumulator.unmeasured().items():
       logging.warning('Readout evaluation of %s: no value for %s (%s).',
                       dataset, key, reason)
-    table = readout_metrics.format_table(results, self._specs, counts)
+    table = readout_metrics.format_table(
+        results, self._specs, counts,
+        protocol=self.task_config.evaluation.protocol)
     title = f'Readout evaluation{step} ({accumulator.num_examples} trials'
     title += f', set {set_name})' if set_name else ')'
     logging.info('%s:\n%s', title, table)
