@@ -17,7 +17,8 @@ with `--json`, merges their figures into the existing file.
 
 `report` writes docs/benchmarks.md from the JSON files in the results folder
 (`benchmarks/results/<family>.json`, written by `--json`; see
-`benchmarks/report.py`); `--check` only compares and exits 1 if the page
+`benchmarks/report.py`), and the generated blocks and plots of README.md and
+docs/ (under `--pages_root`); `--check` only compares and exits 1 if a page
 differs.
 """
 import sys
@@ -58,6 +59,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       flag_values=flag_values)
   flags.DEFINE_string('output', report.PAGE,
                       'report: the page to write.', flag_values=flag_values)
+  flags.DEFINE_string('pages_root', harness.REPO_ROOT,
+                      'report: the folder of README.md and docs/ whose '
+                      'generated blocks are rewritten.',
+                      flag_values=flag_values)
   flags.DEFINE_bool('check', False,
                     'report: only check that the page is the generated one '
                     '(exit 1 if not).', flag_values=flag_values)
@@ -74,7 +79,8 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
         f'report [--results_dir DIR] [--output FILE] [--check]')
   if argv[1] == REPORT:
     rc = report.main(flag_values.results_dir, flag_values.output,
-                     check=flag_values.check)
+                     check=flag_values.check,
+                     pages_root=flag_values.pages_root)
     if rc:
       sys.exit(rc)
     return

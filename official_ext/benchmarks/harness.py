@@ -44,6 +44,10 @@ FAMILIES = {
     'yt8m': 'official_ext.benchmarks.yt8m',
     'assemblenet': 'official_ext.benchmarks.assemblenet',
     'readout': 'official_ext.benchmarks.readout',
+    # Quality, not speed: a pretrained unit-token readout model adapted to
+    # a held-out recording against the same model from scratch (rendered
+    # into README.md and docs/readout.md, `report.BLOCKS`).
+    'readout_adaptation': 'official_ext.benchmarks.readout_adaptation',
     # The training steps of the shipped GPU / TPU YAMLs on this machine's
     # accelerators (exits non-zero without one).
     'accelerator': 'official_ext.benchmarks.accelerator',
