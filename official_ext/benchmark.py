@@ -12,7 +12,8 @@ figures as JSON (the results folder: `--json benchmarks/results/FAMILY.json`);
 `--reference_checkout DIR` (assemblenet) also times the training step of
 another checkout of this repository (e.g. one made with `git worktree add
 /tmp/ref COMMIT`) interleaved with this one's, each in a child process;
-`--cases` (assemblenet: `model`, `input_pipeline`) runs only those cases and,
+`--cases` (assemblenet: `model`, `input_pipeline`; readout: `model`,
+`spike_tokens`) runs only those cases and,
 with `--json`, merges their figures into the existing file.
 
 `report` writes docs/benchmarks.md from the JSON files in the results folder
@@ -49,7 +50,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
       flag_values=flag_values)
   flags.DEFINE_list(
       'cases', None,
-      'assemblenet: only these cases (model, input_pipeline); with --json, '
+      'assemblenet: only these cases (model, input_pipeline); readout: '
+      '(model, spike_tokens); with --json, '
       'merged into the existing file.', flag_values=flag_values)
   flags.DEFINE_string(
       'tpu', None, 'accelerator: the Cloud TPU address (local on a TPU VM).',

@@ -152,7 +152,8 @@ def run(family: str, quick: bool = False,
   `reference_checkout` (another checkout of this repository, timed beside
   this one) is passed to families whose `run` takes it (assemblenet);
   `tpu` (the TPU address) to the accelerator benchmark; `cases` (some of
-  the family's `CASES`) to families that have cases (assemblenet), with
+  the family's `CASES`) to families that have cases (assemblenet,
+  readout), with
   `previous` (the family's recorded figures) as their `step_figures`.
   """
   module = family_module(family)
@@ -161,7 +162,7 @@ def run(family: str, quick: bool = False,
     options['step_figures'] = previous
   for name, value, who in (('reference_checkout', reference_checkout,
                             'assemblenet'), ('tpu', tpu, 'accelerator'),
-                           ('cases', cases, 'assemblenet')):
+                           ('cases', cases, 'assemblenet, readout')):
     if not value:
       continue
     if name not in inspect.signature(module.run).parameters:

@@ -153,9 +153,12 @@ in real (non-padding) query rows per second, the outputs checked equal before ti
 model (`model_*`): token embedding, encoder, query decoder and heads on a batch of demo trials,
 forward pass, the task's losses and every gradient (no optimizer update), padded against chained;
 `model_varlen_speedup_bound` is the speed-up if the chained queries cost nothing (the padded step
-over the shared encoder part). Memory: how far one step on the whole batch raises the resident
-memory of a fresh child process, after a warm-up step (so TensorFlow, tracing and data generation
-are not in it).
+over the shared encoder part). Spike tokens (`spike_*`, `--cases spike_tokens`): the same step of a
+unit-token model (`model.tokenization: unit_tokens`, every spike a token) on windows of Poisson
+spikes of one recording, with a Perceiver encoder; rates in real spike tokens per second, queries
+padded against chained (input tokens padded to the batch's longest window in both). Memory: how
+far one step on the whole batch raises the resident memory of a fresh child process, after a
+warm-up step (so TensorFlow, tracing and data generation are not in it).
 """,
 }
 
@@ -267,6 +270,27 @@ _LABELS: Dict[str, Sequence[_Row]] = {
          'whole model: speed-up if the chained queries cost nothing', _x),
         ('model_padded_step_peak_mb', 'whole model, padded: memory the step adds, MiB', _f(0)),
         ('model_varlen_step_peak_mb', 'whole model, chained: memory the step adds, MiB', _f(0)),
+        ('spike_num_samples', 'spike tokens: windows in the batch', _s),
+        ('spike_units', 'spike tokens: units', _s),
+        ('spike_window_seconds', 'spike tokens: window, s', _s),
+        ('spike_mean_rate_hz', 'spike tokens: mean firing rate, Hz', _s),
+        ('spike_num_latents', 'spike tokens: encoder latents', _s),
+        ('spike_hidden_size', 'spike tokens: encoder width', _s),
+        ('spike_tokens', 'spike tokens: real tokens in the batch', _f(0)),
+        ('spike_padded_tokens', 'spike tokens: padded tokens', _f(0)),
+        ('spike_token_padding_fraction', 'spike tokens: padding', _pct),
+        ('spike_num_queries', 'spike tokens: real queries', _f(0)),
+        ('spike_padded_tokens_per_sec',
+         'spike tokens, padded queries: tokens/s', _f(0)),
+        ('spike_varlen_tokens_per_sec',
+         'spike tokens, chained queries: tokens/s', _f(0)),
+        ('spike_padded_sec_per_step', 'spike tokens, padded queries: s per step', _f(3)),
+        ('spike_varlen_sec_per_step', 'spike tokens, chained queries: s per step', _f(3)),
+        ('spike_varlen_speedup', 'spike tokens: chained over padded', _x),
+        ('spike_padded_step_peak_mb',
+         'spike tokens, padded queries: memory the step adds, MiB', _f(0)),
+        ('spike_varlen_step_peak_mb',
+         'spike tokens, chained queries: memory the step adds, MiB', _f(0)),
     ),
 }
 
