@@ -276,6 +276,12 @@ class DataConfig(cfg.DataConfig):
       invalid record is an error naming the file and record. True: the
       damaged records of a file, or the invalid record, are skipped,
       logged and counted (`bad_records_skipped` in the task's logs).
+    balance_sessions: training with unit tokens only: every session of the
+      files is drawn equally often (rejection resampling of the shuffled,
+      repeated records; each session's share of the files is counted in
+      one pass over their `session_id`s before training), so a long
+      recording does not outweigh a short one. False: records are drawn as
+      they are shuffled.
   """
   input_dim: int = 32
   batching: str = 'padded'
@@ -285,6 +291,7 @@ class DataConfig(cfg.DataConfig):
   shuffle_buffer_size: int = 1000
   num_examples: int = -1
   skip_bad_records: bool = False
+  balance_sessions: bool = False
 
 
 @dataclasses.dataclass
@@ -332,10 +339,25 @@ class ReadoutModel(hyperparams.Config):
     static_shapes: route with masks instead of gathering rows (every head
       runs on every query; the loss masks the rest). Needed under XLA/TPU;
       same losses and metrics.
+    tokenization: 'binned' (default): a token is one time bin's vector of
+      `input_dim` features, embedded by `Dense(hidden_size)`
+      (`token_embedding`): a model fits one recording's units. 'unit_tokens':
+      a token is one unit's activity at one time (a spike event, value 1,
+      or a bin's count), embedded as unit_embedding(unit id) +
+      value_projection(value) + session_embedding(session id); the tables'
+      rows come from `task.vocabulary_file`, so one model reads recordings
+      of any unit count (`input_dim` 1).
   """
   encoder: Encoder = dataclasses.field(default_factory=Encoder)
   decoder: Decoder = dataclasses.field(default_factory=Decoder)
   static_shapes: bool = False
+  tokenization: str = 'binned'
+
+
+TOKENIZATIONS = ('binned', 'unit_tokens')
+# Modules `ReadoutTaskConfig.freeze` can hold (the model's variable groups).
+FREEZABLE_MODULES = ('encoder', 'decoder', 'readout', 'unit_embedding',
+                     'session_embedding')
 
 
 # The generated splits an evaluation set can read (`demo_data`):
@@ -459,6 +481,24 @@ class ReadoutTaskConfig(cfg.TaskConfig):
       (torch_brain's POYO+ scaling, with loss_weight applied as well).
     evaluation: evaluation options.
     demo_data: generated data used when an `input_path` is empty.
+    vocabulary_file: the unit and session vocabulary (`vocabulary`, JSON)
+      of `model.tokenization` 'unit_tokens' (required there, unused with
+      'binned'): the embedding tables have one row per id. With demo data
+      and this empty, the generated data's vocabulary is used.
+    init_checkpoint: (Model Garden's) a checkpoint (file prefix or
+      directory) to start from: every variable is restored strictly, except
+      that the unit and session tables may have more rows than the
+      checkpoint's (rows of ids the checkpoint's vocabulary has are copied
+      bit-identically, the others keep their initialisation). The
+      checkpoint's stored vocabulary must be a prefix of this one.
+    freeze: modules not trained, among 'encoder', 'decoder', 'readout',
+      'unit_embedding', 'session_embedding' (`FREEZABLE_MODULES`).
+      'unit_embedding' / 'session_embedding' freeze the rows of the ids in
+      the checkpoint's vocabulary only (new rows are trained), so
+      `freeze=[encoder, decoder, readout, unit_embedding,
+      session_embedding]` is unit identification of a new recording.
+    unfreeze_step: from this training step on every module trains; 0: the
+      frozen modules stay frozen for the whole run.
   """
   model: ReadoutModel = dataclasses.field(default_factory=ReadoutModel)
   train_data: DataConfig = dataclasses.field(
@@ -471,6 +511,9 @@ class ReadoutTaskConfig(cfg.TaskConfig):
   loss_weighting: str = 'weighted_sum'
   evaluation: Evaluation = dataclasses.field(default_factory=Evaluation)
   demo_data: DemoDataConfig = dataclasses.field(default_factory=DemoDataConfig)
+  vocabulary_file: str = ''
+  freeze: Tuple[str, ...] = ()
+  unfreeze_step: int = 0
 
 
 # The demo's eight readouts (see `demo_data`): all five types.

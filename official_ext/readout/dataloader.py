@@ -6,6 +6,14 @@ Record schema: one `tf.train.Example` per sample (e.g. a trial), features
 * `input_values` (float list, n_in * input_dim): the input tokens' features,
   token-major ([n_in, input_dim] flattened); n_in >= 1.
 * `input_timestamps` (float list, n_in): time of each input token (seconds).
+* `input_unit_ids` (int64 list, n_in; unit tokens only,
+  `ReadoutModel.tokenization` 'unit_tokens'): each token's unit id in the
+  task's unit vocabulary (`vocabulary`: 1 + the unit's position; 0 is
+  padding, never stored); `input_values` then has input_dim 1 (1.0 for a
+  spike event, or a bin's count) and `input_timestamps` are the spike times
+  (bin centres) from the window start. Such records must carry `session_id`,
+  a session of the vocabulary, and every unit must be one of that
+  session's.
 * `output_task_ids` (int64 list, n_q): routing id of each readout query
   (1 + the task's position in `task.task_vocabulary`; 0 is padding and never
   stored). n_q may be 0.
@@ -25,8 +33,8 @@ Record schema: one `tf.train.Example` per sample (e.g. a trial), features
   continuous: values; binary / multilabel: labels in [0, 1]; multinomial: the
   class id in [0, dim); event_rate: counts >= 0; von_mises: an angle in
   radians.
-* `session_id` (bytes, optional): the recording session the sample comes
-  from (e.g. an NWB file's identifier).
+* `session_id` (bytes, optional; required with unit tokens): the recording
+  session the sample comes from (e.g. an NWB file's identifier).
 * `window_start` (float, optional): the session time (seconds) of the
   sample's time 0; `window_start + output_timestamps` place its queries on
   the session's clock. Both are read only for stitched evaluation
@@ -63,6 +71,8 @@ up to a multiple of `pad_multiple` (or exactly `max_input_tokens` /
   weight in the metrics: its `output_eval_mask` if the record has one, else
   its weight; 0 on padding), `output_targets` float32 [B, n_out, T] (zeros
   past a query's target size).
+* unit tokens: `input_unit_ids` int32 [B, n_in] (0 on padding) and
+  `session_ids` int32 [B] (the record's session id in the vocabulary).
 * with session names (stitched evaluation): `session_index` int32 [B] (the
   position of the record's `session_id` in the names, -1 without one; no
   string enters a batch) and `window_start` float32 [B] (0 without one).
@@ -75,6 +85,7 @@ trial: the last batch is filled with copies of a trial marked padding
 `eval_mask` bool [B] (False: padding) and a padding trial's queries have
 weight and metric weight 0, so they count in no loss and no metric.
 """
+import functools
 import json
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -88,6 +99,7 @@ from official_ext.core import input_files
 from official_ext.core import tfrecord_input
 from official_ext.readout import configs
 from official_ext.readout import readout_types
+from official_ext.readout import vocabulary as vocabulary_lib
 
 
 # ---------------------------------------------------------------------------
@@ -104,7 +116,8 @@ def make_example(example_id: str,
                  output_weights: Optional[Sequence[float]] = None,
                  session_id: Optional[str] = None,
                  window_start: Optional[float] = None,
-                 output_eval_mask: Optional[Sequence[int]] = None
+                 output_eval_mask: Optional[Sequence[int]] = None,
+                 input_unit_ids: Optional[Sequence[int]] = None
                  ) -> tf.train.Example:
   """Builds one readout record (see the module docstring).
 
@@ -120,6 +133,9 @@ def make_example(example_id: str,
     window_start: session time of the sample's time 0; None: not stored.
     output_eval_mask: int [n_q], 0/1: which queries the metrics score;
       None: not stored (the metrics use `output_weights`).
+    input_unit_ids: int [n_in], unit tokens: each token's unit id in the
+      vocabulary (then `input_values` is [n_in, 1] and `session_id` is
+      required); None: not stored (binned tokens).
 
   Returns:
     The `tf.train.Example`.
@@ -135,6 +151,16 @@ def make_example(example_id: str,
   if times.shape[0] != values.shape[0]:
     raise ValueError(f'make_example({example_id!r}): {times.shape[0]} '
                      f'input_timestamps for {values.shape[0]} input tokens.')
+  if input_unit_ids is not None:
+    unit_ids = np.asarray(input_unit_ids, np.int64).reshape([-1])
+    if unit_ids.shape[0] != values.shape[0] or values.shape[1] != 1:
+      raise ValueError(f'make_example({example_id!r}): {unit_ids.shape[0]} '
+                       f'input_unit_ids for input_values of shape '
+                       f'{values.shape}; unit tokens are [n_in, 1] with one '
+                       'unit id each.')
+    if session_id is None:
+      raise ValueError(f'make_example({example_id!r}): unit tokens '
+                       '(input_unit_ids) need a session_id.')
   n_q = len(output_task_ids)
   weights = np.ones([n_q]) if output_weights is None else output_weights
   for key, seq in (('output_timestamps', output_timestamps),
@@ -164,6 +190,9 @@ def make_example(example_id: str,
         value=[session_id.encode('utf-8')]))
   if window_start is not None:
     feature['window_start'] = _floats([window_start])
+  if input_unit_ids is not None:
+    feature['input_unit_ids'] = tf.train.Feature(
+        int64_list=tf.train.Int64List(value=unit_ids.tolist()))
   if output_eval_mask is not None:
     feature['output_eval_mask'] = tf.train.Feature(
         int64_list=tf.train.Int64List(value=[int(m) for m in
@@ -176,11 +205,9 @@ def _floats(values) -> tf.train.Feature:
       value=np.asarray(values, np.float32).reshape([-1]).tolist()))
 
 
-def session_names(input_path) -> List[str]:
-  """The distinct non-empty `session_id`s of the records, sorted.
-
-  Reads every record of the files `input_path` matches (one pass, only this
-  feature): the names a stitched evaluation maps `session_index` back to.
+def session_counts(input_path) -> Dict[str, int]:
+  """{`session_id`: its records} over the files `input_path` matches ('' for
+  records without one); one pass reading only this feature.
 
   Args:
     input_path: `DataConfig.input_path` (file, glob, comma-separated, list).
@@ -190,11 +217,24 @@ def session_names(input_path) -> List[str]:
                                                  default_value='')}
   ds = tf.data.TFRecordDataset(files).batch(4096).map(
       lambda records: tf.io.parse_example(records, feature)['session_id'])
-  names = set()
+  counts: Dict[str, int] = {}
   for batch in ds.as_numpy_iterator():
-    names.update(batch.tolist())
-  names.discard(b'')
-  return sorted(n.decode('utf-8') for n in names)
+    for name in batch.tolist():
+      name = name.decode('utf-8')
+      counts[name] = counts.get(name, 0) + 1
+  return counts
+
+
+def session_names(input_path) -> List[str]:
+  """The distinct non-empty `session_id`s of the records, sorted.
+
+  Reads every record of the files `input_path` matches (one pass, only this
+  feature): the names a stitched evaluation maps `session_index` back to.
+
+  Args:
+    input_path: `DataConfig.input_path` (file, glob, comma-separated, list).
+  """
+  return sorted(n for n in session_counts(input_path) if n)
 
 
 def write_records(path: str, examples) -> int:
@@ -247,7 +287,8 @@ class Parser:
   def __init__(self, params: configs.DataConfig,
                readouts: Sequence[configs.ReadoutSpec],
                task_vocabulary: Sequence[str],
-               session_names: Optional[Sequence[str]] = None):
+               session_names: Optional[Sequence[str]] = None,
+               units: Optional[vocabulary_lib.Vocabulary] = None):
     """Args:
       params: the split's DataConfig.
       readouts: the task's ReadoutSpecs.
@@ -257,8 +298,18 @@ class Parser:
         `session_index` (position here, -1 without a session_id; a name not
         here is an error naming the record) and `window_start`. None: they
         are not read.
+      units: the unit and session vocabulary of unit tokens: records carry
+        `input_unit_ids` and `session_id`, checked against it (an id not in
+        it, or a unit of another session, is an error naming the record and
+        the id), and examples carry `input_unit_ids` and `session_ids`.
+        None: binned tokens (`input_unit_ids` is not read).
     """
     _check_config(params)
+    if units is not None and int(params.input_dim) != 1:
+      raise ValueError(f'DataConfig.input_dim is {params.input_dim}; unit '
+                       'tokens (model.tokenization unit_tokens) carry one '
+                       'value each: set it to 1.')
+    self._units = units
     configs.validate_readouts(readouts, task_vocabulary)
     self._params = params
     self._input_dim = int(params.input_dim)
@@ -312,6 +363,15 @@ class Parser:
           [], tf.string, default_value='')
       self._features['window_start'] = tf.io.FixedLenFeature(
           [], tf.float32, default_value=0.0)
+    if units is not None:
+      self._features['session_id'] = tf.io.FixedLenFeature(
+          [], tf.string, default_value='')
+      self._features['input_unit_ids'] = tf.io.RaggedFeature(tf.int64)
+      # The session id of each unit id (row 0: padding, session 0).
+      session_of = np.zeros([units.num_unit_ids], np.int64)
+      for i, name in enumerate(units.units, start=1):
+        session_of[i] = units.session_id(vocabulary_lib.session_of_unit(name))
+      self._session_of_unit = session_of
 
   def parse(self, serialized: tf.Tensor,
             source: Optional[tf.Tensor] = None) -> Dict[str, tf.Tensor]:
@@ -360,6 +420,10 @@ class Parser:
     if self._session_names is not None:
       sample, session_checks = self._session(f, where)
       mask_checks += session_checks
+    if self._units is not None:
+      unit_sample, unit_checks = self._unit_tokens(f, where)
+      sample.update(unit_sample)
+      mask_checks += unit_checks
     # Every output waits for every check.
     with tf.control_dependencies(checks + value_checks + [check_ids] +
                                  target_checks + mask_checks):
@@ -407,6 +471,57 @@ class Parser:
     with tf.control_dependencies(checks):
       return tf.cond(has_mask, lambda: tf.cast(mask, tf.float32),
                      lambda: tf.identity(weights)), checks
+
+  def _unit_tokens(self, f: Dict[str, tf.Tensor],
+                   where: Callable[..., Callable[[], tf.Tensor]]
+                   ) -> Tuple[Dict[str, tf.Tensor], List[tf.Tensor]]:
+    """`input_unit_ids` int32 [n_in] and `session_ids` int32 of a unit-token
+    record, and the checks: one unit id per token, every id in the
+    vocabulary and of the record's session, the session in the
+    vocabulary."""
+    units = self._units
+    sid, ids = f['session_id'], f['input_unit_ids']
+    names = tf.constant(list(units.sessions) + [''])
+    match = tf.equal(names, sid)
+    session = tf.cast(tf.argmax(tf.cast(match, tf.int32)), tf.int64) + 1
+    known_session = tf.logical_and(tf.reduce_any(match),
+                                   tf.not_equal(sid, ''))
+    token = tf.range(tf.size(ids))
+    known = tf.logical_and(ids >= 1, ids < units.num_unit_ids)
+    owner = tf.gather(self._session_of_unit, tf.where(known, ids, 0))
+    unknown = tf.logical_not(known)
+    foreign = tf.logical_and(known, tf.not_equal(owner, session))
+    unit_names = tf.constant(['<padding>'] + list(units.units))
+    session_names = tf.constant(['<padding>'] + list(units.sessions))
+    checks = [
+        graph_checks.require(
+            tf.equal(tf.size(ids), tf.size(f['input_timestamps'])),
+            where(lambda: ('input_unit_ids has ', tf.size(ids),
+                           ' entries for ', tf.size(f['input_timestamps']),
+                           ' input tokens; unit tokens need one unit id '
+                           'per token.'))),
+        graph_checks.require(known_session, where(lambda: (
+            'session_id `', sid, '` is not in the unit vocabulary (',
+            str(len(units.sessions)), ' sessions: task.vocabulary_file); '
+            'unit tokens need a known session_id.'))),
+        graph_checks.require(
+            tf.logical_not(tf.reduce_any(unknown)), where(lambda: (
+                'input token ', graph_checks.first_where(token, unknown),
+                ' has unit id ', graph_checks.first_where(ids, unknown),
+                ', which is not in the unit vocabulary (ids 1..',
+                str(len(units.units)), ': task.vocabulary_file).'))),
+        graph_checks.require(
+            tf.logical_not(tf.reduce_any(foreign)), where(lambda: (
+                'input token ', graph_checks.first_where(token, foreign),
+                ' has unit id ', graph_checks.first_where(ids, foreign),
+                ' (`', tf.gather(unit_names, graph_checks.first_where(
+                    tf.where(known, ids, 0), foreign)),
+                '`), a unit of session `', tf.gather(
+                    session_names, graph_checks.first_where(owner, foreign)),
+                '`, in a record of session `', sid, '`.'))),
+    ]
+    return {'input_unit_ids': tf.cast(ids, tf.int32),
+            'session_ids': tf.cast(session, tf.int32)}, checks
 
   def _session(self, f: Dict[str, tf.Tensor],
                where: Callable[..., Callable[[], tf.Tensor]]
@@ -592,11 +707,12 @@ class Parser:
 # Batching.
 # ---------------------------------------------------------------------------
 
-_INPUT_KEYS = ('input_values', 'input_timestamps', 'input_mask')
+_INPUT_KEYS = ('input_values', 'input_timestamps', 'input_mask',
+               'input_unit_ids')
 _QUERY_KEYS = ('output_readout_index', 'output_timestamps', 'output_weights',
                'output_metric_weights', 'output_targets')
 # Per-sample keys of stitched evaluation ([B]).
-_SAMPLE_KEYS = ('session_index', 'window_start')
+_SAMPLE_KEYS = ('session_index', 'window_start', 'session_ids')
 
 
 def _round_up(n: tf.Tensor, multiple: int) -> tf.Tensor:
@@ -636,13 +752,14 @@ def batch_examples(ds: tf.data.Dataset, params: configs.DataConfig,
     n = tf.shape(batch['input_timestamps'])[1]
     length = (tf.constant(params.max_input_tokens) if params.max_input_tokens
               else _round_up(n, multiple))
-    for k in _INPUT_KEYS:
+    keys = [k for k in _INPUT_KEYS if k in batch]
+    for k in keys:
       batch[k] = _pad_axis1(batch[k], length)
     if params.max_input_tokens:
       batch['input_values'] = tf.ensure_shape(
           batch['input_values'],
           [None, params.max_input_tokens, params.input_dim])
-      for k in ('input_timestamps', 'input_mask'):
+      for k in keys[1:]:
         batch[k] = tf.ensure_shape(batch[k], [None, params.max_input_tokens])
     return batch
 
@@ -668,7 +785,7 @@ def batch_examples(ds: tf.data.Dataset, params: configs.DataConfig,
   ds = ds.ragged_batch(batch_size, drop_remainder=params.drop_remainder)
 
   def finish_varlen(batch):
-    out = {k: batch[k].to_tensor() for k in _INPUT_KEYS}
+    out = {k: batch[k].to_tensor() for k in _INPUT_KEYS if k in batch}
     out = pad_inputs(out)
     index = batch['output_readout_index']
     for k in _QUERY_KEYS:
@@ -685,6 +802,49 @@ def batch_examples(ds: tf.data.Dataset, params: configs.DataConfig,
   return ds.map(finish_varlen, num_parallel_calls=tf.data.AUTOTUNE)
 
 
+def balance_sessions(ds: tf.data.Dataset, counts: Dict[str, int],
+                     units: vocabulary_lib.Vocabulary,
+                     seed: Optional[int] = None,
+                     input_path: str = '') -> tf.data.Dataset:
+  """Parsed unit-token examples resampled so that every session is drawn
+  equally often.
+
+  Rejection resampling (`tf.data.Dataset.rejection_resample`) of the
+  (repeated) examples: an example of session s, whose share of the records
+  is p_s, is kept with a probability proportional to 1 / p_s, so the kept
+  examples are uniform over the sessions of the files. Nothing is
+  duplicated within a pass; the rarest session's examples are always kept.
+
+  Args:
+    ds: examples with `session_ids` (int32 scalar, vocabulary id).
+    counts: {session name: records} of the files (`session_counts`).
+    units: the vocabulary the ids index.
+    seed: the resampling seed (None: random).
+    input_path: names the files in errors.
+
+  Raises:
+    ValueError: a session of the files is not in the vocabulary (named).
+  """
+  present = sorted(n for n in counts if n)
+  unknown = [n for n in present if n not in units.sessions]
+  if unknown or '' in counts:
+    raise ValueError(f'DataConfig.balance_sessions: the records of '
+                     f'{input_path} have session_ids {unknown or [""]} not '
+                     'in the unit vocabulary (task.vocabulary_file).')
+  # Vocabulary id -> the session's class among those present.
+  classes = np.zeros([units.num_session_ids], np.int32)
+  for k, name in enumerate(present):
+    classes[units.session_id(name)] = k
+  total = float(sum(counts[n] for n in present))
+  initial = [counts[n] / total for n in present]
+  target = [1.0 / len(present)] * len(present)
+  class_of = tf.constant(classes)
+  ds = ds.rejection_resample(
+      lambda example: tf.gather(class_of, example['session_ids']),
+      target_dist=target, initial_dist=initial, seed=seed)
+  return ds.map(lambda unused_class, example: example)
+
+
 # Parser configuration (JSON) -> its `parse` as a tf.function.
 _TRACED_PARSES: Dict[str, Callable[..., Dict[str, tf.Tensor]]] = {}
 
@@ -692,7 +852,8 @@ _TRACED_PARSES: Dict[str, Callable[..., Dict[str, tf.Tensor]]] = {}
 def traced_parse(params: configs.DataConfig,
                  readouts: Sequence[configs.ReadoutSpec],
                  task_vocabulary: Sequence[str],
-                 session_names: Optional[Sequence[str]] = None
+                 session_names: Optional[Sequence[str]] = None,
+                 units: Optional[vocabulary_lib.Vocabulary] = None
                  ) -> Callable[..., Dict[str, tf.Tensor]]:
   """`Parser(...).parse` as a tf.function shared by every pipeline of its kind.
 
@@ -702,10 +863,10 @@ def traced_parse(params: configs.DataConfig,
   run's restarts, several runs in one process) call one traced function
   instead of tracing it again each. A parser's behaviour depends only on
   what the key holds: `params.input_dim`, `max_input_tokens`, `max_queries`,
-  the readouts, the vocabulary and the session names.
+  the readouts, the vocabulary, the session names and the unit vocabulary.
 
   Args:
-    params, readouts, task_vocabulary, session_names: as `Parser`'s.
+    params, readouts, task_vocabulary, session_names, units: as `Parser`'s.
 
   Returns:
     A tf.function (serialized, source) -> `Parser.parse`'s dict.
@@ -713,11 +874,13 @@ def traced_parse(params: configs.DataConfig,
   key = json.dumps(
       [int(params.input_dim), params.max_input_tokens, params.max_queries,
        [r.as_dict() for r in readouts], [str(n) for n in task_vocabulary],
-       None if session_names is None else [str(n) for n in session_names]],
+       None if session_names is None else [str(n) for n in session_names],
+       None if units is None else units.as_dict()],
       sort_keys=True, default=repr)
   if key not in _TRACED_PARSES:
     _TRACED_PARSES[key] = tf.function(Parser(
-        params, readouts, task_vocabulary, session_names=session_names).parse)
+        params, readouts, task_vocabulary, session_names=session_names,
+        units=units).parse)
   return _TRACED_PARSES[key]
 
 
@@ -726,7 +889,8 @@ def build_dataset(params: configs.DataConfig,
                   task_vocabulary: Sequence[str],
                   input_context: Optional[tf.distribute.InputContext] = None,
                   bad_records: Optional[bad_records_lib.BadRecordLog] = None,
-                  session_names: Optional[Sequence[str]] = None
+                  session_names: Optional[Sequence[str]] = None,
+                  units: Optional[vocabulary_lib.Vocabulary] = None
                   ) -> tf.data.Dataset:
   """Builds the batched pipeline of one split.
 
@@ -744,6 +908,9 @@ def build_dataset(params: configs.DataConfig,
       `official_ext.core.bad_records.bad_record_log()`).
     session_names: see `Parser` (stitched evaluation); None: sessions are
       not read.
+    units: see `Parser` (unit tokens); None: binned tokens. Training with
+      `params.balance_sessions` draws every session equally often
+      (`balance_sessions`).
 
   Returns:
     A Dataset of batch dicts (module docstring); training: shuffled and
@@ -752,10 +919,22 @@ def build_dataset(params: configs.DataConfig,
   """
   _check_config(params)
   parser = Parser(params, readouts, task_vocabulary,
-                  session_names=session_names)
-  parse = traced_parse(params, readouts, task_vocabulary, session_names)
+                  session_names=session_names, units=units)
+  parse = traced_parse(params, readouts, task_vocabulary, session_names,
+                       units)
+  transform_fn = None
+  if params.balance_sessions and params.is_training:
+    if units is None:
+      raise ValueError('DataConfig.balance_sessions is True but the tokens '
+                       'are binned; balancing reads the records\' '
+                       'session_id in the unit vocabulary (model.'
+                       'tokenization unit_tokens).')
+    transform_fn = functools.partial(
+        balance_sessions, counts=session_counts(params.input_path),
+        units=units, seed=params.seed, input_path=params.input_path)
   stages = tfrecord_input.Stages(
       decoder_fn=lambda filename, record: parse(record, source=filename),
+      transform_fn=transform_fn,
       batch_fn=lambda ds, batch_size: batch_examples(
           ds, params, batch_size, parser.max_target_size))
   return tfrecord_input.build_dataset(params, input_context, bad_records,
