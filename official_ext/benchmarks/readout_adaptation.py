@@ -32,7 +32,6 @@ train API (`official_ext.train.run`), every run in a folder of its own:
 (`PLOTS`: docs/readout_adaptation.png). The arms' scores are what one seed
 measured, not a tuned result.
 """
-import io
 import os
 import tempfile
 from typing import Any, Callable, Dict, IO, List, NamedTuple, Optional, Sequence, Tuple
@@ -42,8 +41,11 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.core import config_definitions
 from official_ext import train
-from official_ext.core import experiment_params
-from official_ext.readout import configs
+from official_ext.core import experiment_params as experiment_params_lib
+from official_ext.readout import dataloader
+from official_ext.readout import demo_data
+from official_ext.readout import readout_types
+from official_ext.readout import vocabulary as vocabulary_lib
 
 PRETRAIN_EXPERIMENT = 'readout_units_demo'
 FINETUNE_EXPERIMENT = 'readout_units_finetune_demo'
@@ -52,9 +54,11 @@ ARM_LABELS = {
     'pretrained': '(a) pretrained, unit identification then fine-tuning',
     'scratch': '(b) the same model from scratch',
 }
-# The modules frozen during unit identification (`task.freeze`): all but
-# the unit and session embeddings.
-IDENTIFICATION_FREEZE = ('encoder', 'decoder', 'readout')
+# The modules frozen during unit identification (`task.freeze`): every
+# module; of the unit and session tables only the rows the pretrained
+# checkpoint has are frozen, so the held-out session's rows train.
+IDENTIFICATION_FREEZE = ('encoder', 'decoder', 'readout', 'unit_embedding',
+                         'session_embedding')
 SCORE = 'average/score'
 
 
@@ -200,3 +204,179 @@ def plot(figures: Dict[str, Any], stream: IO[bytes]) -> None:
 PLOTS: Dict[str, Callable[[Dict[str, Any], IO[bytes]], None]] = {
     os.path.join('docs', 'readout_adaptation.png'): plot,
 }
+
+
+def _nested(overrides: Dict[str, Any]) -> Dict[str, Any]:
+  """{'a.b': 1} -> {'a': {'b': 1}}."""
+  out: Dict[str, Any] = {}
+  for key, value in overrides.items():
+    node = out
+    *parents, leaf = key.split('.')
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  return out
+
+
+def _schedule(steps: int) -> Dict[str, Any]:
+  """A run of `steps` steps, evaluated and checkpointed once at its end,
+  its learning rate's warmup and decay fitted to it."""
+  return {
+      'trainer.train_steps': steps,
+      'trainer.steps_per_loop': steps,
+      'trainer.summary_interval': steps,
+      'trainer.checkpoint_interval': steps,
+      'trainer.validation_interval': steps,
+      'trainer.optimizer_config.learning_rate.cosine.decay_steps': steps,
+      'trainer.optimizer_config.warmup.linear.warmup_steps': max(
+          1, steps // 10),
+  }
+
+
+def experiment_params(experiment: str, size: Size,
+                      overrides: Dict[str, Any]
+                      ) -> config_definitions.ExperimentConfig:
+  """`experiment`'s config with `size.overrides`, then `overrides` (dotted
+  keys), applied strictly and validated."""
+  params = experiment_params_lib.load_params(experiment, lock=False)
+  params.override(_nested(dict(size.overrides)), is_strict=True)
+  params.override(_nested(overrides), is_strict=True)
+  params.validate()
+  params.lock()
+  return params
+
+
+def primary_metrics(params: config_definitions.ExperimentConfig
+                    ) -> List[Tuple[str, str]]:
+  """[(task, its primary metric)] of the experiment's readouts."""
+  return [(s.name, readout_types.get_readout_type(s).metrics[0])
+          for s in params.task.readouts]
+
+
+def _scores(metrics: Dict[str, Any], tasks: Sequence[Tuple[str, str]],
+            where: str) -> Dict[str, float]:
+  """{`<task>/<metric>` of each task's primary metric, `average/score`}
+  from a run's final metrics.
+
+  Raises:
+    ValueError: a score the run did not report (naming the run and the
+      key): nothing is filled in.
+  """
+  names = [f'{t}/{m}' for t, m in tasks] + [SCORE]
+  missing = [n for n in names if n not in metrics]
+  if missing:
+    raise ValueError(f'{where}: the evaluation reported no {missing}; '
+                     f'it reported {sorted(metrics)}.')
+  return {n: float(metrics[n]) for n in names}
+
+
+def _subset(pattern: str, count: int, path: str) -> None:
+  """Writes the first `count` records of the files `pattern` matches (in
+  file order) to `path`.
+
+  Raises:
+    ValueError: the files hold fewer records, naming the pattern.
+  """
+  files = sorted(tf.io.gfile.glob(pattern))
+  records = []
+  for record in tf.data.TFRecordDataset(files).take(count):
+    records.append(record.numpy())
+  if len(records) < count:
+    raise ValueError(f'{pattern}: {len(records)} records; the adaptation '
+                     f'with {count} training trials needs {count}.')
+  dataloader.write_records(path, iter(records))
+
+
+def run(quick: bool = False, work_dir: Optional[str] = None,
+        size: Optional[Size] = None) -> Dict[str, Any]:
+  """Pretrains, adapts with both arms at every trial count, evaluates.
+
+  Args:
+    quick: `QUICK` sizes (a smoke test) instead of `FULL`.
+    work_dir: the folder of the runs (`pretrain/`, `<arm>_<n>/` model_dirs
+      and the training subsets); None: a temporary folder, removed after.
+    size: sizes other than `QUICK` / `FULL`.
+
+  Returns:
+    {'trial_counts': [n], 'tasks': [[task, primary metric]],
+     'pretrain_sessions', 'held_out_session', 'held_out_units',
+     'test_trials', 'steps': {'pretrain', 'identification', 'adaptation'},
+     'batch_size', 'freeze': [module], 'pretrained': {str(n): {score name:
+     value}}, 'scratch': {...}}; score names `<task>/<metric>` (each task's
+    primary metric) and `average/score`.
+  """
+  size = size or (QUICK if quick else FULL)
+  if work_dir is not None:
+    return _run(size, work_dir)
+  with tempfile.TemporaryDirectory() as folder:
+    return _run(size, folder)
+
+
+def _run(size: Size, root: str) -> Dict[str, Any]:
+  """`run` in the folder `root`."""
+  data = {'task.demo_data.num_held_out_train_trials': max(size.trial_counts),
+          'task.train_data.global_batch_size': size.batch_size}
+  pretrain = experiment_params(PRETRAIN_EXPERIMENT, size,
+                               {**data, **_schedule(size.pretrain_steps)})
+  pretrain_dir = os.path.join(root, 'pretrain')
+  logging.info('readout_adaptation: pretraining %d steps in %s',
+               size.pretrain_steps, pretrain_dir)
+  train.run(pretrain, 'train', pretrain_dir, experiment=PRETRAIN_EXPERIMENT)
+  checkpoint = tf.train.latest_checkpoint(pretrain_dir)
+  finetune = experiment_params(FINETUNE_EXPERIMENT, size, data)
+  held_out_train = demo_data.demo_split_pattern(finetune.task,
+                                                'held_out_train')
+  vocabulary_file = demo_data.demo_vocabulary_file(finetune.task)
+  tasks = primary_metrics(finetune)
+  figures: Dict[str, Any] = {arm: {} for arm in ARMS}
+  for count in size.trial_counts:
+    subset = os.path.join(root, f'held_out_train_{count}.tfrecord')
+    _subset(held_out_train, count, subset)
+    for arm in ARMS:
+      overrides = {**data, **_schedule(size.adaptation_steps),
+                   'task.train_data.input_path': subset,
+                   'task.train_data.num_examples': count,
+                   'task.vocabulary_file': vocabulary_file}
+      if arm == 'pretrained':
+        overrides.update({'task.init_checkpoint': checkpoint,
+                          'task.freeze': list(IDENTIFICATION_FREEZE),
+                          'task.unfreeze_step': size.identification_steps})
+      else:
+        overrides.update({'task.init_checkpoint': '', 'task.freeze': [],
+                          'task.unfreeze_step': 0})
+      params = experiment_params(FINETUNE_EXPERIMENT, size, overrides)
+      model_dir = os.path.join(root, f'{arm}_{count}')
+      logging.info('readout_adaptation: %s, %d trials, in %s', arm, count,
+                   model_dir)
+      _, metrics = train.run(params, 'train_and_eval', model_dir,
+                             experiment=FINETUNE_EXPERIMENT)
+      figures[arm][_key(count)] = _scores(metrics, tasks, model_dir)
+  figures.update(_describe(size, pretrain, finetune, vocabulary_file, tasks))
+  return figures
+
+
+def _describe(size: Size, pretrain, finetune, vocabulary_file: str,
+              tasks: Sequence[Tuple[str, str]]) -> Dict[str, Any]:
+  """The run's settings for its figures: sessions, the held-out session
+  and its units, the test trials, the steps."""
+  units = vocabulary_lib.load(vocabulary_file)
+  trained = set(vocabulary_lib.load(
+      demo_data.demo_vocabulary_file(pretrain.task)).sessions)
+  held_out = [s for s in units.sessions if s not in trained]
+  if len(held_out) != 1:
+    raise ValueError(f'{vocabulary_file}: expected one session beyond the '
+                     f'pretrained ones, found {held_out}.')
+  demo = finetune.task.demo_data
+  return {
+      'trial_counts': [int(n) for n in size.trial_counts],
+      'tasks': [[t, m] for t, m in tasks],
+      'pretrain_sessions': len(trained),
+      'held_out_session': held_out[0],
+      'held_out_units': len(units.units_of(held_out[0])),
+      'test_trials': int(demo.num_held_out_session_trials),
+      'steps': {'pretrain': int(size.pretrain_steps),
+                'identification': int(size.identification_steps),
+                'adaptation': int(size.adaptation_steps)},
+      'batch_size': int(size.batch_size),
+      'freeze': list(IDENTIFICATION_FREEZE),
+  }
