@@ -450,7 +450,23 @@ class DemoDataConfig(hyperparams.Config):
     num_held_out_session_trials: records of the `held_out_sessions` split
       (0: not written; then num_held_out_sessions must be 0).
     session_gain_std: std of the log of the per-unit gains of a session
-      (session 0 excepted).
+      (session 0 excepted; with unit tokens every session's units).
+    num_held_out_train_trials: unit tokens: records of the `held_out_train`
+      split, training trials of the held-out sessions (adaptation to a new
+      recording; 0: not written).
+    min_units, max_units: unit tokens: each session records a number of
+      units drawn in [min_units, max_units], each with its own tuning to
+      the shared latents and gain (`demo_data.unit_session`).
+    mean_rate_hz: unit tokens: the units' median firing rate at rest.
+    train_split: the generated split `task.train_data` reads: 'train', or
+      'held_out_train' (unit tokens: the held-out sessions, whose units the
+      extended vocabulary adds).
+    validation_split: the generated split `task.validation_data` reads
+      ('validation' or 'held_out_sessions').
+
+  With `task.model.tokenization` 'unit_tokens' the generated records are
+  spike-event unit tokens of the same simulated trials (`demo_data`), and
+  the data's vocabulary is used when `task.vocabulary_file` is empty.
   """
   enabled: bool = False
   cache_dir: str = ''
@@ -464,6 +480,12 @@ class DemoDataConfig(hyperparams.Config):
   num_held_out_sessions: int = 0
   num_held_out_session_trials: int = 0
   session_gain_std: float = 0.5
+  num_held_out_train_trials: int = 0
+  min_units: int = 8
+  max_units: int = 32
+  mean_rate_hz: float = 5.0
+  train_split: str = 'train'
+  validation_split: str = 'validation'
 
 
 @dataclasses.dataclass
@@ -603,4 +625,55 @@ def readout_demo_named_eval() -> cfg.ExperimentConfig:
       EvalSet(name='held_out_sessions', data=data,
               demo_split='held_out_sessions'),
   ))
+  return params
+
+
+def readout_units_demo_task() -> ReadoutTaskConfig:
+  """The unit-token demo's task: spike-event tokens of eight generated
+  sessions of 8-32 units each, one Perceiver encoder (32 latents)."""
+  task = readout_demo_task(num_train=4096, num_val=512, batch_size=64)
+  task.model = task.model.replace(
+      tokenization='unit_tokens',
+      encoder=task.model.encoder.replace(num_latents=32))
+  task.train_data = task.train_data.replace(input_dim=1,
+                                            balance_sessions=True)
+  task.validation_data = task.validation_data.replace(input_dim=1)
+  task.demo_data = task.demo_data.replace(
+      num_sessions=8, num_held_out_sessions=1,
+      num_held_out_session_trials=256, num_held_out_train_trials=256)
+  task.evaluation = task.evaluation.replace(stitch=True)
+  return task
+
+
+@exp_factory.register_config_factory('readout_units_demo')
+def readout_units_demo() -> cfg.ExperimentConfig:
+  """Pretraining over many sessions: one unit-token model over eight
+  generated recordings of different unit counts, sessions drawn equally
+  often, metrics per session."""
+  params = readout_demo()
+  params.task = readout_units_demo_task()
+  return params
+
+
+@exp_factory.register_config_factory('readout_units_finetune_demo')
+def readout_units_finetune_demo() -> cfg.ExperimentConfig:
+  """Adaptation of `readout_units_demo` to its held-out session: from
+  `task.init_checkpoint` (the pretraining run), the vocabulary extended by
+  the new session; its unit and session rows are trained alone (unit
+  identification) for the first 64 steps, then everything is fine-tuned."""
+  params = readout_units_demo()
+  task = params.task
+  task.demo_data = task.demo_data.replace(train_split='held_out_train',
+                                          validation_split='held_out_sessions')
+  task.train_data = task.train_data.replace(
+      global_batch_size=32, num_examples=256, balance_sessions=False)
+  task.validation_data = task.validation_data.replace(num_examples=256)
+  task.freeze = FREEZABLE_MODULES
+  task.unfreeze_step = 64
+  steps_per_epoch, train_steps = 8, 256
+  params.trainer = params.trainer.replace(
+      steps_per_loop=steps_per_epoch, summary_interval=steps_per_epoch,
+      checkpoint_interval=64, train_steps=train_steps,
+      validation_interval=64,
+      optimizer_config=demo_optimizer(2e-3, train_steps, steps_per_epoch))
   return params

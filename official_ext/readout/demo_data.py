@@ -56,6 +56,7 @@ import numpy as np
 from official_ext.core import demo_cache
 from official_ext.readout import configs
 from official_ext.readout import dataloader
+from official_ext.readout import vocabulary as vocabulary_lib
 
 FORMAT_VERSION = 4  # 4: the splits of a session follow each other.
 BIN_SECONDS = 0.1
@@ -64,7 +65,14 @@ BIN_SECONDS = 0.1
 INTER_TRIAL_SECONDS = 1.0
 _NUM_LATENTS = 12  # stimulus one-hot (5), choice, reward, wheel, paw (2),
 # whisker, lick log-rate.
-_SPLITS = ('train', 'validation', 'held_out_sessions')
+_SPLITS = ('train', 'validation', 'held_out_sessions', 'held_out_train')
+# The example_id prefix of each split's records.
+_ID_PREFIXES = {'train': 'tr', 'validation': 'va', 'held_out_sessions': 'he',
+                'held_out_train': 'ht'}
+# Unit-token data: the vocabulary of the training sessions, and that
+# vocabulary extended by the held-out sessions (their ids appended).
+VOCABULARY_FILE = 'vocabulary.json'
+HELD_OUT_VOCABULARY_FILE = 'vocabulary_with_held_out.json'
 
 
 def _smooth(rng: np.random.Generator, times: np.ndarray, scale: float,
@@ -77,10 +85,45 @@ def _smooth(rng: np.random.Generator, times: np.ndarray, scale: float,
                                       phase[:, None]), 0)
 
 
-def _trial(rng: np.random.Generator, mixing: np.ndarray, noise_std: float,
-           trial_noise_std: float, ids: Dict[str, int], example_id: str,
-           session_id: str, window_start: float):
-  """One trial's record and its duration (seconds)."""
+def _binned_encoder(mixing: np.ndarray, noise_std: float):
+  """encode(rng, latents [bins, latents], bin centres [bins]) -> the
+  `make_example` inputs of binned tokens: each bin's units, a linear mix of
+  the latents plus Gaussian noise."""
+  def encode(rng, latents, t):
+    values = latents @ mixing + rng.normal(0, noise_std,
+                                           [len(t), mixing.shape[1]])
+    return dict(input_values=values, input_timestamps=t)
+  return encode
+
+
+def _spike_encoder(tuning: np.ndarray, log_base_rate: np.ndarray,
+                   unit_ids: np.ndarray):
+  """encode(...) of spike-event unit tokens: unit j fires as a Poisson
+  process of rate exp(log_base_rate[j] + latents @ tuning[:, j]) Hz in each
+  bin; each spike is a token (value 1, its unit's id, its time, uniform in
+  the bin), tokens in time order."""
+  def encode(rng, latents, t):
+    log_rate = np.clip(log_base_rate[None, :] + latents @ tuning, -10, 5)
+    counts = rng.poisson(np.exp(log_rate) * BIN_SECONDS)  # [bins, units]
+    bins, units = np.nonzero(counts)
+    repeat = counts[bins, units]
+    bins, units = np.repeat(bins, repeat), np.repeat(units, repeat)
+    times = (bins + rng.random(bins.size)) * BIN_SECONDS
+    order = np.argsort(times, kind='stable')
+    if not order.size:  # No spike at all: one silent token of unit 0.
+      return dict(input_values=np.zeros([1, 1]), input_timestamps=t[:1],
+                  input_unit_ids=unit_ids[:1])
+    return dict(input_values=np.ones([order.size, 1]),
+                input_timestamps=times[order],
+                input_unit_ids=unit_ids[units[order]])
+  return encode
+
+
+def _trial(rng: np.random.Generator, encode, trial_noise_std: float,
+           ids: Dict[str, int], example_id: str, session_id: str,
+           window_start: float):
+  """One trial's record and its duration (seconds); `encode` turns its
+  latents into input tokens (`_binned_encoder`, `_spike_encoder`)."""
   n_bins = int(rng.integers(16, 25))
   t = (np.arange(n_bins) + 0.5) * BIN_SECONDS
   t_stim = rng.uniform(0.2, 0.5)
@@ -105,8 +148,7 @@ def _trial(rng: np.random.Generator, mixing: np.ndarray, noise_std: float,
       ((2 * c - 1 + err[5]) * (t >= t_move))[:, None],
       ((2 * r - 1 + err[6]) * fb)[:, None],
       wheel[:, None], paw, whisker[:, None], lick_log_rate[:, None]], 1)
-  values = latents @ mixing + rng.normal(0, noise_std,
-                                         [n_bins, mixing.shape[1]])
+  inputs = encode(rng, latents, t)
   lick_counts = rng.poisson(np.exp(lick_log_rate))
 
   queries: List[Tuple[str, float, List[float]]] = [
@@ -128,7 +170,8 @@ def _trial(rng: np.random.Generator, mixing: np.ndarray, noise_std: float,
   queries = [queries[i] for i in order]
   weights = np.where(rng.random(len(queries)) < 0.05, 0.0, 1.0)
   return dataloader.make_example(
-      example_id, values, t,
+      example_id, inputs['input_values'], inputs['input_timestamps'],
+      input_unit_ids=inputs.get('input_unit_ids'),
       output_task_ids=[ids[q[0]] for q in queries],
       output_timestamps=[q[1] for q in queries],
       output_targets=[q[2] for q in queries],
@@ -184,8 +227,19 @@ def generate_trials(num_trials: int, *, seed: int, split_id: int,
     raise ValueError(f'task_vocabulary lacks the demo readouts {missing}.')
   mixing = np.random.default_rng([seed, 0]).normal(
       0, 1.0 / np.sqrt(_NUM_LATENTS), [_NUM_LATENTS, input_dim])
-  mixings = {k: session_mixing(mixing, seed, k, session_gain_std)
-             for k in sessions}
+  encoders = {k: _binned_encoder(
+      session_mixing(mixing, seed, k, session_gain_std), noise_std)
+              for k in sessions}
+  return _generate(num_trials, seed, split_id, encoders, sessions,
+                   trial_noise_std, ids, clock)
+
+
+def _generate(num_trials: int, seed: int, split_id: int, encoders,
+              sessions: Sequence[int], trial_noise_std: float,
+              ids: Dict[str, int], clock: Optional[Dict[int, float]]
+              ) -> Iterator[bytes]:
+  """The trials of `generate_trials`, each session's tokens from its
+  `encoders[session]`."""
   clock = {} if clock is None else clock
   for k in sessions:
     clock.setdefault(k, 0.0)
@@ -193,10 +247,121 @@ def generate_trials(num_trials: int, *, seed: int, split_id: int,
   for i in range(num_trials):
     k = sessions[i % len(sessions)]
     example, seconds = _trial(
-        rng, mixings[k], noise_std, trial_noise_std, ids,
-        f'{_SPLITS[split_id - 1][:2]}{i:06d}', session_name(k), clock[k])
+        rng, encoders[k], trial_noise_std, ids,
+        f'{_ID_PREFIXES[_SPLITS[split_id - 1]]}{i:06d}', session_name(k),
+        clock[k])
     clock[k] += seconds + INTER_TRIAL_SECONDS
     yield example.SerializeToString()
+
+
+def unit_session(seed: int, session: int, min_units: int, max_units: int,
+                 mean_rate_hz: float, gain_std: float
+                 ) -> Tuple[np.ndarray, np.ndarray]:
+  """Session `session`'s recorded units (unit-token data), from its own seed
+  `[seed, 2, session]`: (tuning float [latents, n_units], each unit's
+  log-rate weights on the shared latents; log_base_rate float [n_units],
+  log(mean_rate_hz) plus the unit's log gain, normal with std `gain_std`).
+  n_units is drawn in [min_units, max_units]: sessions share the latent
+  dynamics but differ in unit count, gains and tuning."""
+  rng = np.random.default_rng([seed, 2, session])
+  n_units = int(rng.integers(min_units, max_units + 1))
+  tuning = rng.normal(0, 1.0 / np.sqrt(_NUM_LATENTS), [_NUM_LATENTS, n_units])
+  log_base = np.log(mean_rate_hz) + rng.normal(0, gain_std, n_units)
+  return tuning, log_base
+
+
+def unit_name(session: int, unit: int) -> str:
+  """The vocabulary name of generated unit `unit` of session `session`."""
+  return vocabulary_lib.unit_name(session_name(session), f'unit{unit:03d}')
+
+
+def write_unit_token_dataset(output_dir: str, *, num_train_trials: int,
+                             num_validation_trials: int, num_shards: int,
+                             seed: int, trial_noise_std: float = 0.7,
+                             task_vocabulary=configs.DEMO_VOCABULARY,
+                             num_sessions: int = 4,
+                             num_held_out_sessions: int = 0,
+                             num_held_out_session_trials: int = 0,
+                             num_held_out_train_trials: int = 0,
+                             min_units: int = 8, max_units: int = 32,
+                             mean_rate_hz: float = 5.0,
+                             session_gain_std: float = 0.5
+                             ) -> Dict[str, str]:
+  """Writes spike-event unit-token data (`_spike_encoder`) of the demo's
+  trials: splits `train` and `validation` (sessions 0..num_sessions-1),
+  `held_out_sessions` (evaluation trials of the held-out sessions) and
+  `held_out_train` (their training trials, for adaptation), shards as in
+  `write_demo_dataset`, and the vocabularies `VOCABULARY_FILE` (the training
+  sessions and their units) and `HELD_OUT_VOCABULARY_FILE` (extended by the
+  held-out sessions: their ids follow). Records carry the unit ids of the
+  extended vocabulary, which are those of the other for training sessions.
+
+  Returns:
+    {split: glob pattern} of the splits written.
+  """
+  if min(num_train_trials, num_validation_trials, num_shards) < 1:
+    raise ValueError('num_train_trials, num_validation_trials and num_shards '
+                     f'must be >= 1; got {num_train_trials}, '
+                     f'{num_validation_trials}, {num_shards}.')
+  if num_sessions < 1 or not 1 <= min_units <= max_units:
+    raise ValueError(f'num_sessions {num_sessions} (>= 1), min_units '
+                     f'{min_units} <= max_units {max_units} (>= 1) expected.')
+  held_out = num_held_out_session_trials + num_held_out_train_trials
+  if (min(num_held_out_session_trials, num_held_out_train_trials,
+          num_held_out_sessions) < 0 or
+      (held_out > 0) != (num_held_out_sessions > 0)):
+    raise ValueError(
+        f'num_held_out_sessions {num_held_out_sessions}, trials '
+        f'{num_held_out_session_trials} + {num_held_out_train_trials}: '
+        'held-out sessions need trials and trials need held-out sessions.')
+  training = tuple(range(num_sessions))
+  held = tuple(range(num_sessions, num_sessions + num_held_out_sessions))
+  units = vocabulary_lib.Vocabulary()
+  encoders = {}
+  for group in (training, held):
+    for k in group:
+      tuning, log_base = unit_session(seed, k, min_units, max_units,
+                                      mean_rate_hz, session_gain_std)
+      names = [unit_name(k, j) for j in range(tuning.shape[1])]
+      units = vocabulary_lib.extend(units, [session_name(k)], names)
+      encoders[k] = _spike_encoder(tuning, log_base, np.asarray(
+          [units.unit_id(n) for n in names], np.int64))
+    if group is training:
+      training_units = units
+  os.makedirs(output_dir, exist_ok=True)
+  vocabulary_lib.save(training_units,
+                      os.path.join(output_dir, VOCABULARY_FILE))
+  vocabulary_lib.save(units, os.path.join(output_dir,
+                                          HELD_OUT_VOCABULARY_FILE))
+  plan = {'train': (num_train_trials, training),
+          'validation': (num_validation_trials, training),
+          'held_out_sessions': (num_held_out_session_trials, held),
+          'held_out_train': (num_held_out_train_trials, held)}
+  ids = configs.task_index(task_vocabulary)
+  clock: Dict[int, float] = {}
+  patterns = {}
+  for split_id, split in enumerate(_SPLITS, start=1):
+    count, sessions = plan[split]
+    if not count:
+      continue
+    records = _generate(count, seed, split_id, encoders, sessions,
+                        trial_noise_std, ids, clock)
+    patterns[split] = _write_shards(output_dir, split, count, num_shards,
+                                    records)
+  return patterns
+
+
+def _write_shards(output_dir: str, split: str, count: int, num_shards: int,
+                  records: Iterator[bytes]) -> str:
+  """Writes `count` records in `num_shards` files; returns their pattern."""
+  bounds = np.linspace(0, count, num_shards + 1).astype(int)
+  for shard in range(num_shards):
+    path = os.path.join(
+        output_dir, f'{split}-{shard:05d}-of-{num_shards:05d}.tfrecord')
+    dataloader.write_records(
+        path, (next(records) for _ in range(bounds[shard + 1] -
+                                            bounds[shard])))
+  return os.path.join(output_dir, f'{split}-*-of-{num_shards:05d}.tfrecord')
 
 
 def write_demo_dataset(output_dir: str, *, num_train_trials: int,
@@ -286,6 +451,12 @@ def demo_data_params(task_config: configs.ReadoutTaskConfig
       'num_held_out_sessions': int(demo.num_held_out_sessions),
       'num_held_out_session_trials': int(demo.num_held_out_session_trials),
       'session_gain_std': float(demo.session_gain_std),
+      **({} if task_config.model.tokenization == 'binned' else {
+          'tokenization': task_config.model.tokenization,
+          'num_held_out_train_trials': int(demo.num_held_out_train_trials),
+          'min_units': int(demo.min_units),
+          'max_units': int(demo.max_units),
+          'mean_rate_hz': float(demo.mean_rate_hz)}),
   }
 
 
@@ -307,9 +478,9 @@ def ensure_demo_data(task_config: configs.ReadoutTaskConfig
 
 def demo_split_pattern(task_config: configs.ReadoutTaskConfig,
                        split: str) -> str:
-  """The glob pattern of one generated split ('train', 'validation' or
-  'held_out_sessions'), generating the data first if needed
-  (`ensure_demo_data`).
+  """The glob pattern of one generated split ('train', 'validation',
+  'held_out_sessions' or, unit tokens only, 'held_out_train'), generating
+  the data first if needed (`ensure_demo_data`).
 
   Raises:
     ValueError: demo data is disabled; `split` is unknown; the
@@ -330,22 +501,57 @@ def demo_split_pattern(task_config: configs.ReadoutTaskConfig,
         "The demo split 'held_out_sessions' is not generated: "
         'task.demo_data.num_held_out_session_trials is 0 (set it and '
         'task.demo_data.num_held_out_sessions).')
-  root = os.path.join(demo_cache.cache_root(task_config.demo_data.cache_dir),
-                      'readout_demo')
-  final_dir = demo_cache.ensure(
-      root, params, lambda directory: write_demo_dataset(
-          directory, num_train_trials=params['num_train_trials'],
-          num_validation_trials=params['num_validation_trials'],
-          num_shards=params['num_shards'], seed=params['seed'],
-          input_dim=params['input_dim'], noise_std=params['noise_std'],
-          trial_noise_std=params['trial_noise_std'],
-          task_vocabulary=params['task_vocabulary'],
-          num_sessions=params['num_sessions'],
-          num_held_out_sessions=params['num_held_out_sessions'],
-          num_held_out_session_trials=params['num_held_out_session_trials'],
-          session_gain_std=params['session_gain_std']), 'readout')
+  if split == 'held_out_train' and not params.get(
+      'num_held_out_train_trials'):
+    raise ValueError(
+        "The demo split 'held_out_train' is not generated: it is written "
+        'for unit tokens (task.model.tokenization unit_tokens) with '
+        'task.demo_data.num_held_out_train_trials > 0.')
+  final_dir = _ensure(task_config, params)
   n = params['num_shards']
   return os.path.join(final_dir, f'{split}-*-of-{n:05d}.tfrecord')
+
+
+def demo_vocabulary_file(task_config: configs.ReadoutTaskConfig) -> str:
+  """The unit vocabulary of the generated unit-token data (generated first
+  if needed): that of the training sessions, or, when training reads the
+  held-out sessions (`demo_data.train_split` 'held_out_train'), the one
+  extended by them."""
+  params = demo_data_params(task_config)
+  if 'tokenization' not in params:
+    raise ValueError('demo_vocabulary_file: the demo data of binned tokens '
+                     'has no unit vocabulary.')
+  name = (HELD_OUT_VOCABULARY_FILE if task_config.demo_data.train_split ==
+          'held_out_train' else VOCABULARY_FILE)
+  return os.path.join(_ensure(task_config, params), name)
+
+
+def _ensure(task_config: configs.ReadoutTaskConfig,
+            params: Dict[str, object]) -> str:
+  """The cached directory of the data `params` describe (written once)."""
+  root = os.path.join(demo_cache.cache_root(task_config.demo_data.cache_dir),
+                      'readout_demo')
+  common = dict(
+      num_train_trials=params['num_train_trials'],
+      num_validation_trials=params['num_validation_trials'],
+      num_shards=params['num_shards'], seed=params['seed'],
+      trial_noise_std=params['trial_noise_std'],
+      task_vocabulary=params['task_vocabulary'],
+      num_sessions=params['num_sessions'],
+      num_held_out_sessions=params['num_held_out_sessions'],
+      num_held_out_session_trials=params['num_held_out_session_trials'],
+      session_gain_std=params['session_gain_std'])
+  if 'tokenization' in params:
+    write = lambda directory: write_unit_token_dataset(
+        directory, num_held_out_train_trials=params[
+            'num_held_out_train_trials'], min_units=params['min_units'],
+        max_units=params['max_units'], mean_rate_hz=params['mean_rate_hz'],
+        **common)
+  else:
+    write = lambda directory: write_demo_dataset(
+        directory, input_dim=params['input_dim'],
+        noise_std=params['noise_std'], **common)
+  return demo_cache.ensure(root, params, write, 'readout')
 
 
 def _define_flags() -> None:

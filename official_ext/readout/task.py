@@ -17,6 +17,7 @@ from official_ext.readout import dataloader
 from official_ext.readout import demo_data
 from official_ext.readout import losses as readout_losses
 from official_ext.readout import metrics as readout_metrics
+from official_ext.readout import vocabulary as vocabulary_lib
 from official_ext.readout.modeling import model as model_lib
 from official_ext.readout.modeling import multitask_readout
 
@@ -101,6 +102,26 @@ class ReadoutTask(base_task.Task):
     # the records without a session_id counted so far (aggregate_logs).
     self._session_names: Dict[str, List[str]] = {}
     self._record_offset = 0
+    model_params = params.model
+    if model_params.tokenization not in configs.TOKENIZATIONS:
+      raise ValueError(f'task.model.tokenization is '
+                       f'{model_params.tokenization!r}; expected one of '
+                       f'{configs.TOKENIZATIONS}.')
+    unknown = [m for m in params.freeze
+               if m not in configs.FREEZABLE_MODULES]
+    if unknown:
+      raise ValueError(f'task.freeze names {unknown}; expected modules '
+                       f'among {configs.FREEZABLE_MODULES}.')
+    if int(params.unfreeze_step) < 0:
+      raise ValueError(f'task.unfreeze_step is {params.unfreeze_step}; '
+                       'expected a step >= 0 (0: frozen for the whole run).')
+    if params.freeze and not params.init_checkpoint:
+      raise ValueError(f'task.freeze is {list(params.freeze)} but '
+                       'task.init_checkpoint is empty: frozen modules would '
+                       'keep their random initialisation. Set '
+                       'task.init_checkpoint, or task.freeze=[] to train '
+                       'from scratch.')
+    self._units: Optional[vocabulary_lib.Vocabulary] = None
 
   @property
   def readout_specs(self) -> Dict[str, configs.ReadoutSpec]:
@@ -113,13 +134,95 @@ class ReadoutTask(base_task.Task):
     return tuple(s.name for s in self._eval_sets)
 
   # -- model -----------------------------------------------------------------
+  def unit_vocabulary(self) -> Optional[vocabulary_lib.Vocabulary]:
+    """The unit and session vocabulary of unit tokens (None: binned):
+    `task.vocabulary_file`, or with demo data and no file the generated
+    data's (`demo_data.demo_vocabulary_file`). Read once."""
+    params = self.task_config
+    if params.model.tokenization != 'unit_tokens':
+      return None
+    if self._units is None:
+      path = params.vocabulary_file
+      if not path:
+        if not params.demo_data.enabled:
+          raise ValueError(
+              "task.model.tokenization is 'unit_tokens' and "
+              'task.vocabulary_file is empty: point it at the vocabulary '
+              'JSON of the records (official_ext.readout.vocabulary).')
+        path = demo_data.demo_vocabulary_file(params)
+      self._units = vocabulary_lib.load(path)
+    return self._units
+
   def build_model(self, encoder=None) -> model_lib.ReadoutModel:
     """The model with every head; `encoder`: a shared TokenEncoder."""
-    model = model_lib.build_model(self.task_config, encoder=encoder)
+    model = model_lib.build_model(self.task_config, encoder=encoder,
+                                  units=self.unit_vocabulary())
     logging.info('Readout model: %d heads, %d parameters.',
                  len(self._specs),
                  sum(int(np.prod(v.shape)) for v in model.trainable_variables))
     return model
+
+  def initialize(self, model: model_lib.ReadoutModel):
+    """Model Garden's init_fn (a run without a checkpoint in its model_dir):
+    restores `task.init_checkpoint` strictly, the unit and session tables
+    allowed to grow (`model.initialize_from`). An init_checkpoint directory
+    without a checkpoint is an error naming it."""
+    path = self.task_config.init_checkpoint
+    if not path:
+      return
+    old = model_lib.initialize_from(model, self.task_config, path)
+    logging.info('Initialised the readout model from %s%s.', path,
+                 '' if old is None else
+                 f' ({len(old.units)} of {len(model.units.units)} units, '
+                 f'{len(old.sessions)} of {len(model.units.sessions)} '
+                 'sessions restored; the others initialised)')
+
+  def _frozen_rows(self, module: str) -> Optional[int]:
+    """Rows of a frozen embedding table that stay fixed: those of the ids
+    of `task.init_checkpoint`'s vocabulary (+ padding row 0); None: all."""
+    path = self.task_config.init_checkpoint
+    if not path:
+      return None
+    if tf.io.gfile.isdir(path):
+      path = tf.train.latest_checkpoint(path) or path
+    old = model_lib.checkpoint_vocabulary(path)
+    if old is None:
+      return None
+    return (old.num_unit_ids if module == 'unit_embedding' else
+            old.num_session_ids)
+
+  def freeze_gradients(self, model: model_lib.ReadoutModel, grads,
+                       variables, step: tf.Tensor):
+    """`grads` with those of the frozen modules (`task.freeze`) zeroed while
+    `step` < `task.unfreeze_step` (always, when it is 0). A frozen unit or
+    session table keeps the rows of `task.init_checkpoint`'s ids fixed and
+    trains the rows the grown vocabulary added; without an init_checkpoint
+    it is frozen whole. Zero gradients leave the variables bit-identical
+    under the optimizers of this project (Adam's moments stay 0)."""
+    params = self.task_config
+    if not params.freeze:
+      return list(grads)
+    unfreeze = int(params.unfreeze_step)
+    frozen = (tf.constant(0.0) if unfreeze == 0 else
+              tf.cast(step >= unfreeze, tf.float32))
+    factors = {}  # id(variable) -> multiplier (scalar or [rows, 1]).
+    for module in params.freeze:
+      for v in model.module_variables(module):
+        rows = (self._frozen_rows(module) if module.endswith('_embedding')
+                else None)
+        if rows is None:
+          factors[id(v)] = frozen
+        else:
+          trained = tf.cast(tf.range(v.shape[0]) >= rows, tf.float32)
+          factors[id(v)] = tf.maximum(trained, frozen)[:, None]
+    out = []
+    for g, v in zip(grads, variables):
+      if g is None or id(v) not in factors:
+        out.append(g)
+        continue
+      g = tf.convert_to_tensor(g)
+      out.append(g * tf.cast(factors[id(v)], g.dtype))
+    return out
 
   def build_single_task_model(self, task_name: str,
                               checkpoint_path: str) -> model_lib.ReadoutModel:
@@ -182,8 +285,10 @@ class ReadoutTask(base_task.Task):
     """
     if params.is_training or not self._eval_sets:
       split = 'train' if params.is_training else 'validation'
+      demo = self.task_config.demo_data
       resolved = self._resolve_input_path(
-          params, f'task.{split}_data.input_path', split)
+          params, f'task.{split}_data.input_path',
+          demo.train_split if params.is_training else demo.validation_split)
       if not params.is_training:
         self._validation_source = resolved.input_path
       return self._build_split(resolved, input_context, prefix='')
@@ -212,7 +317,7 @@ class ReadoutTask(base_task.Task):
         resolved, self.task_config.readouts,
         self.task_config.task_vocabulary, input_context=input_context,
         bad_records=bad_records.log_for_split(self, resolved.is_training),
-        session_names=sessions)
+        session_names=sessions, units=self.unit_vocabulary())
 
   # -- routing targets like predictions --------------------------------------
   def route(self, model: model_lib.ReadoutModel, inputs: Mapping[str, Any],
@@ -432,8 +537,13 @@ class ReadoutTask(base_task.Task):
       share, global_losses, _ = self.compute_losses(inputs, model,
                                                     training=True)
       scaled = gradients.scale_loss(optimizer, share['total_loss'])
-    gradients.minimize(optimizer, tape, scaled, model.trainable_variables,
-                       self.task_config.gradient_clip_norm)
+    variables = model.trainable_variables
+    grads = gradients.unscale_gradients(optimizer,
+                                        tape.gradient(scaled, variables))
+    grads = self.freeze_gradients(model, grads, variables,
+                                  optimizer.iterations)
+    gradients.apply_gradients(optimizer, grads, variables,
+                              self.task_config.gradient_clip_norm)
     logs = {self.loss: global_losses['total_loss']}
     logs.update(self.process_metrics(metrics, model_losses=global_losses))
     return logs

@@ -2,23 +2,35 @@
 
 Variable (and checkpoint) names are part of the interface:
 
-* `token_embedding/`: this family's input projection (input_dim -> hidden).
+* `token_embedding/`: this family's input projection (input_dim -> hidden;
+  with unit tokens the projection of each token's value, 1 -> hidden).
+* `unit_embedding/embeddings`, `session_embedding/embeddings` (unit tokens
+  only): one row per unit / session id of the unit vocabulary (row 0:
+  padding), and `unit_vocabulary` (a string variable: the vocabulary's JSON,
+  `vocabulary.to_json`), so a checkpoint carries the names its rows belong
+  to. A grown vocabulary appends rows (`initialize_from`).
 * `encoder/`: the shared `TokenEncoder` (the same object in every model that
   shares it).
 * `decoder/`: the query decoder, incl. `task_embedding` (one row per routing
   id of the vocabulary, so single- and multi-task models share its shape).
 * `readout/projections/<task>/kernel|bias`: one head per task.
 
+Freezable modules (`configs.FREEZABLE_MODULES`, `module_variables`):
+'encoder' = `token_embedding/` + `encoder/`, 'decoder' = `decoder/`,
+'readout' = `readout/`, 'unit_embedding', 'session_embedding'.
+
 A single-task model built from the same config with one ReadoutSpec has the
 same names with one head, which is how `graft_single_task_head` restores it
 from a multitask checkpoint.
 """
 import re
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
+import numpy as np
 import tensorflow as tf, tf_keras
 
 from official_ext.readout import configs
+from official_ext.readout import vocabulary as vocabulary_lib
 from official_ext.readout.modeling import layers
 from official_ext.readout.modeling import multitask_readout
 
@@ -46,7 +58,8 @@ class ReadoutModel(tf_keras.Model):
   `input_values` float [B, n_in, input_dim], `input_timestamps` [B, n_in],
   `input_mask` bool [B, n_in], `output_readout_index` int, `output_timestamps`
   float, either padded ([B, n_out]) or chained ([N], with
-  `output_batch_index` int [N]).
+  `output_batch_index` int [N]); with unit tokens also `input_unit_ids` int
+  [B, n_in] and `session_ids` int [B] (input_dim 1).
 
   Returns {task: float [queries_of_task, dim]} (rows in row-major (sample,
   query) order; every head present, possibly with 0 rows); with
@@ -60,6 +73,8 @@ class ReadoutModel(tf_keras.Model):
                task_vocabulary: Sequence[str],
                input_dim: int,
                encoder: Optional[layers.TokenEncoder] = None,
+               units: Optional[Union[vocabulary_lib.Vocabulary,
+                                     Mapping[str, Any]]] = None,
                **kwargs):
     """Builds the model.
 
@@ -70,6 +85,8 @@ class ReadoutModel(tf_keras.Model):
       input_dim: feature width of the input tokens.
       encoder: a `TokenEncoder` to share with other models; None builds one
         from `model_config.encoder`.
+      units: the unit and session vocabulary (or its `as_dict`); required
+        with `tokenization` 'unit_tokens', which sizes the tables by it.
       **kwargs: `tf_keras.Model` arguments.
     """
     super().__init__(**kwargs)
@@ -77,16 +94,42 @@ class ReadoutModel(tf_keras.Model):
     specs = multitask_readout.normalize_specs(readouts)
     configs.validate_readouts(list(specs.values()), task_vocabulary)
     self._params = params
+    if params.tokenization not in configs.TOKENIZATIONS:
+      raise ValueError(f'model.tokenization is {params.tokenization!r}; '
+                       f'expected one of {configs.TOKENIZATIONS}.')
+    self.tokenization = params.tokenization
+    if isinstance(units, Mapping):
+      units = vocabulary_lib.from_names(units['sessions'], units['units'])
+    if self.tokenization == 'unit_tokens':
+      if units is None:
+        raise ValueError("model.tokenization is 'unit_tokens' but no unit "
+                         'vocabulary is given (task.vocabulary_file).')
+      if int(input_dim) != 1:
+        raise ValueError(f'input_dim is {input_dim}; unit tokens carry one '
+                         'value each (DataConfig.input_dim 1).')
+    else:
+      units = None
+    self.units = units
     # Plain python containers (not tracked as checkpoint dependencies).
     self._self_setattr_tracking = False
     self._config_dict = dict(
         model_config=params.as_dict(),
         readouts=[s.as_dict() for s in specs.values()],
         task_vocabulary=list(task_vocabulary), input_dim=input_dim)
+    if units is not None:
+      self._config_dict['units'] = units.as_dict()
     self._self_setattr_tracking = True
     enc = params.encoder
     self.token_embedding = tf_keras.layers.Dense(enc.hidden_size,
                                                  name='token_embedding')
+    if units is not None:
+      self.unit_embedding = tf_keras.layers.Embedding(
+          units.num_unit_ids, enc.hidden_size, name='unit_embedding')
+      self.session_embedding = tf_keras.layers.Embedding(
+          units.num_session_ids, enc.hidden_size, name='session_embedding')
+      self.unit_vocabulary = tf.Variable(
+          vocabulary_lib.to_json(units), trainable=False,
+          name='unit_vocabulary', dtype=tf.string)
     self.encoder = encoder if encoder is not None else build_encoder(enc)
     if self.encoder.hidden_size != enc.hidden_size:
       raise ValueError(f'The shared encoder has hidden_size '
@@ -110,7 +153,7 @@ class ReadoutModel(tf_keras.Model):
   def output_embeddings(self, inputs: Mapping[str, tf.Tensor],
                         training=None) -> tf.Tensor:
     """Decoded query embeddings before the heads: [B, n_out, H] or [N, H]."""
-    tokens = self.token_embedding(inputs['input_values'])
+    tokens = self.embed_tokens(inputs)
     encoded, mask = self.encoder(tokens, inputs['input_timestamps'],
                                  inputs['input_mask'], training=training)
     index = inputs['output_readout_index']
@@ -120,6 +163,39 @@ class ReadoutModel(tf_keras.Model):
                                       inputs['output_batch_index'], encoded,
                                       mask, training=training)
     return self.decoder(index, times, encoded, mask, training=training)
+
+  def embed_tokens(self, inputs: Mapping[str, tf.Tensor]) -> tf.Tensor:
+    """The input tokens' embeddings, [B, n_in, H]: binned,
+    token_embedding(values); unit tokens, token_embedding(value) +
+    unit_embedding(unit id) + session_embedding(the sample's session id)."""
+    tokens = self.token_embedding(inputs['input_values'])
+    if self.units is None:
+      return tokens
+    for key in ('input_unit_ids', 'session_ids'):
+      if key not in inputs:
+        raise ValueError(f'A unit-token model got a batch without `{key}`; '
+                         'read the records with the unit vocabulary '
+                         '(dataloader.build_dataset(..., units=...)).')
+    unit = self.unit_embedding(tf.cast(inputs['input_unit_ids'], tf.int32))
+    session = self.session_embedding(tf.cast(inputs['session_ids'], tf.int32))
+    return (tokens + tf.cast(unit, tokens.dtype) +
+            tf.cast(session, tokens.dtype)[:, None, :])
+
+  def module_variables(self, module: str) -> List[tf.Variable]:
+    """The trainable variables of a freezable module
+    (`configs.FREEZABLE_MODULES`; see the module docstring)."""
+    if module not in configs.FREEZABLE_MODULES:
+      raise ValueError(f'task.freeze names {module!r}; expected among '
+                       f'{configs.FREEZABLE_MODULES}.')
+    layers_of = {'encoder': [self.token_embedding, self.encoder],
+                 'decoder': [self.decoder], 'readout': [self.readout],
+                 'unit_embedding': [getattr(self, 'unit_embedding', None)],
+                 'session_embedding': [getattr(self, 'session_embedding',
+                                               None)]}[module]
+    if None in layers_of:
+      raise ValueError(f'task.freeze names {module!r}, which a model with '
+                       f'tokenization {self.tokenization!r} does not have.')
+    return [v for layer in layers_of for v in layer.trainable_variables]
 
   def call(self, inputs: Mapping[str, tf.Tensor], training=None):
     embs = self.output_embeddings(inputs, training=training)
@@ -143,31 +219,122 @@ class ReadoutModel(tf_keras.Model):
     return dict(encoder=self.encoder, readout=self.readout)
 
 
-def dummy_inputs(input_dim: int, batch_size: int = 1
-                 ) -> Dict[str, tf.Tensor]:
-  """A padded batch of one token and one padding query (builds variables)."""
-  return {
+def dummy_inputs(input_dim: int, batch_size: int = 1,
+                 unit_tokens: bool = False) -> Dict[str, tf.Tensor]:
+  """A padded batch of one token and one padding query (builds variables);
+  `unit_tokens`: with unit and session id 0 (padding)."""
+  inputs = {
       'input_values': tf.zeros([batch_size, 1, input_dim]),
       'input_timestamps': tf.zeros([batch_size, 1]),
       'input_mask': tf.ones([batch_size, 1], tf.bool),
       'output_readout_index': tf.zeros([batch_size, 1], tf.int32),
       'output_timestamps': tf.zeros([batch_size, 1]),
   }
+  if unit_tokens:
+    inputs['input_unit_ids'] = tf.zeros([batch_size, 1], tf.int32)
+    inputs['session_ids'] = tf.zeros([batch_size], tf.int32)
+  return inputs
 
 
 def build_model(task_config: configs.ReadoutTaskConfig,
                 readouts: Optional[Sequence[configs.ReadoutSpec]] = None,
-                encoder: Optional[layers.TokenEncoder] = None
+                encoder: Optional[layers.TokenEncoder] = None,
+                units: Optional[vocabulary_lib.Vocabulary] = None
                 ) -> ReadoutModel:
-  """Builds the task's model (all heads, or `readouts`) and its variables."""
+  """Builds the task's model (all heads, or `readouts`) and its variables;
+  `units`: the unit vocabulary of unit tokens."""
   model = ReadoutModel(
       task_config.model,
       readouts=list(task_config.readouts if readouts is None else readouts),
       task_vocabulary=list(task_config.task_vocabulary),
       input_dim=task_config.train_data.input_dim,
-      encoder=encoder)
-  model(dummy_inputs(model.input_dim), training=False)
+      encoder=encoder, units=units)
+  model(dummy_inputs(model.input_dim, unit_tokens=model.units is not None),
+        training=False)
   return model
+
+
+_VOCABULARY_KEY = 'model/unit_vocabulary/.ATTRIBUTES/VARIABLE_VALUE'
+
+
+def checkpoint_vocabulary(checkpoint_path: str
+                          ) -> Optional[vocabulary_lib.Vocabulary]:
+  """The unit vocabulary a checkpoint's model was trained with (its
+  `unit_vocabulary` variable); None for a binned model's checkpoint."""
+  names = dict(tf.train.list_variables(checkpoint_path))
+  if _VOCABULARY_KEY not in names:
+    return None
+  text = tf.train.load_variable(checkpoint_path, _VOCABULARY_KEY)
+  if isinstance(text, bytes):
+    text = text.decode('utf-8')
+  return vocabulary_lib.from_json(
+      text, where=f'the unit vocabulary of checkpoint {checkpoint_path}')
+
+
+def initialize_from(model: ReadoutModel, task_config: configs.ReadoutTaskConfig,
+                    checkpoint_path: str) -> Optional[vocabulary_lib.Vocabulary]:
+  """Restores `model` from a checkpoint of the same model, strictly, letting
+  the unit and session tables grow.
+
+  A model of the same config with the checkpoint's vocabulary is restored
+  strictly (every one of its variables must be in the checkpoint, with its
+  shape) and copied into `model`: every variable whole, except the unit and
+  session tables, whose first rows (the ids of the checkpoint's vocabulary)
+  are copied bit-identically and whose further rows (the ids the grown
+  vocabulary appends) keep `model`'s initialisation.
+
+  Args:
+    model: the model to initialise (built).
+    task_config: its task config.
+    checkpoint_path: a checkpoint prefix or a directory (its latest).
+
+  Returns:
+    The checkpoint's unit vocabulary (None for a binned model).
+
+  Raises:
+    ValueError: naming the checkpoint: no checkpoint in a directory; its
+      vocabulary is not a prefix of the model's (a renumbered or shrunk
+      vocabulary), or one model has unit tokens and the other not.
+    AssertionError: a variable of the model is missing from the
+      checkpoint, or has another shape (TensorFlow's message names it).
+  """
+  if tf.io.gfile.isdir(checkpoint_path):
+    latest = tf.train.latest_checkpoint(checkpoint_path)
+    if latest is None:
+      raise ValueError(f'task.init_checkpoint: no checkpoint in directory '
+                       f'{checkpoint_path}.')
+    checkpoint_path = latest
+  old_units = checkpoint_vocabulary(checkpoint_path)
+  if (old_units is None) != (model.units is None):
+    raise ValueError(
+        f'task.init_checkpoint {checkpoint_path}: the checkpoint\'s model '
+        f'{"has no" if old_units is None else "has a"} unit vocabulary, the '
+        f'model has tokenization {model.tokenization!r}.')
+  if old_units is not None:
+    problem = vocabulary_lib.is_prefix(old_units, model.units)
+    if problem:
+      raise ValueError(
+          f'task.init_checkpoint {checkpoint_path}: its unit vocabulary is '
+          f'not a prefix of task.vocabulary_file\'s ({problem}); a grown '
+          'vocabulary appends names and never renumbers.')
+  source = build_model(task_config, readouts=list(model.readout_specs.values()),
+                       units=old_units)
+  status = tf.train.Checkpoint(model=source).read(checkpoint_path)
+  status.expect_partial()
+  status.assert_existing_objects_matched()
+  grown = {}
+  if old_units is not None:
+    grown = {id(source.unit_embedding.embeddings): 'unit',
+             id(source.session_embedding.embeddings): 'session'}
+  for old, new in zip(source.variables, model.variables):
+    if old.dtype == tf.string:
+      continue  # The vocabulary: the model keeps its own (grown) one.
+    if id(old) in grown:
+      rows = old.shape[0]
+      new.assign(tf.concat([old, new[rows:]], 0))
+    else:
+      new.assign(old)
+  return old_units
 
 
 def _checkpoint_prefix(checkpoint_path: str, task_name: str) -> str:
