@@ -72,7 +72,8 @@ class Size(NamedTuple):
     identification_steps: arm (a)'s steps with everything but the unit and
       session embeddings frozen (`task.unfreeze_step`).
     adaptation_steps: both arms' training steps on the held-out session.
-    batch_size: trials per training batch (pretraining and adaptation).
+    batch_size: trials per training batch of the adaptation runs
+      (pretraining keeps its experiment's).
     overrides: further overrides of both experiments (model and data
       sizes).
   """
@@ -84,8 +85,8 @@ class Size(NamedTuple):
   overrides: Tuple[Tuple[str, Any], ...] = ()
 
 
-FULL = Size(trial_counts=(16, 64, 256), pretrain_steps=600,
-            identification_steps=100, adaptation_steps=300, batch_size=32)
+FULL = Size(trial_counts=(16, 64, 256), pretrain_steps=512,
+            identification_steps=64, adaptation_steps=256, batch_size=32)
 QUICK = Size(trial_counts=(4, 8), pretrain_steps=2, identification_steps=1,
              adaptation_steps=2, batch_size=4, overrides=(
                  ('task.model.encoder.hidden_size', 8),
@@ -93,6 +94,14 @@ QUICK = Size(trial_counts=(4, 8), pretrain_steps=2, identification_steps=1,
                  ('task.model.encoder.num_layers', 1),
                  ('task.model.encoder.intermediate_size', 8),
                  ('task.model.encoder.num_latents', 4),
+                 ('task.demo_data.num_train_trials', 16),
+                 ('task.demo_data.num_validation_trials', 4),
+                 ('task.demo_data.num_held_out_session_trials', 4),
+                 ('task.demo_data.num_sessions', 2),
+                 ('task.demo_data.max_units', 8),
+                 ('task.validation_data.global_batch_size', 4),
+                 ('trainer.train_tf_function', False),
+                 ('trainer.eval_tf_function', False),
              ))
 
 
@@ -314,8 +323,7 @@ def run(quick: bool = False, work_dir: Optional[str] = None,
 
 def _run(size: Size, root: str) -> Dict[str, Any]:
   """`run` in the folder `root`."""
-  data = {'task.demo_data.num_held_out_train_trials': max(size.trial_counts),
-          'task.train_data.global_batch_size': size.batch_size}
+  data = {'task.demo_data.num_held_out_train_trials': max(size.trial_counts)}
   pretrain = experiment_params(PRETRAIN_EXPERIMENT, size,
                                {**data, **_schedule(size.pretrain_steps)})
   pretrain_dir = os.path.join(root, 'pretrain')
@@ -334,6 +342,7 @@ def _run(size: Size, root: str) -> Dict[str, Any]:
     _subset(held_out_train, count, subset)
     for arm in ARMS:
       overrides = {**data, **_schedule(size.adaptation_steps),
+                   'task.train_data.global_batch_size': size.batch_size,
                    'task.train_data.input_path': subset,
                    'task.train_data.num_examples': count,
                    'task.vocabulary_file': vocabulary_file}
@@ -378,5 +387,6 @@ def _describe(size: Size, pretrain, finetune, vocabulary_file: str,
                 'identification': int(size.identification_steps),
                 'adaptation': int(size.adaptation_steps)},
       'batch_size': int(size.batch_size),
+      'pretrain_batch_size': int(pretrain.task.train_data.global_batch_size),
       'freeze': list(IDENTIFICATION_FREEZE),
   }
