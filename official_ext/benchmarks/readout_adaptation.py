@@ -101,6 +101,7 @@ QUICK = Size(trial_counts=(4, 8), pretrain_steps=2, identification_steps=1,
                  ('task.demo_data.max_units', 8),
                  ('task.validation_data.global_batch_size', 4),
                  ('trainer.train_tf_function', False),
+                 ('trainer.train_tf_while_loop', False),
                  ('trainer.eval_tf_function', False),
              ))
 
