@@ -12,13 +12,15 @@ figures as JSON (the results folder: `--json benchmarks/results/FAMILY.json`);
 `--reference_checkout DIR` (assemblenet) also times the training step of
 another checkout of this repository (e.g. one made with `git worktree add
 /tmp/ref COMMIT`) interleaved with this one's, each in a child process;
-`--cases` (assemblenet: `model`, `input_pipeline`; yt8m: `model`, the default,
-and `zoo`, every registered YouTube-8M model with its demo trained) runs only
-those cases and, with `--json`, merges their figures into the existing file.
+`--cases` (assemblenet: `model`, `input_pipeline`; readout: `model`,
+`spike_tokens`; yt8m: `model`, the default, and `zoo`, every registered
+YouTube-8M model with its demo trained) runs only those cases and, with
+`--json`, merges their figures into the existing file.
 
 `report` writes docs/benchmarks.md from the JSON files in the results folder
 (`benchmarks/results/<family>.json`, written by `--json`; see
-`benchmarks/report.py`); `--check` only compares and exits 1 if the page
+`benchmarks/report.py`), and the generated blocks and plots of README.md and
+docs/ (under `--pages_root`); `--check` only compares and exits 1 if a page
 differs.
 """
 import sys
@@ -49,9 +51,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
       flag_values=flag_values)
   flags.DEFINE_list(
       'cases', None,
-      'assemblenet: only these cases (model, input_pipeline); yt8m: model '
-      '(the default) and zoo (every registered model, its demo trained); '
-      'with --json, merged into the existing file.', flag_values=flag_values)
+      'assemblenet: only these cases (model, input_pipeline); readout: '
+      '(model, spike_tokens); yt8m: model (the default) and zoo (every '
+      'registered model, its demo trained); with --json, merged into the '
+      'existing file.', flag_values=flag_values)
   flags.DEFINE_string(
       'tpu', None, 'accelerator: the Cloud TPU address (local on a TPU VM).',
       flag_values=flag_values)
@@ -60,6 +63,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       flag_values=flag_values)
   flags.DEFINE_string('output', report.PAGE,
                       'report: the page to write.', flag_values=flag_values)
+  flags.DEFINE_string('pages_root', harness.REPO_ROOT,
+                      'report: the folder of README.md and docs/ whose '
+                      'generated blocks are rewritten.',
+                      flag_values=flag_values)
   flags.DEFINE_bool('check', False,
                     'report: only check that the page is the generated one '
                     '(exit 1 if not).', flag_values=flag_values)
@@ -76,7 +83,8 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
         f'report [--results_dir DIR] [--output FILE] [--check]')
   if argv[1] == REPORT:
     rc = report.main(flag_values.results_dir, flag_values.output,
-                     check=flag_values.check)
+                     check=flag_values.check,
+                     pages_root=flag_values.pages_root)
     if rc:
       sys.exit(rc)
     return

@@ -44,6 +44,10 @@ FAMILIES = {
     'yt8m': 'official_ext.benchmarks.yt8m',
     'assemblenet': 'official_ext.benchmarks.assemblenet',
     'readout': 'official_ext.benchmarks.readout',
+    # Quality, not speed: a pretrained unit-token readout model adapted to
+    # a held-out recording against the same model from scratch (rendered
+    # into README.md and docs/readout.md, `report.BLOCKS`).
+    'readout_adaptation': 'official_ext.benchmarks.readout_adaptation',
     # The training steps of the shipped GPU / TPU YAMLs on this machine's
     # accelerators (exits non-zero without one).
     'accelerator': 'official_ext.benchmarks.accelerator',
@@ -148,7 +152,8 @@ def run(family: str, quick: bool = False,
   `reference_checkout` (another checkout of this repository, timed beside
   this one) is passed to families whose `run` takes it (assemblenet);
   `tpu` (the TPU address) to the accelerator benchmark; `cases` (some of
-  the family's `CASES`) to families that have cases (assemblenet, yt8m), with
+  the family's `CASES`) to families that have cases (assemblenet, readout,
+  yt8m), with
   `previous` (the family's recorded figures) as their `step_figures`.
   """
   module = family_module(family)
@@ -157,7 +162,7 @@ def run(family: str, quick: bool = False,
     options['step_figures'] = previous
   for name, value, who in (('reference_checkout', reference_checkout,
                             'assemblenet'), ('tpu', tpu, 'accelerator'),
-                           ('cases', cases, 'assemblenet and yt8m')):
+                           ('cases', cases, 'assemblenet, readout and yt8m')):
     if not value:
       continue
     if name not in inspect.signature(module.run).parameters:

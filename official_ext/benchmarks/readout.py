@@ -33,9 +33,18 @@ optimizations exist then); `model_<variant>_step_peak_mb` is how far the
 step on the whole batch then raises the resident memory above what the
 process held before it (`memory.step_peak_mb`: the peak reset first, MiB).
 
-    python -m official_ext.benchmark readout [--quick]
+Spike tokens (`run_spike_tokens`, the `spike_*` figures; case
+`spike_tokens`): a training step of a unit-token model (every spike a token,
+`model.tokenization: unit_tokens`) at a recording's size, `SPIKES`: 200
+units x 1 s windows at ~20 Hz, batch 64, a Perceiver encoder of 128
+latents; tokens per second and the memory the step adds, padded against
+chained queries (input tokens are padded in both).
+
+    python -m official_ext.benchmark readout [--quick] [--cases model,spike_tokens]
 """
-from typing import Any, Dict, NamedTuple
+import os
+import tempfile
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf, tf_keras
@@ -47,6 +56,7 @@ from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import demo_data
 from official_ext.readout import task as task_lib
+from official_ext.readout import vocabulary as vocabulary_lib
 from official_ext.readout.modeling import multitask_readout
 
 # Settings of a `benchmark readout` process: those a CPU training run of the
@@ -350,7 +360,245 @@ def run_model(quick: bool = False, memory: bool = True) -> Dict[str, Any]:
   return out
 
 
-def run(quick: bool = False, memory: bool = True) -> Dict[str, Any]:
+class SpikeSize(NamedTuple):
+  """The spike-token case: a batch of windows of one recording's spikes.
+
+  Attributes:
+    batch: windows (samples) per batch.
+    units: units of the recording (the unit vocabulary).
+    window_seconds: length of a window.
+    mean_rate_hz: the units' mean firing rate (each unit's rate log-normal
+      around it, std 0.5 of the log).
+    num_latents: the Perceiver encoder's latents.
+    hidden_size, num_heads, num_layers, intermediate_size: the encoder.
+    queries_per_second: continuous (`wheel_speed`) queries per second of
+      window, plus one `choice` query per window.
+  """
+  batch: int
+  units: int
+  window_seconds: float
+  mean_rate_hz: float
+  num_latents: int
+  hidden_size: int
+  num_heads: int
+  num_layers: int
+  intermediate_size: int
+  queries_per_second: int
+
+
+# 200 units x 1 s windows at ~20 Hz (~4,000 spike tokens a window), batch
+# 64, 128 latents, the demo's encoder width.
+SPIKES = SpikeSize(batch=64, units=200, window_seconds=1.0, mean_rate_hz=20.0,
+                   num_latents=128, hidden_size=64, num_heads=4, num_layers=2,
+                   intermediate_size=128, queries_per_second=10)
+QUICK_SPIKES = SpikeSize(batch=4, units=8, window_seconds=0.5,
+                         mean_rate_hz=10.0, num_latents=4, hidden_size=8,
+                         num_heads=2, num_layers=1, intermediate_size=8,
+                         queries_per_second=4)
+SPIKE_SESSION = 'spike-benchmark'
+
+
+def spike_task(quick: bool, vocabulary_file: str) -> task_lib.ReadoutTask:
+  """The demo's readouts on unit tokens (`SPIKES` or `QUICK_SPIKES`
+  sizes), the unit vocabulary read from `vocabulary_file`."""
+  size = QUICK_SPIKES if quick else SPIKES
+  config = configs.readout_demo_task(batch_size=size.batch)
+  config.override({
+      'model': {'tokenization': 'unit_tokens', 'encoder': dict(
+          hidden_size=size.hidden_size, num_heads=size.num_heads,
+          num_layers=size.num_layers, num_latents=size.num_latents,
+          intermediate_size=size.intermediate_size)},
+      'train_data': {'input_dim': 1}, 'validation_data': {'input_dim': 1},
+      'vocabulary_file': vocabulary_file,
+      'demo_data': {'enabled': False}}, is_strict=True)
+  return task_lib.ReadoutTask(config)
+
+
+def spike_vocabulary(quick: bool) -> vocabulary_lib.Vocabulary:
+  """One session of `units` units: the benchmark's unit vocabulary."""
+  size = QUICK_SPIKES if quick else SPIKES
+  return vocabulary_lib.extend(
+      vocabulary_lib.Vocabulary(), sessions=[SPIKE_SESSION],
+      units=[vocabulary_lib.unit_name(SPIKE_SESSION, f'unit{i:04d}')
+             for i in range(size.units)])
+
+
+def spike_records(quick: bool, vocabulary: vocabulary_lib.Vocabulary,
+                  seed: int = 0) -> List[bytes]:
+  """`batch` serialized windows of Poisson spikes, one token a spike (value
+  1, its unit id, its time from the window start, in time order), with
+  `wheel_speed` queries every 1/queries_per_second s and one `choice`
+  query; targets drawn at random (the case measures speed)."""
+  size = QUICK_SPIKES if quick else SPIKES
+  rng = np.random.default_rng(seed)
+  rates = size.mean_rate_hz * np.exp(rng.normal(-0.125, 0.5, size.units))
+  ids = configs.task_index(configs.DEMO_VOCABULARY)
+  unit_ids = np.array([vocabulary.unit_id(u) for u in vocabulary.units])
+  n_q = int(round(size.queries_per_second * size.window_seconds))
+  records = []
+  for i in range(size.batch):
+    counts = rng.poisson(rates * size.window_seconds)
+    units = np.repeat(unit_ids, counts)
+    times = rng.uniform(0, size.window_seconds, units.size)
+    order = np.argsort(times, kind='stable')
+    query_times = (np.arange(n_q) + 0.5) / size.queries_per_second
+    records.append(dataloader.make_example(
+        f'window{i:04d}', np.ones([units.size, 1], np.float32),
+        times[order], input_unit_ids=units[order],
+        output_task_ids=[ids['wheel_speed']] * n_q + [ids['choice']],
+        output_timestamps=list(query_times) + [size.window_seconds / 2],
+        output_targets=[[v] for v in rng.normal(size=n_q)] +
+        [[float(rng.integers(0, 2))]],
+        session_id=SPIKE_SESSION).SerializeToString())
+  return records
+
+
+def spike_batches(task: task_lib.ReadoutTask,
+                  vocabulary: vocabulary_lib.Vocabulary, quick: bool
+                  ) -> Dict[str, Dict[str, tf.Tensor]]:
+  """{'padded': batch, 'varlen': batch} of `spike_records`, parsed and
+  batched by the dataloader."""
+  config = task.task_config
+  records = spike_records(quick, vocabulary)
+  parser = dataloader.Parser(config.train_data, config.readouts,
+                             config.task_vocabulary, units=vocabulary)
+  parsed = tf.data.Dataset.from_tensor_slices(records).map(parser.parse)
+  return {batching: next(iter(dataloader.batch_examples(
+      parsed, config.train_data.replace(batching=batching), len(records),
+      parser.max_target_size))) for batching in BATCHINGS}
+
+
+def _spike_setup(quick: bool, folder: str):
+  """(task, model, {batching: batch}) of the spike-token case; the
+  vocabulary file is written into `folder`."""
+  vocabulary = spike_vocabulary(quick)
+  path = os.path.join(folder, 'vocabulary.json')
+  vocabulary_lib.save(vocabulary, path)
+  task = spike_task(quick, path)
+  model = task.build_model()
+  return task, model, spike_batches(task, vocabulary, quick)
+
+
+def spike_memory_child(batching: str, quick: bool) -> Dict[str, Any]:
+  """Runs in the child process: the memory one spike-token training step
+  (forward, losses, gradients) adds, after a warm-up step."""
+  with tempfile.TemporaryDirectory() as folder:
+    task, model, batches = _spike_setup(quick, folder)
+    batch = batches[batching]
+    step = step_fn(task, model, batch)
+    timing.block(step(first_trials(batch, WARMUP_TRIALS)))
+    results = []
+
+    def whole_batch():
+      results.append(step(batch))
+      timing.block(results[-1])
+
+    grown = memory_lib.step_peak_mb(whole_batch)
+  return {'loss': float(results[0][1]), 'step_peak_mb': grown}
+
+
+def spike_memory_child_code(batching: str, quick: bool) -> str:
+  """The `python -c` program of the spike-token memory child."""
+  return ('from official_ext.benchmarks import readout, memory; '
+          f'r = readout.spike_memory_child({batching!r}, {quick}); '
+          'print(memory.result_line(r))')
+
+
+def run_spike_tokens(quick: bool = False, memory: bool = True
+                     ) -> Dict[str, Any]:
+  """Measures a training step on spike tokens, padded vs chained queries.
+
+  The model reads unit tokens (`model.tokenization: unit_tokens`): every
+  spike of `SPIKES.units` units over a `window_seconds` window is a token
+  (value 1, unit and session embeddings, its time), encoded by a
+  Perceiver encoder of `num_latents` latents. The forward pass, the task's
+  losses and every gradient (`step_fn`, no optimizer update) are timed
+  interleaved with the queries padded and chained (input tokens are padded
+  to the batch's longest window in both); the two batchings' losses and
+  gradients are checked equal first.
+
+  Returns:
+    {'spike_<batching>_tokens_per_sec' (real spike tokens a second),
+     'spike_<batching>_sec_per_step', 'spike_varlen_speedup',
+     'spike_num_samples', 'spike_units', 'spike_window_seconds',
+     'spike_mean_rate_hz', 'spike_num_latents', 'spike_hidden_size',
+     'spike_tokens' (real tokens in the batch), 'spike_padded_tokens'
+     (batch x padded length), 'spike_token_padding_fraction',
+     'spike_num_queries'} and, with `memory`,
+    'spike_<batching>_step_peak_mb' (each in a fresh child process).
+  """
+  size = QUICK_SPIKES if quick else SPIKES
+  with tempfile.TemporaryDirectory() as folder:
+    task, model, batches = _spike_setup(quick, folder)
+  steps = {b: step_fn(task, model, batches[b], traced=not quick)
+           for b in BATCHINGS}
+  (_, loss_p, grad_p), (_, loss_v, grad_v) = (
+      steps[b](batches[b]) for b in BATCHINGS)
+  np.testing.assert_allclose(loss_p, loss_v, rtol=1e-5, err_msg='loss')
+  for var, a, b in zip(model.trainable_variables, grad_p, grad_v):
+    np.testing.assert_allclose(tf.convert_to_tensor(a),
+                               tf.convert_to_tensor(b), rtol=1e-4, atol=1e-6,
+                               err_msg=var.name)
+  seconds = timing.interleaved_seconds(
+      {b: (lambda b=b: steps[b](batches[b])) for b in BATCHINGS},
+      rounds=1 if quick else 3, warmup=0, min_seconds=0.0 if quick else 2.0)
+  mask = batches['padded']['input_mask'].numpy()
+  tokens = int(mask.sum())
+  out = {
+      'spike_num_samples': int(size.batch),
+      'spike_units': int(size.units),
+      'spike_window_seconds': float(size.window_seconds),
+      'spike_mean_rate_hz': float(size.mean_rate_hz),
+      'spike_num_latents': int(size.num_latents),
+      'spike_hidden_size': int(size.hidden_size),
+      'spike_tokens': tokens,
+      'spike_padded_tokens': int(mask.size),
+      'spike_token_padding_fraction': 1.0 - tokens / float(mask.size),
+      'spike_num_queries': int(
+          batches['varlen']['output_readout_index'].shape[0]),
+      'spike_varlen_speedup': seconds['padded'] / seconds['varlen'],
+  }
+  for batching in BATCHINGS:
+    out[f'spike_{batching}_tokens_per_sec'] = tokens / seconds[batching]
+    out[f'spike_{batching}_sec_per_step'] = seconds[batching]
+  if memory:
+    for batching in BATCHINGS:
+      child = memory_lib.run_child(spike_memory_child_code(batching, quick))
+      out[f'spike_{batching}_step_peak_mb'] = child['step_peak_mb']
+  return out
+
+
+# `run`'s cases (`--cases`): the readout layer and the whole demo model
+# ('model'), a training step on spike tokens ('spike_tokens').
+CASES = ('model', 'spike_tokens')
+
+
+def run(quick: bool = False, memory: bool = True,
+        cases: Optional[Sequence[str]] = None,
+        step_figures: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """The readout layer's figures (`run_heads`) and the whole model's
-  (`run_model`, memory children with `memory`)."""
-  return dict(run_heads(quick), **run_model(quick, memory=memory))
+  (`run_model`, memory children with `memory`): case 'model'; a training
+  step on spike tokens (`run_spike_tokens`): case 'spike_tokens'.
+
+  Args:
+    quick: tiny sizes.
+    memory: also run the memory children.
+    cases: which of `CASES` to measure (default all; CLI `--cases`).
+    step_figures: the recorded figures a run of some cases is merged into
+      (by the harness); unused.
+
+  Raises:
+    ValueError: a case not in `CASES`, naming it.
+  """
+  del step_figures  # The cases measure independently.
+  cases = list(cases or CASES)
+  unknown = [c for c in cases if c not in CASES]
+  if unknown:
+    raise ValueError(f'--cases: unknown readout case(s) {unknown}; the '
+                     f'cases are {list(CASES)}.')
+  out = {}
+  if 'model' in cases:
+    out.update(run_heads(quick), **run_model(quick, memory=memory))
+  if 'spike_tokens' in cases:
+    out.update(run_spike_tokens(quick, memory=memory))
+  return out

@@ -10,9 +10,15 @@ official_ext.benchmark FAMILY --json benchmarks/results/FAMILY.json` (the
 latest run), plus `accelerator.json` where an accelerator run was recorded.
 The page is never edited by hand: `render` is a pure function of those
 files, and `tests/benchmarks/test_report.py` checks that docs/benchmarks.md
-equals it byte for byte. The same command writes one block of docs/yt8m.md
-(the table of every YouTube-8M model, `zoo_block`, between `ZOO_BEGIN` and
-`ZOO_END`), checked the same way; the rest of that page is prose.
+equals it byte for byte.
+
+Hand-written pages hold generated blocks too (`BLOCKS`): a block between
+`<!-- NAME: generated ... -->` and `<!-- /NAME -->` in README.md or a docs
+page is rendered from a results file (e.g. the readout adaptation curves'
+table, from `readout_adaptation.json`; the table of every YouTube-8M model,
+`zoo_block`, from `yt8m.json`), and the same command rewrites it (`--check`
+compares; the rest of those pages is prose); a module's `PLOTS` ({page-relative PNG path: function(figures,
+path)}) are drawn from the same file.
 
 A family file holds the figures its module's `run` returns plus `machine`
 (one line), `environment` (`harness.environment`: CPU model and flags,
@@ -24,7 +30,9 @@ machine; each family renders as a table of its figures.
 """
 import json
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+import re
+from typing import (Any, Callable, Dict, List, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
 
 from official_ext.benchmarks import harness
 from official_ext.benchmarks import timing
@@ -40,6 +48,24 @@ TITLES = {
     'readout': 'Multitask readout',
 }
 ORDER = ('yt8m', 'assemblenet', 'readout')
+
+
+class Block(NamedTuple):
+  """A generated block of a hand-written page.
+
+  Attributes:
+    page: the page, relative to the repository (or `--pages_root`).
+    name: the block's marker name.
+    family: the results file (`<family>.json`, a key of `harness.FAMILIES`)
+      it is rendered from.
+    render: the function that renders it, `render(figures) -> markdown`
+      (figures: the family's results file), or the name of such a function
+      of the family's benchmark module.
+  """
+  page: str
+  name: str
+  family: str
+  render: Union[str, Callable[[Dict[str, Any]], str]]
 
 _HEADER = f"""\
 # Benchmarks
@@ -122,9 +148,12 @@ in real (non-padding) query rows per second, the outputs checked equal before ti
 model (`model_*`): token embedding, encoder, query decoder and heads on a batch of demo trials,
 forward pass, the task's losses and every gradient (no optimizer update), padded against chained;
 `model_varlen_speedup_bound` is the speed-up if the chained queries cost nothing (the padded step
-over the shared encoder part). Memory: how far one step on the whole batch raises the resident
-memory of a fresh child process, after a warm-up step (so TensorFlow, tracing and data generation
-are not in it).
+over the shared encoder part). Spike tokens (`spike_*`, `--cases spike_tokens`): the same step of a
+unit-token model (`model.tokenization: unit_tokens`, every spike a token) on windows of Poisson
+spikes of one recording, with a Perceiver encoder; rates in real spike tokens per second, queries
+padded against chained (input tokens padded to the batch's longest window in both). Memory: how
+far one step on the whole batch raises the resident memory of a fresh child process, after a
+warm-up step (so TensorFlow, tracing and data generation are not in it).
 """,
 }
 
@@ -236,6 +265,27 @@ _LABELS: Dict[str, Sequence[_Row]] = {
          'whole model: speed-up if the chained queries cost nothing', _x),
         ('model_padded_step_peak_mb', 'whole model, padded: memory the step adds, MiB', _f(0)),
         ('model_varlen_step_peak_mb', 'whole model, chained: memory the step adds, MiB', _f(0)),
+        ('spike_num_samples', 'spike tokens: windows in the batch', _s),
+        ('spike_units', 'spike tokens: units', _s),
+        ('spike_window_seconds', 'spike tokens: window, s', _s),
+        ('spike_mean_rate_hz', 'spike tokens: mean firing rate, Hz', _s),
+        ('spike_num_latents', 'spike tokens: encoder latents', _s),
+        ('spike_hidden_size', 'spike tokens: encoder width', _s),
+        ('spike_tokens', 'spike tokens: real tokens in the batch', _f(0)),
+        ('spike_padded_tokens', 'spike tokens: padded tokens', _f(0)),
+        ('spike_token_padding_fraction', 'spike tokens: padding', _pct),
+        ('spike_num_queries', 'spike tokens: real queries', _f(0)),
+        ('spike_padded_tokens_per_sec',
+         'spike tokens, padded queries: tokens/s', _f(0)),
+        ('spike_varlen_tokens_per_sec',
+         'spike tokens, chained queries: tokens/s', _f(0)),
+        ('spike_padded_sec_per_step', 'spike tokens, padded queries: s per step', _f(3)),
+        ('spike_varlen_sec_per_step', 'spike tokens, chained queries: s per step', _f(3)),
+        ('spike_varlen_speedup', 'spike tokens: chained over padded', _x),
+        ('spike_padded_step_peak_mb',
+         'spike tokens, padded queries: memory the step adds, MiB', _f(0)),
+        ('spike_varlen_step_peak_mb',
+         'spike tokens, chained queries: memory the step adds, MiB', _f(0)),
     ),
 }
 
@@ -431,19 +481,10 @@ def render(results_dir: str = harness.RESULTS_DIR) -> str:
   return '\n'.join(sections).rstrip('\n') + '\n'
 
 
-# The generated block of docs/yt8m.md: the table of every YouTube-8M model
-# (`yt8m.zoo_table`), between these lines.
-ZOO_PAGE_NAME = 'yt8m.md'
-ZOO_BEGIN = (f'<!-- The model zoo table, generated by `{COMMAND} report` from '
-             'benchmarks/results/yt8m.json: do not edit. -->')
-ZOO_END = '<!-- End of the generated model zoo table. -->'
-
-
-def zoo_block(results_dir: str = harness.RESULTS_DIR) -> str:
-  """The generated block of docs/yt8m.md (between `ZOO_BEGIN` and
-  `ZOO_END`): the zoo's table from `results_dir`'s yt8m.json, without the
-  date or machine (prose pages hold none; the block links them)."""
-  figures = load(results_dir).get('yt8m') or {}
+def zoo_block(figures: Dict[str, Any]) -> str:
+  """The generated block of docs/yt8m.md (`BLOCKS`): the table of every
+  YouTube-8M model (`yt8m.zoo_table`) from yt8m.json's `figures`, without
+  the date or machine (prose pages hold none; the block links them)."""
   if 'zoo' not in figures:
     return (f'No zoo run recorded: `{COMMAND} yt8m --cases zoo --json '
             f'benchmarks/results/yt8m.json`, then `{COMMAND} report`.')
@@ -460,53 +501,115 @@ def zoo_block(results_dir: str = harness.RESULTS_DIR) -> str:
   return '\n'.join(out)
 
 
-def with_zoo_block(text: str, block: str, path: str) -> str:
-  """`text` (of the page `path`) with its generated block replaced by
-  `block`.
+# The generated blocks of hand-written pages.
+BLOCKS = (
+    Block('README.md', 'readout-adaptation', 'readout_adaptation',
+          'summary_table'),
+    Block(os.path.join('docs', 'readout.md'), 'readout-adaptation',
+          'readout_adaptation', 'docs_block'),
+    Block(os.path.join('docs', 'yt8m.md'), 'yt8m-zoo', 'yt8m', zoo_block),
+)
+
+
+def _block_pattern(name: str) -> 're.Pattern':
+  return re.compile(r'(<!-- ' + re.escape(name) + r': generated [^>]*-->\n)'
+                    r'(.*?)(<!-- /' + re.escape(name) + r' -->)', re.S)
+
+
+def block_marker(block: Block) -> str:
+  """The opening marker line of `block`."""
+  return (f'<!-- {block.name}: generated by `{COMMAND} report` from '
+          f'benchmarks/results/{block.family}.json -->')
+
+
+def render_block(block: Block, results: Dict[str, Dict[str, Any]]) -> str:
+  """The markdown between `block`'s markers (ending in a newline)."""
+  figures = results.get(block.family)
+  if figures is None:
+    return (f'No run recorded: `{COMMAND} {block.family} --json '
+            f'benchmarks/results/{block.family}.json`, then '
+            f'`{COMMAND} report`.\n')
+  render = block.render
+  if not callable(render):
+    render = getattr(harness.family_module(block.family), render)
+  return render(figures).rstrip('\n') + '\n'
+
+
+def render_pages(results_dir: str = harness.RESULTS_DIR,
+                 pages_root: str = harness.REPO_ROOT) -> Dict[str, str]:
+  """{page path: its text with every generated block (`BLOCKS`) rendered
+  from the JSON files in `results_dir`}, for the pages under `pages_root`.
 
   Raises:
-    ValueError: the page lacks the markers (or has them out of order),
-      naming the page and the markers.
+    ValueError: a page that lacks a block's markers, naming the page, the
+      block and the marker expected.
   """
-  begin = text.find(ZOO_BEGIN)
-  end = text.find(ZOO_END)
-  if begin < 0 or end < begin:
-    raise ValueError(f'{path}: no generated block: it needs the line '
-                     f'{ZOO_BEGIN!r} and, after it, {ZOO_END!r}.')
-  return text[:begin + len(ZOO_BEGIN)] + '\n' + block + '\n' + text[end:]
+  results = load(results_dir)
+  pages: Dict[str, str] = {}
+  for block in BLOCKS:
+    path = os.path.join(pages_root, block.page)
+    if path not in pages:
+      with open(path, encoding='utf-8') as f:
+        pages[path] = f.read()
+    pattern = _block_pattern(block.name)
+    if not pattern.search(pages[path]):
+      raise ValueError(f'{path}: no generated block {block.name!r}; expected '
+                       f'a line `{block_marker(block)}`, the block and '
+                       f'`<!-- /{block.name} -->`.')
+    body = render_block(block, results)
+    pages[path] = pattern.sub(
+        lambda m, body=body: m.group(1) + body + m.group(3), pages[path],
+        count=1)
+  return pages
+
+
+def write_plots(results_dir: str = harness.RESULTS_DIR,
+                pages_root: str = harness.REPO_ROOT) -> List[str]:
+  """Draws every recorded family's `PLOTS` under `pages_root`; returns the
+  paths written."""
+  written = []
+  for family, figures in sorted(load(results_dir).items()):
+    if family == ACCELERATOR:
+      continue
+    module = harness.family_module(family)
+    for relative, draw in sorted(getattr(module, 'PLOTS', {}).items()):
+      path = os.path.join(pages_root, relative)
+      output_files.write_atomically(
+          path, lambda f, draw=draw: draw(figures, f), binary=True)
+      written.append(path)
+  return written
 
 
 def main(results_dir: str = harness.RESULTS_DIR, output: str = PAGE,
-         check: bool = False) -> int:
-  """Writes the page to `output`, and the zoo block of the yt8m.md beside
-  it (where there is one); with `check`, only compares (1 if either
-  differs, naming the command that regenerates it)."""
-  pages = {output: render(results_dir)}
-  zoo_page = os.path.join(os.path.dirname(os.path.abspath(output)),
-                          ZOO_PAGE_NAME)
-  if os.path.exists(zoo_page):
-    with open(zoo_page, encoding='utf-8') as f:
-      pages[zoo_page] = with_zoo_block(f.read(), zoo_block(results_dir),
-                                       zoo_page)
+         check: bool = False, pages_root: str = harness.REPO_ROOT) -> int:
+  """Writes the page to `output`, the generated blocks of the pages under
+  `pages_root` and the plots; with `check`, only compares the page and the
+  blocks (1 if one differs, naming the command that regenerates it)."""
+  texts = {output: render(results_dir)}
+  texts.update(render_pages(results_dir, pages_root))
   if check:
     stale = []
-    for path, page in pages.items():
+    for path, text in texts.items():
       current = None
       if os.path.exists(path):
         with open(path, encoding='utf-8') as f:
           current = f.read()
-      if current != page:
+      if current != text:
         stale.append(path)
-    if stale:
-      print(f'{", ".join(stale)}: not generated from {results_dir}: run '
+    for path in stale:
+      print(f'{path} is not the page generated from {results_dir}: run '
             f'`{COMMAND} report`.')
+    if stale:
       return 1
-    print(f'{", ".join(pages)} up to date.')
+    print(f'{", ".join(texts)} up to date.')
     return 0
-  # Both pages whole, and both or neither (`core.output_files`).
-  with output_files.write_together(list(pages)) as staged:
-    for path, page in pages.items():
+  # Every page whole, and all or none (`core.output_files`).
+  with output_files.write_together(list(texts)) as staged:
+    for path, text in texts.items():
       with open(staged[path], 'w', encoding='utf-8') as f:
-        f.write(page)
-  print(f'wrote {", ".join(pages)} from {results_dir}')
+        f.write(text)
+  for path in texts:
+    print(f'wrote {path} from {results_dir}')
+  for path in write_plots(results_dir, pages_root):
+    print(f'wrote {path} from {results_dir}')
   return 0

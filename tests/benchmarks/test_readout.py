@@ -77,3 +77,53 @@ def test_memory_child_program_calls_this_module(monkeypatch, capsys):
   exec(code, {})  # pylint: disable=exec-used
   assert calls == [('varlen', True)]
   assert capsys.readouterr().out == 'RESULT {"step_peak_mb": 2}\n'
+
+
+def test_quick_spike_token_run_counts_the_spike_tokens():
+  # Without the memory children; the padded and chained steps' losses and
+  # gradients are checked equal inside `run_spike_tokens` before timing.
+  f = benchmark.run_spike_tokens(quick=True, memory=False)
+  assert not any('peak' in k for k in f)
+  size = benchmark.QUICK_SPIKES
+  assert (f['spike_num_samples'], f['spike_units'], f['spike_num_latents'],
+          f['spike_hidden_size']) == (size.batch, size.units,
+                                      size.num_latents, size.hidden_size)
+  # The windows' spikes, read from the records themselves: one token each.
+  vocabulary = benchmark.spike_vocabulary(quick=True)
+  tokens, queries = [], 0
+  for record in benchmark.spike_records(True, vocabulary):
+    feature = tf.train.Example.FromString(record).features.feature
+    ids = list(feature['input_unit_ids'].int64_list.value)
+    assert set(ids) <= set(range(1, size.units + 1))
+    assert feature['input_values'].float_list.value == [1.0] * len(ids)
+    tokens.append(len(ids))
+    queries += len(feature['output_task_ids'].int64_list.value)
+  assert f['spike_tokens'] == sum(tokens) > 0
+  assert f['spike_padded_tokens'] == size.batch * _round_up_8(max(tokens))
+  assert f['spike_num_queries'] == queries
+  assert f['spike_token_padding_fraction'] == pytest.approx(
+      1 - sum(tokens) / f['spike_padded_tokens'], rel=1e-12)
+  for batching in ('padded', 'varlen'):
+    assert f[f'spike_{batching}_tokens_per_sec'] == pytest.approx(
+        sum(tokens) / f[f'spike_{batching}_sec_per_step'], rel=1e-12)
+  assert f['spike_varlen_speedup'] == pytest.approx(
+      f['spike_padded_sec_per_step'] / f['spike_varlen_sec_per_step'],
+      rel=1e-12)
+
+
+def test_full_spike_size_is_a_recording_of_200_units():
+  assert benchmark.SPIKES[:5] == (64, 200, 1.0, 20.0, 128)
+
+
+def test_an_unknown_case_is_named():
+  with pytest.raises(ValueError, match=r"unknown readout case\(s\) \['x'\]"):
+    benchmark.run(quick=True, cases=['x'])
+
+
+def test_spike_memory_child_program_calls_this_module(monkeypatch, capsys):
+  calls = []
+  monkeypatch.setattr(benchmark, 'spike_memory_child',
+                      lambda *args: calls.append(args) or {'step_peak_mb': 3})
+  exec(benchmark.spike_memory_child_code('padded', True), {})  # pylint: disable=exec-used
+  assert calls == [('padded', True)]
+  assert capsys.readouterr().out == 'RESULT {"step_peak_mb": 3}\n'

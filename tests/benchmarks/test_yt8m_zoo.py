@@ -191,32 +191,31 @@ def test_the_docs_block_is_generated_from_the_results(quick_zoo, tmp_path):
   (results / 'yt8m.json').write_text(json.dumps({
       'zoo': quick_zoo, 'zoo_command': 'python -m official_ext.benchmark '
       'yt8m --quick --cases zoo', 'zoo_environment': {'quick': True}}))
-  block = report.zoo_block(str(results))
+  block = report.zoo_block(json.loads((results / 'yt8m.json').read_text()))
   assert '**Quick sizes**' in block
   assert f"{quick_zoo['models']['video_level']['demo_gap']:.4f}" in block
   assert '`python -m official_ext.benchmark yt8m --quick --cases zoo`' in block
-  # `report` writes the block into the yt8m.md beside its output, and
-  # `--check` finds a block edited by hand.
-  docs = tmp_path / 'docs'
-  docs.mkdir()
-  page = docs / 'yt8m.md'
-  page.write_text(f'# YT8M\n\n{report.ZOO_BEGIN}\nold\n{report.ZOO_END}\n')
-  output = str(docs / 'benchmarks.md')
-  assert report.main(str(results), output) == 0
-  assert page.read_text() == (f'# YT8M\n\n{report.ZOO_BEGIN}\n{block}\n'
-                              f'{report.ZOO_END}\n')
-  assert report.main(str(results), output, check=True) == 0
+  # `report` writes the block into docs/yt8m.md between its markers (the
+  # repository's generated pages copied under `pages_root`), and `--check`
+  # finds a block edited by hand.
+  zoo = next(b for b in report.BLOCKS if b.name == 'yt8m-zoo')
+  for page in {b.page for b in report.BLOCKS}:
+    (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+    with open(os.path.join(harness.REPO_ROOT, page), encoding='utf-8') as f:
+      (tmp_path / page).write_text(f.read())
+  page = tmp_path / zoo.page
+  output = str(tmp_path / 'docs' / 'benchmarks.md')
+  assert report.main(str(results), output, pages_root=str(tmp_path)) == 0
+  assert f'{report.block_marker(zoo)}\n{block}\n<!-- /yt8m-zoo -->' in (
+      page.read_text())
+  assert report.main(str(results), output, check=True,
+                     pages_root=str(tmp_path)) == 0
   page.write_text(page.read_text().replace('video_level', 'video'))
-  assert report.main(str(results), output, check=True) == 1
+  assert report.main(str(results), output, check=True,
+                     pages_root=str(tmp_path)) == 1
   page.write_text('# YT8M\n')
-  with pytest.raises(ValueError, match='yt8m.md: no generated block'):
-    report.main(str(results), output)
-  # The repository's page holds the block of the recorded results.
-  with open(os.path.join(harness.REPO_ROOT, 'docs', 'yt8m.md'),
-            encoding='utf-8') as f:
-    text = f.read()
-  assert text == report.with_zoo_block(
-      text, report.zoo_block(harness.RESULTS_DIR), 'docs/yt8m.md')
+  with pytest.raises(ValueError, match="yt8m.md: no generated block 'yt8m-zoo'"):
+    report.main(str(results), output, pages_root=str(tmp_path))
 
 
 def test_cli_merges_the_zoo_case_into_the_results(quick_zoo, monkeypatch,
