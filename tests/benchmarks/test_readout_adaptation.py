@@ -11,6 +11,7 @@ import pytest
 
 from official_ext.benchmarks import readout_adaptation as adaptation
 
+
 def _figures():
   """Hand-made figures of two tasks at two counts."""
   tasks = [['choice', 'balanced_accuracy'], ['wheel_speed', 'r2']]
