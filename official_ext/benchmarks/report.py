@@ -603,12 +603,9 @@ def main(results_dir: str = harness.RESULTS_DIR, output: str = PAGE,
       return 1
     print(f'{", ".join(texts)} up to date.')
     return 0
-  # Every page whole, and all or none (`core.output_files`).
-  with output_files.write_together(list(texts)) as staged:
-    for path, text in texts.items():
-      with open(staged[path], 'w', encoding='utf-8') as f:
-        f.write(text)
-  for path in texts:
+  # Each page whole (`core.output_files`; the pages lie in several folders).
+  for path, text in texts.items():
+    output_files.write_atomically(path, lambda f, text=text: f.write(text))
     print(f'wrote {path} from {results_dir}')
   for path in write_plots(results_dir, pages_root):
     print(f'wrote {path} from {results_dir}')
