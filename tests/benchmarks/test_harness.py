@@ -9,13 +9,15 @@ def test_families_are_the_benchmark_modules():
       'yt8m': 'official_ext.benchmarks.yt8m',
       'assemblenet': 'official_ext.benchmarks.assemblenet',
       'readout': 'official_ext.benchmarks.readout',
+      'readout_adaptation': 'official_ext.benchmarks.readout_adaptation',
       'accelerator': 'official_ext.benchmarks.accelerator',
   }
 
 
 def test_unknown_family_names_the_known_ones():
   with pytest.raises(ValueError, match=r"'nope'.*\['accelerator', "
-                     r"'assemblenet', 'readout', 'yt8m'\]"):
+                     r"'assemblenet', 'readout', 'readout_adaptation', "
+                     r"'yt8m'\]"):
     harness.family_module('nope')
 
 
