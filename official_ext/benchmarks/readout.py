@@ -259,12 +259,16 @@ def first_trials(batch: Dict[str, tf.Tensor], n: int
   return out
 
 
-def memory_child(batching: str, quick: bool) -> Dict[str, Any]:
-  """Runs in the child process: the memory one whole-batch step takes."""
-  task = model_task(quick)
-  model = task.build_model()
-  size = QUICK_MODEL if quick else MODEL
-  batch = demo_batches(task, size.batch)[batching]
+def _step_memory(task: task_lib.ReadoutTask, model,
+                 batch: Dict[str, tf.Tensor]) -> Dict[str, Any]:
+  """The memory one whole-batch training step (`step_fn`) takes.
+
+  A warm-up step on the first `WARMUP_TRIALS` trials first (tracing,
+  one-time allocations), then `memory_lib.step_peak_mb` of the whole batch.
+
+  Returns:
+    {'loss': the whole batch's loss, 'step_peak_mb'}.
+  """
   step = step_fn(task, model, batch)
   timing.block(step(first_trials(batch, WARMUP_TRIALS)))
   results = []
@@ -277,11 +281,25 @@ def memory_child(batching: str, quick: bool) -> Dict[str, Any]:
   return {'loss': float(results[0][1]), 'step_peak_mb': grown}
 
 
+def _child_code(child: str, batching: str, quick: bool) -> str:
+  """The `python -c` program that runs `readout.<child>(batching, quick)`
+  and prints its result line, 'RESULT {json}'."""
+  return ('from official_ext.benchmarks import readout, memory; '
+          f'r = readout.{child}({batching!r}, {quick}); '
+          'print(memory.result_line(r))')
+
+
+def memory_child(batching: str, quick: bool) -> Dict[str, Any]:
+  """Runs in the child process: the memory one whole-batch step takes."""
+  task = model_task(quick)
+  model = task.build_model()
+  size = QUICK_MODEL if quick else MODEL
+  return _step_memory(task, model, demo_batches(task, size.batch)[batching])
+
+
 def memory_child_code(batching: str, quick: bool) -> str:
   """The `python -c` program of the memory child: prints 'RESULT {json}'."""
-  return ('from official_ext.benchmarks import readout, memory; '
-          f'r = readout.memory_child({batching!r}, {quick}); '
-          'print(memory.result_line(r))')
+  return _child_code('memory_child', batching, quick)
 
 
 def run_model(quick: bool = False, memory: bool = True) -> Dict[str, Any]:
@@ -484,24 +502,12 @@ def spike_memory_child(batching: str, quick: bool) -> Dict[str, Any]:
   (forward, losses, gradients) adds, after a warm-up step."""
   with tempfile.TemporaryDirectory() as folder:
     task, model, batches = _spike_setup(quick, folder)
-    batch = batches[batching]
-    step = step_fn(task, model, batch)
-    timing.block(step(first_trials(batch, WARMUP_TRIALS)))
-    results = []
-
-    def whole_batch():
-      results.append(step(batch))
-      timing.block(results[-1])
-
-    grown = memory_lib.step_peak_mb(whole_batch)
-  return {'loss': float(results[0][1]), 'step_peak_mb': grown}
+    return _step_memory(task, model, batches[batching])
 
 
 def spike_memory_child_code(batching: str, quick: bool) -> str:
   """The `python -c` program of the spike-token memory child."""
-  return ('from official_ext.benchmarks import readout, memory; '
-          f'r = readout.spike_memory_child({batching!r}, {quick}); '
-          'print(memory.result_line(r))')
+  return _child_code('spike_memory_child', batching, quick)
 
 
 def run_spike_tokens(quick: bool = False, memory: bool = True

@@ -149,14 +149,7 @@ class Dbof(tf_keras.layers.Layer):
       'none'.
     """
     c = self._config
-    max_frames = tf.shape(inputs)[1]
-    seq_mask = None
-    if num_frames is not None:
-      seq_mask = tf.sequence_mask(
-          tf.reshape(num_frames, [-1]), max_frames, dtype=tf.bool)
-    x = tf.cast(inputs, tf.float32)
-    if seq_mask is not None:
-      x = tf.where(seq_mask[:, :, tf.newaxis], x, tf.zeros_like(x))
+    x, seq_mask = yt8m_layers.mask_frames(inputs, num_frames)
     x = tf.nn.l2_normalize(x, axis=-1)
     if self._input_bn is not None:
       x = self._input_bn(x, training=training, mask=seq_mask)

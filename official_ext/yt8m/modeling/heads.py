@@ -6,6 +6,29 @@ import tensorflow as tf, tf_keras
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 
+def logistic_initializer(
+    kernel_initializer: str) -> tf_keras.initializers.Initializer:
+  """The kernel initializer of a logistic classifier, from its name.
+
+  Args:
+    kernel_initializer: a tf_keras initializer name
+      (`configs.LogisticModel.kernel_initializer`).
+
+  Returns:
+    A new initializer instance.
+
+  Raises:
+    ValueError: `kernel_initializer` is not a tf_keras initializer name.
+  """
+  try:
+    return tf_keras.initializers.get(kernel_initializer)
+  except ValueError as e:
+    raise ValueError(
+        'task.model.head.logistic.kernel_initializer='
+        f'{kernel_initializer!r} is not a tf_keras initializer name (e.g. '
+        "'glorot_uniform', 'he_normal').") from e
+
+
 class MoeHead(tf_keras.layers.Layer):
   """A per-class softmax over `num_mixtures` logistic experts (+ a dummy).
 
@@ -116,13 +139,7 @@ class LogisticHead(tf_keras.layers.Layer):
     self._config = dict(num_classes=num_classes, return_logits=return_logits,
                         kernel_initializer=kernel_initializer)
     self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
-    try:
-      initializer = tf_keras.initializers.get(kernel_initializer)
-    except ValueError as e:
-      raise ValueError(
-          'task.model.head.logistic.kernel_initializer='
-          f'{kernel_initializer!r} is not a tf_keras initializer name (e.g. '
-          "'glorot_uniform', 'he_normal').") from e
+    initializer = logistic_initializer(kernel_initializer)
     self._dense = tf_keras.layers.Dense(
         num_classes, kernel_initializer=initializer,
         kernel_regularizer=self._kernel_regularizer, name='logits')

@@ -3,11 +3,56 @@
 The batch norm and dense layers with written-out gradients (CPU fast paths
 of the kernel policy) are in `batch_norm`.
 """
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf, tf_keras
 
 from official.modeling import tf_utils
+
+
+def check_feature_sizes(key: str, feature_sizes: Sequence[int],
+                        width: int) -> None:
+  """Checks that the streams' widths add up to the frames' feature width.
+
+  Args:
+    key: config key of the backbone, e.g. 'task.model.backbone.nextvlad'.
+    feature_sizes: width of each feature stream, in input order.
+    width: the frames' feature width.
+
+  Raises:
+    ValueError: `feature_sizes` do not add up to `width`.
+  """
+  if sum(feature_sizes) != width:
+    raise ValueError(
+        f'{key}.feature_sizes={feature_sizes} add up to {sum(feature_sizes)}, '
+        f'but the frames have {width} features '
+        '(task.train_data.feature_sizes); make them match.')
+
+
+def mask_frames(inputs: tf.Tensor, num_frames: Optional[tf.Tensor]
+                ) -> Tuple[tf.Tensor, Optional[tf.Tensor]]:
+  """Casts frames to float32 and zeroes the padded ones.
+
+  Padded frames (past `num_frames`) are replaced by zeros by selection
+  (`tf.where`, not a multiplication: NaN * 0 is NaN), so whatever they hold
+  (NaN, Inf) is removed.
+
+  Args:
+    inputs: [batch, max_frames, features] frame features.
+    num_frames: int [batch] (or [batch, 1]) valid frame counts, or None (all
+      frames valid).
+
+  Returns:
+    (x, valid): x float32 [batch, max_frames, features] with the padded
+    frames zeroed; valid bool [batch, max_frames], True for the valid frames,
+    or None when `num_frames` is None.
+  """
+  x = tf.cast(inputs, tf.float32)
+  valid = None
+  if num_frames is not None:
+    valid = tf.sequence_mask(tf.reshape(num_frames, [-1]), tf.shape(x)[1])
+    x = tf.where(valid[:, :, tf.newaxis], x, tf.zeros_like(x))
+  return x, valid
 
 
 def frame_mask(num_frames: Optional[tf.Tensor], max_frames: tf.Tensor,

@@ -27,6 +27,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import tensorflow as tf, tf_keras
 
+from official_ext.yt8m.modeling import heads
 from official_ext.yt8m.modeling import layers as yt8m_layers
 from official_ext.yt8m.modeling import nextvlad
 
@@ -165,13 +166,9 @@ class MixtureLogisticHead(tf_keras.layers.Layer):
     self._config = dict(num_classes=num_classes, num_branches=num_branches,
                         kernel_initializer=kernel_initializer)
     self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
-    try:
-      tf_keras.initializers.get(kernel_initializer)
-    except ValueError as e:
-      raise ValueError(
-          'task.model.head.logistic.kernel_initializer='
-          f'{kernel_initializer!r} is not a tf_keras initializer name (e.g. '
-          "'glorot_uniform', 'he_normal').") from e
+    heads.logistic_initializer(kernel_initializer)  # Checks the name.
+    # The name, not one instance, for every classifier: an unseeded
+    # tf_keras initializer called twice repeats its values.
     self._classifiers = [
         tf_keras.layers.Dense(
             num_classes, kernel_initializer=kernel_initializer,

@@ -295,12 +295,8 @@ class NextVlad(tf_keras.layers.Layer):
         name='se_gate', **norm_kwargs)
 
   def build(self, input_shape):
-    width = int(input_shape[-1])
-    if sum(self._config['feature_sizes']) != width:
-      raise ValueError(
-          f'{_KEY}.feature_sizes={self._config["feature_sizes"]} add up to '
-          f'{sum(self._config["feature_sizes"])}, but the frames have {width} '
-          'features (task.train_data.feature_sizes); make them match.')
+    yt8m_layers.check_feature_sizes(_KEY, self._config['feature_sizes'],
+                                    int(input_shape[-1]))
     super().build(input_shape)
 
   def call(self, inputs: tf.Tensor, num_frames: Optional[tf.Tensor] = None,
@@ -316,11 +312,7 @@ class NextVlad(tf_keras.layers.Layer):
     Returns:
       [batch, hidden_size].
     """
-    x = tf.cast(inputs, tf.float32)
-    valid = None
-    if num_frames is not None:
-      valid = tf.sequence_mask(tf.reshape(num_frames, [-1]), tf.shape(x)[1])
-      x = tf.where(valid[:, :, tf.newaxis], x, tf.zeros_like(x))
+    x, valid = yt8m_layers.mask_frames(inputs, num_frames)
     parts = tf.split(x, list(self._config['feature_sizes']), axis=-1)
     vlad = tf.concat([stream(part, valid=valid, training=training)
                       for stream, part in zip(self._streams, parts)], axis=-1)

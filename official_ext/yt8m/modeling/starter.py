@@ -22,11 +22,7 @@ def _valid_frames(inputs: tf.Tensor, num_frames: Optional[tf.Tensor]
                   ) -> Tuple[tf.Tensor, Optional[tf.Tensor]]:
   """(L2-normalized float32 frames, padding zeroed; bool [batch, frames]
   mask of the valid frames or None)."""
-  x = tf.cast(inputs, tf.float32)
-  valid = None
-  if num_frames is not None:
-    valid = tf.sequence_mask(tf.reshape(num_frames, [-1]), tf.shape(x)[1])
-    x = tf.where(valid[:, :, tf.newaxis], x, tf.zeros_like(x))
+  x, valid = yt8m_layers.mask_frames(inputs, num_frames)
   return tf.nn.l2_normalize(x, axis=-1), valid
 
 

@@ -264,13 +264,8 @@ class WillowBackbone(tf_keras.layers.Layer):
         **norm_kwargs) if context_gating else None)
 
   def build(self, input_shape):
-    width = int(input_shape[-1])
-    sizes = self._config['feature_sizes']
-    if sum(sizes) != width:
-      raise ValueError(
-          f'{self._key}.feature_sizes={sizes} add up to {sum(sizes)}, but '
-          f'the frames have {width} features (task.train_data.feature_sizes);'
-          ' make them match.')
+    yt8m_layers.check_feature_sizes(
+        self._key, self._config['feature_sizes'], int(input_shape[-1]))
     super().build(input_shape)
 
   def call(self, inputs: tf.Tensor, num_frames: Optional[tf.Tensor] = None,
@@ -286,11 +281,7 @@ class WillowBackbone(tf_keras.layers.Layer):
     Returns:
       [batch, hidden_size].
     """
-    x = tf.cast(inputs, tf.float32)
-    valid = None
-    if num_frames is not None:
-      valid = tf.sequence_mask(tf.reshape(num_frames, [-1]), tf.shape(x)[1])
-      x = tf.where(valid[:, :, tf.newaxis], x, tf.zeros_like(x))
+    x, valid = yt8m_layers.mask_frames(inputs, num_frames)
     x = tf.nn.l2_normalize(x, axis=-1)
     x = self._input_bn(x, training=training, mask=valid)
     parts = tf.split(x, list(self._config['feature_sizes']), axis=-1)
