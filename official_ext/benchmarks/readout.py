@@ -247,16 +247,14 @@ def encoder_step_fn(model, batch, traced: bool = True):
 
 def first_trials(batch: Dict[str, tf.Tensor], n: int
                  ) -> Dict[str, tf.Tensor]:
-  """The sub-batch of the first `n` trials (padded or chained layout)."""
-  out = {k: batch[k][:n] for k in ('input_values', 'input_timestamps',
-                                   'input_mask')}
+  """The sub-batch of the first `n` trials (padded or chained layout): the
+  per-trial keys (tokens, unit and session ids) sliced, in the chained
+  layout the queries of those trials kept (`output_batch_index` < n)."""
   if 'output_batch_index' not in batch:
-    out.update({k: v[:n] for k, v in batch.items() if k not in out})
-    return out
+    return {k: v[:n] for k, v in batch.items()}
   keep = batch['output_batch_index'] < n
-  out.update({k: tf.boolean_mask(v, keep) for k, v in batch.items()
-              if k not in out})
-  return out
+  return {k: v[:n] if k in dataloader.PER_TRIAL_KEYS
+          else tf.boolean_mask(v, keep) for k, v in batch.items()}
 
 
 def _step_memory(task: task_lib.ReadoutTask, model,

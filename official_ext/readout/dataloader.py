@@ -722,6 +722,9 @@ _QUERY_KEYS = ('output_readout_index', 'output_timestamps', 'output_weights',
                'output_metric_weights', 'output_targets')
 # Per-sample keys of stitched evaluation ([B]).
 _SAMPLE_KEYS = ('session_index', 'window_start', 'session_ids')
+# The keys with one row per trial in both batchings ([B, ...]); in the
+# chained batching the query keys are [Q] instead.
+PER_TRIAL_KEYS = _INPUT_KEYS + _SAMPLE_KEYS
 
 
 def _round_up(n: tf.Tensor, multiple: int) -> tf.Tensor:

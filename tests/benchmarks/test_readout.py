@@ -1,4 +1,6 @@
 """The readout benchmark: quick runs report the sizes asked for."""
+import tempfile
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -127,3 +129,20 @@ def test_spike_memory_child_program_calls_this_module(monkeypatch, capsys):
   exec(benchmark.spike_memory_child_code('padded', True), {})  # pylint: disable=exec-used
   assert calls == [('padded', True)]
   assert capsys.readouterr().out == 'RESULT {"step_peak_mb": 3}\n'
+
+
+def test_first_trials_of_a_chained_spike_batch_keep_their_tokens():
+  # The memory child's warm-up step runs on the first trials: per-trial
+  # keys (tokens, unit ids, session ids) are sliced, per-query keys masked.
+  with tempfile.TemporaryDirectory() as folder:
+    _, _, batches = benchmark._spike_setup(True, folder)  # pylint: disable=protected-access
+  batch = batches['varlen']
+  first = benchmark.first_trials(batch, 2)
+  for key in ('input_values', 'input_timestamps', 'input_mask',
+              'input_unit_ids', 'session_ids'):
+    np.testing.assert_array_equal(first[key], batch[key][:2], err_msg=key)
+  keep = batch['output_batch_index'].numpy() < 2
+  for key in ('output_batch_index', 'output_readout_index',
+              'output_targets'):
+    np.testing.assert_array_equal(first[key], batch[key].numpy()[keep],
+                                  err_msg=key)
