@@ -18,6 +18,7 @@ import re
 from typing import Any, Dict, List
 
 import numpy as np
+import pytest
 import tensorflow as tf, tf_keras
 import yaml
 
@@ -194,6 +195,32 @@ def _layers(model):
 
 # What a GPU's kernel policy takes ('auto' there: the stock ops).
 GPU_POLICY = kernel_policy.resolve('auto', 'GPU')
+# Relative agreement of the loss of the third step with float32's: float16
+# keeps ~3 significant digits, bfloat16 ~2 (8-bit mantissa).
+PRECISION_TOLERANCE = {'float16': 0.01, 'bfloat16': 0.05}
+
+
+def assert_precisions_agree(case_name: str) -> Dict[str, float]:
+  """float16 (dynamic loss scaling) and bfloat16 training of the
+  accelerator benchmark's case `case_name` (its GPU YAML's step at tiny
+  sizes, on two replicas, with the kernel policy a GPU takes:
+  `accelerator.training_losses`) agree with float32 at the third step,
+  and bfloat16 visibly rounds; returns the three losses."""
+  from official_ext.benchmarks import accelerator  # pylint: disable=g-import-not-at-top
+  from tests import conftest  # pylint: disable=g-import-not-at-top
+  case = next(c for c in accelerator.CASES if c.name == case_name)
+  strategy = conftest.make_mirrored()
+  losses = {precision: accelerator.training_losses(
+      case, 'CPU', GPU_POLICY, steps=3, strategy=strategy,
+      precision=precision)[-1]
+            for precision in ('float32', 'float16', 'bfloat16')}
+  print('loss of the third step:', losses)
+  for precision, tolerance in PRECISION_TOLERANCE.items():
+    assert losses[precision] == pytest.approx(losses['float32'],
+                                              rel=tolerance), losses
+  # The precision did change the computation (bfloat16 rounds visibly).
+  assert losses['bfloat16'] != losses['float32'], losses
+  return losses
 TPU_POLICY = kernel_policy.resolve('auto', 'TPU')
 
 

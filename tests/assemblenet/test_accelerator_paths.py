@@ -6,14 +6,8 @@ steps compile whole under XLA with its TPU YAML's settings in float32 and
 bfloat16 (tests/shipped_configs.py)."""
 import pytest
 
-from official_ext.benchmarks import accelerator
-from tests import conftest
 from tests import shipped_configs
 
-CASE = next(c for c in accelerator.CASES if c.name == 'assemblenet_kinetics')
-# Relative agreement of the loss of the third step with float32's: float16
-# keeps ~3 significant digits, bfloat16 ~2 (8-bit mantissa).
-TOLERANCE = {'float16': 0.01, 'bfloat16': 0.05}
 # Each precision with a TPU YAML of the family (in turn, where it has two).
 TPU_YAMLS = [p for p in shipped_configs.yamls('assemblenet')
              if p.endswith('_tpu.yaml')]
@@ -25,17 +19,7 @@ def cache(tmp_path_factory):
 
 
 def test_mixed_precision_training_agrees_with_float32():
-  strategy = conftest.make_mirrored()
-  losses = {precision: accelerator.training_losses(
-      CASE, 'CPU', shipped_configs.GPU_POLICY, steps=3, strategy=strategy,
-      precision=precision)[-1]
-            for precision in ('float32', 'float16', 'bfloat16')}
-  print('loss of the third step:', losses)
-  for precision, tolerance in TOLERANCE.items():
-    assert losses[precision] == pytest.approx(losses['float32'],
-                                              rel=tolerance), losses
-  # The precision did change the computation (bfloat16 rounds visibly).
-  assert losses['bfloat16'] != losses['float32'], losses
+  shipped_configs.assert_precisions_agree('assemblenet_kinetics')
 
 
 @pytest.mark.parametrize('precision', ['float32', 'bfloat16'])

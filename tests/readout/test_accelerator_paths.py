@@ -12,19 +12,13 @@ import tf_keras
 from official.core import exp_factory
 from official.core import task_factory
 from official.modeling import performance
-from official_ext.benchmarks import accelerator
 from official_ext.core import kernel_policy
 from official_ext.core import trainer as trainer_lib
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import vocabulary
-from tests import conftest
 from tests import shipped_configs
 
-CASE = next(c for c in accelerator.CASES if c.name == 'readout')
-# Relative agreement of the loss of the third step with float32's: float16
-# keeps ~3 significant digits, bfloat16 ~2 (8-bit mantissa).
-TOLERANCE = {'float16': 0.01, 'bfloat16': 0.05}
 # Each precision with a TPU YAML of the family (in turn, where it has two).
 TPU_YAMLS = [p for p in shipped_configs.yamls('readout')
              if p.endswith('_tpu.yaml')]
@@ -36,17 +30,7 @@ def cache(tmp_path_factory):
 
 
 def test_mixed_precision_training_agrees_with_float32():
-  strategy = conftest.make_mirrored()
-  losses = {precision: accelerator.training_losses(
-      CASE, 'CPU', shipped_configs.GPU_POLICY, steps=3, strategy=strategy,
-      precision=precision)[-1]
-            for precision in ('float32', 'float16', 'bfloat16')}
-  print('loss of the third step:', losses)
-  for precision, tolerance in TOLERANCE.items():
-    assert losses[precision] == pytest.approx(losses['float32'],
-                                              rel=tolerance), losses
-  # The precision did change the computation (bfloat16 rounds visibly).
-  assert losses['bfloat16'] != losses['float32'], losses
+  shipped_configs.assert_precisions_agree('readout')
 
 
 @pytest.mark.parametrize('precision', ['float32', 'bfloat16'])
