@@ -15,12 +15,15 @@ train API (`official_ext.train.run`), every run in a folder of its own:
 1. pretraining: the `readout_units_demo` experiment on its training
    sessions (`Size.pretrain_steps` steps);
 2. for each count n of `Size.trial_counts` training trials of the held-out
-   session (`readout_units_finetune_demo`, `demo_data.num_finetune_trials`
-   n), two arms with the same budget of steps and the same model:
-   (a) `pretrained`: `task.init_checkpoint` = the pretrained model, the
-   encoder, decoder and readout frozen (`task.freeze`) for the first
-   `Size.identification_steps` steps, then every module trained
-   (`task.unfreeze_step`) up to `Size.adaptation_steps`;
+   session (`readout_units_finetune_demo`, its first n training trials),
+   three arms with the same budget of steps and the same model:
+   (a) `pretrained`: `task.init_checkpoint` = the pretrained model, every
+   module frozen but the held-out session's unit and session rows
+   (`task.freeze`) for the first `Size.identification_steps` steps, then
+   every module trained (`task.unfreeze_step`) up to
+   `Size.adaptation_steps`;
+   (a') `identification`: the same, frozen for all `Size.adaptation_steps`
+   steps (unit identification alone);
    (b) `scratch`: the same experiment from a fresh initialisation, every
    module trained for `Size.adaptation_steps` steps;
    each evaluated on the held-out session's test trials (the experiment's
@@ -49,11 +52,14 @@ from official_ext.readout import vocabulary as vocabulary_lib
 
 PRETRAIN_EXPERIMENT = 'readout_units_demo'
 FINETUNE_EXPERIMENT = 'readout_units_finetune_demo'
-ARMS = ('pretrained', 'scratch')
+ARMS = ('pretrained', 'identification', 'scratch')
 ARM_LABELS = {
     'pretrained': '(a) pretrained, unit identification then fine-tuning',
+    'identification': "(a') pretrained, unit identification alone",
     'scratch': '(b) the same model from scratch',
 }
+# The arms' short names (table columns, the plot's legend).
+ARM_SHORT = {arm: ARM_LABELS[arm].split(' ', 1)[0] for arm in ARMS}
 # The modules frozen during unit identification (`task.freeze`): every
 # module; of the unit and session tables only the rows the pretrained
 # checkpoint has are frozen, so the held-out session's rows train.
@@ -69,9 +75,10 @@ class Size(NamedTuple):
     trial_counts: training trials of the held-out session, one adaptation
       per count and arm.
     pretrain_steps: training steps of the pretraining run.
-    identification_steps: arm (a)'s steps with everything but the unit and
-      session embeddings frozen (`task.unfreeze_step`).
-    adaptation_steps: both arms' training steps on the held-out session.
+    identification_steps: arm (a)'s steps with everything but the new
+      unit and session rows frozen (`task.unfreeze_step`), before it
+      fine-tunes every module.
+    adaptation_steps: every arm's training steps on the held-out session.
     batch_size: trials per training batch of the adaptation runs
       (pretraining keeps its experiment's).
     overrides: further overrides of both experiments (model and data
@@ -85,8 +92,11 @@ class Size(NamedTuple):
   overrides: Tuple[Tuple[str, Any], ...] = ()
 
 
+# Unit identification for 7/8 of the budget, then fine-tuning at the cosine
+# schedule's tail: fine-tuning every module for longer overfits a few
+# trials (docs/readout.md).
 FULL = Size(trial_counts=(16, 64, 256), pretrain_steps=512,
-            identification_steps=64, adaptation_steps=256, batch_size=32)
+            identification_steps=224, adaptation_steps=256, batch_size=32)
 QUICK = Size(trial_counts=(4, 8), pretrain_steps=2, identification_steps=1,
              adaptation_steps=2, batch_size=4, overrides=(
                  ('task.model.encoder.hidden_size', 8),
@@ -125,11 +135,11 @@ def _cell(value: Optional[float]) -> str:
 
 
 def table(figures: Dict[str, Any]) -> str:
-  """Per-task primary metric and `average/score` of both arms at every
+  """Per-task primary metric and `average/score` of every arm at every
   count of training trials (markdown)."""
   counts = figures['trial_counts']
-  header = ['task (metric)'] + [f'{n} trials: {arm}' for n in counts
-                                for arm in ('(a)', '(b)')]
+  header = ['task (metric)'] + [f'{n} trials: {ARM_SHORT[arm]}'
+                                for n in counts for arm in ARMS]
   rows = [header, ['---'] * len(header)]
   names = [(f'{t} ({m.replace("_", " ")})', f'{t}/{m}')
            for t, m in _tasks(figures)]
@@ -150,16 +160,18 @@ def legend(figures: Dict[str, Any]) -> str:
   return (
       f'(a) {ARM_LABELS["pretrained"][4:]}: the model pretrained '
       f'{steps["pretrain"]} steps on {figures["pretrain_sessions"]} '
-      f'sessions, its encoder, decoder and readout frozen for '
-      f'{steps["identification"]} of {steps["adaptation"]} steps; '
+      f'sessions, every module frozen for '
+      f'{steps["identification"]} of {steps["adaptation"]} steps but the '
+      f'held-out session\'s unit and session rows; '
+      f'(a\') the same, frozen for all {steps["adaptation"]} steps; '
       f'(b) {ARM_LABELS["scratch"][4:]}, {steps["adaptation"]} steps; '
-      f'both on n training trials of held-out session '
+      f'each on n training trials of held-out session '
       f'`{figures["held_out_session"]}` ({figures["held_out_units"]} '
       f'units), scored on its {figures["test_trials"]} test trials.')
 
 
 def summary_table(figures: Dict[str, Any]) -> str:
-  """`average/score` of both arms against training trials (markdown)."""
+  """`average/score` of every arm against training trials (markdown)."""
   counts = figures['trial_counts']
   rows = [['held-out session: `average/score`'] +
           [f'{n} trials' for n in counts], ['---'] * (len(counts) + 1)]
@@ -172,12 +184,12 @@ def summary_table(figures: Dict[str, Any]) -> str:
 def docs_block(figures: Dict[str, Any]) -> str:
   """docs/readout.md's block: `table` and the plot (`PLOTS`)."""
   return (table(figures) + '\n\n![Scores against training trials of the '
-          'held-out session, both arms](readout_adaptation.png)')
+          'held-out session, every arm](readout_adaptation.png)')
 
 
 def plot(figures: Dict[str, Any], stream: IO[bytes]) -> None:
   """The curves: one panel per task and one of `average/score`, score
-  against training trials (log scale), both arms; a PNG into `stream`."""
+  against training trials (log scale), every arm; a PNG into `stream`."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -192,11 +204,11 @@ def plot(figures: Dict[str, Any], stream: IO[bytes]) -> None:
   for ax in axes.flat[len(panels):]:
     ax.axis('off')
   for ax, (name, title) in zip(axes.flat, panels):
-    for arm, style in zip(ARMS, ('o-', 's--')):
+    for arm, style in zip(ARMS, ('o-', '^-.', 's--')):
       points = [(n, _score(figures, arm, n, name)) for n in counts]
       points = [(n, v) for n, v in points if v is not None]
       ax.plot([n for n, _ in points], [v for _, v in points], style,
-              label=ARM_LABELS[arm][:3])
+              label=ARM_SHORT[arm])
     ax.set_xscale('log', base=2)
     ax.set_xticks(counts)
     ax.set_xticklabels([str(n) for n in counts])
@@ -299,7 +311,7 @@ def _subset(pattern: str, count: int, path: str) -> None:
 
 def run(quick: bool = False, work_dir: Optional[str] = None,
         size: Optional[Size] = None) -> Dict[str, Any]:
-  """Pretrains, adapts with both arms at every trial count, evaluates.
+  """Pretrains, adapts with every arm at every trial count, evaluates.
 
   Args:
     quick: `QUICK` sizes (a smoke test) instead of `FULL`.
@@ -312,7 +324,7 @@ def run(quick: bool = False, work_dir: Optional[str] = None,
      'pretrain_sessions', 'held_out_session', 'held_out_units',
      'test_trials', 'steps': {'pretrain', 'identification', 'adaptation'},
      'batch_size', 'freeze': [module], 'pretrained': {str(n): {score name:
-     value}}, 'scratch': {...}}; score names `<task>/<metric>` (each task's
+     value}}, 'identification': {...}, 'scratch': {...}}; score names `<task>/<metric>` (each task's
     primary metric) and `average/score`.
   """
   size = size or (QUICK if quick else FULL)
@@ -347,10 +359,13 @@ def _run(size: Size, root: str) -> Dict[str, Any]:
                    'task.train_data.input_path': subset,
                    'task.train_data.num_examples': count,
                    'task.vocabulary_file': vocabulary_file}
-      if arm == 'pretrained':
+      if arm != 'scratch':
+        # unfreeze_step 0: frozen for the whole run.
         overrides.update({'task.init_checkpoint': checkpoint,
                           'task.freeze': list(IDENTIFICATION_FREEZE),
-                          'task.unfreeze_step': size.identification_steps})
+                          'task.unfreeze_step': (size.identification_steps
+                                                 if arm == 'pretrained'
+                                                 else 0)})
       else:
         overrides.update({'task.init_checkpoint': '', 'task.freeze': [],
                           'task.unfreeze_step': 0})

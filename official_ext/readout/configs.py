@@ -679,7 +679,8 @@ def readout_units_finetune_demo() -> cfg.ExperimentConfig:
   """Adaptation of `readout_units_demo` to its held-out session: from
   `task.init_checkpoint` (the pretraining run), the vocabulary extended by
   the new session; its unit and session rows are trained alone (unit
-  identification) for the first 64 steps, then everything is fine-tuned."""
+  identification) for the first 224 of its 256 steps, then everything is
+  fine-tuned at the cosine schedule's tail."""
   params = readout_units_demo()
   task = params.task
   task.demo_data = task.demo_data.replace(train_split='held_out_train',
@@ -688,7 +689,7 @@ def readout_units_finetune_demo() -> cfg.ExperimentConfig:
       global_batch_size=32, num_examples=256, balance_sessions=False)
   task.validation_data = task.validation_data.replace(num_examples=256)
   task.freeze = FREEZABLE_MODULES
-  task.unfreeze_step = 64
+  task.unfreeze_step = 224
   steps_per_epoch, train_steps = 8, 256
   params.trainer = params.trainer.replace(
       steps_per_loop=steps_per_epoch, summary_interval=steps_per_epoch,

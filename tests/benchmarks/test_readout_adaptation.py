@@ -24,10 +24,11 @@ def _figures():
           'test_trials': 128, 'batch_size': 32,
           'steps': {'pretrain': 600, 'identification': 100,
                     'adaptation': 300},
-          'pretrained': arm(0.5), 'scratch': arm(0.25)}
+          'pretrained': arm(0.5), 'identification': arm(0.45),
+          'scratch': arm(0.25)}
 
 
-def test_tables_and_plot_show_both_arms_at_every_count():
+def test_tables_and_plot_show_every_arm_at_every_count():
   figures = _figures()
   summary = adaptation.summary_table(figures)
   lines = summary.splitlines()
@@ -35,13 +36,19 @@ def test_tables_and_plot_show_both_arms_at_every_count():
                       '64 trials |')
   assert lines[2] == ('| (a) pretrained, unit identification then '
                       'fine-tuning | 0.607 | 0.927 |')
-  assert lines[3] == '| (b) the same model from scratch | 0.357 | 0.677 |'
+  assert lines[3] == ("| (a') pretrained, unit identification alone | "
+                      '0.557 | 0.877 |')
+  assert lines[4] == '| (b) the same model from scratch | 0.357 | 0.677 |'
   table = adaptation.table(figures)
-  assert ('| choice (balanced accuracy) | 0.660 | 0.410 | 1.140 | 0.890 |'
-          in table)
-  assert '| wheel_speed (r2) | 0.580 | 0.330 | 0.820 | 0.570 |' in table
-  assert ('| **average/score** | **0.607** | **0.357** | **0.927** | '
-          '**0.677** |') in table
+  assert table.splitlines()[0] == (
+      "| task (metric) | 16 trials: (a) | 16 trials: (a') | 16 trials: (b) "
+      "| 64 trials: (a) | 64 trials: (a') | 64 trials: (b) |")
+  assert ('| choice (balanced accuracy) | 0.660 | 0.610 | 0.410 | 1.140 | '
+          '1.090 | 0.890 |' in table)
+  assert ('| wheel_speed (r2) | 0.580 | 0.530 | 0.330 | 0.820 | 0.770 | '
+          '0.570 |' in table)
+  assert ('| **average/score** | **0.607** | **0.557** | **0.357** | '
+          '**0.927** | **0.877** | **0.677** |') in table
   assert '6 sessions' in table and '`session-006` (37 units)' in table
   stream = io.BytesIO()
   adaptation.plot(figures, stream)
