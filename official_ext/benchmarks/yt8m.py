@@ -59,6 +59,7 @@ import os
 import tempfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from absl import logging
 import numpy as np
 import tensorflow as tf, tf_keras
 
@@ -66,6 +67,7 @@ from official.core import exp_factory
 from official.core import task_factory
 from official_ext import train
 from official_ext.benchmarks import graph_flops
+from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
 from official_ext.core import kernel_policy
 from official_ext.yt8m import configs  # pylint: disable=unused-import  (registers 'yt8m')
@@ -675,10 +677,30 @@ def _quick_demo(workdir: str) -> Dict[str, Any]:
           'jit_compile': False}}
 
 
+def zoo_model_child(name: str, peak_gflops: float, quick: bool,
+                    workdir: str) -> Dict[str, Any]:
+  """Runs in a child process: `zoo_model` of the zoo's model `name`."""
+  return zoo_model(zoo_models([name])[0], peak_gflops, quick=quick,
+                   rounds=1 if quick else 5, workdir=workdir)
+
+
+def zoo_model_child_code(name: str, peak_gflops: float, quick: bool,
+                         workdir: str) -> str:
+  """The `python -c` program of `zoo_model_child`: prints 'RESULT {json}'."""
+  return ('from official_ext.benchmarks import yt8m, memory; '
+          f'r = yt8m.zoo_model_child({name!r}, {peak_gflops!r}, {quick}, '
+          f'{workdir!r}); print(memory.result_line(r))')
+
+
 def zoo(quick: bool = False, models: Optional[Sequence[str]] = None,
         peak_gflops: Optional[float] = None,
         workdir: Optional[str] = None) -> Dict[str, Any]:
   """The zoo's figures: `zoo_model` for each model of `zoo_models(models)`.
+
+  At full size each model is measured in a child process of its own
+  (`zoo_model_child`): one process holding every published-size model's
+  weights, optimizer slots and compiled steps in turn outgrows the memory
+  of a 24 GB machine before the zoo ends. `quick` measures in this process.
 
   Args:
     quick: tiny sizes (`QUICK_PUBLISHED`, `_quick_demo`).
@@ -697,8 +719,15 @@ def zoo(quick: bool = False, models: Optional[Sequence[str]] = None,
         sizes=(512,) if quick else (2048, 3072), repeats=3 if quick else 8)
   rows = {}
   for model in zoo_models(models):
-    rows[model.name] = zoo_model(model, peak_gflops, quick=quick,
-                                 rounds=1 if quick else 5, workdir=workdir)
+    logging.info('zoo: %s (%s, %s)', model.name, model.published, model.demo)
+    if quick:
+      rows[model.name] = zoo_model_child(model.name, peak_gflops, quick,
+                                         workdir)
+      continue
+    row = memory_lib.run_child(zoo_model_child_code(
+        model.name, peak_gflops, quick, workdir), timeout=2 * 3600)
+    row.pop('children_max_rss_gb')  # Every child's so far, not this one's.
+    rows[model.name] = row
   return {'batch': QUICK_BATCH if quick else ZOO_BATCH,
           'demo_train_examples_budget': (2 * QUICK_BATCH if quick else
                                          ZOO_DEMO_EXAMPLES),

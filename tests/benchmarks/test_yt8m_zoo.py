@@ -241,3 +241,13 @@ def test_cli_merges_the_zoo_case_into_the_results(quick_zoo, monkeypatch,
   assert f['zoo_command'] == ('python -m official_ext.benchmark yt8m --quick '
                               '--cases zoo')
   assert '| video_level |' in capsys.readouterr().out
+
+
+def test_zoo_model_child_program_calls_this_module(monkeypatch, capsys):
+  # At full size each zoo model is measured in a child process of its own.
+  calls = []
+  monkeypatch.setattr(benchmark, 'zoo_model_child',
+                      lambda *args: calls.append(args) or {'gap': 0.5})
+  exec(benchmark.zoo_model_child_code('lstm', 123.5, False, '/w'), {})  # pylint: disable=exec-used
+  assert calls == [('lstm', 123.5, False, '/w')]
+  assert capsys.readouterr().out == 'RESULT {"gap": 0.5}\n'
