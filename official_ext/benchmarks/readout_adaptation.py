@@ -181,6 +181,12 @@ def summary_table(figures: Dict[str, Any]) -> str:
   return '\n'.join('| ' + ' | '.join(r) + ' |' for r in rows)
 
 
+def readme_block(figures: Dict[str, Any]) -> str:
+  """README.md's block: `summary_table` and the plot (`PLOTS`)."""
+  return (summary_table(figures) + '\n\n![Scores against training trials '
+          'of the held-out session, every arm](docs/readout_adaptation.png)')
+
+
 def docs_block(figures: Dict[str, Any]) -> str:
   """docs/readout.md's block: `table` and the plot (`PLOTS`)."""
   return (table(figures) + '\n\n![Scores against training trials of the '

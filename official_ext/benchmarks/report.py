@@ -504,7 +504,7 @@ def zoo_block(figures: Dict[str, Any]) -> str:
 # The generated blocks of hand-written pages.
 BLOCKS = (
     Block('README.md', 'readout-adaptation', 'readout_adaptation',
-          'summary_table'),
+          'readme_block'),
     Block(os.path.join('docs', 'readout.md'), 'readout-adaptation',
           'readout_adaptation', 'docs_block'),
     Block(os.path.join('docs', 'yt8m.md'), 'yt8m-zoo', 'yt8m', zoo_block),

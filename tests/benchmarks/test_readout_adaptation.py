@@ -50,6 +50,12 @@ def test_tables_and_plot_show_every_arm_at_every_count():
   assert ('| **average/score** | **0.607** | **0.557** | **0.357** | '
           '**0.927** | **0.877** | **0.677** |') in table
   assert '6 sessions' in table and '`session-006` (37 units)' in table
+  # The README's block shows the plot `report` draws (docs/ from the root).
+  assert adaptation.readme_block(figures).startswith(summary)
+  assert adaptation.readme_block(figures).endswith(
+      '(docs/readout_adaptation.png)')
+  assert 'docs/readout_adaptation.png' in [
+      p.replace('\\', '/') for p in adaptation.PLOTS]
   stream = io.BytesIO()
   adaptation.plot(figures, stream)
   assert stream.getvalue().startswith(b'\x89PNG')
