@@ -81,3 +81,41 @@ def _release_module_state():
   import tf_keras  # pylint: disable=g-import-not-at-top
   tf_keras.backend.clear_session()
   gc.freeze()
+
+
+# The test files that take longest (measured with `pytest --durations`),
+# scheduled first: pytest-xdist's `--dist loadfile` hands files to the
+# workers in collection order, so a long file collected last keeps one
+# worker busy after the others have finished.
+_LONG_FILES = (
+    'tests/test_resilience.py',
+    'tests/readout/test_accelerator_paths.py',
+    'tests/test_multiworker.py',
+    'tests/joint/test_joint.py',
+    'tests/readout/test_train.py',
+    'tests/assemblenet/test_export.py',
+    'tests/assemblenet/test_accelerator_paths.py',
+    'tests/readout/test_shipped_configs.py',
+    'tests/yt8m/test_train.py',
+    'tests/assemblenet/test_extract_features.py',
+    'tests/readout/test_unit_token_model.py',
+    'tests/readout/test_export.py',
+    'tests/assemblenet/test_task.py',
+    'tests/yt8m/test_accelerator_paths.py',
+    'tests/assemblenet/test_modeling.py',
+    'tests/yt8m/test_shipped_configs.py',
+    'tests/assemblenet/test_shipped_configs.py',
+)
+
+
+def pytest_collection_modifyitems(config, items):
+  """Puts the tests of `_LONG_FILES` first, in that order (each file's
+  tests keep theirs)."""
+  del config  # Unused.
+  rank = {path: i for i, path in enumerate(_LONG_FILES)}
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+  def key(item):
+    path = os.path.relpath(str(item.fspath), root).replace(os.sep, '/')
+    return rank.get(path, len(rank))
+  items.sort(key=key)  # Stable: the other files keep their order.
