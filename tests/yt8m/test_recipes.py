@@ -94,8 +94,13 @@ def test_task_clips_each_variable_or_the_global_norm(per_variable):
            for b, v in zip(before, model.trainable_variables)]
   moved = [s for s in steps if s > 0]
   assert len(moved) > 3
-  if per_variable:  # Every variable's step has the clip norm.
-    np.testing.assert_allclose(moved, 1e-3, rtol=1e-3)
+  if per_variable:
+    # No variable's step is above the clip norm; those whose gradient was
+    # larger (most, at this tiny norm) have it exactly, so the whole step
+    # is longer than a global clip would allow.
+    assert max(moved) <= 1e-3 * (1 + 1e-3), moved
+    assert sum(s == pytest.approx(1e-3, rel=1e-3) for s in moved) > 3, moved
+    assert np.sqrt(np.sum(np.square(steps))) > 2e-3
   else:  # The whole step has it.
     assert np.sqrt(np.sum(np.square(steps))) == pytest.approx(1e-3, rel=1e-3)
     assert max(moved) < 0.9e-3
