@@ -252,6 +252,12 @@ def _first_batch(task, data, path: str):
   return _FIRST_BATCHES[key]
 
 
+def first_batch(path: str, training: bool):
+  """The first training (or validation) batch `xla_steps_of` read for
+  `path`."""
+  return _FIRST_BATCHES[(path, training)]
+
+
 def xla_steps(path: str, cache_dir: str, precision: str) -> Dict[str, float]:
   """A TPU YAML's train and validation steps, each compiled whole by XLA
   (`tf.function(jit_compile=True)`) in `precision` with the kernel policy

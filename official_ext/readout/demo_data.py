@@ -420,15 +420,8 @@ def write_demo_dataset(output_dir: str, *, num_train_trials: int,
                               task_vocabulary=task_vocabulary,
                               sessions=sessions,
                               session_gain_std=session_gain_std, clock=clock)
-    bounds = np.linspace(0, count, num_shards + 1).astype(int)
-    for shard in range(num_shards):
-      path = os.path.join(
-          output_dir, f'{split}-{shard:05d}-of-{num_shards:05d}.tfrecord')
-      dataloader.write_records(
-          path, (next(records) for _ in range(bounds[shard + 1] -
-                                              bounds[shard])))
-    patterns[split] = os.path.join(
-        output_dir, f'{split}-*-of-{num_shards:05d}.tfrecord')
+    patterns[split] = _write_shards(output_dir, split, count, num_shards,
+                                    records)
   return patterns
 
 

@@ -6,14 +6,8 @@ steps compile whole under XLA with its TPU YAML's settings in float32 and
 bfloat16 (tests/shipped_configs.py)."""
 import numpy as np
 import pytest
-import tensorflow as tf
-import tf_keras
 
 from official.core import exp_factory
-from official.core import task_factory
-from official.modeling import performance
-from official_ext.core import kernel_policy
-from official_ext.core import trainer as trainer_lib
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import vocabulary
@@ -81,31 +75,7 @@ def _unit_token_params(cache):
 def test_unit_token_steps_compile_whole_under_xla(precision, cache):
   """Unit tokens (unit and session embeddings, Perceiver latents): the
   train and validation steps compile whole under XLA."""
-  params = _unit_token_params(cache)
-  performance.set_mixed_precision_policy(precision)
-  try:
-    with kernel_policy.use(shipped_configs.TPU_POLICY):
-      tf_keras.utils.set_random_seed(5)
-      task = task_factory.get_task(params.task)
-      model = task.build_model()
-      optimizer = task.create_optimizer(params.trainer.optimizer_config,
-                                        params.runtime)
-      trainer_lib.create_optimizer_weights(tf.distribute.get_strategy(),
-                                           optimizer,
-                                           model.trainable_variables)
-      batch = next(iter(task.build_inputs(params.task.train_data)))
-      assert batch['input_unit_ids'].shape == (4, 8)
-      metrics = task.build_metrics(training=True)
-      train_logs = tf.function(
-          lambda b: task.train_step(b, model, optimizer, metrics),
-          jit_compile=True)(batch)
-      eval_batch = next(iter(task.build_inputs(
-          params.task.validation_data)))
-      eval_metrics = task.build_metrics(training=False)
-      eval_logs = tf.function(
-          lambda b: task.validation_step(b, model, eval_metrics),
-          jit_compile=True)(eval_batch)
-  finally:
-    tf_keras.mixed_precision.set_global_policy('float32')
-  for logs in (train_logs, eval_logs):
-    assert np.isfinite(float(logs[task.loss]))
+  shipped_configs.xla_steps_of(_unit_token_params(cache), 'unit_tokens',
+                               precision)
+  batch = shipped_configs.first_batch('unit_tokens', training=True)
+  assert batch['input_unit_ids'].shape == (4, 8)
