@@ -354,6 +354,11 @@ def write_unit_token_dataset(output_dir: str, *, num_train_trials: int,
   return patterns
 
 
+def _shard_pattern(directory: str, split: str, num_shards: int) -> str:
+  """The file pattern of a split's shards (as `_write_shards` names them)."""
+  return os.path.join(directory, f'{split}-*-of-{num_shards:05d}.tfrecord')
+
+
 def _write_shards(output_dir: str, split: str, count: int, num_shards: int,
                   records: Iterator[bytes]) -> str:
   """Writes `count` records in `num_shards` files; returns their pattern."""
@@ -364,7 +369,7 @@ def _write_shards(output_dir: str, split: str, count: int, num_shards: int,
     dataloader.write_records(
         path, (next(records) for _ in range(bounds[shard + 1] -
                                             bounds[shard])))
-  return os.path.join(output_dir, f'{split}-*-of-{num_shards:05d}.tfrecord')
+  return _shard_pattern(output_dir, split, num_shards)
 
 
 def write_demo_dataset(output_dir: str, *, num_train_trials: int,
@@ -504,9 +509,8 @@ def demo_split_pattern(task_config: configs.ReadoutTaskConfig,
         "The demo split 'held_out_train' is not generated: it is written "
         'for unit tokens (task.model.tokenization unit_tokens) with '
         'task.demo_data.num_held_out_train_trials > 0.')
-  final_dir = _ensure(task_config, params)
-  n = params['num_shards']
-  return os.path.join(final_dir, f'{split}-*-of-{n:05d}.tfrecord')
+  return _shard_pattern(_ensure(task_config, params), split,
+                        params['num_shards'])
 
 
 def demo_vocabulary_file(task_config: configs.ReadoutTaskConfig) -> str:
