@@ -37,7 +37,9 @@ setuptools.setup(
         "nwb": NWB,
         "beam": BEAM,
         # scikit-learn: readout metric tests; NWB: the NWB converter's tests;
-        # BEAM: the Beam pipelines' tests.
-        "test": ["pytest", "pytest-xdist", "scikit-learn"] + NWB + BEAM,
+        # BEAM: the Beam pipelines' tests; jax (its CPU wheel): the tests of
+        # scripts/run_xla_steps.py, which runs the exported XLA steps.
+        "test": ["pytest", "pytest-xdist", "scikit-learn", "jax~=0.10.2"]
+        + NWB + BEAM,
     },
 )

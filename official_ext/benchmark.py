@@ -6,7 +6,9 @@ r"""Benchmarks: `python -m official_ext.benchmark FAMILY [--json FILE] [--quick]
 The command line of `official_ext.benchmarks` (see `benchmarks/harness.py`):
 FAMILY is one of `harness.FAMILIES` (yt8m, assemblenet, readout on this
 machine's CPU; accelerator: the shipped GPU / TPU YAMLs' training steps on
-this machine's GPUs or TPU, `--tpu` its address, an error without one); `--quick`
+this machine's GPUs or TPU, `--tpu` its address, an error without one;
+`--export_xla DIR` writes its steps as XLA modules instead, on any machine:
+`benchmarks/xla_export.py`); `--quick`
 runs tiny sizes (a smoke test of the harness); `--json FILE` also writes the
 figures as JSON (the results folder: `--json benchmarks/results/FAMILY.json`);
 `--reference_checkout DIR` (assemblenet) also times the training step of
@@ -32,6 +34,7 @@ from absl import flags
 from official_ext.benchmarks import accelerator
 from official_ext.benchmarks import harness
 from official_ext.benchmarks import report
+from official_ext.benchmarks import xla_export
 
 REPORT = 'report'
 
@@ -58,6 +61,11 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_string(
       'tpu', None, 'accelerator: the Cloud TPU address (local on a TPU VM).',
       flag_values=flag_values)
+  flags.DEFINE_string(
+      'export_xla', None,
+      'accelerator: write each case\'s training and validation steps as '
+      'XLA modules into this folder, for scripts/run_xla_steps.py (no '
+      'accelerator needed; --cases picks cases).', flag_values=flag_values)
   flags.DEFINE_string('results_dir', harness.RESULTS_DIR,
                       'report: the folder of benchmark JSON files.',
                       flag_values=flag_values)
@@ -87,6 +95,12 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
                      pages_root=flag_values.pages_root)
     if rc:
       sys.exit(rc)
+    return
+  if flag_values.export_xla:
+    if argv[1] != 'accelerator':
+      raise app.UsageError('--export_xla is a flag of `benchmark accelerator`.')
+    xla_export.main(flag_values.export_xla, quick=flag_values.quick,
+                    cases=flag_values.cases)
     return
   try:
     harness.main(argv[1], quick=flag_values.quick, json_path=flag_values.json,

@@ -177,7 +177,7 @@ def _batch(task, params, per_replica: int) -> Any:
   return readout_bench.demo_batches(task, per_replica)[data.batching]
 
 
-def _flops_per_example(params) -> Optional[float]:
+def flops_per_example(params) -> Optional[float]:
   """Analytic training FLOPs of one example, where the family's benchmark
   module derives them (None otherwise)."""
   task = params.task
@@ -338,7 +338,7 @@ def time_case(case: Case, device: str, setting: str, steps: int,
   finally:
     tf_keras.mixed_precision.set_global_policy(previous)
   global_batch = built.per_replica * strategy.num_replicas_in_sync
-  flops = _flops_per_example(built.params)
+  flops = flops_per_example(built.params)
   return {
       'yaml': os.path.relpath(yaml_path(case, device), REPO),
       'precision': built.precision,

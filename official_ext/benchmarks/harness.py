@@ -51,6 +51,9 @@ FAMILIES = {
     # The training steps of the shipped GPU / TPU YAMLs on this machine's
     # accelerators (exits non-zero without one).
     'accelerator': 'official_ext.benchmarks.accelerator',
+    # An exported XLA step under JAX (PJRT) beside TensorFlow's jit-compiled
+    # step on this machine's CPU.
+    'xla_steps': 'official_ext.benchmarks.xla_steps',
 }
 
 

@@ -40,6 +40,9 @@ from official_ext.core import output_files
 
 PAGE = os.path.join(harness.REPO_ROOT, 'docs', 'benchmarks.md')
 ACCELERATOR = 'accelerator'
+# scripts/run_xla_steps.py's JSON of the exported steps on an accelerator.
+ACCELERATOR_XLA = 'accelerator_xla'
+XLA_STEPS = 'xla_steps'
 COMMAND = 'python -m official_ext.benchmark'
 
 TITLES = {
@@ -395,7 +398,7 @@ def load(results_dir: str) -> Dict[str, Dict[str, Any]]:
   results = {}
   if not os.path.isdir(results_dir):
     return results
-  known = set(harness.FAMILIES) | {ACCELERATOR}
+  known = set(harness.FAMILIES) | {ACCELERATOR, ACCELERATOR_XLA}
   for name in sorted(os.listdir(results_dir)):
     if not name.endswith('.json'):
       continue
@@ -443,8 +446,134 @@ def case_run(figures: Dict[str, Any], case: str) -> Dict[str, Any]:
           for key in harness.RUN_KEYS}
 
 
-def _accelerator_section(data: Optional[Dict[str, Any]]) -> str:
-  out = ['## GPUs and TPUs', '']
+_XLA_INTRO = f"""\
+`{COMMAND} accelerator --export_xla=DIR` writes each case's training and validation step
+(the task's own `train_step` / `validation_step` for one replica at the shipped GPU YAML's
+per-GPU batch, compiled whole by XLA with the GPU kernel policy's stock ops) as serialized HLO
+modules with a `manifest.json`; `python scripts/run_xla_steps.py DIR --json FILE` compiles them
+with JAX for its default device through PJRT and times them with numpy and jax alone, so it runs
+where TensorFlow is not installed. A figure here is our step as XLA compiles it for that device:
+what a TPU always runs and what a GPU runs with `jit_compile`; not TensorFlow's GPU runtime with
+cuDNN, not a several-GPU step (one replica, no all-reduce), not the input pipeline (one batch in
+device memory). Each step's updated variables, optimizer slots and step counter are fed back as
+the next step's arguments, as in training. TFLOP/s are the analytic FLOPs of the manifest over the
+median step time; the share of peak is against the device's dense peak for the precision
+(float32: TF32 tensor cores); device memory is XLA's compiled footprint (arguments + outputs -
+outputs aliasing an argument + temporaries). What the export is, how its values travel and how to
+reproduce these figures: [distributed.md](distributed.md#figures-through-xla-on-any-accelerator).
+"""
+
+_XLA_COMMANDS = f"""\
+```bash
+{COMMAND} accelerator --export_xla=/tmp/xla_steps     # any machine, CPU only is fine
+python scripts/run_xla_steps.py /tmp/xla_steps --json benchmarks/results/accelerator_xla.json
+{COMMAND} report
+```"""
+
+
+def _gb(value: Optional[int]) -> str:
+  return '-' if value is None else f'{value / 2**30:.2f}'
+
+
+def xla_memory_bytes(case: Dict[str, Any]) -> Optional[int]:
+  """XLA's compiled device memory of a case: arguments + outputs - outputs
+  aliasing an argument + temporaries."""
+  m = case.get('memory_bytes')
+  if not m:
+    return None
+  return m['argument'] + m['output'] - m['alias'] + m['temp']
+
+
+def _xla_ratio_rows(cases: Sequence[Dict[str, Any]]) -> List[Tuple[str, ...]]:
+  """Ours over Model Garden's and each mixed precision over float32, on
+  the same device, from the examples/s of the cases that ran."""
+  speed = {(c['case'], c['step'], c['precision']): c['examples_per_sec']
+           for c in cases if 'examples_per_sec' in c}
+  rows = []
+  for (case, step, precision), value in sorted(speed.items()):
+    if case == 'yt8m_dbof':
+      other = speed.get(('yt8m_dbof_model_garden', step, precision))
+      if other:
+        rows.append((f'ours / Model Garden\'s DBoF + MoE', step, precision,
+                     f'{value / other:.3f}'))
+  for (case, step, precision), value in sorted(speed.items()):
+    base = speed.get((case, step, 'float32'))
+    if precision != 'float32' and base:
+      rows.append((case, step, f'{precision} / float32',
+                   f'{value / base:.3f}'))
+  return rows
+
+
+def xla_section(data: Optional[Dict[str, Any]]) -> str:
+  """The figures of scripts/run_xla_steps.py on an accelerator."""
+  out = ['### Each step through XLA on an accelerator', '']
+  if data is None:
+    return '\n'.join(out + [
+        'Not yet measured on an accelerator. With the exported steps and jax '
+        '(no TensorFlow) on\na GPU or TPU machine:', '', _XLA_COMMANDS, ''])
+  if data.get('platform') == 'cpu':
+    out += ['**A CPU run**: a check of the runner, not accelerator figures.',
+            '']
+  if data.get('quick'):
+    out += ['**Quick sizes**: a smoke test of the export and the runner, '
+            'not figures to compare.', '']
+  about = {k: data.get(k) for k in ('device', 'platform', 'jax', 'python',
+                                    'exported_with_tensorflow', 'settings',
+                                    'command')
+           if data.get(k) is not None}
+  out += ['Measured by:', '', '\n'.join(
+      f'- {k}: {_value(about[k])}' for k in about), '']
+  rows = [('case', 'step', 'precision', 'batch', 'examples/s', 'TFLOP/s',
+           'share of peak', 'compile s', 'device GB', 'loss first -> last')]
+  failed = []
+  for c in data.get('cases', []):
+    if 'error' in c:
+      failed.append(f'- {c["name"]}: {c["error"]}')
+      continue
+    if 'examples_per_sec' not in c:
+      continue
+    rows.append((c['case'], c['step'], c['precision'],
+                 str(c['examples_per_step']), _value(c['examples_per_sec']),
+                 '-' if c.get('tflops') is None else f'{c["tflops"]:.3g}',
+                 '-' if c.get('peak_share') is None else
+                 f'{100 * c["peak_share"]:.1f} %',
+                 f'{c["compile_s"]:.1f}', _gb(xla_memory_bytes(c)),
+                 f'{c["first_loss"]:.4g} -> {c["loss"]:.4g}'))
+  out += [timing.format_table(rows), '']
+  ratios = _xla_ratio_rows(data.get('cases', []))
+  if ratios:
+    out += ['On the same device, examples/s over examples/s:', '',
+            timing.format_table([('what', 'step', 'precision', 'ratio')] +
+                                ratios), '']
+  if failed:
+    out += ['Did not run:', ''] + failed + ['']
+  return '\n'.join(out)
+
+
+def _xla_steps_section(figures: Optional[Dict[str, Any]]) -> str:
+  out = ['### The PJRT path beside TensorFlow\'s own XLA step, on a CPU', '',
+         'The same float32 training step (published size, one replica\'s '
+         'batch) jit-compiled by\nTensorFlow and, exported, compiled and '
+         'run by scripts/run_xla_steps.py, timed interleaved\nin one '
+         'process, each call waiting for its loss: the runner adds no cost '
+         'of its own\nwhere the ratio is near 1 or above.', '']
+  if figures is None:
+    return '\n'.join(out + [
+        f'No run recorded: `{COMMAND} xla_steps --json '
+        'benchmarks/results/xla_steps.json`, then\n'
+        f'`{COMMAND} report`.', ''])
+  module = harness.family_module(XLA_STEPS)
+  out += ['Measured by:', '', environment_list(figures), '',
+          module.table(figures), '']
+  return '\n'.join(out)
+
+
+def _accelerator_section(data: Optional[Dict[str, Any]],
+                         xla: Optional[Dict[str, Any]] = None,
+                         xla_steps: Optional[Dict[str, Any]] = None) -> str:
+  out = ['## GPUs and TPUs', '', _XLA_INTRO.rstrip(), '', xla_section(xla),
+         _xla_steps_section(xla_steps),
+         '### TensorFlow on GPUs and TPUs', '']
   if data is None:
     out += [
         'No accelerator figures were recorded: every figure above was '
@@ -467,7 +596,7 @@ def _accelerator_section(data: Optional[Dict[str, Any]]) -> str:
                     for k in sorted(properties)), '']
   for name in sorted(k for k, v in data.items()
                      if k != 'machine' and isinstance(v, dict)):
-    out += [f'### {TITLES.get(name, name)}', '', flat_table(data[name]), '']
+    out += [f'#### {TITLES.get(name, name)}', '', flat_table(data[name]), '']
   return '\n'.join(out)
 
 
@@ -477,7 +606,9 @@ def render(results_dir: str = harness.RESULTS_DIR) -> str:
   sections = [_HEADER]
   for family in ORDER:
     sections.append(_family_section(family, results.get(family)))
-  sections.append(_accelerator_section(results.get(ACCELERATOR)))
+  sections.append(_accelerator_section(results.get(ACCELERATOR),
+                                      results.get(ACCELERATOR_XLA),
+                                      results.get(XLA_STEPS)))
   return '\n'.join(sections).rstrip('\n') + '\n'
 
 
@@ -569,7 +700,7 @@ def write_plots(results_dir: str = harness.RESULTS_DIR,
   paths written."""
   written = []
   for family, figures in sorted(load(results_dir).items()):
-    if family == ACCELERATOR:
+    if family in (ACCELERATOR, ACCELERATOR_XLA):
       continue
     module = harness.family_module(family)
     for relative, draw in sorted(getattr(module, 'PLOTS', {}).items()):

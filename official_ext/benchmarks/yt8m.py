@@ -259,7 +259,7 @@ def build_task(size: Size, jit_compile: bool = True):
   return task_factory.get_task(params.task)
 
 
-def _model_garden_model(size: Size) -> tf_keras.Model:
+def model_garden_model(size: Size) -> tf_keras.Model:
   # Imported here: only the benchmark needs Model Garden's YT8M modules.
   from official.projects.yt8m.configs import yt8m as mg_configs  # pylint: disable=g-import-not-at-top
   from official.projects.yt8m.modeling import yt8m_model as mg_model  # pylint: disable=g-import-not-at-top
@@ -318,8 +318,8 @@ def bench_train_step(size: Size, peak_gflops: float, rounds: int = 5
   xla_task.analytic_l2_gradient = False
   steps = {
       'ours': _step_fn(ours_task, ours_task.build_model(), batch),
-      'reference': _step_fn(plain_task, _model_garden_model(size), batch),
-      'reference_xla': _step_fn(xla_task, _model_garden_model(size), batch),
+      'reference': _step_fn(plain_task, model_garden_model(size), batch),
+      'reference_xla': _step_fn(xla_task, model_garden_model(size), batch),
       'matmul': timing.matmul_candidate(_matmul_size(size)),
   }
   seconds = timing.interleaved_seconds(steps, rounds=rounds)

@@ -52,7 +52,7 @@ def test_every_case_builds_its_batch_and_flops(case):
               'assemblenet': lambda b: b[0]['image'],
               'readout': lambda b: b['input_values']}[case.family](batch)
   assert examples.shape[0] == per_replica, examples.shape
-  flops = accelerator._flops_per_example(params)  # pylint: disable=protected-access
+  flops = accelerator.flops_per_example(params)
   if case.family == 'readout':
     assert flops is None
   else:

@@ -11,13 +11,14 @@ def test_families_are_the_benchmark_modules():
       'readout': 'official_ext.benchmarks.readout',
       'readout_adaptation': 'official_ext.benchmarks.readout_adaptation',
       'accelerator': 'official_ext.benchmarks.accelerator',
+      'xla_steps': 'official_ext.benchmarks.xla_steps',
   }
 
 
 def test_unknown_family_names_the_known_ones():
   with pytest.raises(ValueError, match=r"'nope'.*\['accelerator', "
                      r"'assemblenet', 'readout', 'readout_adaptation', "
-                     r"'yt8m'\]"):
+                     r"'xla_steps', 'yt8m'\]"):
     harness.family_module('nope')
 
 

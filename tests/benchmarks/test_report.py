@@ -152,3 +152,55 @@ def test_every_table_row_keeps_its_columns():
     assert count == columns, line
   assert report.markdown_safe('| a | b |\n|---|---|\n| x |y| | 1 |') == (
       '| a       | b |\n|---------|---|\n| x \\|y\\| | 1 |')
+
+
+def test_xla_figures_say_not_yet_measured_until_a_device_ran_them(tmp_path):
+  page = report.render(str(tmp_path))
+  section = page.split('### Each step through XLA on an accelerator\n', 1)[1]
+  assert section.lstrip().startswith('Not yet measured on an accelerator')
+  assert ('python -m official_ext.benchmark accelerator --export_xla='
+          in section)
+  assert 'python scripts/run_xla_steps.py' in section
+
+
+def _xla_case(case, step, precision, examples_per_sec, **extra):
+  return {'name': f'{case}/{step}/{precision}', 'case': case, 'step': step,
+          'precision': precision, 'examples_per_step': 64,
+          'examples_per_sec': examples_per_sec, 'tflops': 100.0,
+          'peak_share': 0.101, 'compile_s': 3.25,
+          'memory_bytes': {'argument': 2**30, 'output': 2**30,
+                           'alias': 2**30, 'temp': 2**29},
+          'first_loss': 0.7, 'loss': 0.6, **extra}
+
+
+def test_xla_figures_render_with_the_ratios_on_one_device(tmp_path):
+  figures = {
+      'device': 'NVIDIA H200', 'platform': 'gpu', 'jax': '0.11.0',
+      'exported_with_tensorflow': '2.20.0', 'quick': False,
+      'command': 'python scripts/run_xla_steps.py DIR --json OUT',
+      'cases': [
+          _xla_case('yt8m_dbof', 'train', 'bfloat16', 4000.0),
+          _xla_case('yt8m_dbof_model_garden', 'train', 'bfloat16', 2000.0),
+          _xla_case('yt8m_dbof', 'train', 'float32', 1000.0),
+          {'name': 'assemblenet_kinetics/train/bfloat16',
+           'case': 'assemblenet_kinetics', 'step': 'train',
+           'precision': 'bfloat16', 'error': 'XlaRuntimeError: out of memory'},
+      ]}
+  (tmp_path / 'accelerator_xla.json').write_text(json.dumps(figures))
+  page = report.render(str(tmp_path))
+  section = page.split('### Each step through XLA on an accelerator\n',
+                       1)[1].split('\n### ', 1)[0]
+  assert 'Not yet measured' not in section
+  assert '- device: NVIDIA H200' in section
+  row = next(l for l in section.splitlines()
+             if l.startswith('| yt8m_dbof ') and 'bfloat16' in l)
+  # examples/s, TFLOP/s, share of peak, compile s, device GB (1 + 1 - 1
+  # + 0.5), loss.
+  for cell in ('4,000', '100', '10.1 %', '3.2', '1.50', '0.7 -> 0.6'):
+    assert f' {cell} ' in row, (cell, row)
+  assert re.search(r"ours / Model Garden's DBoF \+ MoE \| train +\| "
+                   r"bfloat16 +\| 2\.000", section), section
+  assert re.search(r'yt8m_dbof +\| train +\| bfloat16 / float32 +\| 4\.000',
+                   section), section
+  assert ('- assemblenet_kinetics/train/bfloat16: XlaRuntimeError: out of '
+          'memory') in section
