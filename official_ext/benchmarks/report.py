@@ -453,9 +453,9 @@ per-GPU batch, compiled whole by XLA with the GPU kernel policy's stock ops) as 
 modules with a `manifest.json`; `python scripts/run_xla_steps.py DIR --json FILE` compiles them
 with JAX for its default device through PJRT and times them with numpy and jax alone, so it runs
 where TensorFlow is not installed. A figure here is our step as XLA compiles it for that device:
-what a TPU always runs and what a GPU runs with `jit_compile`; not TensorFlow's GPU runtime with
-cuDNN, not a several-GPU step (one replica, no all-reduce), not the input pipeline (one batch in
-device memory). Each step's updated variables, optimizer slots and step counter are fed back as
+what a TPU always runs and what a GPU runs with `jit_compile`; not TensorFlow's own GPU runtime
+running the graph op by op, not a several-GPU step (one replica, no all-reduce), not the input
+pipeline (one batch in device memory). Each step's updated variables, optimizer slots and step counter are fed back as
 the next step's arguments, as in training. TFLOP/s are the analytic FLOPs of the manifest over the
 median step time; the share of peak is against the device's dense peak for the precision
 (float32: TF32 tensor cores); device memory is XLA's compiled footprint (arguments + outputs -
@@ -576,9 +576,9 @@ def _accelerator_section(data: Optional[Dict[str, Any]],
          '### TensorFlow on GPUs and TPUs', '']
   if data is None:
     out += [
-        'No accelerator figures were recorded: every figure above was '
-        'measured on a CPU;\nGPU and TPU speed and memory are unmeasured. '
-        'On a GPU or TPU machine,\n'
+        'No figures of TensorFlow itself on a GPU or TPU were recorded: its '
+        'own runtime\'s speed\nand memory there are unmeasured. On a GPU or '
+        'TPU machine,\n'
         f'`{COMMAND} accelerator` times each family\'s training step at its '
         'published\nsize under its GPU or TPU YAML; write its JSON to '
         '`benchmarks/results/accelerator.json`\n'

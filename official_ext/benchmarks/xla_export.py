@@ -2,7 +2,7 @@
 case's training and validation steps as serialized XLA (HLO) modules with
 a `manifest.json`, for `scripts/run_xla_steps.py` to run without
 TensorFlow. The format and what a figure from it means:
-docs/benchmarks.md#gpus-and-tpus."""
+docs/distributed.md#figures-through-xla-on-any-accelerator."""
 import contextlib
 import dataclasses
 import gc
@@ -627,8 +627,9 @@ def _merge_values(folder: str, case: str, specs: Dict[str, Any]) -> None:
   `values.<case>.npz` (an array the precisions share, e.g. the initial
   weights, once); `specs` updated to point there."""
   merged_file = f'values.{case}.npz'
-  files = sorted({spec['file'] for key, spec in specs.items()
-                  if spec.get('file') and key.startswith(case + '/')})
+  files = sorted(f for f in os.listdir(folder)
+                 if f.startswith(f'values.{case}.') and f.endswith('.npz') and
+                 f[len(f'values.{case}.'):-len('.npz')] in PRECISIONS)
   arrays = {}
   for file in files:
     with np.load(os.path.join(folder, file)) as stored:
