@@ -524,7 +524,8 @@ def xla_section(data: Optional[Dict[str, Any]]) -> str:
   out += ['Measured by:', '', '\n'.join(
       f'- {k}: {_value(about[k])}' for k in about), '']
   rows = [('case', 'step', 'precision', 'batch', 'examples/s', 'TFLOP/s',
-           'share of peak', 'compile s', 'device GB', 'loss first -> last')]
+           'share of peak', 'timed steps', 'compile s', 'device GB',
+           'loss first -> last')]
   failed = []
   for c in data.get('cases', []):
     if 'error' in c:
@@ -537,6 +538,7 @@ def xla_section(data: Optional[Dict[str, Any]]) -> str:
                  '-' if c.get('tflops') is None else f'{c["tflops"]:.3g}',
                  '-' if c.get('peak_share') is None else
                  f'{100 * c["peak_share"]:.1f} %',
+                 f'{c["rounds"]} x {c["steps_per_round"]}',
                  f'{c["compile_s"]:.1f}', _gb(xla_memory_bytes(c)),
                  f'{c["first_loss"]:.4g} -> {c["loss"]:.4g}'))
   out += [timing.format_table(rows), '']

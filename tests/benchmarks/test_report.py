@@ -167,7 +167,8 @@ def _xla_case(case, step, precision, examples_per_sec, **extra):
   return {'name': f'{case}/{step}/{precision}', 'case': case, 'step': step,
           'precision': precision, 'examples_per_step': 64,
           'examples_per_sec': examples_per_sec, 'tflops': 100.0,
-          'peak_share': 0.101, 'compile_s': 3.25,
+          'peak_share': 0.101, 'compile_s': 3.25, 'rounds': 5,
+          'steps_per_round': 10,
           'memory_bytes': {'argument': 2**30, 'output': 2**30,
                            'alias': 2**30, 'temp': 2**29},
           'first_loss': 0.7, 'loss': 0.6, **extra}
@@ -196,7 +197,8 @@ def test_xla_figures_render_with_the_ratios_on_one_device(tmp_path):
              if l.startswith('| yt8m_dbof ') and 'bfloat16' in l)
   # examples/s, TFLOP/s, share of peak, compile s, device GB (1 + 1 - 1
   # + 0.5), loss.
-  for cell in ('4,000', '100', '10.1 %', '3.2', '1.50', '0.7 -> 0.6'):
+  for cell in ('4,000', '100', '10.1 %', '5 x 10', '3.2', '1.50',
+               '0.7 -> 0.6'):
     assert f' {cell} ' in row, (cell, row)
   assert re.search(r"ours / Model Garden's DBoF \+ MoE \| train +\| "
                    r"bfloat16 +\| 2\.000", section), section
