@@ -7,7 +7,9 @@
 #
 # Writes $OUT/accelerator_xla.json (every case as it finishes), $OUT/run.log
 # and $OUT/gpu.txt; OUT defaults to ./device_out. The runner stops after
-# DEVICE_SECONDS (default 450), keeping the cases it measured.
+# DEVICE_SECONDS (default 450), keeping the cases it measured. It resumes
+# benchmarks/results/accelerator_xla.json: the cases recorded there on this
+# device kind are kept and the others run (DEVICE_FRESH=1: all of them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export_dir="${1:-.xla_export/published}"
@@ -29,10 +31,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version \
   --format=csv,noheader > "$out/gpu.txt" 2>&1 || true
 "$python" -c 'import jax; print("jax", jax.__version__, jax.devices())' \
   2>&1 | tee "$out/run.log"
+resume=""
+recorded=benchmarks/results/accelerator_xla.json
+if [ -z "${DEVICE_FRESH:-}" ] && [ -f "$recorded" ]; then
+  cp "$recorded" "$out/accelerator_xla.json"
+  resume=--resume
+fi
 PYTHONUNBUFFERED=1 timeout --kill-after=20 "$seconds" \
   "$python" scripts/run_xla_steps.py "$export_dir" \
   --json "$out/accelerator_xla.json" --warmup 3 --steps 10 --rounds 5 \
-  --case_seconds 8 2>&1 | tee -a "$out/run.log"
+  --case_seconds 8 $resume 2>&1 | tee -a "$out/run.log"
 rc=${PIPESTATUS[0]}
 echo "device_benchmark: runner exit $rc (124: stopped after ${seconds} s)" \
   | tee -a "$out/run.log"

@@ -288,6 +288,9 @@ def main(argv=None) -> int:
                       'timed rounds')
   parser.add_argument('--compile_only', action='store_true',
                       help='compile each module (seconds, memory); run none')
+  parser.add_argument('--resume', action='store_true',
+                      help='keep the cases the --json file holds (measured on '
+                      'this device kind) and run the others')
   args = parser.parse_args(argv)
   folder = Folder(args.folder)
   device = jax.devices()[0]
@@ -298,16 +301,30 @@ def main(argv=None) -> int:
       'exported_with_tensorflow': folder.manifest['tensorflow'],
       'quick': folder.manifest['quick'],
       'kernel_policy': folder.manifest['kernel_policy'],
-      'command': ' '.join(['python scripts/run_xla_steps.py'] +
-                          (sys.argv[1:] if argv is None else list(argv))),
+      'command': [' '.join(['python scripts/run_xla_steps.py'] +
+                           (sys.argv[1:] if argv is None else list(argv)))],
       'settings': {'warmup': args.warmup, 'steps': args.steps,
                    'rounds': args.rounds,
                    'case_seconds': args.case_seconds},
       'cases': [],
   }
+  if args.resume and os.path.exists(args.json):
+    with open(args.json) as f:
+      previous = json.load(f)
+    if previous.get('device') == device.device_kind:
+      result['cases'] = [c for c in previous['cases'] if 'error' not in c]
+      commands = previous.get('command', [])
+      result['command'] = ([commands] if isinstance(commands, str) else
+                           commands) + result['command']
+    else:
+      print(f'{args.json} was measured on {previous.get("device")}: every '
+            f'case runs on this {device.device_kind}.', flush=True)
+  done = {c['name'] for c in result['cases']}
   failed = 0
   for entry in folder.manifest['cases']:
     if prefixes and not any(entry['name'].startswith(p) for p in prefixes):
+      continue
+    if entry['name'] in done:
       continue
     print(f'{entry["name"]}: ', end='', flush=True)
     try:

@@ -85,6 +85,7 @@ those files. Each section says where and when its run measured. To measure on yo
 {COMMAND} yt8m --cases zoo --json benchmarks/results/yt8m.json  # every YT8M model
 {COMMAND} assemblenet --json benchmarks/results/assemblenet.json
 {COMMAND} readout --json benchmarks/results/readout.json
+{COMMAND} xla_steps --json benchmarks/results/xla_steps.json  # the XLA runner beside TensorFlow
 {COMMAND} report          # rewrites docs/benchmarks.md
 ```
 

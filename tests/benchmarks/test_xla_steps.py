@@ -237,17 +237,20 @@ def test_published_sizes_travel_as_recipes():
 
 def test_runner_needs_neither_tensorflow_nor_official_ext(exported, tmp_path):
   """The runner's command line on CPU: one JSON entry per module, written
-  as it goes, and no TensorFlow or official_ext imported."""
+  as it goes; `--resume` keeps what the JSON holds and runs the rest; no
+  TensorFlow or official_ext imported."""
   out = tmp_path / 'figures.json'
+  common = [exported['yt8m_dbof'], '--json', str(out), '--warmup', '1',
+            '--steps', '2', '--rounds', '2']
   code = (
-      'import runpy, sys\n'
-      f'sys.argv = ["run_xla_steps.py", {exported["yt8m_dbof"]!r}, '
-      f'"--json", {str(out)!r}, "--warmup", "1", "--steps", "2", '
-      '"--rounds", "2", "--cases", "yt8m_dbof/train"]\n'
-      'try:\n'
-      f'  runpy.run_path({RUNNER!r}, run_name="__main__")\n'
-      'except SystemExit as e:\n'
-      '  assert not e.code, e.code\n'
+      'import importlib.util, sys\n'
+      f'spec = importlib.util.spec_from_file_location("r", {RUNNER!r})\n'
+      'runner = importlib.util.module_from_spec(spec)\n'
+      'spec.loader.exec_module(runner)\n'
+      f'assert runner.main({common!r} + ["--cases", '
+      '"yt8m_dbof/train/float16"]) == 0\n'
+      f'assert runner.main({common!r} + ["--cases", "yt8m_dbof/train", '
+      '"--resume"]) == 0\n'
       'bad = [m for m in sys.modules if m.split(".")[0] in '
       '("tensorflow", "official_ext", "tf_keras")]\n'
       'assert not bad, bad\n')
@@ -257,8 +260,9 @@ def test_runner_needs_neither_tensorflow_nor_official_ext(exported, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   figures = json.loads(out.read_text())
   assert figures['platform'] == 'cpu' and figures['quick']
+  assert len(figures['command']) == 2 and '--resume' in figures['command'][1]
   names = [c['name'] for c in figures['cases']]
-  assert names == ['yt8m_dbof/train/bfloat16', 'yt8m_dbof/train/float16',
+  assert names == ['yt8m_dbof/train/float16', 'yt8m_dbof/train/bfloat16',
                    'yt8m_dbof/train/float32']
   for case in figures['cases']:
     assert case['examples_per_sec'] > 0 and case['compile_s'] > 0
@@ -279,3 +283,17 @@ def test_peaks_by_device_kind(runner):
   assert runner.peak_tflops('NVIDIA H100 80GB HBM3', 'float32') == 494.7
   assert runner.peak_tflops('TPU v4', 'float32') is None
   assert runner.peak_tflops('cpu', 'float32') is None
+
+
+def test_modules_convert_to_portable_stablehlo(exported, runner):
+  """What a PJRT plugin (the CUDA one) compiles: StableHLO serialized as a
+  portable artifact, which refuses ops of other dialects (tf2xla's copies
+  of returned values convert to `mhlo.copy`)."""
+  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
+  from jax._src.lib.mlir.dialects import hlo  # pylint: disable=g-import-not-at-top
+  folder = runner.Folder(exported['yt8m_dbof'])
+  for entry in folder.manifest['cases']:
+    text = runner.stablehlo_text(folder.module(entry))
+    assert 'mhlo.copy' not in text
+    assert _jax.mlir.serialize_portable_artifact(
+        text, hlo.get_current_version()), entry['name']
