@@ -495,7 +495,7 @@ def _xla_ratio_rows(cases: Sequence[Dict[str, Any]]) -> List[Tuple[str, ...]]:
     if case == 'yt8m_dbof':
       other = speed.get(('yt8m_dbof_model_garden', step, precision))
       if other:
-        rows.append((f'ours / Model Garden\'s DBoF + MoE', step, precision,
+        rows.append(('ours / Model Garden\'s DBoF + MoE', step, precision,
                      f'{value / other:.3f}'))
   for (case, step, precision), value in sorted(speed.items()):
     base = speed.get((case, step, 'float32'))
