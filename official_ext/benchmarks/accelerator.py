@@ -177,9 +177,11 @@ def _batch(task, params, per_replica: int) -> Any:
   return readout_bench.demo_batches(task, per_replica)[data.batching]
 
 
-def flops_per_example(params) -> Optional[float]:
+def flops_per_example(params, clip_data: Optional[Any] = None
+                      ) -> Optional[float]:
   """Analytic training FLOPs of one example, where the family's benchmark
-  module derives them (None otherwise)."""
+  module derives them (None otherwise); an AssembleNet++lite clip of
+  `clip_data`'s shape (default the training data's)."""
   task = params.task
   family = type(task).__module__.split('.')[1]
   if family == 'yt8m':
@@ -201,7 +203,7 @@ def flops_per_example(params) -> Optional[float]:
   if family == 'assemblenet':
     from official_ext.assemblenet.modeling import complexity  # pylint: disable=g-import-not-at-top
     b = task.model.backbone.assemblenet_plus_lite
-    t, h, w, _ = task.train_data.feature_shape
+    t, h, w, _ = (clip_data or task.train_data).feature_shape
     forward = complexity.analyze(
         json.loads(b.model_structure), tuple(b.blocks_per_level),
         edge_weights_given=bool(b.model_edge_weights),

@@ -438,10 +438,12 @@ def _step_flops(built: Built, case: XlaCase, step: str) -> Dict[str, Any]:
   from; None with the counter's reason where it cannot count."""
   batch = built.batches[step]
   if case.family == 'assemblenet':
-    flops = accelerator.flops_per_example(built.params)
     data = built.params.task.validation_data
-    if step == 'validation':
-      flops = flops / 3 * data.num_test_clips * data.num_test_crops
+    if step == 'train':
+      flops = accelerator.flops_per_example(built.params)
+    else:
+      flops = (accelerator.flops_per_example(built.params, data) / 3 *
+               data.num_test_clips * data.num_test_crops)
     return {'flops_per_step': flops * built.examples[step],
             'flops_source': 'assemblenet/modeling/complexity.py (forward '
                             'of each view; training: 3 x forward)'}
