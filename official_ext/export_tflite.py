@@ -43,8 +43,9 @@ int8 activations) or `float16` (weights stored as float16, computed in
 float32 on CPU).
 
 The output file is written whole or not at all; an existing one is an error
-unless --overwrite is given, and one in a missing folder is an error naming
-the folder, before the model is built.
+unless --overwrite is given, and one in a missing folder, or inside a model_dir
+or SavedModel directory (--overwrite or not), is an error naming the folder,
+before the model is built.
 """
 import re
 from typing import Any, Dict, Sequence
@@ -158,7 +159,9 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
   Raises:
     ValueError: an unknown quantization, a task without TFLite export (the
       config class), a missing checkpoint (naming --checkpoint_path), an
-      existing `output` without `overwrite` (all before anything is built).
+      `output` inside a model_dir or SavedModel directory (with `overwrite`
+      too), an existing `output` without `overwrite` (all before anything
+      is built).
     FileNotFoundError: the folder of `output` does not exist (named; before
       anything is built).
     UnsupportedOpsError: ops the converter cannot take, named.
@@ -169,7 +172,9 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
         f'export_tflite: no TFLite export for task config '
         f'{type(params.task).__name__}; it exports '
         f'{", ".join(t.__name__ for t in _TASKS)}.')
-  output_files.check_output_file(output, '--output')  # Its folder exists.
+  # Its folder exists; it lies outside every model_dir and SavedModel.
+  output_files.check_output_file(
+      output, '--output', models=[('--checkpoint_path', checkpoint_path)])
   checkpoints.resolve_checkpoint(checkpoint_path)
   if tf.io.gfile.exists(output) and not overwrite:
     raise FileExistsError(f'--output={output} exists; nothing was written. '

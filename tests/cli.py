@@ -37,12 +37,18 @@ def parse_flags(module, *args: str) -> flags.FlagValues:
   return _parse(module, args)[0]
 
 
-def run_main(module, *args: str):
-  """`module.main` run on `args` (flags and positional arguments) as from
-  the command line; returns what it returns (exceptions propagate: the CLI
-  exits non-zero with them)."""
+def run_main(module, *args: str, entry: str = 'main'):
+  """`module.main` (or the function `entry`) run on `args` (flags and
+  positional arguments) as from the command line; returns what it returns
+  (exceptions propagate: the CLI exits non-zero with them). `main` must
+  return None: `absl.app.run` prints any other value and exits 1."""
   flag_values, argv = _parse(module, args)
-  return module.main(argv, flag_values)
+  result = getattr(module, entry)(argv, flag_values)
+  if entry == 'main':
+    assert result is None, (
+        f'{module.__name__}.main returned {type(result).__name__}: '
+        'app.run would print it and exit 1 after the command succeeded.')
+  return result
 
 
 # Runs `saved_model_cli` commands (a JSON list of argument lists) through the

@@ -15,7 +15,8 @@ Beam workers, so a video gives the same record either way:
   each video by `video_records.encode_video`. Its flags are the converter's
   but --skip_unreadable (a failed video is always listed, below).
 * `extract_features`: `extract_features.extract` (video files -> YouTube-8M
-  frame-level feature records), each video by `extract_features.
+  frame-level feature records; its flags, defined there once:
+  `extract_features.SHARED_FLAGS`), each video by `extract_features.
   extract_video` and `make_yt8m_example`; the model is loaded once per
   worker process (`ExtractFeaturesFn.setup`, `load_extractor`). With --pca_dim the PCA is fitted on
   every feature of this run (run it on the training split): each worker's
@@ -264,6 +265,10 @@ def convert(video_dir: str, output: str, labels_csv: Optional[str] = None,
   """
   _require_beam()
   options = pipeline_options(beam_pipeline_options)
+  video_records.check_output(
+      output, num_shards, (video_records.CLASSES_SUFFIX,
+                           video_records.FAILURES_SUFFIX),
+      inputs=[('--labels_csv', labels_csv)])
   previous = video_records.refuse_previous_output(output, overwrite)
 
   def expand(lines, staged):
@@ -285,7 +290,8 @@ _EXTRACTORS_LOCK = threading.Lock()
 def load_extractor(checkpoint_path: str, experiment: Optional[str] = None,
                    config_files: Sequence[str] = (),
                    params_override: str = '',
-                   feature_layer: str = 'backbone', batch_size: int = 16
+                   feature_layer: str = extract_features.DEFAULT_FEATURE_LAYER,
+                   batch_size: int = 16
                    ) -> extract_features.FeatureExtractor:
   """`FeatureExtractor.from_checkpoint`, once per process for the same
   arguments: a worker's DoFn instances (one per thread) share one model."""
@@ -386,7 +392,8 @@ def extract(checkpoint_path: str, video_dir: str, output: str,
             config_files: Sequence[str] = (), params_override: str = '',
             labels_csv: Optional[str] = None,
             short_side: Optional[int] = None, rate: float = 1.0,
-            feature_layer: str = 'backbone', encoding: str = 'float',
+            feature_layer: str = extract_features.DEFAULT_FEATURE_LAYER,
+            encoding: str = 'float',
             pca_dim: Optional[int] = None, pca_file: Optional[str] = None,
             num_shards: int = 1, batch_size: int = 16,
             overwrite: bool = False,
@@ -415,11 +422,11 @@ def extract(checkpoint_path: str, video_dir: str, output: str,
   options = pipeline_options(beam_pipeline_options)
   extract_features.check_encoding(encoding, pca_dim, pca_file)
   pca_path = output + extract_features.PCA_SUFFIX
-  for path in video_records.shard_paths(output, num_shards) + [pca_path]:
-    output_files.check_output_file(
-        path, '--output', inputs=[('--pca_file', pca_file),
-                                  ('--labels_csv', labels_csv)],
-        models=[('--checkpoint_path', checkpoint_path)])
+  video_records.check_output(
+      output, num_shards, (extract_features.PCA_SUFFIX,
+                           video_records.FAILURES_SUFFIX),
+      inputs=[('--pca_file', pca_file), ('--labels_csv', labels_csv)],
+      models=[('--checkpoint_path', checkpoint_path)])
   previous = video_records.refuse_previous_output(
       output, overwrite, (extract_features.PCA_SUFFIX,
                           video_records.FAILURES_SUFFIX))
@@ -453,64 +460,33 @@ def extract(checkpoint_path: str, video_dir: str, output: str,
 
 
 # The flags each pipeline takes (besides --beam_pipeline_options); another
-# one given is an error naming it.
+# one given is an error naming it. `extract_features` takes the
+# single-process command's (`extract_features.SHARED_FLAGS`).
 _VIDEO_FLAGS = ('video_dir', 'output', 'labels_csv', 'num_shards',
                 'short_side', 'overwrite')
 PIPELINE_FLAGS = {
     'convert': _VIDEO_FLAGS + ('fps', 'jpeg_quality'),
-    'extract_features': _VIDEO_FLAGS + (
-        'checkpoint_path', 'experiment', 'config_file', 'params_override',
-        'rate', 'feature_layer', 'encoding', 'pca_dim', 'pca_file',
-        'batch_size'),
+    'extract_features': extract_features.SHARED_FLAGS,
 }
 _REQUIRED = {'convert': ('video_dir', 'output'),
              'extract_features': ('video_dir', 'output', 'checkpoint_path')}
 
 
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
-  """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
+  """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues):
+  the single-process extractor's shared ones (`extract_features.
+  define_shared_flags`; `convert` takes the video and output ones), then
+  convert's own and --beam_pipeline_options."""
   d = dict(flag_values=flag_values)
-  flags.DEFINE_string('video_dir', None, 'The folder of videos (local or '
-                      'gs://; class sub-folders or --labels_csv).', **d)
-  flags.DEFINE_string('output', None, 'Output path prefix.', **d)
-  flags.DEFINE_string('labels_csv', None, 'Lines `video,ids` (";"-separated '
-                      'ids), paths relative to --video_dir.', **d)
-  flags.DEFINE_integer('num_shards', 1, 'Output shards.', **d)
-  flags.DEFINE_integer('short_side', None, 'Resize frames to this short '
-                       'side.', **d)
-  flags.DEFINE_bool('overwrite', False, 'Replace the files of an earlier run '
-                    'to --output (once the new ones are complete).', **d)
+  extract_features.define_shared_flags(flag_values)
+  for name in extract_features.SHARED_FLAGS:
+    flags.declare_key_flag(name, flag_values)  # Listed by --help.
   flags.DEFINE_string('beam_pipeline_options', '', 'Beam pipeline options, '
                       'comma-separated key=value (e.g. runner=DataflowRunner,'
                       'project=P,...); empty: the DirectRunner.', **d)
-  # convert
   flags.DEFINE_float('fps', None, 'convert: keep frames at this rate.', **d)
   flags.DEFINE_integer('jpeg_quality', 90, 'convert: JPEG quality of the '
                        'frames.', **d)
-  # extract_features
-  flags.DEFINE_string('checkpoint_path', None, 'extract_features: model_dir '
-                      'or ckpt-N prefix of a trained model.', **d)
-  flags.DEFINE_string('experiment', None, 'extract_features: needed only '
-                      'without params.yaml beside the checkpoint.', **d)
-  flags.DEFINE_multi_string('config_file', None, 'extract_features: YAML '
-                            'after params.yaml.', **d)
-  flags.DEFINE_string('params_override', '', 'extract_features: overrides, '
-                      'applied last.', **d)
-  flags.DEFINE_float('rate', 1.0, 'extract_features: features per second.',
-                     **d)
-  flags.DEFINE_enum('feature_layer', 'backbone',
-                    extract_features.FEATURE_LAYERS, 'extract_features: '
-                    'backbone: pooled backbone output; head: pre-logits.', **d)
-  flags.DEFINE_enum('encoding', 'float', extract_features.ENCODINGS,
-                    'extract_features: float32 features, or YouTube-8M\'s '
-                    'PCA + uint8 quantization.', **d)
-  flags.DEFINE_integer('pca_dim', None, 'extract_features: fit a PCA of '
-                       'this many dimensions on these features (the '
-                       'training split).', **d)
-  flags.DEFINE_string('pca_file', None, 'extract_features: or apply this '
-                      'stored PCA (.npz).', **d)
-  flags.DEFINE_integer('batch_size', 16, 'extract_features: clips per model '
-                       'call.', **d)
 
 
 def _check_flags(fv: flags.FlagValues, pipeline: str) -> None:
@@ -527,8 +503,8 @@ def _check_flags(fv: flags.FlagValues, pipeline: str) -> None:
     raise app.UsageError(f'{pipeline} does not take {", ".join(given)}.')
 
 
-def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS
-         ) -> Result:
+def run_pipeline(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS
+                 ) -> Result:
   """Runs the pipeline named by the positional argument (`PIPELINES`);
   prints and returns what it wrote."""
   fv = flag_values
@@ -554,6 +530,11 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS
         f'{result.failures_file}' +
         (f'; PCA: {result.pca_file}' if result.pca_file else ''))
   return result
+
+
+def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
+  """The command: `run_pipeline`, returning nothing (`app.run` exits 0)."""
+  run_pipeline(argv, flag_values)
 
 
 if __name__ == '__main__':

@@ -365,9 +365,25 @@ def derive(params, checkpoint_path: str, threshold: float, output: str,
 
   Returns:
     The `Derived` structure.
+
+  Raises:
+    ValueError: an output that is an input structure file or lies inside a
+      model_dir or SavedModel directory (`output_files.check_output_file`,
+      before the checkpoint is read).
   """
   backbone = params.task.model.backbone.get()
   key = 'task.model.backbone.assemblenet_plus_lite.'
+  for flag, path in (('--output', output), ('--edge_weights_output',
+                                            edge_weights_output or
+                                            edge_weights_output_path(output)),
+                     ('--png', png)):
+    if path:
+      output_files.check_output_file(
+          path, flag, inputs=[
+              (key + 'model_structure_path', backbone.model_structure_path),
+              (key + 'model_edge_weights_path',
+               backbone.model_edge_weights_path)],
+          models=[('--checkpoint', checkpoint_path)], creates_folder=True)
   structure, _ = structures.from_config_fields(
       backbone.model_structure, backbone.model_structure_path,
       backbone.model_edge_weights, backbone.model_edge_weights_path,

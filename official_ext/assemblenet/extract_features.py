@@ -86,6 +86,7 @@ from official_ext.core import kernel_policy
 from official_ext.core import output_files
 
 FEATURE_LAYERS = ('head', 'backbone')
+DEFAULT_FEATURE_LAYER = 'head'
 ENCODINGS = ('float', 'quantized')
 FEATURE_NAME = 'rgb'
 PCA_SUFFIX = '.pca.npz'
@@ -129,7 +130,8 @@ class FeatureExtractor:
   """
 
   def __init__(self, params: config_definitions.ExperimentConfig,
-               model: tf_keras.Model, feature_layer: str = 'head',
+               model: tf_keras.Model,
+               feature_layer: str = DEFAULT_FEATURE_LAYER,
                batch_size: int = 16):
     """Args: params: the model's experiment; model: the restored
     `AssembleNetPlusLiteModel`; feature_layer: one of FEATURE_LAYERS;
@@ -460,8 +462,17 @@ def extract(extractor: FeatureExtractor, sources: Sequence[VideoSource],
 FLAGS = flags.FLAGS
 
 
-def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
-  """Defines the command's flags in `flag_values`."""
+# The flags of this command that the Beam pipeline (`beam_pipelines
+# extract_features`) takes too: defined once, by `define_shared_flags`.
+SHARED_FLAGS = ('checkpoint_path', 'experiment', 'config_file',
+                'params_override', 'video_dir', 'labels_csv', 'short_side',
+                'rate', 'feature_layer', 'encoding', 'pca_dim', 'pca_file',
+                'output', 'num_shards', 'batch_size', 'overwrite')
+
+
+def define_shared_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """Defines `SHARED_FLAGS` in `flag_values` (this command's and the Beam
+  pipelines')."""
   d = dict(flag_values=flag_values)
   flags.DEFINE_string('checkpoint_path', None,
                       'model_dir or ckpt-N prefix of a trained model.', **d)
@@ -474,11 +485,9 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_string('labels_csv', None, 'Lines `video,ids` (";"-separated '
                       'ids), paths relative to --video_dir.', **d)
   flags.DEFINE_integer('short_side', None, 'Resize decoded videos to this '
-                       'short side first (as the converter did).', **d)
-  flags.DEFINE_string('input_path', None, 'Or clip TFRecords (glob).', **d)
-  flags.DEFINE_float('fps', None, 'Frame rate of --input_path records.', **d)
+                       'short side first.', **d)
   flags.DEFINE_float('rate', 1.0, 'Features per second.', **d)
-  flags.DEFINE_enum('feature_layer', 'head', FEATURE_LAYERS,
+  flags.DEFINE_enum('feature_layer', DEFAULT_FEATURE_LAYER, FEATURE_LAYERS,
                     'head: pre-logits; backbone: pooled backbone output.', **d)
   flags.DEFINE_enum('encoding', 'float', ENCODINGS, 'float32 features, or '
                     "YouTube-8M's PCA + uint8 quantization.", **d)
@@ -486,10 +495,19 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                        'on these features (the training split).', **d)
   flags.DEFINE_string('pca_file', None, 'Or apply this stored PCA (.npz).',
                       **d)
-  flags.DEFINE_string('output', None, 'Output prefix.', **d)
+  flags.DEFINE_string('output', None, 'Output prefix (its folder is created '
+                      'if missing).', **d)
   flags.DEFINE_integer('num_shards', 1, 'Output files.', **d)
   flags.DEFINE_integer('batch_size', 16, 'Clips per model call.', **d)
   flags.DEFINE_bool('overwrite', False, 'Replace an earlier run\'s files.', **d)
+
+
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """Defines the command's flags in `flag_values`."""
+  d = dict(flag_values=flag_values)
+  define_shared_flags(flag_values)
+  flags.DEFINE_string('input_path', None, 'Or clip TFRecords (glob).', **d)
+  flags.DEFINE_float('fps', None, 'Frame rate of --input_path records.', **d)
   flags.DEFINE_bool('skip_unreadable', False, 'List and skip unreadable '
                     'videos.', **d)
   flags.mark_flags_as_required(['checkpoint_path', 'output'],
@@ -503,14 +521,11 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
     raise ValueError('Pass exactly one of --video_dir and --input_path; got '
                      f'--video_dir={fv.video_dir!r}, '
                      f'--input_path={fv.input_path!r}.')
-  folder = os.path.dirname(os.path.abspath(fv.output))
-  tf.io.gfile.makedirs(folder)  # As the converter's --output prefix.
-  for path in shard_paths(fv.output, fv.num_shards) + [fv.output + PCA_SUFFIX]:
-    output_files.check_output_file(
-        path, '--output',
-        inputs=[('--input_path', fv.input_path), ('--pca_file', fv.pca_file),
-                ('--labels_csv', fv.labels_csv)],
-        models=[('--checkpoint_path', fv.checkpoint_path)])
+  video_records.check_output(
+      fv.output, fv.num_shards, (PCA_SUFFIX,),
+      inputs=[('--input_path', fv.input_path), ('--pca_file', fv.pca_file),
+              ('--labels_csv', fv.labels_csv)],
+      models=[('--checkpoint_path', fv.checkpoint_path)])
   extractor = FeatureExtractor.from_checkpoint(
       fv.checkpoint_path, fv.experiment, fv.config_file or (),
       fv.params_override, feature_layer=fv.feature_layer,

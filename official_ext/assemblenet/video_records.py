@@ -152,6 +152,20 @@ def refuse_previous_output(output: str, overwrite: bool,
   return previous
 
 
+def check_output(output: str, num_shards: int, suffixes: Sequence[str] = (),
+                 inputs: Sequence[Tuple[str, Optional[str]]] = (),
+                 models: Sequence[Tuple[str, Optional[str]]] = ()) -> None:
+  """Refuses, before any video is read, an --output prefix one of whose files
+  (its shards and `output + suffix`) is one of `inputs` or would lie inside
+  a model_dir or SavedModel directory (`output_files.check_output_file`,
+  `models` as its); a missing folder is created when the files are written.
+  """
+  for path in shard_paths(output, num_shards) + [output + s
+                                                 for s in suffixes]:
+    output_files.check_output_file(path, '--output', inputs, models,
+                                   creates_folder=True)
+
+
 def list_videos(video_dir: str) -> List[str]:
   """`videos.find_videos` (local folders) or the same listing of a remote
   one (`gs://...`, through `tf.io.gfile.walk`); ValueError naming the
@@ -196,9 +210,13 @@ def convert(video_dir: str, output: str, labels_csv: Optional[str] = None,
     FileExistsError: files of a previous conversion to `output` are there
       and not `overwrite` (before any video is read).
     ValueError: an unreadable video (unless `skip_unreadable`), a labels
-      problem, or more shards than videos written (naming the file or flag).
+      problem, or more shards than videos written (naming the file or flag);
+      an output file that is --labels_csv or lies inside a model_dir or
+      SavedModel directory (`check_output`, before any video is read).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  check_output(output, num_shards, (CLASSES_SUFFIX,),
+               [('--labels_csv', labels_csv)])
   previous = refuse_previous_output(output, overwrite)
   found = list_videos(video_dir)
   label_of, classes = videos_lib.video_labels(video_dir, found, labels_csv)

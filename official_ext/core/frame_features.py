@@ -178,8 +178,12 @@ def fit_pca(features: np.ndarray, dim: int, flag: str = '--pca_dim') -> Pca:
 
 
 def load_pca(path: str, flag: str = '--pca_file') -> Pca:
-  """The PCA stored at `path` by `Pca.save`; ValueError naming the file (and
-  `flag`) if it is missing or not such a file."""
+  """The PCA stored at `path` by `Pca.save`.
+
+  ValueError naming the file (and `flag`) and what is wrong if it is missing,
+  not such a file, or holds a PCA that cannot be right: inconsistent or empty
+  shapes, a NaN or infinite value, a negative eigenvalue.
+  """
   if not tf.io.gfile.exists(path):
     raise ValueError(f'{flag}={path}: no such file.')
   try:
@@ -198,6 +202,21 @@ def load_pca(path: str, flag: str = '--pca_file') -> Pca:
         f'{flag}={path}: inconsistent shapes: mean {pca.mean.shape}, '
         f'components {pca.components.shape}, eigenvalues '
         f'{pca.eigenvalues.shape} (expected [D], [dim, D], [dim]).')
+  if not pca.dim or not pca.input_dim:
+    raise ValueError(f'{flag}={path}: no components (components '
+                     f'{pca.components.shape}); expected [dim, D], dim >= 1.')
+  for name, values in arrays.items():
+    bad = np.argwhere(~np.isfinite(values))
+    if len(bad):
+      raise ValueError(
+          f'{flag}={path}: {name} holds {len(bad)} NaN or infinite value(s) '
+          f'(first at {bad[0].tolist()}); a PCA of finite features has none.')
+  negative = np.flatnonzero(pca.eigenvalues < 0)
+  if len(negative):
+    raise ValueError(
+        f'{flag}={path}: eigenvalues hold {len(negative)} negative value(s) '
+        f'({pca.eigenvalues[negative[0]]:g} at [{negative[0]}]); they are '
+        'variances, never below 0.')
   return pca
 
 

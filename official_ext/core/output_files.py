@@ -6,8 +6,9 @@ one folder (e.g. a converter's shards beside other files), each whole and
 all only once every one is complete; `write_directory` the files of an
 output directory, refusing one that holds files unless asked to replace them
 (`check_output_dir`). `check_output_file` refuses, before anything is read
-or written, an output path whose folder is missing, that is one of the
-command's inputs, or that lies inside a model_dir or SavedModel directory.
+or written, an output path whose folder is missing (unless the command
+creates it), that is one of the command's inputs, or that lies inside a
+model_dir or SavedModel directory.
 """
 import contextlib
 import os
@@ -164,7 +165,7 @@ def _enclosing_run(folder: str) -> Optional[Tuple[str, str, str]]:
 def check_output_file(path: str, flag: str,
                       inputs: Iterable[Tuple[str, Optional[str]]] = (),
                       models: Optional[Iterable[Tuple[str, Optional[str]]]]
-                      = None) -> None:
+                      = None, creates_folder: bool = False) -> None:
   """Refuses an output file path before anything is read or written.
 
   Args:
@@ -177,15 +178,19 @@ def check_output_file(path: str, flag: str,
       skipped). Given (even empty), `path` must also lie outside every
       model_dir and SavedModel directory: these, and any directory above
       `path` that holds `saved_model.pb` or a `checkpoint` state file.
+    creates_folder: the command creates the folder of `path` when it
+      writes (`write_together`): a missing one is not refused.
 
   Raises:
-    FileNotFoundError: the folder of `path` does not exist (named).
+    FileNotFoundError: the folder of `path` does not exist (named), unless
+      `creates_folder`.
     ValueError: `path` is a directory; is one of the files `inputs` name
       (naming the input and its flag); lies inside a model_dir or a
       SavedModel directory (naming it and why it is one).
   """
   folder = os.path.dirname(path) or '.'
-  if not tf.io.gfile.isdir(folder):
+  if not tf.io.gfile.isdir(folder) and not (
+      creates_folder and not tf.io.gfile.exists(folder)):
     raise FileNotFoundError(
         f'{flag}={path}: the folder {folder} does not exist; nothing was '
         'written. Create it, or choose another path.')

@@ -2,9 +2,13 @@
 (official_ext.assemblenet.beam_pipelines) on the DirectRunner: the records
 the single-process commands write, sharded as documented, a broken video
 listed in the failures file, whole-or-nothing output."""
+import functools
 import os
+import subprocess
+import sys
 
 from absl import app
+from absl import flags
 import numpy as np
 import pytest
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
@@ -61,7 +65,8 @@ def corpus(tmp_path_factory):
   result = cli.run_main(
       beam_pipelines, 'convert', f'--video_dir={video_dir}',
       f'--output={root / "out" / "train"}', '--num_shards=3',
-      '--beam_pipeline_options=runner=DirectRunner,direct_num_workers=1')
+      '--beam_pipeline_options=runner=DirectRunner,direct_num_workers=1',
+      entry='run_pipeline')
   return root, reference, result
 
 
@@ -109,6 +114,35 @@ def test_a_previous_conversion_is_kept_unless_a_new_one_completes(corpus):
                      r'were written \(1 unreadable'):
     beam_pipelines.convert(**args, num_shards=9, overwrite=True)
   assert _contents(root / 'out') == before
+
+
+def test_no_converter_writes_inside_a_model_dir_or_over_its_input(tmp_path):
+  """Both converters (and the Beam extractor) refuse an --output prefix
+  inside a model_dir, --overwrite or not, or one whose classes file is
+  --labels_csv, before any video is read; nothing is written."""
+  model_dir = tmp_path / 'model'
+  model_dir.mkdir()
+  (model_dir / 'checkpoint').write_text('model_checkpoint_path: "ckpt-1"\n')
+  labels = tmp_path / 'train.classes.txt'
+  labels.write_text('a.mp4,1\n')
+  converters = [video_records.convert]
+  if beam_pipelines.beam is not None:
+    converters += [beam_pipelines.convert, functools.partial(
+        beam_pipelines.extract, str(model_dir / 'ckpt-1'))]
+  for convert in converters:
+    for overwrite in (False, True):
+      with pytest.raises(ValueError, match=(
+          f'--output={model_dir}/records-00000-of-00001.tfrecord lies inside '
+          f'the model_dir {model_dir} ')):
+        convert(video_dir=str(tmp_path / 'videos'),
+                output=str(model_dir / 'records'), overwrite=overwrite)
+  for convert in converters[:2]:
+    with pytest.raises(ValueError, match=(
+        f'--output={labels} is the input file {labels} \\(--labels_csv=')):
+      convert(video_dir=str(tmp_path / 'videos'),
+              output=str(tmp_path / 'train'), labels_csv=str(labels))
+  assert sorted(os.listdir(tmp_path)) == ['model', 'train.classes.txt']
+  assert os.listdir(model_dir) == ['checkpoint']
 
 
 def test_a_remote_video_folder_is_read_like_a_local_one(tmp_path):
@@ -208,15 +242,15 @@ def test_the_feature_pipeline_fits_the_pca_of_the_single_process_run(
       extractor, extract_features.videos_in_folder(video_dir),
       str(root / 'features_ref' / 'train'), rate=4.0, pca_dim=3,
       skip_unreadable=True)
+  # The output folder is created, as the single-process commands create it.
+  assert not (root / 'features').exists()
   result = cli.run_main(
       beam_pipelines, 'extract_features', f'--checkpoint_path={checkpoint}',
-      f'--video_dir={video_dir}', f'--output={root / "out" / "features"}',
-      '--rate=4', '--pca_dim=3', '--num_shards=2')
-  assert sorted(n for n in os.listdir(root / 'out')
-                if n.startswith('features')) == [
-                    'features-00000-of-00002.tfrecord',
-                    'features-00001-of-00002.tfrecord',
-                    'features.failures.tsv', 'features.pca.npz']
+      f'--video_dir={video_dir}', f'--output={root / "features" / "train"}',
+      '--rate=4', '--pca_dim=3', '--num_shards=2', entry='run_pipeline')
+  assert sorted(os.listdir(root / 'features')) == [
+      'train-00000-of-00002.tfrecord', 'train-00001-of-00002.tfrecord',
+      'train.failures.tsv', 'train.pca.npz']
   assert [video for video, _ in result.failed] == [BROKEN]
   fitted = frame_features.load_pca(result.pca_file)
   expected = frame_features.load_pca(reference.pca_file)
@@ -231,3 +265,49 @@ def test_the_feature_pipeline_fits_the_pca_of_the_single_process_run(
     assert values.shape == (2, 3)
     np.testing.assert_allclose(got[video][1], values, atol=1e-4,
                                err_msg=video)
+
+
+def test_the_feature_pipeline_takes_the_single_process_commands_flags():
+  """Defined once: each flag of `beam_pipelines extract_features` is the
+  single-process command's, with its default and help (--feature_layer
+  defaults to head in both)."""
+  single, pipeline = flags.FlagValues(), flags.FlagValues()
+  extract_features.define_flags(single)
+  beam_pipelines.define_flags(pipeline)
+  names = beam_pipelines.PIPELINE_FLAGS['extract_features']
+  assert {'feature_layer', 'rate', 'encoding', 'batch_size'} <= set(names)
+  for name in names:
+    a, b = single[name], pipeline[name]
+    assert (type(a), a.default, a.help) == (type(b), b.default, b.help), name
+  assert pipeline['feature_layer'].default == 'head'
+
+
+@needs_beam
+def test_the_command_exits_0_after_converting_and_1_when_it_failed(tmp_path):
+  """`python -m official_ext.assemblenet.beam_pipelines convert` in a new
+  process: exit 0 when every video was written (into a folder it creates),
+  non-zero with the error when it was not."""
+  video_dir = tmp_path / 'videos'
+  videos.write_demo_videos(str(video_dir), videos_per_class=1, num_frames=4,
+                           size=32)
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
+             PYTHONPATH=os.pathsep.join(
+                 [repo] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
+  output = tmp_path / 'new' / 'train'
+  command = [sys.executable, '-m', 'official_ext.assemblenet.beam_pipelines',
+             'convert', f'--video_dir={video_dir}', f'--output={output}',
+             '--num_shards=2']
+  done = subprocess.run(command, cwd=repo, env=env, capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+  assert 'wrote 2 shard(s)' in done.stdout and 'Result(' not in done.stdout
+  assert sorted(os.listdir(output.parent)) == [
+      'train-00000-of-00002.tfrecord', 'train-00001-of-00002.tfrecord',
+      'train.classes.txt', 'train.failures.tsv']
+  failed = subprocess.run(command + ['--num_shards=9', '--overwrite'],
+                          cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert failed.returncode == 1, failed.stdout + failed.stderr[-3000:]
+  assert '--num_shards=9 but 8 video(s) were written' in failed.stderr

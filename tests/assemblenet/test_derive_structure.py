@@ -4,6 +4,7 @@
 `model_structure_path` / `model_edge_weights_path`.
 """
 import json
+import os
 
 import numpy as np
 import pytest
@@ -176,3 +177,24 @@ def test_checkpoint_flags_name_themselves(tmp_path, search_checkpoint):
     ds.resolve_checkpoint(model_dir=str(tmp_path))
   with pytest.raises(ValueError, match=r'--checkpoint=.*no checkpoint'):
     ds.resolve_checkpoint(checkpoint=str(tmp_path / 'ckpt-9'))
+
+
+def test_no_output_inside_the_model_dir(search_checkpoint, tmp_path):
+  """--output, its edge weights or --png inside the searched checkpoint's
+  folder (a model_dir) is refused before the checkpoint is read; nothing is
+  written there."""
+  params = experiment_params.load_params('assemblenet_plus_lite_search_demo')
+  model_dir = os.path.dirname(search_checkpoint)
+  before = sorted(os.listdir(model_dir))
+  for output, kwargs, flag in (
+      (os.path.join(model_dir, 'structure.json'), {}, '--output'),
+      (str(tmp_path / 's.json'),
+       dict(edge_weights_output=os.path.join(model_dir, 'new', 'w.json')),
+       '--edge_weights_output'),
+      (str(tmp_path / 's.json'), dict(png=os.path.join(model_dir, 'g.png')),
+       '--png')):
+    with pytest.raises(ValueError, match=f'{flag}={model_dir}/.* lies inside '
+                       f'the model_dir {model_dir} '):
+      ds.derive(params, search_checkpoint, 0.5, output, **kwargs)
+  assert sorted(os.listdir(model_dir)) == before
+  assert not os.listdir(tmp_path)

@@ -208,11 +208,13 @@ def test_serving_refuses_frames_it_cannot_score(exported):
     module.serve(tf.fill([1, 6, 36, 40, 3], np.nan))
 
 
-def test_tflite_cli_serves_a_clip_like_the_saved_model(exported, capsys):
+def test_tflite_cli_serves_a_clip_like_the_saved_model(exported, capsys,
+                                                      tmp_path):
   """`python -m official_ext.export_tflite` (its main, in-process): a
   builtins-only float16 model whose interpreter output is the SavedModel's
   for the same uint8 clip."""
-  output = str(exported['root'] / 'model.tflite')
+  # Outside the checkpoint's folder: no writer writes inside a model_dir.
+  output = str(tmp_path / 'model.tflite')
   # The config comes from the params.yaml beside the checkpoint.
   flag_values = cli.parse_flags(
       export_tflite, '--experiment=assemblenet_plus_lite_demo',

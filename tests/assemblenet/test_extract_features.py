@@ -266,3 +266,30 @@ def test_cli_and_the_bridge_beats_chance(bridge):
   print(f'bridge validation hit@1 {hit_at_one:.3f}, GAP '
         f'{float(metrics["gap"]):.3f}')
   assert hit_at_one >= 1 / NUM_CLASSES + MARGIN, metrics
+
+
+def test_a_pca_file_that_cannot_be_right_is_refused_before_any_video(
+    tmp_path):
+  """A --pca_file with a NaN mean or a negative eigenvalue (which gave
+  all-zero quantized features) is an error naming the file and what is
+  wrong, before any video is read."""
+  class Extractor:
+    dim, feature_layer = 4, 'head'
+
+  def load():
+    raise AssertionError('a video was read before --pca_file was checked')
+
+  sources = [ef.VideoSource('v.mp4', [0], 'v.mp4', load)]
+  good = frame_features.fit_pca(np.random.default_rng(0).normal(size=[9, 4]),
+                                2)
+  for name, arrays, message in (
+      ('nan', dict(mean=np.full([4], np.nan, np.float32)), 'mean holds 4 NaN'),
+      ('negative', dict(eigenvalues=np.array([1., -1.], np.float32)),
+       'eigenvalues hold 1 negative value')):
+    path = str(tmp_path / f'{name}.pca.npz')
+    np.savez(path, **dict(dict(mean=good.mean, components=good.components,
+                               eigenvalues=good.eigenvalues), **arrays))
+    with pytest.raises(ValueError, match=f'--pca_file={path}: {message}'):
+      ef.extract(Extractor(), sources, str(tmp_path / 'out'),
+                 encoding='quantized', pca_file=path)
+  assert sorted(os.listdir(tmp_path)) == ['nan.pca.npz', 'negative.pca.npz']
