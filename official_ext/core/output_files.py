@@ -248,8 +248,16 @@ def check_output_dir(output_dir: str, overwrite: bool,
   Raises:
     OutputExistsError: `output_dir` holds entries and not `overwrite`; the
       message names the directory and (up to 8 of) its entries.
-    ValueError: `output_dir` exists and is not a directory.
+    ValueError: `output_dir` exists and is not a directory; or it is, or
+      lies inside, a model_dir or SavedModel directory (`overwrite` or not).
   """
+  enclosing = _enclosing_run(output_dir)
+  if enclosing:
+    directory, kind, marker = enclosing
+    raise ValueError(
+        f'{output_dir} lies inside the {kind} {directory} (it holds '
+        f'{marker}), which belongs to the run or export that wrote it. '
+        'Nothing was written; write outside it.')
   if not tf.io.gfile.exists(output_dir):
     return
   if not tf.io.gfile.isdir(output_dir):

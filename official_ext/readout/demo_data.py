@@ -54,6 +54,7 @@ from absl import flags
 import numpy as np
 
 from official_ext.core import demo_cache
+from official_ext.core import output_files
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import vocabulary as vocabulary_lib
@@ -555,44 +556,58 @@ def _ensure(task_config: configs.ReadoutTaskConfig,
   return demo_cache.ensure(root, params, write, 'readout')
 
 
-def _define_flags() -> None:
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
+  define = dict(flag_values=flag_values)
   demo = configs.readout_demo().task.demo_data
-  flags.DEFINE_string('output_dir', None, 'Directory for the shards.')
-  flags.DEFINE_integer('num_train_trials', demo.num_train_trials, 'Trials.')
+  flags.DEFINE_string('output_dir', None, 'Directory for the shards.',
+                      **define)
+  flags.DEFINE_bool('overwrite', False, 'Replace the files of the same names '
+                    'in a non-empty --output_dir.', **define)
+  flags.DEFINE_integer('num_train_trials', demo.num_train_trials, 'Trials.',
+                       **define)
   flags.DEFINE_integer('num_validation_trials', demo.num_validation_trials,
-                       'Validation trials.')
-  flags.DEFINE_integer('num_shards', demo.num_shards, 'Files per split.')
-  flags.DEFINE_integer('seed', demo.seed, 'Random seed.')
-  flags.DEFINE_float('noise_std', demo.noise_std, 'Unit noise std.')
+                       'Validation trials.', **define)
+  flags.DEFINE_integer('num_shards', demo.num_shards, 'Files per split.',
+                       **define)
+  flags.DEFINE_integer('seed', demo.seed, 'Random seed.', **define)
+  flags.DEFINE_float('noise_std', demo.noise_std, 'Unit noise std.', **define)
   flags.DEFINE_float('trial_noise_std', demo.trial_noise_std,
-                     'Per-trial encoding error of the task variables.')
+                     'Per-trial encoding error of the task variables.',
+                     **define)
   flags.DEFINE_integer('num_sessions', demo.num_sessions,
-                       'Sessions of the train and validation trials.')
+                       'Sessions of the train and validation trials.',
+                       **define)
   flags.DEFINE_integer('num_held_out_sessions', demo.num_held_out_sessions,
-                       'Sessions of the held_out_sessions split.')
+                       'Sessions of the held_out_sessions split.', **define)
   flags.DEFINE_integer('num_held_out_session_trials',
                        demo.num_held_out_session_trials,
-                       'Trials of the held_out_sessions split (0: none).')
+                       'Trials of the held_out_sessions split (0: none).',
+                       **define)
   flags.DEFINE_float('session_gain_std', demo.session_gain_std,
-                     'Std of the log per-unit gains of a session.')
-  flags.mark_flag_as_required('output_dir')
+                     'Std of the log per-unit gains of a session.', **define)
+  flags.mark_flag_as_required('output_dir', flag_values=flag_values)
 
 
-def main(argv):
+def main(argv: Sequence[str],
+         flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Writes the demo dataset the parsed `flag_values` describe, whole or
+  not at all (`core.output_files.write_directory`)."""
   del argv
-  f = flags.FLAGS
-  patterns = write_demo_dataset(
-      f.output_dir, num_train_trials=f.num_train_trials,
-      num_validation_trials=f.num_validation_trials,
-      num_shards=f.num_shards, seed=f.seed, noise_std=f.noise_std,
-      trial_noise_std=f.trial_noise_std, num_sessions=f.num_sessions,
-      num_held_out_sessions=f.num_held_out_sessions,
-      num_held_out_session_trials=f.num_held_out_session_trials,
-      session_gain_std=f.session_gain_std)
+  f = flag_values
+  patterns = output_files.write_directory(
+      f.output_dir, lambda staging: write_demo_dataset(
+          staging, num_train_trials=f.num_train_trials,
+          num_validation_trials=f.num_validation_trials,
+          num_shards=f.num_shards, seed=f.seed, noise_std=f.noise_std,
+          trial_noise_std=f.trial_noise_std, num_sessions=f.num_sessions,
+          num_held_out_sessions=f.num_held_out_sessions,
+          num_held_out_session_trials=f.num_held_out_session_trials,
+          session_gain_std=f.session_gain_std), overwrite=f.overwrite)
   for split, pattern in patterns.items():
-    print(f'{split}: {pattern}')
+    print(f'{split}: {os.path.join(f.output_dir, os.path.basename(pattern))}')
 
 
 if __name__ == '__main__':
-  _define_flags()
+  define_flags()
   app.run(main)
