@@ -48,8 +48,9 @@ model_dir or SavedModel directory (`output_files.check_output_file`):
   "name", "score"}]}], "skipped": [{"id", "error"}]} (`name` null without a
   vocabulary).
 
-An input that cannot be read (no such file, not decodable, no frame, a
-record whose frames do not decode) is an error naming it, and nothing is
+An input that cannot be read (no such file, not decodable, no frame,
+fewer frames decoded than its container states, a record whose frames do
+not decode) is an error naming it, and nothing is
 written; with `--skip_unreadable` it is logged, listed in the output (CSV:
 a row with the id and `Error`, its other cells empty; JSON: "skipped") and
 the others are scored. A run that scores no input is an error.

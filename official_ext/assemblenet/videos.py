@@ -1,7 +1,8 @@
 """Video files in and out: finding, decoding (OpenCV) and writing them.
 
 One reader for every command that takes a user's video files (the
-TFRecord converter, `predict`, `extract_features`), so a video is decoded
+TFRecord converter, `predict`, `extract_features`, the Beam pipelines),
+so a video is decoded whole (or refused, `read_video`)
 and labelled the same way wherever it enters (labels from class
 sub-folders or a labels CSV: `video_labels`): OpenCV's FFmpeg decoder,
 BGR -> RGB, optionally resampled to a frame rate (frames kept at the
@@ -123,7 +124,12 @@ class Video:
 
 def read_video(path: str, fps: Optional[float] = None,
                short_side: Optional[int] = None) -> Video:
-  """Decodes a video file; ValueError naming the file if it cannot.
+  """Decodes a video file whole; ValueError naming the file if it cannot.
+
+  A video that decodes fewer frames than its container states (OpenCV's
+  `CAP_PROP_FRAME_COUNT`; a truncated or damaged file) is an error naming
+  it and both counts, whatever `fps` keeps; a container that states no
+  count (0 or less) is not checked.
 
   Args:
     path: the file.
@@ -138,6 +144,7 @@ def read_video(path: str, fps: Optional[float] = None,
   if not cap.isOpened():
     raise ValueError(f'cannot open video file {path}')
   src_fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
+  stated = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
   step = (src_fps / fps) if (fps and src_fps > fps) else 1.0
   frames, index, next_keep = [], 0, 0.0
   try:
@@ -161,6 +168,11 @@ def read_video(path: str, fps: Optional[float] = None,
     cap.release()
   if not frames:
     raise ValueError(f'video file {path} has no decodable frame')
+  if index < stated:
+    raise ValueError(
+        f'video file {path} is incomplete: {index} of the {stated} frames its '
+        'container states decode (a truncated or damaged file); it is not '
+        'read as a shorter video.')
   kept_fps = src_fps / step if src_fps else 0.0
   return Video(np.stack(frames), kept_fps, src_fps)
 

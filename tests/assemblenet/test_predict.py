@@ -5,6 +5,7 @@ inputs, and timelines of a long video (CSV + PNG)."""
 import csv
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import predict
 from official_ext.assemblenet import videos
 from tests import cli
+from tests.assemblenet import damaged_videos
 from tests.assemblenet import minimal
 
 _FPS = 8.0
@@ -158,6 +160,41 @@ def test_unreadable_video_is_named_or_listed(tiny, tmp_path):
   assert rows[4][0] == 'broken.mp4' and rows[4][1:5] == ['', '', '', '']
   assert 'broken.mp4' in rows[4][5]
   assert len(rows) == 5
+
+
+def test_a_truncated_video_is_refused_or_listed(tiny, tmp_path):
+  """A video that decodes fewer frames than its container states (an MP4
+  cut after its index) is neither scored nor drawn as a shorter video: top-k
+  and timeline runs name it and both counts and write nothing; with
+  --skip_unreadable it is listed and the others are scored."""
+  folder = tmp_path / 'in'
+  folder.mkdir()
+  good = os.path.basename(tiny['ids'][0])
+  os.link(os.path.join(tiny['videos'], tiny['ids'][0]), folder / good)
+  cut = folder / 'cut.mp4'
+  stated, decoded = damaged_videos.truncated_mp4(str(cut), fps=_FPS)
+  message = re.escape(f'{cut} is incomplete: {decoded} of the {stated} '
+                      'frames')
+  out = tmp_path / 'pred.csv'
+  run = lambda path, **kw: predict.run(
+      tiny['params'], str(path), str(out), checkpoint_path=tiny['model_dir'],
+      predictor=tiny['predictor'], **kw)
+  with pytest.raises(ValueError, match=message):
+    run(folder)
+  with pytest.raises(ValueError, match=message):
+    run(cut, window_seconds=1, stride_seconds=1)
+  assert not out.exists()
+  assert run(folder, k=1, skip_unreadable=True) == 1
+  with open(out) as f:
+    rows = list(csv.reader(f))
+  assert [r[0] for r in rows[1:]] == [good, 'cut.mp4']
+  assert re.search(message, rows[2][5])
+  assert run(folder, window_seconds=1, stride_seconds=1,
+             skip_unreadable=True) == 1
+  with open(out) as f:
+    rows = list(csv.reader(f))
+  assert rows[-1][0] == 'cut.mp4' and re.search(message, rows[-1][-1])
+  assert {r[0] for r in rows[1:-1]} == {good}
 
 
 def test_refusals_name_the_flag(tiny, tmp_path):
