@@ -51,6 +51,11 @@ def read_labels_csv(path: str) -> Dict[str, List[int]]:
   """{relative video path: class ids} from lines `path.mp4,3;17` (';'-
   separated ids; lines starting with '#' skipped); ValueError naming the
   file and line of a malformed one."""
+  return {video: ids for video, (_, ids) in _labels_csv_rows(path).items()}
+
+
+def _labels_csv_rows(path: str) -> Dict[str, Tuple[int, List[int]]]:
+  """`read_labels_csv` with each row's line: {video: (line, class ids)}."""
   labels = {}
   with open(path, newline='') as f:
     for lineno, row in enumerate(csv.reader(f), 1):
@@ -65,7 +70,7 @@ def read_labels_csv(path: str) -> Dict[str, List[int]]:
                          f'by ";"; got {row[1]!r}') from e
       if not ids:
         raise ValueError(f'{path}:{lineno}: video {row[0]!r} has no label.')
-      labels[row[0]] = ids
+      labels[row[0]] = (lineno, ids)
   return labels
 
 
@@ -74,7 +79,8 @@ def video_labels(video_dir: str, videos: Sequence[str],
                  ) -> Tuple[Dict[str, List[int]], Optional[List[str]]]:
   """The class ids of `videos` (paths relative to `video_dir`).
 
-  From `labels_csv` (`read_labels_csv`; every video must be in it), or else
+  From `labels_csv` (`read_labels_csv`; every video must be in it, and
+  every row must name one of `videos`), or else
   from class sub-folders: `video_dir/<class>/<video>`, class ids the indices
   of the sorted folder names.
 
@@ -83,11 +89,14 @@ def video_labels(video_dir: str, videos: Sequence[str],
     `labels_csv`).
 
   Raises:
-    ValueError: naming the CSV and videos it lacks, or (without a CSV) a
-      video outside a class sub-folder of `video_dir`.
+    ValueError: naming the CSV and the videos it lacks or its lines naming
+      no video (a case-only mismatch said so), or (without a CSV) a video
+      outside a class sub-folder of `video_dir`.
   """
   if labels_csv:
-    table = read_labels_csv(labels_csv)
+    rows = _labels_csv_rows(labels_csv)
+    check_labels_match(labels_csv, rows, video_dir, videos)
+    table = {video: ids for video, (_, ids) in rows.items()}
     missing = [v for v in videos if v not in table]
     if missing:
       raise ValueError(f'{labels_csv} has no label for {len(missing)} videos, '
@@ -100,6 +109,30 @@ def video_labels(video_dir: str, videos: Sequence[str],
   classes = sorted({v.split(os.sep)[0] for v in videos})
   index = {c: i for i, c in enumerate(classes)}
   return {v: [index[v.split(os.sep)[0]]] for v in videos}, classes
+
+
+def check_labels_match(labels_csv: str,
+                       rows: Dict[str, Tuple[int, List[int]]],
+                       video_dir: str, videos: Sequence[str]) -> None:
+  """ValueError naming `labels_csv` and the lines of its `rows` ({video:
+  (line, ids)}) that name none of `videos`, saying which differ from a
+  video only in letter case."""
+  present = set(videos)
+  by_case = {v.lower(): v for v in videos}
+  unmatched = sorted((line, video) for video, (line, _) in rows.items()
+                     if video not in present)
+  if not unmatched:
+    return
+  shown = []
+  for line, video in unmatched[:5]:
+    near = by_case.get(video.lower())
+    shown.append(f'line {line} {video!r}' + (
+        f' (differs only in case from {near!r})' if near else ''))
+  more = f', and {len(unmatched) - 5} more' if len(unmatched) > 5 else ''
+  raise ValueError(
+      f'{labels_csv}: {len(unmatched)} row(s) name no video under '
+      f'{video_dir}: {", ".join(shown)}{more}. Each row must name a video '
+      'file by its path relative to the folder, exactly.')
 
 
 @dataclasses.dataclass

@@ -188,3 +188,29 @@ def test_every_written_codec_decodes_the_count_it_states(tmp_path, extension):
                            29.97)
     assert damaged_videos.decodable_frames(path) == (n, n)
     assert videos_lib.read_video(path).frames.shape == (n, 24, 32, 3)
+
+
+def test_labels_csv_rows_matching_no_video_are_named(tmp_path):
+  """A labels CSV row naming no video of the folder (a case-only mismatch
+  said so) is an error naming the file and its lines, before any video is
+  read, even when every video has its label."""
+  folder = tmp_path / 'videos'
+  (folder / 'sub').mkdir(parents=True)
+  for name in ('bikes.mp4', os.path.join('sub', 'cars.mp4')):
+    (folder / name).write_bytes(b'not read')
+  found = videos_lib.find_videos(str(folder))
+  csv_path = tmp_path / 'labels.csv'
+  csv_path.write_text('# video,ids\nbikes.mp4,1\nsub/cars.mp4,2\n'
+                      'Bikes.MP4,3\ngone.mp4,4\n')
+  expected = re.escape(
+      f'{csv_path}: 2 row(s) name no video under {folder}: line 4 '
+      "'Bikes.MP4' (differs only in case from 'bikes.mp4'), line 5 "
+      "'gone.mp4'")
+  with pytest.raises(ValueError, match=expected):
+    videos_lib.video_labels(str(folder), found, str(csv_path))
+  with pytest.raises(ValueError, match=expected):
+    video_records.convert(str(folder), str(tmp_path / 'out' / 'a'),
+                          labels_csv=str(csv_path))
+  csv_path.write_text('bikes.mp4,1\nsub/cars.mp4,2;3\n')
+  assert videos_lib.video_labels(str(folder), found, str(csv_path)) == (
+      {'bikes.mp4': [1], os.path.join('sub', 'cars.mp4'): [2, 3]}, None)
