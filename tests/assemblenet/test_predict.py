@@ -142,14 +142,16 @@ def test_unreadable_video_is_named_or_listed(tiny, tmp_path):
   out.write_text('kept\n')
   with pytest.raises(ValueError, match=r'broken\.mp4'):
     predict.run(tiny['params'], str(folder), str(out),
-                checkpoint_path=tiny['model_dir'], predictor=tiny['predictor'])
+                checkpoint_path=tiny['model_dir'], predictor=tiny['predictor'],
+                overwrite=True)
   assert out.read_text() == 'kept\n'  # Nothing written over it.
   assert sorted(os.listdir(tmp_path)) == ['in', 'pred.csv']
 
   assert predict.run(tiny['params'], str(folder), str(out), k=3,
                      checkpoint_path=tiny['model_dir'],
                      vocabulary=tiny['vocabulary'],
-                     skip_unreadable=True, predictor=tiny['predictor']) == 1
+                     skip_unreadable=True, predictor=tiny['predictor'],
+                     overwrite=True) == 1
   with open(out) as f:
     rows = list(csv.reader(f))
   assert rows[0] == list(predict.CSV_HEADER)
@@ -195,6 +197,48 @@ def test_a_truncated_video_is_refused_or_listed(tiny, tmp_path):
     rows = list(csv.reader(f))
   assert rows[-1][0] == 'cut.mp4' and re.search(message, rows[-1][-1])
   assert {r[0] for r in rows[1:-1]} == {good}
+
+
+def test_an_output_not_its_own_is_replaced_only_with_overwrite(tiny,
+                                                               tmp_path):
+  """An existing --output_file or --plot that predict did not write (its
+  first bytes are none of its outputs') is refused before anything is read,
+  naming it and --overwrite, and left as it was; predict's own earlier
+  outputs (top-k CSV or JSON, timeline CSV and PNG) are replaced without
+  it; with --overwrite any file is."""
+  video = os.path.join(tiny['videos'], tiny['ids'][0])
+  run = lambda out, **kw: predict.run(
+      tiny['params'], video, str(out), checkpoint_path=tiny['model_dir'],
+      predictor=tiny['predictor'], **kw)
+  notes, png = tmp_path / 'notes.csv', tmp_path / 'photo.png'
+  notes.write_text('my,own,notes\n')
+  png.write_bytes(b'\x89PNG\r\n\x1a\n someone else\'s picture')
+  for kw, path, flag in (({}, notes, '--output_file'),
+                         (dict(window_seconds=1, stride_seconds=1), notes,
+                          '--output_file'),
+                         (dict(window_seconds=1, stride_seconds=1,
+                               plot=str(png)), png, '--plot')):
+    out = notes if path == notes else tmp_path / 'timeline.csv'
+    with pytest.raises(ValueError, match=re.escape(
+        f'{flag}={path} exists and is not an output of this command')
+                       + '.*--overwrite'):
+      run(out, **kw)
+  assert notes.read_text() == 'my,own,notes\n'
+  assert png.read_bytes().endswith(b"someone else's picture")
+  assert sorted(os.listdir(tmp_path)) == ['notes.csv', 'photo.png']
+
+  for name, kw in (('top.csv', {}), ('top.json', {}),
+                   ('timeline.csv', dict(window_seconds=1, stride_seconds=1,
+                                         plot=str(tmp_path / 'tl.png')))):
+    for _ in range(2):  # The second run replaces the first's outputs.
+      assert run(tmp_path / name, **kw) == 1
+  cli.run_main(predict, f'--checkpoint_path={tiny["model_dir"]}',
+               f'--input={video}', f'--output_file={notes}',
+               '--window_seconds=1', '--stride_seconds=1', f'--plot={png}',
+               '--overwrite')
+  assert notes.read_text().startswith('VideoId,Start,End,')
+  assert png.read_bytes().startswith(b'\x89PNG')
+  assert b"someone else's" not in png.read_bytes()
 
 
 def test_refusals_name_the_flag(tiny, tmp_path):
