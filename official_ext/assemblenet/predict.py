@@ -37,8 +37,10 @@ validation step on it.
 
 Outputs, written whole or not at all (`core.output_files.write_atomically`)
 after the last input was scored, and refused before anything is read when
-the path's folder is missing, it is one of the inputs, or it lies inside a
-model_dir or SavedModel directory (`output_files.check_output_file`):
+the path's folder is missing, it is one of the inputs, it lies inside a
+model_dir or SavedModel directory, or it is an existing file that predict
+did not write (its first bytes are none of its outputs'), unless
+`--overwrite` (`output_files.check_output_file`):
 * `--output_file=*.csv`: header `VideoId,Rank,LabelId,Name,Score,Error`,
   the `--top_k` classes of each video by descending score (ties: lower id),
   one row a (video, rank); `Name` from `--vocabulary` (one class name a line
@@ -48,8 +50,9 @@ model_dir or SavedModel directory (`output_files.check_output_file`):
   "name", "score"}]}], "skipped": [{"id", "error"}]} (`name` null without a
   vocabulary).
 
-An input that cannot be read (no such file, not decodable, no frame, a
-record whose frames do not decode) is an error naming it, and nothing is
+An input that cannot be read (no such file, not decodable, no frame,
+fewer frames decoded than its container states, a record whose frames do
+not decode) is an error naming it, and nothing is
 written; with `--skip_unreadable` it is logged, listed in the output (CSV:
 a row with the id and `Error`, its other cells empty; JSON: "skipped") and
 the others are scored. A run that scores no input is an error.
@@ -97,6 +100,8 @@ from official_ext.core import timelines
 # The config class when the model's params.yaml gives the values.
 DEFAULT_EXPERIMENT = 'assemblenet_plus_lite_demo'
 CSV_HEADER = ('VideoId', 'Rank', 'LabelId', 'Name', 'Score', 'Error')
+# How a JSON output begins (`write_json`).
+JSON_START = '{\n "videos": ['
 ERROR_COLUMN = 'Error'
 # Context feature of the converter's record id.
 CLIP_ID_KEY = 'clip/id'
@@ -336,7 +341,8 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
         fps: Optional[float] = None, short_side: Optional[int] = None,
         window_seconds: Optional[float] = None,
         stride_seconds: Optional[float] = None, plot: Optional[str] = None,
-        plot_classes: int = 5, predictor: Optional[Predictor] = None) -> int:
+        plot_classes: int = 5, predictor: Optional[Predictor] = None,
+        overwrite: bool = False) -> int:
   """Scores every video of `input_path` into `output_file` (and `plot`).
 
   Args:
@@ -357,6 +363,7 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
     predictor: the model at `saved_model` / `checkpoint_path`, already
       loaded (`checkpoint_predictor`, `saved_model_predictor`), for callers
       that score several inputs with one model; default: loaded here.
+    overwrite: replace an existing output that predict did not write.
 
   Returns:
     Videos scored.
@@ -367,6 +374,8 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
       or on TFRecords; an unreadable input (without `skip_unreadable`); no
       input scored; `params` contradicting the model's params.yaml.
     FileNotFoundError: an output's folder does not exist.
+    output_files.OutputExistsError: an existing output that predict did not
+      write, without `overwrite`.
   """
   model = experiment_params.model_path(saved_model, checkpoint_path)
   timeline = window_seconds is not None or stride_seconds is not None
@@ -392,10 +401,14 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
   inputs = [('--input', input_path), ('--vocabulary', vocabulary)]
   models = [('--saved_model', saved_model),
             ('--checkpoint_path', checkpoint_path)]
+  own = lambda head: (timelines.is_own_output(head) or
+                      output_files.begins_with(','.join(CSV_HEADER),
+                                               JSON_START)(head))
   for path, flag in ((output_file, '--output_file'), (plot, '--plot')):
     if path:  # Before anything is read or written.
       output_files.check_output_file(path, flag, inputs=inputs,
-                                     models=models)
+                                     models=models, own=own,
+                                     overwrite=overwrite)
   if k < 1:
     raise ValueError(f'--top_k={k}; expected >= 1.')
   experiment_params.check_model_params(params, model, 'predict')
@@ -460,6 +473,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                      'the TFRecord converter).', **define)
   flags.DEFINE_integer('short_side', None, 'Resize decoded frames to this '
                        'short side (as the TFRecord converter).', **define)
+  flags.DEFINE_bool('overwrite', False, 'Replace an existing --output_file '
+                    'or --plot that predict did not write.', **define)
   timelines.define_flags(flag_values, 'seconds a window.')
   flags.mark_flags_as_required(['input', 'output_file'],
                                flag_values=flag_values)
@@ -478,7 +493,7 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
               fps=fv.fps, short_side=fv.short_side,
               window_seconds=fv.window_seconds,
               stride_seconds=fv.stride_seconds, plot=fv.plot,
-              plot_classes=fv.plot_classes)
+              plot_classes=fv.plot_classes, overwrite=fv.overwrite)
   plot = f' and {fv.plot}' if fv.plot else ''
   print(f'Wrote {count} videos to {fv.output_file}{plot}')
 

@@ -1,7 +1,8 @@
 """Video files in and out: finding, decoding (OpenCV) and writing them.
 
 One reader for every command that takes a user's video files (the
-TFRecord converter, `predict`, `extract_features`), so a video is decoded
+TFRecord converter, `predict`, `extract_features`, the Beam pipelines),
+so a video is decoded whole (or refused, `read_video`)
 and labelled the same way wherever it enters (labels from class
 sub-folders or a labels CSV: `video_labels`): OpenCV's FFmpeg decoder,
 BGR -> RGB, optionally resampled to a frame rate (frames kept at the
@@ -50,6 +51,11 @@ def read_labels_csv(path: str) -> Dict[str, List[int]]:
   """{relative video path: class ids} from lines `path.mp4,3;17` (';'-
   separated ids; lines starting with '#' skipped); ValueError naming the
   file and line of a malformed one."""
+  return {video: ids for video, (_, ids) in _labels_csv_rows(path).items()}
+
+
+def _labels_csv_rows(path: str) -> Dict[str, Tuple[int, List[int]]]:
+  """`read_labels_csv` with each row's line: {video: (line, class ids)}."""
   labels = {}
   with open(path, newline='') as f:
     for lineno, row in enumerate(csv.reader(f), 1):
@@ -64,7 +70,7 @@ def read_labels_csv(path: str) -> Dict[str, List[int]]:
                          f'by ";"; got {row[1]!r}') from e
       if not ids:
         raise ValueError(f'{path}:{lineno}: video {row[0]!r} has no label.')
-      labels[row[0]] = ids
+      labels[row[0]] = (lineno, ids)
   return labels
 
 
@@ -73,7 +79,8 @@ def video_labels(video_dir: str, videos: Sequence[str],
                  ) -> Tuple[Dict[str, List[int]], Optional[List[str]]]:
   """The class ids of `videos` (paths relative to `video_dir`).
 
-  From `labels_csv` (`read_labels_csv`; every video must be in it), or else
+  From `labels_csv` (`read_labels_csv`; every video must be in it, and
+  every row must name one of `videos`), or else
   from class sub-folders: `video_dir/<class>/<video>`, class ids the indices
   of the sorted folder names.
 
@@ -82,11 +89,14 @@ def video_labels(video_dir: str, videos: Sequence[str],
     `labels_csv`).
 
   Raises:
-    ValueError: naming the CSV and videos it lacks, or (without a CSV) a
-      video outside a class sub-folder of `video_dir`.
+    ValueError: naming the CSV and the videos it lacks or its lines naming
+      no video (a case-only mismatch said so), or (without a CSV) a video
+      outside a class sub-folder of `video_dir`.
   """
   if labels_csv:
-    table = read_labels_csv(labels_csv)
+    rows = _labels_csv_rows(labels_csv)
+    check_labels_match(labels_csv, rows, video_dir, videos)
+    table = {video: ids for video, (_, ids) in rows.items()}
     missing = [v for v in videos if v not in table]
     if missing:
       raise ValueError(f'{labels_csv} has no label for {len(missing)} videos, '
@@ -99,6 +109,30 @@ def video_labels(video_dir: str, videos: Sequence[str],
   classes = sorted({v.split(os.sep)[0] for v in videos})
   index = {c: i for i, c in enumerate(classes)}
   return {v: [index[v.split(os.sep)[0]]] for v in videos}, classes
+
+
+def check_labels_match(labels_csv: str,
+                       rows: Dict[str, Tuple[int, List[int]]],
+                       video_dir: str, videos: Sequence[str]) -> None:
+  """ValueError naming `labels_csv` and the lines of its `rows` ({video:
+  (line, ids)}) that name none of `videos`, saying which differ from a
+  video only in letter case."""
+  present = set(videos)
+  by_case = {v.lower(): v for v in videos}
+  unmatched = sorted((line, video) for video, (line, _) in rows.items()
+                     if video not in present)
+  if not unmatched:
+    return
+  shown = []
+  for line, video in unmatched[:5]:
+    near = by_case.get(video.lower())
+    shown.append(f'line {line} {video!r}' + (
+        f' (differs only in case from {near!r})' if near else ''))
+  more = f', and {len(unmatched) - 5} more' if len(unmatched) > 5 else ''
+  raise ValueError(
+      f'{labels_csv}: {len(unmatched)} row(s) name no video under '
+      f'{video_dir}: {", ".join(shown)}{more}. Each row must name a video '
+      'file by its path relative to the folder, exactly.')
 
 
 @dataclasses.dataclass
@@ -123,7 +157,12 @@ class Video:
 
 def read_video(path: str, fps: Optional[float] = None,
                short_side: Optional[int] = None) -> Video:
-  """Decodes a video file; ValueError naming the file if it cannot.
+  """Decodes a video file whole; ValueError naming the file if it cannot.
+
+  A video that decodes fewer frames than its container states (OpenCV's
+  `CAP_PROP_FRAME_COUNT`; a truncated or damaged file) is an error naming
+  it and both counts, whatever `fps` keeps; a container that states no
+  count (0 or less) is not checked.
 
   Args:
     path: the file.
@@ -138,6 +177,7 @@ def read_video(path: str, fps: Optional[float] = None,
   if not cap.isOpened():
     raise ValueError(f'cannot open video file {path}')
   src_fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
+  stated = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
   step = (src_fps / fps) if (fps and src_fps > fps) else 1.0
   frames, index, next_keep = [], 0, 0.0
   try:
@@ -161,6 +201,11 @@ def read_video(path: str, fps: Optional[float] = None,
     cap.release()
   if not frames:
     raise ValueError(f'video file {path} has no decodable frame')
+  if index < stated:
+    raise ValueError(
+        f'video file {path} is incomplete: {index} of the {stated} frames its '
+        'container states decode (a truncated or damaged file); it is not '
+        'read as a shorter video.')
   kept_fps = src_fps / step if src_fps else 0.0
   return Video(np.stack(frames), kept_fps, src_fps)
 

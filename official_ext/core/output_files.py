@@ -7,8 +7,10 @@ all only once every one is complete; `write_directory` the files of an
 output directory, refusing one that holds files unless asked to replace them
 (`check_output_dir`). `check_output_file` refuses, before anything is read
 or written, an output path whose folder is missing (unless the command
-creates it), that is one of the command's inputs, or that lies inside a
-model_dir or SavedModel directory.
+creates it), that is one of the command's inputs, that lies inside a
+model_dir or SavedModel directory, or (for a command that says how its
+outputs begin) an existing file that is not the command's own, unless asked
+to replace it.
 """
 import contextlib
 import os
@@ -162,10 +164,24 @@ def _enclosing_run(folder: str) -> Optional[Tuple[str, str, str]]:
     directory = parent
 
 
+# Bytes of an existing output file that `check_output_file` gives `own`.
+OWN_BYTES = 4096
+
+
+def begins_with(*prefixes: str) -> Callable[[bytes], bool]:
+  """An `own` test for `check_output_file`: the file's first bytes begin
+  with one of `prefixes` (e.g. the headers of the command's CSV files)."""
+  encoded = tuple(p.encode() for p in prefixes)
+  return lambda head: head.startswith(encoded)
+
+
 def check_output_file(path: str, flag: str,
                       inputs: Iterable[Tuple[str, Optional[str]]] = (),
                       models: Optional[Iterable[Tuple[str, Optional[str]]]]
-                      = None, creates_folder: bool = False) -> None:
+                      = None, creates_folder: bool = False,
+                      own: Optional[Callable[[bytes], bool]] = None,
+                      overwrite: bool = False,
+                      overwrite_flag: str = '--overwrite') -> None:
   """Refuses an output file path before anything is read or written.
 
   Args:
@@ -180,6 +196,11 @@ def check_output_file(path: str, flag: str,
       `path` that holds `saved_model.pb` or a `checkpoint` state file.
     creates_folder: the command creates the folder of `path` when it
       writes (`write_together`): a missing one is not refused.
+    own: given, tells from the first `OWN_BYTES` bytes of an existing file
+      at `path` whether the command wrote it (e.g. `begins_with(header)`):
+      one it did not, and that is not empty, is refused unless `overwrite`.
+    overwrite: replace an existing file that is not the command's own.
+    overwrite_flag: the flag that sets `overwrite`, for the message.
 
   Raises:
     FileNotFoundError: the folder of `path` does not exist (named), unless
@@ -187,6 +208,9 @@ def check_output_file(path: str, flag: str,
     ValueError: `path` is a directory; is one of the files `inputs` name
       (naming the input and its flag); lies inside a model_dir or a
       SavedModel directory (naming it and why it is one).
+    OutputExistsError: `path` holds a file that is not the command's own
+      (`own`) and not `overwrite` (naming it, its first line and
+      `overwrite_flag`).
   """
   folder = os.path.dirname(path) or '.'
   if not tf.io.gfile.isdir(folder) and not (
@@ -204,6 +228,15 @@ def check_output_file(path: str, flag: str,
             f'{flag}={path} is the input file {candidate} ({input_flag}='
             f'{value}): writing it would replace what is read. Nothing was '
             'written; choose another file.')
+  if own is not None and not overwrite and tf.io.gfile.exists(path):
+    with tf.io.gfile.GFile(path, 'rb') as f:
+      head = f.read(OWN_BYTES)
+    if head and not own(head):
+      first = head.splitlines()[0][:60]
+      raise OutputExistsError(
+          f'{flag}={path} exists and is not an output of this command (it '
+          f'begins {first!r}); nothing was written. '
+          f'Pass {overwrite_flag} to replace it, or choose another path.')
   if models is None:
     return
   for model_flag, model_path in models:
@@ -229,7 +262,8 @@ STAGING_PREFIX = '.staging-'
 
 
 class OutputExistsError(ValueError):
-  """An output directory holds files and replacing them was not asked for."""
+  """An output (a directory's files, or a file that is not the command's
+  own) exists and replacing it was not asked for."""
 
 
 def check_output_dir(output_dir: str, overwrite: bool,

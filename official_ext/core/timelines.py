@@ -20,7 +20,9 @@ named by the vocabulary, or by the class ids. A video that could not be
 read (a command's `--skip_unreadable`) is one row with its id and `Error`,
 the other cells empty. PNG (`render_plot`): one panel a video, the scores of
 its `top` classes (those with the highest score in any of its windows)
-against the windows' centres, matplotlib's Agg backend. `write_outputs`
+against the windows' centres, matplotlib's Agg backend, marked as this
+module's by its PNG `Software` text (`PLOT_SOFTWARE`; `is_own_output`
+recognises both files of an earlier run). `write_outputs`
 writes both, each whole or not at all (`core.output_files.
 write_atomically`), the PNG rendered before either is written.
 """
@@ -35,6 +37,8 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 from official_ext.core import output_files
 
 CSV_HEADER = ('VideoId', 'Start', 'End')
+# The PNG text chunk `Software` of `render_plot`'s plots.
+PLOT_SOFTWARE = 'official_ext.core.timelines'
 
 
 def define_flags(flag_values, window_help: str = 'seconds a window.'
@@ -220,10 +224,19 @@ def render_plot(timelines: Sequence[Timeline], top: int = 5,
       axis.legend(loc='upper right', fontsize='small')
     figure.tight_layout()
     image = io.BytesIO()
-    figure.savefig(image, format='png')
+    figure.savefig(image, format='png',
+                   metadata={'Software': PLOT_SOFTWARE})
   finally:
     pyplot.close(figure)
   return image.getvalue()
+
+
+def is_own_output(head: bytes) -> bool:
+  """Whether a file's first bytes are those of a timeline CSV or plot this
+  module wrote (an `own` test of `output_files.check_output_file`)."""
+  return (head.startswith((','.join(CSV_HEADER) + ',').encode()) or
+          (head.startswith(b'\x89PNG') and
+           b'tEXtSoftware\x00' + PLOT_SOFTWARE.encode() in head))
 
 
 def write_outputs(timelines: Sequence[Timeline], csv_path: str,

@@ -28,7 +28,10 @@ An --output_file whose folder is missing, that is one of the inputs
 (--input_path's files, --segment_label_ids, --vocabulary), or that lies
 inside a model_dir or a SavedModel directory (the model's, or any directory
 above it holding `saved_model.pb` or a `checkpoint` file) is refused before
-anything is read or written (`core.output_files.check_output_file`).
+anything is read or written (`core.output_files.check_output_file`); so is
+an existing file there (or at its `_names.csv`, --plot) that predict did not
+write (it begins with none of its outputs' headers, `is_own_output`),
+unless --overwrite.
 
 The output is written whole or not at all: into a temporary file beside
 --output_file, renamed into place after the last record was read and the
@@ -121,6 +124,14 @@ SEGMENT_HEADER = segment_eval.SEGMENT_HEADER
 FEATURES_PER_SECOND = 1.0
 
 Predictor = Callable[[tf.Tensor, tf.Tensor], np.ndarray]
+
+
+def is_own_output(head: bytes) -> bool:
+  """Whether a file's first bytes are those of an output of this command
+  (submission, named, segment or timeline CSV, timeline plot)."""
+  return (timelines.is_own_output(head) or output_files.begins_with(
+      VIDEO_HEADER + '\n', ','.join(NAMED_HEADER) + '\n',
+      SEGMENT_HEADER + '\n')(head.replace(b'\r\n', b'\n')))
 
 
 def top_k_pairs(probabilities: np.ndarray, k: int) -> List[List[tuple]]:
@@ -522,8 +533,8 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
         vocabulary: Optional[str] = None,
         segment_top_classes: Optional[int] = None,
         output_probabilities: Optional[str] = None,
-        probabilities_shard_rows: int = stored_predictions.DEFAULT_SHARD_ROWS
-        ) -> int:
+        probabilities_shard_rows: int = stored_predictions.DEFAULT_SHARD_ROWS,
+        overwrite: bool = False) -> int:
   """Predicts every record of `input_path` into `output_file`.
 
   Args:
@@ -549,6 +560,7 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
       ids and labels, in this directory (`stored_predictions`), for
       `official_ext.yt8m.ensemble`.
     probabilities_shard_rows: rows a shard of `output_probabilities`.
+    overwrite: replace an existing output file that predict did not write.
 
   Returns:
     Videos (video level) or segments (segment level) scored.
@@ -561,7 +573,8 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
       written); segment level and no video of `input_path` has a segment;
       `params` contradicts the model's params.yaml (`check_params`); a
       `vocabulary` with segment level, or one that does not load
-      (`vocabulary.load_vocabulary`).
+      (`vocabulary.load_vocabulary`); an existing output file predict did
+      not write, without `overwrite` (`output_files.OutputExistsError`).
 
   `output_file` is written whole or not at all (`core.output_files.write_atomically`): after
   any failure an existing file is as it was.
@@ -577,7 +590,8 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
                   ('--segment_label_ids', segment_label_ids),
                   ('--vocabulary', vocabulary)],
           models=[('--saved_model', saved_model),
-                  ('--checkpoint_path', checkpoint_path)])
+                  ('--checkpoint_path', checkpoint_path)],
+          own=is_own_output, overwrite=overwrite)
   if output_probabilities:
     stored_predictions.check_output(
         output_probabilities, '--output_probabilities',
@@ -707,7 +721,8 @@ def run_timeline(params: config_definitions.ExperimentConfig, input_path: str,
                  checkpoint_path: Optional[str] = None,
                  plot: Optional[str] = None, plot_classes: int = 5,
                  batch_size: int = 64,
-                 vocabulary: Optional[str] = None) -> int:
+                 vocabulary: Optional[str] = None,
+                 overwrite: bool = False) -> int:
   """Writes the timeline of every video of `input_path` (module docstring).
 
   Args:
@@ -722,13 +737,15 @@ def run_timeline(params: config_definitions.ExperimentConfig, input_path: str,
     plot_classes: classes a video in `plot`.
     batch_size: windows a batch.
     vocabulary: the dataset's vocabulary.csv: class names as columns.
+    overwrite: replace an existing output file that predict did not write.
 
   Returns:
     Windows written.
 
   Raises:
     ValueError: naming the flag: an output that is an input or lies inside a
-      model; video-level records; no video with a frame; `params`
+      model, or (without `overwrite`) an existing file predict did not
+      write; video-level records; no video with a frame; `params`
       contradicting the model's params.yaml.
   """
   model_path = experiment_params.model_path(saved_model, checkpoint_path)
@@ -740,7 +757,8 @@ def run_timeline(params: config_definitions.ExperimentConfig, input_path: str,
           path, flag, inputs=[('--input_path', input_path),
                               ('--vocabulary', vocabulary)],
           models=[('--saved_model', saved_model),
-                  ('--checkpoint_path', checkpoint_path)])
+                  ('--checkpoint_path', checkpoint_path)],
+          own=is_own_output, overwrite=overwrite)
   window = timelines.window_frames(window_seconds, FEATURES_PER_SECOND,
                                    '--window_seconds')
   stride = timelines.window_frames(stride_seconds, FEATURES_PER_SECOND,
@@ -819,6 +837,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                        stored_predictions.DEFAULT_SHARD_ROWS,
                        'Rows (videos or segments) a shard of '
                        '--output_probabilities.', **define)
+  flags.DEFINE_bool('overwrite', False, 'Replace an existing output file '
+                    'that predict did not write.', **define)
   timelines.define_flags(flag_values, 'seconds (features) a window; writes '
                          'a window a row instead of the submission.')
   flags.mark_flags_as_required(['input_path', 'output_file'],
@@ -848,7 +868,8 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
                         saved_model=fv.saved_model,
                         checkpoint_path=fv.checkpoint_path, plot=fv.plot,
                         plot_classes=fv.plot_classes,
-                        batch_size=fv.batch_size, vocabulary=fv.vocabulary)
+                        batch_size=fv.batch_size, vocabulary=fv.vocabulary,
+                        overwrite=fv.overwrite)
     plot = f' and {fv.plot}' if fv.plot else ''
     print(f'Wrote {rows} windows to {fv.output_file}{plot}')
     return
@@ -863,7 +884,8 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
               vocabulary=fv.vocabulary,
               segment_top_classes=fv.segment_top_classes or None,
               output_probabilities=fv.output_probabilities,
-              probabilities_shard_rows=fv.probabilities_shard_rows)
+              probabilities_shard_rows=fv.probabilities_shard_rows,
+              overwrite=fv.overwrite)
   named = (f' and {named_predictions_path(fv.output_file)}'
            if fv.vocabulary else '')
   print(f'Wrote {count} {"segments" if fv.segment_labels else "videos"} '

@@ -4,6 +4,7 @@ the single-process commands write, sharded as documented, a broken video
 listed in the failures file, whole-or-nothing output."""
 import functools
 import os
+import re
 import subprocess
 import sys
 
@@ -23,9 +24,12 @@ from official_ext.assemblenet import video_records
 from official_ext.assemblenet import videos
 from official_ext.core import frame_features
 from tests import cli
+from tests.assemblenet import damaged_videos
 from tests.assemblenet import minimal
 
 BROKEN = os.path.join('2_square_down', 'broken.mp4')
+# Decodes fewer frames than it states (damaged_videos.truncated_mp4).
+TRUNCATED = os.path.join('2_square_down', 'cut.mp4')
 
 # Apache Beam is the `beam` extra (setup.py).
 needs_beam = pytest.mark.skipif(beam_pipelines.beam is None,
@@ -49,7 +53,8 @@ def _contents(folder):
 
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory):
-  """Eight tiny demo videos in class folders and one broken file, converted
+  """Eight tiny demo videos in class folders, a broken and a truncated file,
+  converted
   by the single-process converter and by the pipeline (3 shards, through
   the command line)."""
   root = tmp_path_factory.mktemp('beam')
@@ -57,10 +62,11 @@ def corpus(tmp_path_factory):
   videos.write_demo_videos(str(video_dir), videos_per_class=1, num_frames=4,
                            size=32)
   (video_dir / BROKEN).write_bytes(b'not a video')
+  damaged_videos.truncated_mp4(str(video_dir / TRUNCATED))
   reference, skipped = video_records.convert(
       str(video_dir), str(root / 'reference' / 'train'), num_shards=2,
       skip_unreadable=True, log=lambda _: None)
-  assert skipped == [BROKEN]
+  assert skipped == [BROKEN, TRUNCATED]
   (root / 'out').mkdir()
   result = cli.run_main(
       beam_pipelines, 'convert', f'--video_dir={video_dir}',
@@ -77,7 +83,7 @@ def test_the_pipeline_writes_the_converters_records(corpus):
   assert sorted(os.listdir(root / 'out')) == sorted(
       names + ['train.classes.txt', 'train.failures.tsv'])
   assert result.files == [str(root / 'out' / n) for n in names]
-  assert result.num_videos == 9
+  assert result.num_videos == 10
   got = _records(result.files)
   assert len(got) == 8
   assert got == _records(reference)  # Same bytes: one per-video function.
@@ -87,14 +93,20 @@ def test_the_pipeline_writes_the_converters_records(corpus):
 
 @needs_beam
 def test_a_broken_video_is_listed_not_fatal(corpus):
+  """The broken file and the truncated one (named with both frame counts,
+  not converted as a shorter video) are listed."""
   root, _, result = corpus
   lines = (root / 'out' / 'train.failures.tsv').read_text().splitlines()
   assert lines[0] == 'video\terror'
-  assert len(lines) == 2
+  assert len(lines) == 3
   video, error = lines[1].split('\t')
   assert video == BROKEN
   assert error.startswith('ValueError: ') and BROKEN in error
-  assert result.failed == [(BROKEN, error)]
+  video, cut_error = lines[2].split('\t')
+  assert video == TRUNCATED
+  assert re.search(f'{re.escape(TRUNCATED)} is incomplete: '
+                   r'\d+ of the 40 frames', cut_error)
+  assert result.failed == [(BROKEN, error), (TRUNCATED, cut_error)]
   assert beam_pipelines.read_failures(result.failures_file) == result.failed
 
 
@@ -111,7 +123,7 @@ def test_a_previous_conversion_is_kept_unless_a_new_one_completes(corpus):
                      r'.*--overwrite'):
     beam_pipelines.convert(**args, num_shards=9)
   with pytest.raises(ValueError, match=r'--num_shards=9 but 8 video\(s\) '
-                     r'were written \(1 unreadable'):
+                     r'were written \(2 unreadable'):
     beam_pipelines.convert(**args, num_shards=9, overwrite=True)
   assert _contents(root / 'out') == before
 
@@ -251,7 +263,7 @@ def test_the_feature_pipeline_fits_the_pca_of_the_single_process_run(
   assert sorted(os.listdir(root / 'features')) == [
       'train-00000-of-00002.tfrecord', 'train-00001-of-00002.tfrecord',
       'train.failures.tsv', 'train.pca.npz']
-  assert [video for video, _ in result.failed] == [BROKEN]
+  assert [video for video, _ in result.failed] == [BROKEN, TRUNCATED]
   fitted = frame_features.load_pca(result.pca_file)
   expected = frame_features.load_pca(reference.pca_file)
   for name in ('mean', 'components', 'eigenvalues'):

@@ -8,6 +8,7 @@ as YouTube-8M does), and a YT8M DBoF model trained on those records, whose
 validation hit@1 must beat chance (1/8) by a stated margin.
 """
 import os
+import re
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from official_ext.core import frame_features
 from official_ext.yt8m import configs as yt8m_configs
 from official_ext.yt8m import dataloader as yt8m_dataloader
 from tests import cli
+from tests.assemblenet import damaged_videos
 from tests.assemblenet import minimal
 
 NUM_CLASSES = 8
@@ -246,6 +248,24 @@ def test_unreadable_video_is_named(bridge, tmp_path):
   summary = ef.extract(bridge['extractor'], sources, str(tmp_path / 'b'),
                        skip_unreadable=True)
   assert summary.skipped == [str(broken)] and summary.num_videos == 8
+
+
+def test_a_truncated_video_is_named_not_shortened(bridge, tmp_path):
+  """A video that decodes fewer frames than its container states gives no
+  features (fewer would pass for a shorter video): an error naming it and
+  both counts, nothing written; with skip_unreadable, listed."""
+  video_dir = tmp_path / 'videos'
+  videos_lib.write_demo_videos(str(video_dir), 1, 8, fps=FPS)
+  cut = video_dir / '0_square_right' / 'cut.mp4'
+  stated, decoded = damaged_videos.truncated_mp4(str(cut), fps=FPS)
+  sources = ef.videos_in_folder(str(video_dir))
+  with pytest.raises(ValueError, match=re.escape(
+      f'{cut} is incomplete: {decoded} of the {stated} frames')):
+    ef.extract(bridge['extractor'], sources, str(tmp_path / 'a'))
+  assert not ef.previous_output(str(tmp_path / 'a'))
+  summary = ef.extract(bridge['extractor'], sources, str(tmp_path / 'b'),
+                       skip_unreadable=True)
+  assert summary.skipped == [str(cut)] and summary.num_videos == 8
 
 
 def test_cli_and_the_bridge_beats_chance(bridge):

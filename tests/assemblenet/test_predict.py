@@ -5,6 +5,7 @@ inputs, and timelines of a long video (CSV + PNG)."""
 import csv
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import predict
 from official_ext.assemblenet import videos
 from tests import cli
+from tests.assemblenet import damaged_videos
 from tests.assemblenet import minimal
 
 _FPS = 8.0
@@ -140,14 +142,16 @@ def test_unreadable_video_is_named_or_listed(tiny, tmp_path):
   out.write_text('kept\n')
   with pytest.raises(ValueError, match=r'broken\.mp4'):
     predict.run(tiny['params'], str(folder), str(out),
-                checkpoint_path=tiny['model_dir'], predictor=tiny['predictor'])
+                checkpoint_path=tiny['model_dir'], predictor=tiny['predictor'],
+                overwrite=True)
   assert out.read_text() == 'kept\n'  # Nothing written over it.
   assert sorted(os.listdir(tmp_path)) == ['in', 'pred.csv']
 
   assert predict.run(tiny['params'], str(folder), str(out), k=3,
                      checkpoint_path=tiny['model_dir'],
                      vocabulary=tiny['vocabulary'],
-                     skip_unreadable=True, predictor=tiny['predictor']) == 1
+                     skip_unreadable=True, predictor=tiny['predictor'],
+                     overwrite=True) == 1
   with open(out) as f:
     rows = list(csv.reader(f))
   assert rows[0] == list(predict.CSV_HEADER)
@@ -158,6 +162,83 @@ def test_unreadable_video_is_named_or_listed(tiny, tmp_path):
   assert rows[4][0] == 'broken.mp4' and rows[4][1:5] == ['', '', '', '']
   assert 'broken.mp4' in rows[4][5]
   assert len(rows) == 5
+
+
+def test_a_truncated_video_is_refused_or_listed(tiny, tmp_path):
+  """A video that decodes fewer frames than its container states (an MP4
+  cut after its index) is neither scored nor drawn as a shorter video: top-k
+  and timeline runs name it and both counts and write nothing; with
+  --skip_unreadable it is listed and the others are scored."""
+  folder = tmp_path / 'in'
+  folder.mkdir()
+  good = os.path.basename(tiny['ids'][0])
+  os.link(os.path.join(tiny['videos'], tiny['ids'][0]), folder / good)
+  cut = folder / 'cut.mp4'
+  stated, decoded = damaged_videos.truncated_mp4(str(cut), fps=_FPS)
+  message = re.escape(f'{cut} is incomplete: {decoded} of the {stated} '
+                      'frames')
+  out = tmp_path / 'pred.csv'
+  run = lambda path, **kw: predict.run(
+      tiny['params'], str(path), str(out), checkpoint_path=tiny['model_dir'],
+      predictor=tiny['predictor'], **kw)
+  with pytest.raises(ValueError, match=message):
+    run(folder)
+  with pytest.raises(ValueError, match=message):
+    run(cut, window_seconds=1, stride_seconds=1)
+  assert not out.exists()
+  assert run(folder, k=1, skip_unreadable=True) == 1
+  with open(out) as f:
+    rows = list(csv.reader(f))
+  assert [r[0] for r in rows[1:]] == [good, 'cut.mp4']
+  assert re.search(message, rows[2][5])
+  assert run(folder, window_seconds=1, stride_seconds=1,
+             skip_unreadable=True) == 1
+  with open(out) as f:
+    rows = list(csv.reader(f))
+  assert rows[-1][0] == 'cut.mp4' and re.search(message, rows[-1][-1])
+  assert {r[0] for r in rows[1:-1]} == {good}
+
+
+def test_an_output_not_its_own_is_replaced_only_with_overwrite(tiny,
+                                                               tmp_path):
+  """An existing --output_file or --plot that predict did not write (its
+  first bytes are none of its outputs') is refused before anything is read,
+  naming it and --overwrite, and left as it was; predict's own earlier
+  outputs (top-k CSV or JSON, timeline CSV and PNG) are replaced without
+  it; with --overwrite any file is."""
+  video = os.path.join(tiny['videos'], tiny['ids'][0])
+  run = lambda out, **kw: predict.run(
+      tiny['params'], video, str(out), checkpoint_path=tiny['model_dir'],
+      predictor=tiny['predictor'], **kw)
+  notes, png = tmp_path / 'notes.csv', tmp_path / 'photo.png'
+  notes.write_text('my,own,notes\n')
+  png.write_bytes(b'\x89PNG\r\n\x1a\n someone else\'s picture')
+  for kw, path, flag in (({}, notes, '--output_file'),
+                         (dict(window_seconds=1, stride_seconds=1), notes,
+                          '--output_file'),
+                         (dict(window_seconds=1, stride_seconds=1,
+                               plot=str(png)), png, '--plot')):
+    out = notes if path == notes else tmp_path / 'timeline.csv'
+    with pytest.raises(ValueError, match=re.escape(
+        f'{flag}={path} exists and is not an output of this command')
+                       + '.*--overwrite'):
+      run(out, **kw)
+  assert notes.read_text() == 'my,own,notes\n'
+  assert png.read_bytes().endswith(b"someone else's picture")
+  assert sorted(os.listdir(tmp_path)) == ['notes.csv', 'photo.png']
+
+  for name, kw in (('top.csv', {}), ('top.json', {}),
+                   ('timeline.csv', dict(window_seconds=1, stride_seconds=1,
+                                         plot=str(tmp_path / 'tl.png')))):
+    for _ in range(2):  # The second run replaces the first's outputs.
+      assert run(tmp_path / name, **kw) == 1
+  cli.run_main(predict, f'--checkpoint_path={tiny["model_dir"]}',
+               f'--input={video}', f'--output_file={notes}',
+               '--window_seconds=1', '--stride_seconds=1', f'--plot={png}',
+               '--overwrite')
+  assert notes.read_text().startswith('VideoId,Start,End,')
+  assert png.read_bytes().startswith(b'\x89PNG')
+  assert b"someone else's" not in png.read_bytes()
 
 
 def test_refusals_name_the_flag(tiny, tmp_path):

@@ -2,6 +2,7 @@
 command (scripts/assemblenet_videos_to_tfrecord.py)."""
 import importlib.util
 import os
+import re
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import video_records
 from official_ext.assemblenet import videos as videos_lib
+from tests.assemblenet import damaged_videos
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'scripts',
                        'assemblenet_videos_to_tfrecord.py')
@@ -135,3 +137,80 @@ def test_more_shards_than_videos_is_refused(tmp_path):
     video_records.convert(str(tmp_path / 'videos'),
                           str(tmp_path / 'out' / 'train'), num_shards=3)
   assert os.listdir(tmp_path / 'out') == []
+
+
+def incomplete(path, stated, decoded):
+  """The reader's error for a video that decodes short of its count."""
+  return re.escape(f'video file {path} is incomplete: {decoded} of the '
+                   f'{stated} frames its container states decode')
+
+
+def test_a_truncated_video_is_named_with_both_counts(tmp_path):
+  """An MP4 cut after its index (the streaming layout) and an AVI cut in
+  half open and state every frame but decode fewer: the reader refuses
+  each (resampled or not), naming the file and both counts; the converter
+  stops on it, or with skip_unreadable lists it and writes the others."""
+  _videos(tmp_path / 'videos', n=2)
+  cut = tmp_path / 'videos' / 'square_right' / 'cut.mp4'
+  stated, decoded = damaged_videos.truncated_mp4(str(cut))
+  for fps in (None, 2.0):
+    with pytest.raises(ValueError, match=incomplete(cut, stated, decoded)):
+      videos_lib.read_video(str(cut), fps=fps)
+  avi = tmp_path / 'cut.avi'
+  _write_video(avi, np.random.default_rng(0).integers(
+      0, 256, [40, 32, 32, 3], dtype=np.uint8))
+  data = avi.read_bytes()
+  avi.write_bytes(data[:len(data) // 2])
+  stated_avi, decoded_avi = damaged_videos.decodable_frames(str(avi))
+  assert 0 < decoded_avi < stated_avi == 40
+  with pytest.raises(ValueError, match=incomplete(avi, 40, decoded_avi)):
+    videos_lib.read_video(str(avi))
+
+  with pytest.raises(ValueError, match=incomplete(cut, stated, decoded)):
+    video_records.convert(str(tmp_path / 'videos'),
+                          str(tmp_path / 'out' / 'a'))
+  assert not os.listdir(tmp_path / 'out')
+  files, skipped = video_records.convert(
+      str(tmp_path / 'videos'), str(tmp_path / 'out' / 'b'),
+      skip_unreadable=True, log=lambda _: None)
+  assert skipped == [os.path.join('square_right', 'cut.mp4')]
+  assert sum(1 for _ in tf.data.TFRecordDataset(files)) == 2
+
+
+@pytest.mark.parametrize('extension', sorted(videos_lib._FOURCC))  # pylint: disable=protected-access
+def test_every_written_codec_decodes_the_count_it_states(tmp_path, extension):
+  """The completeness check compares counts exactly: an intact file of each
+  codec `write_video` writes decodes as many frames as its container
+  states (one frame, and an odd count at a fractional rate)."""
+  for n in (1, 7):
+    path = str(tmp_path / f'v{n}{extension}')
+    videos_lib.write_video(path, np.full([n, 24, 32, 3], 60, np.uint8),
+                           29.97)
+    assert damaged_videos.decodable_frames(path) == (n, n)
+    assert videos_lib.read_video(path).frames.shape == (n, 24, 32, 3)
+
+
+def test_labels_csv_rows_matching_no_video_are_named(tmp_path):
+  """A labels CSV row naming no video of the folder (a case-only mismatch
+  said so) is an error naming the file and its lines, before any video is
+  read, even when every video has its label."""
+  folder = tmp_path / 'videos'
+  (folder / 'sub').mkdir(parents=True)
+  for name in ('bikes.mp4', os.path.join('sub', 'cars.mp4')):
+    (folder / name).write_bytes(b'not read')
+  found = videos_lib.find_videos(str(folder))
+  csv_path = tmp_path / 'labels.csv'
+  csv_path.write_text('# video,ids\nbikes.mp4,1\nsub/cars.mp4,2\n'
+                      'Bikes.MP4,3\ngone.mp4,4\n')
+  expected = re.escape(
+      f'{csv_path}: 2 row(s) name no video under {folder}: line 4 '
+      "'Bikes.MP4' (differs only in case from 'bikes.mp4'), line 5 "
+      "'gone.mp4'")
+  with pytest.raises(ValueError, match=expected):
+    videos_lib.video_labels(str(folder), found, str(csv_path))
+  with pytest.raises(ValueError, match=expected):
+    video_records.convert(str(folder), str(tmp_path / 'out' / 'a'),
+                          labels_csv=str(csv_path))
+  csv_path.write_text('bikes.mp4,1\nsub/cars.mp4,2;3\n')
+  assert videos_lib.video_labels(str(folder), found, str(csv_path)) == (
+      {'bikes.mp4': [1], os.path.join('sub', 'cars.mp4'): [2, 3]}, None)

@@ -8,6 +8,7 @@ and tests/yt8m/test_export_params.py's) and served by TensorFlow's own
 import glob
 import io
 import os
+import re
 import shutil
 
 from ai_edge_litert import interpreter
@@ -197,8 +198,15 @@ def test_predict_writes_submission_csv(trained, tmp_path):
   out_ckpt = tmp_path / 'ckpt.csv'
   n = predict.run(trained['params'], pattern, str(out_saved),
                   saved_model=trained['export_dir'])
+  out_ckpt.write_text('my notes\n')  # Not predict's: kept unless asked.
+  with pytest.raises(ValueError, match=re.escape(
+      f'--output_file={out_ckpt} exists and is not an output of this '
+      "command (it begins b'my notes')") + '.*--overwrite'):
+    predict.run(trained['params'], pattern, str(out_ckpt),
+                checkpoint_path=trained['model_dir'])
+  assert out_ckpt.read_text() == 'my notes\n'
   predict.run(trained['params'], pattern, str(out_ckpt),
-              checkpoint_path=trained['model_dir'])
+              checkpoint_path=trained['model_dir'], overwrite=True)
   lines = out_saved.read_text().splitlines()
   assert lines[0] == 'VideoId,LabelConfidencePairs'
   assert len(lines) == n + 1 == 17
@@ -210,8 +218,9 @@ def test_predict_writes_submission_csv(trained, tmp_path):
     assert len(values) == 40  # 20 (label, score) pairs.
     scores = [float(s) for s in values[1::2]]
     assert scores == sorted(scores, reverse=True)
-  # Segment level: ids `<video>:<start>`, per class by descending score.
-  seg = tmp_path / 'segments.csv'
+  # Segment level: ids `<video>:<start>`, per class by descending score;
+  # it replaces the video-level CSV, an output of predict, without asking.
+  seg = out_saved
   count = predict.run(trained['params'], pattern, str(seg),
                       checkpoint_path=trained['model_dir'],
                       segment_labels=True, segment_max_per_class=3)

@@ -4,6 +4,7 @@ of every video; a window's scores are the mean of the model's per-frame
 probabilities over its frames. Also the shared window arithmetic
 (`core.timelines`)."""
 import csv
+import re
 
 import numpy as np
 import pytest
@@ -77,10 +78,16 @@ def test_frame_level_timeline_cli(tmp_path):
       per_frame[vid] = model(features[tf.newaxis], training=False)[
           'frame_predictions'].numpy()[0]
   out, png = tmp_path / 'timeline.csv', tmp_path / 'timeline.png'
-  cli.run_main(predict, f'--checkpoint_path={model_dir / "ckpt-1"}',
-               f'--input_path={record}', f'--output_file={out}',
-               '--window_seconds=4', '--stride_seconds=2', f'--plot={png}',
-               '--batch_size=8')
+  png.write_bytes(b'\x89PNG\r\n\x1a\n not a plot of predict')
+  args = [f'--checkpoint_path={model_dir / "ckpt-1"}',
+          f'--input_path={record}', f'--output_file={out}',
+          '--window_seconds=4', '--stride_seconds=2', f'--plot={png}',
+          '--batch_size=8']
+  with pytest.raises(ValueError, match=re.escape(
+      f'--plot={png} exists and is not an output of this command')):
+    cli.run_main(predict, *args)
+  assert not out.exists()
+  cli.run_main(predict, *args, '--overwrite')
   with open(out) as f:
     rows = list(csv.reader(f))
   num_classes = params.task.validation_data.num_classes
