@@ -37,6 +37,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+_CPP_LOG = re.compile(r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] |'
+                      r'^WARNING: All log messages before absl')
 # Variables a reader sets for their own machine and project.
 _USER_VARIABLE = re.compile(r'\$\{?([A-Z][A-Z0-9_]*)')
 # What the documented commands take from the user's own data or accounts.
@@ -147,7 +149,10 @@ def run_block(block: Block, scratch: str, timeout: float) -> Dict[str, Any]:
     code = 'timeout'
     output = (out.decode(errors='replace') if isinstance(out, bytes)
               else out) + f'\n(stopped after {timeout:g} s)'
-  lines = [l for l in output.splitlines() if l.strip()]
+  # The last line that is not TensorFlow's C++ logging (CUDA probes etc.).
+  lines = [l for l in output.splitlines() if l.strip() and
+           not _CPP_LOG.match(l)] or [l for l in output.splitlines()
+                                      if l.strip()]
   return {'block': block.title, 'where': block.where, 'exit': code,
           'seconds': round(time.perf_counter() - started, 1),
           'last_line': lines[-1] if lines else '', 'tail': output[-4000:]}
