@@ -27,6 +27,7 @@
 #   --tpu_name, --zone, --accelerator_type (v2-8, v3-8, v3-32, v4-8, ...),
 #   --experiment, --config_file (a *_tpu.yaml), --model_dir (gs://...)  required
 #   --train_data, --validation_data  input file patterns (gs://...), optional
+#     (a '$' in a bucket name is refused: a variable the shell left unexpanded)
 #   --mode (train_and_eval), --params_override (extra, appended)
 #   --project (gcloud's default), --runtime_version (tpu-vm-tf-2.20.0-pjrt;
 #     -pod-pjrt for slices of more than 8 cores), --delete_after, --dry_run
@@ -106,6 +107,14 @@ case "$MODEL_DIR" in
   gs://*) ;;
   *) die "--model_dir=$(sq "$MODEL_DIR"): TPU hosts write checkpoints to Cloud Storage; expected gs://BUCKET/PATH" ;;
 esac
+# A bucket name has no '$': one there is a variable the shell did not expand
+# (written inside single quotes), which every host would then read literally.
+for pair in model_dir:MODEL_DIR train_data:TRAIN_DATA validation_data:VAL_DATA; do
+  var="${pair#*:}"; value="${!var}"; bucket="${value#gs://}"; bucket="${bucket%%/*}"
+  case "$value" in
+    gs://*\$*) [[ "$bucket" != *\$* ]] || die "--${pair%%:*}=$(sq "$value"): bucket $(sq "$bucket") holds '\$', a shell variable left unexpanded (the shell expands none inside single quotes): write it in double quotes, e.g. --${pair%%:*}=\"gs://\$BUCKET/...\"" ;;
+  esac
+done
 [ -f "$CONFIG" ] || die "--config_file=$(sq "$CONFIG") does not exist"
 grep -Eq '^\s*distribution_strategy:\s*tpu\b' "$CONFIG" || \
   die "--config_file=$(sq "$CONFIG") does not set runtime.distribution_strategy: tpu (use a *_tpu.yaml)"

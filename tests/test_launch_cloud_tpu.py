@@ -250,6 +250,14 @@ def _with(args):
     (['--train_data=/data/train*'], 'expected gs://'),
     (['--accelerator_type=tpu'], 'expected e.g. v3-8'),
     (['--bogus=1'], "unknown argument '--bogus=1'"),
+    # A variable in single quotes, as pasted from '--train_data=gs://$B/..':
+    # the bucket would be named '$BUCKET' on every host.
+    (['--train_data=gs://$BUCKET/train*'],
+     "--train_data='gs://$BUCKET/train*': bucket '$BUCKET' holds '$'"),
+    (['--validation_data=gs://${BUCKET}/v*'],
+     "--validation_data='gs://${BUCKET}/v*': bucket '${BUCKET}' holds '$'"),
+    (['--model_dir=gs://$BUCKET/yt8m'],
+     "--model_dir='gs://$BUCKET/yt8m': bucket '$BUCKET' holds '$'"),
 ])
 def test_rejects_bad_arguments(tmp_path, args, message):
   result, _ = _launch(tmp_path, *_with(args), '--dry_run')

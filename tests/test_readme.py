@@ -1,26 +1,21 @@
-"""README.md and docs/ hold true: a short guide whose commands run, links
-resolve, and figures live on the generated benchmark page only.
+"""README.md and docs/ hold true: a short guide whose links resolve and
+whose figures live on the generated benchmark page only (its commands:
+tests/test_doc_commands.py).
 
 Each test checks one kind of statement that went wrong before: a README
 that grew into a lab notebook, history (dates, commits, the state of a
 machine) in user prose, a measured figure copied into prose where it drifts
-from its source, a command or link that no longer matches the code, and a
+from its source, a link that no longer matches the code, and a
 statement about Model Garden's own driver.
 """
 import glob
 import inspect
 import os
 import re
-import shlex
 
 import pytest
 
-from official.core import exp_factory
-from official.modeling.hyperparams import params_dict
 from official.vision import train as vision_train
-from official_ext import registry_imports  # pylint: disable=unused-import
-from official_ext.benchmarks import harness
-from tests import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEST_COMMAND = 'pip install -e ".[test]" && pytest tests'
@@ -151,118 +146,6 @@ def test_links_resolve(path):
       assert resolved.endswith('.md'), f'{path}: {target}'
       assert anchor in _anchors(os.path.relpath(resolved, REPO)), (
           f'{path}: {target}: no heading with that anchor')
-
-
-def _commands(path: str):
-  """The shell commands of the ```bash blocks of `path`, each a list of
-  words: continuation lines joined, `&&` chains split, comments dropped,
-  NAME=value assignments applied to the later commands of the block."""
-  text = _read(path)
-  for block in re.findall(r'```bash\n(.*?)```', text, re.S):
-    variables = {}
-    for line in block.replace('\\\n', ' ').splitlines():
-      for part in line.split(' && '):
-        words = shlex.split(part, comments=True)
-        while words and re.match(r'^[A-Z_]+=', words[0]):
-          name, _, value = words.pop(0).partition('=')
-          variables[name] = value
-        if words:
-          yield [re.sub(r'\$([A-Z]\w*)',
-                        lambda m: variables.get(m.group(1), m.group(0)), w)
-                 for w in words]
-
-
-def _flags(words):
-  """{name: value} of `--name=value` words (value None for `--name`)."""
-  out = {}
-  for w in words:
-    if w.startswith('--'):
-      name, eq, value = w[2:].partition('=')
-      out.setdefault(name, []).append(value if eq else None)
-  return out
-
-
-_TRAIN_FLAGS = set(re.findall(
-    r"DEFINE_\w+\(\s*'(\w+)'",
-    inspect.getsource(__import__('official.common.flags',
-                                 fromlist=['flags']))))
-
-
-def _check_train(words, path):
-  flags = _flags(words)
-  unknown = set(flags) - _TRAIN_FLAGS
-  assert not unknown, f'{path}: {" ".join(words)}: unknown flags {unknown}'
-  experiment = flags['experiment'][0]
-  params = exp_factory.get_exp_config(experiment)
-  assert flags['mode'][0] in ('train', 'eval', 'train_and_eval',
-                              'continuous_eval')
-  assert flags['model_dir'][0]
-  for config_file in flags.get('config_file', []):
-    if config_file.startswith('/data/'):
-      continue  # A file the user's conversion writes (e.g. readout.yaml).
-    params = params_dict.override_params_dict(
-        params, os.path.join(REPO, config_file), is_strict=True)
-  for override in flags.get('params_override', []):
-    params = params_dict.override_params_dict(params, override,
-                                              is_strict=True)
-
-
-_MODULES = {
-    'official_ext.export_saved_model', 'official_ext.export_tflite',
-    'official_ext.benchmark', 'official_ext.yt8m.predict',
-    'official_ext.yt8m.demo_data', 'official_ext.yt8m.segment_eval',
-    'official_ext.yt8m.ensemble',
-    'official_ext.assemblenet.derive_structure',
-    'official_ext.assemblenet.predict',
-    'official_ext.assemblenet.extract_features',
-    'official_ext.assemblenet.videos'}
-# Modules whose command takes one positional argument from a fixed set.
-_POSITIONAL = {
-    'official_ext.assemblenet.beam_pipelines': (
-        'convert', 'extract_features')}
-
-
-def _check_command(words, path):
-  if words[:2] == ['python', '-m'] and words[2] == 'official_ext.train':
-    _check_train(words[3:], path)
-  elif words[:2] == ['python', '-m'] and words[2] in _POSITIONAL:
-    module = __import__(words[2], fromlist=['main'])
-    positional = cli._parse(module, words[3:])[1][1:]  # pylint: disable=protected-access
-    assert len(positional) == 1 and positional[0] in _POSITIONAL[words[2]], (
-        words)
-  elif words[:2] == ['python', '-m'] and words[2] in _MODULES:
-    module = __import__(words[2], fromlist=['main'])
-    # Parsed as the command line is (`--name value` too): unknown flags and
-    # bad values raise.
-    positional = cli._parse(module, words[3:])[1][1:]  # pylint: disable=protected-access
-    if words[2] == 'official_ext.benchmark':
-      assert positional and positional[0] in (
-          set(harness.FAMILIES) | {'report'}), words
-    else:
-      assert not positional, words
-  elif words[:2] == ['python', '-m'] and words[2] == 'pytest':
-    for arg in words[3:]:
-      assert os.path.exists(os.path.join(REPO, arg.split('::')[0])), arg
-  elif words[0].startswith('scripts/') or (
-      words[0] == 'python' and words[1].startswith('scripts/')):
-    script = words[0] if words[0].startswith('scripts/') else words[1]
-    source = _read(script)
-    for name in _flags(words):
-      assert f'--{name}' in source or f"'{name}'" in source, (
-          f'{path}: {script} has no flag --{name}')
-  elif words[0] in ('pip', 'pytest', 'saved_model_cli', 'git'):
-    pass
-  else:
-    raise AssertionError(f'{path}: a command this test cannot check: '
-                         f'{" ".join(words)}')
-
-
-@pytest.mark.parametrize('path', _pages())
-def test_commands_parse(path):
-  """Every command of a ```bash block: experiments exist, flags exist,
-  config files and overrides apply strictly to the experiment."""
-  for words in _commands(path):
-    _check_command(words, path)
 
 
 def test_model_garden_driver_statements_hold():

@@ -26,9 +26,9 @@ are dropped. The derived structure (`--output`) and the kept edges' weights
 (`--edge_weights_output`, default `<output stem>_edge_weights.json`) pass
 `structures.validate_structure`; train on them with
 
-  --params_override=task.model.backbone.assemblenet_plus_lite.model_structure='',\
+  --params_override="task.model.backbone.assemblenet_plus_lite.model_structure='',\
 task.model.backbone.assemblenet_plus_lite.model_structure_path=STRUCTURE.json,\
-task.model.backbone.assemblenet_plus_lite.model_edge_weights_path=WEIGHTS.json
+task.model.backbone.assemblenet_plus_lite.model_edge_weights_path=WEIGHTS.json"
 
 (the kept weights are then fixed, as the original code fixes given edge
 weights). `--png` draws the graph (`draw_graph`).
@@ -384,10 +384,7 @@ def derive(params, checkpoint_path: str, threshold: float, output: str,
               (key + 'model_edge_weights_path',
                backbone.model_edge_weights_path)],
           models=[('--checkpoint', checkpoint_path)], creates_folder=True)
-  structure, _ = structures.from_config_fields(
-      backbone.model_structure, backbone.model_structure_path,
-      backbone.model_edge_weights, backbone.model_edge_weights_path,
-      prefix=key)
+  structure, _ = structures.from_backbone_config(backbone)
   structure = structures.validate_structure(structure)
   weights = learned_edge_weights(structure, edge_weight_logits(
       checkpoint_path), where=checkpoint_path)
@@ -457,10 +454,18 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
         f'{len(derived.edges)} edges at threshold {fv.threshold}; wrote '
         f'{fv.output} and {weights_path}'
         + (f' and {fv.png}' if fv.png else ''))
+  print(f'Train on it: {train_override(fv.output, weights_path)}')
+
+
+def train_override(structure_path: str, edge_weights_path: str) -> str:
+  """The `--params_override` word (as a POSIX shell reads it: double-quoted,
+  so the inline structure stays `''`) that trains on the derived files."""
   key = 'task.model.backbone.assemblenet_plus_lite'
-  print(f"Train on it: --params_override={key}.model_structure='',"
-        f'{key}.model_structure_path={fv.output},'
-        f'{key}.model_edge_weights_path={weights_path}')
+  value = (f"{key}.model_structure='',"
+           f'{key}.model_structure_path={structure_path},'
+           f'{key}.model_edge_weights_path={edge_weights_path}')
+  escaped = re.sub(r'(["$`\\])', r'\\\1', value)
+  return f'--params_override="{escaped}"'
 
 
 if __name__ == '__main__':

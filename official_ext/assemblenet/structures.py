@@ -346,3 +346,32 @@ def from_config_fields(model_structure: StructureLike,
     model_edge_weights = _read_json_file(model_edge_weights_path,
                                          prefix + 'model_edge_weights_path')
   return model_structure, (model_edge_weights or None)
+
+
+BACKBONE_KEY = 'task.model.backbone.assemblenet_plus_lite.'
+
+
+def from_backbone_config(backbone_config, prefix: str = BACKBONE_KEY
+                         ) -> Tuple[List[Any], Optional[List[Any]]]:
+  """The structure and edge weights an `AssembleNetPlusLite` backbone config
+  names, inline or from its `*_path` files: what every reader of the
+  structure (the task's clip checks, the model builder, `derive_structure`,
+  the benchmarks) takes, so that they agree.
+
+  Args:
+    backbone_config: `configs.AssembleNetPlusLite`.
+    prefix: the config keys' prefix, for the error messages.
+
+  Returns:
+    (structure, edge_weights): the node list as given (not yet validated)
+    and the edge weights (`normalize_edge_weights`: None when learned).
+
+  Raises:
+    ValueError: as `from_config_fields`, or text that is not JSON.
+  """
+  c = backbone_config
+  structure, edge_weights = from_config_fields(
+      c.model_structure, c.model_structure_path, c.model_edge_weights,
+      c.model_edge_weights_path, prefix=prefix)
+  return (_loads(structure, prefix + 'model_structure'),
+          normalize_edge_weights(edge_weights))

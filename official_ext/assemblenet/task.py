@@ -121,10 +121,11 @@ class AssembleNetTask(base_task.Task):
           'AssembleNet++lite fixes its fusions\' spatial pooling when built, '
           'so both splits need the same clip size (the frame count may '
           'differ).')
-    backbone = self.task_config.model.backbone.get()
+    structure, _ = structures.from_backbone_config(
+        self.task_config.model.backbone.get())
     for key, data in (('train_data', train), ('validation_data', val)):
       structures.check_num_frames(
-          backbone.model_structure, data.feature_shape[0],
+          structure, data.feature_shape[0],
           f'task.{key}.feature_shape {list(data.feature_shape)}')
     num_frames = train.feature_shape[0]
     if num_frames != val.feature_shape[0]:

@@ -28,7 +28,6 @@ Without a GPU or TPU the command says so and exits non-zero. (`run` takes
 `quick` sizes.)
 """
 import dataclasses
-import json
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -201,12 +200,14 @@ def flops_per_example(params, clip_data: Optional[Any] = None
               tuple(n.groups), n.expansion, n.hidden_size,
               n.gating_reduction, data.num_classes, tuple(n.feature_sizes)))
   if family == 'assemblenet':
+    from official_ext.assemblenet import structures  # pylint: disable=g-import-not-at-top
     from official_ext.assemblenet.modeling import complexity  # pylint: disable=g-import-not-at-top
     b = task.model.backbone.assemblenet_plus_lite
     t, h, w, _ = (clip_data or task.train_data).feature_shape
+    structure, edge_weights = structures.from_backbone_config(b)
     forward = complexity.analyze(
-        json.loads(b.model_structure), tuple(b.blocks_per_level),
-        edge_weights_given=bool(b.model_edge_weights),
+        structure, tuple(b.blocks_per_level),
+        edge_weights_given=edge_weights is not None,
         attention_mode=b.attention_mode, num_frames=t, height=h, width=w,
         num_classes=task.train_data.num_classes,
         stem_filters=b.stem_filters,

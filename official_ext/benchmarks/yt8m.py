@@ -410,7 +410,13 @@ ZOO_BATCH = 32
 ZOO_DEMO_EXAMPLES = 16_000
 # Tiny sizes of `--quick` (and of the accelerator benchmark's quick
 # cases): overrides of a published experiment (one without runs at its
-# published size), and of every demo (`_quick_demo`: a few videos, 2 steps).
+# published size; `quick_overrides` gives every other zoo model its demo's
+# model at these classes and frames), and of every demo (`_quick_demo`: a
+# few videos, 2 steps).
+QUICK_CLASSES = 20
+QUICK_FRAMES = 8
+# No quick model is larger (trainable parameters): the size of a demo's model.
+QUICK_MAX_PARAMETERS = 5_000_000
 QUICK_PUBLISHED = {
     'yt8m': {'task': {
         'model': {'backbone': {'dbof': {'cluster_size': 32,
@@ -421,6 +427,12 @@ QUICK_PUBLISHED = {
     'yt8m_nextvlad': {'task': {
         'model': {'backbone': {'nextvlad': {
             'cluster_sizes': [4, 2], 'groups': [2, 1], 'hidden_size': 16}}},
+        'train_data': {'num_classes': 20, 'max_frames': 8},
+        'validation_data': {'num_classes': 20}}},
+    'yt8m_mix_nextvlad': {'task': {
+        'model': {'backbone': {'mix_nextvlad': {
+            'cluster_sizes': [4, 2], 'groups': [2, 1], 'hidden_size': 16,
+            'num_branches': 2}}},
         'train_data': {'num_classes': 20, 'max_frames': 8},
         'validation_data': {'num_classes': 20}}},
 }
@@ -487,6 +499,23 @@ def zoo_models(names: Optional[Sequence[str]] = None) -> List[ZooModel]:
     raise ValueError(f'zoo: unknown model(s) {unknown}; the registered '
                      f'models are {sorted(models)}.')
   return [models[n] for n in names]
+
+
+def quick_overrides(model: ZooModel) -> Dict[str, Any]:
+  """Overrides of `model.published` for `--quick`: `QUICK_PUBLISHED`'s
+  entry, else its demo's model (backbone and head sizes) at
+  `QUICK_CLASSES` classes and at most `QUICK_FRAMES` frames."""
+  if model.published in QUICK_PUBLISHED:
+    return QUICK_PUBLISHED[model.published]
+  published = exp_factory.get_exp_config(model.published).task.train_data
+  data = {'num_classes': QUICK_CLASSES}
+  if published.record_type == 'frame':
+    data['max_frames'] = QUICK_FRAMES
+    if published.num_sample_frames:
+      data['num_sample_frames'] = QUICK_FRAMES
+  demo = exp_factory.get_exp_config(model.demo).task.model
+  return {'task': {'model': demo.as_dict(), 'train_data': data,
+                   'validation_data': {'num_classes': QUICK_CLASSES}}}
 
 
 def zoo_params(experiment: str, batch: int,
@@ -618,7 +647,7 @@ def zoo_model(model: ZooModel, peak_gflops: float, quick: bool = False,
   workdir = workdir or tempfile.mkdtemp(prefix='yt8m_zoo_')
   batch = QUICK_BATCH if quick else ZOO_BATCH
   params = zoo_params(model.published, batch,
-                      QUICK_PUBLISHED.get(model.published) if quick else None)
+                      quick_overrides(model) if quick else None)
   data = params.task.train_data
   task = task_factory.get_task(params.task)
   built = task.build_model()
@@ -704,7 +733,7 @@ def zoo(quick: bool = False, models: Optional[Sequence[str]] = None,
   of a 24 GB machine before the zoo ends. `quick` measures in this process.
 
   Args:
-    quick: tiny sizes (`QUICK_PUBLISHED`, `_quick_demo`).
+    quick: tiny sizes (`quick_overrides`, `_quick_demo`).
     models: only these models (tests); None: every registered one.
     peak_gflops: the run's matmul peak (None: measured here).
     workdir: where the demos' model_dirs (and, quick, their data) go;

@@ -85,10 +85,12 @@ Spike tokens and several files (`tokens='spikes'`, `--tokens=spikes`):
   in its window is an error naming it.
 * The vocabulary: the sessions and units of the files in order, appended to
   `vocabulary` (`--vocabulary`, an existing vocabulary.json) when given:
-  the names already there keep their ids (a session converted again keeps
-  its units' ids, a new unit of it is appended), so a model trained on the
-  old vocabulary keeps its rows. Written as `DIR/vocabulary.json` (never
-  over the `--vocabulary` file).
+  the names already there keep their ids (the same recording converted
+  again keeps its units' ids), so a model trained on the old vocabulary
+  keeps its rows. Each session's `recording_fingerprint` is recorded in it:
+  an identifier already there whose fingerprint differs (another
+  recording), or has none, is an error naming it. Written as
+  `DIR/vocabulary.json` (never over the `--vocabulary` file).
 * Readouts are shared: a trials column's type and multinomial classes come
   from every file's values together; a time series must have the same
   channels in every file. readout.yaml sets `task.model.tokenization:
@@ -101,6 +103,7 @@ is not in the file, a value that does not fit the type asked for, or a trial
 whose window is empty, is an error naming it (and what the file has).
 """
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -172,6 +175,7 @@ class Session:
     start_time, stop_time: float [n_trials], session seconds.
     columns: {trials column: [n_trials] values}.
     series: {readout name: (location, timestamps [n], data [n, channels])}.
+    fingerprint: `recording_fingerprint` of the file.
   """
   path: str
   identifier: str
@@ -182,6 +186,21 @@ class Session:
   stop_time: np.ndarray
   columns: Dict[str, np.ndarray]
   series: Dict[str, Tuple[str, np.ndarray, np.ndarray]]
+  fingerprint: str = ''
+
+
+def recording_fingerprint(session_start_time: str, unit_ids: np.ndarray,
+                          spike_times: Sequence[np.ndarray]) -> str:
+  """What tells one recording from another under one identifier:
+  'sha256:' + the SHA-256 of its `session_start_time` (ISO 8601) and its
+  units table (each unit's id and sorted spike times, float64), the rows a
+  unit vocabulary names."""
+  digest = hashlib.sha256(session_start_time.encode())
+  for unit, times in zip(unit_ids, spike_times):
+    times = np.asarray(times, '<f8')
+    digest.update(np.asarray([unit, times.size], '<i8').tobytes())
+    digest.update(times.tobytes())
+  return 'sha256:' + digest.hexdigest()
 
 
 def parse_names(text: str, flag: str) -> List[Tuple[str, Optional[str]]]:
@@ -336,6 +355,8 @@ def read_session(path: str, trial_columns: Sequence[str],
       spike_times.append(np.sort(times))
     return Session(
         path=path, identifier=str(nwbfile.identifier),
+        fingerprint=recording_fingerprint(
+            nwbfile.session_start_time.isoformat(), unit_ids, spike_times),
         unit_ids=unit_ids, spike_times=spike_times,
         trial_ids=np.asarray(trials.id[:]),
         start_time=np.asarray(trials['start_time'].data[:], np.float64),
@@ -520,6 +541,30 @@ def _load_vocabulary(vocabulary: str, tokens: str,
   return vocabulary_lib.load(vocabulary)
 
 
+def _check_same_recording(session: Session,
+                          base: vocabulary_lib.Vocabulary,
+                          vocabulary: str) -> None:
+  """NWBConversionError unless `session`'s identifier is new to `base` (the
+  `--vocabulary` file `vocabulary`) or names this same recording there."""
+  if session.identifier not in base.sessions:
+    return
+  known = base.fingerprints.get(session.identifier)
+  if known is None:
+    raise NWBConversionError(
+        f'--vocabulary={vocabulary} has no fingerprint of session '
+        f'{session.identifier!r}, so whether {session.path} is that '
+        'recording cannot be told (its units would take that session\'s '
+        'rows); give the file a new identifier, or extend a vocabulary this '
+        'converter wrote.')
+  if known != session.fingerprint:
+    raise NWBConversionError(
+        f'{session.path}: identifier {session.identifier!r} already names '
+        f'another recording in --vocabulary={vocabulary} (its start time or '
+        f'units table differ: {known} there, {session.fingerprint} here); a '
+        "vocabulary row is one unit of one recording, so give this file's "
+        'recording a new identifier.')
+
+
 def _windows(session: Session, pre_time: float, post_time: float,
              trial_query_time: str, has_columns: bool
              ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -627,6 +672,8 @@ def convert(nwb, output_dir: str, *, tokens: str = 'binned',
           "file's identifier, so convert them separately or give one a new "
           'identifier.')
     first[session.identifier] = session.path
+    if tokens == 'spikes':
+      _check_same_recording(session, base_vocabulary, vocabulary)
   # A trials column's type and classes come from every file's values.
   source = paths[0] if len(paths) == 1 else ', '.join(paths)
   readouts = [column_readout(source, n, np.concatenate(
@@ -656,7 +703,8 @@ def convert(nwb, output_dir: str, *, tokens: str = 'binned',
     units = vocabulary_lib.extend(
         base_vocabulary, sessions=[s.identifier for s in sessions],
         units=[vocabulary_lib.unit_name(s.identifier, str(u))
-               for s in sessions for u in s.unit_ids])
+               for s in sessions for u in s.unit_ids],
+        fingerprints={s.identifier: s.fingerprint for s in sessions})
 
   left_out = {r.name: 0 for r in readouts}
   examples, targets_by_trial, is_val, trial_session = [], [], [], []

@@ -12,13 +12,15 @@ Growth never renumbers: `extend` appends new names after the existing ones,
 so a checkpoint trained on a vocabulary keeps every row's meaning in the
 extended one (the model copies the old rows and initialises the new ones).
 
-The file (`load` / `save`) is JSON, `{"sessions": [...], "units": [...]}`,
+The file (`load` / `save`) is JSON, `{"sessions": [...], "units": [...]}`
+and, for sessions converted from recordings, `"fingerprints": {session:
+fingerprint}` (what tells the same recording from another under one name),
 written whole or not at all (`core.output_files.write_atomically`). Errors
 name the file and the offending name.
 """
 import dataclasses
 import json
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
@@ -46,9 +48,14 @@ class Vocabulary:
   Attributes:
     sessions: session names, in id order.
     units: unit names `<session>/<unit>`, in id order.
+    fingerprints: {session: fingerprint of its recording} for the sessions
+      that have one (`readout.nwb`); not part of the ids, equality or
+      `to_json` (what a checkpoint stores).
   """
   sessions: Tuple[str, ...] = ()
   units: Tuple[str, ...] = ()
+  fingerprints: Mapping[str, str] = dataclasses.field(
+      default_factory=dict, compare=False)
 
   @property
   def num_session_ids(self) -> int:
@@ -102,17 +109,21 @@ def _check_names(names: Sequence[str], kind: str, where: str) -> None:
 
 
 def from_names(sessions: Sequence[str], units: Sequence[str],
-               where: str = 'Vocabulary') -> Vocabulary:
+               where: str = 'Vocabulary',
+               fingerprints: Optional[Mapping[str, str]] = None
+               ) -> Vocabulary:
   """A checked `Vocabulary`.
 
   Args:
     sessions: session names (unique, non-empty).
     units: unit names `<session>/<unit>` (unique; each session listed).
     where: names the source in errors (e.g. the file).
+    fingerprints: {session: non-empty string} for some of `sessions`.
 
   Raises:
     ValueError: naming `where` and the name at fault: an empty or repeated
-      name, a unit without '/' or whose session is not in `sessions`.
+      name, a unit without '/' or whose session is not in `sessions`, a
+      fingerprint of an unknown session or not a non-empty string.
   """
   sessions, units = tuple(sessions), tuple(units)
   _check_names(sessions, 'sessions', where)
@@ -126,20 +137,31 @@ def from_names(sessions: Sequence[str], units: Sequence[str],
     if session not in known:
       raise ValueError(f'{where}: unit {name!r} belongs to session '
                        f'{session!r}, which is not among its sessions.')
-  return Vocabulary(sessions=sessions, units=units)
+  fingerprints = dict(fingerprints or {})
+  for session, fingerprint in fingerprints.items():
+    if session not in known:
+      raise ValueError(f'{where}: a fingerprint of session {session!r}, '
+                       'which is not among its sessions.')
+    if not isinstance(fingerprint, str) or not fingerprint:
+      raise ValueError(f'{where}: the fingerprint of session {session!r} is '
+                       f'{fingerprint!r}; expected a non-empty string.')
+  return Vocabulary(sessions=sessions, units=units, fingerprints=fingerprints)
 
 
 def extend(vocabulary: Vocabulary, sessions: Iterable[str] = (),
-           units: Iterable[str] = ()) -> Vocabulary:
+           units: Iterable[str] = (),
+           fingerprints: Optional[Mapping[str, str]] = None) -> Vocabulary:
   """`vocabulary` with new sessions and units appended.
 
   Existing names keep their positions (and ids); a name already there is
   left where it is; new names are appended in the order given (repeats
-  among them count once).
+  among them count once). `fingerprints` ({session: fingerprint}) are
+  recorded; a session's recorded fingerprint never changes.
 
   Raises:
     ValueError: naming the unit whose session is in neither the vocabulary
-      nor `sessions`, or a malformed name.
+      nor `sessions`, a malformed name, or a session whose fingerprint
+      differs from the one recorded (another recording under its name).
   """
   new_sessions = list(vocabulary.sessions)
   for name in sessions:
@@ -151,16 +173,26 @@ def extend(vocabulary: Vocabulary, sessions: Iterable[str] = (),
     if name not in present:
       new_units.append(name)
       present.add(name)
-  return from_names(new_sessions, new_units, where='extend(vocabulary)')
+  new_fingerprints = dict(vocabulary.fingerprints)
+  for session, fingerprint in (fingerprints or {}).items():
+    known = new_fingerprints.setdefault(session, fingerprint)
+    if known != fingerprint:
+      raise ValueError(f'extend(vocabulary): session {session!r} is '
+                       f'recording {known}, not {fingerprint}; another '
+                       'recording needs another session name.')
+  return from_names(new_sessions, new_units, where='extend(vocabulary)',
+                    fingerprints=new_fingerprints)
 
 
 def load(path: str) -> Vocabulary:
-  """Reads a vocabulary file (JSON `{"sessions": [...], "units": [...]}`).
+  """Reads a vocabulary file (JSON `{"sessions": [...], "units": [...]}`,
+  optionally `"fingerprints": {session: fingerprint}`).
 
   Raises:
     FileNotFoundError: naming the missing file.
-    ValueError: naming the file: not JSON, not an object with exactly the
-      lists `sessions` and `units`, or a bad name (`from_names`).
+    ValueError: naming the file: not JSON, not an object with the lists
+      `sessions` and `units` (and at most an object `fingerprints`), or a
+      bad name (`from_names`).
   """
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f'Vocabulary file {path} does not exist.')
@@ -170,24 +202,38 @@ def load(path: str) -> Vocabulary:
     data = json.loads(text)
   except json.JSONDecodeError as e:
     raise ValueError(f'Vocabulary file {path} is not JSON: {e}.') from None
-  if not isinstance(data, dict) or set(data) != {'sessions', 'units'}:
+  if not isinstance(data, dict) or not (
+      {'sessions', 'units'} <= set(data) <=
+      {'sessions', 'units', 'fingerprints'}):
     keys = sorted(data) if isinstance(data, dict) else type(data).__name__
     raise ValueError(f'Vocabulary file {path}: expected an object with the '
-                     f'keys "sessions" and "units"; got {keys}.')
+                     'keys "sessions" and "units" (and optionally '
+                     f'"fingerprints"); got {keys}.')
+  if not isinstance(data.get('fingerprints', {}), dict):
+    raise ValueError(f'Vocabulary file {path}: "fingerprints" is a '
+                     f'{type(data["fingerprints"]).__name__}; expected an '
+                     'object {session: fingerprint}.')
   for key in ('sessions', 'units'):
     if not isinstance(data[key], list):
       raise ValueError(f'Vocabulary file {path}: "{key}" is a '
                        f'{type(data[key]).__name__}; expected a list of '
                        'names.')
   return from_names(data['sessions'], data['units'],
-                    where=f'Vocabulary file {path}')
+                    where=f'Vocabulary file {path}',
+                    fingerprints=data.get('fingerprints'))
 
 
 def save(vocabulary: Vocabulary, path: str) -> None:
   """Writes `vocabulary` to `path` as JSON, whole or not at all."""
   checked = from_names(vocabulary.sessions, vocabulary.units,
-                       where=f'save(vocabulary, {path!r})')
-  text = json.dumps(checked.as_dict(), indent=1) + '\n'
+                       where=f'save(vocabulary, {path!r})',
+                       fingerprints=vocabulary.fingerprints)
+  data = checked.as_dict()
+  if checked.fingerprints:
+    data['fingerprints'] = {s: checked.fingerprints[s]
+                            for s in checked.sessions
+                            if s in checked.fingerprints}
+  text = json.dumps(data, indent=1) + '\n'
   output_files.write_atomically(path, lambda f: f.write(text))
 
 

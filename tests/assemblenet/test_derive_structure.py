@@ -5,16 +5,20 @@
 """
 import json
 import os
+import shlex
 
 import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
 
+from official.core import task_factory
+from official_ext import train
 from official_ext.assemblenet import configs
 from official_ext.assemblenet import derive_structure as ds
 from official_ext.assemblenet import structures
 from official_ext.assemblenet.modeling import assemblenet_plus_lite as anet
 from official_ext.core import experiment_params
+from tests import cli
 
 SEARCH = structures.TINY_SEARCH_STRUCTURE
 KEY = 'task.model.backbone.assemblenet_plus_lite'
@@ -198,3 +202,68 @@ def test_no_output_inside_the_model_dir(search_checkpoint, tmp_path):
       ds.derive(params, search_checkpoint, 0.5, output, **kwargs)
   assert sorted(os.listdir(model_dir)) == before
   assert not os.listdir(tmp_path)
+
+
+def test_task_builds_the_structure_the_printed_override_names(
+    search_checkpoint, tmp_path, capsys):
+  """derive_structure's command prints the override for step 3; that line,
+  pasted into a POSIX shell, gives the task (its clip-size checks and its
+  model) the derived structure from its file."""
+  out = tmp_path / 'derived' / 'structure.json'
+  cli.run_main(ds, f'--checkpoint={search_checkpoint}',
+               '--experiment=assemblenet_plus_lite_search_demo',
+               '--threshold=0.5', f'--output={out}')
+  (line,) = [l for l in capsys.readouterr().out.splitlines()
+             if l.startswith('Train on it: ')]
+  (word,) = shlex.split(line[len('Train on it: '):])
+  override = word[len('--params_override='):]
+  params = experiment_params.load_params('assemblenet_plus_lite_demo',
+                                         params_override=override, lock=False)
+  assert params.task.model.backbone.get().model_structure == ''
+  task = task_factory.get_task(params.task)
+  assert task.model_input_shape() == list(
+      params.task.train_data.feature_shape)
+  model = task.build_model()
+  assert model.backbone.structure == EXPECTED
+  # A structure whose flow stem cannot take a 1-frame clip, from its file:
+  # the task's check reads the file too.
+  params.override({'task': {'validation_data': {
+      'feature_shape': [1, 32, 32, 3]}}}, is_strict=True)
+  with pytest.raises(ValueError, match=r'task\.validation_data\.feature_shape'
+                     r' \[1, 32, 32, 3\]: 1 frames'):
+    task_factory.get_task(params.task).model_input_shape()
+
+
+def test_connectivity_search_end_to_end(tmp_path, capsys):
+  """The three documented steps at tiny sizes: the search demo trained,
+  `derive_structure` on its model_dir, the demo trained on the derived
+  structure with the override the command printed."""
+  data = {'tfds_name': 'moving_shapes/tiny', 'feature_shape': [4, 32, 32, 3],
+          'global_batch_size': 4}
+  tiny = {
+      'runtime': {'distribution_strategy': 'one_device', 'num_gpus': 0},
+      'task': {'model': {'backbone': {'assemblenet_plus_lite': {
+          'stem_filters': 4, 'rep_flow': {'num_iter': 1}}},
+                         'head_filters': [8, 8]},
+               'train_data': data, 'validation_data': data,
+               'demo_data': {'data_dir': str(tmp_path / 'tfds')}},
+      'trainer': {'train_steps': 2, 'steps_per_loop': 2,
+                  'summary_interval': 2, 'checkpoint_interval': 2}}
+  search = experiment_params.load_params('assemblenet_plus_lite_search_demo',
+                                         lock=False)
+  search.override(tiny, is_strict=True)
+  train.run(search, 'train', str(tmp_path / 'search'))
+  out = tmp_path / 'derived' / 'structure.json'
+  cli.run_main(ds, f'--model_dir={tmp_path / "search"}',
+               '--experiment=assemblenet_plus_lite_search_demo',
+               '--threshold=0.5', f'--output={out}')
+  (line,) = [l for l in capsys.readouterr().out.splitlines()
+             if l.startswith('Train on it: ')]
+  (word,) = shlex.split(line[len('Train on it: '):])
+  derived = experiment_params.load_params(
+      'assemblenet_plus_lite_demo', lock=False,
+      params_override=word[len('--params_override='):])
+  derived.override(tiny, is_strict=True)
+  model, _ = train.run(derived, 'train', str(tmp_path / 'derived_demo'))
+  assert model.backbone.structure == json.loads(out.read_text())
+  assert tf.train.latest_checkpoint(str(tmp_path / 'derived_demo'))

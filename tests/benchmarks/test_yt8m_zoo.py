@@ -121,8 +121,8 @@ def test_zoo_lists_each_registered_pair():
 
 @pytest.fixture(scope='module')
 def quick_zoo(tmp_path_factory):
-  """The zoo's quick figures of the video-level logistic model (published
-  size: 1152 x 3862), measured: its step timed, its demo trained 2 steps."""
+  """The zoo's quick figures of the video-level logistic model (quick
+  size: 1152 x 20), measured: its step timed, its demo trained 2 steps."""
   return benchmark.zoo(quick=True, models=['video_level'], peak_gflops=50.0,
                        workdir=str(tmp_path_factory.mktemp('zoo')))
 
@@ -132,9 +132,10 @@ def test_quick_zoo_figures_are_consistent(quick_zoo):
   assert list(quick_zoo['models']) == ['video_level']
   assert quick_zoo['batch'] == benchmark.QUICK_BATCH
   f = quick_zoo['models']['video_level']
-  assert f['parameters'] == 1152 * 3862 + 3862
+  classes = benchmark.QUICK_CLASSES
+  assert f['parameters'] == 1152 * classes + classes
   # Forward and weight gradient; no gradient w.r.t. the features.
-  assert f['gflops_per_example'] == approx(2 * 2 * 1152 * 3862 / 1e9)
+  assert f['gflops_per_example'] == approx(2 * 2 * 1152 * classes / 1e9)
   assert f['model_garden_examples_per_sec'] is None  # Model Garden has none.
   assert f['achieved_gflops'] == approx(f['examples_per_sec'] *
                                         f['gflops_per_example'])
@@ -146,7 +147,7 @@ def test_quick_zoo_figures_are_consistent(quick_zoo):
   assert 0.0 <= f['demo_gap'] <= 1.0
   table = benchmark.zoo_table(quick_zoo)
   assert ('| video_level | `yt8m_video_level`, `yt8m_video_level_demo` | '
-          'identity + logistic | 4.45 M     | 0.018 ') in table
+          'identity + logistic | 23,060     | 0.000 ') in table
   assert f"| {f['demo_gap']:.4f} " in table
 
 
@@ -251,3 +252,41 @@ def test_zoo_model_child_program_calls_this_module(monkeypatch, capsys):
   exec(benchmark.zoo_model_child_code('lstm', 123.5, False, '/w'), {})  # pylint: disable=exec-used
   assert calls == [('lstm', 123.5, False, '/w')]
   assert capsys.readouterr().out == 'RESULT {"gap": 0.5}\n'
+
+
+def test_quick_measures_every_zoo_model_at_tiny_sizes(monkeypatch, tmp_path):
+  """`--quick` (documented as tiny sizes) builds every registered model of
+  the zoo at the quick classes and frames and at most its demo's size, and
+  trains its demo on the quick videos; the timing, the FLOP count and the
+  demo run are replaced here, so nothing is measured."""
+  monkeypatch.setattr(graph_flops, 'train_step_flops', lambda *a: 1000.0)
+  monkeypatch.setattr(benchmark, 'bench_step', lambda *a, **k: {
+      'examples_per_sec': 1.0, 'achieved_gflops': 1.0, 'peak_fraction': 0.1,
+      'interleaved_matmul_gflops': 1.0, 'interleaved_matmul_fraction': 1.0})
+  monkeypatch.setattr(benchmark, 'bench_train_step', lambda *a, **k: {
+      'ours_examples_per_sec': 1.0, 'reference_examples_per_sec': 1.0,
+      'speedup': 1.0, 'interleaved_matmul_gflops': 1.0})
+  demos = []
+
+  def demo_gap(experiment, examples, workdir, overrides=None):
+    demos.append((experiment, examples, overrides))
+    return {'gap': 0.5, 'map': 0.4, 'hit_at_one': 0.6, 'train_steps': 2,
+            'train_examples': examples}
+
+  monkeypatch.setattr(benchmark, 'demo_gap', demo_gap)
+  figures = benchmark.zoo(quick=True, peak_gflops=10.0,
+                          workdir=str(tmp_path))
+  models = benchmark.zoo_models()
+  assert list(figures['models']) == [m.name for m in models]
+  for m in models:
+    f = figures['models'][m.name]
+    assert f['batch'] == benchmark.QUICK_BATCH, m.name
+    assert f['classes'] == benchmark.QUICK_CLASSES, (m.name, f['classes'])
+    assert f['frames'] <= benchmark.QUICK_FRAMES, (m.name, f['frames'])
+    assert f['parameters'] <= benchmark.QUICK_MAX_PARAMETERS, (
+        m.name, f['parameters'])
+  assert [d[0] for d in demos] == [m.demo for m in models]
+  for _, examples, overrides in demos:
+    assert examples == 2 * benchmark.QUICK_BATCH
+    assert overrides['task']['demo_data']['num_train_videos'] == (
+        benchmark.QUICK_DEMO_VIDEOS)

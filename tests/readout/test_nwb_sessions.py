@@ -202,3 +202,33 @@ def test_errors_name_the_flag_and_file(converted):
                      match="same identifier 'rat1-day1'"):
     nwb.convert([a, a], str(tmp / 'e3'), tokens='spikes', **flags)
   assert not any(os.path.exists(tmp / d) for d in ('e1', 'e2', 'e3'))
+
+
+def test_an_identifier_that_names_another_recording_is_refused(converted):
+  """--vocabulary holds each recording's fingerprint (its start time and
+  units table): a different recording under an identifier already in it is
+  an error naming the identifier, the file and the vocabulary, before
+  anything is written; the same recording converted again keeps its ids
+  (`test_an_appended_recording_keeps_the_earlier_ids`)."""
+  tmp, files, first, _ = converted
+  other = tmp / 'other-rat1-day1.nwb'
+  _write(other, 'rat1-day1', seed=99)  # Same identifier and units, other spikes.
+  flags = dict(tokens='spikes', trial_columns='choice,stimulus',
+               pre_time=_PRE, post_time=_POST, validation_fraction=0.25,
+               batch_size=2)
+  with pytest.raises(nwb.NWBConversionError, match=(
+      f"{other}: identifier 'rat1-day1' already names another recording in "
+      f"--vocabulary={first['files']['vocabulary']}")):
+    nwb.convert(str(other), str(tmp / 'e5'),
+                vocabulary=first['files']['vocabulary'], **flags)
+  vocab = vocabulary_lib.load(first['files']['vocabulary'])
+  assert set(vocab.fingerprints) == {'rat1-day1', 'rat2-day1'}
+  assert vocab.fingerprints['rat1-day1'] != vocab.fingerprints['rat2-day1']
+  # A vocabulary that does not record its recordings cannot tell.
+  bare = tmp / 'bare_vocabulary.json'
+  bare.write_text(json.dumps(vocab.as_dict()))
+  with pytest.raises(nwb.NWBConversionError, match=(
+      f"--vocabulary={bare} has no fingerprint of session 'rat1-day1'")):
+    nwb.convert(files['rat1-day1'][0], str(tmp / 'e6'),
+                vocabulary=str(bare), **flags)
+  assert not any(os.path.exists(tmp / d) for d in ('e5', 'e6'))

@@ -65,3 +65,28 @@ def test_save_load_round_trip_and_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match='missing.json'):
     vocabulary.load(str(tmp_path / 'missing.json'))
   assert vocabulary.from_json(vocabulary.to_json(_vocab()), 'x') == _vocab()
+
+
+def test_fingerprints_are_kept_and_never_change(tmp_path):
+  """A session's recorded fingerprint survives save / load and extend; a
+  different one for it is an error; ids, equality and the checkpoint's
+  `to_json` do not depend on them."""
+  v = vocabulary.extend(_vocab(), fingerprints={'s1': 'sha256:a'})
+  grown = vocabulary.extend(v, sessions=['s3'], units=['s3/0'],
+                            fingerprints={'s1': 'sha256:a', 's3': 'sha256:c'})
+  assert dict(grown.fingerprints) == {'s1': 'sha256:a', 's3': 'sha256:c'}
+  path = str(tmp_path / 'vocab.json')
+  vocabulary.save(grown, path)
+  loaded = vocabulary.load(path)
+  assert loaded == grown and dict(loaded.fingerprints) == dict(
+      grown.fingerprints)
+  assert 'fingerprints' not in vocabulary.to_json(grown)
+  with pytest.raises(ValueError, match="session 's1' is recording sha256:a, "
+                     'not sha256:b'):
+    vocabulary.extend(grown, fingerprints={'s1': 'sha256:b'})
+  bad = tmp_path / 'bad.json'
+  bad.write_text(json.dumps({'sessions': ['s1'], 'units': [],
+                             'fingerprints': {'s9': 'sha256:a'}}))
+  with pytest.raises(ValueError, match=f"{bad}: a fingerprint of session "
+                     "'s9'"):
+    vocabulary.load(str(bad))

@@ -443,9 +443,7 @@ def build_backbone_from_config(input_specs, backbone_config,
   and edge weights inline or from the files its `*_path` fields name).
   """
   c = backbone_config
-  structure, edge_weights = structures.from_config_fields(
-      c.model_structure, c.model_structure_path, c.model_edge_weights,
-      c.model_edge_weights_path)
+  structure, edge_weights = structures.from_backbone_config(c)
   with _policy(c.precision):
     return AssembleNetPlusLite(
         model_structure=structure,
