@@ -232,8 +232,8 @@ def parse_configuration(flags_obj) -> config_definitions.ExperimentConfig:
   """The experiment config from the flags (`core.experiment_params`).
 
   Model Garden's `train_utils.parse_configuration` steps, plus type checks:
-  an unknown key in a config file or --params_override is Model Garden's
-  KeyError naming the key; a value of the wrong type for its field (e.g. a
+  an unknown key in a config file or --params_override is a KeyError naming
+  the key and the file (or the override); a value of the wrong type for its field (e.g. a
   string for an int) is a ValueError naming the key, the expected type and
   the value (`core.config_checks`), in single-task and multitask configs
   alike.

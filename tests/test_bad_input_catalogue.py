@@ -509,8 +509,26 @@ def _flags(override):
 
 
 def test_unknown_override_key_is_named():
-  with pytest.raises(KeyError, match="'global_batch_sizee' does not exist"):
+  with pytest.raises(KeyError, match=re.escape(
+      "--params_override: The key 'global_batch_sizee' does not exist")):
     train.parse_configuration(_flags('task.train_data.global_batch_sizee=3'))
+
+
+def test_unknown_config_file_key_names_the_key_and_the_file(tmp_path):
+  """The second of two --config_file's has a misspelled key: the error names
+  the key and that file (not the first one)."""
+  good = tmp_path / 'good.yaml'
+  good.write_text('trainer:\n  train_steps: 3\n')
+  bad = tmp_path / 'bad.yaml'
+  bad.write_text('task:\n  train_data:\n    global_batch_sizee: 3\n')
+  flags = _flags('')
+  flags.config_file = [str(good), str(bad)]
+  with pytest.raises(KeyError) as raised:
+    train.parse_configuration(flags)
+  message = str(raised.value)
+  assert (f'--config_file {bad}: task.train_data.global_batch_sizee: The '
+          "key 'global_batch_sizee' does not exist") in message, message
+  assert str(good) not in message
 
 
 @pytest.mark.parametrize('override, message', [
