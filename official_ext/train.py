@@ -22,7 +22,10 @@ YT8M run on CPU) are applied where the user has not set them, and logged.
 'float16' with `runtime.loss_scale`, 'bfloat16'; Keras' 'mixed_float16' /
 'mixed_bfloat16' are read as those). model_dir
 receives params.yaml, checkpoints and TensorBoard summaries; the same command
-run again resumes from the latest checkpoint in model_dir. A model_dir that
+run again resumes from the latest checkpoint in model_dir. SIGTERM or SIGINT
+during training saves a checkpoint at the step reached (after the train loop
+under way), releases the lock and exits 128 + the signal's number
+(`core.runner.StopOnSignal`). A model_dir that
 holds another experiment's run, or another model config, is refused before
 anything is written (`core.model_dir`), and so is a second training run while
 one is writing there (`core.run_lock`: the lock file `writer.lock`; an
@@ -41,6 +44,7 @@ create_trainer`): a multitask config gets Model Garden's joint or
 interleaving multitask trainer (`trainer.trainer_type`) joined to its
 multitask evaluator, and its metrics are reported as `<task>/<metric>`.
 """
+import sys
 from typing import Any, Dict, Optional, Tuple
 
 from absl import app
@@ -121,6 +125,9 @@ def run(params: config_definitions.ExperimentConfig,
       hold every model variable (the unmatched ones are listed).
     TimeoutError: `continuous_eval` saw no checkpoint within
       `trainer.continuous_eval_timeout` (`core.runner`).
+    core.runner.TrainingInterruptedError: SIGTERM or SIGINT during training
+      (a training mode): a checkpoint of the step reached was saved and the
+      lock released; `main` exits 128 + the signal's number.
   """
   if 'train' in mode and params.trainer.train_steps < 1:
     raise ValueError(
@@ -193,10 +200,14 @@ def _run_locked(params, mode: str, model_dir: str,
   progress = orbit_actions.ProgressAction(trainer.global_step,
                                           params.trainer.train_steps)
   # The non-finite check and the lock check run first: before Model
-  # Garden's actions and before Orbit saves the loop's checkpoint.
+  # Garden's actions and before Orbit saves the loop's checkpoint; then the
+  # stop on SIGTERM / SIGINT, which saves the step reached.
   checks = [trainer_lib.NonFiniteLossCheck(trainer)]
   if lock:
     checks.append(run_lock.LockCheck(lock))
+  stop = runner_lib.StopOnSignal(strategy, trainer.global_step)
+  if 'train' in mode:
+    checks.append(stop)
   runner = runner_lib.OrbitExperimentRunner(
       distribution_strategy=strategy,
       task=task,
@@ -206,7 +217,8 @@ def _run_locked(params, mode: str, model_dir: str,
       trainer=trainer,
       resume_from=resume_from,
       train_actions=checks + [progress, last_train],
-      eval_actions=[last_eval])
+      eval_actions=[last_eval] + ([stop] if 'train' in mode else []))
+  stop.checkpoint_manager = runner.checkpoint_manager
   progress.start()  # The runner's controller has restored the checkpoint.
   if not to_train:
     # The run ended already: nothing is trained or written; train_and_eval
@@ -221,7 +233,12 @@ def _run_locked(params, mode: str, model_dir: str,
       # eval jobs do not write it: a continuous-eval job would race the
       # train job.
       model_dir_lib.write_params_yaml(configured, model_dir, experiment)
-    model, _ = runner.run()
+      # Installed after the runner: they replace the SIGTERM handler of
+      # Model Garden's on-demand checkpoint (a cluster's only).
+      with stop.handling():
+        model, _ = runner.run()
+    else:
+      model, _ = runner.run()
   if not getattr(model, 'inputs', None):
     logging.info(run_logging.flops_note(model))
   return model, orbit_actions.flatten_metrics(
@@ -264,10 +281,15 @@ def main(_):
   # On a cluster (TPU, several workers) a preemption restarts the run
   # in-process (the loop of official/vision/train.py, whose public version
   # never creates the PreemptionWatcher).
-  strategy, (_, final_metrics) = runner_lib.run_with_preemption_recovery(
-      lambda: distribution.distribution_strategy(params),
-      lambda strategy: run(params, FLAGS.mode, FLAGS.model_dir, strategy,
-                           experiment=FLAGS.experiment))
+  try:
+    strategy, (_, final_metrics) = runner_lib.run_with_preemption_recovery(
+        lambda: distribution.distribution_strategy(params),
+        lambda strategy: run(params, FLAGS.mode, FLAGS.model_dir, strategy,
+                             experiment=FLAGS.experiment))
+  except runner_lib.TrainingInterruptedError as e:
+    # Not what was asked (the steps are not all trained): non-zero.
+    logging.error('%s', e)
+    sys.exit(e.exit_code)
   if multiworker.is_chief(strategy):
     train_utils.save_gin_config(FLAGS.mode, FLAGS.model_dir)
   if final_metrics:
