@@ -116,6 +116,8 @@ def run(params: config_definitions.ExperimentConfig,
       experiment or model config (nothing is written).
     core.run_lock.ModelDirLockedError: another live training run writes
       model_dir (a training mode; nothing is written).
+    PermissionError: an evaluation mode cannot write its summaries' folder
+      (`model_dir.check_eval_outputs_writable`; nothing is evaluated).
     ValueError: `trainer.train_steps` < 1 in a training mode, or below the
       step of the checkpoint to resume from; a runtime setting Model Garden
       does not take (`config_checks.mixed_precision_dtype`,
@@ -139,6 +141,7 @@ def run(params: config_definitions.ExperimentConfig,
   kernel_policy.setting_of(params)
   model_dir_lib.check_model_dir(params, model_dir, experiment)
   model_dir_lib.check_checkpoint_to_evaluate(params, model_dir, mode)
+  model_dir_lib.check_eval_outputs_writable(params, model_dir, mode)
   init_checkpoint = getattr(params.task, 'init_checkpoint', None)
   if init_checkpoint and not tf.train.latest_checkpoint(model_dir):
     # The model will be initialized from it: read it whole now, before the
@@ -291,7 +294,10 @@ def main(_):
     logging.error('%s', e)
     sys.exit(e.exit_code)
   if multiworker.is_chief(strategy):
-    train_utils.save_gin_config(FLAGS.mode, FLAGS.model_dir)
+    # An evaluation writes beside its summaries: model_dir may be read-only.
+    train_utils.save_gin_config(
+        FLAGS.mode, FLAGS.model_dir if 'train' in FLAGS.mode else
+        model_dir_lib.eval_output_dir(params, FLAGS.model_dir))
   if final_metrics:
     print(f'Final metrics ({FLAGS.experiment}, mode={FLAGS.mode}):\n'
           f'{orbit_actions.format_metrics(final_metrics)}', flush=True)
