@@ -80,8 +80,9 @@ def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
 
   @tf.function
   def all_reduce(value):
+    # Made on each replica's device (a host tensor has no destination).
     return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, value))
+        tf.distribute.ReduceOp.SUM, value * tf.ones([], tf.float32)))
 
   total = strategy.experimental_local_results(
       all_reduce(tf.constant(1.0 if flag else 0.0)))[0]
