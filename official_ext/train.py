@@ -22,7 +22,10 @@ YT8M run on CPU) are applied where the user has not set them, and logged.
 'float16' with `runtime.loss_scale`, 'bfloat16'; Keras' 'mixed_float16' /
 'mixed_bfloat16' are read as those). model_dir
 receives params.yaml, checkpoints and TensorBoard summaries; the same command
-run again resumes from the latest checkpoint in model_dir. A model_dir that
+run again resumes from the latest checkpoint in model_dir. SIGTERM or SIGINT
+during training saves a checkpoint at the step reached (after the train loop
+under way), releases the lock and exits 128 + the signal's number
+(`core.runner.StopOnSignal`). A model_dir that
 holds another experiment's run, or another model config, is refused before
 anything is written (`core.model_dir`), and so is a second training run while
 one is writing there (`core.run_lock`: the lock file `writer.lock`; an
@@ -41,6 +44,7 @@ create_trainer`): a multitask config gets Model Garden's joint or
 interleaving multitask trainer (`trainer.trainer_type`) joined to its
 multitask evaluator, and its metrics are reported as `<task>/<metric>`.
 """
+import sys
 from typing import Any, Dict, Optional, Tuple
 
 from absl import app
@@ -112,6 +116,8 @@ def run(params: config_definitions.ExperimentConfig,
       experiment or model config (nothing is written).
     core.run_lock.ModelDirLockedError: another live training run writes
       model_dir (a training mode; nothing is written).
+    PermissionError: an evaluation mode cannot write its summaries' folder
+      (`model_dir.check_eval_outputs_writable`; nothing is evaluated).
     ValueError: `trainer.train_steps` < 1 in a training mode, or below the
       step of the checkpoint to resume from; a runtime setting Model Garden
       does not take (`config_checks.mixed_precision_dtype`,
@@ -121,6 +127,9 @@ def run(params: config_definitions.ExperimentConfig,
       hold every model variable (the unmatched ones are listed).
     TimeoutError: `continuous_eval` saw no checkpoint within
       `trainer.continuous_eval_timeout` (`core.runner`).
+    core.runner.TrainingInterruptedError: SIGTERM or SIGINT during training
+      (a training mode): a checkpoint of the step reached was saved and the
+      lock released; `main` exits 128 + the signal's number.
   """
   if 'train' in mode and params.trainer.train_steps < 1:
     raise ValueError(
@@ -132,6 +141,7 @@ def run(params: config_definitions.ExperimentConfig,
   kernel_policy.setting_of(params)
   model_dir_lib.check_model_dir(params, model_dir, experiment)
   model_dir_lib.check_checkpoint_to_evaluate(params, model_dir, mode)
+  model_dir_lib.check_eval_outputs_writable(params, model_dir, mode)
   init_checkpoint = getattr(params.task, 'init_checkpoint', None)
   if init_checkpoint and not tf.train.latest_checkpoint(model_dir):
     # The model will be initialized from it: read it whole now, before the
@@ -193,10 +203,14 @@ def _run_locked(params, mode: str, model_dir: str,
   progress = orbit_actions.ProgressAction(trainer.global_step,
                                           params.trainer.train_steps)
   # The non-finite check and the lock check run first: before Model
-  # Garden's actions and before Orbit saves the loop's checkpoint.
+  # Garden's actions and before Orbit saves the loop's checkpoint; then the
+  # stop on SIGTERM / SIGINT, which saves the step reached.
   checks = [trainer_lib.NonFiniteLossCheck(trainer)]
   if lock:
     checks.append(run_lock.LockCheck(lock))
+  stop = runner_lib.StopOnSignal(strategy, trainer.global_step)
+  if 'train' in mode:
+    checks.append(stop)
   runner = runner_lib.OrbitExperimentRunner(
       distribution_strategy=strategy,
       task=task,
@@ -206,7 +220,8 @@ def _run_locked(params, mode: str, model_dir: str,
       trainer=trainer,
       resume_from=resume_from,
       train_actions=checks + [progress, last_train],
-      eval_actions=[last_eval])
+      eval_actions=[last_eval] + ([stop] if 'train' in mode else []))
+  stop.checkpoint_manager = runner.checkpoint_manager
   progress.start()  # The runner's controller has restored the checkpoint.
   if not to_train:
     # The run ended already: nothing is trained or written; train_and_eval
@@ -221,7 +236,12 @@ def _run_locked(params, mode: str, model_dir: str,
       # eval jobs do not write it: a continuous-eval job would race the
       # train job.
       model_dir_lib.write_params_yaml(configured, model_dir, experiment)
-    model, _ = runner.run()
+      # Installed after the runner: they replace the SIGTERM handler of
+      # Model Garden's on-demand checkpoint (a cluster's only).
+      with stop.handling():
+        model, _ = runner.run()
+    else:
+      model, _ = runner.run()
   if not getattr(model, 'inputs', None):
     logging.info(run_logging.flops_note(model))
   return model, orbit_actions.flatten_metrics(
@@ -232,8 +252,8 @@ def parse_configuration(flags_obj) -> config_definitions.ExperimentConfig:
   """The experiment config from the flags (`core.experiment_params`).
 
   Model Garden's `train_utils.parse_configuration` steps, plus type checks:
-  an unknown key in a config file or --params_override is Model Garden's
-  KeyError naming the key; a value of the wrong type for its field (e.g. a
+  an unknown key in a config file or --params_override is a KeyError naming
+  the key and the file (or the override); a value of the wrong type for its field (e.g. a
   string for an int) is a ValueError naming the key, the expected type and
   the value (`core.config_checks`), in single-task and multitask configs
   alike.
@@ -264,12 +284,20 @@ def main(_):
   # On a cluster (TPU, several workers) a preemption restarts the run
   # in-process (the loop of official/vision/train.py, whose public version
   # never creates the PreemptionWatcher).
-  strategy, (_, final_metrics) = runner_lib.run_with_preemption_recovery(
-      lambda: distribution.distribution_strategy(params),
-      lambda strategy: run(params, FLAGS.mode, FLAGS.model_dir, strategy,
-                           experiment=FLAGS.experiment))
+  try:
+    strategy, (_, final_metrics) = runner_lib.run_with_preemption_recovery(
+        lambda: distribution.distribution_strategy(params),
+        lambda strategy: run(params, FLAGS.mode, FLAGS.model_dir, strategy,
+                             experiment=FLAGS.experiment))
+  except runner_lib.TrainingInterruptedError as e:
+    # Not what was asked (the steps are not all trained): non-zero.
+    logging.error('%s', e)
+    sys.exit(e.exit_code)
   if multiworker.is_chief(strategy):
-    train_utils.save_gin_config(FLAGS.mode, FLAGS.model_dir)
+    # An evaluation writes beside its summaries: model_dir may be read-only.
+    train_utils.save_gin_config(
+        FLAGS.mode, FLAGS.model_dir if 'train' in FLAGS.mode else
+        model_dir_lib.eval_output_dir(params, FLAGS.model_dir))
   if final_metrics:
     print(f'Final metrics ({FLAGS.experiment}, mode={FLAGS.mode}):\n'
           f'{orbit_actions.format_metrics(final_metrics)}', flush=True)

@@ -75,8 +75,9 @@ stop_workers() {
   done
   [[ ${#alive[@]} -eq 0 ]] && return
   kill -TERM "${alive[@]}" 2>/dev/null
-  # Model Garden's preemption handler traps SIGTERM to save a checkpoint and
-  # may keep running: escalate after the grace period.
+  # A worker ends its train loop and saves a checkpoint at SIGTERM, which may
+  # never come while it waits on the failed worker: escalate after the grace
+  # period.
   local waited=0
   while [[ $waited -lt $grace ]]; do
     local any=0

@@ -14,6 +14,7 @@ no NaN case for them.
 """
 import os
 import re
+import threading
 import types
 
 import numpy as np
@@ -404,6 +405,45 @@ def test_skip_mode_keeps_every_good_record(tmp_path, family):
         kind, reasons)
 
 
+def _first_batch_or_error(ds, timeout_s=60):
+  """The error that iterating `ds` for one batch raises; fails the test if
+  a batch comes, or nothing within `timeout_s` (a reader looping for ever:
+  the thread is left spinning, the test fails)."""
+  result = {}
+
+  def first():
+    try:
+      result['batch'] = next(iter(ds))
+    except Exception as e:  # pylint: disable=broad-except
+      result['error'] = e
+
+  thread = threading.Thread(target=first, daemon=True)
+  thread.start()
+  thread.join(timeout_s)
+  assert not thread.is_alive(), f'no batch and no error in {timeout_s} s'
+  assert 'error' in result, 'a batch came from input without a good record'
+  return result['error']
+
+
+@pytest.mark.parametrize('family', MAIN)
+def test_skip_mode_stops_when_no_record_is_good(tmp_path, family):
+  """Skip mode on a repeated training input whose every record is bad (not
+  a proto): an error naming the files once `MAX_SKIPPED_IN_A_ROW` records in a row were skipped without
+  one example, instead of a reader that skips for ever."""
+  fam = FAMILIES[family]
+  a = _write(tmp_path / 'a.tfrecord', [fam.bad('undecodable')] * 3)
+  b = _write(tmp_path / 'b.tfrecord', [fam.bad('undecodable')] * 2)
+  log = bad_records.BadRecordLog()
+  error = _first_batch_or_error(
+      fam.build(str(tmp_path / '*.tfrecord'), True, log, is_training=True))
+  limit = bad_records.MAX_SKIPPED_IN_A_ROW
+  message = str(error)
+  assert f'{limit} records in a row were skipped' in message, message
+  assert a in message and b in message, message
+  # Parallel map calls may have skipped a few more records meanwhile.
+  assert limit <= log.num_bad_records < limit + 100, log.num_bad_records
+
+
 # Paths -----------------------------------------------------------------------
 
 
@@ -509,8 +549,26 @@ def _flags(override):
 
 
 def test_unknown_override_key_is_named():
-  with pytest.raises(KeyError, match="'global_batch_sizee' does not exist"):
+  with pytest.raises(KeyError, match=re.escape(
+      "--params_override: The key 'global_batch_sizee' does not exist")):
     train.parse_configuration(_flags('task.train_data.global_batch_sizee=3'))
+
+
+def test_unknown_config_file_key_names_the_key_and_the_file(tmp_path):
+  """The second of two --config_file's has a misspelled key: the error names
+  the key and that file (not the first one)."""
+  good = tmp_path / 'good.yaml'
+  good.write_text('trainer:\n  train_steps: 3\n')
+  bad = tmp_path / 'bad.yaml'
+  bad.write_text('task:\n  train_data:\n    global_batch_sizee: 3\n')
+  flags = _flags('')
+  flags.config_file = [str(good), str(bad)]
+  with pytest.raises(KeyError) as raised:
+    train.parse_configuration(flags)
+  message = str(raised.value)
+  assert (f'--config_file {bad}: task.train_data.global_batch_sizee: The '
+          "key 'global_batch_sizee' does not exist") in message, message
+  assert str(good) not in message
 
 
 @pytest.mark.parametrize('override, message', [

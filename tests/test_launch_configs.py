@@ -5,8 +5,11 @@ The Cloud TPU launcher (scripts/launch_cloud_tpu.sh) is tested in
 tests/test_launch_cloud_tpu.py.
 """
 import os
+import subprocess
+import sys
 
 import pytest
+import yaml
 
 from official.core import exp_factory
 from official.modeling import hyperparams
@@ -69,3 +72,60 @@ def test_shipped_yaml_validates_against_its_experiment(path):
     for name, batch in _batches(config):
       assert batch % runtime.num_gpus == 0, (name, batch)
 
+
+
+# The shipped accelerator YAMLs a machine without them cannot run, and what
+# the error must name: what the config asks for, what TensorFlow sees, and the
+# override that fixes it.
+_NO_DEVICE = {
+    'configs/yt8m/yt8m_gpu.yaml': (
+        "runtime.distribution_strategy='mirrored' with runtime.num_gpus=8 "
+        'asks for 8 GPUs; TensorFlow sees 0', 'runtime.num_gpus=0'),
+    'configs/readout/readout_gpu.yaml': (
+        "runtime.distribution_strategy='mirrored' with runtime.num_gpus=8 "
+        'asks for 8 GPUs; TensorFlow sees 0', 'runtime.num_gpus=0'),
+    'configs/yt8m/yt8m_tpu.yaml': (
+        "runtime.distribution_strategy='tpu' with runtime.tpu=None asks for a "
+        'TPU; TensorFlow sees none', '--tpu=NAME'),
+}
+
+
+def test_config_naming_devices_the_machine_lacks_stops_at_once(tmp_path):
+  """`official_ext.train` with a shipped GPU or TPU YAML on a machine
+  without them (CUDA_VISIBLE_DEVICES='' hides any GPU): an error at once
+  naming the config's request, what TensorFlow sees and the override, and
+  nothing written; never a run that waits for ever for GPUs that are not
+  there (it sat at "training until step 10" with MirroredStrategy over
+  GPU:0..7). Real processes, started together; a hang is the timeout."""
+  env = dict(os.environ, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2',
+             PYTHONPATH=REPO)
+  runs = {}
+  for i, (path, _) in enumerate(sorted(_NO_DEVICE.items())):
+    demo = shipped_configs.DEMO_OF[shipped_configs.experiment(
+        os.path.join(REPO, path))]
+    tiny = tmp_path / f'tiny{i}.yaml'
+    tiny.write_text(yaml.safe_dump({'trainer': {
+        'train_steps': 10, 'steps_per_loop': 5, 'validation_interval': 10}}))
+    model_dir = tmp_path / f'model{i}'
+    runs[path] = (model_dir, subprocess.Popen(
+        [sys.executable, '-m', 'official_ext.train', f'--experiment={demo}',
+         '--mode=train', f'--model_dir={model_dir}',
+         f'--config_file={os.path.join(REPO, path)}', f'--config_file={tiny}'],
+        cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True))
+  outputs = {}
+  try:
+    for path, (model_dir, proc) in runs.items():
+      outputs[path] = proc.communicate(timeout=120)[0]
+  finally:
+    for _, proc in runs.values():
+      if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+  for path, (model_dir, proc) in runs.items():
+    asked, fix = _NO_DEVICE[path]
+    out = outputs[path]
+    assert proc.returncode != 0, (path, out[-3000:])
+    assert asked in out, (path, out[-3000:])
+    assert fix in out, (path, out[-3000:])
+    assert not model_dir.exists(), path

@@ -4,9 +4,12 @@ A tiny YT8M demo run (tests/yt8m/test_train.py's config) is trained once into
 a module-wide model_dir; each test works on a copy and checks that a refused
 run leaves every file of it byte for byte as it was.
 """
+import contextlib
 import hashlib
 import os
+import re
 import shutil
+import subprocess
 import threading
 
 import pytest
@@ -266,3 +269,55 @@ def test_checkpoints_without_params_yaml_resume_with_a_warning(
   assert any(missing in w and 'no params.yaml' in w for w in warnings), (
       warnings)
   assert os.path.exists(os.path.join(model_dir, 'ckpt-4.index'))
+
+
+@contextlib.contextmanager
+def _read_only(path):
+  """`path` made read-only for real: chmod for a user; for root (whom
+  permissions do not stop) a read-only bind mount, or the test is skipped."""
+  if os.geteuid() != 0:
+    mode = os.stat(path).st_mode
+    os.chmod(path, 0o555)
+    try:
+      yield
+    finally:
+      os.chmod(path, mode)
+    return
+  mounted = subprocess.run(
+      f'mount --bind {path} {path} && mount -o remount,ro,bind {path}',
+      shell=True, capture_output=True, check=False).returncode == 0
+  if not mounted:
+    subprocess.run(['umount', path], capture_output=True, check=False)
+    pytest.skip('root without a read-only bind mount: cannot make a '
+                'read-only folder')
+  try:
+    yield
+  finally:
+    subprocess.run(['umount', path], check=True)
+
+
+def test_eval_on_a_read_only_model_dir_fails_first_or_writes_elsewhere(
+    trained, tmp_path, monkeypatch):
+  """--mode=eval on a read-only model_dir: an error naming the folder its
+  summaries go to, before anything is evaluated (it evaluated everything,
+  then failed writing them); with trainer.validation_summary_subdir an
+  absolute folder elsewhere, the evaluation runs and writes only there."""
+  model_dir = _copy_of(trained, tmp_path)
+  before = _files(model_dir)
+  params = _yt8m_params(trained[0])
+  evaluated = []
+  monkeypatch.setattr(train.runner_lib.OrbitExperimentRunner, 'run',
+                      lambda self: evaluated.append(1) or (None, {}))
+  with _read_only(model_dir):
+    with pytest.raises(PermissionError, match=re.escape(
+        f'{os.path.join(model_dir, "validation")} (the evaluation summaries, '
+        'trainer.validation_summary_subdir)')):
+      train.run(params, 'eval', model_dir, experiment='yt8m_demo')
+    assert not evaluated
+    monkeypatch.undo()
+    elsewhere = str(tmp_path / 'eval_summaries')
+    params.override({'trainer': {'validation_summary_subdir': elsewhere}})
+    _, metrics = train.run(params, 'eval', model_dir, experiment='yt8m_demo')
+  assert metrics['num_videos'] == 32
+  assert os.listdir(elsewhere)
+  assert _files(model_dir) == before

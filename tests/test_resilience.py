@@ -112,6 +112,74 @@ def test_sigkill_at_any_point_then_same_command_finishes(tmp_path):
   assert loops[-1] == total
 
 
+def _wait_for_loop(proc, log_path, min_step, deadline_s=300):
+  """The first train loop's step >= `min_step` that `log_path` shows (Orbit
+  prints `train | step: N` to stdout after each loop)."""
+  deadline = time.time() + deadline_s
+  while True:
+    with open(log_path) as f:
+      text = f.read()
+    steps = [int(s) for s in re.findall(r'train \| step:\s+(\d+) \| steps/sec',
+                                        text)]
+    if steps and steps[-1] >= min_step:
+      return steps
+    assert proc.poll() is None, text[-3000:]
+    assert time.time() < deadline, text[-3000:]
+    time.sleep(0.05)
+
+
+def test_sigterm_and_sigint_save_the_step_reached_and_the_rerun_resumes(
+    tmp_path):
+  """A real SIGTERM (what a preemptible VM or a scheduler sends) on one
+  device, then a real SIGINT (Ctrl-C) to the rerun under a MirroredStrategy:
+  each run saves a checkpoint at the step its train loop reached, releases
+  writer.lock and exits 128 + the signal's number with a log line saying so;
+  the rerun resumes at that step. Periodic checkpoints are off after the
+  first loop (checkpoint_interval above train_steps), so only the signal can
+  have saved the step reached (it exited 143 with the first loop's
+  checkpoint, the lock left behind)."""
+  model_dir = str(tmp_path / 'model')
+  total = 400
+  overrides = _tiny_overrides(tmp_path / 'cache', train_steps=total)
+  overrides['trainer'].update(steps_per_loop=2, checkpoint_interval=10 * total,
+                              summary_interval=2, validation_interval=total)
+  config = _yaml(tmp_path / 'tiny.yaml', overrides)
+  cmd = [sys.executable, '-m', 'official_ext.train', '--experiment=yt8m_demo',
+         '--mode=train', f'--model_dir={model_dir}', f'--config_file={config}']
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  resumed_at = 0
+  for run, (signum, extra) in enumerate((
+      (signal.SIGTERM, []),
+      (signal.SIGINT,
+       ['--params_override=runtime.distribution_strategy=mirrored']))):
+    log_path = tmp_path / f'run{run}.log'
+    with open(log_path, 'w') as log:
+      proc = subprocess.Popen(cmd + extra, env=env, stdout=log, stderr=log)
+      try:
+        loops = _wait_for_loop(proc, log_path, resumed_at + 6)
+        proc.send_signal(signum)
+        proc.wait(timeout=120)
+      finally:
+        if proc.poll() is None:
+          proc.kill()
+          proc.wait()
+    with open(log_path) as f:
+      text = f.read()
+    # The rerun resumed where the signal stopped the first run.
+    assert loops[0] == resumed_at + 2, (run, loops)
+    assert proc.returncode == 128 + signum, (run, text[-3000:])
+    name = signal.Signals(signum).name
+    match = re.search(rf'Training stopped by {name} at step (\d+): saved the '
+                      rf'checkpoint (\S+)\.', text)
+    assert match, (run, text[-3000:])
+    step = int(match.group(1))
+    assert step >= loops[-1] and step < total
+    latest = tf.train.latest_checkpoint(model_dir)
+    assert _step(latest) == step and match.group(2) == latest, (latest, step)
+    assert not os.path.exists(os.path.join(model_dir, 'writer.lock'))
+    resumed_at = step
+
+
 def _truncate(path):
   with open(path, 'r+b') as f:
     f.truncate(os.path.getsize(path) // 2)

@@ -151,6 +151,33 @@ def test_stale_rules_other_host_heartbeat_and_reused_pid(tmp_path, caplog):
   lock.release()
 
 
+@pytest.mark.parametrize('content, problem', [
+    (b'', 'it is empty'),
+    (b'\x00\x17garbage', 'it is not JSON'),
+    (b'[1, 2]', 'it is not a JSON object'),
+    (b'{"host": "h"}', 'it lacks pid, token'),
+])
+def test_unreadable_lock_is_an_error_at_once(tmp_path, content, problem):
+  """A lock this package did not write whole (empty, garbage, another
+  format) is no live run to wait for: an error at once naming the file, what
+  is wrong and what to do (it was reported as a live run on "host None, pid
+  None", stale only 300 s later). It is left in place."""
+  model_dir = str(tmp_path)
+  path = os.path.join(model_dir, run_lock.LOCK_FILE)
+  with open(path, 'wb') as f:
+    f.write(content)
+  started = time.time()
+  with pytest.raises(run_lock.ModelDirLockedError) as raised:
+    run_lock.acquire(model_dir)
+  assert time.time() - started < run_lock.SETTLE_S
+  message = str(raised.value)
+  assert f'{path} is not a lock of official_ext.train: {problem}' in message
+  assert 'None' not in message
+  assert 'delete it' in message
+  with open(path, 'rb') as f:
+    assert f.read() == content
+
+
 def test_heartbeat_refreshes_and_a_taken_lock_stops_training(tmp_path):
   lock = run_lock.acquire(str(tmp_path))
   try:

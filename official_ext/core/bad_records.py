@@ -26,6 +26,9 @@ Shared by the families' readers through `official_ext.core.tfrecord_input`
   logged and counted (`BadRecordEvent`). In strict mode the same checks fail
   the pipeline with that error text.
 
+A reader that skips `MAX_SKIPPED_IN_A_ROW` records in a row without one
+example stops with `NoGoodRecordError` naming their files.
+
 Counting: every skip is added to a `BadRecordLog` (one per task and split:
 `log_for_split`); `BadRecordsSkipped` is a tf_keras metric whose value is that
 count, so a task that adds it to its `build_metrics` (`task_metrics`) reports
@@ -87,30 +90,68 @@ class BadRecordEvent:
   reason: str
 
 
+# Skips in a row, without one example between them, that stop a reader: its
+# input cannot yield an example (e.g. every record of another format), and a
+# repeated training input would skip for ever.
+MAX_SKIPPED_IN_A_ROW = 1000
+
+
+class NoGoodRecordError(ValueError):
+  """`MAX_SKIPPED_IN_A_ROW` records were skipped without one example."""
+
+
 class BadRecordLog:
   """Thread-safe count of data skipped with `skip_bad_records=True`.
 
   A damaged file counts once per pass over it, a bad record once per pass (a
-  repeated training dataset counts them every epoch).
+  repeated training dataset counts them every epoch). The skip that makes
+  `max_in_a_row` skips since the last example (`example_passed`) raises
+  `NoGoodRecordError` naming their files.
+
+  Args:
+    max_in_a_row: skips in a row that stop the reader.
   """
 
-  def __init__(self):
+  def __init__(self, max_in_a_row: int = MAX_SKIPPED_IN_A_ROW):
     self._lock = threading.Lock()
     self._events: List[BadFileEvent] = []
     self._record_events: List[BadRecordEvent] = []
+    self._max_in_a_row = max_in_a_row
+    self._in_a_row: List[str] = []  # The files of the current run of skips.
+
+  def _skipped(self, filename: str, reason: str) -> None:
+    """Counts a skip in the run (the caller holds the lock)."""
+    self._in_a_row.append(filename)
+    if len(self._in_a_row) >= self._max_in_a_row:
+      files = sorted(set(self._in_a_row))
+      raise NoGoodRecordError(
+          f'skip_bad_records: {self._max_in_a_row} records in a row were '
+          'skipped without one example (bad_records.MAX_SKIPPED_IN_A_ROW), '
+          f'from {len(files)} file(s): {", ".join(files)}. The last: '
+          f'{reason}. The input yields no example; check its path and '
+          'format (the family, the features), or regenerate the files.')
 
   def add(self, event: BadFileEvent) -> None:
     with self._lock:
       self._events.append(event)
+      self._skipped(event.filename, f'{event.filename} is damaged at byte '
+                    f'{event.valid_bytes} of {event.file_size}')
 
   def add_record(self, event: BadRecordEvent) -> None:
     with self._lock:
       self._record_events.append(event)
+      self._skipped(event.filename, event.reason)
+
+  def example_passed(self) -> None:
+    """A record became an example: the run of skips ends."""
+    with self._lock:
+      self._in_a_row = []
 
   def reset(self) -> None:
     with self._lock:
       self._events = []
       self._record_events = []
+      self._in_a_row = []
 
   @property
   def events(self) -> List[BadFileEvent]:
@@ -309,7 +350,7 @@ def _report_damaged_file(log: BadRecordLog, filename: tf.Tensor,
       name, int(good), int(valid), int(size), len(recovered),
       sum(len(r) + tfrecord_recovery.TFRECORD_FRAMING_BYTES
           for r in recovered))
-  log.add(event)
+  log.add(event)  # Raises NoGoodRecordError at the limit.
   logging.warning(
       'skip_bad_records: TFRecord file %s is corrupted or truncated at byte '
       '%d of %d; kept the %d records before it and the %d intact records '
@@ -363,7 +404,8 @@ def _error_text(e: Exception) -> str:
 
 
 def wrap_stage(fn: Callable[..., Any], source_fn: Callable[..., tf.Tensor],
-               log: BadRecordLog, stage: str) -> Callable[..., Any]:
+               log: BadRecordLog, stage: str,
+               last: bool = True) -> Callable[..., Any]:
   """Skip mode: `fn` (one element -> one output) -> element -> (output, ok).
 
   `ok` is False when `fn` failed for this element; the output is then empty
@@ -380,6 +422,13 @@ def wrap_stage(fn: Callable[..., Any], source_fn: Callable[..., tf.Tensor],
     source_fn: maps the stage's arguments to its file name (string scalar).
     log: where skips are counted.
     stage: 'decode' or 'parse', for the log.
+    last: whether an element that passes this stage is an example (the last
+      wrapped stage): it ends the log's run of skips (`example_passed`, one
+      python call per example).
+
+  Raises (when the pipeline runs):
+    NoGoodRecordError: through `log`, at `MAX_SKIPPED_IN_A_ROW` skips in a
+      row (a TensorFlow error carrying its message).
   """
 
   def wrapped(*args):
@@ -403,13 +452,18 @@ def wrap_stage(fn: Callable[..., Any], source_fn: Callable[..., tf.Tensor],
                   'depends on random sampling)')
       except Exception as e:  # pylint: disable=broad-except
         reason = _error_text(e)
-      log.add_record(BadRecordEvent(filename, reason))
       logging.warning('skip_bad_records: skipped a record of file %s (%s): %s',
                       filename, stage, reason)
+      log.add_record(BadRecordEvent(filename, reason))  # May raise.
+      return np.int64(0)
+
+    def passed():
+      log.example_passed()
       return np.int64(0)
 
     done = tf.cond(
-        ok, lambda: tf.constant(0, tf.int64),
+        ok, lambda: (tf.py_function(passed, [], tf.int64) if last else
+                     tf.constant(0, tf.int64)),
         lambda: tf.py_function(report, [source_fn(*args)] + flat_args,
                                tf.int64))
     with tf.control_dependencies([done]):

@@ -1,9 +1,11 @@
-"""The run's distribution strategy, every global batch checked against it.
+"""The run's distribution strategy: its devices present, its batches split.
 
-The strategy is built, and every global batch checked against its replicas,
-in one place: `distribution_strategy` (`official_ext.train`, every attempt of
+The strategy is built, after the devices the runtime config names are found
+on this machine, and every global batch checked against its replicas, in one
+place: `distribution_strategy` (`official_ext.train`, every attempt of
 the preemption-recovery loop).
 """
+import os
 from typing import Any, List, Optional, Tuple
 
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
@@ -52,6 +54,73 @@ def check_batch_sizes(params, strategy: tf.distribute.Strategy) -> None:
         f'{replicas} (e.g. {lower} or {lower + replicas}).')
 
 
+class DevicesUnavailableError(ValueError):
+  """The runtime config names devices this machine does not have."""
+
+
+def _seen() -> str:
+  """What TensorFlow sees: its physical devices, and CUDA_VISIBLE_DEVICES."""
+  devices = [d.name.replace('/physical_device:', '')
+             for d in tf.config.list_physical_devices()]
+  visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+  return (f'physical devices: {", ".join(devices) or "none"}'
+          + (f'; CUDA_VISIBLE_DEVICES={visible!r}' if visible is not None
+             else ''))
+
+
+def check_devices(runtime) -> None:
+  """The devices `runtime` names must exist here, before the strategy is built.
+
+  TensorFlow builds a MirroredStrategy over GPUs it cannot see without a
+  word, and the first step then waits for ever; a GPU one_device strategy or
+  a TPU address fails with messages that name no config key.
+
+  Args:
+    runtime: `params.runtime` (`distribution_strategy`, `num_gpus`, `tpu`).
+
+  Raises:
+    DevicesUnavailableError: `num_gpus` above the GPUs TensorFlow sees
+      (mirrored, multi_worker_mirrored, one_device, off), naming the keys,
+      what TensorFlow sees and the override that runs on what is there.
+  """
+  name = str(runtime.distribution_strategy).lower()
+  num_gpus = runtime.num_gpus or 0
+  if name == 'tpu' or num_gpus <= 0:
+    return
+  gpus = len(tf.config.list_physical_devices('GPU'))
+  if num_gpus <= gpus:
+    return
+  fix = (f'--params_override=runtime.num_gpus={gpus}' if gpus else
+         '--params_override=runtime.num_gpus=0 to train on the CPU')
+  raise DevicesUnavailableError(
+      f'runtime.distribution_strategy={runtime.distribution_strategy!r} with '
+      f'runtime.num_gpus={num_gpus} asks for {num_gpus} GPUs; TensorFlow '
+      f'sees {gpus} ({_seen()}). Make the GPUs visible (driver, '
+      f'CUDA_VISIBLE_DEVICES), or run on what is here: {fix}. Nothing was '
+      'written.')
+
+
+def _build(runtime) -> tf.distribute.Strategy:
+  """Model Garden's strategy for `runtime`; a TPU that cannot be reached is
+  a `DevicesUnavailableError` naming `runtime.tpu` and what TensorFlow sees."""
+  try:
+    return distribute_utils.get_distribution_strategy(
+        distribution_strategy=runtime.distribution_strategy,
+        all_reduce_alg=runtime.all_reduce_alg,
+        num_gpus=runtime.num_gpus,
+        tpu_address=runtime.tpu)
+  except (ValueError, RuntimeError, tf.errors.OpError) as e:
+    if str(runtime.distribution_strategy).lower() != 'tpu':
+      raise
+    raise DevicesUnavailableError(
+        f"runtime.distribution_strategy='tpu' with runtime.tpu="
+        f'{runtime.tpu!r} asks for a TPU; TensorFlow sees none it can reach '
+        f'({_seen()}; {type(e).__name__}: {e}). Pass --tpu=NAME (or '
+        'runtime.tpu) of a Cloud TPU, run on a TPU VM, or use another '
+        'strategy: --params_override=runtime.distribution_strategy='
+        'one_device. Nothing was written.') from e
+
+
 def distribution_strategy(params, strategy: Optional[tf.distribute.Strategy]
                           = None) -> tf.distribute.Strategy:
   """The run's strategy, its batch sizes checked (`check_batch_sizes`).
@@ -64,13 +133,14 @@ def distribution_strategy(params, strategy: Optional[tf.distribute.Strategy]
   Returns:
     `strategy`, or the one `runtime.distribution_strategy` names (built with
     `runtime.all_reduce_alg`, `num_gpus`, `tpu`).
+
+  Raises:
+    DevicesUnavailableError: the devices the runtime names are not here
+      (`check_devices`), or the TPU cannot be reached.
+    ValueError: a global batch does not split over the replicas.
   """
   if strategy is None:
-    runtime = params.runtime
-    strategy = distribute_utils.get_distribution_strategy(
-        distribution_strategy=runtime.distribution_strategy,
-        all_reduce_alg=runtime.all_reduce_alg,
-        num_gpus=runtime.num_gpus,
-        tpu_address=runtime.tpu)
+    check_devices(params.runtime)
+    strategy = _build(params.runtime)
   check_batch_sizes(params, strategy)
   return strategy

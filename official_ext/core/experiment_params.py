@@ -18,8 +18,8 @@ model's params.yaml inserted and type checks added:
    `export_dir/params.yaml`;
 3. `--config_file`s in order, `--tpu` (if given) and `--tf_data_service`
    (every task routine's data of a multitask config), then
-   `--params_override`, strictly (an unknown key is Model Garden's KeyError
-   naming the key);
+   `--params_override`, strictly (an unknown key is a KeyError naming the
+   key and the file, or `--params_override`);
 4. type checks (`core.config_checks`: a value of the wrong type is a
    ValueError naming the key, the expected type and the value), the runtime
    checks (`config_checks.check_runtime`: `runtime.mixed_precision_dtype`
@@ -52,6 +52,7 @@ from official.core import config_definitions
 from official.core import exp_factory
 from official.core import train_utils
 from official.modeling import hyperparams
+from official.modeling.hyperparams import params_dict
 from official_ext.core import config_checks
 from official_ext.core import config_comparison
 
@@ -102,6 +103,33 @@ def load_trained_config(params, params_yaml: str):
         f'({type(params).__name__}): {e!r}') from e
 
 
+def _unknown_key(params, config_file: str) -> Optional[str]:
+  """'key.path: ' of the first key of the YAML `config_file` that `params`
+  lacks, or None (not found, or the file does not read as a mapping)."""
+  try:
+    overrides = params_dict.read_yaml_to_params_dict(config_file).as_dict()
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+  def walk(new, old, path):
+    if isinstance(new, dict) and isinstance(old, dict):
+      for key, value in new.items():
+        if key not in old:
+          return path + [str(key)]
+        found = walk(value, old[key], path + [str(key)])
+        if found:
+          return found
+    elif isinstance(new, list) and isinstance(old, list):
+      for i, (a, b) in enumerate(zip(new, old)):
+        found = walk(a, b, path[:-1] + [f'{path[-1]}[{i}]'] if path else path)
+        if found:
+          return found
+    return None
+
+  found = walk(overrides, params.as_dict(), [])
+  return f"{'.'.join(found)}: " if found else None
+
+
 class ExperimentParser(train_utils.ExperimentParser):
   """Model Garden's `ExperimentParser` with the trained model's params.yaml.
 
@@ -143,6 +171,25 @@ class ExperimentParser(train_utils.ExperimentParser):
           'flags only; pass the config it was trained with.', PARAMS_YAML,
           self._checkpoint_path, experiment)
     return params
+
+  def parse_config_file(self, params):
+    """Model Garden's step; an unknown key names the key and the file."""
+    for config_file in self._flags_obj.config_file or []:
+      try:
+        params = hyperparams.override_params_dict(params, config_file,
+                                                  is_strict=True)
+      except KeyError as e:
+        raise KeyError(
+            f'--config_file {config_file}: '
+            f'{_unknown_key(params, config_file) or ""}{e.args[0]}') from e
+    return params
+
+  def parse_params_override(self, params):
+    """Model Garden's step; an unknown key names --params_override."""
+    try:
+      return super().parse_params_override(params)
+    except KeyError as e:
+      raise KeyError(f'--params_override: {e.args[0]}') from e
 
   def parse_runtime(self, params):
     """`--tpu`, when given (Model Garden's parser writes an empty flag over
@@ -186,7 +233,8 @@ def parse_flags(flags_obj, checkpoint_path: Optional[str] = None,
       value), params.yaml does not fit the experiment (the message names the
       file), a value has the wrong type (`config_checks`: the key, the
       expected type and the value), or a restriction fails.
-    KeyError: a flag names an unknown key (Model Garden's strict override).
+    KeyError: a flag names an unknown key (naming it and its file, or
+      `--params_override`).
   """
   parser = ExperimentParser(flags_obj, checkpoint_path=checkpoint_path)
   params = parser.parse()

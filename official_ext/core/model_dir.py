@@ -246,3 +246,49 @@ def check_resume_step(params, model_dir: str, checkpoint: Optional[str],
       'model_dir %s: %s is already at step %d = trainer.train_steps: nothing '
       'to train; params.yaml is left as it was.', model_dir, checkpoint, step)
   return False
+
+
+def eval_output_dir(params, model_dir: str) -> str:
+  """Where an evaluation writes its summaries (and `official_ext.train` its
+  operative gin config in an evaluation mode): Model Garden's
+  `model_dir/trainer.validation_summary_subdir`, or that key itself when it
+  is an absolute path (an evaluation of a model_dir it cannot write)."""
+  return os.path.join(model_dir, params.trainer.validation_summary_subdir)
+
+
+def check_eval_outputs_writable(params, model_dir: str, mode: str) -> None:
+  """An evaluation mode can write its outputs, checked before any work.
+
+  `eval` and `continuous_eval` only read model_dir's checkpoints; they
+  write `eval_output_dir` and, when `trainer.best_checkpoint_export_subdir`
+  and its metric are set, the best-checkpoint folder. Each is created if
+  missing and a probe file is written and removed. Training modes write
+  model_dir itself, and fail at its lock first.
+
+  Raises:
+    PermissionError: naming the folder, the key that places it and the
+      error, when it cannot be written.
+  """
+  if mode not in ('eval', 'continuous_eval'):
+    return
+  folders = [(eval_output_dir(params, model_dir),
+              'the evaluation summaries, trainer.validation_summary_subdir')]
+  trainer = params.trainer
+  if (trainer.best_checkpoint_export_subdir and
+      trainer.best_checkpoint_eval_metric):
+    folders.append((os.path.join(model_dir,
+                                 trainer.best_checkpoint_export_subdir),
+                    'the best checkpoint, '
+                    'trainer.best_checkpoint_export_subdir'))
+  for folder, what in folders:
+    probe = os.path.join(folder, f'.write_probe-{os.getpid()}')
+    try:
+      tf.io.gfile.makedirs(folder)
+      with tf.io.gfile.GFile(probe, 'w') as f:
+        f.write('')
+      tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as e:
+      raise PermissionError(
+          f'--mode={mode} cannot write {folder} ({what}): {e}. Nothing was '
+          'evaluated. Make it writable, or set that key to an absolute '
+          'folder that is (model_dir is only read).') from e

@@ -69,6 +69,26 @@ def _barrier(strategy: tf.distribute.Strategy) -> None:
   all_reduce()
 
 
+def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
+  """Whether `flag` is True on any worker (an all-reduce on a cluster).
+
+  Every worker must call it at the same point (it is a collective); without
+  a cluster it returns `flag`.
+  """
+  if num_workers(strategy) <= 1:
+    return bool(flag)
+
+  @tf.function
+  def all_reduce(value):
+    # Made on each replica's device (a host tensor has no destination).
+    return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, value * tf.ones([], tf.float32)))
+
+  total = strategy.experimental_local_results(
+      all_reduce(tf.constant(1.0 if flag else 0.0)))[0]
+  return float(total) > 0
+
+
 def _copy_latest_checkpoint(source_dir: str, target_dir: str) -> Optional[str]:
   """Copies `source_dir`'s latest checkpoint and makes it `target_dir`'s."""
   latest = tf.train.latest_checkpoint(source_dir)

@@ -7,7 +7,8 @@ model from the other's weights. `official_ext.train` therefore takes
 `model_dir/writer.lock` before a training run writes anything and removes
 it when the run ends, also on an exception; a second training run is
 refused (`ModelDirLockedError`) naming the first: its host, pid, start time
-and command. Only the chief of a multi-worker job takes it (the other
+and command. A lock file that is no such lock (empty, not JSON, lacking host,
+pid or token) is refused at once naming it: no run can be named or waited for. Only the chief of a multi-worker job takes it (the other
 workers write to directories of their own: `core.multiworker`). Evaluation
 (`--mode=eval`, `continuous_eval`) reads model_dir and takes no lock, so an
 evaluator beside a trainer stays allowed.
@@ -47,7 +48,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
@@ -102,18 +103,40 @@ def describe(holder: Dict[str, Any]) -> str:
           f"mode {holder.get('mode')}): {holder.get('command')}")
 
 
-def _read(path: str) -> Optional[Dict[str, Any]]:
-  """The lock's contents, {} when it does not parse, None when absent."""
-  try:
-    with tf.io.gfile.GFile(path, 'r') as f:
-      text = f.read()
-  except tf.errors.NotFoundError:
-    return None
+# What every lock `acquire` writes holds (the stale rules read them).
+_REQUIRED = ('host', 'pid', 'token')
+
+
+def _parse(text: bytes) -> Tuple[Dict[str, Any], Optional[str]]:
+  """(the lock's contents, None), or ({}, why it is no lock of this module)."""
+  if not text.strip():
+    return {}, 'it is empty'
   try:
     holder = json.loads(text)
   except ValueError:
-    return {}
-  return holder if isinstance(holder, dict) else {}
+    return {}, f'it is not JSON (it starts {text[:40]!r})'
+  if not isinstance(holder, dict):
+    return {}, f'it is not a JSON object (it starts {text[:40]!r})'
+  missing = [key for key in _REQUIRED if key not in holder]
+  if missing:
+    return {}, f'it lacks {", ".join(missing)}'
+  return holder, None
+
+
+def _read_checked(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+  """(the lock's contents or None when absent, why it is no lock or None)."""
+  try:
+    with tf.io.gfile.GFile(path, 'rb') as f:
+      text = f.read()
+  except tf.errors.NotFoundError:
+    return None, None
+  return _parse(text)
+
+
+def _read(path: str) -> Optional[Dict[str, Any]]:
+  """The lock's contents, {} when it is no lock (`_parse`), None when
+  absent."""
+  return _read_checked(path)[0]
 
 
 def _heartbeat_age(path: str, holder: Dict[str, Any]) -> float:
@@ -179,7 +202,10 @@ class WriterLock:
 
   def heartbeat(self) -> None:
     """Refreshes the lock, or records in `lost` that another run holds it."""
-    current = _read(self.path)
+    current, problem = _read_checked(self.path)
+    if problem:
+      self.lost = f'the lock file now holds no lock: {problem}'
+      return
     if current is None:  # Removed (by hand?): taken again if still free.
       if not _create(self.path, self.holder):
         taken = describe(_read(self.path) or {})
@@ -306,9 +332,18 @@ def acquire(model_dir: str, experiment: Optional[str] = None,
       lock = WriterLock(path, holder)
       lock.start()
       return lock
-    current = _read(path)
+    current, problem = _read_checked(path)
     if current is None:
       continue
+    if problem:
+      # acquire writes a lock whole (never empty): this one was left by
+      # something else, or damaged; no run can be named to wait for.
+      raise ModelDirLockedError(
+          f'model_dir {model_dir}: {path} is not a lock of '
+          f'official_ext.train: {problem}; expected the JSON a training run '
+          f'writes (with {", ".join(_REQUIRED)}). If no training run writes '
+          'this model_dir, delete it and run again; otherwise stop that run '
+          'first.')
     why = stale_reason(path, current)
     if why is None:
       raise ModelDirLockedError(

@@ -18,10 +18,16 @@ What they add to Model Garden's:
   with the `tf.distribute.experimental.PreemptionWatcher` that the public
   driver never creates (there `preemption_watcher = None`). Model Garden's own
   on-demand checkpoint at preemption (`trainer.preemption_on_demand_checkpoint`,
-  `orbit.actions.SaveCheckpointIfPreempted`) is added by `train_lib` already.
+  `orbit.actions.SaveCheckpointIfPreempted`) is added by `train_lib` already;
+  it acts on a cluster only.
+* SIGTERM / SIGINT on every strategy (`StopOnSignal`): a checkpoint at the
+  step reached, then `TrainingInterruptedError`.
 """
+import contextlib
 import os
-from typing import Any, Callable, Optional, Tuple, TypeVar
+import signal
+import threading
+from typing import Any, Callable, Iterator, Optional, Tuple, TypeVar
 
 from absl import logging
 import tensorflow as tf, tf_keras
@@ -31,6 +37,92 @@ from official_ext.core import checkpoints
 from official_ext.core import multiworker
 
 T = TypeVar('T')
+
+# What stops a training run with a checkpoint at the step reached.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class TrainingInterruptedError(RuntimeError):
+  """SIGTERM or SIGINT stopped training (a checkpoint of the step reached was
+  saved, see `StopOnSignal`).
+
+  Attributes:
+    exit_code: 128 + the signal's number (143 SIGTERM, 130 SIGINT), the
+      shell's status of a process the signal ended; a worker stopped because
+      another worker got the signal exits 143.
+  """
+
+  def __init__(self, message: str, signum: Optional[int]):
+    super().__init__(message)
+    self.exit_code = 128 + int(signum or signal.SIGTERM)
+
+
+class StopOnSignal:
+  """Orbit train and eval action: SIGTERM / SIGINT stop training, saved.
+
+  `handling()` installs handlers for `STOP_SIGNALS` that only record the
+  signal; after the train loop (or evaluation) under way, the action saves a
+  checkpoint at the step reached through `checkpoint_manager` and raises
+  `TrainingInterruptedError`. On a cluster every worker learns of a signal
+  any worker got at the same loop end (`multiworker.any_worker`, one scalar
+  all-reduce per loop), so all save the same step and stop. A second signal
+  ends the process at once, with the signal's default action (no checkpoint).
+
+  Put it after the checks that must see a loop first (non-finite loss, the
+  lock) and before Model Garden's actions.
+
+  Args:
+    strategy: the run's strategy.
+    global_step: the trainer's step counter.
+  """
+
+  def __init__(self, strategy: tf.distribute.Strategy,
+               global_step: tf.Variable):
+    self._strategy = strategy
+    self._global_step = global_step
+    self.checkpoint_manager: Optional[tf.train.CheckpointManager] = None
+    self.signum: Optional[int] = None
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    if self.signum is not None:  # The second signal: its default action.
+      signal.signal(signum, signal.SIG_DFL)
+      os.kill(os.getpid(), signum)
+      return
+    self.signum = signum
+    logging.warning(
+        'Received %s: training stops after the train loop under way, saving '
+        'a checkpoint at the step it reaches. Send it again to exit at once '
+        'without one.', signal.Signals(signum).name)
+
+  @contextlib.contextmanager
+  def handling(self) -> Iterator[None]:
+    """Installs the handlers (main thread only) for the `with` body."""
+    if threading.current_thread() is not threading.main_thread():
+      yield
+      return
+    previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+    try:
+      yield
+    finally:
+      for s, handler in previous.items():
+        signal.signal(s, handler)
+
+  def __call__(self, output=None) -> None:
+    del output
+    if not multiworker.any_worker(self._strategy, self.signum is not None):
+      return
+    step = int(self._global_step.numpy())
+    manager = self.checkpoint_manager
+    path = manager.latest_checkpoint if manager else None
+    if manager and checkpoints.checkpoint_step(path) != step:
+      path = manager.save(checkpoint_number=step, check_interval=False)
+    cause = (signal.Signals(self.signum).name if self.signum else
+             'a signal another worker received')
+    raise TrainingInterruptedError(
+        f'Training stopped by {cause} at step {step}: saved the checkpoint '
+        f'{path}. Run the same command again to resume from it.',
+        self.signum)
 
 
 class OrbitExperimentRunner(train_lib.OrbitExperimentRunner):

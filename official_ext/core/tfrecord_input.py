@@ -198,7 +198,8 @@ def _reader_stages(params: cfg.DataConfig, stages: Stages,
   parser_fn, sample_fn = stages.parser_fn, stages.sample_fn
   if skip:
     decoder_fn = bad_records_lib.wrap_stage(decoder_fn, decoder_source_fn,
-                                            log, 'decode')
+                                            log, 'decode',
+                                            last=parser_fn is None)
     if parser_fn is not None:
       parser_fn = bad_records_lib.wrap_stage(parser_fn, _source_of_decoded,
                                              log, 'parse')
