@@ -11,6 +11,7 @@ from typing import Any, List, Optional, Tuple
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.common import distribute_utils
+from official_ext.core import kernel_policy
 
 
 def _data_configs(params) -> List[Tuple[str, Any]]:
@@ -87,7 +88,7 @@ def check_devices(runtime) -> None:
   num_gpus = runtime.num_gpus or 0
   if name == 'tpu' or num_gpus <= 0:
     return
-  gpus = len(tf.config.list_physical_devices('GPU'))
+  gpus = kernel_policy.physical_gpus()
   if num_gpus <= gpus:
     return
   fix = (f'--params_override=runtime.num_gpus={gpus}' if gpus else

@@ -297,6 +297,12 @@ def default_device() -> str:
   return 'CPU'
 
 
+def physical_gpus() -> int:
+  """How many GPUs TensorFlow sees on this machine (physical devices)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return len(tf.config.list_physical_devices('GPU'))
+
+
 def strategy_device(strategy) -> str:
   """The device kind a `tf.distribute` strategy computes on.
 
