@@ -186,7 +186,14 @@ class DbofModel(hyperparams.Config):
 @dataclasses.dataclass
 class IdentityBackbone(hyperparams.Config):
   """No backbone: the head reads the video-level features [batch, features]
-  as they come (video-level records, `DataConfig.record_type='video'`)."""
+  (video-level records, `DataConfig.record_type='video'`).
+
+  Attributes:
+    l2_normalize: L2-normalize the concatenated features of each video
+      before the head, as the starter's train.py and eval.py do for every
+      model (the starter's experiments set it).
+  """
+  l2_normalize: bool = False
 
 
 @dataclasses.dataclass
@@ -663,9 +670,10 @@ def video_level_model(head: str, num_mixtures: int = 2
                       ) -> VideoClassificationModel:
   """The starter code's video-level models: `head` ('logistic' or 'moe',
   with `num_mixtures` experts, the starter's default 2) on the concatenated
-  mean features, no backbone."""
+  mean features, L2-normalized, no backbone."""
   return VideoClassificationModel(
-      backbone=Backbone(type='identity'),
+      backbone=Backbone(type='identity',
+                        identity=IdentityBackbone(l2_normalize=True)),
       head=Head(type=head, moe=MoeModel(num_mixtures=num_mixtures)))
 
 
