@@ -1016,8 +1016,8 @@ def yt8m_frame_logistic() -> cfg.ExperimentConfig:
   1e-8) x 0.95 every 4M examples (staircase), each variable's gradient
   clipped to norm 1, 5 epochs. One deviation: the starter's cross-entropy
   adds 1e-5 inside its logarithms, tf_keras' clips the probabilities to
-  [1e-7, 1 - 1e-7] (the loss of a confident mistake is capped at 16.1
-  instead of 11.5; no effect on the other terms).
+  [1e-7, 1 - 1e-7] and adds 1e-7 (the loss of a confident mistake is
+  capped at 15.42 instead of 11.51; no effect on the other terms).
   """
   return _starter_published(frame_logistic_model())
 
@@ -1044,9 +1044,8 @@ def yt8m_lstm() -> cfg.ExperimentConfig:
 
   Two LSTM layers of 1024 cells over all 300 (L2-normalized) frames, the
   last layer's final output into the MoE (2 mixtures, L2 1e-8); trained
-  as `yt8m_frame_logistic` (its recipe and its one deviation). The forget
-  gates' biases start at 1 where the starter adds a constant 1 to biases
-  that start at 0: the same function, trained alike.
+  as `yt8m_frame_logistic` (its recipe and its one deviation). The cells
+  are the starter's `BasicLSTMCell`s (`modeling/starter.py`).
   """
   return _starter_published(lstm_model())
 
