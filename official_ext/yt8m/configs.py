@@ -170,9 +170,10 @@ class DbofModel(hyperparams.Config):
       full input_size x input_size gate).
     input_bn_affine: learn scale/offset in the input batch norm (Model
       Garden does). Off by default: in front of the batch-normalized cluster
-      layer they are an exact reparametrization (absorbed by the cluster
-      kernel / cancelled by the cluster batch norm), and dropping them spares
-      the training step the gradient w.r.t. the frame features.
+      layer they give the same set of functions (absorbed by the cluster
+      kernel / cancelled by the cluster batch norm), though Adam and L2
+      train another parametrization, and dropping them spares the training
+      step the gradient w.r.t. the frame features.
   """
   cluster_size: int = 3000
   hidden_size: int = 2000
