@@ -464,15 +464,14 @@ class PublishedGap:
   source: str
 
 
-_NEXTVLAD_PAPER = ('Lin, Xiao, Fan: "NeXtVLAD", ECCV 2018 workshops '
-                   '(github.com/linrongc/youtube-8m)')
+_NEXTVLAD_PAPER = 'Lin, Xiao, Fan: "NeXtVLAD", ECCV 2018 workshops'
 _YT8M_2018 = 'YouTube-8M 2018, 3,862 classes'
 # The published GAPs of the zoo's models, by `ZooModel.name`: only figures
 # read in their source, for the model the experiment `yt8m_<name>` builds.
 PUBLISHED_GAP = {
     'netvlad': PublishedGap(
         0.8507, 'NetVLAD random (0.5 drop, 256K, 1024H; 274M parameters): '
-        'WILLOW\'s NetVLAD as run there', 'local validation partition',
+        'WILLOW\'s, run by the NeXtVLAD authors', 'local validation partition',
         _YT8M_2018,
         f'{_NEXTVLAD_PAPER}, Table 1'),
     'nextvlad': PublishedGap(
@@ -991,13 +990,13 @@ ZOO_DEMOS_TITLE = 'The model zoo: every demo trained to the same budget'
 ZOO_DEMOS_INTRO = """\
 From `--cases zoo_demos`: each model's demo experiment (`yt8m_<model>_demo`) trained by
 `official_ext.train` on the same generated videos (100 classes) for the same budget of training
-videos, `yt8m_demo`'s own schedule (its steps × its batch; the training videos column), then
-evaluated on all its validation videos; each in a process of its own, whose wall seconds (training
-and evaluation) are given. The published GAPs are not ours: each is its authors' figure on the
-real dataset, with the model, evaluation, dataset version and source named; the 2017 (4,716
-classes) and 2018 (3,862 classes) datasets differ, and neither is comparable with the demo's GAP.
-'–': no published single-model figure was available to check
-([yt8m.md](yt8m.md#every-model-in-one-table)).
+videos, `yt8m_demo`'s own schedule (its steps × its batch, on which its DBoF reaches its
+documented GAP; the training videos column), then evaluated on all its validation videos; each in
+a process of its own, whose wall seconds (training and evaluation) are given. The published GAPs
+are not ours: each is its authors' figure on the real dataset, with the model, evaluation, dataset
+version and source named; the 2017 (4,716 classes) and 2018 (3,862 classes) datasets differ, and
+neither is comparable with the demo's GAP. '–': no published single-model figure was available to
+check ([yt8m.md](yt8m.md#every-model-in-one-table)).
 """
 
 
