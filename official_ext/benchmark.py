@@ -15,9 +15,10 @@ figures as JSON (the results folder: `--json benchmarks/results/FAMILY.json`);
 another checkout of this repository (e.g. one made with `git worktree add
 /tmp/ref COMMIT`) interleaved with this one's, each in a child process;
 `--cases` (assemblenet: `model`, `input_pipeline`; readout: `model`,
-`spike_tokens`; yt8m: `model`, the default, and `zoo`, every registered
-YouTube-8M model with its demo trained) runs only those cases and, with
-`--json`, merges their figures into the existing file.
+`spike_tokens`; yt8m: `model`, the default, `zoo`, every registered
+YouTube-8M model's published-size step, and `zoo_demos`, every model's demo
+trained to the same budget) runs only those cases and, with `--json`,
+merges their figures into the existing file.
 
 `report` writes docs/benchmarks.md from the JSON files in the results folder
 (`benchmarks/results/<family>.json`, written by `--json`; see
@@ -55,9 +56,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_list(
       'cases', None,
       'assemblenet: only these cases (model, input_pipeline); readout: '
-      '(model, spike_tokens); yt8m: model (the default) and zoo (every '
-      'registered model, its demo trained); with --json, merged into the '
-      'existing file.', flag_values=flag_values)
+      '(model, spike_tokens); yt8m: model (the default), zoo (every '
+      'registered model\'s published-size step) and zoo_demos (every '
+      'model\'s demo trained to the same budget); with --json, merged into '
+      'the existing file.', flag_values=flag_values)
   flags.DEFINE_string(
       'tpu', None, 'accelerator: the Cloud TPU address (local on a TPU VM).',
       flag_values=flag_values)

@@ -197,16 +197,16 @@ def merge_cases(previous: Dict[str, Any], figures: Dict[str, Any],
   """A results file's figures with a run of some cases merged in.
 
   The run's figures replace the recorded ones of the same key; its machine,
-  environment and command are kept under `<case>_machine`, ... (the case
-  names joined), so the recorded run's stay what they were, except with the
+  environment and command are kept under `<case>_machine`, ... for each
+  case it ran, so the recorded run's stay what they were, except with the
   'model' case (the figures without a case prefix), whose run they are.
   """
   named = [c for c in cases if c != 'model']
   merged = dict(previous)
   for key, value in figures.items():
     if key in RUN_KEYS:
-      if named:
-        merged['_'.join(named) + '_' + key] = value
+      for case in named:
+        merged[f'{case}_{key}'] = value
       if 'model' in cases:
         merged[key] = value
     elif key != 'quick':

@@ -15,8 +15,8 @@ equals it byte for byte.
 Hand-written pages hold generated blocks too (`BLOCKS`): a block between
 `<!-- NAME: generated ... -->` and `<!-- /NAME -->` in README.md or a docs
 page is rendered from a results file (e.g. the readout adaptation curves'
-table, from `readout_adaptation.json`; the table of every YouTube-8M model,
-`zoo_block`, from `yt8m.json`), and the same command rewrites it (`--check`
+table, from `readout_adaptation.json`; the tables of every YouTube-8M model,
+`zoo_block` and `zoo_demos_block`, from `yt8m.json`), and the same command rewrites it (`--check`
 compares; the rest of those pages is prose); a module's `PLOTS` ({page-relative PNG path: function(figures,
 path)}) are drawn from the same file.
 
@@ -82,7 +82,8 @@ those files. Each section says where and when its run measured. To measure on yo
 
 ```bash
 {COMMAND} yt8m --json benchmarks/results/yt8m.json
-{COMMAND} yt8m --cases zoo --json benchmarks/results/yt8m.json  # every YT8M model
+{COMMAND} yt8m --cases zoo --json benchmarks/results/yt8m.json  # every YT8M model's speed
+{COMMAND} yt8m --cases zoo_demos --json benchmarks/results/yt8m.json  # every YT8M demo
 {COMMAND} assemblenet --json benchmarks/results/assemblenet.json
 {COMMAND} readout --json benchmarks/results/readout.json
 {COMMAND} xla_steps --json benchmarks/results/xla_steps.json  # the XLA runner beside TensorFlow
@@ -615,24 +616,35 @@ def render(results_dir: str = harness.RESULTS_DIR) -> str:
   return '\n'.join(sections).rstrip('\n') + '\n'
 
 
-def zoo_block(figures: Dict[str, Any]) -> str:
-  """The generated block of docs/yt8m.md (`BLOCKS`): the table of every
-  YouTube-8M model (`yt8m.zoo_table`) from yt8m.json's `figures`, without
-  the date or machine (prose pages hold none; the block links them)."""
-  if 'zoo' not in figures:
-    return (f'No zoo run recorded: `{COMMAND} yt8m --cases zoo --json '
+def _zoo_case_block(figures: Dict[str, Any], case: str, render: str) -> str:
+  """A generated block of docs/yt8m.md: the table `render` (a function of
+  the yt8m benchmark module) of yt8m.json's `case`, without the date or
+  machine (prose pages hold none; the block links them)."""
+  if case not in figures:
+    return (f'No {case} run recorded: `{COMMAND} yt8m --cases {case} --json '
             f'benchmarks/results/yt8m.json`, then `{COMMAND} report`.')
-  run = case_run(figures, 'zoo')
+  run = case_run(figures, case)
   out = []
   if (run.get('environment') or {}).get('quick'):
     out += ['**Quick sizes**: a smoke test of the harness, not figures to '
             'compare.', '']
   module = harness.family_module('yt8m')
-  out += [markdown_safe(module.zoo_table(figures['zoo'])), '',
+  out += [markdown_safe(getattr(module, render)(figures[case])), '',
           f"Measured by `{run.get('command')}`; the machine it ran on and "
           'what each column counts: '
           '[benchmarks.md](benchmarks.md#youtube-8m).']
   return '\n'.join(out)
+
+
+def zoo_block(figures: Dict[str, Any]) -> str:
+  """The speed and size of every YouTube-8M model (`yt8m.zoo_table`)."""
+  return _zoo_case_block(figures, 'zoo', 'zoo_table')
+
+
+def zoo_demos_block(figures: Dict[str, Any]) -> str:
+  """Every YouTube-8M demo trained to the same budget, with the published
+  figures (`yt8m.zoo_demos_table`)."""
+  return _zoo_case_block(figures, 'zoo_demos', 'zoo_demos_table')
 
 
 # The generated blocks of hand-written pages.
@@ -642,6 +654,8 @@ BLOCKS = (
     Block(os.path.join('docs', 'readout.md'), 'readout-adaptation',
           'readout_adaptation', 'docs_block'),
     Block(os.path.join('docs', 'yt8m.md'), 'yt8m-zoo', 'yt8m', zoo_block),
+    Block(os.path.join('docs', 'yt8m.md'), 'yt8m-zoo-demos', 'yt8m',
+          zoo_demos_block),
 )
 
 

@@ -170,9 +170,10 @@ class DbofModel(hyperparams.Config):
       full input_size x input_size gate).
     input_bn_affine: learn scale/offset in the input batch norm (Model
       Garden does). Off by default: in front of the batch-normalized cluster
-      layer they are an exact reparametrization (absorbed by the cluster
-      kernel / cancelled by the cluster batch norm), and dropping them spares
-      the training step the gradient w.r.t. the frame features.
+      layer they give the same set of functions (absorbed by the cluster
+      kernel / cancelled by the cluster batch norm), though Adam and L2
+      train another parametrization, and dropping them spares the training
+      step the gradient w.r.t. the frame features.
   """
   cluster_size: int = 3000
   hidden_size: int = 2000
@@ -186,7 +187,14 @@ class DbofModel(hyperparams.Config):
 @dataclasses.dataclass
 class IdentityBackbone(hyperparams.Config):
   """No backbone: the head reads the video-level features [batch, features]
-  as they come (video-level records, `DataConfig.record_type='video'`)."""
+  (video-level records, `DataConfig.record_type='video'`).
+
+  Attributes:
+    l2_normalize: L2-normalize the concatenated features of each video
+      before the head, as the starter's train.py and eval.py do for every
+      model (the starter's experiments set it).
+  """
+  l2_normalize: bool = False
 
 
 @dataclasses.dataclass
@@ -663,9 +671,10 @@ def video_level_model(head: str, num_mixtures: int = 2
                       ) -> VideoClassificationModel:
   """The starter code's video-level models: `head` ('logistic' or 'moe',
   with `num_mixtures` experts, the starter's default 2) on the concatenated
-  mean features, no backbone."""
+  mean features, L2-normalized, no backbone."""
   return VideoClassificationModel(
-      backbone=Backbone(type='identity'),
+      backbone=Backbone(type='identity',
+                        identity=IdentityBackbone(l2_normalize=True)),
       head=Head(type=head, moe=MoeModel(num_mixtures=num_mixtures)))
 
 
@@ -1008,8 +1017,8 @@ def yt8m_frame_logistic() -> cfg.ExperimentConfig:
   1e-8) x 0.95 every 4M examples (staircase), each variable's gradient
   clipped to norm 1, 5 epochs. One deviation: the starter's cross-entropy
   adds 1e-5 inside its logarithms, tf_keras' clips the probabilities to
-  [1e-7, 1 - 1e-7] (the loss of a confident mistake is capped at 16.1
-  instead of 11.5; no effect on the other terms).
+  [1e-7, 1 - 1e-7] and adds 1e-7 (the loss of a confident mistake is
+  capped at 15.42 instead of 11.51; no effect on the other terms).
   """
   return _starter_published(frame_logistic_model())
 
@@ -1036,9 +1045,8 @@ def yt8m_lstm() -> cfg.ExperimentConfig:
 
   Two LSTM layers of 1024 cells over all 300 (L2-normalized) frames, the
   last layer's final output into the MoE (2 mixtures, L2 1e-8); trained
-  as `yt8m_frame_logistic` (its recipe and its one deviation). The forget
-  gates' biases start at 1 where the starter adds a constant 1 to biases
-  that start at 0: the same function, trained alike.
+  as `yt8m_frame_logistic` (its recipe and its one deviation). The cells
+  are the starter's `BasicLSTMCell`s (`modeling/starter.py`).
   """
   return _starter_published(lstm_model())
 

@@ -91,10 +91,13 @@ def test_report_command_writes_and_checks_the_page(tmp_path):
       {'machine': 'm', 'varlen_speedup': 2.5}))
   page = tmp_path / 'benchmarks.md'
   pages = tmp_path / 'pages'
+  texts = {}  # A page's blocks, one after the other (docs/yt8m.md has two).
   for block in report.BLOCKS:
     os.makedirs(pages / os.path.dirname(block.page), exist_ok=True)
-    (pages / block.page).write_text(
-        f'text\n{report.block_marker(block)}\nold\n<!-- /{block.name} -->\n')
+    texts[block.page] = texts.get(block.page, 'text\n') + (
+        f'{report.block_marker(block)}\nold\n<!-- /{block.name} -->\n')
+  for path, text in texts.items():
+    (pages / path).write_text(text)
   cli.run_main(benchmark, 'report', f'--results_dir={results}',
                f'--output={page}', f'--pages_root={pages}')
   assert page.read_text(encoding='utf-8') == report.render(str(results))

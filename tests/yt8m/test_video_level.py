@@ -207,6 +207,8 @@ def test_starter_video_level_models(head):
              for v in model.trainable_variables}
   x = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
   got = model(x, training=False)['predictions'].numpy()
+  # The starter's train.py and eval.py: tf.nn.l2_normalize(input, -1) first.
+  x = x / np.linalg.norm(x, axis=-1, keepdims=True)
   sigmoid = lambda z: 1 / (1 + np.exp(-z))
   if head == 'logistic':
     assert sorted(weights) == ['logits/bias:0', 'logits/kernel:0']
@@ -223,6 +225,21 @@ def test_starter_video_level_models(head):
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match=r"'identity' takes video-level"):
     model(np.zeros([4, 2, 5], np.float32))
+
+
+@pytest.mark.parametrize('experiment',
+                         ['yt8m_video_level', 'yt8m_video_level_demo'])
+def test_starter_experiments_predict_the_same_for_a_scaled_input(experiment):
+  """The starter L2-normalizes every input before any model: scaling a
+  video's features (or one of its feature blocks with the other) by 3
+  changes no prediction."""
+  tf_keras.utils.set_random_seed(4)
+  model = task_factory.get_task(
+      exp_factory.get_exp_config(experiment).task).build_model()
+  x = np.random.default_rng(1).standard_normal((3, 1152)).astype(np.float32)
+  got = model(x, training=False)['predictions'].numpy()
+  scaled = model(3 * x, training=False)['predictions'].numpy()
+  np.testing.assert_allclose(scaled, got, rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope='module')
@@ -287,6 +304,9 @@ def test_export_serves_tf_examples_as_the_model_predicts(trained, tmp_path):
   features = loaded.signatures['serve_features'](
       features=batch['video_matrix'])
   np.testing.assert_allclose(features['probabilities'], expected, atol=1e-6)
+  scaled = loaded.signatures['serve_features'](
+      features=3 * batch['video_matrix'])  # The export normalizes too.
+  np.testing.assert_allclose(scaled['probabilities'], expected, atol=1e-6)
   np.testing.assert_allclose(
       served['top_k_scores'],
       np.take_along_axis(expected, served['top_k_classes'].numpy(), 1),

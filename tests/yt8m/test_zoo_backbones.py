@@ -13,6 +13,7 @@ import tensorflow as tf, tf_keras
 from official.core import exp_factory
 from official_ext.yt8m import configs
 from official_ext.yt8m.modeling import model as yt8m_model
+from official_ext.yt8m.modeling import starter
 from official_ext.yt8m.modeling import willow
 from tests import shipped_configs
 
@@ -178,6 +179,51 @@ def test_training_step_learns_every_variable_and_ignores_padding(name):
   clone.set_weights(model.get_weights())
   np.testing.assert_allclose(clone(valid)['predictions'],
                              model(valid)['predictions'], atol=1e-6)
+
+
+def _basic_lstm_cell(x, h, c, kernel, bias):
+  """TF1's BasicLSTMCell(forget_bias=1.0) in numpy: gates i, j, f, o."""
+  sigmoid = lambda z: 1 / (1 + np.exp(-z))
+  i, j, f, o = np.split(np.concatenate([x, h], 1) @ kernel + bias, 4, 1)
+  c = c * sigmoid(f + 1.0) + sigmoid(i) * np.tanh(j)
+  return np.tanh(c) * sigmoid(o), c
+
+
+def test_lstm_is_the_starters_basic_lstm_cell():
+  """Each layer is one Glorot-uniform kernel over [inputs + cells, 4 cells]
+  and a zero bias (so per-variable clipping clips one kernel per layer, as
+  the starter's), computing BasicLSTMCell up to each video's last valid
+  frame (tf.nn.dynamic_rnn with sequence_length)."""
+  tf_keras.utils.set_random_seed(3)
+  inputs, cells = 96, 64
+  lstm = starter.Lstm(cells=cells, layers=2)
+  rng = np.random.default_rng(4)
+  x = rng.normal(size=[2, 5, inputs]).astype(np.float32)
+  num_frames = np.array([5, 3])
+  got = lstm(x, num_frames=tf.constant(num_frames)).numpy()
+  shapes = [(v.name.split('/', 1)[1], tuple(v.shape))
+            for v in lstm.trainable_variables]
+  assert shapes == [
+      ('lstm_0/basic_lstm_cell/kernel:0', (inputs + cells, 4 * cells)),
+      ('lstm_0/basic_lstm_cell/bias:0', (4 * cells,)),
+      ('lstm_1/basic_lstm_cell/kernel:0', (2 * cells, 4 * cells)),
+      ('lstm_1/basic_lstm_cell/bias:0', (4 * cells,))]
+  kernel, bias = lstm.trainable_variables[0].numpy(), lstm.trainable_variables[1]
+  limit = np.sqrt(6 / (inputs + cells + 4 * cells))  # Glorot uniform.
+  assert np.abs(kernel).max() <= limit and np.abs(kernel).max() > 0.99 * limit
+  np.testing.assert_allclose(kernel.std(), limit / np.sqrt(3), rtol=0.03)
+  assert not np.any(bias.numpy())
+  weights = [v.numpy() for v in lstm.trainable_variables]
+  frames = x / np.linalg.norm(x, axis=-1, keepdims=True)
+  for b, n in enumerate(num_frames):
+    state = [(np.zeros([1, cells]), np.zeros([1, cells]))] * 2
+    for t in range(n):
+      layer_input = frames[b, t][None]
+      for layer in range(2):
+        state[layer] = _basic_lstm_cell(layer_input, *state[layer],
+                                        *weights[2 * layer:2 * layer + 2])
+        layer_input = state[layer][0]
+    np.testing.assert_allclose(got[b], state[1][0][0], rtol=1e-5, atol=1e-6)
 
 
 def _reference_pooling(layer, x):

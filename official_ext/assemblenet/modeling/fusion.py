@@ -125,13 +125,9 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
   behaviour). With `fusion_width_as_channels`, it is what the original's 5-D
   code computes (`original_fusion_width`: an input's *width*), which
   reproduces the original's variable shapes (its parameter count then
-  depends on the input resolution). The original also projected only the
-  first input of a multi-input group whose channel count was not the fusion
-  width (dropping the others); this layer always sums a group before
-  projecting it, in both modes (same variables, so the same shapes).
-
-  The original applied self-attention to single-input nodes even with
-  attention off; here attention is applied only when `attention_mode` is set.
+  depends on the input resolution). As in the original
+  (`fusion_with_peer_attention`), a group is summed before its projection,
+  and a single input is attended only when `attention_mode` is set.
 
   Output: [B, T, H_min, W_min, fusion width].
 

@@ -53,9 +53,10 @@ class Dbof(tf_keras.layers.Layer):
       use_context_gate_cluster_layer: context gating after the cluster layer.
       context_gate_cluster_bottleneck_size: bottleneck of that gate.
       input_bn_affine: learn a scale and offset in the input batch norm. They
-        are redundant when the cluster layer follows (a per-feature scale is
-        absorbed by the cluster kernel and any offset is removed by the
-        cluster batch norm), and without them the training step needs no
+        add no function when the cluster layer follows (a per-feature scale
+        is absorbed by the cluster kernel and any offset is removed by the
+        cluster batch norm; Adam and L2 still train another
+        parametrization), and without them the training step needs no
         gradient with respect to the cluster layer's input: a third of the
         step's matmul FLOPs. Model Garden learns them (True).
       activation: activation name (Model Garden's `tf_utils.get_activation`).

@@ -39,7 +39,8 @@ class VideoClassificationModel(tf_keras.Model):
   frames ('frame_predictions' [batch, frames, num_classes] is returned too).
 
   With the 'identity' backbone (video-level records) the head reads
-  `inputs` float32 [batch, features] as they are, `num_frames` is ignored,
+  `inputs` float32 [batch, features] (L2-normalized if the backbone's
+  `l2_normalize`), `num_frames` is ignored,
   and there is no `backbone` (None): the starter code's video-level models
   (logistic, MoE).
 
@@ -130,6 +131,7 @@ class VideoClassificationModel(tf_keras.Model):
     elif params.backbone.type == 'identity':
       self._pooling = None
       self.backbone = None
+      self._l2_normalize = params.backbone.identity.l2_normalize
     else:
       raise ValueError(f'task.model.backbone.type={params.backbone.type!r}; '
                        'expected dbof, nextvlad, mix_nextvlad, frame_average, '
@@ -165,6 +167,8 @@ class VideoClassificationModel(tf_keras.Model):
              "features] (DataConfig.record_type='frame')")
           + f'; got inputs of shape {inputs.shape}.')
     if video_level:
+      if self._l2_normalize:
+        inputs = tf.math.l2_normalize(inputs, axis=-1)
       return self.head(inputs, training=training)
     features = self.backbone(inputs, num_frames=num_frames, training=training)
     if isinstance(self.backbone, mix_nextvlad.MixNextVlad):

@@ -42,15 +42,51 @@ class FrameAverage(tf_keras.layers.Layer):
                    self.compute_dtype)
 
 
+class BasicLstmCell(tf_keras.layers.Layer):
+  """The starter's LSTM cell, TF1's `BasicLSTMCell(forget_bias=1.0)`: one
+  Glorot-uniform `kernel` [inputs + units, 4 units] over the concatenated
+  input and output, a zero `bias` [4 units], gates in its order (i, j, f,
+  o) and 1 added to the forget gate. For `tf_keras.layers.RNN`; the state
+  is [h, c]."""
+
+  def __init__(self, units: int, forget_bias: float = 1.0, **kwargs):
+    super().__init__(**kwargs)
+    self.units = int(units)
+    self.forget_bias = float(forget_bias)
+    self.state_size = [self.units, self.units]
+    self.output_size = self.units
+
+  def build(self, input_shape):
+    depth = int(input_shape[-1])
+    self.kernel = self.add_weight(
+        'kernel', shape=[depth + self.units, 4 * self.units],
+        initializer='glorot_uniform')
+    self.bias = self.add_weight('bias', shape=[4 * self.units],
+                                initializer='zeros')
+    super().build(input_shape)
+
+  def call(self, inputs, states):
+    h, c = states
+    gates = tf.matmul(tf.concat([inputs, h], axis=1), self.kernel) + self.bias
+    i, j, f, o = tf.split(gates, 4, axis=1)
+    c = c * tf.sigmoid(f + self.forget_bias) + tf.sigmoid(i) * tf.tanh(j)
+    h = tf.tanh(c) * tf.sigmoid(o)
+    return h, [h, c]
+
+  def get_config(self) -> Mapping[str, Any]:
+    config = super().get_config()
+    config.update(units=self.units, forget_bias=self.forget_bias)
+    return config
+
+
 class Lstm(tf_keras.layers.Layer):
-  """A stack of `layers` LSTMs of `cells` units over the valid frames.
+  """A stack of `layers` starter LSTM cells (`BasicLstmCell`) of `cells`
+  units over the valid frames.
 
   [batch, frames, F] -> the last layer's output at each video's last valid
-  frame, [batch, cells]. Layer i's variables are `lstm_{i}/lstm_cell/
-  {kernel [in, 4 cells], recurrent_kernel [cells, 4 cells], bias [4 cells]}`
-  (tf_keras' gate order i, f, c, o); the forget gate's bias starts at 1
-  (the starter's `BasicLSTMCell(forget_bias=1.0)` adds a constant 1 to a
-  zero-initialized bias: the same function at the start of training).
+  frame, [batch, cells]. Layer i's variables are
+  `lstm_{i}/basic_lstm_cell/{kernel [in + cells, 4 cells], bias [4 cells]}`,
+  as the starter's `MultiRNNCell` of `BasicLSTMCell`s has them.
   """
 
   def __init__(self, cells: int = 1024, layers: int = 2, **kwargs):
@@ -60,11 +96,9 @@ class Lstm(tf_keras.layers.Layer):
       raise ValueError(f'task.model.backbone.lstm: cells={cells!r} and '
                        f'layers={layers!r}; expected both >= 1.')
     self._config = dict(cells=int(cells), layers=int(layers))
-    # RNN(LSTMCell), not LSTM: the same math without the cuDNN branch, so
-    # the loop compiles under XLA on every device.
     self._layers = [
         tf_keras.layers.RNN(
-            tf_keras.layers.LSTMCell(cells, unit_forget_bias=True),
+            BasicLstmCell(cells, name='basic_lstm_cell'),
             return_sequences=i < layers - 1, name=f'lstm_{i}')
         for i in range(layers)]
 
