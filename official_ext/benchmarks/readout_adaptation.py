@@ -200,10 +200,16 @@ def legend(figures: Dict[str, Any]) -> str:
              'to every input token instead of the decoder queries '
              '(`session_per_token`, pretrained on its own), whose unit '
              'identification freezes the latents too')
-  return text + (
-      f'; each on n training trials of held-out session '
-      f'`{figures["held_out_session"]}` ({figures["held_out_units"]} '
-      f'units), scored on its {figures["test_trials"]} test trials.')
+  text += (f'; each on n training trials of held-out session '
+           f'`{figures["held_out_session"]}` ({figures["held_out_units"]} '
+           f'units), scored on its {figures["test_trials"]} test trials, ')
+  text += (f'every run from random seed {figures["seed"]}.'
+           if figures.get('seed') is not None else 'runs not seeded.')
+  unmeasured = [ARM_SHORT[a] for a in ARMS if a not in figures]
+  if unmeasured:
+    text += (f' Not measured in this results file: {", ".join(unmeasured)} '
+             '(`python -m official_ext.benchmark readout_adaptation`).')
+  return text
 
 
 def summary_table(figures: Dict[str, Any]) -> str:
@@ -219,8 +225,12 @@ def summary_table(figures: Dict[str, Any]) -> str:
 
 def readme_block(figures: Dict[str, Any]) -> str:
   """README.md's block: `summary_table` and the plot (`PLOTS`)."""
-  return (summary_table(figures) + '\n\n![Scores against training trials '
-          'of the held-out session, every arm](docs/readout_adaptation.png)')
+  unmeasured = [ARM_LABELS[a] for a in ARMS if a not in figures]
+  note = ('' if not unmeasured else
+          f'\n\nNot measured in this results file: {"; ".join(unmeasured)}.')
+  return (summary_table(figures) + note + '\n\n![Scores against training '
+          'trials of the held-out session, every arm]'
+          '(docs/readout_adaptation.png)')
 
 
 def docs_block(figures: Dict[str, Any]) -> str:
