@@ -705,9 +705,9 @@ def readout_units_demo() -> cfg.ExperimentConfig:
 def readout_units_finetune_demo() -> cfg.ExperimentConfig:
   """Adaptation of `readout_units_demo` to its held-out session: from
   `task.init_checkpoint` (the pretraining run), the vocabulary extended by
-  the new session; its unit and session rows are trained alone (unit
-  identification) for the first 224 of its 256 steps, then everything is
-  fine-tuned at the cosine schedule's tail."""
+  the new session; its unit and session rows and the Perceiver latents are
+  trained alone (POYO+'s unit identification) for the first 224 of its 256
+  steps, then everything is fine-tuned at the cosine schedule's tail."""
   params = readout_units_demo()
   task = params.task
   task.demo_data = task.demo_data.replace(train_split='held_out_train',
