@@ -18,10 +18,10 @@ train API (`official_ext.train.run`), every run in a folder of its own:
    session (`readout_units_finetune_demo`, its first n training trials),
    three arms with the same budget of steps and the same model:
    (a) `pretrained`: `task.init_checkpoint` = the pretrained model, every
-   module frozen but the held-out session's unit and session rows
-   (`task.freeze`) for the first `Size.identification_steps` steps, then
-   every module trained (`task.unfreeze_step`) up to
-   `Size.adaptation_steps`;
+   module frozen but the held-out session's unit and session rows and the
+   Perceiver latents (`configs.UNIT_IDENTIFICATION_FREEZE`, as POYO+) for
+   the first `Size.identification_steps` steps, then every module trained
+   (`task.unfreeze_step`) up to `Size.adaptation_steps`;
    (a') `identification`: the same, frozen for all `Size.adaptation_steps`
    steps (unit identification alone);
    (b) `scratch`: the same experiment from a fresh initialisation, every
@@ -29,6 +29,11 @@ train API (`official_ext.train.run`), every run in a folder of its own:
    each evaluated on the held-out session's test trials (the experiment's
    validation split, the same trials for every arm and count): per-task
    primary metric and `average/score`.
+
+Both unit-token variants (`model.unit_token_variant`) run steps 1 and 2,
+each pretrained on its own: 'poyo' (the default) gives arms (a), (a'),
+(b); 'session_per_token' (its unit identification freezes the latents too)
+gives (c), (c'), (d). Every run starts from the same random seed.
 
 `run` returns the figures (JSON); `table` and `summary_table` render them
 (docs/readout.md, README.md: `report.BLOCKS`), `plot` draws the curves
@@ -40,11 +45,12 @@ import tempfile
 from typing import Any, Callable, Dict, IO, List, NamedTuple, Optional, Sequence, Tuple
 
 from absl import logging
-import tensorflow as tf, tf_keras  # pylint: disable=unused-import
+import tensorflow as tf, tf_keras
 
 from official.core import config_definitions
 from official_ext import train
 from official_ext.core import experiment_params as experiment_params_lib
+from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import demo_data
 from official_ext.readout import readout_types
@@ -52,20 +58,46 @@ from official_ext.readout import vocabulary as vocabulary_lib
 
 PRETRAIN_EXPERIMENT = 'readout_units_demo'
 FINETUNE_EXPERIMENT = 'readout_units_finetune_demo'
-ARMS = ('pretrained', 'identification', 'scratch')
+# The unit-token variants measured (`model.unit_token_variant`), the
+# default first; the arms of the others carry the variant in their name.
+VARIANTS = ('poyo', 'session_per_token')
+_ARM_KINDS = ('pretrained', 'identification', 'scratch')
+ARMS = _ARM_KINDS + tuple(f'{arm}_{v}' for v in VARIANTS[1:]
+                          for arm in _ARM_KINDS)
 ARM_LABELS = {
     'pretrained': '(a) pretrained, unit identification then fine-tuning',
     'identification': "(a') pretrained, unit identification alone",
     'scratch': '(b) the same model from scratch',
+    'pretrained_session_per_token': (
+        '(c) as (a), session embedding on every input token'),
+    'identification_session_per_token': (
+        "(c') as (a'), session embedding on every input token"),
+    'scratch_session_per_token': (
+        '(d) as (b), session embedding on every input token'),
 }
 # The arms' short names (table columns, the plot's legend).
 ARM_SHORT = {arm: ARM_LABELS[arm].split(' ', 1)[0] for arm in ARMS}
-# The modules frozen during unit identification (`task.freeze`): every
-# module; of the unit and session tables only the rows the pretrained
-# checkpoint has are frozen, so the held-out session's rows train.
-IDENTIFICATION_FREEZE = ('encoder', 'decoder', 'readout', 'unit_embedding',
-                         'session_embedding')
 SCORE = 'average/score'
+# Every run (pretraining, each arm) starts from this random seed.
+SEED = 0
+
+
+def arm_variant(arm: str) -> str:
+  """The `model.unit_token_variant` of an arm."""
+  for variant in VARIANTS[1:]:
+    if arm.endswith('_' + variant):
+      return variant
+  return VARIANTS[0]
+
+
+def arm_kind(arm: str) -> str:
+  """'pretrained', 'identification' or 'scratch'."""
+  return next(k for k in _ARM_KINDS if arm.startswith(k))
+
+
+def _arms(figures: Dict[str, Any]) -> List[str]:
+  """The arms the figures hold, in `ARMS` order."""
+  return [arm for arm in ARMS if arm in figures]
 
 
 class Size(NamedTuple):
@@ -136,20 +168,18 @@ def _cell(value: Optional[float]) -> str:
 
 def table(figures: Dict[str, Any]) -> str:
   """Per-task primary metric and `average/score` of every arm at every
-  count of training trials (markdown)."""
-  counts = figures['trial_counts']
-  header = ['task (metric)'] + [f'{n} trials: {ARM_SHORT[arm]}'
-                                for n in counts for arm in ARMS]
+  count of training trials, a row each (markdown)."""
+  tasks = _tasks(figures)
+  header = (['trials', 'arm'] +
+            [f'{t} ({m.replace("_", " ")})' for t, m in tasks] +
+            ['**average/score**'])
   rows = [header, ['---'] * len(header)]
-  names = [(f'{t} ({m.replace("_", " ")})', f'{t}/{m}')
-           for t, m in _tasks(figures)]
-  names.append(('**average/score**', SCORE))
-  for label, name in names:
-    cells = [_cell(_score(figures, arm, n, name)) for n in counts
-             for arm in ARMS]
-    if name == SCORE:
-      cells = [f'**{c}**' for c in cells]
-    rows.append([label] + cells)
+  for n in figures['trial_counts']:
+    for arm in _arms(figures):
+      rows.append([str(n), ARM_SHORT[arm]] +
+                  [_cell(_score(figures, arm, n, f'{t}/{m}'))
+                   for t, m in tasks] +
+                  [f'**{_cell(_score(figures, arm, n, SCORE))}**'])
   lines = ['| ' + ' | '.join(r) + ' |' for r in rows]
   return '\n'.join(lines) + '\n\n' + legend(figures)
 
@@ -157,17 +187,29 @@ def table(figures: Dict[str, Any]) -> str:
 def legend(figures: Dict[str, Any]) -> str:
   """What the arms and counts of `table` are (one paragraph)."""
   steps = figures['steps']
-  return (
+  text = (
       f'(a) {ARM_LABELS["pretrained"][4:]}: the model pretrained '
       f'{steps["pretrain"]} steps on {figures["pretrain_sessions"]} '
       f'sessions, every module frozen for '
       f'{steps["identification"]} of {steps["adaptation"]} steps but the '
-      f'held-out session\'s unit and session rows; '
+      f'held-out session\'s unit and session rows and the latents; '
       f'(a\') the same, frozen for all {steps["adaptation"]} steps; '
-      f'(b) {ARM_LABELS["scratch"][4:]}, {steps["adaptation"]} steps; '
-      f'each on n training trials of held-out session '
-      f'`{figures["held_out_session"]}` ({figures["held_out_units"]} '
-      f'units), scored on its {figures["test_trials"]} test trials.')
+      f'(b) {ARM_LABELS["scratch"][4:]}, {steps["adaptation"]} steps')
+  if any(arm_variant(a) != VARIANTS[0] for a in _arms(figures)):
+    text += ('; (c), (c\'), (d): the same with the session embedding added '
+             'to every input token instead of the decoder queries '
+             '(`session_per_token`, pretrained on its own), whose unit '
+             'identification freezes the latents too')
+  text += (f'; each on n training trials of held-out session '
+           f'`{figures["held_out_session"]}` ({figures["held_out_units"]} '
+           f'units), scored on its {figures["test_trials"]} test trials, ')
+  text += (f'every run from random seed {figures["seed"]}.'
+           if figures.get('seed') is not None else 'runs not seeded.')
+  unmeasured = [ARM_SHORT[a] for a in ARMS if a not in figures]
+  if unmeasured:
+    text += (f' Not measured in this results file: {", ".join(unmeasured)} '
+             '(`python -m official_ext.benchmark readout_adaptation`).')
+  return text
 
 
 def summary_table(figures: Dict[str, Any]) -> str:
@@ -175,7 +217,7 @@ def summary_table(figures: Dict[str, Any]) -> str:
   counts = figures['trial_counts']
   rows = [['held-out session: `average/score`'] +
           [f'{n} trials' for n in counts], ['---'] * (len(counts) + 1)]
-  for arm in ARMS:
+  for arm in _arms(figures):
     rows.append([ARM_LABELS[arm]] + [_cell(_score(figures, arm, n, SCORE))
                                      for n in counts])
   return '\n'.join('| ' + ' | '.join(r) + ' |' for r in rows)
@@ -183,8 +225,12 @@ def summary_table(figures: Dict[str, Any]) -> str:
 
 def readme_block(figures: Dict[str, Any]) -> str:
   """README.md's block: `summary_table` and the plot (`PLOTS`)."""
-  return (summary_table(figures) + '\n\n![Scores against training trials '
-          'of the held-out session, every arm](docs/readout_adaptation.png)')
+  unmeasured = [ARM_LABELS[a] for a in ARMS if a not in figures]
+  note = ('' if not unmeasured else
+          f'\n\nNot measured in this results file: {"; ".join(unmeasured)}.')
+  return (summary_table(figures) + note + '\n\n![Scores against training '
+          'trials of the held-out session, every arm]'
+          '(docs/readout_adaptation.png)')
 
 
 def docs_block(figures: Dict[str, Any]) -> str:
@@ -210,7 +256,10 @@ def plot(figures: Dict[str, Any], stream: IO[bytes]) -> None:
   for ax in axes.flat[len(panels):]:
     ax.axis('off')
   for ax, (name, title) in zip(axes.flat, panels):
-    for arm, style in zip(ARMS, ('o-', '^-.', 's--')):
+    for arm in _arms(figures):
+      style = ({'pretrained': 'o', 'identification': '^',
+                'scratch': 's'}[arm_kind(arm)] +
+               ('-' if arm_variant(arm) == VARIANTS[0] else ':'))
       points = [(n, _score(figures, arm, n, name)) for n in counts]
       points = [(n, v) for n, v in points if v is not None]
       ax.plot([n for n, _ in points], [v for _, v in points], style,
@@ -329,9 +378,9 @@ def run(quick: bool = False, work_dir: Optional[str] = None,
     {'trial_counts': [n], 'tasks': [[task, primary metric]],
      'pretrain_sessions', 'held_out_session', 'held_out_units',
      'test_trials', 'steps': {'pretrain', 'identification', 'adaptation'},
-     'batch_size', 'freeze': [module], 'pretrained': {str(n): {score name:
-     value}}, 'identification': {...}, 'scratch': {...}}; score names `<task>/<metric>` (each task's
-    primary metric) and `average/score`.
+     'batch_size', 'seed', 'freeze': {variant: [module]}, and per arm of
+     `ARMS` {str(n): {score name: value}}}; score names `<task>/<metric>`
+     (each task's primary metric) and `average/score`.
   """
   size = size or (QUICK if quick else FULL)
   if work_dir is not None:
@@ -343,45 +392,52 @@ def run(quick: bool = False, work_dir: Optional[str] = None,
 def _run(size: Size, root: str) -> Dict[str, Any]:
   """`run` in the folder `root`."""
   data = {'task.demo_data.num_held_out_train_trials': max(size.trial_counts)}
-  pretrain = experiment_params(PRETRAIN_EXPERIMENT, size,
-                               {**data, **_schedule(size.pretrain_steps)})
-  pretrain_dir = os.path.join(root, 'pretrain')
-  logging.info('readout_adaptation: pretraining %d steps in %s',
-               size.pretrain_steps, pretrain_dir)
-  train.run(pretrain, 'train', pretrain_dir, experiment=PRETRAIN_EXPERIMENT)
-  checkpoint = tf.train.latest_checkpoint(pretrain_dir)
-  finetune = experiment_params(FINETUNE_EXPERIMENT, size, data)
-  held_out_train = demo_data.demo_split_pattern(finetune.task,
-                                                'held_out_train')
-  vocabulary_file = demo_data.demo_vocabulary_file(finetune.task)
-  tasks = primary_metrics(finetune)
   figures: Dict[str, Any] = {arm: {} for arm in ARMS}
-  for count in size.trial_counts:
-    subset = os.path.join(root, f'held_out_train_{count}.tfrecord')
-    _subset(held_out_train, count, subset)
-    for arm in ARMS:
-      overrides = {**data, **_schedule(size.adaptation_steps),
-                   'task.train_data.global_batch_size': size.batch_size,
-                   'task.train_data.input_path': subset,
-                   'task.train_data.num_examples': count,
-                   'task.vocabulary_file': vocabulary_file}
-      if arm != 'scratch':
-        # unfreeze_step 0: frozen for the whole run.
-        overrides.update({'task.init_checkpoint': checkpoint,
-                          'task.freeze': list(IDENTIFICATION_FREEZE),
-                          'task.unfreeze_step': (size.identification_steps
-                                                 if arm == 'pretrained'
-                                                 else 0)})
-      else:
-        overrides.update({'task.init_checkpoint': '', 'task.freeze': [],
-                          'task.unfreeze_step': 0})
-      params = experiment_params(FINETUNE_EXPERIMENT, size, overrides)
-      model_dir = os.path.join(root, f'{arm}_{count}')
-      logging.info('readout_adaptation: %s, %d trials, in %s', arm, count,
-                   model_dir)
-      _, metrics = train.run(params, 'train_and_eval', model_dir,
-                             experiment=FINETUNE_EXPERIMENT)
-      figures[arm][_key(count)] = _scores(metrics, tasks, model_dir)
+  for variant in VARIANTS:
+    model = {'task.model.unit_token_variant': variant}
+    pretrain = experiment_params(PRETRAIN_EXPERIMENT, size, {
+        **data, **model, **_schedule(size.pretrain_steps)})
+    pretrain_dir = os.path.join(
+        root, 'pretrain' if variant == VARIANTS[0] else f'pretrain_{variant}')
+    logging.info('readout_adaptation: pretraining %s %d steps in %s',
+                 variant, size.pretrain_steps, pretrain_dir)
+    tf_keras.utils.set_random_seed(SEED)
+    train.run(pretrain, 'train', pretrain_dir, experiment=PRETRAIN_EXPERIMENT)
+    checkpoint = tf.train.latest_checkpoint(pretrain_dir)
+    finetune = experiment_params(FINETUNE_EXPERIMENT, size, data)
+    held_out_train = demo_data.demo_split_pattern(finetune.task,
+                                                  'held_out_train')
+    vocabulary_file = demo_data.demo_vocabulary_file(finetune.task)
+    tasks = primary_metrics(finetune)
+    for count in size.trial_counts:
+      subset = os.path.join(root, f'held_out_train_{count}.tfrecord')
+      if not tf.io.gfile.exists(subset):
+        _subset(held_out_train, count, subset)
+      for arm in (a for a in ARMS if arm_variant(a) == variant):
+        overrides = {**data, **model, **_schedule(size.adaptation_steps),
+                     'task.train_data.global_batch_size': size.batch_size,
+                     'task.train_data.input_path': subset,
+                     'task.train_data.num_examples': count,
+                     'task.vocabulary_file': vocabulary_file}
+        if arm_kind(arm) != 'scratch':
+          # unfreeze_step 0: frozen for the whole run.
+          overrides.update({
+              'task.init_checkpoint': checkpoint,
+              'task.freeze': list(configs.UNIT_IDENTIFICATION_FREEZE[variant]),
+              'task.unfreeze_step': (size.identification_steps
+                                     if arm_kind(arm) == 'pretrained'
+                                     else 0)})
+        else:
+          overrides.update({'task.init_checkpoint': '', 'task.freeze': [],
+                            'task.unfreeze_step': 0})
+        params = experiment_params(FINETUNE_EXPERIMENT, size, overrides)
+        model_dir = os.path.join(root, f'{arm}_{count}')
+        logging.info('readout_adaptation: %s, %d trials, in %s', arm, count,
+                     model_dir)
+        tf_keras.utils.set_random_seed(SEED)
+        _, metrics = train.run(params, 'train_and_eval', model_dir,
+                               experiment=FINETUNE_EXPERIMENT)
+        figures[arm][_key(count)] = _scores(metrics, tasks, model_dir)
   figures.update(_describe(size, pretrain, finetune, vocabulary_file, tasks))
   return figures
 
@@ -410,5 +466,7 @@ def _describe(size: Size, pretrain, finetune, vocabulary_file: str,
                 'adaptation': int(size.adaptation_steps)},
       'batch_size': int(size.batch_size),
       'pretrain_batch_size': int(pretrain.task.train_data.global_batch_size),
-      'freeze': list(IDENTIFICATION_FREEZE),
+      'seed': SEED,
+      'freeze': {v: list(configs.UNIT_IDENTIFICATION_FREEZE[v])
+                 for v in VARIANTS},
   }

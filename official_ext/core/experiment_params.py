@@ -12,7 +12,9 @@ model's params.yaml inserted and type checks added:
 2. when a trained model is given (export, predict: `checkpoint_path`), its
    `params.yaml`, if the directory of the checkpoint or SavedModel has one
    (logged; strict: a key the experiment lacks is an error naming the file,
-   e.g. a params.yaml of another family). `official_ext.train` writes the
+   e.g. a params.yaml of another family; a field the file lacks that its
+   config class lists in `PARAMS_YAML_DEFAULTS` takes the value listed
+   there, the one the file was trained with). `official_ext.train` writes the
    run's full config to `model_dir/params.yaml`, and
    `official_ext.export_saved_model` writes the config it exported with to
    `export_dir/params.yaml`;
@@ -77,6 +79,43 @@ def find_params_yaml(path: Optional[str]) -> Optional[str]:
   return candidate if tf.io.gfile.exists(candidate) else None
 
 
+def _fill_fields_added_later(config: Any, written: Dict[str, Any],
+                             typed: Any) -> None:
+  """Sets, in `config` and the configs nested in it, each field the file's
+  section `written` lacks and the config class of the matching node of
+  `typed` lists in its `PARAMS_YAML_DEFAULTS` ({field: the value a file
+  without it was trained with}) to that value."""
+  for key, value in (getattr(type(typed), 'PARAMS_YAML_DEFAULTS', None)
+                     or {}).items():
+    if key not in written:
+      config.override({key: value}, is_strict=True)
+  for key, section in written.items():
+    child, typed_child = getattr(config, key, None), getattr(typed, key, None)
+    if isinstance(child, hyperparams.Config) and isinstance(section, dict):
+      _fill_fields_added_later(child, section, typed_child)
+    elif isinstance(child, (list, tuple)) and isinstance(section, list):
+      for item, item_section, typed_item in zip(child, section,
+                                                typed_child or ()):
+        if (isinstance(item, hyperparams.Config) and
+            isinstance(item_section, dict)):
+          _fill_fields_added_later(item, item_section, typed_item)
+
+
+def override_with_params_yaml(params, params_yaml: str, typed=None):
+  """`params` overridden by a params.yaml of a trained model, strictly; a
+  field added to a config class after the file was written takes the value
+  the file was trained with (the class's `PARAMS_YAML_DEFAULTS`), not the
+  experiment's. `typed`: the experiment's config whose classes to read,
+  when `params` holds its values in plain `Config`s (default: `params`).
+  Raises what Model Garden's strict override raises."""
+  params = hyperparams.override_params_dict(params, params_yaml,
+                                            is_strict=True)
+  written = params_dict.read_yaml_to_params_dict(params_yaml).as_dict()
+  _fill_fields_added_later(params, written,
+                           params if typed is None else typed)
+  return params
+
+
 def load_trained_config(params, params_yaml: str):
   """`params_yaml` loaded over a fresh copy of `params`' config class.
 
@@ -95,8 +134,7 @@ def load_trained_config(params, params_yaml: str):
   """
   trained = type(params)(params.as_dict())
   try:
-    return hyperparams.override_params_dict(trained, params_yaml,
-                                            is_strict=True)
+    return override_with_params_yaml(trained, params_yaml, typed=params)
   except (KeyError, ValueError, TypeError, AttributeError) as e:
     raise ValueError(
         f'{params_yaml} does not fit the config of this experiment '
@@ -155,8 +193,7 @@ class ExperimentParser(train_utils.ExperimentParser):
     experiment = self._flags_obj.experiment
     if self.params_yaml:
       try:
-        params = hyperparams.override_params_dict(params, self.params_yaml,
-                                                  is_strict=True)
+        params = override_with_params_yaml(params, self.params_yaml)
       except (KeyError, ValueError, TypeError, AttributeError) as e:
         raise ValueError(
             f'{self.params_yaml} (the config the checkpoint was trained with) '

@@ -347,17 +347,43 @@ class ReadoutModel(hyperparams.Config):
       value_projection(value) + session_embedding(session id); the tables'
       rows come from `task.vocabulary_file`, so one model reads recordings
       of any unit count (`input_dim` 1).
+    unit_token_variant: with unit tokens, 'poyo' (default): POYO's model,
+      an input token is unit_embedding(unit id) + value_projection(value)
+      and the session embedding is added to each decoder query; the unit,
+      session and task embeddings are drawn from N(0, 0.02), the unit and
+      session tables' row 0 (padding) is zero and receives no gradient.
+      'session_per_token': the session embedding added to every input token
+      instead, tf_keras' default initialisation. A params.yaml without this
+      key was written with 'session_per_token' (`PARAMS_YAML_DEFAULTS`).
   """
+  # Fields added after params.yaml files were written without them: the
+  # value a file lacking the field was trained with
+  # (`core.experiment_params`).
+  PARAMS_YAML_DEFAULTS = {'unit_token_variant': 'session_per_token'}
+
   encoder: Encoder = dataclasses.field(default_factory=Encoder)
   decoder: Decoder = dataclasses.field(default_factory=Decoder)
   static_shapes: bool = False
   tokenization: str = 'binned'
+  unit_token_variant: str = 'poyo'
 
 
 TOKENIZATIONS = ('binned', 'unit_tokens')
-# Modules `ReadoutTaskConfig.freeze` can hold (the model's variable groups).
-FREEZABLE_MODULES = ('encoder', 'decoder', 'readout', 'unit_embedding',
+UNIT_TOKEN_VARIANTS = ('poyo', 'session_per_token')
+# Modules `ReadoutTaskConfig.freeze` can hold (the model's variable groups):
+# 'encoder' is 'encoder_except_latents' + 'latents'.
+FREEZABLE_MODULES = ('encoder', 'encoder_except_latents', 'latents',
+                     'decoder', 'readout', 'unit_embedding',
                      'session_embedding')
+# `task.freeze` of unit identification, per `model.unit_token_variant`:
+# POYO+'s (every module but the new unit and session rows and the
+# Perceiver latents), and every module but the new rows.
+UNIT_IDENTIFICATION_FREEZE = {
+    'poyo': ('encoder_except_latents', 'decoder', 'readout',
+             'unit_embedding', 'session_embedding'),
+    'session_per_token': ('encoder', 'decoder', 'readout', 'unit_embedding',
+                          'session_embedding'),
+}
 
 
 # The generated splits an evaluation set can read (`demo_data`):
@@ -532,12 +558,13 @@ class ReadoutTaskConfig(cfg.TaskConfig):
       checkpoint's (rows of ids the checkpoint's vocabulary has are copied
       bit-identically, the others keep their initialisation). The
       checkpoint's stored vocabulary must be a prefix of this one.
-    freeze: modules not trained, among 'encoder', 'decoder', 'readout',
-      'unit_embedding', 'session_embedding' (`FREEZABLE_MODULES`).
-      'unit_embedding' / 'session_embedding' freeze the rows of the ids in
-      the checkpoint's vocabulary only (new rows are trained), so
-      `freeze=[encoder, decoder, readout, unit_embedding,
-      session_embedding]` is unit identification of a new recording.
+    freeze: modules not trained, among 'encoder' (= 'latents' +
+      'encoder_except_latents'), 'decoder', 'readout', 'unit_embedding',
+      'session_embedding' (`FREEZABLE_MODULES`). 'unit_embedding' /
+      'session_embedding' freeze the rows of the ids in the checkpoint's
+      vocabulary only (new rows are trained), so
+      `UNIT_IDENTIFICATION_FREEZE` is unit identification of a new
+      recording.
     unfreeze_step: from this training step on every module trains; 0: the
       frozen modules stay frozen for the whole run.
   """
@@ -678,9 +705,9 @@ def readout_units_demo() -> cfg.ExperimentConfig:
 def readout_units_finetune_demo() -> cfg.ExperimentConfig:
   """Adaptation of `readout_units_demo` to its held-out session: from
   `task.init_checkpoint` (the pretraining run), the vocabulary extended by
-  the new session; its unit and session rows are trained alone (unit
-  identification) for the first 224 of its 256 steps, then everything is
-  fine-tuned at the cosine schedule's tail."""
+  the new session; its unit and session rows and the Perceiver latents are
+  trained alone (POYO+'s unit identification) for the first 224 of its 256
+  steps, then everything is fine-tuned at the cosine schedule's tail."""
   params = readout_units_demo()
   task = params.task
   task.demo_data = task.demo_data.replace(train_split='held_out_train',
@@ -688,7 +715,7 @@ def readout_units_finetune_demo() -> cfg.ExperimentConfig:
   task.train_data = task.train_data.replace(
       global_batch_size=32, num_examples=256, balance_sessions=False)
   task.validation_data = task.validation_data.replace(num_examples=256)
-  task.freeze = FREEZABLE_MODULES
+  task.freeze = UNIT_IDENTIFICATION_FREEZE[task.model.unit_token_variant]
   task.unfreeze_step = 224
   steps_per_epoch, train_steps = 8, 256
   params.trainer = params.trainer.replace(

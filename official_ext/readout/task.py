@@ -170,9 +170,11 @@ class ReadoutTask(base_task.Task):
 
   def _check_run_vocabulary(self, model: model_lib.ReadoutModel) -> None:
     """A unit-token run resumed or evaluated from its model_dir (the
-    task's `logging_dir`) must use the vocabulary its checkpoint was
-    written with: a ValueError names both otherwise, since restoring the
-    tables under other names would pair rows with the wrong units."""
+    task's `logging_dir`) must use the vocabulary and the
+    `model.unit_token_variant` its checkpoint was written with: a
+    ValueError names both otherwise, since restoring the tables under other
+    names would pair rows with the wrong units, and into another variant
+    would compute another function."""
     directory = self.logging_dir
     if model.units is None or not directory or not tf.io.gfile.isdir(
         directory):
@@ -180,6 +182,7 @@ class ReadoutTask(base_task.Task):
     latest = tf.train.latest_checkpoint(directory)
     if latest is None:
       return
+    model_lib.check_checkpoint_variant(model, latest, 'The checkpoint')
     stored = model_lib.checkpoint_vocabulary(latest)
     if stored is not None and stored != model.units:
       raise ValueError(

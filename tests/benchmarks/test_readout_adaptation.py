@@ -25,7 +25,9 @@ def _figures():
           'steps': {'pretrain': 600, 'identification': 100,
                     'adaptation': 300},
           'pretrained': arm(0.5), 'identification': arm(0.45),
-          'scratch': arm(0.25)}
+          'scratch': arm(0.25), 'pretrained_session_per_token': arm(0.4),
+          'identification_session_per_token': arm(0.35),
+          'scratch_session_per_token': arm(0.2)}
 
 
 def test_tables_and_plot_show_every_arm_at_every_count():
@@ -39,16 +41,24 @@ def test_tables_and_plot_show_every_arm_at_every_count():
   assert lines[3] == ("| (a') pretrained, unit identification alone | "
                       '0.557 | 0.877 |')
   assert lines[4] == '| (b) the same model from scratch | 0.357 | 0.677 |'
+  assert lines[5] == ('| (c) as (a), session embedding on every input '
+                      'token | 0.507 | 0.827 |')
+  assert lines[7] == ('| (d) as (b), session embedding on every input '
+                      'token | 0.307 | 0.627 |')
+  assert len(lines) == 8
   table = adaptation.table(figures)
-  assert table.splitlines()[0] == (
-      "| task (metric) | 16 trials: (a) | 16 trials: (a') | 16 trials: (b) "
-      "| 64 trials: (a) | 64 trials: (a') | 64 trials: (b) |")
-  assert ('| choice (balanced accuracy) | 0.660 | 0.610 | 0.410 | 1.140 | '
-          '1.090 | 0.890 |' in table)
-  assert ('| wheel_speed (r2) | 0.580 | 0.530 | 0.330 | 0.820 | 0.770 | '
-          '0.570 |' in table)
-  assert ('| **average/score** | **0.607** | **0.557** | **0.357** | '
-          '**0.927** | **0.877** | **0.677** |') in table
+  rows = table.splitlines()
+  assert rows[0] == ('| trials | arm | choice (balanced accuracy) | '
+                     'wheel_speed (r2) | **average/score** |')
+  assert rows[2] == '| 16 | (a) | 0.660 | 0.580 | **0.607** |'
+  assert rows[4] == '| 16 | (b) | 0.410 | 0.330 | **0.357** |'
+  assert rows[6] == "| 16 | (c') | 0.510 | 0.430 | **0.457** |"
+  assert rows[13] == '| 64 | (d) | 0.840 | 0.520 | **0.627** |'
+  assert 'session embedding added to every input token' in table
+  # Figures of the default variant's arms alone.
+  alone = {k: v for k, v in figures.items() if 'session_per_token' not in k}
+  assert len(adaptation.table(alone).split('\n\n')[0].splitlines()) == 8
+  assert 'every input token' not in adaptation.table(alone)
   assert '6 sessions' in table and '`session-006` (37 units)' in table
   # The README's block shows the plot `report` draws (docs/ from the root).
   assert adaptation.readme_block(figures).startswith(summary)

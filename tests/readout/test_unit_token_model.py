@@ -101,11 +101,14 @@ def test_unit_embeddings_and_modules(data):
                             'latents') if p in v.name}
     return found
   assert parts('encoder') == {'token_embedding', 'encoder', 'latents'}
+  assert parts('latents') == {'latents'}
+  assert parts('encoder_except_latents') == {'token_embedding', 'encoder'}
   assert parts('unit_embedding') == {'unit_embedding'}
   assert parts('session_embedding') == {'session_embedding'}
   assert parts('readout') == {'readout/'}
   assert len(model.trainable_variables) == sum(
-      len(model.module_variables(m)) for m in configs.FREEZABLE_MODULES)
+      len(model.module_variables(m)) for m in configs.FREEZABLE_MODULES
+      if m != 'encoder')
   batch = next(iter(task.build_inputs(task.task_config.validation_data)))
   out = model(batch)
   other = dict(batch, input_unit_ids=tf.where(

@@ -149,6 +149,48 @@ def chained_slots(batch_index: tf.Tensor, batch_size: tf.Tensor
   return tf.stack([index, rank], -1), block_length
 
 
+class ZeroRowNormal(tf_keras.initializers.Initializer):
+  """N(0, stddev) with row 0 zero: a table whose row 0 is padding."""
+
+  def __init__(self, stddev: float = 0.02):
+    self.stddev = float(stddev)
+
+  def __call__(self, shape, dtype=None, **kwargs):
+    values = tf_keras.initializers.RandomNormal(stddev=self.stddev)(
+        shape, dtype=dtype)
+    return tf.concat([tf.zeros_like(values[:1]), values[1:]], 0)
+
+  def get_config(self) -> Dict[str, Any]:
+    return {'stddev': self.stddev}
+
+
+class PaddedEmbedding(tf_keras.layers.Embedding):
+  """An embedding table whose row 0 is padding (torch's `padding_idx=0`).
+
+  Rows are drawn from N(0, `stddev`), row 0 is zero; lookups of id 0 are
+  masked to zero, so row 0 never receives a gradient and stays zero.
+  `call(ids int [...])` -> float [..., output_dim]; the variable is
+  `<name>/embeddings`, as `tf_keras.layers.Embedding`'s.
+  """
+
+  def __init__(self, input_dim: int, output_dim: int, stddev: float = 0.02,
+               **kwargs):
+    kwargs.pop('embeddings_initializer', None)
+    super().__init__(input_dim, output_dim,
+                     embeddings_initializer=ZeroRowNormal(stddev), **kwargs)
+    self._stddev = float(stddev)
+
+  def call(self, inputs):
+    ids = tf.cast(inputs, tf.int32)
+    rows = super().call(ids)
+    return rows * tf.cast(tf.not_equal(ids, 0), rows.dtype)[..., None]
+
+  def get_config(self) -> Dict[str, Any]:
+    config = super().get_config()
+    config.pop('embeddings_initializer', None)
+    return dict(config, stddev=self._stddev)
+
+
 class TokenEncoder(tf_keras.layers.Layer):
   """The shared encoder over timestamped tokens.
 
@@ -211,14 +253,19 @@ class QueryDecoder(tf_keras.layers.Layer):
   """Readout queries -> output embeddings.
 
   A query is a routing id (`task_embedding`, one row per id, row 0 for
-  padding) plus the time embedding of its timestamp; `num_layers` blocks of
+  padding) plus the time embedding of its timestamp, plus, when given, a
+  `query_embedding` of the same shape (the unit-token model's session
+  embedding); `num_layers` blocks of
   cross-attention to the encoder output (queries never attend to each other)
   and feed-forward give its output embedding.
 
   `call(readout_index int [B, n_out], timestamps [B, n_out], encoded
-  [B, L, H], encoded_mask [B, L])` -> [B, n_out, H];
+  [B, L, H], encoded_mask [B, L], query_embedding [B, n_out, H] or None)`
+  -> [B, n_out, H];
   `call_varlen(readout_index [N], timestamps [N], batch_index [N], encoded,
-  encoded_mask)` -> [N, H] (each query attends to its own sample). The
+  encoded_mask, query_embedding [N, H] or None)` -> [N, H] (each query
+  attends to its own sample). `embedding_stddev`: `task_embedding` drawn
+  from N(0, embedding_stddev) (None: tf_keras' default). The
   chained queries attend in per-sample blocks (`AttentionBlock.call` with
   `query_slots`): keys and values are projected once per sample, and no
   per-query copy of the context is made; the embeddings, feed-forward and
@@ -229,17 +276,21 @@ class QueryDecoder(tf_keras.layers.Layer):
                num_heads: int = 4, num_layers: int = 1,
                intermediate_size: int = 128, dropout_rate: float = 0.0,
                min_time_period: float = 0.02, max_time_period: float = 20.0,
-               **kwargs):
+               embedding_stddev: Optional[float] = None, **kwargs):
     super().__init__(**kwargs)
     self._config = dict(num_task_ids=num_task_ids, hidden_size=hidden_size,
                         num_heads=num_heads, num_layers=num_layers,
                         intermediate_size=intermediate_size,
                         dropout_rate=dropout_rate,
                         min_time_period=min_time_period,
-                        max_time_period=max_time_period)
+                        max_time_period=max_time_period,
+                        embedding_stddev=embedding_stddev)
     self._num_task_ids = num_task_ids
     self.task_embedding = tf_keras.layers.Embedding(
-        num_task_ids, hidden_size, name='task_embedding')
+        num_task_ids, hidden_size, name='task_embedding',
+        embeddings_initializer=(
+            'uniform' if embedding_stddev is None else
+            tf_keras.initializers.RandomNormal(stddev=embedding_stddev)))
     self.time_embedding = TimeEmbedding(hidden_size, min_time_period,
                                         max_time_period, name='time_embedding')
     self.blocks = [AttentionBlock(hidden_size, num_heads, intermediate_size,
@@ -248,22 +299,27 @@ class QueryDecoder(tf_keras.layers.Layer):
     self.output_norm = tf_keras.layers.LayerNormalization(
         epsilon=1e-5, name='output_norm')
 
-  def _queries(self, readout_index, timestamps):
+  def _queries(self, readout_index, timestamps, query_embedding):
     # Ids without a row (possible only with ids no head reads) use row 0.
     index = tf.cast(readout_index, tf.int32)
     index = tf.where((index >= 0) & (index < self._num_task_ids), index, 0)
-    return self.task_embedding(index) + self.time_embedding(timestamps)
+    queries = self.task_embedding(index) + self.time_embedding(timestamps)
+    if query_embedding is not None:
+      queries += tf.cast(query_embedding, queries.dtype)
+    return queries
 
   def call(self, readout_index, timestamps, encoded, encoded_mask,
-           training=None) -> tf.Tensor:
-    x = self._queries(readout_index, timestamps)
+           query_embedding=None, training=None) -> tf.Tensor:
+    x = self._queries(readout_index, timestamps, query_embedding)
     for block in self.blocks:
       x = block(x, context=encoded, mask=encoded_mask, training=training)
     return self.output_norm(x)
 
   def call_varlen(self, readout_index, timestamps, batch_index, encoded,
-                  encoded_mask, training=None) -> tf.Tensor:
-    x = self._queries(readout_index, timestamps)[:, None, :]  # [N, 1, H]
+                  encoded_mask, query_embedding=None,
+                  training=None) -> tf.Tensor:
+    x = self._queries(readout_index, timestamps,
+                      query_embedding)[:, None, :]  # [N, 1, H]
     slots, block_length = chained_slots(batch_index, tf.shape(encoded)[0])
     for block in self.blocks:
       x = block(x, context=encoded, mask=encoded_mask, query_slots=slots,

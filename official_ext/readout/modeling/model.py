@@ -9,6 +9,9 @@ Variable (and checkpoint) names are part of the interface:
   padding), and `unit_vocabulary` (a string variable: the vocabulary's JSON,
   `vocabulary.to_json`), so a checkpoint carries the names its rows belong
   to. A grown vocabulary appends rows (`initialize_from`).
+* `unit_token_variant_record` (unit tokens with `model.unit_token_variant`
+  'poyo' only): a string variable holding 'poyo'; a unit-token checkpoint without
+  it was written by a 'session_per_token' model (`checkpoint_variant`).
 * `encoder/`: the shared `TokenEncoder` (the same object in every model that
   shares it).
 * `decoder/`: the query decoder, incl. `task_embedding` (one row per routing
@@ -16,13 +19,15 @@ Variable (and checkpoint) names are part of the interface:
 * `readout/projections/<task>/kernel|bias`: one head per task.
 
 Freezable modules (`configs.FREEZABLE_MODULES`, `module_variables`):
-'encoder' = `token_embedding/` + `encoder/`, 'decoder' = `decoder/`,
-'readout' = `readout/`, 'unit_embedding', 'session_embedding'.
+'encoder' = `token_embedding/` + `encoder/`, 'latents' = `encoder/latents`,
+'encoder_except_latents' = 'encoder' but the latents, 'decoder' =
+`decoder/`, 'readout' = `readout/`, 'unit_embedding', 'session_embedding'.
 
 A single-task model built from the same config with one ReadoutSpec has the
 same names with one head, which is how `graft_single_task_head` restores it
 from a multitask checkpoint.
 """
+import functools
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -35,6 +40,8 @@ from official_ext.readout.modeling import layers
 from official_ext.readout.modeling import multitask_readout
 
 ModelConfig = Union[configs.ReadoutModel, Mapping[str, Any]]
+# POYO's `emb_init_scale`: the standard deviation of its embeddings.
+POYO_EMBEDDING_STDDEV = 0.02
 
 
 def _as_config(model_config: ModelConfig) -> configs.ReadoutModel:
@@ -59,7 +66,10 @@ class ReadoutModel(tf_keras.Model):
   `input_mask` bool [B, n_in], `output_readout_index` int, `output_timestamps`
   float, either padded ([B, n_out]) or chained ([N], with
   `output_batch_index` int [N]); with unit tokens also `input_unit_ids` int
-  [B, n_in] and `session_ids` int [B] (input_dim 1).
+  [B, n_in] and `session_ids` int [B] (input_dim 1). With unit tokens of
+  `unit_token_variant` 'poyo' the session embedding is added to the
+  sample's decoder queries (POYO); with 'session_per_token', to each of its
+  input tokens.
 
   Returns {task: float [queries_of_task, dim]} (rows in row-major (sample,
   query) order; every head present, possibly with 0 rows); with
@@ -109,7 +119,15 @@ class ReadoutModel(tf_keras.Model):
                          'value each (DataConfig.input_dim 1).')
     else:
       units = None
+    if params.unit_token_variant not in configs.UNIT_TOKEN_VARIANTS:
+      raise ValueError(f'model.unit_token_variant is '
+                       f'{params.unit_token_variant!r}; expected one of '
+                       f'{configs.UNIT_TOKEN_VARIANTS}.')
     self.units = units
+    # The variant of a unit-token model (None: binned, which has neither).
+    self.unit_token_variant = (None if units is None else
+                               params.unit_token_variant)
+    poyo = self.unit_token_variant == 'poyo'
     # Plain python containers (not tracked as checkpoint dependencies).
     self._self_setattr_tracking = False
     self._config_dict = dict(
@@ -123,13 +141,20 @@ class ReadoutModel(tf_keras.Model):
     self.token_embedding = tf_keras.layers.Dense(enc.hidden_size,
                                                  name='token_embedding')
     if units is not None:
-      self.unit_embedding = tf_keras.layers.Embedding(
-          units.num_unit_ids, enc.hidden_size, name='unit_embedding')
-      self.session_embedding = tf_keras.layers.Embedding(
-          units.num_session_ids, enc.hidden_size, name='session_embedding')
+      table = (functools.partial(layers.PaddedEmbedding,
+                                 stddev=POYO_EMBEDDING_STDDEV) if poyo
+               else tf_keras.layers.Embedding)
+      self.unit_embedding = table(units.num_unit_ids, enc.hidden_size,
+                                  name='unit_embedding')
+      self.session_embedding = table(units.num_session_ids, enc.hidden_size,
+                                     name='session_embedding')
       self.unit_vocabulary = tf.Variable(
           vocabulary_lib.to_json(units), trainable=False,
           name='unit_vocabulary', dtype=tf.string)
+      if poyo:
+        self.unit_token_variant_record = tf.Variable(
+            'poyo', trainable=False, name='unit_token_variant_record',
+            dtype=tf.string)
     self.encoder = encoder if encoder is not None else build_encoder(enc)
     if self.encoder.hidden_size != enc.hidden_size:
       raise ValueError(f'The shared encoder has hidden_size '
@@ -140,7 +165,9 @@ class ReadoutModel(tf_keras.Model):
         num_heads=enc.num_heads, num_layers=params.decoder.num_layers,
         intermediate_size=enc.intermediate_size,
         dropout_rate=enc.dropout_rate, min_time_period=enc.min_time_period,
-        max_time_period=enc.max_time_period, name='decoder')
+        max_time_period=enc.max_time_period,
+        embedding_stddev=POYO_EMBEDDING_STDDEV if poyo else None,
+        name='decoder')
     self.readout = multitask_readout.MultitaskReadout(
         specs, configs.task_index(task_vocabulary), name='readout')
     self.static_shapes = bool(params.static_shapes)
@@ -158,16 +185,29 @@ class ReadoutModel(tf_keras.Model):
                                  inputs['input_mask'], training=training)
     index = inputs['output_readout_index']
     times = inputs['output_timestamps']
+    session = None  # [B, H]: the session embedding of each sample's queries.
+    if self.unit_token_variant == 'poyo':
+      session = self.session_embedding(
+          tf.cast(inputs['session_ids'], tf.int32))
     if 'output_batch_index' in inputs:
-      return self.decoder.call_varlen(index, times,
-                                      inputs['output_batch_index'], encoded,
-                                      mask, training=training)
-    return self.decoder(index, times, encoded, mask, training=training)
+      batch_index = inputs['output_batch_index']
+      if session is not None:
+        session = tf.gather(session, tf.cast(batch_index, tf.int32))
+      return self.decoder.call_varlen(index, times, batch_index, encoded,
+                                      mask, query_embedding=session,
+                                      training=training)
+    if session is not None:
+      session = tf.broadcast_to(
+          session[:, None, :],
+          tf.concat([tf.shape(index), tf.shape(session)[-1:]], 0))
+    return self.decoder(index, times, encoded, mask, query_embedding=session,
+                        training=training)
 
   def embed_tokens(self, inputs: Mapping[str, tf.Tensor]) -> tf.Tensor:
     """The input tokens' embeddings, [B, n_in, H]: binned,
     token_embedding(values); unit tokens, token_embedding(value) +
-    unit_embedding(unit id) + session_embedding(the sample's session id)."""
+    unit_embedding(unit id), with 'session_per_token' +
+    session_embedding(the sample's session id)."""
     tokens = self.token_embedding(inputs['input_values'])
     if self.units is None:
       return tokens
@@ -177,9 +217,11 @@ class ReadoutModel(tf_keras.Model):
                          'read the records with the unit vocabulary '
                          '(dataloader.build_dataset(..., units=...)).')
     unit = self.unit_embedding(tf.cast(inputs['input_unit_ids'], tf.int32))
+    tokens += tf.cast(unit, tokens.dtype)
+    if self.unit_token_variant == 'poyo':
+      return tokens
     session = self.session_embedding(tf.cast(inputs['session_ids'], tf.int32))
-    return (tokens + tf.cast(unit, tokens.dtype) +
-            tf.cast(session, tokens.dtype)[:, None, :])
+    return tokens + tf.cast(session, tokens.dtype)[:, None, :]
 
   def module_variables(self, module: str) -> List[tf.Variable]:
     """The trainable variables of a freezable module
@@ -187,8 +229,18 @@ class ReadoutModel(tf_keras.Model):
     if module not in configs.FREEZABLE_MODULES:
       raise ValueError(f'task.freeze names {module!r}; expected among '
                        f'{configs.FREEZABLE_MODULES}.')
-    layers_of = {'encoder': [self.token_embedding, self.encoder],
-                 'decoder': [self.decoder], 'readout': [self.readout],
+    latents = getattr(self.encoder, 'latents', None)
+    if module in ('encoder', 'encoder_except_latents', 'latents'):
+      found = [v for layer in (self.token_embedding, self.encoder)
+               for v in layer.trainable_variables]
+      if module == 'encoder':
+        return found
+      if latents is None and module == 'latents':
+        raise ValueError("task.freeze names 'latents', which a model "
+                         'without Perceiver latents '
+                         '(model.encoder.num_latents 0) does not have.')
+      return [v for v in found if (v is latents) == (module == 'latents')]
+    layers_of = {'decoder': [self.decoder], 'readout': [self.readout],
                  'unit_embedding': [getattr(self, 'unit_embedding', None)],
                  'session_embedding': [getattr(self, 'session_embedding',
                                                None)]}[module]
@@ -255,6 +307,42 @@ def build_model(task_config: configs.ReadoutTaskConfig,
 
 
 _VOCABULARY_KEY = 'model/unit_vocabulary/.ATTRIBUTES/VARIABLE_VALUE'
+_VARIANT_KEY = ('model/unit_token_variant_record/.ATTRIBUTES/'
+                'VARIABLE_VALUE')
+
+
+def checkpoint_variant(checkpoint_path: str) -> Optional[str]:
+  """The `model.unit_token_variant` a checkpoint's unit-token model was
+  trained with (its `unit_token_variant_record` variable; without one,
+  'session_per_token', the only variant before it existed); None for a
+  binned model's checkpoint."""
+  names = dict(tf.train.list_variables(checkpoint_path))
+  if _VOCABULARY_KEY not in names:
+    return None
+  if _VARIANT_KEY not in names:
+    return 'session_per_token'
+  value = tf.train.load_variable(checkpoint_path, _VARIANT_KEY)
+  return value.decode('utf-8') if isinstance(value, bytes) else str(value)
+
+
+def check_checkpoint_variant(model: ReadoutModel, checkpoint_path: str,
+                             where: str) -> None:
+  """Raises a ValueError naming `task.model.unit_token_variant`, both values
+  and `where` (the key that gave `checkpoint_path`) when the checkpoint's
+  unit-token model is of another variant than `model`: the tables have the
+  same names and shapes, so a restore would succeed and compute another
+  function."""
+  stored = checkpoint_variant(checkpoint_path)
+  if stored is None or model.unit_token_variant is None:
+    return
+  if stored != model.unit_token_variant:
+    raise ValueError(
+        f'{where} {checkpoint_path} was written by a unit-token model with '
+        f'task.model.unit_token_variant {stored!r}; this model is '
+        f'{model.unit_token_variant!r}. Set '
+        f'task.model.unit_token_variant={stored} to use the checkpoint (its '
+        'params.yaml records the variant, or lacks the key: '
+        "'session_per_token').")
 
 
 def checkpoint_vocabulary(checkpoint_path: str
@@ -317,6 +405,7 @@ def initialize_from(model: ReadoutModel, task_config, checkpoint_path: str
           f'task.init_checkpoint {checkpoint_path}: its unit vocabulary is '
           f'not a prefix of task.vocabulary_file\'s ({problem}); a grown '
           'vocabulary appends names and never renumbers.')
+  check_checkpoint_variant(model, checkpoint_path, 'task.init_checkpoint')
   source = build_model(task_config, readouts=list(model.readout_specs.values()),
                        units=old_units)
   status = tf.train.Checkpoint(model=source).read(checkpoint_path)
@@ -399,6 +488,7 @@ def graft_single_task_head(task_config: configs.ReadoutTaskConfig,
       raise ValueError(f'No checkpoint in directory {checkpoint_path}.')
     checkpoint_path = latest
   model = build_model(task_config, readouts=[specs[task_name]], units=units)
+  check_checkpoint_variant(model, checkpoint_path, 'The checkpoint')
   path = [p for p in _checkpoint_prefix(checkpoint_path,
                                         task_name).split('/') if p]
   root = model
