@@ -433,10 +433,11 @@ def test_skip_mode_stops_when_no_record_is_good(tmp_path, family):
   fam = FAMILIES[family]
   a = _write(tmp_path / 'a.tfrecord', [fam.bad('undecodable')] * 3)
   b = _write(tmp_path / 'b.tfrecord', [fam.bad('undecodable')] * 2)
-  log = bad_records.BadRecordLog()
+  assert bad_records.MAX_SKIPPED_IN_A_ROW == 1000
+  limit = 40  # The reader's default, 1,000, reads 1,000 records per family.
+  log = bad_records.BadRecordLog(max_in_a_row=limit)
   error = _first_batch_or_error(
       fam.build(str(tmp_path / '*.tfrecord'), True, log, is_training=True))
-  limit = bad_records.MAX_SKIPPED_IN_A_ROW
   message = str(error)
   assert f'{limit} records in a row were skipped' in message, message
   assert a in message and b in message, message
