@@ -204,6 +204,15 @@ def test_no_output_inside_the_model_dir(search_checkpoint, tmp_path):
   assert not os.listdir(tmp_path)
 
 
+def _printed_override(capsys) -> str:
+  """The --params_override of the 'Train on it: ' line derive_structure
+  printed, as a POSIX shell passes it."""
+  (line,) = [l for l in capsys.readouterr().out.splitlines()
+             if l.startswith('Train on it: ')]
+  (word,) = shlex.split(line[len('Train on it: '):])
+  return word[len('--params_override='):]
+
+
 def test_task_builds_the_structure_the_printed_override_names(
     search_checkpoint, tmp_path, capsys):
   """derive_structure's command prints the override for step 3; that line,
@@ -213,12 +222,9 @@ def test_task_builds_the_structure_the_printed_override_names(
   cli.run_main(ds, f'--checkpoint={search_checkpoint}',
                '--experiment=assemblenet_plus_lite_search_demo',
                '--threshold=0.5', f'--output={out}')
-  (line,) = [l for l in capsys.readouterr().out.splitlines()
-             if l.startswith('Train on it: ')]
-  (word,) = shlex.split(line[len('Train on it: '):])
-  override = word[len('--params_override='):]
-  params = experiment_params.load_params('assemblenet_plus_lite_demo',
-                                         params_override=override, lock=False)
+  params = experiment_params.load_params(
+      'assemblenet_plus_lite_demo', params_override=_printed_override(capsys),
+      lock=False)
   assert params.task.model.backbone.get().model_structure == ''
   task = task_factory.get_task(params.task)
   assert task.model_input_shape() == list(
@@ -257,12 +263,9 @@ def test_connectivity_search_end_to_end(tmp_path, capsys):
   cli.run_main(ds, f'--model_dir={tmp_path / "search"}',
                '--experiment=assemblenet_plus_lite_search_demo',
                '--threshold=0.5', f'--output={out}')
-  (line,) = [l for l in capsys.readouterr().out.splitlines()
-             if l.startswith('Train on it: ')]
-  (word,) = shlex.split(line[len('Train on it: '):])
   derived = experiment_params.load_params(
       'assemblenet_plus_lite_demo', lock=False,
-      params_override=word[len('--params_override='):])
+      params_override=_printed_override(capsys))
   derived.override(tiny, is_strict=True)
   model, _ = train.run(derived, 'train', str(tmp_path / 'derived_demo'))
   assert model.backbone.structure == json.loads(out.read_text())

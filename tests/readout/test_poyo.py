@@ -16,6 +16,7 @@ from official_ext.readout import demo_data
 from official_ext.readout import task as task_lib
 from official_ext.readout import vocabulary
 from official_ext.readout.modeling import model as model_lib
+from tests.readout import test_unit_token_model
 
 TINY = configs.Encoder(hidden_size=8, num_heads=2, num_layers=1, num_latents=4,
                        intermediate_size=8)
@@ -31,14 +32,8 @@ SESSION_PER_TOKEN_OUTPUTS = {
 
 @pytest.fixture(scope='module')
 def data(tmp_path_factory):
-  """Unit-token data: 2 training sessions, 1 held out."""
-  root = tmp_path_factory.mktemp('poyo')
-  patterns = demo_data.write_unit_token_dataset(
-      str(root), num_train_trials=8, num_validation_trials=4, num_shards=1,
-      seed=3, num_sessions=2, num_held_out_sessions=1,
-      num_held_out_session_trials=2, num_held_out_train_trials=4,
-      min_units=3, max_units=6, mean_rate_hz=4.0)
-  return root, patterns
+  return test_unit_token_model.write_tiny_dataset(
+      tmp_path_factory.mktemp('poyo'))
 
 
 def _task_config(root, patterns, vocab_file, train_split='train',

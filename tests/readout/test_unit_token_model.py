@@ -48,16 +48,20 @@ def test_binned_model_is_unchanged():
                                atol=2e-6, err_msg=name)
 
 
-@pytest.fixture(scope='module')
-def data(tmp_path_factory):
-  """Unit-token data: 2 training sessions, 1 held out."""
-  root = tmp_path_factory.mktemp('unit_tokens')
+def write_tiny_dataset(root):
+  """(root, split patterns) of tiny unit-token data: 2 training sessions,
+  1 held out."""
   patterns = demo_data.write_unit_token_dataset(
       str(root), num_train_trials=8, num_validation_trials=4, num_shards=1,
       seed=3, num_sessions=2, num_held_out_sessions=1,
       num_held_out_session_trials=2, num_held_out_train_trials=4,
       min_units=3, max_units=6, mean_rate_hz=4.0)
   return root, patterns
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+  return write_tiny_dataset(tmp_path_factory.mktemp('unit_tokens'))
 
 
 def _task_config(root, patterns, vocab_file, train_split='train', **kwargs):
