@@ -10,13 +10,13 @@ Model Garden's flags and semantics (`official.common.flags`): config files
 and overrides are applied in order and strictly (an unknown key is an error
 naming the key, a value of the wrong type one naming the key and the type:
 `core.experiment_params`, the loading path every CLI shares); the strategy
-comes from `runtime.distribution_strategy` (`core.distribution`, which
+comes from `runtime.distribution_strategy` (`core.run.distribution`, which
 checks every global batch against its replicas); training runs with Orbit through
-Model Garden's `OrbitExperimentRunner` (`core.runner`), with the kernel
-policy (`runtime.kernel_policy`, `core.kernel_policy`: TensorFlow's stock ops
+Model Garden's `OrbitExperimentRunner` (`core.run.runner`), with the kernel
+policy (`runtime.kernel_policy`, `core.kernels.kernel_policy`: TensorFlow's stock ops
 or this project's fast paths) resolved for the strategy's devices and
 logged. Before TensorFlow's runtime starts, the process settings that policy
-takes (`core.process_settings`: e.g. TensorFlow's BFC CPU allocator for a
+takes (`core.kernels.process_settings`: e.g. TensorFlow's BFC CPU allocator for a
 YT8M run on CPU) are applied where the user has not set them, and logged.
 `runtime.mixed_precision_dtype` is one of Model Garden's values ('float32',
 'float16' with `runtime.loss_scale`, 'bfloat16'; Keras' 'mixed_float16' /
@@ -25,10 +25,10 @@ receives params.yaml, checkpoints and TensorBoard summaries; the same command
 run again resumes from the latest checkpoint in model_dir. SIGTERM or SIGINT
 during training saves a checkpoint at the step reached (after the train loop
 under way), releases the lock and exits 128 + the signal's number
-(`core.runner.StopOnSignal`). A model_dir that
+(`core.run.runner.StopOnSignal`). A model_dir that
 holds another experiment's run, or another model config, is refused before
-anything is written (`core.model_dir`), and so is a second training run while
-one is writing there (`core.run_lock`: the lock file `writer.lock`; an
+anything is written (`core.run.model_dir`), and so is a second training run while
+one is writing there (`core.run.run_lock`: the lock file `writer.lock`; an
 evaluation beside a training run is allowed). `--mode=eval` without a
 checkpoint to evaluate is an error naming model_dir; `continuous_eval` ends
 once no new checkpoint arrived within `trainer.continuous_eval_timeout`.
@@ -39,7 +39,7 @@ Single-task experiments (`ExperimentConfig`) and multitask ones
 against the replicas, the newest readable checkpoint restored (or an error,
 never a silent restart), the training input reseeded on resume, the stop on
 a non-finite loss, Model Garden's train/eval actions, the progress line and
-the final metrics table. Only the trainer differs (`core.trainer.
+the final metrics table. Only the trainer differs (`core.run.trainer.
 create_trainer`): a multitask config gets Model Garden's joint or
 interleaving multitask trainer (`trainer.trainer_type`) joined to its
 multitask evaluator, and its metrics are reported as `<task>/<metric>`.
@@ -52,7 +52,7 @@ from absl import flags
 from absl import logging
 import gin
 
-from official_ext.core import run_logging
+from official_ext.core.run import run_logging
 
 run_logging.quiet_tensorflow_cpp()  # Before TensorFlow is imported.
 
@@ -64,20 +64,20 @@ from official.core import task_factory
 from official.core import train_lib
 from official.core import train_utils
 from official.modeling import performance
-from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.core import checkpoints
 from official_ext.core import config_checks
-from official_ext.core import distribution
 from official_ext.core import experiment_params
-from official_ext.core import input_files
-from official_ext.core import kernel_policy
-from official_ext.core import model_dir as model_dir_lib
-from official_ext.core import multiworker
-from official_ext.core import orbit_actions
-from official_ext.core import process_settings
-from official_ext.core import run_lock
-from official_ext.core import runner as runner_lib
-from official_ext.core import trainer as trainer_lib
+from official_ext.core.input import input_files
+from official_ext.core.kernels import kernel_policy
+from official_ext.core.kernels import process_settings
+from official_ext.core.run import distribution
+from official_ext.core.run import model_dir as model_dir_lib
+from official_ext.core.run import multiworker
+from official_ext.core.run import orbit_actions
+from official_ext.core.run import run_lock
+from official_ext.core.run import runner as runner_lib
+from official_ext.core.run import trainer as trainer_lib
+from official_ext import registry_imports  # pylint: disable=unused-import
 
 FLAGS = flags.FLAGS
 
@@ -100,7 +100,7 @@ def run(params: config_definitions.ExperimentConfig,
       (tests use a MirroredStrategy over logical CPU devices).
     experiment: the registered experiment name (`--experiment`), recorded in
       params.yaml; a model_dir holding another experiment's run is an error
-      (`core.model_dir`). None: only the configs are compared.
+      (`core.run.model_dir`). None: only the configs are compared.
     policy: the kernel policy the task is built and run under; None:
       `runtime.kernel_policy` for the strategy's devices
       (`kernel_policy.for_strategy`; tests pass a GPU's choice to run the
@@ -112,9 +112,9 @@ def run(params: config_definitions.ExperimentConfig,
     training outputs; a multitask experiment's as `<task>/<metric>`.
 
   Raises:
-    core.model_dir.ModelDirInUseError: model_dir holds the run of another
+    core.run.model_dir.ModelDirInUseError: model_dir holds the run of another
       experiment or model config (nothing is written).
-    core.run_lock.ModelDirLockedError: another live training run writes
+    core.run.run_lock.ModelDirLockedError: another live training run writes
       model_dir (a training mode; nothing is written).
     PermissionError: an evaluation mode cannot write its summaries' folder
       (`model_dir.check_eval_outputs_writable`; nothing is evaluated).
@@ -126,8 +126,8 @@ def run(params: config_definitions.ExperimentConfig,
       read (naming it and what is wrong); the checkpoint to restore does not
       hold every model variable (the unmatched ones are listed).
     TimeoutError: `continuous_eval` saw no checkpoint within
-      `trainer.continuous_eval_timeout` (`core.runner`).
-    core.runner.TrainingInterruptedError: SIGTERM or SIGINT during training
+      `trainer.continuous_eval_timeout` (`core.run.runner`).
+    core.run.runner.TrainingInterruptedError: SIGTERM or SIGINT during training
       (a training mode): a checkpoint of the step reached was saved and the
       lock released; `main` exits 128 + the signal's number.
   """
@@ -136,7 +136,7 @@ def run(params: config_definitions.ExperimentConfig,
         f'trainer.train_steps={params.trainer.train_steps} with --mode={mode}:'
         ' training needs at least 1 step (use --mode=eval to evaluate a '
         'checkpoint).')
-  # Before anything is written to model_dir (core.model_dir).
+  # Before anything is written to model_dir (core.run.model_dir).
   precision = config_checks.mixed_precision_dtype(params.runtime)
   kernel_policy.setting_of(params)
   model_dir_lib.check_model_dir(params, model_dir, experiment)
@@ -151,7 +151,7 @@ def run(params: config_definitions.ExperimentConfig,
   if policy is None:
     policy = kernel_policy.for_strategy(params, strategy)
   logging.info(policy.describe())
-  # One live training run per model_dir (core.run_lock); evaluation takes
+  # One live training run per model_dir (core.run.run_lock); evaluation takes
   # no lock. Released when the run ends, also on an error.
   lock = None
   if 'train' in mode and multiworker.is_chief(strategy):
@@ -179,7 +179,7 @@ def _run_locked(params, mode: str, model_dir: str,
   if 'train' in mode and strategy.extended.should_checkpoint:
     resume_from = checkpoints.use_latest_restorable(model_dir)
   # A non-chief worker writes to a temporary directory of its own, which
-  # starts with a copy of the chief's latest checkpoint (core.multiworker).
+  # starts with a copy of the chief's latest checkpoint (core.run.multiworker).
   model_dir = multiworker.worker_model_dir(strategy, model_dir)
   configured = params  # What params.yaml records (not the per-start seed).
   to_train = True
@@ -187,10 +187,10 @@ def _run_locked(params, mode: str, model_dir: str,
     restored = resume_from or tf.train.latest_checkpoint(model_dir)
     step = checkpoints.checkpoint_step(restored)
     # Every worker decides alike (the same checkpoint): refused below, or
-    # nothing left to train (core.model_dir).
+    # nothing left to train (core.run.model_dir).
     to_train = model_dir_lib.check_resume_step(params, model_dir, restored,
                                                step)
-    # A resumed run continues its data stream (core.input_files).
+    # A resumed run continues its data stream (core.input.input_files).
     params = input_files.reseed_for_start(params, step)
   with strategy.scope():
     task = task_factory.get_task(params.task, logging_dir=model_dir)
@@ -205,7 +205,7 @@ def _run_locked(params, mode: str, model_dir: str,
   # The non-finite check and the lock check run first: before Model
   # Garden's actions and before Orbit saves the loop's checkpoint; then the
   # stop on SIGTERM / SIGINT, which saves the step reached.
-  checks = [trainer_lib.NonFiniteLossCheck(trainer)]
+  checks = [orbit_actions.NonFiniteLossCheck(trainer)]
   if lock:
     checks.append(run_lock.LockCheck(lock))
   stop = runner_lib.StopOnSignal(strategy, trainer.global_step)
@@ -264,7 +264,7 @@ def parse_configuration(flags_obj) -> config_definitions.ExperimentConfig:
 def apply_process_settings(params) -> process_settings.Applied:
   """Applies the experiment's declared process settings and logs them.
 
-  `core.process_settings`: the settings the run's kernel policy takes
+  `core.kernels.process_settings`: the settings the run's kernel policy takes
   (`kernel_policy.process_env`: on a CPU run, e.g. YT8M TensorFlow's BFC
   CPU allocator, AssembleNet++lite glibc's 1 MiB mmap threshold); they are
   set here, before TensorFlow's runtime starts, unless the user set the

@@ -16,7 +16,7 @@
 #   * --model_dir=MODEL_DIR for every worker: the chief writes checkpoints,
 #     summaries and params.yaml there; the other workers write theirs to a
 #     temporary directory of their own, removed when they exit
-#     (official_ext.core.multiworker).
+#     (official_ext.core.run.multiworker).
 #   * Worker i's stdout and stderr go to LOG_DIR/worker_i.log, LOG_DIR being
 #     $MULTIWORKER_LOG_DIR or MODEL_DIR/logs.
 #

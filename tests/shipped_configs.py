@@ -22,11 +22,11 @@ import pytest
 import tensorflow as tf, tf_keras
 import yaml
 
+from official_ext.core import experiment_params
+from official_ext.core.kernels import kernel_policy
+from official_ext.core.run import trainer as trainer_lib
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
-from official_ext.core import experiment_params
-from official_ext.core import kernel_policy
-from official_ext.core import trainer as trainer_lib
 from tests.assemblenet import minimal
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

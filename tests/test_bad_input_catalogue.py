@@ -22,13 +22,13 @@ import pytest
 import tensorflow as tf
 
 from official.modeling import hyperparams
-from official_ext import train
 from official_ext.assemblenet import configs as anet_configs
 from official_ext.assemblenet import dataloader as anet_dataloader
 from official_ext.assemblenet import demo_data as anet_demo
-from official_ext.core import bad_records
+from official_ext.core.input import bad_records
 from official_ext.readout import configs as readout_configs
 from official_ext.readout import dataloader as readout_dataloader
+from official_ext import train
 from official_ext.yt8m import configs as yt8m_configs
 from official_ext.yt8m import dataloader as yt8m_dataloader
 from official_ext.yt8m import demo_data as yt8m_demo

@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 
 from official.core import exp_factory
-from official_ext import registry_imports  # pylint: disable=unused-import
-from official_ext.core import input_files
+from official_ext.core.input import input_files
 from official_ext.readout import dataloader as readout_dataloader
+from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.yt8m import dataloader as yt8m_dataloader
 from official_ext.yt8m import demo_data as yt8m_demo_data
 

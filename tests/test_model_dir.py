@@ -1,4 +1,4 @@
-"""A used model_dir is never taken over (official_ext.core.model_dir).
+"""A used model_dir is never taken over (official_ext.core.run.model_dir).
 
 A tiny YT8M demo run (tests/yt8m/test_train.py's config) is trained once into
 a module-wide model_dir; each test works on a copy and checks that a refused
@@ -16,8 +16,8 @@ import pytest
 
 from official.core import exp_factory
 from official.modeling import hyperparams
+from official_ext.core.run import model_dir as model_dir_lib
 from official_ext import train
-from official_ext.core import model_dir as model_dir_lib
 from tests.readout.test_train import _params as _readout_params
 from tests.test_resilience import _params as _resilience_params
 

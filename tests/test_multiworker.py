@@ -16,9 +16,9 @@ import pytest
 import tensorflow as tf
 
 from official.core import exp_factory
+from official_ext.core.run import runner
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
-from official_ext.core import runner
 from official_ext.yt8m import demo_data
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,9 +6,9 @@ import orbit
 import tensorflow as tf
 
 from official.core import exp_factory
+from official_ext.core.run import orbit_actions
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
-from official_ext.core import orbit_actions
 from tests.yt8m.test_train import _tiny_overrides
 
 

@@ -17,9 +17,9 @@ import pytest
 import tensorflow as tf
 
 from official.core import exp_factory
-from official_ext import train
 from official_ext.core import checkpoints
-from official_ext.core import trainer as trainer_lib
+from official_ext.core.run import orbit_actions
+from official_ext import train
 from tests.yt8m.test_train import _tiny_overrides
 from tests.yt8m.test_train import _yaml
 
@@ -105,7 +105,7 @@ def test_sigkill_at_any_point_then_same_command_finishes(tmp_path):
   # The last run restored the newest checkpoint and trained only the rest:
   # its first train loop ends 2 steps after the restored step.
   # Orbit prints its lines to stdout (their log copies are dropped:
-  # core.run_logging).
+  # core.run.run_logging).
   loops = [int(s) for s in re.findall(r'train \| step:\s+(\d+) \| steps/sec',
                                       final.stdout)]
   assert loops[0] == resumed_from[-1] + 2, (resumed_from, loops)
@@ -326,7 +326,7 @@ def _nan_run(tmp_path, steps_per_loop):
               'boundaries': [4], 'values': [0.002, 1e38]}},
           'warmup': {'type': None}})
   model_dir = str(tmp_path / f'nan{steps_per_loop}')
-  with pytest.raises(trainer_lib.NonFiniteLossError) as e:
+  with pytest.raises(orbit_actions.NonFiniteLossError) as e:
     train.run(params, 'train', model_dir)
   step = int(re.search(r'not finite at step (\d+)', str(e.value)).group(1))
   return step, model_dir
@@ -360,12 +360,12 @@ def test_loop_level_check_without_the_per_step_record():
   class _OtherTrainer:
     global_step = tf.Variable(8, dtype=tf.int64)
 
-  check = trainer_lib.NonFiniteLossCheck(_OtherTrainer())
+  check = orbit_actions.NonFiniteLossCheck(_OtherTrainer())
   check({'training_loss': np.float32(0.5)})  # Finite: nothing happens.
-  with pytest.raises(trainer_lib.NonFiniteLossError,
+  with pytest.raises(orbit_actions.NonFiniteLossError,
                      match='in the train loop ending at step 8'):
     check({'training_loss': np.float32('nan')})
-  with pytest.raises(trainer_lib.NonFiniteLossError):
+  with pytest.raises(orbit_actions.NonFiniteLossError):
     check({'training_loss': np.float32('inf')})
 
 
@@ -379,7 +379,7 @@ def test_resumed_run_seeds_its_input_from_the_step(trained, tmp_path,
   builds its training input, and stops there: the seed is what is tested,
   training on it is tests/test_input_sharding.py's.
   """
-  from official_ext.core import input_files  # pylint: disable=g-import-not-at-top
+  from official_ext.core.input import input_files  # pylint: disable=g-import-not-at-top
   from official_ext.yt8m import task as yt8m_task  # pylint: disable=g-import-not-at-top
   seeds = []
 

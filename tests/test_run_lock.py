@@ -1,4 +1,4 @@
-"""One live training run per model_dir (official_ext.core.run_lock).
+"""One live training run per model_dir (official_ext.core.run.run_lock).
 
 The first test is about the process boundary: the lock is held by another
 Python process, which is then SIGKILLed. The others work in this process, on
@@ -16,8 +16,8 @@ import time
 import pytest
 import tensorflow as tf
 
+from official_ext.core.run import run_lock
 from official_ext import train
-from official_ext.core import run_lock
 from tests.test_model_dir import _files
 from tests.test_model_dir import _yt8m_params
 
@@ -26,7 +26,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Takes the lock of argv[1] and holds it until killed.
 _HOLDER = """
 import json, sys, time
-from official_ext.core import run_lock
+from official_ext.core.run import run_lock
 lock = run_lock.acquire(sys.argv[1], experiment='yt8m_demo', mode='train')
 print(json.dumps(dict(lock.holder, module=run_lock.__file__)), flush=True)
 time.sleep(600)

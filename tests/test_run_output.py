@@ -1,6 +1,6 @@
 """A run's output reads cleanly: each line once, no notice that is no problem.
 
-`official_ext.core.run_logging`; the CLI's whole output is checked by
+`official_ext.core.run.run_logging`; the CLI's whole output is checked by
 tests/yt8m/test_train.py::test_train_py_writes_model_dir_and_reads_cleanly.
 """
 import logging as std_logging
@@ -8,7 +8,7 @@ import os
 
 from absl import logging
 
-from official_ext.core import run_logging
+from official_ext.core.run import run_logging
 
 
 def _record(msg, args=(), pathname='x.py', level=std_logging.INFO):

@@ -29,7 +29,7 @@ from official.modeling import hyperparams
 from official.modeling import optimization
 from official.vision.configs import common
 from official_ext.assemblenet import structures
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 
 CHARADES_NUM_CLASSES = 157
 CHARADES_TRAIN_EXAMPLES = 7985

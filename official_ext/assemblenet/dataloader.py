@@ -5,7 +5,7 @@ video_input`): sequence feature `image/encoded` (one JPEG/PNG string per
 frame), context `clip/label/index` (int64 class ids). TFDS: elements with
 `video` (uint8 [N, H, W, 3]) and `label` (int64) features.
 
-Pipeline (`build_dataset`), on `official_ext.core.tfrecord_input` (files or
+Pipeline (`build_dataset`), on `official_ext.core.input.tfrecord_input` (files or
 TFDS, sharding, bad records, evaluation padding, Model Garden's InputReader):
 
     files --> (file name, record) --decode--> {frames, labels, source}
@@ -27,7 +27,7 @@ JPEG training clips: a header that does not read, a missing end marker or
 frames of different sizes); a
 record that is not a SequenceExample or a feature of another dtype fails in
 TensorFlow's parser naming the file and feature; a truncated or corrupted file
-fails naming the file and byte offset (`official_ext.core.bad_records`). With
+fails naming the file and byte offset (`official_ext.core.input.bad_records`). With
 `skip_bad_records` the invalid record, or the damaged records of a
 file, are skipped, logged and counted instead. JPEG frames cannot be NaN.
 
@@ -36,7 +36,7 @@ one-hot (single-label) or multi-hot (multi-label); with `mixup_and_cutmix`,
 smoothed and mixed with the batch partner's); views = num_test_clips x
 num_test_crops in evaluation, 1 in training. Evaluation with `drop_remainder`
 (static batch shapes) drops no video: the last batch is filled with copies of
-a video marked padding (`official_ext.core.eval_padding.pad_final_batches`)
+a video marked padding (`official_ext.core.input.eval_padding.pad_final_batches`)
 and the features carry `eval_mask` bool [B] (False: padding).
 """
 from typing import Dict, Optional, Tuple
@@ -48,10 +48,10 @@ from official.vision.configs import common
 from official.vision.ops import augment
 from official.vision.ops import preprocess_ops_3d
 from official_ext.assemblenet import configs
-from official_ext.core import bad_records as bad_records_lib
-from official_ext.core import eval_padding
-from official_ext.core import graph_checks
-from official_ext.core import tfrecord_input
+from official_ext.core.input import bad_records as bad_records_lib
+from official_ext.core.input import eval_padding
+from official_ext.core.input import graph_checks
+from official_ext.core.input import tfrecord_input
 
 # Keys of the decoded dict (`Decoder`).
 FRAMES = 'frames'
@@ -574,7 +574,7 @@ def build_dataset(params: configs.DataConfig,
   """Builds the batched dataset of one split (see the module docstring).
 
   Files or TFDS, sharding, the bad-record modes and the evaluation padding
-  are `official_ext.core.tfrecord_input.build_dataset`'s; this adds the
+  are `official_ext.core.input.tfrecord_input.build_dataset`'s; this adds the
   AssembleNet decoder, parser and the folding of evaluation views.
 
   Args:
@@ -582,7 +582,7 @@ def build_dataset(params: configs.DataConfig,
     input_context: from tf.distribute; shards files (or TFDS shards) per
       input pipeline and sets the per-replica batch size.
     bad_records: where `skip_bad_records` mode counts what it skips (default
-      `official_ext.core.bad_records.bad_record_log()`).
+      `official_ext.core.input.bad_records.bad_record_log()`).
 
   Returns:
     A Dataset of ({'image': float32 [B * views, T, H, W, 3]},

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 import tensorflow_datasets as tfds
 
-from official_ext.core import demo_cache
+from official_ext.core.input import demo_cache
 
 SHAPES = ('square', 'disk')
 DIRECTIONS = ('right', 'left', 'down', 'up')
@@ -139,7 +139,7 @@ class MovingShapes(tfds.core.GeneratorBasedBuilder):
 
 
 def default_data_dir(data_dir: str = '') -> str:
-  """`data_dir`, else the `tfds` folder of `core.demo_cache.cache_root()`."""
+  """`data_dir`, else the `tfds` folder of `core.input.demo_cache.cache_root()`."""
   return data_dir or os.path.join(demo_cache.cache_root(), 'tfds')
 
 

@@ -47,8 +47,8 @@ from official.core import base_task
 from official.core import config_definitions
 from official.core import export_base
 from official_ext.assemblenet import dataloader
-from official_ext.core import graph_checks
-from official_ext.core import kernel_policy
+from official_ext.core.input import graph_checks
+from official_ext.core.kernels import kernel_policy
 
 SIGNATURES = ('serving_default', 'serve_examples')
 

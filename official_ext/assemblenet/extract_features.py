@@ -75,14 +75,14 @@ import tensorflow as tf, tf_keras
 
 from official.core import config_definitions
 from official_ext.assemblenet import dataloader
-from official_ext.assemblenet import video_records
-from official_ext.assemblenet import videos as videos_lib
 from official_ext.assemblenet.modeling import assemblenet_plus_lite
 from official_ext.assemblenet import task as task_lib
+from official_ext.assemblenet import video_records
+from official_ext.assemblenet import videos as videos_lib
 from official_ext.core import checkpoints
 from official_ext.core import experiment_params
 from official_ext.core import frame_features
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 from official_ext.core import output_files
 
 FEATURE_LAYERS = ('head', 'backbone')

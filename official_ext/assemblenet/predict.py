@@ -93,7 +93,7 @@ from official_ext.assemblenet import task  # pylint: disable=unused-import
 from official_ext.assemblenet import videos
 from official_ext.core import checkpoints
 from official_ext.core import experiment_params
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 from official_ext.core import output_files
 from official_ext.core import timelines
 
@@ -169,7 +169,7 @@ def checkpoint_predictor(params: config_definitions.ExperimentConfig,
 
   Built and traced under the kernel policy an evaluation in this process
   takes (`runtime.kernel_policy` resolved for this process's device,
-  `core.kernel_policy`), in float32.
+  `core.kernels.kernel_policy`), in float32.
   """
   tf_keras.mixed_precision.set_global_policy('float32')
   policy = kernel_policy.resolve(kernel_policy.setting_of(params))

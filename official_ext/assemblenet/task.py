@@ -10,7 +10,7 @@ classification does). Evaluation combines the probabilities of the
 `num_test_clips x num_test_crops` views of each video by their mean or
 their maximum (`task.eval_aggregation`; `aggregate_views`), covers every
 validation video (a static-shape last batch is padded and the
-padding masked out of losses and metrics: `core.eval_padding`), reports
+padding masked out of losses and metrics: `core.input.eval_padding`), reports
 `num_examples` (videos evaluated), and an evaluation of zero videos is an
 `EmptyEvaluationError` naming the dataset.
 """
@@ -27,12 +27,12 @@ from official_ext.assemblenet import configs
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import metrics as anet_metrics
-from official_ext.assemblenet import structures
 from official_ext.assemblenet.modeling import assemblenet_plus_lite  # pylint: disable=unused-import  (registers builders)
-from official_ext.core import bad_records
-from official_ext.core import eval_padding
+from official_ext.assemblenet import structures
 from official_ext.core import gradients
-from official_ext.core import multiworker
+from official_ext.core import host_gather
+from official_ext.core.input import bad_records
+from official_ext.core.input import eval_padding
 
 _MAP_KEY = 'map_inputs'
 
@@ -336,7 +336,7 @@ class AssembleNetTask(base_task.Task):
                                        example_mask=mask))
     if self.multilabel:
       # With several workers, every worker accumulates all replicas' rows.
-      logs[_MAP_KEY] = multiworker.gather_for_host(
+      logs[_MAP_KEY] = host_gather.gather_for_host(
           {'labels': labels, 'probabilities': probs, 'mask': mask})
     return logs
 
@@ -348,7 +348,7 @@ class AssembleNetTask(base_task.Task):
     if state is None:
       state = {'labels': [], 'probabilities': []}
     rows = step_outputs[_MAP_KEY]
-    parts = {k: multiworker.host_parts(v) for k, v in rows.items()}
+    parts = {k: host_gather.host_parts(v) for k, v in rows.items()}
     masks = parts.get('mask') or [None] * len(parts['labels'])
     for i, mask in enumerate(masks):
       keep = slice(None) if mask is None else np.asarray(mask, bool)

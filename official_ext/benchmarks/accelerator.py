@@ -17,7 +17,7 @@ experiment's shapes, so the input pipeline is not timed) are timed after
   example needs, from each family's benchmark module) and `achieved_tflops`;
 * `peak_memory_gb`: the largest peak of `tf.config.experimental.
   get_memory_info` over the devices (None where the device does not say);
-* `kernel_policy`: what the run's policy took (`core.kernel_policy`: on an
+* `kernel_policy`: what the run's policy took (`core.kernels.kernel_policy`: on an
   accelerator 'auto' is the stock ops) and, for families with fast paths,
   `fast_examples_per_sec` and `fast_vs_stock` (the same step under 'fast',
   timed in the same process): the measurement the policy asks for before a
@@ -37,13 +37,13 @@ import tensorflow as tf, tf_keras
 
 from official.core import task_factory
 from official.modeling import performance
-from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.benchmarks import timing
 from official_ext.benchmarks import yt8m as yt8m_bench
-from official_ext.core import distribution
 from official_ext.core import experiment_params
-from official_ext.core import kernel_policy
-from official_ext.core import trainer as trainer_lib
+from official_ext.core.kernels import kernel_policy
+from official_ext.core.run import distribution
+from official_ext.core.run import trainer as trainer_lib
+from official_ext import registry_imports  # pylint: disable=unused-import
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))

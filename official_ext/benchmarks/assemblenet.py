@@ -40,7 +40,7 @@ the forward pass and the training step of both variants is most of it):
   one training step on 8 clips x 32 frames x 224^2 (quick: 2 x 8 x 64^2);
   `peak_rss_step_sec`: that first step's time (input generation, tracing and
   the step: one call, no warm-up). The child applies the task's process
-  settings first (`PROCESS_SETTINGS`, `core.kernel_policy`: glibc
+  settings first (`PROCESS_SETTINGS`, `core.kernels.kernel_policy`: glibc
   malloc's mmap threshold fixed at 1 MiB; the user's own
   `MALLOC_MMAP_THRESHOLD_` wins; `peak_rss_malloc_mmap_threshold_bytes` is
   the threshold the child had, None where none was set).
@@ -80,20 +80,20 @@ from official.core import exp_factory
 from official.core import task_factory
 from official_ext import export_saved_model
 # (Also registers the experiment and the task.)
-from official_ext.assemblenet import task as assemblenet_task
 from official_ext.assemblenet.modeling import complexity
-from official_ext.core import kernel_policy
-from official_ext.core import process_settings
+from official_ext.assemblenet import task as assemblenet_task
 from official_ext.benchmarks import assemblenet_input
 from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
+from official_ext.core.kernels import kernel_policy
+from official_ext.core.kernels import process_settings
 
 
 # Quick runs: both stems, one fused (learned edge weights, peer attention over
 # the stems), one strided level-3 block; its original-width variant differs
 # (the fusion projects the stems to their width, 16 at 32^2).
 # Settings of a `benchmark assemblenet` process and of its peak-RSS child:
-# those a CPU training run of the family takes (`core.kernel_policy`, as
+# those a CPU training run of the family takes (`core.kernels.kernel_policy`, as
 # `python -m official_ext.train` applies them).
 PROCESS_SETTINGS = kernel_policy.cpu_process_env('assemblenet')
 

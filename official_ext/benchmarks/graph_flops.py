@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict
 import numpy as np
 import tensorflow as tf, tf_keras
 
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 from official_ext.core import tf_internals
 
 MATMULS = ('MatMul', 'BatchMatMul', 'BatchMatMulV2', 'BatchMatMulV3')

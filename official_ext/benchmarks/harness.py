@@ -8,7 +8,7 @@ process: its `*_vs_tf1_quoted` ratios compare with quoted timings, not a
 measurement. Each family module has `run(quick=False) -> figures` (a
 JSON-serializable dict) and may have `table(figures) -> str`, and
 `PROCESS_SETTINGS` ({variable: value}): the process settings a CPU training
-run of its family takes (`core.kernel_policy`, the ones `python -m official_ext.train`
+run of its family takes (`core.kernels.kernel_policy`, the ones `python -m official_ext.train`
 applies too), applied by `run` only where the process has not yet started
 TensorFlow's runtime (they take effect when it starts), and only where the
 user has not set the variable; the log says what was applied.
@@ -30,7 +30,7 @@ from absl import logging
 import tensorflow as tf
 
 from official_ext.benchmarks import timing
-from official_ext.core import process_settings
+from official_ext.core.kernels import process_settings
 
 # The repository's results folder: one JSON file per family, the latest run.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -104,7 +104,7 @@ def environment(quick: bool = False) -> Dict[str, Any]:
      'date': 'YYYY-MM-DDTHH:MM:SSZ', 'loadavg': [1, 5, 15 min]
      (how busy the machine was as the run ended), 'quick': bool}.
   """
-  from official_ext.core import kernel_policy  # pylint: disable=g-import-not-at-top
+  from official_ext.core.kernels import kernel_policy  # pylint: disable=g-import-not-at-top
   gpus = tf.config.list_physical_devices('GPU')
   return {
       'cpu_model': cpu_model(),

@@ -51,16 +51,16 @@ import tensorflow as tf, tf_keras
 
 from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import demo_data
+from official_ext.readout.modeling import multitask_readout
 from official_ext.readout import task as task_lib
 from official_ext.readout import vocabulary as vocabulary_lib
-from official_ext.readout.modeling import multitask_readout
 
 # Settings of a `benchmark readout` process: those a CPU training run of the
-# family takes (`core.kernel_policy`, as `python -m official_ext.train`
+# family takes (`core.kernels.kernel_policy`, as `python -m official_ext.train`
 # applies them).
 PROCESS_SETTINGS = kernel_policy.cpu_process_env('readout')
 

@@ -21,15 +21,15 @@ import yaml
 
 from official.core import task_factory
 from official.modeling import performance
-from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.benchmarks import accelerator
 from official_ext.benchmarks import graph_flops
 from official_ext.benchmarks import memory
 from official_ext.benchmarks import readout as readout_bench
 from official_ext.benchmarks import yt8m as yt8m_bench
 from official_ext.core import experiment_params
-from official_ext.core import kernel_policy
-from official_ext.core import trainer as trainer_lib
+from official_ext.core.kernels import kernel_policy
+from official_ext.core.run import trainer as trainer_lib
+from official_ext import registry_imports  # pylint: disable=unused-import
 
 FORMAT = 'official_ext.xla_steps/1'
 MANIFEST = 'manifest.json'

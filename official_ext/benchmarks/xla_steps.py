@@ -14,7 +14,7 @@ import numpy as np
 from official_ext.benchmarks import harness
 from official_ext.benchmarks import timing
 from official_ext.benchmarks import xla_export
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 
 RUNNER = os.path.join(harness.REPO_ROOT, 'scripts', 'run_xla_steps.py')
 # The published-size training steps a 2-core CPU runs in seconds.

@@ -48,7 +48,7 @@ writes those tables into docs/benchmarks.md and generated blocks of
 docs/yt8m.md.
 
 The process runs with TensorFlow's BFC CPU allocator (`PROCESS_SETTINGS`, a
-fast path of `core.kernel_policy` on CPUs, applied by the harness as by `train`;
+fast path of `core.kernels.kernel_policy` on CPUs, applied by the harness as by `train`;
 `figures['cpu_allocator']` says which allocator a run had):
 with the default allocator every large tensor (the 85 M-float MoE gradient,
 XLA's buffers of [batch x frames, cluster] activations) is fresh memory from
@@ -69,11 +69,11 @@ import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
 from official.core import task_factory
-from official_ext import train
 from official_ext.benchmarks import graph_flops
 from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
+from official_ext import train
 from official_ext.yt8m import configs  # pylint: disable=unused-import  (registers 'yt8m')
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data

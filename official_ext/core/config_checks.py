@@ -14,7 +14,7 @@ import typing
 from typing import Any, List, Optional, Tuple
 
 from official.modeling import hyperparams
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 
 _SCALARS = (bool, int, float, str, type(None))
 

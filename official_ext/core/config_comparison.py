@@ -6,7 +6,7 @@ rebuilt with a shape-neutral difference (a pooling method, an activation,
 input normalisation, ...) restores without error and predicts wrongly. The
 *model-affecting* keys (`model_affecting_key`) are those whose value must be
 the trained model's: `core.experiment_params` refuses flags that change them
-away from a params.yaml, `core.model_dir` a run whose config differs from
+away from a params.yaml, `core.run.model_dir` a run whose config differs from
 the one its model_dir holds, `yt8m.predict` a config that contradicts the
 SavedModel's.
 """

@@ -40,7 +40,7 @@ that names every such key with both values
 freely. Without a params.yaml the config is steps 1, 3 and 4,
 with a warning.
 
-The run's strategy is built in `core.distribution`; configs are compared key
+The run's strategy is built in `core.run.distribution`; configs are compared key
 by key in `core.config_comparison`.
 """
 import os

@@ -30,7 +30,7 @@ def write_atomically(path: str, write: Callable[[IO], _T],
   Writes a temporary file beside `path` (same file system) and renames it to
   `path` (replacing it) once `write` returned and the file is closed. On any
   failure `path` is left as it was and the temporary file removed. Used for
-  `model_dir/params.yaml` (`core.model_dir`), `yt8m.predict`'s output and
+  `model_dir/params.yaml` (`core.run.model_dir`), `yt8m.predict`'s output and
   `official_ext.export_tflite`'s model file.
 
   Args:
@@ -55,41 +55,50 @@ def write_atomically(path: str, write: Callable[[IO], _T],
 
 
 @contextlib.contextmanager
+def _staged(folder: str, last: Sequence[str] = ()) -> Iterator[str]:
+  """Yields a staging folder inside `folder`; moves its files in on success.
+
+  The one staged writer: the files written into the staging folder replace
+  those of their names in `folder` only once the block ended normally; the
+  names in `last` are removed from `folder` first and moved in last. On any
+  failure the staging folder is removed and no file of `folder` is touched
+  (a kill leaves the hidden staging folder behind).
+  """
+  tf.io.gfile.makedirs(folder)
+  staging = os.path.join(folder, f'{STAGING_PREFIX}{uuid.uuid4().hex[:12]}')
+  tf.io.gfile.makedirs(staging)
+  try:
+    yield staging
+    names = sorted(n.rstrip('/') for n in tf.io.gfile.listdir(staging))
+    order = [n for n in names if n not in last] + [n for n in last
+                                                   if n in names]
+    for name in last:
+      if tf.io.gfile.exists(os.path.join(folder, name)):
+        tf.io.gfile.remove(os.path.join(folder, name))
+    for name in order:
+      tf.io.gfile.rename(os.path.join(staging, name),
+                         os.path.join(folder, name), overwrite=True)
+  finally:
+    if tf.io.gfile.exists(staging):
+      tf.io.gfile.rmtree(staging)
+
+
+@contextlib.contextmanager
 def write_together(paths: Sequence[str],
                    replaces: Iterable[str] = ()) -> Iterator[Dict[str, str]]:
   """Writes the files `paths` of one folder whole, and all or none of them.
 
-  Yields {path: staging path}: the caller writes each file to its staging
-  path, in a hidden folder `.<first name>.partial-<random>` beside them
-  (same file system; a file pattern such as `train-*` does not match it).
-  When the `with` block ends normally every staged file is renamed to its
-  path (replacing a file there), then each of `replaces` that is not one of
-  `paths` is removed (e.g. a previous run's shards of another count); on
-  any failure in the block the staging folder is removed and no file of
-  the folder is touched. A kill leaves the staging folder behind.
-
-  Args:
-    paths: the files to write, all in one folder (created if missing).
-    replaces: files the new ones replace (removed once they are in place).
+  Yields {path: staging path}; once the block ends normally every file is in
+  place and each of `replaces` that is not one of `paths` is removed (e.g. a
+  previous run's shards of another count). See `_staged`.
   """
   folders = {os.path.dirname(p) or '.' for p in paths}
   if len(folders) != 1:
     raise ValueError(f'write_together: {sorted(paths)} are not all in one '
                      'folder.')
   (folder,) = folders
-  tf.io.gfile.makedirs(folder)
-  staging = os.path.join(folder, f'.{os.path.basename(paths[0])}.partial-'
-                                 f'{uuid.uuid4().hex[:12]}')
-  tf.io.gfile.makedirs(staging)
-  staged = {p: os.path.join(staging, os.path.basename(p)) for p in paths}
-  try:
-    yield staged
-    for path, temporary in staged.items():
-      tf.io.gfile.rename(temporary, path, overwrite=True)
-  except BaseException:
-    tf.io.gfile.rmtree(staging)
-    raise
-  tf.io.gfile.rmtree(staging)
+  with _staged(folder) as staging:
+    yield {p: os.path.join(staging, os.path.basename(p)) for p in paths}
   for old in set(replaces) - set(paths):
     if tf.io.gfile.exists(old):
       tf.io.gfile.remove(old)
@@ -100,13 +109,20 @@ _SAVED_MODEL_FILE = 'saved_model.pb'
 _CHECKPOINT_STATE_FILE = 'checkpoint'  # tf.train.CheckpointManager's state.
 
 
+def local_path(path: str) -> Optional[str]:
+  """`path` on this machine's file system (`file://` removed); None if remote."""
+  if path.startswith('file://'):
+    return path[len('file://'):]
+  return None if '://' in path else path
+
+
 def _local(path: str) -> bool:
-  return '://' not in path
+  return local_path(path) is not None
 
 
 def _normalized(path: str) -> str:
   if _local(path):
-    return os.path.realpath(path)
+    return os.path.realpath(local_path(path))
   scheme, rest = path.split('://', 1)
   return f'{scheme}://{os.path.normpath(rest)}'
 
@@ -114,7 +130,8 @@ def _normalized(path: str) -> str:
 def _same_file(a: str, b: str) -> bool:
   if _normalized(a) == _normalized(b):
     return True
-  if _local(a) and _local(b) and os.path.exists(a) and os.path.exists(b):
+  a, b = local_path(a), local_path(b)
+  if a is not None and b is not None and os.path.exists(a) and os.path.exists(b):
     return os.path.samefile(a, b)  # Hard links.
   return False
 
@@ -338,23 +355,11 @@ def write_directory(output_dir: str, write: Callable[[str], _T],
   """
   check_output_dir(output_dir, overwrite, flag)
   created = not tf.io.gfile.exists(output_dir)
-  staging = os.path.join(output_dir, f'{STAGING_PREFIX}{uuid.uuid4().hex[:12]}')
-  tf.io.gfile.makedirs(staging)
   try:
-    result = write(staging)
-    names = sorted(n.rstrip('/') for n in tf.io.gfile.listdir(staging))
-    order = [n for n in names if n not in last] + [n for n in last
-                                                   if n in names]
-    for name in last:
-      if tf.io.gfile.exists(os.path.join(output_dir, name)):
-        tf.io.gfile.remove(os.path.join(output_dir, name))
-    for name in order:
-      tf.io.gfile.rename(os.path.join(staging, name),
-                         os.path.join(output_dir, name), overwrite=True)
+    with _staged(output_dir, last) as staging:
+      return write(staging)
   except BaseException:
-    tf.io.gfile.rmtree(staging)
-    if created and not tf.io.gfile.listdir(output_dir):
+    if created and tf.io.gfile.exists(output_dir) and not tf.io.gfile.listdir(
+        output_dir):
       tf.io.gfile.rmtree(output_dir)
     raise
-  tf.io.gfile.rmtree(staging)
-  return result

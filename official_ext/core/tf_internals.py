@@ -20,9 +20,9 @@ The private APIs, and who uses them:
   `recompute.recompute_grad`.
 * `tensorflow.python.util._pywrap_util_port` (`onednn_cpu_kernels`): whether
   TensorFlow runs its oneDNN CPU kernels (what TensorFlow's own
-  `test_util.IsMklEnabled` reads); `core.kernel_policy`.
+  `test_util.IsMklEnabled` reads); `core.kernels.kernel_policy`.
 * `tensorflow.python.eager.context` (`eager_runtime_started`): whether the
-  eager runtime has started in this process; `core.process_settings`.
+  eager runtime has started in this process; `core.kernels.process_settings`.
 * `tensorflow.python.training.checkpoint_state_pb2` (`checkpoint_state`):
   the message of a model_dir's `checkpoint` state file, read strictly by
   `core.checkpoints`.
@@ -34,7 +34,7 @@ The private APIs, and who uses them:
   `official_ext.export_tflite` reports.
 * tf_keras's legacy optimizers' `_create_all_weights`
   (`create_optimizer_weights`): an optimizer's slots made before the first
-  training step is traced (`core.trainer`); tf_keras's newer optimizers
+  training step is traced (`core.run.trainer`); tf_keras's newer optimizers
   have the public `build` for it.
 
 * the `_body_graph` / `_cond_graph` and `_true_graph` / `_false_graph`

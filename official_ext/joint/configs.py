@@ -37,7 +37,7 @@ from official.core import config_definitions as cfg
 from official.core import exp_factory
 from official.modeling import hyperparams
 from official.modeling.multitask import configs as multitask_configs
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 from official_ext.readout import configs as readout_configs
 from official_ext.yt8m import configs as yt8m_configs
 

@@ -5,7 +5,7 @@
 evaluation) and builds the `JointModel`. It is registered for
 `configs.JointTaskConfig`, so `task_factory.get_task(params.task)` builds it
 and `official_ext.train` runs a joint experiment like any other
-(`core.trainer.create_trainer` then picks Model Garden's joint or
+(`core.run.trainer.create_trainer` then picks Model Garden's joint or
 interleaving multitask trainer).
 
 With the 'interleaving' trainer each step runs one task's own `train_step`

@@ -33,7 +33,7 @@ from official.core import config_definitions as cfg
 from official.core import exp_factory
 from official.modeling import hyperparams
 from official.modeling import optimization
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 # Importing these registers the family's readout types in `readout_types`.
 from official_ext.readout import builtin_types  # pylint: disable=unused-import
 from official_ext.readout import readout_types

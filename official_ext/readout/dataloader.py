@@ -53,7 +53,7 @@ binary/multilabel labels in [0, 1]; multinomial class ids are integers in
 finite; token and query counts within `max_input_tokens` / `max_queries`
 when set. A record that is not a proto, or a feature stored with another
 dtype, fails in TensorFlow's parser with an error naming the file.
-Files (`official_ext.core.tfrecord_input`): an `input_path` that matches
+Files (`official_ext.core.input.tfrecord_input`): an `input_path` that matches
 nothing, a broken symlink or a directory is a ValueError naming it; a
 truncated or corrupted file fails naming the file and byte offset. With
 `DataConfig.skip_bad_records` the invalid record, or the damaged records of
@@ -82,7 +82,7 @@ up to a multiple of `pad_multiple` (or exactly `max_input_tokens` /
 
 Evaluation with `drop_remainder` (static batch shapes, e.g. on TPU) drops no
 trial: the last batch is filled with copies of a trial marked padding
-(`official_ext.core.eval_padding.pad_final_batches`), batches carry
+(`official_ext.core.input.eval_padding.pad_final_batches`), batches carry
 `eval_mask` bool [B] (False: padding) and a padding trial's queries have
 weight and metric weight 0, so they count in no loss and no metric.
 """
@@ -93,11 +93,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
-from official_ext.core import bad_records as bad_records_lib
-from official_ext.core import eval_padding
-from official_ext.core import graph_checks
-from official_ext.core import input_files
-from official_ext.core import tfrecord_input
+from official_ext.core.input import bad_records as bad_records_lib
+from official_ext.core.input import eval_padding
+from official_ext.core.input import graph_checks
+from official_ext.core.input import input_files
+from official_ext.core.input import tfrecord_input
 from official_ext.readout import configs
 from official_ext.readout import readout_types
 from official_ext.readout import vocabulary as vocabulary_lib
@@ -911,7 +911,7 @@ def build_dataset(params: configs.DataConfig,
   """Builds the batched pipeline of one split.
 
   Files, sharding, the bad-record modes and the evaluation padding are
-  `official_ext.core.tfrecord_input.build_dataset`'s; this adds the readout
+  `official_ext.core.input.tfrecord_input.build_dataset`'s; this adds the readout
   parser (as the decoder: it reads the serialized record) and batching.
 
   Args:
@@ -921,7 +921,7 @@ def build_dataset(params: configs.DataConfig,
     input_context: shards files per input pipeline and gives the per-replica
       batch size.
     bad_records: where `skip_bad_records` mode counts what it skips (default
-      `official_ext.core.bad_records.bad_record_log()`).
+      `official_ext.core.input.bad_records.bad_record_log()`).
     session_names: see `Parser` (stitched evaluation); None: sessions are
       not read.
     units: see `Parser` (unit tokens); None: binned tokens. Training with

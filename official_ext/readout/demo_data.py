@@ -53,7 +53,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
-from official_ext.core import demo_cache
+from official_ext.core.input import demo_cache
 from official_ext.core import output_files
 from official_ext.readout import configs
 from official_ext.readout import dataloader
@@ -469,7 +469,7 @@ def ensure_demo_data(task_config: configs.ReadoutTaskConfig
 
   Data lives in `<cache>/readout_demo/<hash of demo_data_params>`
   (`<cache>`: `task.demo_data.cache_dir`, else $OFFICIAL_EXT_CACHE, else
-  ~/.cache/official_ext; `core.demo_cache`: written whole, every file's size
+  ~/.cache/official_ext; `core.input.demo_cache`: written whole, every file's size
   and checksum verified before each use, a damaged cache generated again).
 
   Returns:

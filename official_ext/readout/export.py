@@ -49,7 +49,7 @@ import tensorflow as tf, tf_keras
 
 from official.core import config_definitions
 from official.core import export_base
-from official_ext.core import graph_checks
+from official_ext.core.input import graph_checks
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import readout_types

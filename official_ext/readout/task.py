@@ -8,18 +8,18 @@ import tensorflow as tf, tf_keras
 
 from official.core import base_task
 from official.core import task_factory
-from official_ext.core import bad_records
-from official_ext.core import eval_padding
-from official_ext.core import multiworker
 from official_ext.core import gradients
+from official_ext.core import host_gather
+from official_ext.core.input import bad_records
+from official_ext.core.input import eval_padding
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import demo_data
 from official_ext.readout import losses as readout_losses
 from official_ext.readout import metrics as readout_metrics
-from official_ext.readout import vocabulary as vocabulary_lib
 from official_ext.readout.modeling import model as model_lib
 from official_ext.readout.modeling import multitask_readout
+from official_ext.readout import vocabulary as vocabulary_lib
 
 _EVAL_KEY = 'readout_eval'
 # The batch's trial mask (1: a real trial, 0: padding), for the trial count.
@@ -55,7 +55,7 @@ class ReadoutTask(base_task.Task):
   `average/score` (metrics are computed on the host over every replica's
   queries), `num_examples` (the trials evaluated), and prints the per-task
   table. Every validation trial is evaluated (a static-shape last batch is
-  padded, the padding masked: `core.eval_padding`); an evaluation of zero
+  padded, the padding masked: `core.input.eval_padding`); an evaluation of zero
   trials is an `EmptyEvaluationError` naming the dataset, and a metric with
   nothing to measure is left out (logged), never NaN. Metrics weigh queries
   by their metric weights (`output_eval_mask`, else the loss weights);
@@ -660,10 +660,10 @@ class ReadoutTask(base_task.Task):
           by_name[f'{prefix}num_examples'].update_state(in_set)
       for name in self._specs:
         rows[name]['sets'] = row_sets[name]
-      logs[_TRIAL_SETS_KEY] = multiworker.gather_for_host(trial_sets)
+      logs[_TRIAL_SETS_KEY] = host_gather.gather_for_host(trial_sets)
     # With several workers, every worker accumulates all replicas' rows.
-    logs[_EVAL_KEY] = multiworker.gather_for_host(rows)
-    logs[_TRIALS_KEY] = multiworker.gather_for_host(tf.cast(trials, tf.int32))
+    logs[_EVAL_KEY] = host_gather.gather_for_host(rows)
+    logs[_TRIALS_KEY] = host_gather.gather_for_host(tf.cast(trials, tf.int32))
     return logs
 
   def aggregate_logs(self, state=None, step_outputs=None):
@@ -681,7 +681,7 @@ class ReadoutTask(base_task.Task):
     # [(prefix, set index)]; without sets one accumulator takes every row.
     destinations = (list(zip(self._prefixes(), range(len(self._eval_sets))))
                     if self._eval_sets else [('', None)])
-    parts = {name: {k: multiworker.host_parts(v) for k, v in rows.items()}
+    parts = {name: {k: host_gather.host_parts(v) for k, v in rows.items()}
              for name, rows in step_outputs[_EVAL_KEY].items()}
     num_parts = len(next(iter(parts.values()))['predictions'])
     for j in range(num_parts):  # One part per replica.
@@ -709,8 +709,8 @@ class ReadoutTask(base_task.Task):
                 name, **{k: v[keep] for k, v in columns.items()})
       self._record_offset += last_record + 1
     if _TRIALS_KEY in step_outputs:
-      trial_parts = multiworker.host_parts(step_outputs[_TRIALS_KEY])
-      set_parts = (multiworker.host_parts(step_outputs[_TRIAL_SETS_KEY])
+      trial_parts = host_gather.host_parts(step_outputs[_TRIALS_KEY])
+      set_parts = (host_gather.host_parts(step_outputs[_TRIAL_SETS_KEY])
                    if self._eval_sets else [None] * len(trial_parts))
       for trials, sets in zip(trial_parts, set_parts):
         for prefix, i in destinations:

@@ -35,7 +35,7 @@ from official.core import exp_factory
 from official.modeling import hyperparams
 from official.modeling import optimization
 from official.vision.configs import common
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 
 YT8M_TRAIN_EXAMPLES = 3888919
 YT8M_VAL_EXAMPLES = 1112356

@@ -21,7 +21,7 @@ TFRecords, `VideoLevelDecoder`), a `tf.train.Example`: `id` (bytes), `labels`
 `mean_audio` 128 floats, the mean of the video's dequantized frames). Each
 video is one example [sum(feature_sizes)]; nothing is sampled or padded.
 
-Pipeline (`build_dataset`), on `official_ext.core.tfrecord_input` (file
+Pipeline (`build_dataset`), on `official_ext.core.input.tfrecord_input` (file
 matching, sharding, bad records, evaluation padding, Model Garden's
 InputReader):
 
@@ -30,7 +30,7 @@ InputReader):
     [train with sampling: + per-example seed from Dataset.random(seed)]
     --Parser.parse_fn--> example dicts [segment mode: unbatch] --> batch.
 
-Bad input (`official_ext.core.bad_records`, the catalogue is in
+Bad input (`official_ext.core.input.bad_records`, the catalogue is in
 docs/bad_input.md): a truncated or corrupted TFRecord file is detected by comparing
 the bytes of its readable records with its size, and fails with an error
 naming the file and the byte offset where its readable records end; a record
@@ -48,10 +48,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
-from official_ext.core import bad_records as bad_records_lib
 from official_ext.core import frame_features
-from official_ext.core import graph_checks
-from official_ext.core import tfrecord_input
+from official_ext.core.input import bad_records as bad_records_lib
+from official_ext.core.input import graph_checks
+from official_ext.core.input import tfrecord_input
 from official_ext.core import timelines
 from official_ext.yt8m import configs
 
@@ -912,7 +912,7 @@ def build_dataset(
   """Builds the batched input pipeline of one split.
 
   Files, sharding, the bad-record modes and the evaluation padding are
-  `official_ext.core.tfrecord_input.build_dataset`'s; this adds the YT8M
+  `official_ext.core.input.tfrecord_input.build_dataset`'s; this adds the YT8M
   stages (`_stages`).
 
   Args:
@@ -920,7 +920,7 @@ def build_dataset(
     input_context: from `tf.distribute`; shards the files (or records) per
       input pipeline and splits `global_batch_size` per replica.
     bad_records: where skip mode reports damaged files and skipped records
-      (default `official_ext.core.bad_records.bad_record_log()`).
+      (default `official_ext.core.input.bad_records.bad_record_log()`).
     every_segment: evaluation only: one example per segment of every video
       (`Parser.every_segment_fn`; segment-level inference on unrated test
       records) instead of per video or per rated segment; no `labels`.

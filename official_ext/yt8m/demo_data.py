@@ -23,7 +23,7 @@ dequantized frame features (what the frame-level record would give with
 `dataloader.dequantize`), as float lists.
 
 The output is a deterministic function of the arguments (same seed, same
-bytes). `ensure_demo_data` caches it per parameter set (`core.demo_cache`);
+bytes). `ensure_demo_data` caches it per parameter set (`core.input.demo_cache`);
 the CLI writes it, whole or not at all, into a new or empty directory (or,
 with `--overwrite`, over files of the same names):
 
@@ -38,8 +38,8 @@ from absl import flags
 import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
-from official_ext.core import demo_cache
 from official_ext.core import frame_features
+from official_ext.core.input import demo_cache
 from official_ext.core import output_files
 from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
@@ -367,7 +367,7 @@ def ensure_demo_data(task_config: configs.YT8MTask) -> Tuple[str, str]:
 
   The data lives in `<cache>/yt8m_demo/<hash of demo_data_params>`, with
   `<cache>` = `task.demo_data.cache_dir`, else $OFFICIAL_EXT_CACHE, else
-  ~/.cache/official_ext (`core.demo_cache`: written whole, every file's size
+  ~/.cache/official_ext (`core.input.demo_cache`: written whole, every file's size
   and checksum verified before each use, a damaged cache generated again).
 
   Args:

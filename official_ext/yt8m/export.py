@@ -39,7 +39,7 @@ import tensorflow as tf, tf_keras
 
 from official.core import config_definitions
 from official.core import export_base
-from official_ext.core import graph_checks
+from official_ext.core.input import graph_checks
 from official_ext.yt8m import dataloader
 
 SIGNATURES = ('serving_default', 'serve_features')

@@ -48,7 +48,7 @@ Definitions (those of the YouTube-8M challenge):
   second time: `result()` takes about 2.3x as long.
 * Empty input (N = 0, or no positives at all) gives 0.0 for every metric
   here; an evaluation must not report those zeros as results: the task checks
-  `num_videos` (`official_ext.core.eval_padding.check_examples_seen`) and
+  `num_videos` (`official_ext.core.input.eval_padding.check_examples_seen`) and
   fails naming the dataset.
 * `example_mask` ([N] bool, `accumulate`): rows marked False (the padding of
   a static-shape last batch) are not videos and are ignored entirely.

@@ -52,7 +52,7 @@ import numpy as np
 import tensorflow as tf
 
 from official_ext.core import average_precision
-from official_ext.core import input_files
+from official_ext.core.input import input_files
 
 SEGMENT_HEADER = 'Class,Segments'
 DEFAULT_TOP_K = 100000

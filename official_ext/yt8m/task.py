@@ -8,17 +8,17 @@ import tensorflow as tf, tf_keras
 from official.core import base_task
 from official.core import task_factory
 from official.modeling import tf_utils
-from official_ext.core import bad_records
 from official_ext.core import checkpoints
-from official_ext.core import eval_padding
 from official_ext.core import gradients
-from official_ext.core import multiworker
+from official_ext.core import host_gather
+from official_ext.core.input import bad_records
+from official_ext.core.input import eval_padding
 from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import metrics as yt8m_metrics
-from official_ext.yt8m import vocabulary
 from official_ext.yt8m.modeling import model as yt8m_model
+from official_ext.yt8m import vocabulary
 
 _AP_KEY = 'average_precision'
 # task.init_checkpoint_modules -> the model's checkpoint items restored
@@ -375,7 +375,7 @@ class YT8MTask(base_task.Task):
       if segment_level is not None:
         ap_inputs[dataloader.SEGMENT_LEVEL] = segment_level
       # With several workers, every worker accumulates all replicas' rows.
-      logs[_AP_KEY] = multiworker.gather_for_host(ap_inputs)
+      logs[_AP_KEY] = host_gather.gather_for_host(ap_inputs)
     for m in metrics:
       if isinstance(m, eval_padding.EvaluatedExamples):
         if not training:
@@ -522,7 +522,7 @@ class YT8MTask(base_task.Task):
     replica (Orbit applies `strategy.experimental_local_results`); all of
     them are accumulated, so metrics cover every replica's examples (with
     several workers, `validation_step` gathered every worker's rows and one
-    copy is accumulated: `core.multiworker.host_parts`).
+    copy is accumulated: `core.host_gather.host_parts`).
 
     The state is {metric prefix: accumulator}; with
     `video_and_segment_level` the rows go to the accumulator of their level
@@ -534,7 +534,7 @@ class YT8MTask(base_task.Task):
       for accumulator in self._ap_accumulators.values():
         accumulator.reset()
       state = self._ap_accumulators
-    ap_inputs = {key: np.concatenate(multiworker.host_parts(values), axis=0)
+    ap_inputs = {key: np.concatenate(host_gather.host_parts(values), axis=0)
                  for key, values in step_outputs[_AP_KEY].items()}
     segment_level = ap_inputs.pop(dataloader.SEGMENT_LEVEL, None)
     if segment_level is None:

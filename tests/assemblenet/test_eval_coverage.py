@@ -2,7 +2,7 @@
 
 A validation set smaller than one static batch (`drop_remainder: true`, as on
 TPU) used to give no batch: no loss, no accuracy, no mAP. The last batch is
-now padded and the padding masked (`official_ext.core.eval_padding`); an
+now padded and the padding masked (`official_ext.core.input.eval_padding`); an
 evaluation of zero videos is an error naming the dataset.
 
 The evaluation protocols: a video's clips x crops views are combined with
@@ -17,9 +17,9 @@ import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
 from official.core import task_factory
-from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.assemblenet import demo_data
-from official_ext.core import eval_padding
+from official_ext.core.input import eval_padding
+from official_ext import registry_imports  # pylint: disable=unused-import
 from tests.assemblenet import minimal
 
 _LABELS = [[0, 3], [1], [2, 3]]  # Three videos, four classes.
@@ -200,7 +200,7 @@ def test_a_trained_model_dir_may_be_evaluated_with_another_protocol(tmp_path):
   part of the model: an evaluation or export of a trained model_dir may
   choose it anew; the training clip shape may not change."""
   from official.core import train_utils  # pylint: disable=g-import-not-at-top
-  from official_ext.core import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  from official_ext.core.run import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   params = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
   train_utils.serialize_config(params, str(tmp_path))
   protocol = params.replace(task=params.task.replace(

@@ -16,14 +16,14 @@ from ai_edge_litert import interpreter
 from official.core import exp_factory
 from official.core import task_factory
 from official.core import train_utils
-from official_ext import export_saved_model
-from official_ext import export_tflite
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import export
 from official_ext.assemblenet import predict
 from official_ext.assemblenet import videos
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
+from official_ext import export_saved_model
+from official_ext import export_tflite
 from tests.assemblenet import minimal
 from tests import cli
 

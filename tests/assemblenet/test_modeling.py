@@ -7,15 +7,15 @@ import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
 from official.vision.modeling.backbones import factory as backbone_factory
-from official_ext import registry_imports  # pylint: disable=unused-import
-from official_ext.assemblenet import structures
 from official_ext.assemblenet.modeling import assemblenet_plus_lite as anet
 from official_ext.assemblenet.modeling import blocks
 from official_ext.assemblenet.modeling import complexity
 from official_ext.assemblenet.modeling import convolutions
 from official_ext.assemblenet.modeling import fusion
 from official_ext.assemblenet.modeling import representation_flow
-from official_ext.core import kernel_policy
+from official_ext.assemblenet import structures
+from official_ext.core.kernels import kernel_policy
+from official_ext import registry_imports  # pylint: disable=unused-import
 
 T, S = 4, 32
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
 
-from official_ext.assemblenet import structures
 from official_ext.assemblenet.modeling import assemblenet_plus_lite as anet
 from official_ext.assemblenet.modeling import blocks
 from official_ext.assemblenet.modeling import fusion
 from official_ext.assemblenet.modeling import recompute
-from official_ext.core import kernel_policy
+from official_ext.assemblenet import structures
+from official_ext.core.kernels import kernel_policy
 
 GPU = kernel_policy.resolve('auto', 'GPU')
 

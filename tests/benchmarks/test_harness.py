@@ -33,7 +33,7 @@ def test_benchmark_modules_take_a_cpu_runs_settings():
   # The harness applies what `python -m official_ext.train` applies to a
   # run of the family's demo (on CPU).
   from official.core import exp_factory  # pylint: disable=g-import-not-at-top
-  from official_ext.core import kernel_policy  # pylint: disable=g-import-not-at-top
+  from official_ext.core.kernels import kernel_policy  # pylint: disable=g-import-not-at-top
   for family, experiment in (('yt8m', 'yt8m_demo'),
                              ('assemblenet', 'assemblenet_plus_lite_demo'),
                              ('readout', 'readout_demo')):

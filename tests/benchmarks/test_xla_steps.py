@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from official_ext.benchmarks import xla_export
 from official_ext.benchmarks import xla_steps
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 
 STEPS = 3
 # Relative agreement of each loss, and of each updated array with the scale

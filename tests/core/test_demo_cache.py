@@ -1,4 +1,4 @@
-"""The demo-data cache (official_ext.core.demo_cache): verified before use.
+"""The demo-data cache (official_ext.core.input.demo_cache): verified before use.
 
 The rules on a toy generator, then the readout family's cache (the YT8M
 family's: tests/yt8m/test_demo_data.py).
@@ -7,7 +7,7 @@ import glob
 import json
 import os
 
-from official_ext.core import demo_cache
+from official_ext.core.input import demo_cache
 from official_ext.readout import demo_data as readout_demo_data
 from tests.readout.test_train import _params as _readout_params
 

@@ -1,10 +1,10 @@
-"""core.eval_padding: padded evaluation batches and the empty-evaluation
+"""core.input.eval_padding: padded evaluation batches and the empty-evaluation
 check."""
 import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
 
-from official_ext.core import eval_padding
+from official_ext.core.input import eval_padding
 
 
 def _examples(n):

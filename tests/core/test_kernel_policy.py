@@ -1,4 +1,4 @@
-"""core.kernel_policy: one setting, one table of fast paths, stock ops on
+"""core.kernels.kernel_policy: one setting, one table of fast paths, stock ops on
 accelerators."""
 import ast
 import importlib
@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 from official.core import exp_factory
-from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.core import experiment_params
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
+from official_ext import registry_imports  # pylint: disable=unused-import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -107,7 +107,7 @@ def test_no_other_module_switches_kernels_by_the_device():
     for name in files:
       path = os.path.join(folder, name)
       if not name.endswith('.py') or path.endswith(
-          (os.path.join('core', 'kernel_policy.py'),
+          (os.path.join('core', 'kernels', 'kernel_policy.py'),
            os.path.join('core', 'tf_internals.py'))):
         continue
       with open(path) as f:

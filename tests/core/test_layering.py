@@ -218,7 +218,7 @@ def test_yaml_is_parsed_with_a_safe_loader():
 
 
 def test_one_demo_data_cache():
-  """The families' generated data is cached by core.demo_cache alone (its
+  """The families' generated data is cached by core.input.demo_cache alone (its
   manifest is written and checked there)."""
   users = sorted(os.path.relpath(p, ROOT) for f in FAMILIES
                  for p in _modules(f) if 'COMPLETE.json' in open(p).read())

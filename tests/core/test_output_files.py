@@ -28,3 +28,25 @@ def test_an_output_directory_elsewhere_is_written(tmp_path):
   output_files.write_directory(
       str(out), lambda d: open(f'{d}/a.txt', 'w').close())
   assert [p.name for p in out.iterdir()] == ['a.txt']
+
+
+def test_a_file_url_is_the_local_path_it_names(tmp_path):
+  """`file:///x` and `/x` are one file: an output given as a `file://` URL
+  inside a model_dir is refused like the plain path."""
+  run = tmp_path / 'run'
+  run.mkdir()
+  (run / 'checkpoint').write_text('x')
+  with pytest.raises(ValueError, match='lies inside'):
+    output_files.check_output_dir(f'file://{run}/out', overwrite=True)
+  data = tmp_path / 'data.csv'
+  data.write_text('a\n')
+  with pytest.raises(ValueError, match='is the input file'):
+    output_files.check_output_file(f'file://{data}', '--output_file',
+                                   inputs=[('--input', str(data))])
+  with pytest.raises(ValueError, match='lies inside'):
+    output_files.check_output_file(str(tmp_path / 'other' / 'x.csv'),
+                                   '--output_file', creates_folder=True,
+                                   models=[('--model_dir',
+                                            f'file://{tmp_path}/other')])
+  assert output_files.local_path(f'file://{run}') == str(run)
+  assert output_files.local_path('gs://bucket/run') is None

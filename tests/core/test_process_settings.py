@@ -1,4 +1,4 @@
-"""core.process_settings: the kernel policy's process settings, applied
+"""core.kernels.process_settings: the kernel policy's process settings, applied
 before TensorFlow starts, never over the user's own setting; train.py
 applies them."""
 import json
@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from official.core import exp_factory
+from official_ext.core.kernels import kernel_policy
+from official_ext.core.kernels import process_settings as ps
 from official_ext import registry_imports  # pylint: disable=unused-import
-from official_ext.core import kernel_policy
-from official_ext.core import process_settings as ps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -120,7 +120,7 @@ def test_train_applies_the_experiments_settings(monkeypatch):
 
 _CHILD = r'''
 import json
-from official_ext.core import process_settings as ps
+from official_ext.core.kernels import process_settings as ps
 applied = ps.apply({ps.BFC_ALLOCATOR: 'true'})
 import tensorflow as tf
 tf.constant(1.0).numpy()

@@ -1,6 +1,6 @@
-"""official_ext.core.tfrecord_input.build_dataset, checked directly with a
+"""official_ext.core.input.tfrecord_input.build_dataset, checked directly with a
 tiny decoder and parser of its own (records: `tf.train.Example`s holding one
-int64 `x`), and core.tfrecord_recovery's CRC against TensorFlow's writer."""
+int64 `x`), and core.input.tfrecord_recovery's CRC against TensorFlow's writer."""
 import dataclasses
 import os
 
@@ -9,11 +9,11 @@ import pytest
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.core import config_definitions as cfg
-from official_ext.core import bad_records
-from official_ext.core import eval_padding
-from official_ext.core import graph_checks
-from official_ext.core import tfrecord_input
-from official_ext.core import tfrecord_recovery
+from official_ext.core.input import bad_records
+from official_ext.core.input import eval_padding
+from official_ext.core.input import graph_checks
+from official_ext.core.input import tfrecord_input
+from official_ext.core.input import tfrecord_recovery
 
 
 @dataclasses.dataclass

@@ -47,7 +47,7 @@ def test_the_training_step_is_traced_once(cache, tmp_path, monkeypatch):
 def test_every_trainable_variable_gets_a_gradient(family, cache):
   """One eager training step with an optimizer left to create its slots
   itself creates one for every trainable variable: the slots
-  `core.trainer.create_optimizer_weights` makes up front are the same."""
+  `core.run.trainer.create_optimizer_weights` makes up front are the same."""
   params = shipped_configs.tiny_params(DEMO_YAMLS[family], cache)
   task = task_factory.get_task(params.task)
   model = task.build_model()

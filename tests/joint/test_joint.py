@@ -19,21 +19,21 @@ import yaml
 from official.core import config_definitions as cfg
 from official.core import exp_factory
 from official.core import task_factory
-from official_ext import export_saved_model
-from official_ext import registry_imports  # pylint: disable=unused-import
-from official_ext import train
 from official_ext.core import config_comparison
 from official_ext.core import experiment_params
-from official_ext.core import input_files
-from official_ext.core import trainer as trainer_lib
+from official_ext.core.input import input_files
+from official_ext.core.run import orbit_actions
+from official_ext import export_saved_model
 from official_ext.joint import configs
 from official_ext.joint import modeling
 from official_ext.readout import configs as readout_configs
 from official_ext.readout import dataloader as readout_dataloader
 from official_ext.readout import demo_data as readout_demo_data
 from official_ext.readout import export as readout_export
-from official_ext.readout import task as readout_task
 from official_ext.readout.modeling import model as readout_model
+from official_ext.readout import task as readout_task
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext import train
 from official_ext.yt8m import configs as yt8m_configs
 from official_ext.yt8m import export as yt8m_export
 from official_ext.yt8m import task as yt8m_task
@@ -213,7 +213,7 @@ def test_non_finite_loss_stops_a_joint_run(tmp_path, cache):
           'warmup': {'type': None}}, **_EAGER)
   params.task.gradient_clip_norm = 0.0
   model_dir = str(tmp_path / 'model')
-  with pytest.raises(trainer_lib.NonFiniteLossError) as e:
+  with pytest.raises(orbit_actions.NonFiniteLossError) as e:
     train.run(params, 'train', model_dir)
   step = int(re.search(r'not finite at step (\d+)', str(e.value)).group(1))
   assert 2 < step <= 8

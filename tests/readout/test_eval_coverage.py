@@ -3,7 +3,7 @@
 `configs/readout/readout_tpu.yaml` evaluates with static batches
 (`drop_remainder: true`) of 1024 trials; on a smaller validation set that used
 to give zero batches and no metric. The last batch is now padded and the
-padding masked (`official_ext.core.eval_padding`), and an evaluation of zero
+padding masked (`official_ext.core.input.eval_padding`), and an evaluation of zero
 records is an error naming the dataset.
 """
 import math
@@ -14,12 +14,12 @@ import pytest
 import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
-from official_ext import registry_imports  # pylint: disable=unused-import
-from official_ext import train
-from official_ext.core import eval_padding
+from official_ext.core.input import eval_padding
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import demo_data
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext import train
 
 _NUM_VALIDATION = 20
 

@@ -14,12 +14,12 @@ import pytest
 import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
-from official_ext import registry_imports  # pylint: disable=unused-import
-from official_ext import train
-from official_ext.core import eval_padding
+from official_ext.core.input import eval_padding
 from official_ext.readout import configs
 from official_ext.readout import demo_data
 from official_ext.readout import task as task_lib
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext import train
 
 _SETS = ('held_out_trials', 'held_out_sessions')
 _DATA = {'global_batch_size': 16, 'batching': 'padded',

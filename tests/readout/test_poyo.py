@@ -10,12 +10,12 @@ import tensorflow as tf
 import tf_keras
 
 from official_ext.core import experiment_params
-from official_ext.core import model_dir as model_dir_lib
+from official_ext.core.run import model_dir as model_dir_lib
 from official_ext.readout import configs
 from official_ext.readout import demo_data
+from official_ext.readout.modeling import model as model_lib
 from official_ext.readout import task as task_lib
 from official_ext.readout import vocabulary
-from official_ext.readout.modeling import model as model_lib
 from tests.readout import test_unit_token_model
 
 TINY = configs.Encoder(hidden_size=8, num_heads=2, num_layers=1, num_latents=4,

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
 
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 from official_ext.yt8m.modeling import batch_norm
 
 CPU = kernel_policy.resolve('auto', 'CPU')

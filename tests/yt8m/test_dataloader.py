@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
-from official_ext.core import bad_records
+from official_ext.core.input import bad_records
 from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
@@ -123,7 +123,7 @@ def test_eval_one_pass_drop_remainder(tmp_path):
   kept = _batches(_config(path, global_batch_size=2, drop_remainder=False))
   assert [b['labels'].shape[0] for b in kept] == [2, 1]
   # drop_remainder in evaluation: static batch shapes, the last batch padded
-  # and masked, no video dropped (core.eval_padding).
+  # and masked, no video dropped (core.input.eval_padding).
   padded = _batches(_config(path, global_batch_size=2, drop_remainder=True))
   assert [b['labels'].shape[0] for b in padded] == [2, 2]
   assert [list(b['eval_mask']) for b in padded] == [[True, True],

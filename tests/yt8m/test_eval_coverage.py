@@ -4,7 +4,7 @@
 (`drop_remainder: true`); the videos of the last partial batch used to be
 dropped, and a validation set smaller than one batch gave no metric at all.
 The last batch is now padded and the padding masked
-(`official_ext.core.eval_padding`); an evaluation of zero videos is an error
+(`official_ext.core.input.eval_padding`); an evaluation of zero videos is an error
 naming the dataset.
 """
 import math
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
 
+from official_ext.core.input import eval_padding
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
-from official_ext.core import eval_padding
 from official_ext.yt8m import metrics as yt8m_metrics
 from tests.yt8m.conftest import NUM_VALIDATION as _NUM_VALIDATION
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
 
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 from official_ext.yt8m import configs
 from official_ext.yt8m.modeling import heads
 from official_ext.yt8m.modeling import model as yt8m_model

@@ -5,11 +5,11 @@ import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
 from official.core import task_factory
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 from official_ext.yt8m import configs
-from official_ext.yt8m import task as yt8m_task  # pylint: disable=unused-import
 from official_ext.yt8m.modeling import model as yt8m_model
 from official_ext.yt8m.modeling import nextvlad
+from official_ext.yt8m import task as yt8m_task  # pylint: disable=unused-import
 
 # Two streams, as rgb + audio: 6 + 2 features.
 FEATURE_SIZES = (6, 2)

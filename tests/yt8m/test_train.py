@@ -11,8 +11,8 @@ import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
 from official.core import train_utils
-from official_ext import train
 from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext import train
 
 
 def _tiny_overrides(cache_dir, train_steps=8, jit_compile=False):
@@ -63,7 +63,7 @@ def _run_cli(args, env):
 def test_train_py_writes_model_dir_and_reads_cleanly(tmp_path):
   """The CLI end to end: model_dir contents, and output that reads cleanly
   (each line once, no notice that is no problem, the metrics table last:
-  `core.run_logging`). Resuming through the CLI: tests/test_resilience.py
+  `core.run.run_logging`). Resuming through the CLI: tests/test_resilience.py
   (`test_sigkill_at_any_point_then_same_command_finishes`)."""
   model_dir = tmp_path / 'model'
   config = _yaml(tmp_path / 'tiny.yaml',

@@ -11,16 +11,16 @@ import tensorflow as tf, tf_keras
 from official.core import exp_factory
 from official.core import task_factory
 from official.modeling import optimization
+from official_ext.core import checkpoints
+from official_ext.core.input import bad_records
 from official_ext import export_saved_model
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
-from official_ext.core import bad_records
-from official_ext.core import checkpoints
 from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
-from official_ext.yt8m import predict
 from official_ext.yt8m.modeling import model as yt8m_model
+from official_ext.yt8m import predict
 
 SIZES = (16, 8)
 NUM_CLASSES = 10

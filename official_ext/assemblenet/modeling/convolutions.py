@@ -2,7 +2,7 @@
 
 Every convolution of the model is a `Conv3D` (`conv3d_same_padding`):
 `tf_keras.layers.Conv3D` whose convolution is, where the kernel policy takes
-a fast path (`core.kernel_policy`: on CPUs), computed in 2-D ops
+a fast path (`core.kernels.kernel_policy`: on CPUs), computed in 2-D ops
 (`conv3d_as_2d`: 2-D convolutions, matmuls and time shifts) or, for a
 temporally dilated kernel, as TensorFlow's Conv3D over the clip's time phases
 (`conv3d_native`); `conv3d_implementation` says which. Elsewhere, and under
@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf, tf_keras
 
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 
 
 def dims(x: tf.Tensor) -> List[Any]:
@@ -303,7 +303,7 @@ class Conv3D(tf_keras.layers.Conv3D):
   (as `conv3d_same_padding` builds it) the convolution is the one
   `conv3d_implementation` picks when the layer is called (traced): the
   stock op (`tf_keras.layers.Conv3D`'s own), or where the kernel policy
-  takes them (`core.kernel_policy`: on CPUs) `conv3d_as_2d` (2-D
+  takes them (`core.kernels.kernel_policy`: on CPUs) `conv3d_as_2d` (2-D
   convolutions and matmuls, whose gradients are much faster than Eigen's
   Conv3D's on CPU, and TFLite builtins: no 5-D SpaceToBatchND for a temporal
   dilation) or the time phases of a dilated kernel (`conv3d_native`).

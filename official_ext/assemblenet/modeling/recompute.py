@@ -12,7 +12,7 @@ from typing import Any, Callable, List
 
 import tensorflow as tf, tf_keras
 
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 from official_ext.core import tf_internals
 
 
@@ -59,7 +59,7 @@ def recompute_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
   tape watches (the RGB stem's clip) get no gradient. The gradients are
   those of `tf.recompute_grad`.
 
-  The ordered rerun is a CPU fast path (`core.kernel_policy`,
+  The ordered rerun is a CPU fast path (`core.kernels.kernel_policy`,
   'assemblenet.ordered_recompute', measured for host memory): where the
   kernel policy does not take it, and inside an XLA-compiled function
   (which ignores control dependencies), the segment runs through

@@ -4,7 +4,7 @@ written out.
 
 `BatchNormalization` and `Dense` are the tf_keras layers (same variables,
 values to float32 rounding) whose training call, where the kernel policy
-takes the fast path (`core.kernel_policy`: 'yt8m.batch_norm_gradient',
+takes the fast path (`core.kernels.kernel_policy`: 'yt8m.batch_norm_gradient',
 'yt8m.bias_gradient', on CPUs), computes its gradient as column sums over the
 frame rows (`_column_sums`, matrix-vector products) instead of the automatic
 gradient's reductions. `batch_norm_relu_average_pool` fuses DBoF's cluster
@@ -16,7 +16,7 @@ from typing import Optional
 
 import tensorflow as tf, tf_keras
 
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 
 
 def _frame_weights(x: tf.Tensor, mask: Optional[tf.Tensor]) -> tf.Tensor:
@@ -195,7 +195,7 @@ class BatchNormalization(tf_keras.layers.BatchNormalization):
   moving-average updates: `update_moving_moments`).
 
   A CPU fast path of the kernel policy ('yt8m.batch_norm_gradient',
-  `core.kernel_policy`), taken where the policy takes it for float32 inputs
+  `core.kernels.kernel_policy`), taken where the policy takes it for float32 inputs
   of rank >= 2 normalized over the last axis, with `training=True`, a
   trainable layer, no synchronization, renorm, virtual batch or adjustment;
   every other call is tf_keras' own.
@@ -243,7 +243,7 @@ def bias_add(x: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
 class Dense(tf_keras.layers.Dense):
   """`tf_keras.layers.Dense` whose bias gradient over frames is `bias_add`'s
   (same variables and values): a CPU fast path of the kernel policy
-  ('yt8m.bias_gradient', `core.kernel_policy`), taken where the policy takes
+  ('yt8m.bias_gradient', `core.kernels.kernel_policy`), taken where the policy takes
   it for float32 inputs of rank >= 3."""
 
   def call(self, inputs):

@@ -3,7 +3,7 @@ from typing import Any, Mapping, Optional
 
 import tensorflow as tf, tf_keras
 
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 from official_ext.yt8m.modeling import batch_norm
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
@@ -191,7 +191,7 @@ class Dbof(tf_keras.layers.Layer):
     rounding and the same moving-average updates, in fewer passes over the
     [batch, frames, cluster_size] activations
     (`python -m official_ext.benchmark yt8m`). A CPU fast path of the
-    kernel policy ('yt8m.dbof_cluster_pool', `core.kernel_policy`), taken
+    kernel policy ('yt8m.dbof_cluster_pool', `core.kernels.kernel_policy`), taken
     where the policy takes it, in training (`training=True`) for float32
     frames with batch norm, the 'relu' activation, 'average' pooling, no
     cluster context gate, per-replica (not synchronized) batch norm and

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import tensorflow as tf, tf_keras
 
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 from official_ext.yt8m.modeling import batch_norm
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
@@ -174,7 +174,7 @@ class NextVladAggregation(tf_keras.layers.Layer):
     """sigmoid(x W_g + b_g) [B, T, G] and x W_gk [B, T, G K].
 
     The two layers read the same x. Where the kernel policy takes the CPU
-    fast path 'yt8m.nextvlad_joint_projection' (`core.kernel_policy`), their
+    fast path 'yt8m.nextvlad_joint_projection' (`core.kernels.kernel_policy`), their
     kernels are concatenated and applied as one matmul, so x is read once
     and its gradient is one matmul instead of two matmuls and a sum (the
     same values to float rounding); elsewhere the two layers run.

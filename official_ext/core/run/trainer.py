@@ -9,7 +9,7 @@ interleaving multitask trainers, each joined to a `MultiTaskEvaluator` and
 given the interface of `base_trainer.Trainer` that Model Garden's
 `OrbitExperimentRunner` uses (`model`, `optimizer`, `checkpoint`,
 `global_step`, `initialize`, `evaluate`), so that both kinds run through the
-same runner (`core.runner.OrbitExperimentRunner`) with the same
+same runner (`core.run.runner.OrbitExperimentRunner`) with the same
 checkpoint restore, actions, progress line and final metrics.
 `create_trainer` builds the one the config asks for.
 
@@ -39,10 +39,6 @@ from official.modeling.multitask import task_sampler
 from official_ext.core import tf_internals
 
 MULTITASK_TRAINER_TYPES = ('joint', 'interleaving')
-
-
-class NonFiniteLossError(RuntimeError):
-  """The training loss became NaN or infinite."""
 
 
 def _is_tpu(strategy: tf.distribute.Strategy) -> bool:
@@ -340,36 +336,3 @@ def create_trainer(params, task, train: bool, evaluate: bool,
   return train_utils.create_trainer(
       params, task, train=train, evaluate=evaluate,
       checkpoint_exporter=checkpoint_exporter, trainer_cls=Trainer)
-
-
-class NonFiniteLossCheck:
-  """Orbit train action: raises `NonFiniteLossError` after a bad loop.
-
-  Args:
-    trainer: the experiment's trainer. With a trainer of this module (which
-      records `first_nonfinite_step`) the error names the exact step; with
-      another trainer it names the loop (the loop's mean `training_loss` is
-      checked).
-  """
-
-  def __init__(self, trainer):
-    self._trainer = trainer
-
-  def __call__(self, output: Dict[str, Any]):
-    step = int(self._trainer.global_step.numpy())
-    loss = (output or {}).get('training_loss')
-    if getattr(self._trainer, 'per_step_check', False):
-      bad_step = self._trainer.first_nonfinite_step
-      if bad_step < 0:
-        return
-      where = f'at step {bad_step}'
-    else:
-      if loss is None or bool(tf.reduce_all(tf.math.is_finite(loss))):
-        return
-      where = f'in the train loop ending at step {step}'
-    raise NonFiniteLossError(
-        f'Training loss is not finite {where} (loop mean training_loss='
-        f'{float(loss) if loss is not None else "?"}). Training stopped '
-        f'before saving step {step}; the latest checkpoint in model_dir is '
-        'from before it. Lower the learning rate or enable gradient '
-        'clipping, and check the input data.')

@@ -35,7 +35,7 @@ builtins for).
 Process settings (environment variables read once when TensorFlow or glibc
 start) are fast paths too (`FastPath.env`); `process_env` gives an
 experiment's, for the device its runtime config names, before TensorFlow
-starts (`core.process_settings` applies them).
+starts (`core.kernels.process_settings` applies them).
 """
 import contextlib
 import dataclasses
@@ -43,7 +43,7 @@ import functools
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 from official.core import config_definitions as cfg
-from official_ext.core import process_settings
+from official_ext.core.kernels import process_settings
 from official_ext.core import tf_internals
 
 SETTINGS = ('auto', 'stock', 'fast')
@@ -55,7 +55,7 @@ class RuntimeConfig(cfg.RuntimeConfig):
   """Model Garden's `RuntimeConfig` and the kernel policy.
 
   Attributes:
-    kernel_policy: 'auto', 'stock' or 'fast' (`core.kernel_policy`): whether
+    kernel_policy: 'auto', 'stock' or 'fast' (`core.kernels.kernel_policy`): whether
       this project's fast paths replace TensorFlow's stock ops; 'auto' takes
       them only on the device kind they were measured faster on.
   """
@@ -166,7 +166,7 @@ FAST_PATHS: Tuple[FastPath, ...] = (
     FastPath(
         name='yt8m.bfc_cpu_allocator',
         replaces='TensorFlow\'s default CPU allocator',
-        where='official_ext.core.process_settings.apply',
+        where='official_ext.core.kernels.process_settings.apply',
         auto='runs whose `runtime` names no accelerator (no TPU strategy, '
         '`num_gpus: 0`), unless the variable is already set',
         devices=('CPU',),
@@ -177,7 +177,7 @@ FAST_PATHS: Tuple[FastPath, ...] = (
     FastPath(
         name='assemblenet.malloc_mmap_threshold',
         replaces='glibc malloc\'s dynamic mmap threshold',
-        where='official_ext.core.process_settings.apply',
+        where='official_ext.core.kernels.process_settings.apply',
         auto='runs whose `runtime` names no accelerator (no TPU strategy, '
         '`num_gpus: 0`), unless the variable is already set',
         devices=('CPU',),
@@ -200,7 +200,7 @@ def fast_path(name: str) -> FastPath:
   """
   if name not in _BY_NAME:
     raise ValueError(f'no fast path {name!r} is declared in '
-                     f'core.kernel_policy.FAST_PATHS; declared: '
+                     f'core.kernels.kernel_policy.FAST_PATHS; declared: '
                      f'{sorted(_BY_NAME)}')
   return _BY_NAME[name]
 

@@ -3,7 +3,7 @@
 TensorFlow's TFRecord reader stops at the first record it cannot read (a bad
 CRC, a truncated record). `recover_records` reads on from there by walking
 the TFRecord framing itself, with a pure-python CRC-32C: skip mode of the
-families' readers (`official_ext.core.bad_records.make_file_reader`) uses it
+families' readers (`official_ext.core.input.bad_records.make_file_reader`) uses it
 so that only the damaged bytes of a file are lost.
 
 TFRecord framing of each record on disk: uint64 length (little-endian), uint32

@@ -1,4 +1,4 @@
-"""core.host_memory: the glibc malloc mmap threshold setting.
+"""core.kernels.process_settings: the glibc malloc mmap threshold setting.
 
 Setting it changes a process's allocator for the rest of its life, so the
 threshold is set in child processes, where glibc's own statistics
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from official_ext.core import host_memory
+from official_ext.core.kernels import process_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
 # 8 MiB) and allocates 2 MiB: mmapped only below a fixed, lower threshold.
 _CHILD = r'''
 import ctypes, ctypes.util, json, sys
-from official_ext.core import host_memory
+from official_ext.core.kernels import process_settings
 
 class Mallinfo2(ctypes.Structure):
   _fields_ = [(n, ctypes.c_size_t) for n in (
@@ -37,7 +37,7 @@ libc.free.argtypes = [ctypes.c_void_p]
 result = {}
 threshold = json.loads(sys.argv[1])
 if threshold is not None:
-  result['set'] = host_memory.set_malloc_mmap_threshold(threshold)
+  result['set'] = process_settings.set_malloc_mmap_threshold(threshold)
 libc.free(libc.malloc(8 << 20))
 before = libc.mallinfo2().hblks
 block = libc.malloc(2 << 20)
@@ -82,18 +82,18 @@ class _FakeLibc:
 
 
 def test_a_value_the_c_library_refuses_is_an_error(monkeypatch):
-  monkeypatch.setattr(host_memory.ctypes, 'CDLL', lambda name: _FakeLibc(0))
+  monkeypatch.setattr(process_settings.ctypes, 'CDLL', lambda name: _FakeLibc(0))
   with pytest.raises(RuntimeError,
                      match=r'mallopt\(M_MMAP_THRESHOLD, 1048576\) failed'):
-    host_memory.set_malloc_mmap_threshold(1 << 20)
+    process_settings.set_malloc_mmap_threshold(1 << 20)
 
 
 def test_without_mallopt_nothing_is_set(monkeypatch):
-  monkeypatch.setattr(host_memory.ctypes, 'CDLL', lambda name: _FakeLibc())
-  assert host_memory.set_malloc_mmap_threshold(1 << 20) is False
+  monkeypatch.setattr(process_settings.ctypes, 'CDLL', lambda name: _FakeLibc())
+  assert process_settings.set_malloc_mmap_threshold(1 << 20) is False
 
 
 @pytest.mark.parametrize('value', [-1, (32 << 20) + 1])
 def test_threshold_outside_glibc_range_is_refused(value):
   with pytest.raises(ValueError, match=f'0..33554432 bytes .* got {value}'):
-    host_memory.set_malloc_mmap_threshold(value)
+    process_settings.set_malloc_mmap_threshold(value)

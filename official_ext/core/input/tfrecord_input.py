@@ -28,9 +28,9 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.core import config_definitions as cfg
 from official.core import input_reader
-from official_ext.core import bad_records as bad_records_lib
-from official_ext.core import eval_padding
-from official_ext.core import input_files
+from official_ext.core.input import bad_records as bad_records_lib
+from official_ext.core.input import eval_padding
+from official_ext.core.input import input_files
 
 # Key of a decoded dict (the parser's input) holding the record's file name,
 # a string scalar: skip mode names the file of a record the parser rejects.
@@ -219,7 +219,7 @@ def _reader_stages(params: cfg.DataConfig, stages: Stages,
                   if context else params.global_batch_size)
     if not params.is_training and params.drop_remainder:
       # Static batch shapes without dropping an example: the last batches
-      # are padded, the mask marks the padding (core.eval_padding).
+      # are padded, the mask marks the padding (core.input.eval_padding).
       return eval_padding.pad_final_batches(
           ds, lambda d: batch_fn(d, batch_size), batch_size, context,
           attach_mask=stages.attach_mask)

@@ -5,7 +5,7 @@ TensorFlow's runtime (or the C library) starts, so no config field can change
 them later: TensorFlow's CPU allocator (`TF_CPU_ALLOCATOR_USE_BFC`) and
 glibc malloc's mmap threshold (`MALLOC_MMAP_THRESHOLD_`). Which ones a run
 takes is the kernel policy's decision: they are fast paths declared in
-`core.kernel_policy.FAST_PATHS` (`kernel_policy.process_env` gives an
+`core.kernels.kernel_policy.FAST_PATHS` (`kernel_policy.process_env` gives an
 experiment's), and both `python -m official_ext.train` and `python -m
 official_ext.benchmark` apply them (`apply`) before TensorFlow's runtime
 starts, so the benchmark figures are those a user's training run gets.
@@ -21,21 +21,52 @@ Rules of `apply`:
   `glibc.malloc.mmap_threshold`).
 * The variables are set in `os.environ`, so child processes inherit them;
   `MALLOC_MMAP_THRESHOLD_`, which glibc reads only at process start, is also
-  applied to this process (`core.host_memory.set_malloc_mmap_threshold`).
+  applied to this process (`core.kernels.set_malloc_mmap_threshold`).
 * What was applied, and what the user's setting kept, is returned and
   logged by the callers (`describe`).
 """
+import ctypes
+import ctypes.util
 import dataclasses
 import os
 from typing import Dict, Mapping, MutableMapping, Optional
 
-from official_ext.core import host_memory
 from official_ext.core import tf_internals
 
 MALLOC_MMAP_THRESHOLD = 'MALLOC_MMAP_THRESHOLD_'
 BFC_ALLOCATOR = 'TF_CPU_ALLOCATOR_USE_BFC'
 # The variables `apply` knows how to apply (a typo in a declaration fails).
 KNOWN_VARIABLES = (BFC_ALLOCATOR, MALLOC_MMAP_THRESHOLD)
+
+# mallopt's parameter number of the mmap threshold (glibc malloc.h).
+M_MMAP_THRESHOLD = -3
+DEFAULT_THRESHOLD_BYTES = 1 << 20
+MAX_THRESHOLD_BYTES = 32 << 20  # glibc's HEAP_MAX / 2 on 64-bit.
+
+
+def set_malloc_mmap_threshold(
+    threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> bool:
+  """Fixes glibc malloc's mmap threshold for this process (`mallopt`).
+
+  Applies to allocations made afterwards. Returns True when set, False when
+  the C library has no `mallopt` (not glibc: nothing is changed).
+
+  Raises:
+    ValueError: `threshold_bytes` is not in [0, 32 MiB] (glibc's range).
+    RuntimeError: glibc refused the value.
+  """
+  if not 0 <= threshold_bytes <= MAX_THRESHOLD_BYTES:
+    raise ValueError(f'malloc mmap threshold must be 0..'
+                     f'{MAX_THRESHOLD_BYTES} bytes '
+                     f'(glibc HEAP_MAX / 2); got {threshold_bytes}.')
+  libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
+  mallopt = getattr(libc, 'mallopt', None)
+  if mallopt is None:
+    return False
+  if mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)) != 1:
+    raise RuntimeError(f'mallopt(M_MMAP_THRESHOLD, {threshold_bytes}) '
+                       'failed.')
+  return True
 
 
 def check(env: Mapping[str, str], source: str) -> None:
@@ -53,9 +84,9 @@ def check(env: Mapping[str, str], source: str) -> None:
       raise ValueError(f'{source}: process setting {variable} must be a '
                        f'string (an environment value); got {value!r}.')
     if variable == MALLOC_MMAP_THRESHOLD and not (
-        value.isdigit() and int(value) <= host_memory.MAX_THRESHOLD_BYTES):
+        value.isdigit() and int(value) <= MAX_THRESHOLD_BYTES):
       raise ValueError(f'{source}: {variable}={value!r} is not a byte count '
-                       f'in 0..{host_memory.MAX_THRESHOLD_BYTES}.')
+                       f'in 0..{MAX_THRESHOLD_BYTES}.')
 
 
 def runtime_started() -> bool:
@@ -112,7 +143,7 @@ def apply(settings: Mapping[str, str],
       continue
     environ[variable] = value
     if variable == MALLOC_MMAP_THRESHOLD and this_process:
-      host_memory.set_malloc_mmap_threshold(int(value))
+      set_malloc_mmap_threshold(int(value))
     applied[variable] = value
   return Applied(applied, kept, {})
 

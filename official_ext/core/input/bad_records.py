@@ -1,6 +1,6 @@
 """Bad input in TFRecord readers: fail naming it, or skip and count it.
 
-Shared by the families' readers through `official_ext.core.tfrecord_input`
+Shared by the families' readers through `official_ext.core.input.tfrecord_input`
 (which wires these pieces into Model Garden's InputReader). Two layers:
 
 * `make_file_reader` (per file): detects truncated or corrupted TFRecord
@@ -10,11 +10,11 @@ Shared by the families' readers through `official_ext.core.tfrecord_input`
   `ignore_errors()` (TF's reader then stops at the first unreadable record of
   that file), the bytes of the records it did read are counted (a record takes
   `16 + len(data)` bytes on disk) and, at the end of the file, compared with
-  its size (`official_ext.core.input_files.file_sizes`). A mismatch means the
+  its size (`official_ext.core.input.input_files.file_sizes`). A mismatch means the
   file is damaged: strict mode fails with an error naming the file and the
   byte offset where its readable records end; skip mode keeps every record
   before the damage, reads on past it with
-  `official_ext.core.tfrecord_recovery.recover_records` (only the damaged
+  `official_ext.core.input.tfrecord_recovery.recover_records` (only the damaged
   bytes are lost), and logs and counts it (`BadFileEvent`). Any read error of
   a file (not only a bad CRC: also a permission or network error) ends in
   this check.
@@ -45,9 +45,9 @@ from absl import logging
 import numpy as np
 import tensorflow as tf, tf_keras
 
-from official_ext.core import eval_padding
-from official_ext.core import graph_checks
-from official_ext.core import tfrecord_recovery
+from official_ext.core.input import eval_padding
+from official_ext.core.input import graph_checks
+from official_ext.core.input import tfrecord_recovery
 
 
 # ---------------------------------------------------------------------------
@@ -241,7 +241,7 @@ def make_file_reader(
 
   Args:
     files: every file the reader may be given.
-    sizes: their sizes in bytes (`official_ext.core.input_files.file_sizes`).
+    sizes: their sizes in bytes (`official_ext.core.input.input_files.file_sizes`).
     skip_bad_records: skip (True) or fail on (False) damaged files.
     log: where skip mode reports (default: `bad_record_log()`).
 

@@ -6,7 +6,7 @@ device or a cluster, through `OrbitExperimentRunner` (Model Garden's
 What they add to Model Garden's:
 
 * A non-chief worker checkpoints into its own model_dir, which holds a copy
-  of the chief's latest checkpoint (`core.multiworker.worker_model_dir`),
+  of the chief's latest checkpoint (`core.run.multiworker.worker_model_dir`),
   instead of a fresh `mkdtemp()` a restarted worker would restore nothing
   from.
 * The checkpoint to resume from is the one the caller found readable, and it
@@ -34,7 +34,7 @@ import tensorflow as tf, tf_keras
 
 from official.core import train_lib
 from official_ext.core import checkpoints
-from official_ext.core import multiworker
+from official_ext.core.run import multiworker
 
 T = TypeVar('T')
 
@@ -130,7 +130,7 @@ class OrbitExperimentRunner(train_lib.OrbitExperimentRunner):
 
   The one runner of `official_ext.train`, for single-task and multitask
   experiments: its `trainer` is Model Garden's `base_trainer.Trainer` (a
-  trainer and evaluator in one) or a multitask trainer of `core.trainer`,
+  trainer and evaluator in one) or a multitask trainer of `core.run.trainer`,
   which joins Model Garden's multitask trainer and evaluator behind the same
   interface (Model Garden's own multitask `train_lib.run_experiment` builds a
   bare `orbit.Controller`: no train/eval actions, no guard on the restored
@@ -172,7 +172,7 @@ class OrbitExperimentRunner(train_lib.OrbitExperimentRunner):
             f'{found or "no checkpoint"} where {self._resume_from} was just '
             'found readable: the checkpoint state file changed since, or '
             'could not be read again (a storage error, or a process writing '
-            'model_dir without taking its lock, core.run_lock). Training '
+            'model_dir without taking its lock, core.run.run_lock). Training '
             'stops instead of starting from scratch; run the same command '
             'again to resume.')
     else:

@@ -3,7 +3,7 @@
 `ProgressAction` and `LastOutput` are Orbit actions: callables that
 `orbit.Controller` calls with a loop's output after each train loop
 (`train_actions`) or each evaluation (`eval_actions`). `official_ext.train`
-gives them to the runner with the other actions (`core.trainer`,
+gives them to the runner with the other actions (`core.run.trainer`,
 Model Garden's `official.core.actions`).
 """
 import time
@@ -112,3 +112,40 @@ def format_metrics(metrics: Dict[str, Any]) -> str:
   width = max([24] + [len(name) for name in values])
   return '\n'.join(f'  {name:<{width}s} {value:.4f}'
                    for name, value in values.items())
+
+
+class NonFiniteLossError(RuntimeError):
+  """The training loss became NaN or infinite."""
+
+
+class NonFiniteLossCheck:
+  """Orbit train action: raises `NonFiniteLossError` after a bad loop.
+
+  Args:
+    trainer: the experiment's trainer. With a trainer of this module (which
+      records `first_nonfinite_step`) the error names the exact step; with
+      another trainer it names the loop (the loop's mean `training_loss` is
+      checked).
+  """
+
+  def __init__(self, trainer):
+    self._trainer = trainer
+
+  def __call__(self, output: Dict[str, Any]):
+    step = int(self._trainer.global_step.numpy())
+    loss = (output or {}).get('training_loss')
+    if getattr(self._trainer, 'per_step_check', False):
+      bad_step = self._trainer.first_nonfinite_step
+      if bad_step < 0:
+        return
+      where = f'at step {bad_step}'
+    else:
+      if loss is None or bool(tf.reduce_all(tf.math.is_finite(loss))):
+        return
+      where = f'in the train loop ending at step {step}'
+    raise NonFiniteLossError(
+        f'Training loss is not finite {where} (loop mean training_loss='
+        f'{float(loss) if loss is not None else "?"}). Training stopped '
+        f'before saving step {step}; the latest checkpoint in model_dir is '
+        'from before it. Lower the learning rate or enable gradient '
+        'clipping, and check the input data.')

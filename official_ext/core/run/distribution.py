@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Tuple
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official.common import distribute_utils
-from official_ext.core import kernel_policy
+from official_ext.core.kernels import kernel_policy
 
 
 def _data_configs(params) -> List[Tuple[str, Any]]:

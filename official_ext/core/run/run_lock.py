@@ -9,7 +9,7 @@ it when the run ends, also on an exception; a second training run is
 refused (`ModelDirLockedError`) naming the first: its host, pid, start time
 and command. A lock file that is no such lock (empty, not JSON, lacking host,
 pid or token) is refused at once naming it: no run can be named or waited for. Only the chief of a multi-worker job takes it (the other
-workers write to directories of their own: `core.multiworker`). Evaluation
+workers write to directories of their own: `core.run.multiworker`). Evaluation
 (`--mode=eval`, `continuous_eval`) reads model_dir and takes no lock, so an
 evaluator beside a trainer stays allowed.
 
@@ -66,14 +66,6 @@ SETTLE_S = 2.0
 
 class ModelDirLockedError(RuntimeError):
   """Another live training run writes this model_dir (the message names it)."""
-
-
-def _is_local(path: str) -> bool:
-  return '://' not in path or path.startswith('file://')
-
-
-def _local(path: str) -> str:
-  return path[len('file://'):] if path.startswith('file://') else path
 
 
 def _process_start(pid: int) -> Optional[str]:
@@ -214,8 +206,9 @@ class WriterLock:
     if current.get('token') != self.holder['token']:
       self.lost = f'the lock now holds {describe(current)}'
       return
-    if _is_local(self.path):
-      os.utime(_local(self.path))
+    local = output_files.local_path(self.path)
+    if local is not None:
+      os.utime(local)
     else:
       self._write()
 
@@ -252,8 +245,8 @@ def _create(path: str, holder: Dict[str, Any]) -> bool:
   docstring).
   """
   text = json.dumps(holder, indent=1)
-  if _is_local(path):
-    local = _local(path)
+  local = output_files.local_path(path)
+  if local is not None:
     staged = f'{local}.{holder["token"]}'
     with open(staged, 'w') as f:
       f.write(text)
