@@ -225,6 +225,20 @@ def test_fixed_vs_trainable_edge_weights(tiny_models):
   assert np.all(np.abs(w) <= 0.02) and np.any(w != 0)
 
 
+def test_given_edge_weights_are_the_originals_logits():
+  """The fixed logits are computed as the original's `fusion_with_peer_
+  attention` does, in float32: `-np.log(1. / w - 1.)` of the weights cast
+  to float32 (bit for bit; float64 arithmetic rounds some differently, e.g.
+  the published node 9's third weight, whose logit is near 0)."""
+  weights = structures.ASSEMBLENET_PLUS_LITE_EDGE_WEIGHTS[9][0]
+  layer = fusion.PeerAttentionFusion(num_inputs=len(weights),
+                                     edge_weights=weights)
+  layer.build([[2, 1, 4, 4, 3]] * len(weights))
+  w = np.asarray(weights).astype('float32')
+  np.testing.assert_array_equal(layer.agg_weights.numpy(),
+                                -np.log(1. / w - 1.))
+
+
 def test_single_input_node_passes_through_unweighted():
   layer = fusion.PeerAttentionFusion(num_inputs=1, attention_mode=None)
   x = tf.random.normal([2, 3, 4, 4, 5])

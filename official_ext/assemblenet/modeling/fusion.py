@@ -107,8 +107,9 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
   2. With several inputs, input i is multiplied by sigmoid(w_i); the logits
      w are `agg_weights` ([num_inputs] float32): trainable (truncated normal,
      stddev 0.01; the one-shot connectivity search) when no `edge_weights`
-     are given, else fixed (non-trainable) at logit(edge_weights). A single
-     input passes through unweighted.
+     are given, else fixed (non-trainable) at logit(edge_weights), computed
+     in float32 as the original does. A single input passes through
+     unweighted.
   3. Attention (per frame, per connection), when `attention_mode` is set:
      'self' uses the connection's own spatial mean [B, T, C_i]; 'peer' a
      softmax-weighted (`attention_<i>_peer_weights`, trainable, truncated
@@ -194,9 +195,9 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
         init = tf_keras.initializers.TruncatedNormal(mean=0.0, stddev=0.01)
         trainable = True
       else:
-        w = np.asarray(self._edge_weights, np.float64)
-        init = tf_keras.initializers.Constant(
-            (-np.log(1.0 / w - 1.0)).astype(np.float32))
+        # In float32, as the original computes them (bit for bit).
+        w = np.asarray(self._edge_weights).astype(np.float32)
+        init = tf_keras.initializers.Constant(-np.log(1.0 / w - 1.0))
         trainable = False
       self.agg_weights = self.add_weight(
           name='agg_weights', shape=[self._num_inputs], initializer=init,
