@@ -59,6 +59,12 @@ def test_labels_csv_errors(tmp_path):
   (tmp_path / 'l.csv').write_text('a.mp4,1;x\n')
   with pytest.raises(ValueError, match=r'l\.csv:1'):
     videos_lib.read_labels_csv(str(tmp_path / 'l.csv'))
+  # A video twice: an error naming it and both lines, not the last kept.
+  (tmp_path / 'l.csv').write_text('a.mp4,1\n# note\nb.mp4,2\na.mp4,3\n')
+  with pytest.raises(ValueError, match=re.escape(
+      f"{tmp_path / 'l.csv'}:4: video 'a.mp4' is labelled on line 1 "
+      'already')):
+    videos_lib.read_labels_csv(str(tmp_path / 'l.csv'))
 
 
 
