@@ -5,38 +5,60 @@ r"""Turns a folder of video files into Model Garden video TFRecords.
 
 The command of `official_ext.assemblenet.video_records.convert` (its module
 docstring: the record format, the labels, whole-or-nothing output and the
-errors): each flag is the keyword argument of the same name. For a corpus
-too large for one process, the same conversion runs as an Apache Beam
-pipeline: `python -m official_ext.assemblenet.beam_pipelines convert`.
+errors): each flag is the keyword argument of the same name, with its
+default. For a corpus too large for one process, the same conversion runs as
+an Apache Beam pipeline: `python -m official_ext.assemblenet.beam_pipelines
+convert`.
 """
-import argparse
-from typing import Optional, Sequence
+from typing import Sequence
+
+from absl import app
+from absl import flags
 
 from official_ext.assemblenet import video_records
 
+FLAGS = flags.FLAGS
 
-def main(argv: Optional[Sequence[str]] = None):
-  p = argparse.ArgumentParser(
-      description=__doc__.split('\n\n')[0],
-      formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--video_dir', required=True)
-  p.add_argument('--output', required=True, help='output path prefix')
-  p.add_argument('--labels_csv', default=None)
-  p.add_argument('--num_shards', type=int, default=1)
-  p.add_argument('--fps', type=float, default=None)
-  p.add_argument('--short_side', type=int, default=None)
-  p.add_argument('--jpeg_quality', type=int, default=90)
-  p.add_argument('--skip_unreadable', action='store_true')
-  p.add_argument('--overwrite', action='store_true',
-                 help='replace the files of a previous conversion to '
-                 '--output (once the new shards are complete)')
-  a = p.parse_args(argv)
+
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """Defines the command's flags in `flag_values` (tests: a fresh
+  FlagValues)."""
+  define = dict(flag_values=flag_values)
+  flags.DEFINE_string('video_dir', None, 'The folder of video files (class '
+                      'sub-folders, or --labels_csv).', **define)
+  flags.DEFINE_string('output', None, 'Output path prefix: '
+                      'OUTPUT-0000i-of-0000n.tfrecord.', **define)
+  flags.DEFINE_string('labels_csv', None, 'Lines `video,ids` (";"-separated '
+                      'class ids), videos by their path relative to '
+                      '--video_dir; default: class sub-folders.', **define)
+  flags.DEFINE_integer('num_shards', 1, 'Output files.', **define)
+  flags.DEFINE_float('fps', None, 'Frames per second to keep (default: the '
+                     "video's own).", **define)
+  flags.DEFINE_integer('short_side', None, 'Resize frames to this shorter '
+                       'side (default: as decoded).', **define)
+  flags.DEFINE_integer('jpeg_quality', 90, 'JPEG quality of the stored '
+                       'frames.', **define)
+  flags.DEFINE_bool('skip_unreadable', False, 'List and skip a video that '
+                    'does not decode whole, instead of failing.', **define)
+  flags.DEFINE_bool('overwrite', False, 'Replace the files of a previous '
+                    'conversion to --output (once the new shards are '
+                    'complete).', **define)
+  flags.mark_flags_as_required(['video_dir', 'output'],
+                               flag_values=flag_values)
+
+
+def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
+  """Converts per the flags; prints the shards written and videos skipped."""
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
+  fv = flag_values
   files, skipped = video_records.convert(
-      a.video_dir, a.output, a.labels_csv, a.num_shards, a.fps, a.short_side,
-      a.jpeg_quality, a.skip_unreadable, a.overwrite)
+      fv.video_dir, fv.output, fv.labels_csv, fv.num_shards, fv.fps,
+      fv.short_side, fv.jpeg_quality, fv.skip_unreadable, fv.overwrite)
   print(f'wrote {len(files)} shard(s): {files[0]} ...; skipped '
         f'{len(skipped)} unreadable video(s)')
 
 
 if __name__ == '__main__':
-  main()
+  define_flags()
+  app.run(main)

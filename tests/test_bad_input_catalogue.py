@@ -445,6 +445,32 @@ def test_skip_mode_stops_when_no_record_is_good(tmp_path, family):
   assert limit <= log.num_bad_records < limit + 100, log.num_bad_records
 
 
+@pytest.mark.parametrize('family', MAIN)
+def test_skip_mode_fails_when_the_input_holds_no_good_record(tmp_path, family):
+  """Skip mode on files holding no readable record (bytes that are not
+  TFRecord framing) or only invalid ones, fewer skips than
+  `MAX_SKIPPED_IN_A_ROW`: an error naming the files when the pass ends, not
+  an empty input (OutOfRange). One pass of evaluation, and (one family: the
+  check is the shared reader's) a training input of one file, whose repeat
+  ends after a pass that yields nothing."""
+  fam = FAMILIES[family]
+  a = str(tmp_path / 'a.tfrecord')
+  with open(a, 'wb') as f:
+    f.write(b'not a TFRecord file at all, only text\n' * 3)
+  b = _write(tmp_path / 'b.tfrecord', [fam.bad('undecodable')] * 2)
+  cases = ((str(tmp_path / '*.tfrecord'), False, [a, b]),) + (
+      ((a, True, [a]),) if family == 'yt8m' else ())
+  for pattern, is_training, files in cases:
+    log = bad_records.BadRecordLog()
+    error = _first_batch_or_error(
+        fam.build(pattern, True, log, is_training=is_training))
+    message = str(error)
+    assert 'no example' in message and 'skipped' in message, message
+    for name in files:
+      assert name in message, message
+    assert log.num_bad_records == (3 if b in files else 1)  # a: 1, b: 2.
+
+
 # Paths -----------------------------------------------------------------------
 
 

@@ -221,8 +221,8 @@ class _Parsed(Exception):
 
 
 def _check_argparse_script(script, args, where):
-  """`python scripts/X.py ARGS`: parsed by the script's own parser (its
-  `main(argv)`), stopped right after."""
+  """`python scripts/X.py ARGS` of a script without absl flags: parsed by
+  its own parser (its `main(argv)`), stopped right after."""
   module = _load_script(os.path.basename(script))
   parse = argparse.ArgumentParser.parse_args
 
@@ -303,7 +303,12 @@ def check_command(command: Command, where: str) -> None:
   elif words[0] == 'python' and words[1].startswith('scripts/'):
     assert os.path.isfile(os.path.join(REPO, words[1])), (
         f'{where}: no {words[1]}')
-    _check_argparse_script(words[1], words[2:], where)
+    module = _load_script(os.path.basename(words[1]))
+    if hasattr(module, 'define_flags'):  # absl flags, as the modules'.
+      positional = cli._parse(module, words[2:])[1][1:]  # pylint: disable=protected-access
+      assert not positional, f'{where}: stray words {positional}'
+    else:
+      _check_argparse_script(words[1], words[2:], where)
   elif words[0].startswith('scripts/'):
     assert os.access(os.path.join(REPO, words[0]), os.X_OK), (
         f'{where}: {words[0]} is not an executable file')
@@ -369,6 +374,10 @@ def test_the_shell_reading():
     ('python scripts/nwb_to_readout.py --nwb=a.nwb --output_dir=/tmp/o '
      '--bogus=1', 'unrecognized arguments: --bogus=1'),
     ('python scripts/nope.py', 'no scripts/nope.py'),
+    ('python scripts/assemblenet_videos_to_tfrecord.py --video_dir=/v '
+     '--output=/o --bogus=1', 'bogus'),
+    ('python scripts/assemblenet_videos_to_tfrecord.py --video_dir=/v',
+     'output'),
     ('scripts/launch_cloud_tpu.sh --tpu_name=t --bogus=1',
      'has no flag --bogus'),
     ('scripts/run_multiworker_local.sh 2 nope /tmp/m --mode=train', 'nope'),

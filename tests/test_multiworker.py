@@ -2,14 +2,17 @@
 
 Two worker processes (MultiWorkerMirroredStrategy, collective all-reduce over
 127.0.0.1) train the YT8M demo, shrunk, and must give the same evaluation as
-one process at the same global batch from the same checkpoint.
+one process at the same global batch from the same checkpoint; a SIGTERM to
+one worker stops both at one step, saved, and the same command resumes there.
 """
 import glob
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -99,50 +102,116 @@ def _worker_dir(log):
   return match.group(1)
 
 
-def test_two_workers_match_one_process(tmp_path):
+def _wait_for(predicate, proc, what, deadline_s=300):
+  deadline = time.time() + deadline_s
+  while not predicate():
+    assert proc.poll() is None, f'the run ended before {what}'
+    assert time.time() < deadline, f'no {what} within {deadline_s} s'
+    time.sleep(0.05)
+
+
+def _sigterm_to_worker_1(model_dir, config, train_steps, tmp_path):
+  """Starts two workers training, sends SIGTERM to worker 1 (the non-chief)
+  once the chief's first train loop ended; returns the script's status."""
+  script_log = tmp_path / 'script.log'
+  chief_log = model_dir / 'logs' / 'worker_0.log'
+  with open(script_log, 'w') as err:
+    proc = subprocess.Popen(
+        ['bash', _SCRIPT, '2', 'yt8m_demo', str(model_dir), '--mode=train',
+         f'--config_file={config}',
+         f'--params_override=trainer.train_steps={train_steps}'],
+        stdout=subprocess.DEVNULL, stderr=err, cwd=_ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
+                 MULTIWORKER_KILL_GRACE_S='30'))
+    try:
+      pids = []
+      _wait_for(lambda: pids.extend(re.findall(
+          r'2 workers \(pids \d+ (\d+)\)', script_log.read_text())) or pids,
+                proc, 'the workers\' pids')
+      _wait_for(lambda: chief_log.exists() and re.search(
+          r'train \| step:\s+\d+ \| steps/sec', chief_log.read_text()),
+                proc, 'the first train loop')
+      os.kill(int(pids[0]), signal.SIGTERM)
+      return proc.wait(timeout=120)
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_sigterm_to_one_worker_then_the_rerun_matches_one_process(tmp_path):
+  """Two workers (the script) in one run:
+
+  * A real SIGTERM to worker 1, the non-chief (docs/distributed.md,
+    preemption): both workers stop at the same step N, the chief saves ckpt-N
+    in model_dir (periodic checkpoints are off after the first loop, so only
+    the signal can have saved it) and releases writer.lock, and the script
+    exits with the signalled worker's 143.
+  * The same command resumes from ckpt-N (the non-chief restores the chief's
+    checkpoint too) to N + 2 with an evaluation, which must equal one
+    process's at the same global batch from ckpt-N.
+  """
   overrides = _tiny_overrides(tmp_path / 'cache')
   params = exp_factory.get_exp_config('yt8m_demo')
   params.override(overrides, is_strict=True)
   demo_data.ensure_demo_data(params.task)  # Generated once, for all runs.
-  config = _yaml(tmp_path / 'tiny.yaml', overrides)
-  one_device = tf.distribute.OneDeviceStrategy('/cpu:0')
-
-  # Steps 1-2 in one process; both jobs go on from this checkpoint (initial
-  # weights are random per job).
   ref_dir, mw_dir = tmp_path / 'one_process', tmp_path / 'two_workers'
-  # The one-process runs train and evaluate eagerly (a traced step costs
-  # more than running it); the workers run in graphs, as configured.
-  eager = {'trainer': {'train_tf_function': False, 'train_tf_while_loop': False,
-                       'eval_tf_function': False,
-                       'eval_tf_while_loop': False}}
-  params.override(eager, is_strict=True)
-  train.run(params, 'train', str(ref_dir), strategy=one_device)
-  mw_dir.mkdir()
-  for path in glob.glob(str(ref_dir / 'ckpt-2.*')) + [
-      str(ref_dir / 'checkpoint')]:
-    shutil.copy(path, mw_dir)
 
-  # Steps 3-4 and an evaluation on two workers, resuming from ckpt-2 (the
-  # non-chief restores the chief's checkpoint too), and in one process.
-  result = _run_workers(mw_dir, config, 'train_and_eval', 4)
-  assert result.returncode == 0, result.stderr[-4000:]
-  assert tf.train.latest_checkpoint(str(mw_dir)).endswith('ckpt-4')
+  total = 400  # Not reached: the signal stops the first run.
+  config = _yaml(tmp_path / 'tiny.yaml', {**overrides, 'trainer': dict(
+      overrides['trainer'], checkpoint_interval=10 * total,
+      validation_interval=total)})
+  status = _sigterm_to_worker_1(mw_dir, config, total, tmp_path)
   chief_log, worker_log = _logs(mw_dir)
-  assert re.search(r'Resuming from: \S+ckpt-2\.', worker_log), (
+  assert status == 143, (tmp_path / 'script.log').read_text()[-3000:]
+  match = re.search(r'Training stopped by SIGTERM at step (\d+): saved the '
+                    r'checkpoint (\S+)\.', worker_log)
+  assert match, worker_log[-3000:]
+  step = int(match.group(1))
+  assert 2 <= step < total
+  latest = tf.train.latest_checkpoint(str(mw_dir))
+  assert latest == str(mw_dir / f'ckpt-{step}'), (latest, step)
+  # The chief stops for worker 1's signal (or for the script's SIGTERM, when
+  # worker 1's exit reaches the script while the chief still saves).
+  assert re.search(
+      rf'Training stopped by (a signal another worker received|SIGTERM) at '
+      rf'step {step}: saved the checkpoint {re.escape(latest)}\.',
+      chief_log), chief_log[-3000:]
+  assert not (mw_dir / 'writer.lock').exists(), chief_log[-3000:]
+  assert not os.path.exists(_worker_dir(worker_log))
+
+  # The same command resumes from ckpt-N, to N + 2 and an evaluation; so
+  # does one process (initial weights are random per job: both start from
+  # ckpt-N).
+  ref_dir.mkdir()
+  for path in glob.glob(f'{latest}.*') + [str(mw_dir / 'checkpoint')]:
+    shutil.copy(path, ref_dir)
+  result = _run_workers(mw_dir, config, 'train_and_eval', step + 2)
+  assert result.returncode == 0, result.stderr[-4000:]
+  assert tf.train.latest_checkpoint(str(mw_dir)).endswith(f'ckpt-{step + 2}')
+  chief_log, worker_log = _logs(mw_dir)
+  assert re.search(rf'Resuming from: \S+ckpt-{step}\.', worker_log), (
       worker_log[-3000:])
-  assert 'progress | step 4/4' in chief_log
+  loops = [int(s) for s in re.findall(r'train \| step:\s+(\d+) \| steps/sec',
+                                      chief_log)]
+  assert loops == [step + 2], chief_log[-3000:]
+  assert f'progress | step {step + 2}/{step + 2}' in chief_log
   # The non-chief wrote into its own directory, removed at exit; only the
   # chief wrote summaries and the gin config to model_dir.
   assert not os.path.exists(_worker_dir(worker_log))
-  assert len(glob.glob(str(mw_dir / 'train' / 'events.out.tfevents.*'))) == 1
   assert len(glob.glob(str(mw_dir / 'validation' / 'events.*'))) == 1
   assert (mw_dir / 'operative_config.train_and_eval.gin').exists()
-  two = _summaries(str(mw_dir / 'validation'), step=4)
+  two = _summaries(str(mw_dir / 'validation'), step=step + 2)
 
-  params.override({'trainer': {'train_steps': 4}}, is_strict=True)
+  # The one-process run trains and evaluates eagerly (a traced step costs
+  # more than running it); the workers run in graphs, as configured.
+  params.override({'trainer': {
+      'train_steps': step + 2, 'train_tf_function': False,
+      'train_tf_while_loop': False, 'eval_tf_function': False,
+      'eval_tf_while_loop': False}}, is_strict=True)
   _, one = train.run(params, 'train_and_eval', str(ref_dir),
-                     strategy=one_device)
-  assert tf.train.latest_checkpoint(str(ref_dir)).endswith('ckpt-4')
+                     strategy=tf.distribute.OneDeviceStrategy('/cpu:0'))
+  assert tf.train.latest_checkpoint(str(ref_dir)).endswith(f'ckpt-{step + 2}')
 
   # Every validation video is counted once: the chief's AP metrics cover both
   # workers' shards.
@@ -267,3 +336,4 @@ def test_preemption_recovery_restarts_only_after_a_preemption(monkeypatch):
   runner.run_with_preemption_recovery(
       lambda: tf.distribute.OneDeviceStrategy('/cpu:0'), lambda s: None)
   assert len(watchers) == count
+

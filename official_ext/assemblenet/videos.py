@@ -50,7 +50,7 @@ def find_videos(video_dir: str,
 def read_labels_csv(path: str) -> Dict[str, List[int]]:
   """{relative video path: class ids} from lines `path.mp4,3;17` (';'-
   separated ids; lines starting with '#' skipped); ValueError naming the
-  file and line of a malformed one."""
+  file and line of a malformed one, or of a video's second row."""
   return {video: ids for video, (_, ids) in _labels_csv_rows(path).items()}
 
 
@@ -70,6 +70,11 @@ def _labels_csv_rows(path: str) -> Dict[str, Tuple[int, List[int]]]:
                          f'by ";"; got {row[1]!r}') from e
       if not ids:
         raise ValueError(f'{path}:{lineno}: video {row[0]!r} has no label.')
+      if row[0] in labels:
+        raise ValueError(
+            f'{path}:{lineno}: video {row[0]!r} is labelled on line '
+            f'{labels[row[0]][0]} already; give each video one row (its '
+            'class ids ";"-separated).')
       labels[row[0]] = (lineno, ids)
   return labels
 

@@ -38,7 +38,8 @@ sets) by predict's writers, in its formats: video level
 `--segment_top_classes` rule when given), whole or not at all
 (`core.output_files.write_atomically`); an output that is one of the
 inputs, or lies inside one of the sets or a model, is refused before
-anything is read.
+anything is read, and so is an existing file the ensemble did not write (it
+begins with neither submission header, `is_own_output`) unless --overwrite.
 
 Memory: the sets of one flag are read whole (float16: 2 bytes a class a
 row and model) and each evaluation of the fit builds the mean in float32,
@@ -93,6 +94,14 @@ class AlignedSets:
               np.float32(w))
       out = part if out is None else out + part
     return out
+
+
+def is_own_output(head: bytes) -> bool:
+  """Whether a file's first bytes are those of a submission this command
+  writes (video or segment level)."""
+  return output_files.begins_with(predict.VIDEO_HEADER + '\n',
+                                  predict.SEGMENT_HEADER + '\n')(
+                                      head.replace(b'\r\n', b'\n'))
 
 
 def _check_same(sets, flag: str) -> None:
@@ -270,8 +279,8 @@ def run(fit_on: Sequence[str], output_file: str,
         segment_ratings: Optional[str] = None,
         segment_max_per_class: int = 100000,
         segment_top_classes: Optional[int] = None,
-        segment_map_top_k: int = segment_eval.DEFAULT_TOP_K
-        ) -> Dict[str, object]:
+        segment_map_top_k: int = segment_eval.DEFAULT_TOP_K,
+        overwrite: bool = False) -> Dict[str, object]:
   """Fits the weights on `fit_on` and writes the submission of
   `predictions` (module docstring).
 
@@ -288,6 +297,8 @@ def run(fit_on: Sequence[str], output_file: str,
     segment_max_per_class: segments a class in the submission.
     segment_top_classes: the starter's rule (`predict.SegmentRanking`).
     segment_map_top_k: K of the mAP@K the segment weights maximise.
+    overwrite: replace an existing `output_file` this command did not
+      write (otherwise `output_files.OutputExistsError`).
 
   Returns:
     `weights`, `level`, and with a fit `score` (the ensemble's on `fit_on`),
@@ -297,9 +308,11 @@ def run(fit_on: Sequence[str], output_file: str,
   inputs = [('--fit_on', ','.join(fit_on)),
             ('--predictions', ','.join(predictions)),
             ('--segment_ratings', segment_ratings)]
-  # Not an input, not inside a model_dir or SavedModel, nor inside a set.
+  # Not an input, not inside a model_dir or SavedModel, nor inside a set;
+  # not another file, unless overwrite.
   output_files.check_output_file(output_file, '--output_file', inputs,
-                                 models=[])
+                                 models=[], own=is_own_output,
+                                 overwrite=overwrite)
   target = os.path.realpath(output_file)
   for path in predictions + list(fit_on):
     if target.startswith(os.path.realpath(path).rstrip('/') + '/'):
@@ -408,6 +421,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_integer('segment_map_top_k', segment_eval.DEFAULT_TOP_K,
                        'K of the segment mAP@K the weights maximise.',
                        **define)
+  flags.DEFINE_bool('overwrite', False, 'Replace an existing output file '
+                    'that the ensemble did not write.', **define)
   flags.mark_flags_as_required(['output_file'], flag_values=flag_values)
 
 
@@ -427,7 +442,8 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
                      'to fit the weights on) or --weights.')
   result = run(fv.fit_on, fv.output_file, fv.predictions, weights,
                fv.top_k, fv.segment_ratings, fv.segment_max_per_class,
-               fv.segment_top_classes or None, fv.segment_map_top_k)
+               fv.segment_top_classes or None, fv.segment_map_top_k,
+               overwrite=fv.overwrite)
   print(json.dumps({k: result[k] for k in sorted(result)}))
   print(f'Wrote {result["rows"]} {result["level"]}s to {fv.output_file}')
 

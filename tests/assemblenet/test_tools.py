@@ -1,9 +1,11 @@
 """The video-folder-to-TFRecord converter (assemblenet.video_records) and its
 command (scripts/assemblenet_videos_to_tfrecord.py)."""
 import importlib.util
+import inspect
 import os
 import re
 
+from absl import flags as absl_flags
 import numpy as np
 import pytest
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
@@ -13,6 +15,7 @@ from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import video_records
 from official_ext.assemblenet import videos as videos_lib
+from tests import cli
 from tests.assemblenet import damaged_videos
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'scripts',
@@ -58,6 +61,12 @@ def test_video_folder_to_tfrecord(tmp_path):
 def test_labels_csv_errors(tmp_path):
   (tmp_path / 'l.csv').write_text('a.mp4,1;x\n')
   with pytest.raises(ValueError, match=r'l\.csv:1'):
+    videos_lib.read_labels_csv(str(tmp_path / 'l.csv'))
+  # A video twice: an error naming it and both lines, not the last kept.
+  (tmp_path / 'l.csv').write_text('a.mp4,1\n# note\nb.mp4,2\na.mp4,3\n')
+  with pytest.raises(ValueError, match=re.escape(
+      f"{tmp_path / 'l.csv'}:4: video 'a.mp4' is labelled on line 1 "
+      'already')):
     videos_lib.read_labels_csv(str(tmp_path / 'l.csv'))
 
 
@@ -114,9 +123,9 @@ def test_a_failed_conversion_leaves_the_previous_shards(tmp_path):
   (tmp_path / 'videos' / 'square_right').mkdir(exist_ok=True)
   (tmp_path / 'videos' / 'square_right' / 'broken.avi').write_bytes(b'xx')
   with pytest.raises(ValueError, match='broken.avi'):
-    _script().main(['--video_dir', str(tmp_path / 'videos'),
+    cli.run_main(_script(), '--video_dir', str(tmp_path / 'videos'),
                  '--output', str(out / 'train'), '--num_shards=3',
-                 '--overwrite'])
+                 '--overwrite')
   assert _contents(out) == before
   files, skipped = video_records.convert(
       str(tmp_path / 'videos'), str(out / 'train'), num_shards=3,
@@ -126,6 +135,35 @@ def test_a_failed_conversion_leaves_the_previous_shards(tmp_path):
       [os.path.basename(f) for f in files] + ['train.classes.txt'])
   assert [os.path.basename(f) for f in files] == [
       f'train-0000{i}-of-00003.tfrecord' for i in range(3)]
+
+
+def test_the_command_takes_absl_flags_with_the_converters_defaults(
+    tmp_path, capsys):
+  """scripts/assemblenet_videos_to_tfrecord.py defines its flags with absl
+  (`define_flags`, `main(argv, flag_values)`, as the package's CLIs): one
+  flag per keyword argument of `video_records.convert`, with its default;
+  --video_dir and --output required."""
+  script = _script()
+  flag_values = absl_flags.FlagValues()
+  script.define_flags(flag_values)
+  defaults = {name: None if p.default is p.empty else p.default
+              for name, p in inspect.signature(
+                  video_records.convert).parameters.items() if name != 'log'}
+  assert {name: flag_values[name].default for name in defaults} == defaults
+  assert {name for name in flag_values if name in defaults} == set(defaults)
+  for required in ('video_dir', 'output'):
+    with pytest.raises(absl_flags.IllegalFlagValueError, match=required):
+      cli.parse_flags(script, *[f'--{n}=x' for n in ('video_dir', 'output')
+                                if n != required])
+  _videos(tmp_path / 'videos')
+  (tmp_path / 'videos' / 'square_right').mkdir(exist_ok=True)
+  (tmp_path / 'videos' / 'square_right' / 'broken.avi').write_bytes(b'xx')
+  cli.run_main(script, f'--video_dir={tmp_path / "videos"}',
+               f'--output={tmp_path / "out" / "train"}', '--num_shards=2',
+               '--fps=5', '--short_side=24', '--skip_unreadable')
+  out = capsys.readouterr().out
+  assert re.search(r'wrote 2 shard\(s\): \S+train-00000-of-00002\.tfrecord '
+                   r'\.\.\.; skipped 1 unreadable video\(s\)', out), out
 
 
 def test_more_shards_than_videos_is_refused(tmp_path):

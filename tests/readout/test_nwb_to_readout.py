@@ -21,7 +21,7 @@ from official_ext.readout import nwb
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'scripts',
                        'nwb_to_readout.py')
-_SESSION = 'mouse7-2024-05-01'
+_SESSION = 'mouse7-session1'
 _NUM_TRIALS, _NUM_UNITS = 10, 4
 _PRE, _POST, _BIN, _INTERVAL = 0.1, 0.05, 0.1, 0.2
 _WHEEL_START = 0.25  # After the first window's first query (0.2 s): left out.

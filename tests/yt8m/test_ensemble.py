@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from official_ext import train
+from official_ext.core import output_files
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import ensemble
 from official_ext.yt8m import metrics
@@ -294,3 +295,28 @@ def test_a_stored_set_is_written_whole_and_replaced_whole(tmp_path):
                                 [[0, 1, 0], [1, 0, 0]])
   np.testing.assert_allclose(loaded.probabilities[:, 0], np.arange(5) / 10,
                              rtol=1e-3)
+
+
+def test_output_file_not_its_own_is_refused_unless_overwrite(tmp_path):
+  """An existing --output_file the ensemble did not write (it begins with
+  no submission header) is refused, untouched, before anything is read;
+  --overwrite replaces it; its own output is replaced without it."""
+  def batches():
+    for i in range(3):
+      yield {'video_ids': [f'v{i}'.encode()], 'labels': np.eye(3)[[i]],
+             'probabilities': np.full([1, 3], i / 10.0)}
+  stored = str(tmp_path / 'set')
+  stored_predictions.write(stored, batches(), lambda b: sum(1 for _ in b),
+                           level='video', num_classes=3, class_ids=range(3))
+  out = tmp_path / 'notes.csv'
+  out.write_text('my notes,not a submission\n')
+  args = (f'--predictions={stored}', '--weights=1', f'--output_file={out}')
+  with pytest.raises(output_files.OutputExistsError, match=(
+      f'--output_file={out} exists and is not an output of this command.*'
+      '--overwrite')):
+    cli.run_main(ensemble, *args)
+  assert out.read_text() == 'my notes,not a submission\n'
+  cli.run_main(ensemble, *args, '--overwrite')
+  assert out.read_text().startswith(predict.VIDEO_HEADER + '\n')
+  cli.run_main(ensemble, *args)  # Its own output.
+  assert len(out.read_text().splitlines()) == 4

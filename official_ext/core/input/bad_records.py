@@ -27,7 +27,10 @@ Shared by the families' readers through `official_ext.core.input.tfrecord_input`
   the pipeline with that error text.
 
 A reader that skips `MAX_SKIPPED_IN_A_ROW` records in a row without one
-example stops with `NoGoodRecordError` naming their files.
+example stops with `NoGoodRecordError` naming their files; so does a pass
+over the input that ends having skipped records and yielded no example
+(`fail_on_a_pass_without_example`: files of no readable or only invalid
+records, fewer than the limit), where it would otherwise be an empty input.
 
 Counting: every skip is added to a `BadRecordLog` (one per task and split:
 `log_for_split`); `BadRecordsSkipped` is a tf_keras metric whose value is that
@@ -118,10 +121,14 @@ class BadRecordLog:
     self._record_events: List[BadRecordEvent] = []
     self._max_in_a_row = max_in_a_row
     self._in_a_row: List[str] = []  # The files of the current run of skips.
+    # This pass (`begin_pass`): its examples, and the files of its skips.
+    self._pass_examples = 0
+    self._pass_skipped: List[str] = []
 
   def _skipped(self, filename: str, reason: str) -> None:
     """Counts a skip in the run (the caller holds the lock)."""
     self._in_a_row.append(filename)
+    self._pass_skipped.append(filename)
     if len(self._in_a_row) >= self._max_in_a_row:
       files = sorted(set(self._in_a_row))
       raise NoGoodRecordError(
@@ -146,12 +153,37 @@ class BadRecordLog:
     """A record became an example: the run of skips ends."""
     with self._lock:
       self._in_a_row = []
+      self._pass_examples += 1
+
+  def begin_pass(self) -> None:
+    """A pass over the input starts (see `end_pass`)."""
+    with self._lock:
+      self._pass_examples = 0
+      self._pass_skipped = []
+
+  def end_pass(self) -> None:
+    """A pass over the input ended: raises `NoGoodRecordError` naming the
+    files when it skipped records and yielded no example."""
+    with self._lock:
+      if self._pass_examples or not self._pass_skipped:
+        return
+      files = sorted(set(self._pass_skipped))
+      raise NoGoodRecordError(
+          'skip_bad_records: a pass over the input ended with no example: '
+          f'it skipped {len(self._pass_skipped)} record(s) or damaged '
+          'file(s) and kept none (fewer than bad_records.'
+          f'MAX_SKIPPED_IN_A_ROW = {self._max_in_a_row} in a row), from '
+          f'{len(files)} file(s): {", ".join(files)}. They hold no readable '
+          'or valid record; check the path and format (the family, the '
+          'features), or regenerate the files.')
 
   def reset(self) -> None:
     with self._lock:
       self._events = []
       self._record_events = []
       self._in_a_row = []
+      self._pass_examples = 0
+      self._pass_skipped = []
 
   @property
   def events(self) -> List[BadFileEvent]:
@@ -476,6 +508,24 @@ def wrap_stage(fn: Callable[..., Any], source_fn: Callable[..., tf.Tensor],
 def filter_ok(ds: tf.data.Dataset) -> tf.data.Dataset:
   """Drops the elements `wrap_stage` marked failed and unwraps the rest."""
   return ds.filter(lambda out, ok: ok).map(lambda out, ok: out)
+
+
+def fail_on_a_pass_without_example(ds: tf.data.Dataset,
+                                   log: BadRecordLog) -> tf.data.Dataset:
+  """Skip mode: `ds` (the examples after the last `wrap_stage`, failed ones
+  dropped) between `log.begin_pass` and `log.end_pass`, so a pass that
+  skipped records and yielded no example raises `NoGoodRecordError` (a
+  TensorFlow error carrying its message) instead of ending empty. A repeated
+  input whose passes never end meets `MAX_SKIPPED_IN_A_ROW` instead."""
+
+  def call(fn):
+    def marker(unused):
+      done = tf.py_function(lambda: (fn(), np.int64(0))[1], [], tf.int64)
+      with tf.control_dependencies([done]):
+        return ds.take(0)  # Nothing: only the call.
+    return tf.data.Dataset.range(1).flat_map(marker)
+
+  return call(log.begin_pass).concatenate(ds).concatenate(call(log.end_pass))
 
 
 # ---------------------------------------------------------------------------

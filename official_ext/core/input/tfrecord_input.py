@@ -10,7 +10,8 @@ decoding, parsing and batching (`Stages`):
       damaged files failing (strict) or skipped and counted (skip mode)
     --Model Garden's InputReader--> shard per input pipeline, [train: shuffle],
       decoder_fn, sample_fn, parser_fn (skip mode: bad_records.wrap_stage drops
-      the one invalid record), transform_fn, batch_fn (evaluation with
+      the one invalid record; a pass that kept no example fails naming the
+      files), transform_fn, batch_fn (evaluation with
       drop_remainder: eval_padding.pad_final_batches), postprocess_fn.
 
 A DataConfig with `tfds_name` instead of `input_path` reads TFDS through the
@@ -213,6 +214,8 @@ def _reader_stages(params: cfg.DataConfig, stages: Stages,
       context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
     if skip and stages.parser_fn is not None:
       ds = bad_records_lib.filter_ok(ds)  # Unparsable records.
+    if skip:  # A pass of skips only is an error, not an empty input.
+      ds = bad_records_lib.fail_on_a_pass_without_example(ds, log)
     if stages.transform_fn is not None:
       ds = stages.transform_fn(ds)
     batch_size = (context.get_per_replica_batch_size(params.global_batch_size)
