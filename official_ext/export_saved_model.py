@@ -111,21 +111,6 @@ def _export_module(params: config_definitions.ExperimentConfig,
                    f'{type(params.task).__name__}.')
 
 
-def load_params(experiment: str, config_files: Sequence[str] = (),
-                params_override: str = '',
-                checkpoint_path: Optional[str] = None
-                ) -> config_definitions.ExperimentConfig:
-  """The trained model's config: params.yaml, then files and overrides.
-
-  See `official_ext.core.experiment_params.load_params` (the checkpoint's
-  params.yaml is used when `checkpoint_path`'s directory has one; a flag
-  contradicting it in a model-affecting key is a ValueError naming the key
-  and both values).
-  """
-  return experiment_params.load_params(experiment, config_files,
-                                       params_override, checkpoint_path)
-
-
 class ExportDirNotEmptyError(FileExistsError):
   """`export_dir` holds files: a previous export without `overwrite`, or
   anything that is not a previous export (never replaced)."""
@@ -368,7 +353,7 @@ def export_module(params: config_definitions.ExperimentConfig,
   Shared by `export` and `official_ext.export_tflite`.
 
   Args:
-    params: the experiment config (`load_params`).
+    params: the experiment config (`experiment_params.load_params`).
     checkpoint_path: a checkpoint prefix or a directory (its latest);
       restored strictly (`core.checkpoints.restore_model`).
     top_k: k of the `top_k_*` serving outputs (YouTube-8M).
@@ -394,7 +379,7 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
   """Restores `checkpoint_path` into the task's model and writes a SavedModel.
 
   Args:
-    params: the experiment config (`load_params`).
+    params: the experiment config (`experiment_params.load_params`).
     checkpoint_path: a checkpoint prefix or a directory (its latest).
     export_dir: the SavedModel directory; also receives `params.yaml`.
     top_k: k of the `top_k_*` serving outputs (YouTube-8M).
@@ -438,16 +423,7 @@ FLAGS = flags.FLAGS
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
   define = dict(flag_values=flag_values)
-  flags.DEFINE_string('experiment', None, 'Registered experiment name.',
-                      **define)
-  flags.DEFINE_multi_string(
-      'config_file', None, 'YAML config overrides, applied after the '
-      "checkpoint directory's params.yaml.", **define)
-  flags.DEFINE_string('params_override', '',
-                      'Comma-separated overrides, applied last.', **define)
-  flags.DEFINE_string('checkpoint_path', None,
-                      'Checkpoint prefix or a directory (latest checkpoint).',
-                      **define)
+  experiment_params.define_model_flags(flag_values)
   flags.DEFINE_string('export_dir', None, 'Where to write the SavedModel.',
                       **define)
   flags.DEFINE_integer('top_k', 20, 'k of the top_k_* serving outputs.',
@@ -464,8 +440,7 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
   """Runs the export with the parsed `flag_values`; prints where it went."""
   del argv
   fv = flag_values
-  params = load_params(fv.experiment, fv.config_file, fv.params_override,
-                       checkpoint_path=fv.checkpoint_path)
+  params = experiment_params.params_from_flags(fv)
   check_exportable(params, fv.experiment)
   path = export(params, fv.checkpoint_path, fv.export_dir, fv.top_k,
                 overwrite=fv.overwrite)

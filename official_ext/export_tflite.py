@@ -59,6 +59,7 @@ from official.core import config_definitions
 from official_ext import export_saved_model
 from official_ext.assemblenet import configs as assemblenet_configs
 from official_ext.core import checkpoints
+from official_ext.core import experiment_params
 from official_ext.core import output_files
 from official_ext.core import tf_internals
 from official_ext.yt8m import configs as yt8m_configs
@@ -145,7 +146,7 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
   """Restores `checkpoint_path` and writes the TFLite model to `output`.
 
   Args:
-    params: the experiment config (`export_saved_model.load_params`).
+    params: the experiment config (`experiment_params.load_params`).
     checkpoint_path: a checkpoint prefix or a directory (its latest).
     output: the .tflite file to write (whole or not at all).
     quantization: one of QUANTIZATIONS.
@@ -202,16 +203,7 @@ FLAGS = flags.FLAGS
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
   define = dict(flag_values=flag_values)
-  flags.DEFINE_string('experiment', None, 'Registered experiment name.',
-                      **define)
-  flags.DEFINE_multi_string(
-      'config_file', None, 'YAML config overrides, applied after the '
-      "checkpoint directory's params.yaml.", **define)
-  flags.DEFINE_string('params_override', '',
-                      'Comma-separated overrides, applied last.', **define)
-  flags.DEFINE_string('checkpoint_path', None,
-                      'Checkpoint prefix or a directory (latest checkpoint).',
-                      **define)
+  experiment_params.define_model_flags(flag_values)
   flags.DEFINE_string('output', None, 'The .tflite file to write.', **define)
   flags.DEFINE_string('quantization', 'none',
                       f'One of {", ".join(QUANTIZATIONS)}.', **define)
@@ -227,9 +219,7 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
   del argv
   fv = flag_values
   check_quantization(fv.quantization)  # Before the config is loaded.
-  params = export_saved_model.load_params(
-      fv.experiment, fv.config_file or (), fv.params_override,
-      checkpoint_path=fv.checkpoint_path)
+  params = experiment_params.params_from_flags(fv)
   info = export(params, fv.checkpoint_path, fv.output, fv.quantization,
                 fv.top_k, overwrite=fv.overwrite)
   print(f'Wrote {info["output"]} ({info["bytes"]:,} bytes, quantization '

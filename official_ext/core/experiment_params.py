@@ -47,6 +47,7 @@ import os
 import pprint
 from typing import Any, Dict, Optional, Sequence
 
+from absl import flags
 from absl import logging
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
@@ -428,3 +429,83 @@ def check_model_params(params: config_definitions.ExperimentConfig,
         f'model-affecting key(s):\n  {lines}\nIt would score every video '
         'differently; load it with experiment_params.load_model_params '
         f'(which reads {path}).')
+
+
+# -- The flags naming a model, for every CLI --------------------------------
+
+# Each flag that can name the trained model: (default, help).
+MODEL_FLAGS = {
+    'saved_model': (None, 'SavedModel directory.'),
+    'checkpoint_path': (None, 'A training checkpoint: a ckpt-N prefix or a '
+                        'model_dir (its newest checkpoint).'),
+    'model_dir': ('', 'A model_dir (its newest checkpoint).'),
+    'checkpoint': ('', 'Or a checkpoint prefix.'),
+}
+
+
+def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS,
+                       models: Sequence[str] = ('checkpoint_path',),
+                       default_experiment: Optional[str] = None,
+                       experiment: Optional[str] = None) -> None:
+  """Defines --experiment, --config_file, --params_override and `models`.
+
+  Args:
+    flag_values: the CLI's flags (tests: a fresh FlagValues).
+    models: the flags naming the trained model, of `MODEL_FLAGS`.
+    default_experiment: the family's experiment that reads the model's
+      params.yaml when --experiment is not given (`load_model_params`);
+      None: --experiment names the experiment.
+    experiment: --experiment's default.
+
+  Raises:
+    ValueError: a name of `models` is not in `MODEL_FLAGS`.
+  """
+  unknown = [m for m in models if m not in MODEL_FLAGS]
+  if unknown:
+    raise ValueError(f'Unknown model flags {unknown}; known: '
+                     f'{sorted(MODEL_FLAGS)}.')
+  define = dict(flag_values=flag_values)
+  if default_experiment:
+    experiment_help = (
+        'Experiment giving the config class and the values no params.yaml '
+        'sets; needed only when the model has no params.yaml (default: the '
+        f'params.yaml beside the model is read into {default_experiment!r}).')
+  else:
+    experiment_help = ('Registered experiment name (the params.yaml beside '
+                       'the model, if any, applies on top).')
+  flags.DEFINE_string('experiment', experiment, experiment_help, **define)
+  flags.DEFINE_multi_string('config_file', None, 'YAML config overrides, '
+                            "applied after the model's params.yaml.", **define)
+  flags.DEFINE_string('params_override', '',
+                      'Comma-separated overrides, applied last.', **define)
+  for name in models:
+    default, help_text = MODEL_FLAGS[name]
+    flags.DEFINE_string(name, default, help_text, **define)
+
+
+def params_from_flags(flag_values: flags.FlagValues,
+                      default_experiment: Optional[str] = None,
+                      model: Optional[str] = None
+                      ) -> config_definitions.ExperimentConfig:
+  """The config of the model that the parsed `define_model_flags` name.
+
+  Args:
+    flag_values: the parsed flags.
+    default_experiment: as given to `define_model_flags`; set:
+      `load_model_params` of --saved_model / --checkpoint_path, else
+      `load_params`.
+    model: the model's path when the CLI resolves it from its own flags
+      (default: --checkpoint_path).
+
+  Returns:
+    The checked, locked config (see `load_params` for the errors).
+  """
+  fv = flag_values
+  config_files = fv.config_file or ()
+  if default_experiment:
+    saved_model = fv['saved_model'].value if 'saved_model' in fv else None
+    return load_model_params(default_experiment, fv.experiment, config_files,
+                             fv.params_override, saved_model=saved_model,
+                             checkpoint_path=model or fv.checkpoint_path)
+  return load_params(fv.experiment, config_files, fv.params_override,
+                     checkpoint_path=model or fv.checkpoint_path)
