@@ -1,13 +1,13 @@
 """The layout's one-way rules, and one implementation per shared concern.
 
-DESIGN.md and docs/architecture.md: families import `core/`, never each other
-and never the package's top level (`registry_imports`, the CLIs); the harness
-(`benchmarks/`, the CLIs) imports families, never the reverse; within a
-family data flows one way, config -> dataloader -> model -> task -> export
-(configs import no dataloader or model, a dataloader no model, ...); no
-import cycle; TensorFlow's private modules only through `core.tf_internals`;
-what two families need lives once in `core/`. Checked on the import
-statements and calls of the source.
+docs/architecture.md: families import `core/`, never each other and never the
+package's top level (`registry_imports`, the CLIs); the harness
+(`benchmarks/`, the CLIs) imports families, never the reverse; within a family
+data flows one way, config -> dataloader -> model -> task -> export (configs
+import no dataloader or model, a dataloader no model, ...); no import cycle;
+TensorFlow's private modules only through `core.tf_internals`; what two
+families need lives once in `core/`. Checked on the import statements and
+calls of the source.
 """
 import ast
 import os
