@@ -50,11 +50,8 @@ def convert(function: tf.types.experimental.ConcreteFunction,
   """A concrete function with fixed input shapes as a TFLite flat buffer.
 
   Its argument and output names become the signature's; `what` names the model
-  in errors.
-
-  Raises:
-    ValueError: an unknown `quantization`.
-    UnsupportedOpsError: ops the converter cannot take as builtins, named.
+  in errors. ValueError for an unknown `quantization`; `UnsupportedOpsError`
+  names ops the converter cannot take as builtins.
   """
   check_quantization(quantization)
   # The converter saves `function` with this object as a SavedModel first.
@@ -91,16 +88,12 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
            overwrite: bool = False) -> Dict[str, Any]:
   """Restores `checkpoint_path` and writes the TFLite model to `output` whole.
 
-  Returns:
-    {'output', 'bytes', 'quantization', 'inputs', 'outputs'}: the file, its size
-    and the signature's tensors as 'name: dtype [shape]'.
-
-  Raises (before anything is built, but the last):
-    ValueError: an unknown quantization, a task without TFLite export, a missing
-      checkpoint, an `output` inside a model, or an existing one without
-      `overwrite`.
-    FileNotFoundError: the folder of `output` does not exist.
-    UnsupportedOpsError: ops the converter cannot take, named.
+  Returns {'output', 'bytes', 'quantization', 'inputs', 'outputs'}: the file,
+  its size and the signature's tensors as 'name: dtype [shape]'. A bad
+  quantization, a task without TFLite export, a missing checkpoint, an output
+  inside a model, an existing one without `overwrite` (ValueError) or a missing
+  folder (FileNotFoundError) is refused before anything is built;
+  `UnsupportedOpsError` names ops the converter cannot take.
   """
   check_quantization(quantization)
   if not isinstance(params.task, _TASKS):

@@ -48,19 +48,10 @@ def run(params: config_definitions.ExperimentConfig,
         ) -> Tuple[Any, Dict[str, Any]]:
   """Runs `mode` for the parsed experiment; returns (model, final metrics).
 
-  Args:
-    params: the validated experiment config (single-task or multitask).
-    mode: 'train', 'eval', 'train_and_eval' or 'continuous_eval'.
-    model_dir: directory of checkpoints, summaries and params.yaml.
-    strategy: a strategy instead of the one the runtime names (tests).
-    experiment: the registered name, recorded in params.yaml and compared with a
-      model_dir's; None: only the configs are compared.
-    policy: the kernel policy; None: `runtime.kernel_policy` for the strategy's
-      devices.
-
-  Returns:
-    The model and the last metrics (evaluation's when the mode evaluates; a
-    multitask experiment's as `<task>/<metric>`).
+  `strategy` and `policy` replace the runtime's (tests); `experiment` is
+  recorded in params.yaml and compared with a model_dir's (None: only the
+  configs). The metrics are evaluation's when the mode evaluates; a multitask
+  experiment's as `<task>/<metric>`.
 
   Raises:
     ModelDirInUseError: model_dir holds another experiment's or model's run.
