@@ -1,47 +1,5 @@
-r"""Exports a trained official_ext model as a SavedModel for serving.
-
-  python -m official_ext.export_saved_model --experiment=yt8m_demo \
-      [--config_file=x.yaml ...] [--params_override=...] \
-      --checkpoint_path=/tmp/yt8m_demo --export_dir=/tmp/yt8m_demo/export \
-      [--overwrite]
-
-Builds the model with the config it was trained with: the `params.yaml`
-that `official_ext.train` wrote to the checkpoint's directory (--checkpoint_path
-is that model_dir or a `ckpt-N` prefix inside it), then --config_file and
---params_override on top; a flag that contradicts params.yaml in a
-model-affecting key is an error naming the key and both values
-(`official_ext.core.experiment_params`, shared with `yt8m.predict`). Restores
-the checkpoint strictly (every model variable matched, or an error listing
-the unmatched ones) and writes a SavedModel with the family's signatures (see
-`official_ext/<family>/export.py`), plus the config it used as
-`export_dir/params.yaml`. The model is exported in float32 whatever the
-training precision (mixed-precision variables are float32 already), so
-serving takes and returns float32.
-
-The export is written whole or not at all: into a fresh directory beside
-`export_dir`, moved into place once complete. An `export_dir` that exists and
-is not empty is an error unless it holds a previous export and `--overwrite`
-is given; then the previous export is replaced whole (no file of it, e.g. an
-old `assets/`, is packaged into the new one). A previous export is a
-directory holding `saved_model.pb` and only the files of an export; a
-directory that is, contains or lies inside a model_dir (checkpoints, event
-files, params.yaml) or holds any other file is never replaced, with or
-without `--overwrite`: the error names what it holds. A failure leaves
-`export_dir` as it was.
-
-Replacing takes two renames (the previous export aside, the new one in).
-The staging directories beside `export_dir` are named with the writer's
-host and process id, so the next export repairs what a killed one left
-(`recover_interrupted`): the previous export moved back if the kill came
-between the renames, abandoned staging directories removed. Those of a
-writer that may still run, or of another host, are named in a warning and
-left.
-
-A joint (multitask) experiment is exported with one signature per task
-routine, named after the routine's task name, each serving that task's
-sub-model as the family's `serving_default` does (`joint/export.py`);
-restored strictly from the joint checkpoint.
-"""
+"""Exports a trained model as a float32 SavedModel for serving, written whole
+and never over anything but a previous export (docs/bad_input.md)."""
 import os
 import re
 import socket
@@ -77,13 +35,7 @@ _EXPORTABLE = (yt8m_configs.YT8MTask, assemblenet_configs.AssembleNetTask,
 
 
 def check_exportable(params, experiment: Optional[str] = None) -> None:
-  """ValueError unless `params` is an experiment of a family or a joint one.
-
-  Args:
-    params: the experiment config.
-    experiment: its registered name, for the message (None: the config
-      class names it).
-  """
+  """ValueError unless `params` is a family's or a joint experiment's."""
   if isinstance(params.task, _EXPORTABLE):
     return
   what = (f'experiment {experiment!r}' if experiment else
@@ -111,24 +63,9 @@ def _export_module(params: config_definitions.ExperimentConfig,
                    f'{type(params.task).__name__}.')
 
 
-def load_params(experiment: str, config_files: Sequence[str] = (),
-                params_override: str = '',
-                checkpoint_path: Optional[str] = None
-                ) -> config_definitions.ExperimentConfig:
-  """The trained model's config: params.yaml, then files and overrides.
-
-  See `official_ext.core.experiment_params.load_params` (the checkpoint's
-  params.yaml is used when `checkpoint_path`'s directory has one; a flag
-  contradicting it in a model-affecting key is a ValueError naming the key
-  and both values).
-  """
-  return experiment_params.load_params(experiment, config_files,
-                                       params_override, checkpoint_path)
-
-
 class ExportDirNotEmptyError(FileExistsError):
-  """`export_dir` holds files: a previous export without `overwrite`, or
-  anything that is not a previous export (never replaced)."""
+  """`export_dir` holds files: an export without `overwrite`, or anything else.
+  """
 
 
 # What a SavedModel directory of `export` holds (Model Garden's export, plus
@@ -150,10 +87,7 @@ def _names(directory: str) -> List[str]:
 
 
 def _foreign_entries(directory: str) -> List[str]:
-  """What in `directory` is not part of an export: top-level entries other
-  than `_EXPORT_FILES` / `_EXPORT_FOLDERS`, files in `variables/` other
-  than the variables, and run files (`_RUN_FILE`) anywhere in `assets*/`;
-  as paths relative to `directory` (folders with a trailing '/')."""
+  """What in `directory` is no export file, relative ('/' ends a folder)."""
   out = []
   for name in _names(directory):
     path = os.path.join(directory, name)
@@ -176,8 +110,7 @@ def _foreign_entries(directory: str) -> List[str]:
 
 
 def _holds_a_run(directory: str, entries: Sequence[str]) -> bool:
-  """Whether `entries` of `directory` (or the folders among them, one level
-  down) are a training run's files."""
+  """Whether `entries` (or the folders among them) are a run's files."""
   for entry in entries[:20]:
     if _RUN_FILE.match(os.path.basename(entry.rstrip('/'))):
       return True
@@ -188,17 +121,7 @@ def _holds_a_run(directory: str, entries: Sequence[str]) -> bool:
 
 
 def not_an_export(directory: str) -> Optional[str]:
-  """Why the existing, non-empty `directory` is not a previous export.
-
-  A previous export is a directory holding `saved_model.pb` and nothing but
-  the files of an export (`_EXPORT_FILES`, `variables/`, `assets/`,
-  `assets.extra/`; no checkpoint, event file or other file anywhere).
-
-  Returns:
-    None for a previous export; else what it holds, e.g. "it holds
-    checkpoint, ckpt-4.index, ... (files of a training run: checkpoints,
-    event files or params.yaml)".
-  """
+  """Why the non-empty `directory` is no previous export, or None if it is."""
   saved_model = tf.io.gfile.exists(os.path.join(directory, 'saved_model.pb'))
   if saved_model:
     entries = _foreign_entries(directory)
@@ -219,7 +142,6 @@ def not_an_export(directory: str) -> Optional[str]:
 
 
 def _check_export_dir(export_dir: str, overwrite: bool) -> None:
-  """Refuses an `export_dir` that `export` must not write (see `export`)."""
   if not tf.io.gfile.exists(export_dir):
     return
   if not tf.io.gfile.isdir(export_dir):
@@ -256,13 +178,7 @@ _UNNAMED_STAGING = re.compile(r'^(?P<base>.+)\.(partial|replaced)-'
 
 
 def staging_path(export_dir: str, kind: str) -> str:
-  """A new staging directory's path beside `export_dir`.
-
-  Args:
-    export_dir: the export's directory.
-    kind: 'partial' (the new export) or 'replaced' (the previous one, moved
-      aside).
-  """
+  """A new staging path beside `export_dir` ('partial' or 'replaced' `kind`)."""
   return (f'{export_dir.rstrip("/")}.{kind}-{socket.gethostname()}-'
           f'{os.getpid()}-{uuid.uuid4().hex[:12]}')
 
@@ -280,17 +196,9 @@ def _process_is_gone(pid: int) -> bool:
 def recover_interrupted(export_dir: str) -> None:
   """Repairs what an export killed mid-way left beside `export_dir`.
 
-  Looks only at directories named by `staging_path` for this `export_dir`.
-  One whose writer ran on this host and is gone, and that holds nothing but
-  the files of an export, is abandoned. If `export_dir` is missing and the
-  same writer left both its new export (`.partial-`) and the previous one
-  (`.replaced-`), it was killed between moving the previous export aside
-  and the new one in: the previous export is moved back into place. Every
-  other abandoned directory is removed. One whose writer may still run
-  (this host, the process exists; or another host, which cannot be
-  checked), or that holds other files, is left and named in a warning, as
-  is one named by an older version (`.partial-` or `.replaced-` and 8 hex
-  digits, without the writer).
+  Abandoned staging directories of this host's gone writers are removed, or the
+  previous export moved back when the kill came between the two renames; others
+  are named in a warning and left.
   """
   export_dir = export_dir.rstrip('/')
   parent, base = os.path.split(export_dir)
@@ -340,11 +248,7 @@ def recover_interrupted(export_dir: str) -> None:
 
 
 def _move_into_place(staging: str, export_dir: str) -> None:
-  """Renames the finished `staging` to `export_dir`, replacing it whole.
-
-  The previous export is first renamed aside (`staging_path(...,
-  'replaced')`); a kill before the new one is renamed in is repaired by the
-  next export (`recover_interrupted` moves the previous one back).
+  """Renames `staging` to `export_dir`, the previous export moved aside first.
   """
   previous = None
   if tf.io.gfile.exists(export_dir):
@@ -363,20 +267,8 @@ def _move_into_place(staging: str, export_dir: str) -> None:
 def export_module(params: config_definitions.ExperimentConfig,
                   checkpoint_path: str, top_k: int = 20
                   ) -> Tuple[export_base.ExportModule, Tuple[str, ...]]:
-  """The family's export module over the restored model, in float32.
-
-  Shared by `export` and `official_ext.export_tflite`.
-
-  Args:
-    params: the experiment config (`load_params`).
-    checkpoint_path: a checkpoint prefix or a directory (its latest);
-      restored strictly (`core.checkpoints.restore_model`).
-    top_k: k of the `top_k_*` serving outputs (YouTube-8M).
-
-  Returns:
-    (the module, e.g. `assemblenet.export.AssembleNetExportModule`, the
-    names of its signatures).
-  """
+  """(the family's export module over the restored model in float32, its
+  signature names); shared with `export_tflite`."""
   check_exportable(params)
   tf_keras.mixed_precision.set_global_policy('float32')
   task = task_factory.get_task(params.task)
@@ -391,24 +283,16 @@ def export_module(params: config_definitions.ExperimentConfig,
 
 def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
            export_dir: str, top_k: int = 20, overwrite: bool = False) -> str:
-  """Restores `checkpoint_path` into the task's model and writes a SavedModel.
+  """Restores `checkpoint_path` strictly and writes a SavedModel to
+  `export_dir`.
 
-  Args:
-    params: the experiment config (`load_params`).
-    checkpoint_path: a checkpoint prefix or a directory (its latest).
-    export_dir: the SavedModel directory; also receives `params.yaml`.
-    top_k: k of the `top_k_*` serving outputs (YouTube-8M).
-    overwrite: replace a previous export in `export_dir` (whole).
-
-  Returns:
-    export_dir.
+  `export_dir` also receives params.yaml; `top_k`: k of YouTube-8M's `top_k_*`
+  outputs; `overwrite` replaces a previous export whole. Returns export_dir.
 
   Raises:
-    ValueError: a task config of no family (`check_exportable`).
-    ExportDirNotEmptyError: `export_dir` is a file, is not empty and not
-      `overwrite`, or is not a previous export (`not_an_export`: it holds a
-      run's files or others, named) whatever `overwrite` (checked before
-      anything is built or written, after `recover_interrupted`).
+    ValueError: a task config of no family.
+    ExportDirNotEmptyError: `export_dir` is a file, holds an export and not
+      `overwrite`, or holds anything else (named).
   """
   check_exportable(params)
   recover_interrupted(export_dir)
@@ -438,16 +322,7 @@ FLAGS = flags.FLAGS
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
   define = dict(flag_values=flag_values)
-  flags.DEFINE_string('experiment', None, 'Registered experiment name.',
-                      **define)
-  flags.DEFINE_multi_string(
-      'config_file', None, 'YAML config overrides, applied after the '
-      "checkpoint directory's params.yaml.", **define)
-  flags.DEFINE_string('params_override', '',
-                      'Comma-separated overrides, applied last.', **define)
-  flags.DEFINE_string('checkpoint_path', None,
-                      'Checkpoint prefix or a directory (latest checkpoint).',
-                      **define)
+  experiment_params.define_model_flags(flag_values)
   flags.DEFINE_string('export_dir', None, 'Where to write the SavedModel.',
                       **define)
   flags.DEFINE_integer('top_k', 20, 'k of the top_k_* serving outputs.',
@@ -464,8 +339,7 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
   """Runs the export with the parsed `flag_values`; prints where it went."""
   del argv
   fv = flag_values
-  params = load_params(fv.experiment, fv.config_file, fv.params_override,
-                       checkpoint_path=fv.checkpoint_path)
+  params = experiment_params.params_from_flags(fv)
   check_exportable(params, fv.experiment)
   path = export(params, fv.checkpoint_path, fv.export_dir, fv.top_k,
                 overwrite=fv.overwrite)

@@ -1,48 +1,5 @@
-r"""Trains and evaluates an official_ext experiment.
-
-  python -m official_ext.train --experiment=yt8m_demo \
-      --mode=train_and_eval --model_dir=/tmp/yt8m_demo \
-      [--config_file=configs/yt8m/yt8m_gpu.yaml ...] \
-      [--params_override='task.train_data.global_batch_size=32'] \
-      [--gin_file=... --gin_params=...] [--tpu=NAME]
-
-Model Garden's flags and semantics (`official.common.flags`): config files
-and overrides are applied in order and strictly (an unknown key is an error
-naming the key, a value of the wrong type one naming the key and the type:
-`core.experiment_params`, the loading path every CLI shares); the strategy
-comes from `runtime.distribution_strategy` (`core.run.distribution`, which
-checks every global batch against its replicas); training runs with Orbit through
-Model Garden's `OrbitExperimentRunner` (`core.run.runner`), with the kernel
-policy (`runtime.kernel_policy`, `core.kernels.kernel_policy`: TensorFlow's stock ops
-or this project's fast paths) resolved for the strategy's devices and
-logged. Before TensorFlow's runtime starts, the process settings that policy
-takes (`core.kernels.process_settings`: e.g. TensorFlow's BFC CPU allocator for a
-YT8M run on CPU) are applied where the user has not set them, and logged.
-`runtime.mixed_precision_dtype` is one of Model Garden's values ('float32',
-'float16' with `runtime.loss_scale`, 'bfloat16'; Keras' 'mixed_float16' /
-'mixed_bfloat16' are read as those). model_dir
-receives params.yaml, checkpoints and TensorBoard summaries; the same command
-run again resumes from the latest checkpoint in model_dir. SIGTERM or SIGINT
-during training saves a checkpoint at the step reached (after the train loop
-under way), releases the lock and exits 128 + the signal's number
-(`core.run.runner.StopOnSignal`). A model_dir that
-holds another experiment's run, or another model config, is refused before
-anything is written (`core.run.model_dir`), and so is a second training run while
-one is writing there (`core.run.run_lock`: the lock file `writer.lock`; an
-evaluation beside a training run is allowed). `--mode=eval` without a
-checkpoint to evaluate is an error naming model_dir; `continuous_eval` ends
-once no new checkpoint arrived within `trainer.continuous_eval_timeout`.
-
-Single-task experiments (`ExperimentConfig`) and multitask ones
-(`official.modeling.multitask.configs.MultiTaskExperimentConfig`, e.g.
-`readout_yt8m_joint`) take the same path in `run`: batch sizes checked
-against the replicas, the newest readable checkpoint restored (or an error,
-never a silent restart), the training input reseeded on resume, the stop on
-a non-finite loss, Model Garden's train/eval actions, the progress line and
-the final metrics table. Only the trainer differs (`core.run.trainer.
-create_trainer`): a multitask config gets Model Garden's joint or
-interleaving multitask trainer (`trainer.trainer_type`) joined to its
-multitask evaluator, and its metrics are reported as `<task>/<metric>`.
+"""Trains and evaluates an official_ext experiment (single-task or multitask):
+`python -m official_ext.train` with Model Garden's flags (docs/distributed.md).
 """
 import sys
 from typing import Any, Dict, Optional, Tuple
@@ -91,45 +48,19 @@ def run(params: config_definitions.ExperimentConfig,
         ) -> Tuple[Any, Dict[str, Any]]:
   """Runs `mode` for the parsed experiment; returns (model, final metrics).
 
-  Args:
-    params: the experiment config (validated): an `ExperimentConfig` or a
-      multitask `MultiTaskExperimentConfig`.
-    mode: 'train', 'eval', 'train_and_eval' or 'continuous_eval'.
-    model_dir: directory of checkpoints, summaries and params.yaml.
-    strategy: a strategy to use instead of the one the runtime config names
-      (tests use a MirroredStrategy over logical CPU devices).
-    experiment: the registered experiment name (`--experiment`), recorded in
-      params.yaml; a model_dir holding another experiment's run is an error
-      (`core.run.model_dir`). None: only the configs are compared.
-    policy: the kernel policy the task is built and run under; None:
-      `runtime.kernel_policy` for the strategy's devices
-      (`kernel_policy.for_strategy`; tests pass a GPU's choice to run the
-      accelerator's ops on CPU devices).
-
-  Returns:
-    The model (a `MultiTaskBaseModel` for a multitask config) and the last
-    metrics: evaluation metrics when the mode evaluates, otherwise the last
-    training outputs; a multitask experiment's as `<task>/<metric>`.
+  `strategy` and `policy` replace the runtime's (tests); `experiment` is
+  recorded in params.yaml and compared with a model_dir's (None: only the
+  configs). The metrics are evaluation's when the mode evaluates; a multitask
+  experiment's as `<task>/<metric>`.
 
   Raises:
-    core.run.model_dir.ModelDirInUseError: model_dir holds the run of another
-      experiment or model config (nothing is written).
-    core.run.run_lock.ModelDirLockedError: another live training run writes
-      model_dir (a training mode; nothing is written).
-    PermissionError: an evaluation mode cannot write its summaries' folder
-      (`model_dir.check_eval_outputs_writable`; nothing is evaluated).
-    ValueError: `trainer.train_steps` < 1 in a training mode, or below the
-      step of the checkpoint to resume from; a runtime setting Model Garden
-      does not take (`config_checks.mixed_precision_dtype`,
-      `runtime.kernel_policy`); `--mode=eval` on a model_dir without a
-      checkpoint; a `task.init_checkpoint` to initialize from that cannot be
-      read (naming it and what is wrong); the checkpoint to restore does not
-      hold every model variable (the unmatched ones are listed).
-    TimeoutError: `continuous_eval` saw no checkpoint within
-      `trainer.continuous_eval_timeout` (`core.run.runner`).
-    core.run.runner.TrainingInterruptedError: SIGTERM or SIGINT during training
-      (a training mode): a checkpoint of the step reached was saved and the
-      lock released; `main` exits 128 + the signal's number.
+    ModelDirInUseError: model_dir holds another experiment's or model's run.
+    ModelDirLockedError: another live training run writes model_dir.
+    PermissionError: an evaluation cannot write its summaries' folder.
+    ValueError: a step count, runtime setting, checkpoint to evaluate,
+      init_checkpoint or restore that cannot work (naming it).
+    TimeoutError: `continuous_eval` saw no checkpoint in its timeout.
+    TrainingInterruptedError: SIGTERM or SIGINT (a checkpoint was saved).
   """
   if 'train' in mode and params.trainer.train_steps < 1:
     raise ValueError(
@@ -173,8 +104,7 @@ def _run_locked(params, mode: str, model_dir: str,
                 strategy: tf.distribute.Strategy, experiment: Optional[str],
                 lock: Optional[run_lock.WriterLock]
                 ) -> Tuple[Any, Dict[str, Any]]:
-  """`run` once model_dir is checked and (training) locked, the runtime set
-  up (precision, kernel policy)."""
+  """`run` once model_dir is checked and locked, the runtime set up."""
   resume_from = None
   if 'train' in mode and strategy.extended.should_checkpoint:
     resume_from = checkpoints.use_latest_restorable(model_dir)
@@ -249,27 +179,13 @@ def _run_locked(params, mode: str, model_dir: str,
 
 
 def parse_configuration(flags_obj) -> config_definitions.ExperimentConfig:
-  """The experiment config from the flags (`core.experiment_params`).
-
-  Model Garden's `train_utils.parse_configuration` steps, plus type checks:
-  an unknown key in a config file or --params_override is a KeyError naming
-  the key and the file (or the override); a value of the wrong type for its field (e.g. a
-  string for an int) is a ValueError naming the key, the expected type and
-  the value (`core.config_checks`), in single-task and multitask configs
-  alike.
-  """
+  """The experiment config from the flags (`core.experiment_params`)."""
   return experiment_params.parse_flags(flags_obj)
 
 
 def apply_process_settings(params) -> process_settings.Applied:
-  """Applies the experiment's declared process settings and logs them.
-
-  `core.kernels.process_settings`: the settings the run's kernel policy takes
-  (`kernel_policy.process_env`: on a CPU run, e.g. YT8M TensorFlow's BFC
-  CPU allocator, AssembleNet++lite glibc's 1 MiB mmap threshold); they are
-  set here, before TensorFlow's runtime starts, unless the user set the
-  variable.
-  """
+  """Applies and logs the process settings the run's kernel policy takes, before
+  TensorFlow's runtime starts, unless the user set them."""
   applied = process_settings.apply(kernel_policy.process_env(params))
   logging.info(process_settings.describe(applied))
   return applied

@@ -1,27 +1,7 @@
-r"""Runs every command block of README.md and docs/*.md as written; tabulates.
+"""Runs every command block of README.md and docs/*.md as written; tabulates.
 
-  python scripts/run_doc_commands.py --output=/tmp/doc_commands/table \
-      [--scratch=/tmp/doc_commands/scratch] [--filter=REGEX] [--timeout=7200] \
-      [--include_external] [--list]
-
-Each ```bash block runs in document order (README.md first, then docs/*.md by
-name: a later block may use what an earlier one wrote) as one `bash -e -o
-pipefail` script in a copy of the checkout under `--scratch` (its tracked and
-untracked, not ignored files; `PYTHONPATH` names it), with every `/tmp/` of
-the block moved under `--scratch` and `HOME` / `TMPDIR` there too: nothing
-outside `--scratch` is written, not even the benchmark JSON or the pages a
-block regenerates. A block that needs what only the user has (files under
-`/data/`, Cloud Storage or a TPU, a `$VARIABLE` the block does not set, a
-placeholder such as `DIR` or `session.nwb`) or that installs packages into
-this Python environment is listed as skipped, with the reason, unless
-`--include_external`. `--filter` keeps the blocks whose
-`file:line` or text it matches (a Python regex).
-
-Writes `OUTPUT.md` (a table: block, file:line, exit code, seconds, last line
-of its output) and `OUTPUT.json` (the same rows, and each block's output
-tail); exits 0 when every block that ran exited 0. Not part of the test
-suite: at full size the blocks train every documented model.
-`tests/test_doc_commands.py` checks the same blocks without running them.
+Writes OUTPUT.md and OUTPUT.json and exits 0 when every block that ran did; how
+blocks run and which are skipped: docs/architecture.md, "The docs' commands".
 """
 import argparse
 import dataclasses
@@ -56,13 +36,8 @@ _EXTERNAL = (
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-  """A fenced command block of a page.
-
-  Attributes:
-    path: the page, relative to the repository.
-    line: the line of its opening fence (1-based).
-    text: the block's text (without the fences).
-  """
+  """A fenced command block: its page `path`, the `line` of its opening fence,
+  its `text`."""
   path: str
   line: int
   text: str
@@ -128,8 +103,7 @@ def copy_checkout(scratch: str) -> str:
 
 
 def run_block(block: Block, scratch: str, timeout: float) -> Dict[str, Any]:
-  """Runs `block` (module docstring) in `copy_checkout(scratch)`; returns
-  its row."""
+  """Runs `block` in `copy_checkout(scratch)`; returns its table row."""
   copy = copy_checkout(scratch)
   tmp = os.path.join(scratch, 'tmp')
   os.makedirs(tmp, exist_ok=True)

@@ -1,12 +1,6 @@
-r"""Runs the training and validation steps exported by `python -m
-official_ext.benchmark accelerator --export_xla=DIR` on jax's default device,
-with numpy and jax alone (no TensorFlow, nothing of official_ext).
-
-    python scripts/run_xla_steps.py DIR --json OUT.json [--cases yt8m_dbof/train]
-        [--warmup 3] [--steps 10] [--rounds 5] [--case_seconds 60]
-
-What it measures and how: docs/benchmarks.md#gpus-and-tpus.
-"""
+"""Runs the training and validation steps that `python -m official_ext.benchmark
+accelerator --export_xla=DIR` exported, on jax's default device, with numpy and
+jax alone (docs/distributed.md, "Figures through XLA on any accelerator")."""
 import argparse
 import gzip
 import hashlib
@@ -44,8 +38,7 @@ PEAK_TFLOPS = (
 
 
 def peak_tflops(device_kind: str, precision: str):
-  """The device's peak for `precision`, or None for a kind not in the
-  table."""
+  """The device's peak for `precision`, or None for a kind not in the table."""
   for name, peaks in PEAK_TFLOPS:
     if name.lower() in device_kind.lower():
       return peaks.get(precision)
@@ -53,8 +46,7 @@ def peak_tflops(device_kind: str, precision: str):
 
 
 def _jax_internal(attribute: str):
-  """`attribute` of jax's XLA extension module (its place moved between
-  jax releases)."""
+  """`attribute` of jax's XLA extension module (it moved between releases)."""
   for module in ('jax._src.lib._jax', 'jaxlib._jax', 'jax._src.lib',
                  'jaxlib.xla_extension'):
     try:
@@ -94,8 +86,8 @@ def stablehlo_text(module: bytes) -> str:
 
 
 def compile_module(module: bytes, device):
-  """The serialized HLO module compiled for `device` (a loaded
-  executable), as jax compiles its own programs."""
+  """The serialized HLO module compiled for `device`, as jax compiles its own.
+  """
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
   from jax._src.interpreters import mlir  # pylint: disable=g-import-not-at-top
   from jax._src.lib.mlir import ir  # pylint: disable=g-import-not-at-top
@@ -110,8 +102,8 @@ def compile_module(module: bytes, device):
 
 
 def memory_bytes(executable):
-  """XLA's compiled memory: arguments, outputs, outputs aliasing an
-  argument, temporaries (bytes)."""
+  """XLA's compiled memory in bytes: arguments, outputs, aliased, temporaries.
+  """
   stats = executable.get_compiled_memory_stats()
   return {k: int(getattr(stats, f'{k}_size_in_bytes'))
           for k in ('argument', 'output', 'alias', 'temp')}
@@ -126,8 +118,7 @@ def _seed(key: str) -> int:
 
 
 def make_value(key: str, spec, stored) -> np.ndarray:
-  """The array `spec` describes: stored values, or drawn (seeded by
-  `key`)."""
+  """The array `spec` describes: stored values, or drawn (seeded by `key`)."""
   dtype, shape = _dtype(spec['dtype']), tuple(spec['shape'])
   kind = spec['kind']
   if kind == 'stored':
@@ -148,8 +139,8 @@ def make_value(key: str, spec, stored) -> np.ndarray:
 
 
 class Folder:
-  """An exported folder: its manifest and the arrays its modules start
-  from (made once each)."""
+  """An exported folder: its manifest and its modules' arrays (made once each).
+  """
 
   def __init__(self, path: str):
     self.path = path
@@ -187,9 +178,8 @@ class Folder:
 
 
 class Step:
-  """One compiled module and its arguments on `device`; `run()` executes
-  one step, feeding the aliased outputs back as the next step's
-  arguments (the variables, optimizer slots and step counter)."""
+  """One compiled module and its arguments on `device`; `run()` executes one
+  step, feeding the aliased outputs back as the next step's arguments."""
 
   def __init__(self, folder: Folder, entry, device, arguments=None):
     self.entry = entry

@@ -16,6 +16,7 @@ from official.core import train_utils
 from official_ext import export_saved_model
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
+from official_ext.core import experiment_params
 from official_ext.yt8m import predict
 from tests import cli
 
@@ -52,13 +53,15 @@ def test_train_and_export_load_the_same_config(tmp_path):
       experiment='yt8m_demo', config_file=[str(config)],
       params_override=override)
   trained = train.parse_configuration(flags)
-  exported = export_saved_model.load_params('yt8m_demo', [str(config)],
-                                            override)
+  exported = experiment_params.params_from_flags(cli.parse_flags(
+      export_saved_model, '--experiment=yt8m_demo', f'--config_file={config}',
+      f'--params_override={override}', f'--checkpoint_path={tmp_path}/none',
+      f'--export_dir={tmp_path}/export'))
   assert trained.as_dict() == exported.as_dict()
   assert exported.task.train_data.global_batch_size == 24
   assert exported.trainer.train_steps == 7
   for loader in (train.parse_configuration,
-                 lambda f: export_saved_model.load_params(
+                 lambda f: experiment_params.load_params(
                      f.experiment, f.config_file, f.params_override)):
     with pytest.raises(ValueError, match=re.escape(_MESSAGE)):
       loader(train_utils.ParseConfigOptions(

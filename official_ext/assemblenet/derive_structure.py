@@ -416,17 +416,9 @@ FLAGS = flags.FLAGS
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
   define = dict(flag_values=flag_values)
-  flags.DEFINE_string('experiment', 'assemblenet_plus_lite_search_demo',
-                      'The search experiment (its structure; params.yaml '
-                      'beside the checkpoint is applied on top).', **define)
-  flags.DEFINE_multi_string('config_file', None,
-                            'YAML config overrides, after params.yaml.',
-                            **define)
-  flags.DEFINE_string('params_override', '', 'Comma-separated overrides.',
-                      **define)
-  flags.DEFINE_string('model_dir', '', 'The search run (its newest '
-                      'checkpoint).', **define)
-  flags.DEFINE_string('checkpoint', '', 'Or a checkpoint prefix.', **define)
+  experiment_params.define_model_flags(
+      flag_values, ('model_dir', 'checkpoint'),
+      experiment='assemblenet_plus_lite_search_demo')
   flags.DEFINE_float('threshold', None, 'Keep the edges whose sigmoid '
                      'weight is >= this.', **define)
   flags.DEFINE_string('output', None, 'The derived structure JSON.', **define)
@@ -443,9 +435,8 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
   del argv
   fv = flag_values
   checkpoint_path = resolve_checkpoint(fv.model_dir, fv.checkpoint)
-  params = experiment_params.load_params(
-      fv.experiment, fv.config_file, fv.params_override,
-      checkpoint_path=fv.model_dir or checkpoint_path)
+  params = experiment_params.params_from_flags(
+      fv, model=fv.model_dir or checkpoint_path)
   derived = derive(params, checkpoint_path, fv.threshold, fv.output,
                    fv.edge_weights_output, fv.png)
   weights_path = fv.edge_weights_output or edge_weights_output_path(

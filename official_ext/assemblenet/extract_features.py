@@ -474,12 +474,8 @@ def define_shared_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   """Defines `SHARED_FLAGS` in `flag_values` (this command's and the Beam
   pipelines')."""
   d = dict(flag_values=flag_values)
-  flags.DEFINE_string('checkpoint_path', None,
-                      'model_dir or ckpt-N prefix of a trained model.', **d)
-  flags.DEFINE_string('experiment', None, 'Needed only without params.yaml '
-                      'beside the checkpoint.', **d)
-  flags.DEFINE_multi_string('config_file', None, 'YAML after params.yaml.', **d)
-  flags.DEFINE_string('params_override', '', 'Overrides, applied last.', **d)
+  experiment_params.define_model_flags(
+      flag_values, default_experiment='assemblenet_plus_lite_demo')
   flags.DEFINE_string('video_dir', None, 'Folder of video files (class '
                       'sub-folders or --labels_csv).', **d)
   flags.DEFINE_string('labels_csv', None, 'Lines `video,ids` (";"-separated '

@@ -126,19 +126,6 @@ class Input:
   error: str = ''
 
 
-def load_params(experiment: Optional[str] = None,
-                config_files: Sequence[str] = (),
-                params_override: str = '',
-                saved_model: Optional[str] = None,
-                checkpoint_path: Optional[str] = None
-                ) -> config_definitions.ExperimentConfig:
-  """The config of the model predict runs (`experiment_params.
-  load_model_params` with `DEFAULT_EXPERIMENT`)."""
-  return experiment_params.load_model_params(
-      DEFAULT_EXPERIMENT, experiment, config_files, params_override,
-      saved_model=saved_model, checkpoint_path=checkpoint_path)
-
-
 def load_class_names(path: str, num_classes: int) -> List[str]:
   """Class names, one a line in class id order (OUTPUT.classes.txt).
 
@@ -346,7 +333,7 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
   """Scores every video of `input_path` into `output_file` (and `plot`).
 
   Args:
-    params: the experiment config (`load_params`).
+    params: the experiment config (`experiment_params.load_model_params`).
     input_path: `--input` (module docstring).
     output_file: .csv or .json (a timeline: .csv).
     saved_model: a SavedModel of `export_saved_model`, or
@@ -447,18 +434,8 @@ FLAGS = flags.FLAGS
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
   define = dict(flag_values=flag_values)
-  flags.DEFINE_string('experiment', None,
-                      'Experiment giving the config class and the values no '
-                      'params.yaml sets; needed only when the model has no '
-                      'params.yaml.', **define)
-  flags.DEFINE_multi_string('config_file', None,
-                            'YAML config overrides, after params.yaml.',
-                            **define)
-  flags.DEFINE_string('params_override', '', 'Comma-separated overrides.',
-                      **define)
-  flags.DEFINE_string('saved_model', None, 'SavedModel directory.', **define)
-  flags.DEFINE_string('checkpoint_path', None,
-                      'Or a model_dir / ckpt-N prefix.', **define)
+  experiment_params.define_model_flags(
+      flag_values, ('saved_model', 'checkpoint_path'), DEFAULT_EXPERIMENT)
   flags.DEFINE_string('input', None, 'A video file, a folder of videos, or '
                       'a TFRecord file pattern.', **define)
   flags.DEFINE_string('output_file', None, '.csv or .json file to write.',
@@ -484,9 +461,7 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
   """Writes the predictions the parsed `flag_values` ask for."""
   del argv
   fv = flag_values
-  params = load_params(fv.experiment, fv.config_file, fv.params_override,
-                       saved_model=fv.saved_model,
-                       checkpoint_path=fv.checkpoint_path)
+  params = experiment_params.params_from_flags(fv, DEFAULT_EXPERIMENT)
   count = run(params, fv.input, fv.output_file, saved_model=fv.saved_model,
               checkpoint_path=fv.checkpoint_path, k=fv.top_k,
               vocabulary=fv.vocabulary, skip_unreadable=fv.skip_unreadable,

@@ -168,7 +168,8 @@ class AssembleNetTask(base_task.Task):
     logging.info('Loaded %s from %s', modules, path)
 
   # -- data ------------------------------------------------------------------
-  def _resolve(self, params: configs.DataConfig) -> configs.DataConfig:
+  def _resolve_input_path(self, params: configs.DataConfig
+                          ) -> configs.DataConfig:
     demo = self.task_config.demo_data
     name = params.tfds_name
     if demo.enabled and isinstance(name, str) and name.split('/')[0] == (
@@ -191,7 +192,7 @@ class AssembleNetTask(base_task.Task):
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:
     return dataloader.build_dataset(
-        self._resolve(params), input_context,
+        self._resolve_input_path(params), input_context,
         bad_records=bad_records.log_for_split(self, params.is_training))
 
   # -- losses and metrics ------------------------------------------------------

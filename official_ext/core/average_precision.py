@@ -1,76 +1,5 @@
-"""Average precision: the project's one implementation (vectorized numpy).
-
-Every family's AP-based metric calls this module: YouTube-8M GAP and mAP
-(`yt8m/metrics.py`), the segment-level challenge mAP@K
-(`yt8m/segment_eval.py`), AssembleNet multi-label mAP
-(`assemblenet/metrics.py`) and readout multilabel mAP (`readout/metrics.py`).
-
-What is computed
-----------------
-The input is a list of pairs (score s_i, label y_i), optionally with sample
-weights w_i >= 0 (default 1). A pair is positive when y_i > 0 (bool labels:
-True). Pairs of weight 0 are dropped before anything else.
-
-Tie rule (the only one): pairs with equal score form one rank group, i.e. one
-threshold. Ranking is evaluated once per distinct score, from the highest
-down; the precision at group g is measured after the whole group,
-
-    P_g = TP_g / (TP_g + FP_g),
-
-TP_g / FP_g the positive / negative weight of every pair with score >= s_g.
-Every positive of the group gets P_g:
-
-    AP = sum_g  POS_g * P_g  /  num_positives,
-
-POS_g the positive weight inside group g. With `num_positives` = the
-positive weight in the list (the default) this is scikit-learn's
-`average_precision_score` = sum_g (R_g - R_{g-1}) P_g (non-interpolated,
-recall R measured over distinct thresholds). Without ties it is the mean,
-over the positives, of the precision at their rank. The value depends only
-on the multiset of (score, label, weight) triples, never on the order they
-are given in (rows shuffled, results gathered from workers in any order):
-with unit (or any integer) weights it is even bit-identical, since every
-partial sum is an integer.
-
-Cuts and denominators: a metric that ranks only part of the data (the
-YouTube-8M top-k predictions of each video; the first K submitted segments of
-each class) makes the cut itself and passes only the kept pairs, with
-`num_positives` = the positive weight of the whole data (in the units of the
-weights, counts when unweighted). Positives that were cut away then count as
-never retrieved: they lower AP by their share of `num_positives` and change
-no precision. Precisions are measured over the kept pairs only. A cut that
-falls inside a tie group is the caller's to resolve deterministically (YT8M
-keeps the lower class ids).
-
-AP@n (the YouTube-8M starter's `top_n`): only the first n ranks of the
-list count, and the denominator is min(num_positives, n):
-
-    AP@n = sum over positives ranked within the first n of P(rank)
-           / min(num_positives, n),
-
-the starter's `average_precision_calculator.ap_at_n` (which the starter's
-mAP uses per class; its GAP is the AP of the whole pooled top-k list).
-Ranks are weight units (n unit-weight pairs). With the tie rule, a tie group
-that straddles rank n is kept in part: if r of its W weight lie within the
-first n, each of its pairs keeps weight w * r / W, so the group ends exactly
-at rank n with its positive weight scaled by r / W, and every positive of it
-gets the precision measured there. Without ties this is the starter's value;
-it stays independent of the input order (the starter shuffles ties with a
-fixed seed instead).
-
-No positive: AP is undefined (0/0) when `num_positives` is 0; these functions
-return NaN for it and each metric decides what such a class / list
-contributes (YT8M `map` and AssembleNet / readout mAP leave it out of the
-mean, YT8M `map_all_classes` counts it as 0, YT8M `gap` reports 0.0).
-
-Bad input fails loudly: NaN scores, negative or NaN weights, mismatched
-shapes, group ids out of range and a `num_positives` smaller than the
-positive weight that is in the list are ValueErrors.
-
-Cost: one O(P log P) sort of the scores (plus a stable sort of the group
-ids for grouped lists: a radix sort for up to 2**16 groups) and O(P) passes; the grouped form computes every group's
-AP, and optionally the AP of all pairs ranked together, from that one sort.
-"""
+"""Average precision: the project's one implementation (vectorized numpy; the
+definition: docs/architecture.md, "Average precision")."""
 from typing import Optional, Tuple, Union
 
 import numpy as np
@@ -80,12 +9,7 @@ _RADIX_GROUPS = 1 << 16
 
 
 def _validate(scores, labels, weights, groups=None, num_groups=None):
-  """Checked 1-D inputs with the pairs of weight 0 dropped.
-
-  Returns:
-    (scores [P] floating, positive [P] bool, weights [P] float64 or None,
-    groups [P] int or None).
-  """
+  """Checked 1-D (scores, positive, weights, groups); weight 0 dropped."""
   scores = np.asarray(scores)
   labels = np.asarray(labels)
   if scores.ndim != 1 or labels.shape != scores.shape:
@@ -128,7 +52,6 @@ def _validate(scores, labels, weights, groups=None, num_groups=None):
 
 
 def _denominators(num_positives, listed: np.ndarray) -> np.ndarray:
-  """num_positives (default: `listed`) as float64, checked >= listed."""
   if num_positives is None:
     return listed
   num_positives = np.asarray(num_positives, np.float64)
@@ -146,24 +69,14 @@ def _denominators(num_positives, listed: np.ndarray) -> np.ndarray:
 
 
 def _divide(sums: np.ndarray, num_positives: np.ndarray) -> np.ndarray:
-  """sums / num_positives, NaN where num_positives is 0."""
   has = num_positives > 0
   return np.where(has, sums / np.where(has, num_positives, 1.0), np.nan)
 
 
 def _tie_group_sums(s, pos, w, groups, num_groups: int) -> np.ndarray:
-  """Per group: sum over positives of weight x precision at its tie's end.
+  """[G] sums over positives of weight x precision at their tie's end.
 
-  Args:
-    s: [P] scores, descending within each group.
-    pos: [P] bool, same order.
-    w: [P] float64 weights, same order, or None (all 1).
-    groups: [P] group ids, same order, each group's pairs contiguous and the
-      groups in ascending id order; or None (one group).
-    num_groups: G (1 when groups is None).
-
-  Returns:
-    [G] float64, not yet divided by num_positives.
+  Pairs sorted by score within contiguous groups in id order.
   """
   if s.size == 0:
     return np.zeros(num_groups)
@@ -197,7 +110,6 @@ def _tie_group_sums(s, pos, w, groups, num_groups: int) -> np.ndarray:
 
 
 def _check_top_n(top_n) -> Optional[int]:
-  """top_n as an int, or None (the whole list)."""
   if top_n is None:
     return None
   if (isinstance(top_n, bool) or not isinstance(top_n, (int, np.integer)) or
@@ -208,20 +120,8 @@ def _check_top_n(top_n) -> Optional[int]:
 
 
 def _cut_top_n(s, pos, w, groups, top_n: int):
-  """The pairs within the first top_n ranks of each group (module docstring).
-
-  Args:
-    s: [P] scores, descending within each group.
-    pos: [P] bool, same order.
-    w: [P] float64 weights, same order, or None (all 1).
-    groups: [P] group ids, same order, each group's pairs contiguous; or
-      None (one group).
-    top_n: n >= 1, in weight units.
-
-  Returns:
-    (s, pos, w, groups) of the kept pairs, in the same order; w is None when
-    it was None and no tie group straddles rank n (every kept pair whole).
-  """
+  """The pairs within the first `top_n` ranks of each group (a straddling tie
+  kept in part)."""
   if s.size == 0:
     return s, pos, w, groups
   weight = np.ones(s.size) if w is None else w
@@ -250,7 +150,6 @@ def _cut_top_n(s, pos, w, groups, top_n: int):
 
 
 def _positive_weight(positive, weights, groups=None, num_groups=1):
-  """Positive weight in the list: [G] float64 (scalar array without groups)."""
   values = positive if weights is None else np.where(positive, weights, 0.0)
   if groups is None:
     return np.asarray(np.sum(values, dtype=np.float64))
@@ -261,27 +160,18 @@ def _positive_weight(positive, weights, groups=None, num_groups=1):
 def average_precision(scores, labels, weights=None,
                       num_positives: Optional[float] = None,
                       top_n: Optional[int] = None) -> float:
-  """AP of one ranked list (module docstring's definition and tie rule).
+  """AP of one ranked list; NaN when `num_positives` is 0.
 
   Args:
-    scores: [P] float scores, any order (NaN rejected; +-inf allowed).
-    labels: [P] labels; > 0 (or True) is a positive.
-    weights: optional [P] sample weights >= 0; 0 drops the pair.
-    num_positives: the denominator: positive weight of the whole data
-      (>= the positive weight in the list; larger after a cut). Default:
-      the positive weight in the list (then equal to scikit-learn's
-      `average_precision_score`).
-    top_n: AP@n: only the first n ranks count and the denominator is
-      min(num_positives, n) (module docstring). None: the whole list.
-
-  Returns:
-    AP in [0, 1] as a python float; NaN when num_positives is 0 (no
-    positive).
+    scores: [P] float scores, any order.
+    labels: [P]; > 0 (or True) is a positive.
+    weights: optional [P] weights >= 0; 0 drops the pair.
+    num_positives: the whole data's positive weight (default: the list's).
+    top_n: AP@n; None: the whole list.
 
   Raises:
-    ValueError: on bad shapes, NaN scores, bad weights, a num_positives
-      below the positive weight in the list or a top_n that is not None or
-      a positive int.
+    ValueError: bad shapes, NaN scores, bad weights or top_n, or num_positives
+      below the list's positive weight.
   """
   top_n = _check_top_n(top_n)
   scores, positive, weights, _ = _validate(scores, labels, weights)
@@ -302,36 +192,11 @@ def grouped_average_precision(
     num_positives=None, return_pooled: bool = False,
     top_n: Optional[int] = None
 ) -> Union[np.ndarray, Tuple[np.ndarray, float]]:
-  """AP of every group of a pooled list of pairs, from one sort.
+  """[G] APs of every group of a pooled list of pairs, from one sort.
 
-  Each group (e.g. a class) is ranked on its own, with the module
-  docstring's definition and tie rule: the result for group g equals
-  `average_precision` of g's pairs with g's num_positives.
-
-  Args:
-    scores: [P] float scores, any order (NaN rejected; +-inf allowed).
-    labels: [P] labels; > 0 (or True) is a positive.
-    groups: [P] int group ids in [0, num_groups).
-    num_groups: G >= 1.
-    weights: optional [P] sample weights >= 0; 0 drops the pair.
-    num_positives: optional [G] denominators, each group's positive weight
-      in the whole data (>= what the list holds; see "Cuts"). Default: the
-      positive weight of the group's pairs in the list.
-    return_pooled: also return the AP of all P pairs ranked together as one
-      list (groups ignored) over sum(num_positives): YouTube-8M's GAP.
-    top_n: AP@n of every group (and of the pooled list): only the first n
-      ranks of a list count and its denominator is min(its num_positives,
-      n) (module docstring). None: whole lists.
-
-  Returns:
-    [G] float64 APs, NaN for a group whose num_positives is 0. With
-    return_pooled: (that array, the pooled AP as a python float, NaN when
-    there is no positive at all).
-
-  Raises:
-    ValueError: on bad shapes, NaN scores, bad weights, group ids out of
-      range, a num_positives below the positive weight in the list or a
-      top_n that is not None or a positive int.
+  Group g's AP is `average_precision` of its pairs and `num_positives[g]`;
+  `return_pooled` also returns the AP of all pairs as one list (YouTube-8M's
+  GAP). Other arguments and errors as `average_precision`.
   """
   top_n = _check_top_n(top_n)
   scores, positive, weights, groups = _validate(scores, labels, weights,
@@ -341,7 +206,6 @@ def grouped_average_precision(
       num_positives, _positive_weight(positive, weights, groups, num_groups))
 
   def ranked(order, list_groups):
-    """The pairs in `order`, cut to each list's first top_n ranks."""
     s, pos = scores[order], positive[order]
     w = None if weights is None else weights[order]
     g = None if list_groups is None else list_groups[order]
@@ -365,24 +229,7 @@ def grouped_average_precision(
 
 
 def per_class_average_precision(scores, labels, weights=None) -> np.ndarray:
-  """AP of every column of a [N, C] score matrix (multi-label, per class).
-
-  Class c ranks the N rows by scores[:, c] (module docstring's definition
-  and tie rule; no cut: the denominator is the class's positive weight).
-
-  Args:
-    scores: [N, C] float scores (NaN rejected).
-    labels: [N, C] labels; > 0 (or True) is a positive.
-    weights: optional sample weights >= 0, [N] (per row) or [N, C]; 0 drops
-      the row (for that class).
-
-  Returns:
-    [C] float64 APs; NaN for a class without a positive of positive weight.
-
-  Raises:
-    ValueError: if scores / labels are not [N, C] of one shape, weights are
-      neither [N] nor [N, C], scores contain NaN or weights are < 0 or NaN.
-  """
+  """[C] AP of every column of [N, C] scores (weights [N] or [N, C])."""
   scores = np.asarray(scores)
   labels = np.asarray(labels)
   if scores.ndim != 2 or labels.shape != scores.shape:
@@ -406,20 +253,7 @@ def per_class_average_precision(scores, labels, weights=None) -> np.ndarray:
 
 def mean_average_precision(scores, labels, weights=None,
                            per_class: Optional[list] = None) -> float:
-  """Mean over the classes with a positive of `per_class_average_precision`.
-
-  The multi-label mAP of AssembleNet (Charades) and readout: a class without
-  a positive (of positive weight) has no AP and is left out of the mean.
-
-  Args:
-    scores: [N, C] float scores.
-    labels: [N, C] labels; > 0 (or True) is a positive.
-    weights: optional sample weights, [N] or [N, C].
-    per_class: if a list, receives the C per-class APs (NaN: no positive).
-
-  Returns:
-    The mean AP as a python float; NaN when no class has a positive.
-  """
+  """Mean AP over the classes with a positive; fills the list `per_class`."""
   aps = per_class_average_precision(scores, labels, weights)
   if per_class is not None:
     per_class.extend(float(a) for a in aps)

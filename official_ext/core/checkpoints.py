@@ -17,10 +17,7 @@ _SUFFIX = '/.ATTRIBUTES/VARIABLE_VALUE'
 
 def resolve_checkpoint(checkpoint_path: str,
                        key: str = '--checkpoint_path') -> str:
-  """A checkpoint prefix from a prefix or a directory (its latest).
-
-  `key` names the flag or config key the path came from, in the errors.
-  """
+  """The prefix of a checkpoint prefix or directory; errors name `key`."""
   if tf.io.gfile.isdir(checkpoint_path):
     latest = tf.train.latest_checkpoint(checkpoint_path)
     if not latest:
@@ -36,15 +33,7 @@ def resolve_checkpoint(checkpoint_path: str,
 def _layouts(model: tf_keras.Model,
              modules: Optional[Sequence[str]] = None
              ) -> List[Dict[str, object]]:
-  """Object layouts a training checkpoint may store the model under.
-
-  Model Garden's trainer saves `model` and, at the root, the items of
-  `model.checkpoint_items` (e.g. `backbone`, `head`); a variable's key is the
-  first path to it, so the keys start with either. With `modules` (names of
-  checkpoint items) only those items, at the root or inside `model` (where
-  the model tracks each item under its item name, as Model Garden's models
-  do: `self.backbone` is item `backbone`).
-  """
+  """Object layouts a checkpoint may store the model (or `modules`) under."""
   items = getattr(model, 'checkpoint_items', None)
   if modules is not None:
     unknown = [m for m in modules if m not in (items or {})]
@@ -62,7 +51,6 @@ def _layouts(model: tf_keras.Model,
 
 
 def _variable_keys(objects: Dict[str, object]) -> Dict[str, Tuple[int, ...]]:
-  """Checkpoint keys (and shapes) of the variables of `objects`."""
   with tempfile.TemporaryDirectory() as tmp:
     path = tf.train.Checkpoint(**objects).write(os.path.join(tmp, 'model'))
     return {name: tuple(shape) for name, shape in tf.train.list_variables(path)
@@ -85,9 +73,7 @@ def _unmatched(expected: Dict[str, Tuple[int, ...]],
 def _match(model: tf_keras.Model, checkpoint_path: str,
            modules: Optional[Sequence[str]]
            ) -> Tuple[Optional[Dict[str, object]], List[str], List[str]]:
-  """(objects, their variable names, []) for the layout under which every
-  variable of `model` (or of its `modules`) is stored with its shape, or
-  (None, [], unmatched) for the closest layout."""
+  """(objects, names, []) of the fitting layout, else (None, [], unmatched)."""
   stored = {name: tuple(shape)
             for name, shape in tf.train.list_variables(checkpoint_path)}
   best = None
@@ -109,23 +95,11 @@ def unmatched_model_variables(model: tf_keras.Model, checkpoint_path: str,
                               modules: Optional[Sequence[str]] = None
                               ) -> Tuple[Optional[Dict[str, object]],
                                          List[str]]:
-  """How `model` fits a training checkpoint, without restoring anything.
-
-  Args:
-    model: a built model (variables created).
-    checkpoint_path: a checkpoint prefix.
-    modules: names of `model.checkpoint_items` (e.g. ['backbone']) to check
-      alone; None: the whole model.
+  """How `model` fits a checkpoint, without restoring anything.
 
   Returns:
-    (objects, []) with the layout (`_layouts`) under which every model
-    variable (of `modules`) is stored with its shape, or (None, unmatched)
-    listing the variables of the closest layout that are missing or have
-    another shape (e.g. a checkpoint of another experiment or config).
-
-  Raises:
-    ValueError: the model has no variables yet (nothing could be checked),
-      or no checkpoint item of a name in `modules`.
+    (objects, []) of the layout holding every variable (of `modules`) with its
+    shape, or (None, the unmatched variables of the closest layout).
   """
   objects, _, unmatched = _match(model, checkpoint_path, modules)
   return objects, unmatched
@@ -147,23 +121,9 @@ def restore_modules(model: tf_keras.Model, checkpoint_path: str,
                     key: str = '--checkpoint_path') -> Tuple[str, List[str]]:
   """Restores `model`, or only its `modules`, strictly from a checkpoint.
 
-  The checkpoint is one `official_ext.train` writes (Model Garden's trainer
-  checkpoint: the model, its `checkpoint_items`, the optimizer, the step) or
-  one of `tf.train.Checkpoint(model=...)`; optimizer slots and other entries
-  (with `modules`, also the other items, e.g. a head of another class count)
-  are ignored. Every variable restored must be present with its shape,
-  otherwise nothing is restored and a ValueError lists the unmatched ones.
-
-  Args:
-    model: a built model (variables created).
-    checkpoint_path: a checkpoint prefix or a directory (latest checkpoint).
-    modules: names of `model.checkpoint_items` to restore (e.g.
-      ['backbone'], for fine-tuning with a fresh head); None: every variable.
-    key: the flag or config key `checkpoint_path` came from, for the errors.
-
-  Returns:
-    (the checkpoint prefix restored, the names of the variables restored as
-    the checkpoint stores them, e.g. 'backbone/cluster/kernel').
+  Nothing is restored unless every variable is there with its shape (the
+  ValueError lists the rest); `key` names the checkpoint's flag in errors.
+  Returns (the prefix restored, the variables' checkpoint names).
   """
   path = resolve_checkpoint(checkpoint_path, key)
   try:
@@ -182,24 +142,12 @@ def restore_modules(model: tf_keras.Model, checkpoint_path: str,
 
 
 def check_readable(checkpoint_path: str, key: str) -> str:
-  """Reads every tensor of a checkpoint, before the work that needs it.
-
-  E.g. `task.init_checkpoint`, which Model Garden reads only once the model
-  and its input are built; a checkpoint cut short would then fail with the
-  reader's `IndexError: Read less bytes than requested`, naming no file.
-
-  Args:
-    checkpoint_path: a checkpoint prefix or a directory (its latest).
-    key: the flag or config key it came from, for the errors.
-
-  Returns:
-    The checkpoint prefix.
+  """Reads every tensor of a checkpoint; returns its prefix.
 
   Raises:
-    ValueError: no checkpoint there, or it is damaged (a file missing, a
-      short read, a checksum or format error): naming `key`, the checkpoint
-      and what is wrong.
-    CheckpointReadError: it cannot be read for another reason (retried).
+    ValueError: no checkpoint, or a damaged one (naming `key` and what is
+      wrong).
+    CheckpointReadError: it cannot be read for another reason (after retries).
   """
   prefix = resolve_checkpoint(checkpoint_path, key)
   why = _damage(prefix)
@@ -216,18 +164,7 @@ def _damage_message(key: str, given: str, prefix: str, why: str) -> str:
 
 
 def restore_model(model: tf_keras.Model, checkpoint_path: str) -> str:
-  """Restores every variable of `model` from a training checkpoint.
-
-  `restore_modules(model, checkpoint_path)`: strict, nothing restored on a
-  mismatch (the error lists the unmatched variables).
-
-  Args:
-    model: a built model (variables created).
-    checkpoint_path: a checkpoint prefix or a directory (latest checkpoint).
-
-  Returns:
-    The checkpoint prefix restored.
-  """
+  """`restore_modules` of the whole model; returns the prefix restored."""
   return restore_modules(model, checkpoint_path)[0]
 
 
@@ -254,11 +191,7 @@ _DAMAGE_MESSAGES = ('Checksum does not match', 'bad magic number',
 
 
 class CheckpointReadError(RuntimeError):
-  """A checkpoint could not be read, and nothing shows that it is damaged.
-
-  Raised after `READ_ATTEMPTS` attempts; `model_dir` is left as it was, so the
-  same command run again (once the storage answers) resumes from it.
-  """
+  """A checkpoint could not be read, and nothing shows it is damaged."""
 
 
 def _first_line(e: BaseException) -> str:
@@ -278,11 +211,7 @@ def _is_damage(e: BaseException) -> bool:
 
 
 def _retry(fn: Callable[[], T], what: str) -> T:
-  """`fn()`, retried with back-off; then a CheckpointReadError naming `what`.
-
-  Only errors that are not evidence of damage get here: each is retried
-  (`READ_ATTEMPTS` attempts in all) and the last one stops the run.
-  """
+  """`fn()`, retried with back-off; then a CheckpointReadError naming `what`."""
   delay = _BACKOFF_S
   for attempt in range(1, READ_ATTEMPTS + 1):
     try:
@@ -309,12 +238,7 @@ def _checkpoint_files(prefix: str) -> List[str]:
 
 
 def _missing_files(prefix: str) -> List[str]:
-  """The files of checkpoint `prefix` that are listed or needed but absent.
-
-  A checkpoint is `prefix.index` plus `prefix.data-0000i-of-0000N` for every
-  shard i < N (N from the data file names). Raises what the file system
-  raises (retried by the caller).
-  """
+  """The files of checkpoint `prefix` that are listed or needed but absent."""
   files = _checkpoint_files(prefix)
   missing = []
   if prefix + '.index' not in files:
@@ -339,13 +263,7 @@ def _read_all_tensors(prefix: str) -> None:
 
 
 def _damage(prefix: str) -> Optional[str]:
-  """Why checkpoint `prefix` is damaged, or None when it reads in full.
-
-  Damage is only what the checkpoint's own files show: a file that is missing,
-  a short read, a checksum or format error of its bytes. Any other error (the
-  storage unavailable, permission denied, a deadline) is retried and then
-  raised as a CheckpointReadError (`_retry`).
-  """
+  """Why checkpoint `prefix` is damaged (its own bytes), or None."""
 
   def check():
     missing = _missing_files(prefix)
@@ -367,13 +285,8 @@ def _state_path(model_dir: str) -> str:
 
 
 def _read_state(model_dir: str) -> Optional[Any]:
-  """The `checkpoint` state file of `model_dir` (a `CheckpointState`
-  message, `core.tf_internals`), or None when there is none.
-
-  `tf.train.get_checkpoint_state` returns None on *any* read error (a storage
-  outage then looks like a fresh model_dir); here a read error is retried and
-  then raised, and a file that does not parse is an error naming it.
-  """
+  """`model_dir`'s `CheckpointState`, or None (read errors retried, then
+  raised)."""
   path = _state_path(model_dir)
 
   def read():
@@ -400,7 +313,6 @@ def _read_state(model_dir: str) -> Optional[Any]:
 
 
 def _aside_name(target_dir: str, name: str) -> str:
-  """`name`, or `name_1`, `name_2`, ... : the first not used in target_dir."""
   candidate, i = name, 0
   while tf.io.gfile.glob(os.path.join(target_dir, candidate) + '*'):
     i += 1
@@ -409,15 +321,7 @@ def _aside_name(target_dir: str, name: str) -> str:
 
 
 def _move_aside(model_dir: str, prefix: str) -> str:
-  """Moves checkpoint `prefix`'s files into `model_dir/unreadable/`.
-
-  A later save of the same step then writes new files in model_dir and the
-  unreadable ones stay, for inspection, under a name no save uses
-  (`ckpt-8`, or `ckpt-8_1`, ... when that name is taken).
-
-  Returns:
-    The checkpoint's new prefix.
-  """
+  """Moves checkpoint `prefix` into `model_dir/unreadable/`; the new prefix."""
   target_dir = os.path.join(model_dir, UNREADABLE_DIR)
   tf.io.gfile.makedirs(target_dir)
   new_prefix = os.path.join(target_dir,
@@ -428,11 +332,7 @@ def _move_aside(model_dir: str, prefix: str) -> str:
 
 
 def checkpoint_step(prefix: Optional[str]) -> int:
-  """The global step a training checkpoint holds (0 for None).
-
-  Model Garden's trainer checkpoint stores it as `global_step`; the number in
-  the name (`ckpt-N`, written with the step counter) is used otherwise.
-  """
+  """The global step a training checkpoint holds (0 for None)."""
   if not prefix:
     return 0
   reader = tf.train.load_checkpoint(prefix)
@@ -445,35 +345,11 @@ def checkpoint_step(prefix: Optional[str]) -> int:
 def use_latest_restorable(model_dir: str) -> Optional[str]:
   """Points `model_dir`'s checkpoint state at its newest readable checkpoint.
 
-  TensorFlow writes a checkpoint's files under a temporary name and updates
-  the `checkpoint` state file last, by rename, so a kill during a save leaves
-  the previous checkpoint as the latest. On file systems without atomic
-  renames (or after a disk fault) the newest checkpoint can still be
-  damaged. This checks the checkpoints listed in the state file from newest
-  to oldest:
-
-  * A checkpoint whose own files show damage (a listed file missing, a short
-    read, a checksum or format error) is skipped with a warning naming it and
-    why: its files are moved to `model_dir/unreadable/` (so that the save of
-    the same step, later, cannot overwrite them) and the state file is
-    rewritten to list the older ones; when none can be read, the state file
-    is moved there too and training starts from scratch.
-  * Any other error (storage unavailable, permission denied, a deadline) is
-    not evidence of damage: the read is retried `READ_ATTEMPTS` times with
-    back-off, then a CheckpointReadError naming the checkpoint and the cause
-    stops the run. Nothing in model_dir is changed before every listed
-    checkpoint has been classified, so such a stop leaves it byte for byte
-    as it was.
-
-  Args:
-    model_dir: the training job's model_dir.
-
-  Returns:
-    The checkpoint prefix training will resume from, or None.
+  Damaged ones are moved to `unreadable/`; returns the prefix to resume from, or
+  None (docs/distributed.md, "Preemption, resume and a non-finite loss").
 
   Raises:
-    CheckpointReadError: a checkpoint or the state file cannot be read and
-      is not known to be damaged.
+    CheckpointReadError: a read failed and nothing shows damage.
     ValueError: the state file does not parse.
   """
   state = _read_state(model_dir)

@@ -1,14 +1,4 @@
-"""Type checks of experiment configs after YAML files and --params_override.
-
-Model Garden's `hyperparams` rejects an unknown key of a strict override
-(KeyError naming the key) but stores any value under a known key: after
-`--params_override=task.train_data.global_batch_size=abc` the field holds the
-string 'abc', and the run fails later far from the flag. `check_types` walks
-a config against its dataclass annotations and raises a ValueError naming the
-key, the expected type and the value given. Lists of configs (a multitask
-experiment's `task.task_routines`) are checked element by element, e.g.
-`task.task_routines[1].task_config.train_data.global_batch_size`.
-"""
+"""Type and runtime checks of experiment configs after files and overrides."""
 import dataclasses
 import typing
 from typing import Any, List, Optional, Tuple
@@ -20,12 +10,7 @@ _SCALARS = (bool, int, float, str, type(None))
 
 
 def _expected(annotation) -> Optional[Tuple[Tuple[type, ...], Any]]:
-  """(allowed scalar types, element annotation or None) or None: unchecked.
-
-  Handles int, float, bool, str, None, Optional/Union of them, and
-  Tuple[X, ...] / List[X] / Sequence[X] of them (element types checked).
-  Anything else (Any, dicts, configs, unions with configs) is not checked here.
-  """
+  """(allowed scalar types, element type), or None: not checked."""
   if annotation in _SCALARS:
     return (annotation,), None
   origin = typing.get_origin(annotation)
@@ -112,7 +97,6 @@ def _errors(config: hyperparams.Config, path: str, baseline: Any
 
 
 def _configs(value) -> bool:
-  """Whether `value` is a non-empty list/tuple of configs."""
   return (isinstance(value, (tuple, list)) and bool(value) and
           all(isinstance(v, hyperparams.Config) for v in value))
 
@@ -125,18 +109,9 @@ def _same(a, b) -> bool:
 
 def check_types(config: hyperparams.Config,
                 baseline: Optional[hyperparams.Config] = None) -> None:
-  """Raises ValueError listing every field whose value has the wrong type.
+  """ValueError listing every field of the wrong type (key, type, value).
 
-  Args:
-    config: an experiment config (or any `hyperparams.Config` dataclass).
-    baseline: the registered experiment config before files and overrides;
-      a field whose value equals the baseline's is not checked (some
-      registered Model Garden experiments store e.g. a regex string in a
-      list-annotated field).
-
-  Raises:
-    ValueError: one line per bad field, e.g.
-      "task.train_data.global_batch_size: expected int, got 'abc' (str)."
+  A field equal to `baseline`'s (the registered experiment) is not checked.
   """
   errors = _errors(config, '',
                    _NO_BASELINE if baseline is None else baseline)
@@ -154,14 +129,7 @@ MIXED_PRECISION_ALIASES = {'mixed_float16': 'float16',
 
 
 def mixed_precision_dtype(runtime) -> Optional[str]:
-  """`runtime.mixed_precision_dtype` if Model Garden takes it.
-
-  Model Garden's trainers read the value as it is (`base_task.
-  create_optimizer` wraps the optimizer for loss scaling only for
-  'float16'), so an alias must have been replaced by `check_runtime` first.
-
-  Raises:
-    ValueError: naming the key, the value and the accepted values.
+  """`runtime.mixed_precision_dtype` if Model Garden takes it, else ValueError.
   """
   value = runtime.mixed_precision_dtype
   if value in (None, '') or value in MIXED_PRECISION_DTYPES:
@@ -177,14 +145,7 @@ def mixed_precision_dtype(runtime) -> Optional[str]:
 
 
 def check_runtime(params) -> None:
-  """Checks an unlocked experiment config's runtime settings when it is
-  parsed, before anything is written: `runtime.mixed_precision_dtype`
-  (Model Garden's values; Keras' 'mixed_float16' / 'mixed_bfloat16' are
-  replaced by 'float16' / 'bfloat16') and `runtime.kernel_policy`.
-
-  Raises:
-    ValueError: naming the key, the value and the accepted values.
-  """
+  """Checks the precision (Keras aliases replaced) and the kernel policy."""
   runtime = params.runtime
   value = runtime.mixed_precision_dtype
   if value in MIXED_PRECISION_ALIASES:

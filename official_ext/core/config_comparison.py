@@ -1,15 +1,4 @@
-"""Configs compared key by key: which keys change the model, and where two
-configs differ in them.
-
-A strict checkpoint restore checks variable names and shapes only, so a model
-rebuilt with a shape-neutral difference (a pooling method, an activation,
-input normalisation, ...) restores without error and predicts wrongly. The
-*model-affecting* keys (`model_affecting_key`) are those whose value must be
-the trained model's: `core.experiment_params` refuses flags that change them
-away from a params.yaml, `core.run.model_dir` a run whose config differs from
-the one its model_dir holds, `yt8m.predict` a config that contradicts the
-SavedModel's.
-"""
+"""Configs compared key by key: which keys must stay the trained model's."""
 from typing import Any, Dict, List, Tuple
 
 from official.modeling import hyperparams
@@ -57,17 +46,7 @@ EVALUATION_PROTOCOL_KEYS = ('feature_shape', 'temporal_stride',
 
 
 def model_affecting_key(key: str) -> bool:
-  """Whether dotted config key `key` (e.g. 'task.model.head.moe') is one.
-
-  Args:
-    key: a dotted path into an `ExperimentConfig` as_dict(), leaf or not.
-
-  Returns:
-    True for anything under `MODEL_PREFIXES`, the `MODEL_TASK_KEYS` and
-    `task.<split>.<k>` with split in `MODEL_DATA_SPLITS` and k in
-    `MODEL_DATA_KEYS`, except the `EVALUATION_PROTOCOL_KEYS` of
-    `task.validation_data`.
-  """
+  """Whether dotted `key` (leaf or not) must stay the trained model's."""
   for prefix in MODEL_PREFIXES + MODEL_TASK_KEYS:
     if key == prefix or key.startswith(prefix + '.'):
       return True
@@ -80,17 +59,7 @@ def model_affecting_key(key: str) -> bool:
 
 
 def config_leaves(config: Any, prefix: str = '') -> Dict[str, Any]:
-  """{dotted key: value} of a config's leaves, one-ofs by their active branch.
-
-  Args:
-    config: a `hyperparams.Config` (or a plain value).
-    prefix: the dotted key of `config`.
-
-  Returns:
-    The leaves; of a `OneOfConfig` only `type` and the branch it names (the
-    inactive branches do not build anything); sequences of configs as lists
-    of dicts.
-  """
+  """{dotted key: value} of a config's leaves; a one-of by its branch."""
   out = {}
   if isinstance(config, hyperparams.OneOfConfig):
     out[f'{prefix}.type'] = config.type
@@ -118,16 +87,7 @@ def _normalized(value: Any) -> Any:
 
 def contradictions(trained: Dict[str, Any], final: Dict[str, Any]
                    ) -> List[Tuple[str, Any, Any]]:
-  """Model-affecting leaves whose value differs between two configs.
-
-  Args:
-    trained: `config_leaves` of the config as params.yaml gives it.
-    final: `config_leaves` of the same after the flags.
-
-  Returns:
-    Sorted (dotted key, trained value, final value) triples; a one-of whose
-    `type` differs appears as that key only.
-  """
+  """Sorted (key, trained, final) of the model-affecting leaves that differ."""
   missing = object()
   out = []
   # A one-of whose `type` changed is reported by its type alone.

@@ -1,30 +1,4 @@
-"""YouTube-8M's frame-feature format: quantization, PCA and records.
-
-What a YouTube-8M frame-level record holds, written once for the families
-that read it (`yt8m.dataloader`, `yt8m.demo_data`) and those that write it
-(`assemblenet.extract_features`, the feature bridge):
-
-* quantization: a float feature value x in [MIN_QUANTIZED_VALUE,
-  MAX_QUANTIZED_VALUE] = [-2, 2] is stored as the uint8
-  `rint((x - QUANTIZATION_BIAS) / QUANTIZATION_SCALE)` (values outside are
-  clipped to 0 or 255), and read back as `q * QUANTIZATION_SCALE +
-  QUANTIZATION_BIAS` (the starter code's `Dequantize`): inside the range the
-  round trip errs by at most half a step, 4 / 255 / 2 = 0.0078.
-* PCA, as YouTube-8M's feature extractor applies it before quantizing
-  (`feature_extractor.py`'s `apply_pca`): `((x - mean) @ components.T) /
-  sqrt(eigenvalues + PCA_EPSILON)`, i.e. projected on the top components
-  and whitened, so each output dimension has unit variance on the data the
-  PCA was fitted on and nearly all values fall in [-2, 2]. `Pca` is fitted
-  on one split's features (`fit_pca`; on features computed by many workers,
-  from their merged `Moments`: `pca_from_moments`), stored as an .npz file
-  (`mean` [D], `components` [dim, D], `eigenvalues` [dim]) and loaded
-  unchanged for every other split (`load_pca`).
-* records: `make_sequence_example` writes a frame-level
-  `tf.train.SequenceExample`: context `id` (bytes) and `labels` (int64), and
-  per feature a feature list of one entry per frame: a bytes string of the
-  uint8 values (quantized) or a float list (float32 features; read with
-  `feature_dtypes` 'float32' and `feature_from_bytes` False).
-"""
+"""YouTube-8M's frame-feature format: quantization, whitened PCA, records."""
 import dataclasses
 import io
 from typing import Mapping, Sequence
@@ -57,12 +31,9 @@ def dequantize(q: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass
 class Pca:
-  """A fitted PCA with whitening (module docstring).
+  """A fitted PCA with whitening, as YouTube-8M's feature extractor's.
 
-  Attributes:
-    mean: float32 [D], the fitted features' mean.
-    components: float32 [dim, D], orthonormal rows, by decreasing variance.
-    eigenvalues: float32 [dim], the variance along each component.
+  `mean` [D], `components` [dim, D] (orthonormal rows), `eigenvalues` [dim].
   """
   mean: np.ndarray
   components: np.ndarray
@@ -98,25 +69,14 @@ class Pca:
 
 @dataclasses.dataclass
 class Moments:
-  """Count, mean and scatter of feature vectors, mergeable across workers.
-
-  `of` one batch, `merge` two (Chan, Golub and LeVeque's pairwise update),
-  in any order and grouping: how a PCA is fitted on features computed in
-  many places (the Beam feature pipeline) as in one (`fit_pca`).
-
-  Attributes:
-    count: N, the vectors seen.
-    mean: float64 [D].
-    scatter: float64 [D, D], sum of (x - mean)(x - mean)^T.
-  """
+  """Count, mean and scatter of feature vectors, mergeable in any order."""
   count: int
   mean: np.ndarray
   scatter: np.ndarray
 
   @classmethod
   def of(cls, features: np.ndarray, name: str = 'features') -> 'Moments':
-    """Of float [N, D] features (N >= 1); ValueError naming `name` if they
-    are not [N, D] or not finite."""
+    """Of float [N, D] finite features; ValueError naming `name`."""
     features = np.asarray(features, np.float64)
     if features.ndim != 2 or not features.shape[0]:
       raise ValueError(f'{name}: features must be [N, D] with N >= 1; got '
@@ -142,15 +102,7 @@ class Moments:
 
 def pca_from_moments(moments: 'Moments', dim: int,
                      flag: str = '--pca_dim') -> Pca:
-  """The `dim`-component PCA of features with these `Moments`.
-
-  The covariance is the unbiased one (scatter / (N - 1)), as `np.cov`'s;
-  moments merged in another order give it to rounding (a component's sign,
-  which a PCA leaves open, may then differ: every split must use the one
-  stored PCA, as it must anyway). ValueError naming
-  `flag` when `dim` is not in [1, min(D, N - 1)] (more components than the
-  features span would be arbitrary directions).
-  """
+  """The `dim`-component PCA; ValueError naming `flag` for a bad `dim`."""
   n, d = moments.count, moments.mean.shape[0]
   if not 1 <= dim <= min(d, n - 1):
     raise ValueError(
@@ -168,22 +120,12 @@ def pca_from_moments(moments: 'Moments', dim: int,
 
 
 def fit_pca(features: np.ndarray, dim: int, flag: str = '--pca_dim') -> Pca:
-  """Fits a `dim`-component PCA on float [N, D] features (N >= 2):
-  `pca_from_moments(Moments.of(features), dim, flag)`.
-
-  ValueError naming `flag` when `dim` is not in [1, min(D, N - 1)], or when
-  the features are not [N, D] or not finite.
-  """
+  """`pca_from_moments` of float [N, D] features."""
   return pca_from_moments(Moments.of(features, 'fit_pca'), dim, flag)
 
 
 def load_pca(path: str, flag: str = '--pca_file') -> Pca:
-  """The PCA stored at `path` by `Pca.save`.
-
-  ValueError naming the file (and `flag`) and what is wrong if it is missing,
-  not such a file, or holds a PCA that cannot be right: inconsistent or empty
-  shapes, a NaN or infinite value, a negative eigenvalue.
-  """
+  """The PCA `Pca.save` stored at `path`; ValueError naming what is wrong."""
   if not tf.io.gfile.exists(path):
     raise ValueError(f'{flag}={path}: no such file.')
   try:
@@ -223,18 +165,10 @@ def load_pca(path: str, flag: str = '--pca_file') -> Pca:
 def make_sequence_example(video_id: str, labels: Sequence[int],
                           features: Mapping[str, np.ndarray]
                           ) -> tf.train.SequenceExample:
-  """A YouTube-8M frame-level record (module docstring).
+  """A YouTube-8M frame-level `SequenceExample`.
 
-  Args:
-    video_id: context `id`.
-    labels: context `labels`, video-level class ids.
-    features: {feature list name: [frames, width]}, uint8 (one bytes string
-      per frame) or float32 (one float list per frame); every feature the
-      same number of frames (at least 1).
-
-  Raises:
-    ValueError: naming the feature with another dtype or rank, a non-finite
-      value, or a frame count that differs from the others'.
+  `features`: {name: [frames, width]} uint8 (bytes a frame) or float32 (floats a
+  frame), one frame count >= 1; ValueError naming a feature that differs.
   """
   example = tf.train.SequenceExample()
   context = example.context.feature

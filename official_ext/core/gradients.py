@@ -1,19 +1,4 @@
-"""The one gradient path of every task's training step.
-
-    scaled = scale_loss(optimizer, loss_share)        # float16 loss scaling
-    grads = unscale_gradients(optimizer, tape.gradient(scaled, variables))
-    [grads = add_l2_gradients(grads, variables, l2_regularized_kernels(...))]
-    apply_gradients(optimizer, grads, variables, clip_norm[, per_variable])
-
-`loss_share` is this replica's share of the global-batch loss (its sum over
-replicas is the loss). `apply_gradients` makes sparse gradients dense, sums
-them over replicas, clips the *summed* gradient by its global norm (or,
-with `per_variable`, each variable's gradient by its own norm, as the
-YouTube-8M starter code's `utils.clip_gradient_norms` does) and applies it
-(`minimize` does the four lines for a tape). The L2 helpers compute the
-value of plain-L2 kernel regularization outside XLA and add its gradient
-directly (YT8M's fast path).
-"""
+"""The one gradient path of every task's training step."""
 import inspect
 from typing import List, Optional, Sequence, Tuple
 
@@ -31,7 +16,7 @@ def scale_loss(optimizer, loss: tf.Tensor) -> tf.Tensor:
 
 def unscale_gradients(optimizer, grads: Sequence[Optional[tf.Tensor]]
                       ) -> List[Optional[tf.Tensor]]:
-  """Gradients of a `scale_loss`-scaled loss, back to the loss's scale."""
+  """Gradients of a `scale_loss`-scaled loss, at the loss's scale."""
   if _is_loss_scaled(optimizer):
     return list(optimizer.get_unscaled_gradients(list(grads)))
   return list(grads)
@@ -40,23 +25,14 @@ def unscale_gradients(optimizer, grads: Sequence[Optional[tf.Tensor]]
 def apply_gradients(optimizer, grads: Sequence[Optional[tf.Tensor]],
                     variables: Sequence[tf.Variable],
                     clip_norm: float, per_variable: bool = False) -> None:
-  """Applies this replica's unscaled gradients, clipped after the sum.
-
-  Sparse gradients (`tf.IndexedSlices`, e.g. of an embedding) are made dense
-  first: their row counts differ between replicas, which a cross-replica
-  all-reduce of slices cannot sum. With `clip_norm` > 0 the gradient summed
-  over replicas is clipped by its global norm, or each variable's by its
-  own norm with `per_variable` (`clip_and_apply_gradients`); otherwise the
-  optimizer sums and applies.
+  """Applies this replica's unscaled gradients, clipped after the replica sum.
 
   Args:
-    optimizer: a tf_keras optimizer (a LossScaleOptimizer receives unscaled
-      gradients and applies them as they are).
+    optimizer: a tf_keras optimizer.
     grads: one per variable (None allowed), from `unscale_gradients`.
     variables: the trainable variables.
-    clip_norm: maximum global norm of the summed gradient; <= 0: no clipping.
-    per_variable: clip each variable's summed gradient to norm `clip_norm`
-      (`tf.clip_by_norm`) instead of the global norm.
+    clip_norm: maximum global norm of the summed gradient; <= 0: none.
+    per_variable: clip each variable's summed gradient to `clip_norm`.
   """
   grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
            for g in grads]
@@ -70,22 +46,12 @@ def apply_gradients(optimizer, grads: Sequence[Optional[tf.Tensor]],
 def minimize(optimizer, tape: tf.GradientTape, scaled_loss: tf.Tensor,
              variables: Sequence[tf.Variable], clip_norm: float,
              per_variable: bool = False) -> None:
-  """`apply_gradients` of the unscaled gradients of `scaled_loss`.
-
-  Args:
-    optimizer: the task's optimizer.
-    tape: the tape that recorded `scaled_loss`.
-    scaled_loss: `scale_loss(optimizer, this replica's loss share)`.
-    variables: the trainable variables.
-    clip_norm: see `apply_gradients`.
-    per_variable: see `apply_gradients`.
-  """
+  """`apply_gradients` of `scaled_loss`'s unscaled gradients on `tape`."""
   grads = unscale_gradients(optimizer, tape.gradient(scaled_loss, variables))
   apply_gradients(optimizer, grads, variables, clip_norm, per_variable)
 
 
 def _skip_aggregation_kwargs(optimizer) -> dict:
-  """kwargs of `optimizer.apply_gradients` that skip the cross-replica sum."""
   params = inspect.signature(optimizer.apply_gradients).parameters
   if 'experimental_aggregate_gradients' in params:  # legacy optimizers
     return {'experimental_aggregate_gradients': False}
@@ -98,25 +64,7 @@ def clip_and_apply_gradients(optimizer, grads: Sequence[tf.Tensor],
                              variables: Sequence[tf.Variable],
                              clip_norm: float,
                              per_variable: bool = False) -> None:
-  """Clips the GLOBAL gradient by its global norm (or each variable's
-  gradient by its own norm), then applies it.
-
-  Called in a replica context with this replica's (already unscaled)
-  gradients. With several replicas the gradients are first summed across
-  replicas and the sum is clipped, so an N-replica step updates the weights
-  exactly like a 1-replica step on the same global batch. (Clipping each
-  replica's partial gradient before the sum, as Model Garden's YT8M task
-  does, clips a different vector whenever replicas > 1.)
-
-  Args:
-    optimizer: a tf_keras optimizer (legacy or not; a LossScaleOptimizer
-      receives unscaled gradients).
-    grads: this replica's gradients, one per variable (None allowed).
-    variables: the trainable variables.
-    clip_norm: maximum global norm of the summed gradient.
-    per_variable: clip each variable's summed gradient to norm `clip_norm`
-      (`clip_by_norm_per_variable`) instead.
-  """
+  """Clips the replica sum of the gradients, then applies it."""
   grads = list(grads)
   replica_context = tf.distribute.get_replica_context()
   num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
@@ -142,13 +90,7 @@ def clip_and_apply_gradients(optimizer, grads: Sequence[tf.Tensor],
 
 
 def clip_by_global_norm(grads: Sequence[tf.Tensor], clip_norm: float):
-  """`tf.clip_by_global_norm`, without a rescaling pass when nothing clips.
-
-  Same result as `tf.clip_by_global_norm(grads, clip_norm)[0]` (None entries
-  kept, a non-finite norm gives NaN gradients as TensorFlow does), but the
-  gradients are only rescaled (one more read and write of every gradient:
-  ~0.8 GB for the published YT8M model) when their norm exceeds `clip_norm`.
-  """
+  """`tf.clip_by_global_norm(...)[0]`, rescaling only when it clips."""
   grads = list(grads)
   present = [i for i, g in enumerate(grads) if g is not None]
   if not present:
@@ -171,19 +113,15 @@ def clip_by_global_norm(grads: Sequence[tf.Tensor], clip_norm: float):
 
 def clip_by_norm_per_variable(grads: Sequence[Optional[tf.Tensor]],
                               clip_norm: float) -> List[Optional[tf.Tensor]]:
-  """Each gradient clipped to L2 norm `clip_norm` on its own
-  (`tf.clip_by_norm`; None entries kept): the starter code's and the
-  NeXtVLAD authors' `utils.clip_gradient_norms`."""
+  """Each gradient clipped to norm `clip_norm` on its own."""
   return [None if g is None else tf.clip_by_norm(g, clip_norm) for g in grads]
 
 
 def l2_regularized_kernels(model: tf_keras.Model
                            ) -> Optional[List[Tuple[tf.Variable, float]]]:
-  """(variable, l2) of every kernel whose regularizer is `regularizers.L2`.
+  """(variable, l2) of the `regularizers.L2` kernels, or None.
 
-  Returns None unless these account for every loss in `model.losses` (other
-  regularizers or activity losses present): then callers keep the generic
-  `model.losses` path.
+  None unless they account for every loss in `model.losses`.
   """
   pairs = []
   for layer in model._flatten_layers(include_self=False):  # pylint: disable=protected-access
@@ -200,13 +138,7 @@ def l2_regularized_kernels(model: tf_keras.Model
 
 
 def l2_loss(pairs: Sequence[Tuple[tf.Variable, float]]) -> tf.Tensor:
-  """sum_i l2_i * sum(w_i ** 2): `model.losses` of `l2_regularized_kernels`.
-
-  Computed with `tf.nn.l2_loss` (a multi-threaded kernel): on a 2-core CPU it
-  reads the 85 M-weight YT8M MoE kernel in 0.02 s, where the same sum inside
-  an XLA program (one thread) or as reduce_sum(square(w)) takes 0.2-0.3 s.
-  Run it outside XLA.
-  """
+  """sum_i l2_i * sum(w_i ** 2) (`tf.nn.l2_loss`); outside XLA."""
   return tf.add_n([2.0 * l2 * tf.nn.l2_loss(tf.cast(v, tf.float32))
                    for v, l2 in pairs])
 
@@ -215,7 +147,7 @@ def add_l2_gradients(grads: Sequence[Optional[tf.Tensor]],
                      variables: Sequence[tf.Variable],
                      pairs: Sequence[Tuple[tf.Variable, float]],
                      scale: float = 1.0) -> List[Optional[tf.Tensor]]:
-  """grads + scale * 2 * l2 * w for the regularized kernels in `pairs`."""
+  """grads + scale * 2 * l2 * w for the kernels in `pairs`."""
   coefficient = {id(v): 2.0 * l2 * scale for v, l2 in pairs}
   out = []
   for g, v in zip(grads, variables):

@@ -1,8 +1,4 @@
-"""Host-side evaluation metrics under several workers: every replica's rows on the chief.
-
-Call `gather_for_host` in `validation_step` and accumulate `host_parts` in
-`aggregate_logs` (docs/distributed.md).
-"""
+"""Host-side evaluation metrics under several workers: every replica's rows."""
 from typing import Any, List, Optional, TypeVar
 
 import numpy as np
@@ -12,11 +8,7 @@ T = TypeVar('T')
 
 
 def num_workers(strategy: Optional[tf.distribute.Strategy] = None) -> int:
-  """Worker processes (hosts) of the strategy's cluster; 1 without a cluster.
-
-  Args:
-    strategy: a strategy; default: the current one.
-  """
+  """Worker processes of `strategy`'s (default current) cluster."""
   strategy = strategy or tf.distribute.get_strategy()
   resolver = getattr(strategy, 'cluster_resolver', None)
   if resolver is None:
@@ -26,18 +18,10 @@ def num_workers(strategy: Optional[tf.distribute.Strategy] = None) -> int:
 
 
 def gather_for_host(tree: T) -> T:
-  """Every replica's rows on every replica, when there are several workers.
+  """Every replica's rows of `tree`, with several workers (else `tree`).
 
-  Call in replica context (`validation_step`) on the tensors that
-  `aggregate_logs` accumulates on the host; then accumulate `host_parts`.
-
-  Args:
-    tree: a nest of tensors of rank >= 1 whose first axis is rows (examples,
-      queries); the row counts may differ between replicas.
-
-  Returns:
-    With several workers, each tensor all-gathered along axis 0 (the rows of
-    all replicas of all workers, in replica order); otherwise `tree`.
+  Call in `validation_step` on what `aggregate_logs` accumulates (rank >= 1,
+  rows first; counts may differ), then accumulate `host_parts`.
   """
   if num_workers() <= 1:
     return tree
@@ -49,16 +33,7 @@ def gather_for_host(tree: T) -> T:
 
 
 def host_parts(values: Any) -> List[np.ndarray]:
-  """The parts of one step output to accumulate on the host.
-
-  Args:
-    values: one output of `validation_step` as `aggregate_logs` receives it:
-      a tuple with one value per local replica, or a single value.
-
-  Returns:
-    Every local replica's value as numpy; with several workers (where
-    `gather_for_host` gave every replica all rows) the first one only.
-  """
+  """A step output's local replica values as numpy (gathered: the first)."""
   if not isinstance(values, (tuple, list)):
     return [np.asarray(values)]
   if num_workers() > 1:

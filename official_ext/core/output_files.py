@@ -1,17 +1,5 @@
-"""Files a run writes for the user: whole or not at all, and never over
-what it reads or what a run owns.
-
-`write_atomically` writes one file whole; `write_together` several files of
-one folder (e.g. a converter's shards beside other files), each whole and
-all only once every one is complete; `write_directory` the files of an
-output directory, refusing one that holds files unless asked to replace them
-(`check_output_dir`). `check_output_file` refuses, before anything is read
-or written, an output path whose folder is missing (unless the command
-creates it), that is one of the command's inputs, that lies inside a
-model_dir or SavedModel directory, or (for a command that says how its
-outputs begin) an existing file that is not the command's own, unless asked
-to replace it.
-"""
+"""Files written for the user: whole or not at all, never over what a run reads
+or owns."""
 import contextlib
 import os
 import uuid
@@ -25,23 +13,7 @@ _T = TypeVar('_T')
 
 def write_atomically(path: str, write: Callable[[IO], _T],
                      binary: bool = False) -> _T:
-  """`write(stream)` into `path`, whole or not at all.
-
-  Writes a temporary file beside `path` (same file system) and renames it to
-  `path` (replacing it) once `write` returned and the file is closed. On any
-  failure `path` is left as it was and the temporary file removed. Used for
-  `model_dir/params.yaml` (`core.run.model_dir`), `yt8m.predict`'s output and
-  `official_ext.export_tflite`'s model file.
-
-  Args:
-    path: the file to write.
-    write: writes the contents to the stream it is given (text, or bytes
-      with `binary`).
-    binary: open the stream in binary mode.
-
-  Returns:
-    What `write` returned.
-  """
+  """`write(stream)` into `path` by temporary file and rename; its result."""
   temporary = f'{path}.tmp-{uuid.uuid4().hex[:12]}'
   try:
     with tf.io.gfile.GFile(temporary, 'wb' if binary else 'w') as out:
@@ -56,14 +28,7 @@ def write_atomically(path: str, write: Callable[[IO], _T],
 
 @contextlib.contextmanager
 def _staged(folder: str, last: Sequence[str] = ()) -> Iterator[str]:
-  """Yields a staging folder inside `folder`; moves its files in on success.
-
-  The one staged writer: the files written into the staging folder replace
-  those of their names in `folder` only once the block ended normally; the
-  names in `last` are removed from `folder` first and moved in last. On any
-  failure the staging folder is removed and no file of `folder` is touched
-  (a kill leaves the hidden staging folder behind).
-  """
+  """A staging folder in `folder`; files moved in on success, `last` last."""
   tf.io.gfile.makedirs(folder)
   staging = os.path.join(folder, f'{STAGING_PREFIX}{uuid.uuid4().hex[:12]}')
   tf.io.gfile.makedirs(staging)
@@ -86,11 +51,9 @@ def _staged(folder: str, last: Sequence[str] = ()) -> Iterator[str]:
 @contextlib.contextmanager
 def write_together(paths: Sequence[str],
                    replaces: Iterable[str] = ()) -> Iterator[Dict[str, str]]:
-  """Writes the files `paths` of one folder whole, and all or none of them.
+  """Yields {path: staging path}; all `paths` land whole, or none.
 
-  Yields {path: staging path}; once the block ends normally every file is in
-  place and each of `replaces` that is not one of `paths` is removed (e.g. a
-  previous run's shards of another count). See `_staged`.
+  On success each of `replaces` not in `paths` is removed.
   """
   folders = {os.path.dirname(p) or '.' for p in paths}
   if len(folders) != 1:
@@ -142,8 +105,6 @@ def _inside(path: str, directory: str) -> bool:
 
 
 def _matched(value: str) -> List[str]:
-  """The files a path, glob pattern or comma-separated list of them names
-  (the literal paths too, matched or not)."""
   out = []
   for pattern in value.split(','):
     pattern = pattern.strip()
@@ -154,8 +115,6 @@ def _matched(value: str) -> List[str]:
 
 
 def _model_directory(path: str) -> Tuple[str, str]:
-  """(directory, 'SavedModel directory' | 'model_dir') of a --saved_model,
-  a model_dir or a checkpoint prefix in one."""
   directory = path if tf.io.gfile.isdir(path) else os.path.dirname(path)
   kind = ('SavedModel directory' if tf.io.gfile.exists(
       os.path.join(directory, _SAVED_MODEL_FILE)) else 'model_dir')
@@ -163,9 +122,7 @@ def _model_directory(path: str) -> Tuple[str, str]:
 
 
 def _enclosing_run(folder: str) -> Optional[Tuple[str, str, str]]:
-  """(directory, kind, marker file) of the nearest directory at or above
-  `folder` holding a SavedModel (`saved_model.pb`) or a model_dir's
-  checkpoint state (`checkpoint`), or None."""
+  """(directory, kind, marker) of a model at or above `folder`, or None."""
   directory = _normalized(folder)
   while True:
     for marker, kind in ((_SAVED_MODEL_FILE, 'SavedModel directory'),
@@ -186,8 +143,7 @@ OWN_BYTES = 4096
 
 
 def begins_with(*prefixes: str) -> Callable[[bytes], bool]:
-  """An `own` test for `check_output_file`: the file's first bytes begin
-  with one of `prefixes` (e.g. the headers of the command's CSV files)."""
+  """An `own` test: the file begins with one of `prefixes`."""
   encoded = tuple(p.encode() for p in prefixes)
   return lambda head: head.startswith(encoded)
 
@@ -202,32 +158,18 @@ def check_output_file(path: str, flag: str,
   """Refuses an output file path before anything is read or written.
 
   Args:
-    path: the file the command will write.
-    flag: its flag, for the message (e.g. '--output_file').
-    inputs: (flag, value) of every input the command reads: a file, a glob
-      pattern or a comma-separated list of them (None values are skipped).
-    models: (flag, path) of the models the command reads (a SavedModel
-      directory, a model_dir or a checkpoint prefix in one; None values
-      skipped). Given (even empty), `path` must also lie outside every
-      model_dir and SavedModel directory: these, and any directory above
-      `path` that holds `saved_model.pb` or a `checkpoint` state file.
-    creates_folder: the command creates the folder of `path` when it
-      writes (`write_together`): a missing one is not refused.
-    own: given, tells from the first `OWN_BYTES` bytes of an existing file
-      at `path` whether the command wrote it (e.g. `begins_with(header)`):
-      one it did not, and that is not empty, is refused unless `overwrite`.
-    overwrite: replace an existing file that is not the command's own.
-    overwrite_flag: the flag that sets `overwrite`, for the message.
+    path: the file the command will write; `flag` names it.
+    inputs: (flag, value) of the inputs (files, globs, lists; None skipped).
+    models: (flag, path) of the models read; given, `path` must lie outside
+      every model_dir and SavedModel directory.
+    creates_folder: the command creates the folder of `path`.
+    own: tells from its first `OWN_BYTES` whether the command wrote a file.
+    overwrite: replace a file not the command's own (`overwrite_flag`).
 
   Raises:
-    FileNotFoundError: the folder of `path` does not exist (named), unless
-      `creates_folder`.
-    ValueError: `path` is a directory; is one of the files `inputs` name
-      (naming the input and its flag); lies inside a model_dir or a
-      SavedModel directory (naming it and why it is one).
-    OutputExistsError: `path` holds a file that is not the command's own
-      (`own`) and not `overwrite` (naming it, its first line and
-      `overwrite_flag`).
+    FileNotFoundError: the folder is missing.
+    ValueError: `path` is a directory, an input, or inside a model.
+    OutputExistsError: `path` holds a file not the command's own.
   """
   folder = os.path.dirname(path) or '.'
   if not tf.io.gfile.isdir(folder) and not (
@@ -279,28 +221,16 @@ STAGING_PREFIX = '.staging-'
 
 
 class OutputExistsError(ValueError):
-  """An output (a directory's files, or a file that is not the command's
-  own) exists and replacing it was not asked for."""
+  """An output exists and replacing it was not asked for."""
 
 
 def check_output_dir(output_dir: str, overwrite: bool,
                      flag: str = '--overwrite') -> None:
-  """Refuses an output directory that holds anything, unless `overwrite`.
-
-  Reads only: call it before the expensive work, and `write_directory`
-  checks again. Staging directories of killed writes (`STAGING_PREFIX`) do
-  not count.
-
-  Args:
-    output_dir: the directory a tool writes its files into.
-    overwrite: whether files of the same names may be replaced.
-    flag: the command-line flag that sets `overwrite`, for the message.
+  """Refuses an output directory holding anything, unless `overwrite`.
 
   Raises:
-    OutputExistsError: `output_dir` holds entries and not `overwrite`; the
-      message names the directory and (up to 8 of) its entries.
-    ValueError: `output_dir` exists and is not a directory; or it is, or
-      lies inside, a model_dir or SavedModel directory (`overwrite` or not).
+    OutputExistsError: it holds entries (staging folders aside).
+    ValueError: it is not a directory, or lies in a model.
   """
   enclosing = _enclosing_run(output_dir)
   if enclosing:
@@ -327,31 +257,11 @@ def check_output_dir(output_dir: str, overwrite: bool,
 def write_directory(output_dir: str, write: Callable[[str], _T],
                     overwrite: bool = False, flag: str = '--overwrite',
                     last: Sequence[str] = ()) -> _T:
-  """`write(staging_dir)`'s files, moved into `output_dir` once all exist.
+  """`write(staging_dir)`'s files moved into `output_dir` once all exist.
 
-  `write` writes plain files into a fresh staging directory inside
-  `output_dir` (same file system); only when it returned are they renamed
-  into `output_dir`, each replacing the file of its name. The files named in
-  `last` (the one a reader opens first, e.g. a config naming the others) are
-  removed from `output_dir` before any file is moved and moved in last, so a
-  reader never finds them beside a mix of old and new files. On any failure
-  the staging directory is removed and, before the moves, `output_dir` is as
-  it was (a directory this call created is removed again).
-
-  Args:
-    output_dir: where the files go (created if missing).
-    write: writes the files into the directory it is given; what it returns
-      is returned.
-    overwrite: whether a non-empty `output_dir` is allowed
-      (`check_output_dir`).
-    flag: the flag that sets `overwrite`, for the message.
-    last: names of files to remove first and move in last.
-
-  Returns:
-    What `write` returned.
-
-  Raises:
-    OutputExistsError: `output_dir` is not empty and not `overwrite`.
+  A non-empty `output_dir` needs `overwrite` (`check_output_dir`); `last`
+  files are removed first and moved in last; a failure leaves `output_dir` as
+  it was. Returns what `write` returned.
   """
   check_output_dir(output_dir, overwrite, flag)
   created = not tf.io.gfile.exists(output_dir)

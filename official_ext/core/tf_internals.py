@@ -1,51 +1,5 @@
-"""TensorFlow's private APIs this package uses, behind one version check.
-
-TensorFlow has no public equivalent of what this module gives; everything
-else in the package uses TensorFlow's public API only (`tf.*`), and
-`tests/core/test_layering.py` checks that no other module imports from inside
-`tensorflow`. A private API may change or go in any release, so each use is
-checked against the TensorFlow version it was tested with
-(`TESTED_VERSION`): on another version it raises `UntestedTensorFlowError`
-naming the version found, the version tested and the private API, instead of
-failing somewhere inside TensorFlow, or computing something else.
-
-The private APIs, and who uses them:
-
-* `tensorflow.python.eager.record` (`should_record_backprop`,
-  `stop_recording`): whether a tape watches a tensor, and a context in which
-  no tape records; `tf.recompute_grad`'s own helpers, used by AssembleNet's
-  `recompute.recompute_grad`.
-* `tensorflow.python.ops.control_flow_util` (`in_xla_context`): whether a
-  graph is compiled by XLA (which ignores control dependencies);
-  `recompute.recompute_grad`.
-* `tensorflow.python.util._pywrap_util_port` (`onednn_cpu_kernels`): whether
-  TensorFlow runs its oneDNN CPU kernels (what TensorFlow's own
-  `test_util.IsMklEnabled` reads); `core.kernels.kernel_policy`.
-* `tensorflow.python.eager.context` (`eager_runtime_started`): whether the
-  eager runtime has started in this process; `core.kernels.process_settings`.
-* `tensorflow.python.training.checkpoint_state_pb2` (`checkpoint_state`):
-  the message of a model_dir's `checkpoint` state file, read strictly by
-  `core.checkpoints`.
-* `tensorflow.core.protobuf.trackable_object_graph_pb2`
-  (`trackable_object_graph`): the object graph a checkpoint stores, read by
-  `assemblenet.derive_structure`.
-* `tensorflow.lite.python.convert_phase` (`tflite_converter_error`): the
-  error class of the TFLite converter, whose list of unsupported ops
-  `official_ext.export_tflite` reports.
-* tf_keras's legacy optimizers' `_create_all_weights`
-  (`create_optimizer_weights`): an optimizer's slots made before the first
-  training step is traced (`core.run.trainer`); tf_keras's newer optimizers
-  have the public `build` for it.
-
-* the `_body_graph` / `_cond_graph` and `_true_graph` / `_false_graph`
-  attributes that `while_v2` and `cond_v2` set on the While and If ops they
-  build (`control_flow_graphs`): the traced graphs of a loop's body and a
-  conditional's branches, with their static shapes; the FLOP count of
-  `benchmarks/graph_flops.py`.
-
-Nothing is imported from TensorFlow when this module is imported: each
-function checks the version, then imports what it needs.
-"""
+"""TensorFlow's private APIs this package uses, behind one version check
+(`UntestedTensorFlowError` on another TensorFlow than `TESTED_VERSION`)."""
 import importlib
 from typing import Any, ContextManager, Optional, Sequence
 
@@ -59,15 +13,7 @@ class UntestedTensorFlowError(RuntimeError):
 
 
 def check_version(api: str, version: Optional[str] = None) -> None:
-  """Raises unless TensorFlow `version` is `TESTED_VERSION`.x.
-
-  Args:
-    api: the private API about to be used (named in the error).
-    version: a TensorFlow version; None: the running one (`tf.__version__`).
-
-  Raises:
-    UntestedTensorFlowError: naming `version`, `TESTED_VERSION` and `api`.
-  """
+  """`UntestedTensorFlowError` unless TensorFlow is `TESTED_VERSION`.x."""
   if version is None:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     version = tf.__version__
@@ -82,7 +28,6 @@ def check_version(api: str, version: Optional[str] = None) -> None:
 
 
 def _private(module: str) -> Any:
-  """Imports TensorFlow's private `module` once the version is checked."""
   check_version(module)
   return importlib.import_module(module)
 
@@ -105,10 +50,7 @@ def in_xla_context(graph: Any) -> bool:
 
 
 def onednn_cpu_kernels() -> bool:
-  """Whether TensorFlow runs its oneDNN (MKL) CPU kernels in this process.
-
-  Does not start TensorFlow's runtime.
-  """
+  """Whether TensorFlow runs its oneDNN CPU kernels (without starting it)."""
   util_port = _private('tensorflow.python.util._pywrap_util_port')
   return bool(util_port.IsMklEnabled())
 
@@ -137,23 +79,7 @@ def tflite_converter_error() -> type:
 
 
 def create_optimizer_weights(optimizer: Any, variables: Sequence[Any]) -> bool:
-  """Creates `optimizer`'s slots (and step counter) for `variables` now.
-
-  What the optimizer's first `apply_gradients` would create. Made before a
-  `tf.function` first runs the training step, that trace creates no
-  variable, and TensorFlow traces it once instead of twice (a function
-  that creates variables on its first call is traced again without them).
-  Wrappers with an `inner_optimizer` (tf_keras's `LossScaleOptimizer`) are
-  unwrapped: their own variables exist from construction.
-
-  Args:
-    optimizer: a tf_keras optimizer (legacy or not).
-    variables: the variables it will update.
-
-  Returns:
-    Whether the weights were created (False for an optimizer of another
-    kind, which then creates them in its first step as before).
-  """
+  """Creates `optimizer`'s slots for `variables` now (False: unknown kind)."""
   while hasattr(optimizer, 'inner_optimizer'):
     optimizer = optimizer.inner_optimizer
   if hasattr(optimizer, 'build') and callable(optimizer.build):
@@ -176,10 +102,7 @@ _CONTROL_FLOW_GRAPHS = {
 
 
 def control_flow_graphs(op: Any) -> dict:
-  """The traced graphs of a While op's body and condition ({'body', 'cond'})
-  or of an If op's branches ({'then', 'else'}), as `tf.while_loop` and
-  `tf.cond` built them in this process; {} for another op, or one whose
-  graphs are not kept (e.g. a loaded graph)."""
+  """A While op's {'body', 'cond'} or an If op's {'then', 'else'} graphs."""
   if op.type not in _CONTROL_FLOW_GRAPHS:
     return {}
   check_version('Operation._body_graph (while_v2, cond_v2)')

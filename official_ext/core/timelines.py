@@ -1,31 +1,5 @@
-"""Timelines of long videos: windows, per-window class scores, a plot.
-
-Shared by the families' predict commands (`official_ext.assemblenet.
-predict` on decoded video files, `official_ext.yt8m.predict` on frame
-features): each scores every window of a video as a video of its own and
-hands the rows here.
-
-Windows (`window_bounds`): a window of `window` frames starts every `stride`
-frames, at frames 0, stride, 2 * stride, ...; the windows that fit in the
-video are kept and, when frames after the last of them remain, the next
-window too, cut at the video's end. So every frame is in a window when
-stride <= window, and a video shorter than one window is one window of all
-its frames. A stride above the window leaves gaps. Frame f spans
-[f / fps, (f + 1) / fps) seconds.
-
-CSV (`write_csv`): header `VideoId,Start,End,<class 0>,<class 1>,...,Error`,
-one row a window in time order: start and end in seconds (6 decimals),
-every class's score (6 decimals) and an empty `Error`; the class columns are
-named by the vocabulary, or by the class ids. A video that could not be
-read (a command's `--skip_unreadable`) is one row with its id and `Error`,
-the other cells empty. PNG (`render_plot`): one panel a video, the scores of
-its `top` classes (those with the highest score in any of its windows)
-against the windows' centres, matplotlib's Agg backend, marked as this
-module's by its PNG `Software` text (`PLOT_SOFTWARE`; `is_own_output`
-recognises both files of an earlier run). `write_outputs`
-writes both, each whole or not at all (`core.output_files.
-write_atomically`), the PNG rendered before either is written.
-"""
+"""Timelines of long videos for the predict commands: windows, the per-window
+CSV, the plot."""
 import csv
 import dataclasses
 import io
@@ -43,8 +17,7 @@ PLOT_SOFTWARE = 'official_ext.core.timelines'
 
 def define_flags(flag_values, window_help: str = 'seconds a window.'
                  ) -> None:
-  """The timeline flags of the predict commands, in `flag_values`:
-  --window_seconds, --stride_seconds, --plot, --plot_classes."""
+  """Defines --window_seconds, --stride_seconds, --plot, --plot_classes."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   define = dict(flag_values=flag_values)
   flags.DEFINE_float('window_seconds', None, f'Timeline: {window_help}',
@@ -60,12 +33,7 @@ ERROR_COLUMN = 'Error'
 
 def window_frames(seconds: float, fps: float, flag: str,
                   video: str = 'the video') -> int:
-  """Frames of `seconds` at `fps` (rounded, at least 1).
-
-  Raises:
-    ValueError: `seconds` or `fps` is not positive and finite, naming `flag`
-      (and `video`, for the frame rate).
-  """
+  """Frames of `seconds` at `fps` (rounded, >= 1); ValueError naming `flag`."""
   if not (np.isfinite(seconds) and seconds > 0):
     raise ValueError(f'{flag}={seconds}: expected a positive number of '
                      'seconds.')
@@ -77,20 +45,7 @@ def window_frames(seconds: float, fps: float, flag: str,
 
 def window_bounds(num_frames: Union[int, tf.Tensor], window: int,
                   stride: int) -> Tuple[tf.Tensor, tf.Tensor]:
-  """First and end (exclusive) frames of the windows of a video.
-
-  TensorFlow ops, so the same arithmetic runs eagerly (on a decoded video)
-  and inside a tf.data pipeline (on a record's frames); see the module
-  docstring for the rule.
-
-  Args:
-    num_frames: int scalar, frames of the video (>= 0).
-    window: frames a window (> 0).
-    stride: frames between window starts (> 0).
-
-  Returns:
-    (starts, ends), int32 [W] each; W = 0 for a video without frames.
-  """
+  """(starts, ends) int32 [W] of a video's windows, in TensorFlow ops."""
   if window < 1 or stride < 1:
     raise ValueError(f'window_bounds: window={window} and stride={stride} '
                      'frames; expected >= 1 each.')
@@ -107,14 +62,7 @@ def window_bounds(num_frames: Union[int, tf.Tensor], window: int,
 
 @dataclasses.dataclass
 class Timeline:
-  """Per-window scores of one video.
-
-  Attributes:
-    video_id: the video's name in the outputs.
-    starts: float [W], each window's first second.
-    ends: float [W], each window's end (exclusive) in seconds.
-    scores: float [W, num_classes], each window's class scores.
-  """
+  """One video's window `starts`, `ends` (seconds) and `scores` [W, C]."""
   video_id: str
   starts: np.ndarray
   ends: np.ndarray
@@ -151,15 +99,7 @@ def class_columns(num_classes: int,
 def write_csv(timelines: Sequence[Timeline], out: IO,
               names: Optional[Sequence[str]] = None,
               skipped: Sequence[Tuple[str, str]] = ()) -> int:
-  """Writes the timelines' rows (module docstring); returns the rows.
-
-  Args:
-    timelines: the scored videos, in order.
-    out: the text stream.
-    names: class names by id (default: the ids).
-    skipped: (video id, error) of the videos that could not be read: one
-      row each, after the timelines, with only the id and `Error`.
-  """
+  """Writes the timelines' rows and one per `skipped` video; the rows."""
   if not timelines:
     raise ValueError('No timeline to write (no video had a window).')
   num_classes = timelines[0].scores.shape[1]
@@ -190,17 +130,7 @@ def top_classes(timeline: Timeline, top: int) -> List[int]:
 
 def render_plot(timelines: Sequence[Timeline], top: int = 5,
                 names: Optional[Sequence[str]] = None) -> bytes:
-  """A PNG of each video's top classes over time.
-
-  Args:
-    timelines: one panel each, in order.
-    top: classes drawn per video (`top_classes`).
-    names: class names for the legends (default: the class ids).
-
-  Returns:
-    The PNG file's bytes (the caller writes them whole:
-    `write_outputs`).
-  """
+  """A PNG (bytes) of each video's `top` classes over time, one panel each."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
@@ -232,8 +162,7 @@ def render_plot(timelines: Sequence[Timeline], top: int = 5,
 
 
 def is_own_output(head: bytes) -> bool:
-  """Whether a file's first bytes are those of a timeline CSV or plot this
-  module wrote (an `own` test of `output_files.check_output_file`)."""
+  """Whether a file's first bytes are a timeline CSV or plot of this module."""
   return (head.startswith((','.join(CSV_HEADER) + ',').encode()) or
           (head.startswith(b'\x89PNG') and
            b'tEXtSoftware\x00' + PLOT_SOFTWARE.encode() in head))
@@ -243,11 +172,7 @@ def write_outputs(timelines: Sequence[Timeline], csv_path: str,
                   plot_path: Optional[str] = None, top: int = 5,
                   names: Optional[Sequence[str]] = None,
                   skipped: Sequence[Tuple[str, str]] = ()) -> int:
-  """Writes the CSV and, with `plot_path`, the PNG, each whole.
-
-  The PNG is rendered before either file is written, so a failure in it
-  leaves both as they were. Returns the CSV's rows.
-  """
+  """Writes the CSV and the PNG (rendered first), each whole; the rows."""
   image = render_plot(timelines, top, names) if plot_path else None
   rows = output_files.write_atomically(
       csv_path, lambda out: write_csv(timelines, out, names, skipped))

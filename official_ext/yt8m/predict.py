@@ -460,19 +460,6 @@ def _top(scores: np.ndarray, videos: np.ndarray, segments: np.ndarray,
   return np.concatenate([above, tied[:k - above.size]])
 
 
-def load_params(experiment: Optional[str] = None,
-                config_files: Sequence[str] = (),
-                params_override: str = '',
-                saved_model: Optional[str] = None,
-                checkpoint_path: Optional[str] = None
-                ) -> config_definitions.ExperimentConfig:
-  """The config of the model predict runs (the module docstring's rules):
-  `experiment_params.load_model_params` with `DEFAULT_EXPERIMENT`."""
-  return experiment_params.load_model_params(
-      DEFAULT_EXPERIMENT, experiment, config_files, params_override,
-      saved_model=saved_model, checkpoint_path=checkpoint_path)
-
-
 def check_params(params: config_definitions.ExperimentConfig,
                  model_path: str) -> None:
   """`experiment_params.check_model_params`: a model-affecting key of
@@ -726,7 +713,8 @@ def run_timeline(params: config_definitions.ExperimentConfig, input_path: str,
   """Writes the timeline of every video of `input_path` (module docstring).
 
   Args:
-    params: the experiment config (`load_params`); frame-level records.
+    params: the experiment config (`experiment_params.load_model_params`);
+      frame-level records.
     input_path: TFRecord file pattern.
     output_file: the timeline CSV (`core.timelines.write_csv`).
     window_seconds: seconds (features) a window, rounded to whole ones.
@@ -791,19 +779,8 @@ FLAGS = flags.FLAGS
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   """Defines the CLI's flags in `flag_values` (tests: a fresh FlagValues)."""
   define = dict(flag_values=flag_values)
-  flags.DEFINE_string('experiment', None,
-                      'Experiment giving the config class and the values no '
-                      "params.yaml sets; needed only when the model has no "
-                      'params.yaml (default: the params.yaml beside the model '
-                      f'is read into {DEFAULT_EXPERIMENT!r}).', **define)
-  flags.DEFINE_multi_string('config_file', None,
-                            'YAML config overrides, after params.yaml.',
-                            **define)
-  flags.DEFINE_string('params_override', '', 'Comma-separated overrides.',
-                      **define)
-  flags.DEFINE_string('saved_model', None, 'SavedModel directory.', **define)
-  flags.DEFINE_string('checkpoint_path', None, 'Or a training checkpoint.',
-                      **define)
+  experiment_params.define_model_flags(
+      flag_values, ('saved_model', 'checkpoint_path'), DEFAULT_EXPERIMENT)
   flags.DEFINE_string('input_path', None, 'TFRecord file pattern.', **define)
   flags.DEFINE_string('output_file', None, 'CSV file to write.', **define)
   flags.DEFINE_integer('top_k', 20, 'Pairs per video.', **define)
@@ -849,9 +826,7 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
   """Writes the predictions the parsed `flag_values` ask for."""
   del argv
   fv = flag_values
-  params = load_params(fv.experiment, fv.config_file, fv.params_override,
-                       saved_model=fv.saved_model,
-                       checkpoint_path=fv.checkpoint_path)
+  params = experiment_params.params_from_flags(fv, DEFAULT_EXPERIMENT)
   timeline = (fv.window_seconds, fv.stride_seconds)
   if any(v is not None for v in timeline) or fv.plot:
     if fv.output_probabilities:

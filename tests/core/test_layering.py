@@ -1,13 +1,13 @@
 """The layout's one-way rules, and one implementation per shared concern.
 
-DESIGN.md and docs/architecture.md: families import `core/`, never each other
-and never the package's top level (`registry_imports`, the CLIs); the harness
-(`benchmarks/`, the CLIs) imports families, never the reverse; within a
-family data flows one way, config -> dataloader -> model -> task -> export
-(configs import no dataloader or model, a dataloader no model, ...); no
-import cycle; TensorFlow's private modules only through `core.tf_internals`;
-what two families need lives once in `core/`. Checked on the import
-statements and calls of the source.
+docs/architecture.md: families import `core/`, never each other and never the
+package's top level (`registry_imports`, the CLIs); the harness
+(`benchmarks/`, the CLIs) imports families, never the reverse; within a family
+data flows one way, config -> dataloader -> model -> task -> export (configs
+import no dataloader or model, a dataloader no model, ...); no import cycle;
+TensorFlow's private modules only through `core.tf_internals`; what two
+families need lives once in `core/`. Checked on the import statements and
+calls of the source.
 """
 import ast
 import os
@@ -223,3 +223,21 @@ def test_one_demo_data_cache():
   users = sorted(os.path.relpath(p, ROOT) for f in FAMILIES
                  for p in _modules(f) if 'COMPLETE.json' in open(p).read())
   assert not users, users
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_one_demo_data_hook_name(family):
+  """Each task's `build_inputs` takes its demo data through one hook name,
+  `_resolve_input_path`."""
+  path = os.path.join(ROOT, family, 'task.py')
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  methods = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+  assert '_resolve_input_path' in methods and '_resolve' not in methods
+  assert '_resolve_input_path' in set(_calls_in(methods['build_inputs']))
+
+
+def _calls_in(function):
+  for node in ast.walk(function):
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+      yield node.func.attr

@@ -21,6 +21,7 @@ from official_ext import export_saved_model
 from official_ext import export_tflite
 from official_ext import train
 from official_ext.core import checkpoints
+from official_ext.core import experiment_params
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import predict
@@ -55,7 +56,7 @@ def trained(tmp_path_factory):
   config = root / 'tiny.yaml'
   config.write_text(yaml.safe_dump(_tiny(root / 'cache')))
   model_dir = root / 'model'
-  params = export_saved_model.load_params('yt8m_demo', [str(config)])
+  params = experiment_params.load_params('yt8m_demo', [str(config)])
   train.run(params, 'train', str(model_dir))
   export_dir = root / 'saved_model'
   export_saved_model.export(params, str(model_dir), str(export_dir), top_k=5)
@@ -164,7 +165,7 @@ def test_bad_inputs_name_the_feature(trained):
 
 
 def test_checkpoint_of_another_experiment_is_refused(trained, tmp_path):
-  params = export_saved_model.load_params(
+  params = experiment_params.load_params(
       'yt8m_demo', [trained['config']],
       'task.model.backbone.dbof.cluster_size=24')
   with pytest.raises(ValueError, match='cluster_dense'):
@@ -172,7 +173,7 @@ def test_checkpoint_of_another_experiment_is_refused(trained, tmp_path):
 
 
 def test_mixed_precision_model_exports_float32(tmp_path, trained):
-  params = export_saved_model.load_params(
+  params = experiment_params.load_params(
       'yt8m_demo', [trained['config']],
       'runtime.mixed_precision_dtype=mixed_float16')
   from official.core import task_factory  # pylint: disable=g-import-not-at-top
@@ -321,7 +322,8 @@ def test_predict_without_experiment_reads_the_saved_models_data_config(
   # The model was exported with max_frames 12 (yt8m_demo's default is 64,
   # yt8m's 300): predict without --experiment must parse 12 frames, so its
   # scores are serve_features' on the first 12 frames.
-  params = predict.load_params(saved_model=trained['export_dir'])
+  params = experiment_params.load_model_params(
+      predict.DEFAULT_EXPERIMENT, saved_model=trained['export_dir'])
   assert params.task.validation_data.max_frames == 12
   pattern = glob.glob(str(trained['root'] / 'cache' / '*' / '*' /
                           'validation-*'))[0]
@@ -347,7 +349,7 @@ def test_predict_without_experiment_reads_the_saved_models_data_config(
 
   # A config that contradicts the SavedModel's (yt8m_demo's 64 frames) is
   # refused, not scored differently.
-  demo = export_saved_model.load_params('yt8m_demo')
+  demo = experiment_params.load_params('yt8m_demo')
   with pytest.raises(ValueError) as e:
     predict.run(demo, pattern, str(tmp_path / 'other.csv'),
                 saved_model=trained['export_dir'])
@@ -361,10 +363,11 @@ def test_predict_without_experiment_reads_the_saved_models_data_config(
   shutil.copytree(trained['export_dir'], bare)
   os.remove(bare / 'params.yaml')
   with pytest.raises(ValueError, match=r'params\.yaml.*--experiment') as e:
-    predict.load_params(saved_model=str(bare))
+    experiment_params.load_model_params(predict.DEFAULT_EXPERIMENT,
+                                        saved_model=str(bare))
   assert str(bare) in str(e.value)
-  assert predict.load_params(
-      experiment='yt8m_demo', saved_model=str(bare)
+  assert experiment_params.load_model_params(
+      predict.DEFAULT_EXPERIMENT, experiment='yt8m_demo', saved_model=str(bare)
   ).task.validation_data.max_frames == 64
 
 
@@ -439,7 +442,7 @@ def test_tflite_cli_serves_features_like_the_saved_model(trained, tflite_none):
 def tflite_function(trained):
   """The restored model's fixed-shape serving function, traced once (and
   the module that holds its variables)."""
-  params = export_saved_model.load_params(
+  params = experiment_params.load_params(
       'yt8m_demo', [trained['config']], checkpoint_path=trained['model_dir'])
   module, _ = export_saved_model.export_module(params, trained['model_dir'],
                                                top_k=5)

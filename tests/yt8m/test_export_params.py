@@ -160,7 +160,7 @@ def test_export_with_partial_config_file_keeps_trained_neutral_keys(trained):
   # relu and unnormalised inputs, with no error. The export of the params
   # loaded is the test above; here the params themselves.
   ckpt = tf.train.latest_checkpoint(trained['model_dir'])  # ckpt-N prefix.
-  params = export_saved_model.load_params(
+  params = experiment_params.load_params(
       'yt8m_demo', [trained['tiny_yaml']],
       'task.validation_data.global_batch_size=4', checkpoint_path=ckpt)
   assert params.task.model.as_dict() == trained['params'].task.model.as_dict()
@@ -171,7 +171,7 @@ def test_export_with_partial_config_file_keeps_trained_neutral_keys(trained):
 
 def test_contradicting_override_names_key_and_both_values(trained):
   with pytest.raises(ValueError) as e:
-    export_saved_model.load_params(
+    experiment_params.load_params(
         'yt8m_demo', [trained['tiny_yaml']],
         'task.model.backbone.dbof.pooling_method=average,'
         'task.validation_data.input_per_feature_l2_norm=false',
@@ -187,12 +187,12 @@ def test_contradicting_override_names_key_and_both_values(trained):
   bad_yaml.write_text(yaml.safe_dump(
       {'task': {'model': {'norm_activation': {'activation': 'relu'}}}}))
   with pytest.raises(ValueError, match=r"activation.*'swish'.*'relu'"):
-    export_saved_model.load_params('yt8m_demo', [str(bad_yaml)],
-                                   checkpoint_path=trained['model_dir'])
+    experiment_params.load_params('yt8m_demo', [str(bad_yaml)],
+                                  checkpoint_path=trained['model_dir'])
 
 
 def test_non_model_keys_may_change(trained):
-  params = export_saved_model.load_params(
+  params = experiment_params.load_params(
       'yt8m_demo', [trained['tiny_yaml']],
       'task.validation_data.global_batch_size=3,'
       'task.validation_data.input_path=/x/y*.tfrecord,'

@@ -12,6 +12,7 @@ from official.core import exp_factory
 from official.core import task_factory
 from official.modeling import optimization
 from official_ext.core import checkpoints
+from official_ext.core import experiment_params
 from official_ext.core.input import bad_records
 from official_ext import export_saved_model
 from official_ext import registry_imports  # pylint: disable=unused-import
@@ -325,8 +326,9 @@ def test_export_serves_tf_examples_as_the_model_predicts(trained, tmp_path):
         examples=tf.constant([narrow.SerializeToString()]))
   # predict reads the video-level records through the SavedModel.
   out = tmp_path / 'predictions.csv'
-  count = predict.run(predict.load_params(saved_model=trained['export_dir']),
-                      trained['validation'], str(out),
+  params = experiment_params.load_model_params(
+      predict.DEFAULT_EXPERIMENT, saved_model=trained['export_dir'])
+  count = predict.run(params, trained['validation'], str(out),
                       saved_model=trained['export_dir'], top_k=3)
   rows = list(csv.reader(out.open()))
   assert count == 14 and rows[0] == ['VideoId', 'LabelConfidencePairs']

@@ -1,1 +1,1 @@
-"""Input reading shared by the families: TFRecord files, recovery from bad records, eval padding and the demo-data cache."""
+"""Reading input: TFRecords, bad records, eval padding, the demo cache."""

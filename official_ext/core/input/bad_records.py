@@ -1,45 +1,5 @@
-"""Bad input in TFRecord readers: fail naming it, or skip and count it.
-
-Shared by the families' readers through `official_ext.core.input.tfrecord_input`
-(which wires these pieces into Model Garden's InputReader). Two layers:
-
-* `make_file_reader` (per file): detects truncated or corrupted TFRecord
-  files. TensorFlow's reader reports `DataLossError: corrupted record at 140`
-  without the file's name, and silently treats a tail shorter than a record
-  header as the end of the file. Each file is therefore read through
-  `ignore_errors()` (TF's reader then stops at the first unreadable record of
-  that file), the bytes of the records it did read are counted (a record takes
-  `16 + len(data)` bytes on disk) and, at the end of the file, compared with
-  its size (`official_ext.core.input.input_files.file_sizes`). A mismatch means the
-  file is damaged: strict mode fails with an error naming the file and the
-  byte offset where its readable records end; skip mode keeps every record
-  before the damage, reads on past it with
-  `official_ext.core.input.tfrecord_recovery.recover_records` (only the damaged
-  bytes are lost), and logs and counts it (`BadFileEvent`). Any read error of
-  a file (not only a bad CRC: also a permission or network error) ends in
-  this check.
-* `wrap_stage` (per record, skip mode only): a decode/parse function whose
-  checks fail for one record (a record that is not a valid proto, a feature
-  of the wrong width or dtype, a label out of range, a NaN) drops that record
-  only: every other record of the file is kept. The record's file and the
-  error text (which names the feature/record, re-computed for the log) are
-  logged and counted (`BadRecordEvent`). In strict mode the same checks fail
-  the pipeline with that error text.
-
-A reader that skips `MAX_SKIPPED_IN_A_ROW` records in a row without one
-example stops with `NoGoodRecordError` naming their files; so does a pass
-over the input that ends having skipped records and yielded no example
-(`fail_on_a_pass_without_example`: files of no readable or only invalid
-records, fewer than the limit), where it would otherwise be an empty input.
-
-Counting: every skip is added to a `BadRecordLog` (one per task and split:
-`log_for_split`); `BadRecordsSkipped` is a tf_keras metric whose value is that
-count, so a task that adds it to its `build_metrics` (`task_metrics`) reports
-`bad_records_skipped` in its train and validation logs, which Orbit writes to
-the TensorBoard summaries. Skip mode reports through `tf.py_function`, so a
-skip-mode pipeline cannot be serialized (tf.data service); strict mode is pure
-graph.
-"""
+"""Bad input in TFRecord readers: fail naming it, or skip and count it
+(docs/bad_input.md)."""
 import dataclasses
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -60,18 +20,9 @@ from official_ext.core.input import tfrecord_recovery
 
 @dataclasses.dataclass(frozen=True)
 class BadFileEvent:
-  """One damaged file met in skip mode.
-
-  Attributes:
-    filename: the TFRecord file.
-    good_records: records read before the damage.
-    valid_bytes: bytes of those records; the damage starts at this offset.
-    file_size: the file's size in bytes.
-    recovered_records: good records found after the damage (skip mode reads
-      on past it, see `recover_records`).
-    recovered_bytes: their bytes on disk; `file_size - valid_bytes -
-      recovered_bytes` were skipped (at least the damaged record).
-  """
+  """One damaged file met in skip mode: the records and bytes read before the
+  damage (`valid_bytes`: its offset), the file's size, and the records and bytes
+  recovered after it."""
   filename: str
   good_records: int
   valid_bytes: int
@@ -82,13 +33,7 @@ class BadFileEvent:
 
 @dataclasses.dataclass(frozen=True)
 class BadRecordEvent:
-  """One readable but invalid record skipped in skip mode.
-
-  Attributes:
-    filename: its TFRecord file.
-    reason: the error its decoding/validation raised (names the feature,
-      record id or label at fault).
-  """
+  """An invalid record skipped: its `filename` and the `reason`."""
   filename: str
   reason: str
 
@@ -106,13 +51,7 @@ class NoGoodRecordError(ValueError):
 class BadRecordLog:
   """Thread-safe count of data skipped with `skip_bad_records=True`.
 
-  A damaged file counts once per pass over it, a bad record once per pass (a
-  repeated training dataset counts them every epoch). The skip that makes
-  `max_in_a_row` skips since the last example (`example_passed`) raises
-  `NoGoodRecordError` naming their files.
-
-  Args:
-    max_in_a_row: skips in a row that stop the reader.
+  `max_in_a_row` skips without an example raise `NoGoodRecordError`.
   """
 
   def __init__(self, max_in_a_row: int = MAX_SKIPPED_IN_A_ROW):
@@ -126,7 +65,6 @@ class BadRecordLog:
     self._pass_skipped: List[str] = []
 
   def _skipped(self, filename: str, reason: str) -> None:
-    """Counts a skip in the run (the caller holds the lock)."""
     self._in_a_row.append(filename)
     self._pass_skipped.append(filename)
     if len(self._in_a_row) >= self._max_in_a_row:
@@ -199,8 +137,7 @@ class BadRecordLog:
 
   @property
   def num_bad_records(self) -> int:
-    """Records skipped: one per damaged file pass (its damaged bytes are
-    skipped with it, see `skipped_bytes`) plus each invalid record."""
+    """Records skipped: one per damaged file pass, one per invalid record."""
     with self._lock:
       return len(self._events) + len(self._record_events)
 
@@ -226,17 +163,7 @@ def bad_record_log() -> BadRecordLog:
 
 
 class BadRecordsSkipped(tf_keras.metrics.Metric):
-  """A metric whose value is `log.num_bad_records` (float32 scalar).
-
-  Named `bad_records_skipped`: in a task's `build_metrics` it puts the count of
-  records skipped so far by this process's reader of the split into the train
-  / validation logs and their TensorBoard summaries. It counts over the whole
-  run (resetting the metric does not reset the count); under several workers
-  each worker counts its own reader (the chief writes the summaries).
-  `update_state` ignores its arguments. The value is read from python: Model
-  Garden's trainer reads it eagerly at the end of each train / eval loop (the
-  summaries); a `result()` inside a traced step holds the count at tracing.
-  """
+  """Metric `bad_records_skipped`: the run's `log.num_bad_records` so far."""
 
   def __init__(self, log: BadRecordLog, name: str = 'bad_records_skipped'):
     super().__init__(name=name, dtype=tf.float32)
@@ -264,23 +191,10 @@ def make_file_reader(
     skip_bad_records: bool,
     log: Optional[BadRecordLog] = None,
 ) -> Callable[[Any], tf.data.Dataset]:
-  """Returns `dataset_fn(file or files) -> Dataset of (file name, record)`.
+  """`dataset_fn(file or files)` -> Dataset of (file name, record).
 
-  See the module docstring. Strict mode fails with an InvalidArgumentError
-  whose text starts "Corrupted or truncated TFRecord file `<file>`"; skip mode
-  keeps the intact records before and after the damage and reports a
-  `BadFileEvent` to `log`.
-
-  Args:
-    files: every file the reader may be given.
-    sizes: their sizes in bytes (`official_ext.core.input.input_files.file_sizes`).
-    skip_bad_records: skip (True) or fail on (False) damaged files.
-    log: where skip mode reports (default: `bad_record_log()`).
-
-  Returns:
-    A function of a string scalar tensor (one file) or a python list of files
-    (InputReader passes both) returning a Dataset of (string scalar file name,
-    string scalar serialized record) pairs.
+  A damaged file fails naming it (strict), or its intact records are kept and it
+  is reported to `log` (skip mode); `sizes` are the `files`' sizes.
   """
   log = log or bad_record_log()
   files_t = tf.constant(list(files), tf.string)
@@ -303,8 +217,6 @@ def make_file_reader(
 
 
 def _records_then_end(filename: tf.Tensor) -> tf.data.Dataset:
-  """(record, is_end) pairs: the file's readable records (is_end False),
-  then one ('', True) marking the end of what TensorFlow could read."""
   records = tf.data.TFRecordDataset(filename).ignore_errors(log_warning=True)
   records = records.map(lambda r: (r, tf.constant(False)))
   end = tf.data.Dataset.from_tensors((tf.constant(''), tf.constant(True)))
@@ -312,25 +224,13 @@ def _records_then_end(filename: tf.Tensor) -> tf.data.Dataset:
 
 
 def _initial_counts() -> Tuple[tf.Tensor, tf.Tensor]:
-  """(valid bytes, records) before the first record: int64 zeros."""
   return tf.constant(0, tf.int64), tf.constant(0, tf.int64)
 
 
 def _count_record(state: Tuple[tf.Tensor, tf.Tensor], record: tf.Tensor,
                   is_end: tf.Tensor, file_size: tf.Tensor
                   ) -> Tuple[Tuple[tf.Tensor, tf.Tensor], tf.Tensor]:
-  """One `scan` step over `_records_then_end`.
-
-  Args:
-    state: (valid bytes, records) read so far, int64 scalars.
-    record: string scalar, the record ('' at the end marker).
-    is_end: bool scalar, True at the end marker.
-    file_size: int64 scalar, the file's size in bytes.
-
-  Returns:
-    (the new state, damaged): `damaged` is a bool scalar, True at the end
-    marker of a file whose readable records do not fill it.
-  """
+  """A `scan` step: ((valid bytes, records), damaged at the end)."""
   valid_bytes, count = state
   record_bytes = tf.cast(tf.strings.length(record), tf.int64) + (
       tfrecord_recovery.TFRECORD_FRAMING_BYTES)
@@ -343,8 +243,7 @@ def _count_record(state: Tuple[tf.Tensor, tf.Tensor], record: tf.Tensor,
 
 def _read_failing_on_damage(filename: tf.Tensor,
                             file_size: tf.Tensor) -> tf.data.Dataset:
-  """Strict mode: (file name, record) pairs; a damaged file fails naming it
-  and the byte offset where its readable records end (pure graph)."""
+  """Strict mode: the pairs; a damaged file fails naming it."""
 
   def scan_fn(state, element):
     record, is_end = element
@@ -370,12 +269,7 @@ def _read_failing_on_damage(filename: tf.Tensor,
 def _report_damaged_file(log: BadRecordLog, filename: tf.Tensor,
                          good: tf.Tensor, valid: tf.Tensor,
                          size: tf.Tensor) -> np.ndarray:
-  """Skip mode, in `tf.py_function`: recovers the intact records after the
-  damage, logs and counts the file (`BadFileEvent`).
-
-  Returns:
-    The recovered payloads, an object array [num_recovered] of bytes.
-  """
+  """Skip mode (`py_function`): reports the file; the recovered payloads."""
   name = filename.numpy().decode('utf-8', 'replace')
   recovered = tfrecord_recovery.recover_records(name, int(valid))
   event = BadFileEvent(
@@ -394,8 +288,7 @@ def _report_damaged_file(log: BadRecordLog, filename: tf.Tensor,
 
 def _read_skipping_damage(filename: tf.Tensor, file_size: tf.Tensor,
                           log: BadRecordLog) -> tf.data.Dataset:
-  """Skip mode: (file name, record) pairs of every intact record; a damaged
-  file is reported to `log` at its end (`_report_damaged_file`)."""
+  """Skip mode: the pairs of every intact record."""
 
   def recovered(count, valid_bytes):
     out = tf.py_function(
@@ -438,29 +331,12 @@ def _error_text(e: Exception) -> str:
 def wrap_stage(fn: Callable[..., Any], source_fn: Callable[..., tf.Tensor],
                log: BadRecordLog, stage: str,
                last: bool = True) -> Callable[..., Any]:
-  """Skip mode: `fn` (one element -> one output) -> element -> (output, ok).
+  """Skip mode: `fn` -> element -> (output, ok); drop the failed with
+  `filter_ok`.
 
-  `ok` is False when `fn` failed for this element; the output is then empty
-  (zero-size tensors of the output's structure) and must be dropped with
-  `filter_ok`. The failure is logged (absl WARNING: file, stage, error text)
-  and added to `log` as a `BadRecordEvent`. To get the error text the failing
-  element is run through `fn` once more, eagerly (a failure that depends on
-  randomness, e.g. a corrupt frame that a random window met, may not repeat:
-  it is then logged as such).
-
-  Args:
-    fn: the stage's map function (decoder or parser); its outputs must be
-      dense tensors.
-    source_fn: maps the stage's arguments to its file name (string scalar).
-    log: where skips are counted.
-    stage: 'decode' or 'parse', for the log.
-    last: whether an element that passes this stage is an example (the last
-      wrapped stage): it ends the log's run of skips (`example_passed`, one
-      python call per example).
-
-  Raises (when the pipeline runs):
-    NoGoodRecordError: through `log`, at `MAX_SKIPPED_IN_A_ROW` skips in a
-      row (a TensorFlow error carrying its message).
+  A failure is logged (its file from `source_fn`, `stage`, the error) and
+  counted in `log`; `last`: passing makes an example. Raises `NoGoodRecordError`
+  at `MAX_SKIPPED_IN_A_ROW` skips in a row.
   """
 
   def wrapped(*args):
@@ -534,15 +410,13 @@ def fail_on_a_pass_without_example(ds: tf.data.Dataset,
 
 
 def log_for_split(task: Any, is_training: bool) -> BadRecordLog:
-  """The `BadRecordLog` of a task's train (`is_training`) or validation
-  reader: one each per task object, created on first use."""
+  """The `BadRecordLog` of a task's train or validation reader."""
   logs = task.__dict__.setdefault('_bad_record_logs', {})
   return logs.setdefault(bool(is_training), BadRecordLog())
 
 
 def task_metrics(task: Any, data_config: Any, training: bool) -> List[Any]:
-  """`[BadRecordsSkipped]` for a task's `build_metrics` when the split's
-  `data_config.skip_bad_records` is on, else `[]`."""
+  """`[BadRecordsSkipped]` when the split skips bad records, else `[]`."""
   if data_config is None or not getattr(data_config, 'skip_bad_records',
                                         False):
     return []

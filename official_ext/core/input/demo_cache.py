@@ -1,17 +1,5 @@
-"""Generated demo data: cached per parameter set, verified before each use.
-
-A family's demo data is a deterministic function of its parameters, so it is
-generated once into `<root>/<key>` (`key`: a hash of the parameters) and
-reused. `ensure` writes it into a temporary directory beside that one and
-renames it into place, so concurrent processes never see partial data (the
-first rename wins; the others discard their copy). `COMPLETE.json` records
-the parameters and every file's size and SHA-256; before each use the
-directory is checked against it. A file that is missing, has another size
-or other bytes (a zeroed, truncated or deleted shard), or a file the list
-does not name, makes the cache damaged: a warning names what is wrong and
-the data is generated again. The check reads every byte (tens of
-milliseconds for the demo sizes), once per `ensure`.
-"""
+"""Generated demo data: cached per parameter set (installed by rename), every
+file's size and SHA-256 verified before each use."""
 import hashlib
 import json
 import os
@@ -56,17 +44,7 @@ def _write_manifest(directory: str, params: Dict[str, Any]) -> None:
 
 
 def verify(directory: str, params: Dict[str, Any]) -> Optional[str]:
-  """What is wrong with the cached data in `directory`, or None.
-
-  Args:
-    directory: a cache directory `ensure` wrote.
-    params: the parameters it must hold the data of.
-
-  Returns:
-    None when every file listed in COMPLETE.json has its size and SHA-256
-    and no other file is there; otherwise what is not (the first problems,
-    naming the files), or `_ABSENT` when there is no COMPLETE.json.
-  """
+  """What is wrong with the cached data in `directory` (`_ABSENT`), or None."""
   manifest = os.path.join(directory, MANIFEST)
   if not os.path.exists(manifest):
     return _ABSENT
@@ -97,8 +75,7 @@ def verify(directory: str, params: Dict[str, Any]) -> Optional[str]:
 
 
 def _install(tmp_dir: str, final_dir: str, params: Dict[str, Any]) -> None:
-  """Renames the complete `tmp_dir` to `final_dir`, replacing a damaged one;
-  keeps a sound one another process installed first (and drops `tmp_dir`)."""
+  """Renames `tmp_dir` to `final_dir` unless a sound one is there."""
   try:
     os.rename(tmp_dir, final_dir)
     return
@@ -117,17 +94,8 @@ def _install(tmp_dir: str, final_dir: str, params: Dict[str, Any]) -> None:
 
 def ensure(root: str, params: Dict[str, Any], write: Callable[[str], Any],
            what: str) -> str:
-  """The directory of the data `write` generates for `params`, verified.
-
-  Args:
-    root: the family's cache directory (e.g. `<cache_root>/yt8m_demo`).
-    params: every parameter that determines the data (JSON-serializable).
-    write: writes the data into the (empty, existing) directory it is given.
-    what: the data's name, for the log.
-
-  Returns:
-    `<root>/<cache_key(params)>`, holding the data as generated.
-  """
+  """`<root>/<cache_key(params)>` holding `write`'s data, verified; `what` names
+  it in the log."""
   final_dir = os.path.join(root, cache_key(params))
   problem = verify(final_dir, params)
   if problem is None:

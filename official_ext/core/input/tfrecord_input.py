@@ -1,27 +1,5 @@
-"""The families' one input reader: TFRecord files (or TFDS) -> batches.
-
-`build_dataset` assembles everything a family's reader needs besides its own
-decoding, parsing and batching (`Stages`):
-
-    DataConfig.input_path --match_input_files--> files (sorted, each once)
-    --shared_shuffle_seed--> the same file order on every worker
-    --file_sizes [training: check_training_files, no empty file]
-    + bad_records.make_file_reader--> (file name, record) pairs,
-      damaged files failing (strict) or skipped and counted (skip mode)
-    --Model Garden's InputReader--> shard per input pipeline, [train: shuffle],
-      decoder_fn, sample_fn, parser_fn (skip mode: bad_records.wrap_stage drops
-      the one invalid record; a pass that kept no example fails naming the
-      files), transform_fn, batch_fn (evaluation with
-      drop_remainder: eval_padding.pad_final_batches), postprocess_fn.
-
-A DataConfig with `tfds_name` instead of `input_path` reads TFDS through the
-same InputReader (no file matching, sizes or damage check), for the families
-that pass `Stages.tfds_decoder_fn`.
-
-Skip mode (`DataConfig.skip_bad_records`) logs to the `bad_records` log given
-(a task's: `bad_records.log_for_split`) and adds `tf.py_function`s, so such a
-pipeline cannot be serialized (tf.data service); strict mode is pure graph.
-"""
+"""The families' one input reader: TFRecord files (or TFDS) -> batches
+(docs/architecture.md, "core/input: reading")."""
 import dataclasses
 from typing import Any, Callable, List, Optional
 
@@ -42,31 +20,18 @@ DatasetFn = Callable[[tf.data.Dataset], tf.data.Dataset]
 
 @dataclasses.dataclass(frozen=True)
 class Stages:
-  """What a family supplies to `build_dataset`: its decoding, parsing and
-  batching, for one split's DataConfig.
+  """What a family supplies to `build_dataset`: its stages, for one split.
 
   Attributes:
-    decoder_fn: (file name, serialized record), both string scalars ->
-      decoded element (nest of dense tensors). Its checks fail for one record
-      (strict mode: the pipeline fails with that error; skip mode: that record
-      is dropped, logged and counted).
-    parser_fn: decoded element -> example, or None (the decoder's output is
-      the example). Checked like `decoder_fn`; in skip mode its input must be
-      a dict holding the record's file under `SOURCE_KEY`.
-    sample_fn: Dataset of decoded elements -> Dataset, before `parser_fn`
-      (e.g. adding a per-example seed), or None.
-    transform_fn: Dataset of examples -> Dataset of examples, before batching
-      and evaluation padding (e.g. one parsed video -> its segments), or None.
-    batch_fn: (Dataset of examples, per-replica batch size int) -> batches
-      of that size, keeping the remainder unless `DataConfig.drop_remainder`
-      (then, in evaluation, it is given the padded examples, each carrying
-      the mask, see `attach_mask`). None: `Dataset.batch`.
-    attach_mask: (example, bool scalar) -> example with the evaluation mask
-      (`eval_padding.MASK_KEY`) added; default: for dict examples.
-    postprocess_fn: batch -> batch, after batching, or None.
-    tfds_decoder_fn: TFDS element -> decoded element, for a DataConfig with
-      `tfds_name` instead of `input_path`; None: this family reads TFRecord
-      files only.
+    decoder_fn: (file name, record) -> decoded element.
+    parser_fn: decoded element -> example (skip mode: a dict holding
+      `SOURCE_KEY`), or None.
+    sample_fn: decoded elements -> elements before parsing, or None.
+    transform_fn: examples -> examples before batching, or None.
+    batch_fn: (examples, per-replica batch size) -> batches; None: `batch`.
+    attach_mask: (example, bool) -> example with the evaluation mask.
+    postprocess_fn: batch -> batch, or None.
+    tfds_decoder_fn: TFDS element -> decoded element; None: TFRecords only.
   """
   decoder_fn: Callable[[tf.Tensor, tf.Tensor], Any]
   parser_fn: Optional[Callable[[Any], Any]] = None
@@ -84,8 +49,7 @@ def tfds_source(params: cfg.DataConfig) -> str:
 
 
 class _MatchedFilesReader(input_reader.InputReader):
-  """Model Garden's InputReader over an already matched file list (None:
-  TFDS)."""
+  """InputReader over an already matched file list (None: TFDS)."""
 
   def __init__(self, files: Optional[List[str]], *args, **kwargs):
     self._matched_file_list = files
@@ -102,34 +66,16 @@ def build_dataset(
     bad_records: Optional[bad_records_lib.BadRecordLog],
     make_stages: Callable[[cfg.DataConfig], Stages],
 ) -> tf.data.Dataset:
-  """Builds one split's batched pipeline (see the module docstring).
+  """One split's batched pipeline.
 
-  Args:
-    params: the split's DataConfig (Model Garden's fields, plus a bool
-      `skip_bad_records`): `input_path` (or `tfds_name`), `global_batch_size`,
-      `is_training`, `drop_remainder`, `seed`, `sharding`, ...
-    input_context: from `tf.distribute`; shards the files (or records, or TFDS
-      shards) per input pipeline and splits `global_batch_size` per replica.
-    bad_records: where skip mode reports damaged files and skipped records
-      (default `bad_records.bad_record_log()`).
-    make_stages: DataConfig -> the family's `Stages`. It is given `params` as
-      read (with the file-shuffle seed that every worker shares, when that
-      is set: `input_files.shared_shuffle_seed`), so stages seeded from
-      `params.seed` agree with the file order.
-
-  Returns:
-    `batch_fn`'s batches (then `postprocess_fn`'s): training shuffled and
-    repeated (InputReader), evaluation one pass in file order, every record
-    once; evaluation with `drop_remainder`: full batches, the last ones
-    padded with copies of an example and carrying the mask (`eval_mask`
-    bool [B], False on the padding).
+  `input_context` shards it and splits the batch per replica; `bad_records`
+  counts skip mode's skips; `make_stages` gets `params` with the shared shuffle
+  seed.
 
   Raises:
-    ValueError: `global_batch_size` is not positive; `input_path` is empty
-      or matches no file, or names a broken symlink or a directory (the
-      message names it); a training input holds an empty (zero-byte) file
-      (`input_files.check_training_files`, naming it); `tfds_name` is set
-      for a family without `tfds_decoder_fn`.
+    ValueError: a non-positive batch, an input path that is empty or matches
+      nothing, a broken symlink or directory, an empty training file, or
+      `tfds_name` without `tfds_decoder_fn`.
   """
   if not params.global_batch_size or params.global_batch_size <= 0:
     raise ValueError(f'DataConfig.global_batch_size is '
@@ -187,14 +133,7 @@ def _reader_stages(params: cfg.DataConfig, stages: Stages,
                    decoder_fn: Callable[..., Any],
                    decoder_source_fn: Callable[..., tf.Tensor],
                    log: bad_records_lib.BadRecordLog) -> dict:
-  """InputReader's stage kwargs: the family's stages, batching with the
-  evaluation padding, and in skip mode the decoder and parser wrapped by
-  `bad_records.wrap_stage` (failed elements dropped after each stage).
-
-  Returns:
-    kwargs for `InputReader`: decoder_fn, sample_fn, parser_fn,
-    transform_and_batch_fn, postprocess_fn.
-  """
+  """InputReader's stage kwargs (skip mode: wrapped by `wrap_stage`)."""
   skip = bool(params.skip_bad_records)
   parser_fn, sample_fn = stages.parser_fn, stages.sample_fn
   if skip:

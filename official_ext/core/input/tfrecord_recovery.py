@@ -1,15 +1,5 @@
-"""Reading the intact records of a damaged TFRecord file past its damage.
-
-TensorFlow's TFRecord reader stops at the first record it cannot read (a bad
-CRC, a truncated record). `recover_records` reads on from there by walking
-the TFRecord framing itself, with a pure-python CRC-32C: skip mode of the
-families' readers (`official_ext.core.input.bad_records.make_file_reader`) uses it
-so that only the damaged bytes of a file are lost.
-
-TFRecord framing of each record on disk: uint64 length (little-endian), uint32
-masked CRC-32C of those 8 bytes, the payload, uint32 masked CRC-32C of the
-payload.
-"""
+"""Reading the intact records of a damaged TFRecord file past its damage (pure
+python, CRC-32C checked; skip mode only)."""
 from typing import List
 
 import tensorflow as tf
@@ -37,14 +27,7 @@ _CRC32C_TABLE = _crc32c_table()
 
 
 def masked_crc32c(data: bytes) -> int:
-  """The masked CRC-32C that TFRecord framing stores (pure python).
-
-  Args:
-    data: the bytes to check (a record's 8 length bytes or its payload).
-
-  Returns:
-    The uint32 masked CRC, as a python int.
-  """
+  """The masked CRC-32C (uint32 int) TFRecord framing stores for `data`."""
   crc = 0xFFFFFFFF
   table = _CRC32C_TABLE
   for byte in data:
@@ -59,22 +42,10 @@ def _stored_crc(buf: bytes, offset: int) -> int:
 
 
 def recover_records(path: str, offset: int) -> List[bytes]:
-  """The intact records of a damaged TFRecord file after byte `offset`.
+  """The intact records of `path` after byte `offset`, in order.
 
-  TensorFlow's reader stops at the first record it cannot read. From there,
-  this walks the framing itself: a record whose payload CRC fails is skipped
-  using its (CRC-checked) length; where the length itself is damaged it scans
-  forward byte by byte to the next offset whose 8 bytes match the CRC that
-  follows them (a false match has probability 2^-32). A tail too short for
-  its record is the truncated end. Pure python: about 10 MB/s of payload,
-  paid only for damaged files in skip mode.
-
-  Args:
-    path: the file.
-    offset: where TensorFlow's reader stopped (its readable records' bytes).
-
-  Returns:
-    The payloads of the intact records after `offset`, in file order.
+  A bad payload is skipped by its checked length; a bad length by scanning to
+  the next valid header.
   """
   with tf.io.gfile.GFile(path, 'rb') as f:
     f.seek(offset)

@@ -1,1 +1,1 @@
-"""The kernel policy: which kernels a device runs, and the process settings its CPU fast paths need."""
+"""The kernel policy and the process settings of its CPU fast paths."""

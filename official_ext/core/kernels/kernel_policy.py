@@ -1,42 +1,5 @@
-"""The kernel policy: TensorFlow's stock ops, or this project's fast paths.
-
-A *fast path* is a second implementation of a computation that TensorFlow /
-tf_keras already has (a 3-D convolution, a batch norm's gradient, a process's
-allocator), written because it measured faster, or lighter, on the CPUs this
-project was developed on. Every fast path is declared here, in `FAST_PATHS`:
-what it replaces, where it lives, when `auto` takes it, how to turn it off
-and the test that shows it computes what the stock op computes. Nothing else
-switches between implementations.
-
-One setting chooses, `runtime.kernel_policy` (`RuntimeConfig`):
-
-* 'auto' (the default): a fast path only on the device kind it was measured
-  faster on (for every fast path declared here: CPUs, each under its own
-  condition in `FAST_PATHS`); on GPUs and TPUs the stock ops (cuDNN's
-  Conv3D, tf_keras' BatchNormalization, `tf.recompute_grad`) until a
-  measurement on that accelerator says otherwise (`python -m
-  official_ext.benchmark accelerator` times stock against fast there).
-* 'stock': the stock ops everywhere.
-* 'fast': every fast path whose own condition holds, on any device (to
-  measure them on an accelerator).
-
-How the choice reaches the code: `official_ext.train` resolves the setting
-for the devices of the run's strategy (`for_strategy`) and builds and runs
-the task inside `use(policy)`; a layer asks `current().takes(NAME)` when it
-is called (traced), so a graph keeps the ops it was traced with. Outside
-any `use` block `current()` is 'auto' for this process's default device (a
-GPU or TPU if one is visible, else the CPU). The stack of `use` is
-process-wide, not per thread: `MirroredStrategy` traces each replica in a
-thread of its own, and they must see the run's policy. Exports trace with
-`for_export` (a SavedModel is served on devices unknown here: 'auto' gives
-the stock ops) and the TFLite export with `TFLITE` (the 2-D forms TFLite has
-builtins for).
-
-Process settings (environment variables read once when TensorFlow or glibc
-start) are fast paths too (`FastPath.env`); `process_env` gives an
-experiment's, for the device its runtime config names, before TensorFlow
-starts (`core.kernels.process_settings` applies them).
-"""
+"""The kernel policy: TensorFlow's stock ops, or this project's fast paths
+(`FAST_PATHS`; docs/architecture.md, "Kernel policy")."""
 import contextlib
 import dataclasses
 import functools
@@ -52,31 +15,22 @@ DEVICES = ('CPU', 'GPU', 'TPU')
 
 @dataclasses.dataclass
 class RuntimeConfig(cfg.RuntimeConfig):
-  """Model Garden's `RuntimeConfig` and the kernel policy.
-
-  Attributes:
-    kernel_policy: 'auto', 'stock' or 'fast' (`core.kernels.kernel_policy`): whether
-      this project's fast paths replace TensorFlow's stock ops; 'auto' takes
-      them only on the device kind they were measured faster on.
-  """
+  """Model Garden's `RuntimeConfig`; `kernel_policy`: auto, stock or fast."""
   kernel_policy: str = 'auto'
 
 
 @dataclasses.dataclass(frozen=True)
 class FastPath:
-  """One fast path: the facts `FAST_PATHS` states about it.
+  """One fast path as `FAST_PATHS` declares it.
 
   Attributes:
-    name: '<family>.<what>', the name code asks `KernelPolicy.takes` about.
-    replaces: the stock op(s) it stands in for.
-    where: dotted path of the function or class implementing it.
-    auto: when 'auto' takes it (the device kinds in `devices`, and the
-      path's own condition, checked where it lives).
-    devices: the device kinds on which 'auto' takes it.
+    name: '<family>.<what>', asked by `KernelPolicy.takes`.
+    replaces: the stock op(s).
+    where: dotted path of its implementation.
+    auto: when 'auto' takes it, on `devices`.
     off: how to turn it off.
-    test: the test showing it computes what the stock op(s) compute
-      ('tests/...py::test_name').
-    env: for a process setting, {environment variable: value}.
+    test: the equivalence test.
+    env: for a process setting, {variable: value}.
   """
   name: str
   replaces: str
@@ -193,10 +147,7 @@ for _path in FAST_PATHS:
 
 
 def fast_path(name: str) -> FastPath:
-  """The declaration of fast path `name`.
-
-  Raises:
-    ValueError: no fast path is declared under `name` (listing the names).
+  """The declaration of fast path `name`; ValueError listing the names if none.
   """
   if name not in _BY_NAME:
     raise ValueError(f'no fast path {name!r} is declared in '
@@ -206,11 +157,7 @@ def fast_path(name: str) -> FastPath:
 
 
 def check_setting(value, key: str = 'runtime.kernel_policy') -> str:
-  """`value` if it is one of `SETTINGS`.
-
-  Raises:
-    ValueError: naming `key`, the value and the accepted values.
-  """
+  """`value` if it is one of `SETTINGS`, else ValueError naming `key`."""
   if value not in SETTINGS:
     raise ValueError(f'{key}={value!r} is not a kernel policy; expected one '
                      f'of {list(SETTINGS)}.')
@@ -219,25 +166,14 @@ def check_setting(value, key: str = 'runtime.kernel_policy') -> str:
 
 @functools.lru_cache(maxsize=None)
 def onednn_cpu_kernels() -> bool:
-  """Whether TensorFlow runs its oneDNN (MKL) CPU kernels in this process.
-
-  True by default on x86-64 Linux builds; `TF_ENABLE_ONEDNN_OPTS=0` (read
-  when TensorFlow starts) turns them off and gives Eigen's kernels.
-  TensorFlow has no public call for this (`core.tf_internals`). It does not
-  start TensorFlow's runtime.
+  """Whether TensorFlow runs its oneDNN CPU kernels (`TF_ENABLE_ONEDNN_OPTS`).
   """
   return tf_internals.onednn_cpu_kernels()
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelPolicy:
-  """A resolved policy: the setting, for a device kind.
-
-  Attributes:
-    setting: one of `SETTINGS`.
-    device: the device kind the run computes on, one of `DEVICES`.
-    onednn: whether the CPU's convolutions are oneDNN's (a condition of
-      some CPU fast paths; False on other devices).
+  """A resolved policy: `setting` on `device` (oneDNN's CPU kernels: `onednn`).
   """
   setting: str = 'auto'
   device: str = 'CPU'
@@ -270,15 +206,7 @@ class KernelPolicy:
 
 def resolve(setting: str = 'auto', device: Optional[str] = None,
             onednn: Optional[bool] = None) -> KernelPolicy:
-  """The policy of `setting` on `device`.
-
-  Args:
-    setting: one of `SETTINGS`.
-    device: 'CPU', 'GPU' or 'TPU' (any case); None: this process's default
-      device (`default_device`, which starts TensorFlow's runtime).
-    onednn: whether the CPU kernels are oneDNN's; None: this process's
-      (`onednn_cpu_kernels`) on a CPU, False elsewhere.
-  """
+  """The policy of `setting` on `device` (None: this process's)."""
   check_setting(setting)
   device = default_device() if device is None else device.upper()
   if device not in DEVICES:
@@ -304,12 +232,7 @@ def physical_gpus() -> int:
 
 
 def strategy_device(strategy) -> str:
-  """The device kind a `tf.distribute` strategy computes on.
-
-  A TPU strategy's is 'TPU'; otherwise 'GPU' if any of its worker devices is
-  a GPU, else 'CPU' (Model Garden's 'mirrored' and 'one_device' strategies
-  with `num_gpus: 0` compute on the CPU even where a GPU is visible).
-  """
+  """The device kind a `tf.distribute` strategy computes on."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if isinstance(strategy, (tf.distribute.TPUStrategy,
                            tf.distribute.experimental.TPUStrategy)):
@@ -323,21 +246,15 @@ def strategy_device(strategy) -> str:
 
 
 def runtime_device(runtime) -> str:
-  """The device kind a runtime config names, without starting TensorFlow:
-  'TPU' for the TPU strategy, 'GPU' with `num_gpus` > 0, else 'CPU'.
-
-  (A multi-worker strategy takes every GPU of its workers whatever
-  `num_gpus` says; with `num_gpus: 0` the process settings of 'CPU' runs
-  are applied there, which change only how host memory is allocated.)
-  """
+  """The device kind a runtime config names, without starting TensorFlow."""
   if runtime.distribution_strategy == 'tpu':
     return 'TPU'
   return 'GPU' if (runtime.num_gpus or 0) > 0 else 'CPU'
 
 
 def setting_of(params) -> str:
-  """`runtime.kernel_policy` of an experiment config ('auto' if it has no
-  such field: a Model Garden `RuntimeConfig`)."""
+  """`runtime.kernel_policy` of an experiment config ('auto' without the field).
+  """
   return check_setting(getattr(params.runtime, 'kernel_policy', 'auto'))
 
 
@@ -347,12 +264,7 @@ def for_strategy(params, strategy) -> KernelPolicy:
 
 
 def for_export(setting: str = 'auto') -> KernelPolicy:
-  """The policy an exported SavedModel is traced with.
-
-  The devices that will serve it are unknown here, so 'auto' gives the
-  stock ops (every runtime has kernels for them); 'fast' gives the CPU fast
-  paths of this process.
-  """
+  """The policy a SavedModel is traced with: 'auto' gives the stock ops."""
   if check_setting(setting) == 'auto':
     setting = 'stock'
   return resolve(setting, 'CPU')
@@ -390,8 +302,7 @@ def current() -> KernelPolicy:
 
 
 def _task_configs(params) -> Dict[str, object]:
-  """{config key: task config} of an experiment: `task`, or each task
-  routine's (multitask)."""
+  """{config key: task config}: `task`, or each routine's (multitask)."""
   routines = getattr(params.task, 'task_routines', None)
   if routines:
     return {f'task.task_routines[{i}] ({r.task_name})': r.task_config
@@ -408,12 +319,7 @@ def family_of(task_config) -> Optional[str]:
 def process_env_for(families, policy: KernelPolicy,
                     paths: Tuple[FastPath, ...] = FAST_PATHS
                     ) -> Dict[str, str]:
-  """{variable: value} of the process settings `policy` takes for tasks of
-  `families`, from the declarations `paths`.
-
-  Raises:
-    ValueError: two fast paths set one variable to different values.
-  """
+  """{variable: value} the `policy` takes for `families`' tasks."""
   env: Dict[str, str] = {}
   source: Dict[str, str] = {}
   for path in paths:
@@ -437,9 +343,7 @@ def cpu_process_env(family: str) -> Dict[str, str]:
 
 
 def process_env(params) -> Dict[str, str]:
-  """The process settings of an experiment config (single or multitask), for
-  the device its runtime names (`runtime_device`), under its
-  `runtime.kernel_policy`; before TensorFlow starts."""
+  """An experiment's process settings for its runtime's device."""
   families = {family_of(t) for t in _task_configs(params).values()}
   policy = resolve(setting_of(params), runtime_device(params.runtime),
                    onednn=False)

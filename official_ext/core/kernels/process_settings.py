@@ -1,30 +1,5 @@
-"""Process settings: what a family's process sets before TensorFlow starts.
-
-Some settings that matter for a training step on CPU are read once, when
-TensorFlow's runtime (or the C library) starts, so no config field can change
-them later: TensorFlow's CPU allocator (`TF_CPU_ALLOCATOR_USE_BFC`) and
-glibc malloc's mmap threshold (`MALLOC_MMAP_THRESHOLD_`). Which ones a run
-takes is the kernel policy's decision: they are fast paths declared in
-`core.kernels.kernel_policy.FAST_PATHS` (`kernel_policy.process_env` gives an
-experiment's), and both `python -m official_ext.train` and `python -m
-official_ext.benchmark` apply them (`apply`) before TensorFlow's runtime
-starts, so the benchmark figures are those a user's training run gets.
-
-Rules of `apply`:
-
-* Only before TensorFlow's runtime starts in this process (the allocator
-  reads its variable then). Afterwards (e.g. inside a test process) nothing
-  is set: a variable set now would change nothing here but leak into child
-  processes.
-* Never over the user's own setting: a variable already in the environment
-  wins (for the mmap threshold also glibc's `GLIBC_TUNABLES`
-  `glibc.malloc.mmap_threshold`).
-* The variables are set in `os.environ`, so child processes inherit them;
-  `MALLOC_MMAP_THRESHOLD_`, which glibc reads only at process start, is also
-  applied to this process (`core.kernels.set_malloc_mmap_threshold`).
-* What was applied, and what the user's setting kept, is returned and
-  logged by the callers (`describe`).
-"""
+"""Process settings the kernel policy takes, applied before TensorFlow starts
+and never over the user's own."""
 import ctypes
 import ctypes.util
 import dataclasses
@@ -46,15 +21,7 @@ MAX_THRESHOLD_BYTES = 32 << 20  # glibc's HEAP_MAX / 2 on 64-bit.
 
 def set_malloc_mmap_threshold(
     threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> bool:
-  """Fixes glibc malloc's mmap threshold for this process (`mallopt`).
-
-  Applies to allocations made afterwards. Returns True when set, False when
-  the C library has no `mallopt` (not glibc: nothing is changed).
-
-  Raises:
-    ValueError: `threshold_bytes` is not in [0, 32 MiB] (glibc's range).
-    RuntimeError: glibc refused the value.
-  """
+  """Fixes glibc malloc's mmap threshold; False without glibc."""
   if not 0 <= threshold_bytes <= MAX_THRESHOLD_BYTES:
     raise ValueError(f'malloc mmap threshold must be 0..'
                      f'{MAX_THRESHOLD_BYTES} bytes '
@@ -70,12 +37,8 @@ def set_malloc_mmap_threshold(
 
 
 def check(env: Mapping[str, str], source: str) -> None:
-  """Checks process settings {variable: value} declared by `source`.
-
-  Raises:
-    ValueError: an unknown variable, a value that is not a string, or an mmap
-      threshold outside glibc's range, naming `source` and the variable.
-  """
+  """Checks settings {variable: value}; ValueError naming `source` and the
+  variable."""
   for variable, value in env.items():
     if variable not in KNOWN_VARIABLES:
       raise ValueError(f'{source}: unknown process setting {variable!r}; one '
@@ -96,9 +59,8 @@ def runtime_started() -> bool:
 
 @dataclasses.dataclass
 class Applied:
-  """What `apply` did: `applied` set by us, `kept` the user's own values of
-  variables we would have set, `too_late` the settings not applied because
-  TensorFlow's runtime had started."""
+  """What `apply` did: `applied` (set), `kept` (the user's own values),
+  `too_late` (TensorFlow's runtime had started)."""
   applied: Dict[str, str]
   kept: Dict[str, str]
   too_late: Dict[str, str]
@@ -117,18 +79,8 @@ def _user_value(variable: str, environ: Mapping[str, str]) -> Optional[str]:
 def apply(settings: Mapping[str, str],
           environ: Optional[MutableMapping[str, str]] = None,
           started: Optional[bool] = None) -> Applied:
-  """Applies `settings` (module docstring: when, and never over the user's).
-
-  Args:
-    settings: {variable: value} (`kernel_policy.process_env`).
-    environ: the environment to update (default `os.environ`; tests pass a
-      dict, and then the mmap threshold is not applied to this process).
-    started: whether TensorFlow's runtime has started (default:
-      `runtime_started()`).
-
-  Returns:
-    An `Applied`.
-  """
+  """Applies `settings` to `environ` before TensorFlow has `started`, never over
+  a variable already set."""
   this_process = environ is None
   environ = os.environ if environ is None else environ
   if started is None:

@@ -1,1 +1,1 @@
-"""What `python -m official_ext.train` drives: the runner, trainer, Orbit actions, model_dir and its lock, logging and the strategy."""
+"""What `python -m official_ext.train` drives: runner, trainers, model_dir."""

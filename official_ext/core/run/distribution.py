@@ -1,10 +1,4 @@
-"""The run's distribution strategy: its devices present, its batches split.
-
-The strategy is built, after the devices the runtime config names are found
-on this machine, and every global batch checked against its replicas, in one
-place: `distribution_strategy` (`official_ext.train`, every attempt of
-the preemption-recovery loop).
-"""
+"""The run's distribution strategy: its devices present, its batches split."""
 import os
 from typing import Any, List, Optional, Tuple
 
@@ -32,16 +26,7 @@ def _data_configs(params) -> List[Tuple[str, Any]]:
 
 
 def check_batch_sizes(params, strategy: tf.distribute.Strategy) -> None:
-  """Every global batch must split evenly over the strategy's replicas.
-
-  Model Garden divides `global_batch_size` by the number of replicas; an
-  uneven split fails later with a message that names neither the key nor
-  the strategy. Checks `task.train_data` and `task.validation_data`, or of
-  a multitask config every `task.task_routines[i].task_config`'s.
-
-  Raises:
-    ValueError: naming the key, the strategy and the nearest valid sizes.
-  """
+  """ValueError naming a global batch that does not split over the replicas."""
   replicas = strategy.num_replicas_in_sync
   for key, data in _data_configs(params):
     batch = getattr(data, 'global_batch_size', None)
@@ -70,20 +55,7 @@ def _seen() -> str:
 
 
 def check_devices(runtime) -> None:
-  """The devices `runtime` names must exist here, before the strategy is built.
-
-  TensorFlow builds a MirroredStrategy over GPUs it cannot see without a
-  word, and the first step then waits for ever; a GPU one_device strategy or
-  a TPU address fails with messages that name no config key.
-
-  Args:
-    runtime: `params.runtime` (`distribution_strategy`, `num_gpus`, `tpu`).
-
-  Raises:
-    DevicesUnavailableError: `num_gpus` above the GPUs TensorFlow sees
-      (mirrored, multi_worker_mirrored, one_device, off), naming the keys,
-      what TensorFlow sees and the override that runs on what is there.
-  """
+  """`DevicesUnavailableError` when `runtime` names GPUs not visible here."""
   name = str(runtime.distribution_strategy).lower()
   num_gpus = runtime.num_gpus or 0
   if name == 'tpu' or num_gpus <= 0:
@@ -102,8 +74,7 @@ def check_devices(runtime) -> None:
 
 
 def _build(runtime) -> tf.distribute.Strategy:
-  """Model Garden's strategy for `runtime`; a TPU that cannot be reached is
-  a `DevicesUnavailableError` naming `runtime.tpu` and what TensorFlow sees."""
+  """Model Garden's strategy; an unreachable TPU: `DevicesUnavailableError`."""
   try:
     return distribute_utils.get_distribution_strategy(
         distribution_strategy=runtime.distribution_strategy,
@@ -124,22 +95,7 @@ def _build(runtime) -> tf.distribute.Strategy:
 
 def distribution_strategy(params, strategy: Optional[tf.distribute.Strategy]
                           = None) -> tf.distribute.Strategy:
-  """The run's strategy, its batch sizes checked (`check_batch_sizes`).
-
-  Args:
-    params: the experiment config.
-    strategy: a strategy to use instead of the one `runtime` names (tests
-      use a MirroredStrategy over logical CPU devices).
-
-  Returns:
-    `strategy`, or the one `runtime.distribution_strategy` names (built with
-    `runtime.all_reduce_alg`, `num_gpus`, `tpu`).
-
-  Raises:
-    DevicesUnavailableError: the devices the runtime names are not here
-      (`check_devices`), or the TPU cannot be reached.
-    ValueError: a global batch does not split over the replicas.
-  """
+  """The run's strategy (or `strategy`), its devices and batches checked."""
   if strategy is None:
     check_devices(params.runtime)
     strategy = _build(params.runtime)

@@ -1,40 +1,5 @@
-"""A model_dir belongs to one run: never taken over by another experiment.
-
-Model Garden's restore is not strict: training experiment B into a model_dir
-that holds experiment A's run "restores" A's checkpoint (only the step
-counter matches), trains B from fresh weights for fewer steps than asked,
-and the checkpoint manager's `max_to_keep` then deletes A's checkpoints;
-`params.yaml` is replaced before anything is checked. `official_ext.train`
-guards a model_dir instead (`train.run`):
-
-1. `check_model_dir`, before anything is written: a model_dir with a
-   `params.yaml` is compared with the new run. Another experiment (its name
-   is on the first line of params.yaml, `write_params_yaml`), a config that
-   does not fit the experiment's config class (another family), or a
-   different value of a *model-affecting* key
-   (`config_comparison.model_affecting_key`: the model, its heads, what it
-   sees) is a `ModelDirInUseError` naming the directory and every differing
-   key with both values. Other changes (steps, schedule, data paths,
-   intervals, batch sizes, runtime) are allowed and logged.
-2. The checkpoint the run restores is checked against the task's model
-   (`checkpoints.unmatched_model_variables`, in the runner): every model
-   variable present with its shape, or an error listing the unmatched ones.
-3. `write_params_yaml`, only after the config validated and the restore
-   succeeded; whole or not at all (`core.output_files.write_atomically`).
-
-And a run that has nothing to do says so instead of pretending:
-
-* `check_checkpoint_to_evaluate`: `--mode=eval` on a model_dir without a
-  checkpoint (a typo in the path) is an error naming it, before anything is
-  created; Model Garden would score freshly initialized weights.
-* `check_resume_step`: `trainer.train_steps` below the step of the
-  checkpoint to resume from is an error (nothing would be trained); equal to
-  it (the same command after the run ended) trains nothing, says so, and
-  leaves params.yaml as it was.
-* A model_dir with checkpoints but no params.yaml resumes with a warning
-  naming the missing file (`check_model_dir`): only the variables' names and
-  shapes can then be checked against the new run's model.
-"""
+"""A model_dir belongs to one run, and a run with nothing to do says so
+(docs/bad_input.md, "What you own ...")."""
 import os
 import re
 import tempfile
@@ -57,15 +22,7 @@ class ModelDirInUseError(ValueError):
 
 
 def recorded_experiment(params_yaml: str) -> Optional[str]:
-  """The experiment name `write_params_yaml` recorded in `params_yaml`.
-
-  Args:
-    params_yaml: path of a params.yaml.
-
-  Returns:
-    The name from its first line, or None (a params.yaml written by Model
-    Garden or an older official_ext has none).
-  """
+  """The experiment name on the first line of `params_yaml`, or None."""
   with tf.io.gfile.GFile(params_yaml, 'r') as f:
     match = _EXPERIMENT_RE.match(f.readline())
   return match.group(1) if match else None
@@ -97,20 +54,10 @@ def _differences(old: Any, new: Any) -> List[Tuple[str, Any, Any]]:
 
 def check_model_dir(params, model_dir: str,
                     experiment: Optional[str] = None) -> None:
-  """Refuses a model_dir that holds another experiment's or model's run.
+  """Refuses a model_dir holding another experiment's or model's run.
 
-  Reads only; call it before anything is written to `model_dir`.
-
-  Args:
-    params: the new run's validated config.
-    model_dir: the run's model_dir.
-    experiment: the new run's registered experiment name (`--experiment`);
-      None skips the name comparison (the config is compared still).
-
-  Raises:
-    ModelDirInUseError: naming `model_dir` and either both experiment names,
-      the keys of params.yaml the config class lacks, or every differing
-      model-affecting key with the value in params.yaml and the new one.
+  Reads only. Raises `ModelDirInUseError` naming the directory and the names, or
+  every differing model-affecting key with both values.
   """
   params_yaml = os.path.join(model_dir, experiment_params.PARAMS_YAML)
   if not tf.io.gfile.exists(params_yaml):
@@ -152,20 +99,7 @@ def check_model_dir(params, model_dir: str,
 
 def write_params_yaml(params, model_dir: str,
                       experiment: Optional[str] = None) -> str:
-  """Writes `model_dir/params.yaml` whole (`output_files.write_atomically`).
-
-  Model Garden's `train_utils.serialize_config` format, with the experiment
-  name on a first comment line (`recorded_experiment`); YAML readers ignore
-  it.
-
-  Args:
-    params: the run's config.
-    model_dir: where to write (created if missing).
-    experiment: the registered experiment name, or None.
-
-  Returns:
-    The path written.
-  """
+  """Writes `model_dir/params.yaml` whole, the experiment on line 1."""
   tf.io.gfile.makedirs(model_dir)
   path = os.path.join(model_dir, experiment_params.PARAMS_YAML)
   with tempfile.TemporaryDirectory() as tmp:
@@ -181,24 +115,7 @@ def write_params_yaml(params, model_dir: str,
 
 
 def check_checkpoint_to_evaluate(params, model_dir: str, mode: str) -> None:
-  """Refuses `--mode=eval` when there is nothing to evaluate.
-
-  Reads only, and creates nothing (a misspelled model_dir stays absent).
-  Model Garden's evaluation restores the latest checkpoint of model_dir or,
-  when there is none, initializes the model (from `task.init_checkpoint` if
-  set, else randomly) and scores that; only the random case is refused.
-  `continuous_eval` waits for checkpoints instead (up to
-  `trainer.continuous_eval_timeout`).
-
-  Args:
-    params: the run's config.
-    model_dir: the run's model_dir.
-    mode: the run's mode; only 'eval' is checked.
-
-  Raises:
-    ValueError: naming model_dir, when it holds no checkpoint and
-      `task.init_checkpoint` is not set.
-  """
+  """ValueError when `--mode=eval` has no checkpoint to evaluate."""
   if mode != 'eval' or getattr(params.task, 'init_checkpoint', None):
     return
   if tf.train.latest_checkpoint(model_dir):
@@ -214,23 +131,9 @@ def check_checkpoint_to_evaluate(params, model_dir: str, mode: str) -> None:
 
 def check_resume_step(params, model_dir: str, checkpoint: Optional[str],
                       step: int) -> bool:
-  """Whether a training run has steps left, after restoring `checkpoint`.
+  """Whether training has steps left after `checkpoint` at `step`.
 
-  Call before anything of the run is written (params.yaml included).
-
-  Args:
-    params: the run's config (`trainer.train_steps`).
-    model_dir: the run's model_dir, for the messages.
-    checkpoint: the checkpoint the run resumes from, or None.
-    step: its global step (0 without one).
-
-  Returns:
-    True when `step < trainer.train_steps`; False when they are equal (the
-    run ended already: logged, nothing is to be trained or written).
-
-  Raises:
-    ValueError: `trainer.train_steps` is below `step`, naming both and the
-      checkpoint (nothing would be trained; model_dir is left as it was).
+  ValueError when `trainer.train_steps` is below `step`.
   """
   train_steps = params.trainer.train_steps
   if not checkpoint or step < train_steps:
@@ -249,26 +152,12 @@ def check_resume_step(params, model_dir: str, checkpoint: Optional[str],
 
 
 def eval_output_dir(params, model_dir: str) -> str:
-  """Where an evaluation writes its summaries (and `official_ext.train` its
-  operative gin config in an evaluation mode): Model Garden's
-  `model_dir/trainer.validation_summary_subdir`, or that key itself when it
-  is an absolute path (an evaluation of a model_dir it cannot write)."""
+  """Where an evaluation writes its summaries."""
   return os.path.join(model_dir, params.trainer.validation_summary_subdir)
 
 
 def check_eval_outputs_writable(params, model_dir: str, mode: str) -> None:
-  """An evaluation mode can write its outputs, checked before any work.
-
-  `eval` and `continuous_eval` only read model_dir's checkpoints; they
-  write `eval_output_dir` and, when `trainer.best_checkpoint_export_subdir`
-  and its metric are set, the best-checkpoint folder. Each is created if
-  missing and a probe file is written and removed. Training modes write
-  model_dir itself, and fail at its lock first.
-
-  Raises:
-    PermissionError: naming the folder, the key that places it and the
-      error, when it cannot be written.
-  """
+  """PermissionError naming an evaluation output folder it cannot write."""
   if mode not in ('eval', 'continuous_eval'):
     return
   folders = [(eval_output_dir(params, model_dir),

@@ -1,7 +1,5 @@
-"""Multi-worker training: each worker's model_dir and the collectives the runner needs.
-
-Why non-chief workers get their own model_dir: docs/distributed.md.
-"""
+"""Multi-worker training: each worker's model_dir and the collectives the runner
+needs (docs/distributed.md, "On several workers")."""
 import atexit
 import os
 import shutil
@@ -31,11 +29,7 @@ def _barrier(strategy: tf.distribute.Strategy) -> None:
 
 
 def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
-  """Whether `flag` is True on any worker (an all-reduce on a cluster).
-
-  Every worker must call it at the same point (it is a collective); without
-  a cluster it returns `flag`.
-  """
+  """Whether `flag` is True on any worker; a collective every worker calls."""
   if num_workers(strategy) <= 1:
     return bool(flag)
 
@@ -64,21 +58,10 @@ def _copy_latest_checkpoint(source_dir: str, target_dir: str) -> Optional[str]:
 
 def worker_model_dir(strategy: Optional[tf.distribute.Strategy],
                      model_dir: str) -> str:
-  """The directory this worker writes to: `model_dir` on the chief.
+  """The directory this worker writes: `model_dir` on the chief.
 
-  A non-chief worker gets a new temporary directory, removed when the process
-  exits, into which the chief's latest checkpoint in `model_dir` is copied, so
-  that its CheckpointManager resumes from the same step and weights as the
-  chief's. All workers call this at the same point, after the chief has
-  settled which checkpoint to resume from; it waits for every worker (one
-  all-reduce) before the copy.
-
-  Args:
-    strategy: the job's strategy (None: a single process, the chief).
-    model_dir: the job's model_dir (the chief's).
-
-  Returns:
-    `model_dir` (chief) or the worker's temporary directory.
+  Elsewhere a temporary copy of the chief's latest checkpoint; every worker
+  calls it at the same point.
   """
   if strategy is None or num_workers(strategy) <= 1:
     return model_dir

@@ -1,11 +1,5 @@
-"""Orbit actions shared by every experiment: progress, last output, results.
-
-`ProgressAction` and `LastOutput` are Orbit actions: callables that
-`orbit.Controller` calls with a loop's output after each train loop
-(`train_actions`) or each evaluation (`eval_actions`). `official_ext.train`
-gives them to the runner with the other actions (`core.run.trainer`,
-Model Garden's `official.core.actions`).
-"""
+"""Orbit actions shared by every experiment: progress, last output, results, the
+non-finite-loss stop."""
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -14,16 +8,9 @@ import tensorflow as tf
 
 
 class ProgressAction:
-  """Orbit train action: logs progress and the time left after each loop.
+  """Orbit train action: logs the step, elapsed time and time left.
 
-  Logs `progress | step s/total (p%) | elapsed H:MM:SS | time left H:MM:SS`,
-  the time left extrapolated from the mean rate since `start` (so a resumed
-  run estimates from its own steps, not from the steps it restored).
-
-  Args:
-    global_step: the trainer's global step variable.
-    total_steps: the step training ends at (`trainer.train_steps`).
-    clock: seconds, `time.time` (tests pass a fake).
+  The rate counts from `start`; `clock`: `time.time`, or a fake.
   """
 
   def __init__(self, global_step: tf.Variable, total_steps: int,
@@ -34,12 +21,7 @@ class ProgressAction:
     self._start: Optional[tuple] = None
 
   def start(self) -> None:
-    """Starts the clock at the current step.
-
-    Call once the checkpoint is restored, right before training (the runner
-    restores when it builds the controller). Without it the first call
-    starts the clock instead, and the first loop logs no estimate.
-    """
+    """Starts the clock at the current step (call after the restore)."""
     self._start = (self._clock(), int(self._global_step.numpy()))
 
   def __call__(self, output: Optional[Dict[str, Any]] = None) -> None:
@@ -75,16 +57,7 @@ class LastOutput:
 
 def flatten_metrics(metrics: Dict[str, Any], prefix: str = ''
                     ) -> Dict[str, Any]:
-  """{task: {metric: v}} (a multitask output) -> {'task/metric': v}.
-
-  Args:
-    metrics: an Orbit output, nested dicts allowed (Model Garden's multitask
-      trainer and evaluator report one dict per task).
-    prefix: prepended to every key, with '/'.
-
-  Returns:
-    A flat dict; a flat input comes back with the same keys.
-  """
+  """{task: {metric: v}} -> {'task/metric': v}."""
   flat = {}
   for key, value in (metrics or {}).items():
     name = f'{prefix}/{key}' if prefix else str(key)
@@ -96,12 +69,7 @@ def flatten_metrics(metrics: Dict[str, Any], prefix: str = ''
 
 
 def format_metrics(metrics: Dict[str, Any]) -> str:
-  """Formats scalar metrics as an aligned two-column table.
-
-  Nested dicts (one per task of a multitask experiment) are flattened to
-  `task/metric` (`flatten_metrics`); non-scalar values are left out. Names
-  are padded to 24 characters, or to the longest name.
-  """
+  """Scalar metrics (flattened) as an aligned two-column table."""
   metrics = flatten_metrics(metrics)
   values = {}
   for name in sorted(metrics):
@@ -119,14 +87,7 @@ class NonFiniteLossError(RuntimeError):
 
 
 class NonFiniteLossCheck:
-  """Orbit train action: raises `NonFiniteLossError` after a bad loop.
-
-  Args:
-    trainer: the experiment's trainer. With a trainer of this module (which
-      records `first_nonfinite_step`) the error names the exact step; with
-      another trainer it names the loop (the loop's mean `training_loss` is
-      checked).
-  """
+  """Orbit train action: `NonFiniteLossError` after a bad loop."""
 
   def __init__(self, trainer):
     self._trainer = trainer

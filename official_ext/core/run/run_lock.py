@@ -1,46 +1,5 @@
-"""One live writer per model_dir: the lock file of a training run.
-
-Two training runs writing one model_dir interleave their checkpoints, the
-checkpoint state file and params.yaml (a preempted job relaunched while the
-old one still runs does exactly this), and an export then builds one run's
-model from the other's weights. `official_ext.train` therefore takes
-`model_dir/writer.lock` before a training run writes anything and removes
-it when the run ends, also on an exception; a second training run is
-refused (`ModelDirLockedError`) naming the first: its host, pid, start time
-and command. A lock file that is no such lock (empty, not JSON, lacking host,
-pid or token) is refused at once naming it: no run can be named or waited for. Only the chief of a multi-worker job takes it (the other
-workers write to directories of their own: `core.run.multiworker`). Evaluation
-(`--mode=eval`, `continuous_eval`) reads model_dir and takes no lock, so an
-evaluator beside a trainer stays allowed.
-
-The lock holds JSON: host, pid, the process' start time as the kernel
-records it (`/proc/<pid>/stat`, Linux), the run's start time, experiment,
-mode, command and a random token. A lock is *stale*, and is taken over with
-a warning naming it, when
-
-* it was written on this host and its pid is not running, or is running a
-  process that started at another time (the pid was reused, e.g. a relaunched
-  container whose writer had the same pid): so a SIGKILLed writer's lock is
-  taken over at once on its own host; or
-* it was written on another host and its heartbeat is older than
-  `STALE_AFTER_S`: the holder refreshes it every `HEARTBEAT_S` (the file's
-  modification time, and a `heartbeat` time inside the file where the file
-  system records no modification time). A writer killed on another host is
-  therefore taken over `STALE_AFTER_S` after its last heartbeat; the period
-  is long against the clock skew between hosts and the file server.
-
-Creation is exclusive on local and mounted file systems (the lock is written
-whole under another name and hard-linked into place: `link` fails when the
-lock exists, also over NFS). On other `tf.io.gfile` file systems (`gs://`)
-there is no exclusive create: the lock is written, then read back after
-`SETTLE_S`, and the run continues only if it still holds its own token. Two
-runs starting within that window can both see their own token; the one
-whose lock was overwritten then finds another token at its next heartbeat,
-and `LockCheck` (an Orbit train action, run before the loop's checkpoint is
-saved) stops it with `ModelDirLockedError`. That is the documented limit: on
-such file systems a second writer is stopped within one heartbeat, not
-before its first train loop.
-"""
+"""One live writer per model_dir: the lock file of a training run
+(docs/distributed.md, "Preemption, resume and a non-finite loss")."""
 import json
 import os
 import socket
@@ -126,14 +85,12 @@ def _read_checked(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
 
 
 def _read(path: str) -> Optional[Dict[str, Any]]:
-  """The lock's contents, {} when it is no lock (`_parse`), None when
-  absent."""
+  """The lock's contents, {} when it is no lock, None when absent."""
   return _read_checked(path)[0]
 
 
 def _heartbeat_age(path: str, holder: Dict[str, Any]) -> float:
-  """Seconds since the holder's last heartbeat: the file's modification time,
-  or the `heartbeat` inside it when the file system records none."""
+  """Seconds since the holder's last heartbeat."""
   try:
     mtime = tf.io.gfile.stat(path).mtime_nsec / 1e9
   except tf.errors.NotFoundError:
@@ -143,12 +100,7 @@ def _heartbeat_age(path: str, holder: Dict[str, Any]) -> float:
 
 
 def stale_reason(path: str, holder: Dict[str, Any]) -> Optional[str]:
-  """Why the lock `holder` (read from `path`) is stale, or None (it is live).
-
-  Args:
-    path: the lock file.
-    holder: its contents (`_read`).
-  """
+  """Why the lock `holder` (read from `path`) is stale, or None (it is live)."""
   if holder.get('host') == socket.gethostname() and isinstance(
       holder.get('pid'), int):
     pid = holder['pid']
@@ -167,13 +119,7 @@ def stale_reason(path: str, holder: Dict[str, Any]) -> Optional[str]:
 
 
 class WriterLock:
-  """The lock a training run holds on its model_dir (`acquire`).
-
-  Attributes:
-    path: the lock file.
-    lost: None while the lock is this run's; otherwise why it is not (another
-      run's token found in it), set by the heartbeat.
-  """
+  """A training run's lock (`acquire`); `lost`: why it is no longer held."""
 
   def __init__(self, path: str, holder: Dict[str, Any]):
     self.path = path
@@ -238,12 +184,7 @@ class WriterLock:
 
 
 def _create(path: str, holder: Dict[str, Any]) -> bool:
-  """Creates the lock holding `holder`; False when one exists already.
-
-  Exclusive on local file systems (written whole, then hard-linked into
-  place); elsewhere written, then read back after `SETTLE_S` (module
-  docstring).
-  """
+  """Creates the lock holding `holder`; False when one exists."""
   text = json.dumps(holder, indent=1)
   local = output_files.local_path(path)
   if local is not None:
@@ -267,12 +208,7 @@ def _create(path: str, holder: Dict[str, Any]) -> bool:
 
 
 def _remove_stale(path: str, stale: Dict[str, Any], model_dir: str) -> None:
-  """Removes the lock judged stale, unless another run took it over first.
-
-  The lock is moved aside (a rename) and only then checked: if the moved
-  file is not the stale lock (another run replaced it since it was read), it
-  is put back and this run is refused.
-  """
+  """Removes the stale lock unless another run took it over."""
   aside = f'{path}.stale-{uuid.uuid4().hex[:12]}'
   try:
     tf.io.gfile.rename(path, aside)
@@ -292,23 +228,10 @@ def _remove_stale(path: str, stale: Dict[str, Any], model_dir: str) -> None:
 
 def acquire(model_dir: str, experiment: Optional[str] = None,
             mode: str = 'train') -> WriterLock:
-  """Takes `model_dir/writer.lock` for this process' training run.
+  """Takes `model_dir/writer.lock` for this run (heartbeat until `release`).
 
-  Creates model_dir if needed. A stale lock (module docstring) is taken over
-  with a warning naming its holder and why it is stale. The returned lock is
-  refreshed by a background heartbeat until `release`.
-
-  Args:
-    model_dir: the run's model_dir (a local path or a `tf.io.gfile` URL).
-    experiment: the run's experiment name, recorded in the lock.
-    mode: the run's mode, recorded in the lock.
-
-  Returns:
-    The held lock; call `release()` when the run ends (also on errors).
-
-  Raises:
-    ModelDirLockedError: another live run holds the lock; the message names
-      its host, pid, start time and command, and what makes a lock stale.
+  A stale lock is taken over with a warning. Raises `ModelDirLockedError` naming
+  the live holder, or a file that is no lock.
   """
   tf.io.gfile.makedirs(model_dir)
   path = os.path.join(model_dir, LOCK_FILE)
@@ -357,11 +280,7 @@ def acquire(model_dir: str, experiment: Optional[str] = None,
 
 
 class LockCheck:
-  """Orbit train action: stops training when the run lost its lock.
-
-  Runs after each train loop, before the loop's checkpoint is saved (put it
-  before Model Garden's actions), so a run whose lock was taken (the window
-  of a file system without exclusive create) saves nothing more.
+  """Orbit train action, before Model Garden's: stops a run that lost its lock.
   """
 
   def __init__(self, lock: WriterLock):

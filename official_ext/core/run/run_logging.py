@@ -1,26 +1,5 @@
-"""What a run prints: each line once, and no notice that is not a problem.
-
-A run through Model Garden and Orbit printed about a thousand lines for the
-YT8M demo: every Orbit line twice (Orbit's controller both logs and prints
-it), every TensorFlow Python log line twice (TensorFlow's logger has a
-handler of its own and also propagates to absl's), a 150-line config dump,
-per-checkpoint notices, and at the end Model Garden's "Failed to count model
-FLOPs ... error" (its counter cannot trace a subclassed model, which is not a
-problem of the run). `configure` keeps each line once:
-
-* Orbit's progress lines (`train | step ...`, ` eval | step ...`,
-  `saved checkpoint ...`) go to stdout only (Orbit prints them); their absl
-  copies are dropped. Orbit's warnings are kept.
-* TensorFlow's Python log records reach absl's handler only.
-* Notices that describe no problem are dropped: Model Garden's failed FLOP
-  count (`flops_note` says plainly why there is no count), the empty
-  `init_checkpoint` notices, the checkpoint saver's sharding timing.
-* TensorFlow's C++ INFO and WARNING lines are off unless
-  `TF_CPP_MIN_LOG_LEVEL` is set (`quiet_tensorflow_cpp`, before TensorFlow is
-  imported). Three C++ lines that no setting reaches remain on a machine
-  without a GPU (the CUDA driver probe, XLA's absl notice and its
-  first-compilation line).
-"""
+"""What a run prints: each line once, and no notice that is not a problem
+(docs/distributed.md, "The training command")."""
 import logging as std_logging
 import os
 
@@ -39,16 +18,14 @@ _NOTICES = (
 
 
 def quiet_tensorflow_cpp() -> None:
-  """Hides TensorFlow's C++ INFO and WARNING lines (errors stay).
-
-  Takes effect only before TensorFlow is imported; an explicit
-  `TF_CPP_MIN_LOG_LEVEL` wins.
-  """
+  """Hides TensorFlow's C++ INFO and WARNING lines unless `TF_CPP_MIN_LOG_LEVEL`
+  is set; only before TensorFlow is imported."""
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 
 class _RunFilter(std_logging.Filter):
-  """Drops the duplicate and the no-problem records (module docstring)."""
+  """Drops Orbit's absl copies of its printed lines and the no-problem notices.
+  """
 
   def filter(self, record: std_logging.LogRecord) -> bool:
     if record.levelno >= std_logging.WARNING:

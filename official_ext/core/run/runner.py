@@ -1,28 +1,5 @@
-"""The runner of every run: Model Garden's, with what it lacks.
-
-`official_ext.train` runs every experiment, single-task or multitask, on one
-device or a cluster, through `OrbitExperimentRunner` (Model Garden's
-`train_lib.OrbitExperimentRunner`) inside `run_with_preemption_recovery`.
-What they add to Model Garden's:
-
-* A non-chief worker checkpoints into its own model_dir, which holds a copy
-  of the chief's latest checkpoint (`core.run.multiworker.worker_model_dir`),
-  instead of a fresh `mkdtemp()` a restarted worker would restore nothing
-  from.
-* The checkpoint to resume from is the one the caller found readable, and it
-  must hold every model variable with its shape (Model Garden's restore is
-  not strict).
-* `continuous_eval` ends at `trainer.continuous_eval_timeout`.
-* Preemption: `run_with_preemption_recovery` is the recovery loop of
-  `official/vision/train.py`'s `_run_experiment_with_preemption_recovery`,
-  with the `tf.distribute.experimental.PreemptionWatcher` that the public
-  driver never creates (there `preemption_watcher = None`). Model Garden's own
-  on-demand checkpoint at preemption (`trainer.preemption_on_demand_checkpoint`,
-  `orbit.actions.SaveCheckpointIfPreempted`) is added by `train_lib` already;
-  it acts on a cluster only.
-* SIGTERM / SIGINT on every strategy (`StopOnSignal`): a checkpoint at the
-  step reached, then `TrainingInterruptedError`.
-"""
+"""The runner of every run: Model Garden's, with what it lacks
+(docs/architecture.md, "core/run: what train.py drives")."""
 import contextlib
 import os
 import signal
@@ -43,14 +20,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class TrainingInterruptedError(RuntimeError):
-  """SIGTERM or SIGINT stopped training (a checkpoint of the step reached was
-  saved, see `StopOnSignal`).
-
-  Attributes:
-    exit_code: 128 + the signal's number (143 SIGTERM, 130 SIGINT), the
-      shell's status of a process the signal ended; a worker stopped because
-      another worker got the signal exits 143.
-  """
+  """SIGTERM or SIGINT stopped training after saving its step; `exit_code`: 128
+  + the signal's number."""
 
   def __init__(self, message: str, signum: Optional[int]):
     super().__init__(message)
@@ -58,22 +29,9 @@ class TrainingInterruptedError(RuntimeError):
 
 
 class StopOnSignal:
-  """Orbit train and eval action: SIGTERM / SIGINT stop training, saved.
+  """Orbit action: on SIGTERM / SIGINT saves the step and stops every worker.
 
-  `handling()` installs handlers for `STOP_SIGNALS` that only record the
-  signal; after the train loop (or evaluation) under way, the action saves a
-  checkpoint at the step reached through `checkpoint_manager` and raises
-  `TrainingInterruptedError`. On a cluster every worker learns of a signal
-  any worker got at the same loop end (`multiworker.any_worker`, one scalar
-  all-reduce per loop), so all save the same step and stop. A second signal
-  ends the process at once, with the signal's default action (no checkpoint).
-
-  Put it after the checks that must see a loop first (non-finite loss, the
-  lock) and before Model Garden's actions.
-
-  Args:
-    strategy: the run's strategy.
-    global_step: the trainer's step counter.
+  Put it after the loss and lock checks, before Model Garden's actions.
   """
 
   def __init__(self, strategy: tf.distribute.Strategy,
@@ -126,33 +84,10 @@ class StopOnSignal:
 
 
 class OrbitExperimentRunner(train_lib.OrbitExperimentRunner):
-  """Model Garden's runner; a non-chief worker checkpoints into model_dir.
+  """Model Garden's runner: a non-chief's own model_dir, a strict restore.
 
-  The one runner of `official_ext.train`, for single-task and multitask
-  experiments: its `trainer` is Model Garden's `base_trainer.Trainer` (a
-  trainer and evaluator in one) or a multitask trainer of `core.run.trainer`,
-  which joins Model Garden's multitask trainer and evaluator behind the same
-  interface (Model Garden's own multitask `train_lib.run_experiment` builds a
-  bare `orbit.Controller`: no train/eval actions, no guard on the restored
-  checkpoint, no non-chief model_dir).
-
-  Give a non-chief worker its `worker_model_dir`: its CheckpointManager then
-  restores the chief's checkpoint copied there and keeps one checkpoint of
-  its own there (Model Garden's runner would use a fresh `mkdtemp()`).
-
-  The checkpoint the controller is about to restore must hold every model
-  variable with its shape (`checkpoints.unmatched_model_variables`), or a
-  ValueError lists the unmatched ones: Model Garden's non-strict restore
-  would restore only the step counter of another model's checkpoint.
-
-  Args:
-    resume_from: the checkpoint the caller found to resume from
-      (`checkpoints.use_latest_restorable`), or None. TensorFlow's
-      CheckpointManager reads the state file again and treats *any* error
-      there as "no checkpoint" (`tf.train.get_checkpoint_state`), which would
-      restart training from step 0 and later overwrite the checkpoints; a
-      manager that does not find `resume_from` is an error instead.
-    **kwargs: `train_lib.OrbitExperimentRunner`'s arguments.
+  `resume_from`: the checkpoint to resume from, which the manager must find;
+  **kwargs: `train_lib.OrbitExperimentRunner`'s.
   """
 
   def __init__(self, resume_from: Optional[str] = None, **kwargs):
@@ -194,19 +129,7 @@ class OrbitExperimentRunner(train_lib.OrbitExperimentRunner):
     return manager
 
   def run(self) -> Tuple[tf_keras.Model, Any]:
-    """Model Garden's `run`; `continuous_eval` ends at its timeout.
-
-    Model Garden's continuous evaluation ends at a timeout only when the
-    restored step has reached `trainer.train_steps`, so with no checkpoint
-    arriving it waits forever. Here `trainer.continuous_eval_timeout` holds:
-    when no new checkpoint arrived within it, evaluation ends (logged, with
-    the last checkpoint evaluated), or, when none arrived at all, raises a
-    TimeoutError naming model_dir. None waits for ever, as in Model Garden.
-
-    Returns:
-      (model, the last evaluation's output) for `continuous_eval`; Model
-      Garden's (model, {}) for the other modes.
-    """
+    """Model Garden's `run`; `continuous_eval` ends at its timeout."""
     if self._mode != 'continuous_eval':
       return super().run()
     timeout = self.params.trainer.continuous_eval_timeout
@@ -244,29 +167,7 @@ def run_with_preemption_recovery(
     build_strategy: Callable[[], tf.distribute.Strategy],
     run: Callable[[tf.distribute.Strategy], T],
 ) -> Tuple[tf.distribute.Strategy, T]:
-  """Runs `run(strategy)`, restarting it in-process after a preemption.
-
-  The loop of `official/vision/train.py`'s
-  `_run_experiment_with_preemption_recovery`, whose public version never
-  creates the watcher (`preemption_watcher = None`), with the watcher: on a
-  cluster (TPU, several workers) a
-  `tf.distribute.experimental.PreemptionWatcher` is created after the
-  strategy (connecting to the cluster); when `run` fails with a
-  `tf.errors.OpError` and the watcher has a preemption message, it waits for
-  the preempted workers to exit, then builds a new strategy and runs again,
-  which resumes from the latest checkpoint. Any other error propagates. The
-  watcher receives preemption notices on Google TPU platforms only; elsewhere
-  TensorFlow logs that it does not support the environment, and a preempted
-  multi-worker job is restarted by its scheduler (Model Garden saves a
-  checkpoint at SIGTERM first: `trainer.preemption_on_demand_checkpoint`).
-
-  Args:
-    build_strategy: builds (and connects) the strategy; called per attempt.
-    run: runs the experiment under a strategy.
-
-  Returns:
-    (the strategy of the successful attempt, what `run` returned).
-  """
+  """(strategy, `run(strategy)`), rerun in-process after a preemption."""
   while True:
     watcher = None
     try:

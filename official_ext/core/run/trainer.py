@@ -1,27 +1,4 @@
-"""The trainers `official_ext.train` runs, and the stop on a non-finite loss.
-
-Single-task experiments use `Trainer`: Model Garden's `base_trainer.Trainer`
-(an Orbit trainer and evaluator in one) that records the first non-finite
-training loss. Multitask experiments
-(`official.modeling.multitask.configs.MultiTaskExperimentConfig`) use
-`MultiTaskTrainer` or `MultiTaskInterleavingTrainer`: Model Garden's joint and
-interleaving multitask trainers, each joined to a `MultiTaskEvaluator` and
-given the interface of `base_trainer.Trainer` that Model Garden's
-`OrbitExperimentRunner` uses (`model`, `optimizer`, `checkpoint`,
-`global_step`, `initialize`, `evaluate`), so that both kinds run through the
-same runner (`core.run.runner.OrbitExperimentRunner`) with the same
-checkpoint restore, actions, progress line and final metrics.
-`create_trainer` builds the one the config asks for.
-
-The non-finite-loss stop. Model Garden's own guard (`actions.RecoveryAction`,
-on when `trainer.recovery_max_trials >= 0`) looks at the loss averaged over a
-whole train loop and raises "The loss value is NaN or out of range" without
-saying when it happened. The trainers here record the first step whose
-training loss is not finite, in the step itself, and `NonFiniteLossCheck`
-(the first train action, so it runs before Model Garden's actions and before
-Orbit saves the loop's checkpoint) raises `NonFiniteLossError` naming that
-step. No checkpoint with non-finite weights is written: Orbit saves after
-the actions of a loop.
+"""The trainers `official_ext.train` runs, recording the first non-finite loss.
 """
 from typing import Any, Dict, Iterable, Optional
 
@@ -57,15 +34,7 @@ def _first_nonfinite_variable(strategy: tf.distribute.Strategy) -> tf.Variable:
 def _record_first_nonfinite(first: tf.Variable,
                             loss_totals: Iterable[tf.Tensor],
                             global_step: tf.Variable) -> None:
-  """Sets `first` to `global_step` the first time a loss total is not finite.
-
-  Args:
-    first: the record (-1: every loss finite so far).
-    loss_totals: running sums of this loop's training losses (Mean metrics'
-      `total`, read in cross-replica context: summed over replicas). Once a
-      replica's loss is NaN or infinite its sum stays so for the loop.
-    global_step: the step counter, already incremented for this step.
-  """
+  """Sets `first` to `global_step` the first time a loss total is not finite."""
   finite = tf.reduce_all(tf.stack(
       [tf.reduce_all(tf.math.is_finite(t)) for t in loss_totals]))
   bad = tf.logical_and(tf.logical_not(finite), first < 0)
@@ -74,15 +43,7 @@ def _record_first_nonfinite(first: tf.Variable,
 
 def create_optimizer_weights(strategy: tf.distribute.Strategy, optimizer,
                              variables) -> None:
-  """Creates the optimizer's slots for `variables` before training starts.
-
-  Otherwise the first training step creates them inside the traced train
-  loop, and TensorFlow traces the whole loop a second time (a `tf.function`
-  that creates variables on its first call is retraced without them):
-  every run's first loop would cost two traces of the training step. The
-  slots are the ones the first step creates (every trainable variable gets
-  a gradient in this package's tasks: `tests/core/test_trainer.py`).
-  """
+  """Creates the optimizer's slots before training (one trace)."""
   if not variables:  # A model built in its first step: nothing to create.
     return
   with strategy.scope():
@@ -90,16 +51,7 @@ def create_optimizer_weights(strategy: tf.distribute.Strategy, optimizer,
 
 
 class Trainer(base_trainer.Trainer):
-  """`base_trainer.Trainer` that records the first non-finite-loss step.
-
-  After each step it reads the running sum of the loop's training loss (the
-  `training_loss` Mean metric, reset at every loop start, summed over
-  replicas): once any replica's loss was NaN or infinite the sum stays so, and
-  `first_nonfinite_step` takes the step number (1-based, as `global_step`
-  after the step) the first time. Costs one scalar read per step, on the
-  host: on TPUs, where that would stall the device every step, the check is
-  per train loop instead (`per_step_check` False).
-  """
+  """`base_trainer.Trainer` that records the first non-finite-loss step."""
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
@@ -124,23 +76,8 @@ class Trainer(base_trainer.Trainer):
 class _MultiTaskRunnable:
   """What a Model Garden multitask trainer needs to run like `Trainer`.
 
-  Mixed in before `multitask_base_trainer.MultiTaskBaseTrainer` (or its
-  interleaving subclass), with `orbit.AbstractEvaluator` after it:
-
-  * `evaluate` runs the joined `MultiTaskEvaluator` (one evaluation of every
-    task, {task: {metric: value}}); `model` is the `MultiTaskBaseModel`;
-    `initialize` its `initialize` (the checkpoint manager's `init_fn`, as in
-    Model Garden's multitask `train_lib.run_experiment`).
-  * `train_loop_end` adds a top-level `training_loss`, the mean training loss
-    of the loop's steps (joint: the weighted total; interleaving: each step's
-    sampled task's loss), which Model Garden's recovery action and
-    `NonFiniteLossCheck` read.
-  * `first_nonfinite_step`, recorded per step as in `Trainer`.
-  * The per-task iterators are kept in a plain dict: `orbit.StandardTrainer`
-    stores them as an attribute of a `tf.Module`, which wraps the dict in a
-    tracking `_DictWrapper`, and tracing the train loop with that argument
-    fails under Python 3.11 (TypeError: this __dict__ descriptor does not
-    support '_DictWrapper' objects).
+  Its per-task iterators live in a plain dict (a tracked one fails to trace
+  under Python 3.11).
   """
 
   def _init_runnable(self, evaluator, train: bool = True) -> None:
@@ -205,19 +142,7 @@ class _MultiTaskRunnable:
 class MultiTaskTrainer(_MultiTaskRunnable,
                        multitask_base_trainer.MultiTaskBaseTrainer,
                        orbit.AbstractEvaluator):
-  """Model Garden's joint multitask trainer (`trainer_type: joint`).
-
-  Each step takes one batch of every task and applies one update from
-  `multi_task.joint_train_step` (the weighted sum of the task losses).
-
-  Args:
-    multi_task: the `MultiTask`.
-    multi_task_model: its `MultiTaskBaseModel`.
-    optimizer: the optimizer.
-    evaluator: the evaluator `evaluate` runs (or `attach_evaluator` later).
-    train: False builds no training input (an evaluation-only job).
-    trainer_options: `orbit.StandardTrainerOptions`.
-  """
+  """Model Garden's joint multitask trainer (`trainer_type: joint`)."""
 
   def __init__(self, multi_task: multitask.MultiTask, multi_task_model,
                optimizer, evaluator=None, train: bool = True,
@@ -231,11 +156,7 @@ class MultiTaskTrainer(_MultiTaskRunnable,
 class MultiTaskInterleavingTrainer(
     _MultiTaskRunnable, interleaving_trainer.MultiTaskInterleavingTrainer,
     orbit.AbstractEvaluator):
-  """Model Garden's interleaving trainer (`trainer_type: interleaving`).
-
-  Each step samples one task (`trainer.task_sampler`, from the task weights)
-  and runs that task's own `train_step` on its sub-model.
-  """
+  """Model Garden's interleaving trainer: a sampled task a step."""
 
   def __init__(self, multi_task: multitask.MultiTask, multi_task_model,
                optimizer, task_sampler: task_sampler.TaskSampler,
@@ -260,25 +181,10 @@ def create_multitask_trainer(
     evaluate: bool,
     checkpoint_exporter: Optional[train_utils.BestCheckpointExporter] = None,
 ) -> _MultiTaskRunnable:
-  """The multitask trainer (and evaluator) of a multitask experiment.
+  """A multitask experiment's trainer and evaluator (strategy scope).
 
-  Call under the strategy's scope.
-
-  Args:
-    params: the experiment config; `trainer.trainer_type` chooses Model
-      Garden's 'joint' or 'interleaving' trainer (an evaluation-only job uses
-      the joint one, which builds no training input).
-    task: the `MultiTask`; it must build its model with
-      `build_multitask_model()` (as Model Garden's
-      `run_experiment_with_multitask_eval` expects).
-    train: whether the job trains (builds training input).
-    evaluate: whether the job evaluates (builds a `MultiTaskEvaluator` over
-      every task, with `task_routines[i].eval_steps`).
-    checkpoint_exporter: the best-checkpoint exporter, or None.
-
-  Raises:
-    ValueError: `trainer.trainer_type` is not 'joint' or 'interleaving', or
-      the task cannot build its model.
+  ValueError for another `trainer.trainer_type` or a task that cannot build its
+  multitask model.
   """
   trainer_type = params.trainer.trainer_type
   if trainer_type not in MULTITASK_TRAINER_TYPES:
@@ -316,19 +222,7 @@ def create_multitask_trainer(
 
 def create_trainer(params, task, train: bool, evaluate: bool,
                    checkpoint_exporter=None):
-  """The trainer of any experiment `official_ext.train` runs.
-
-  Args:
-    params: an `ExperimentConfig` or a `MultiTaskExperimentConfig`.
-    task: its task (`task_factory.get_task(params.task)`).
-    train: whether the job trains.
-    evaluate: whether the job evaluates.
-    checkpoint_exporter: the best-checkpoint exporter, or None.
-
-  Returns:
-    `Trainer` for a single task; for a multitask config
-    `create_multitask_trainer`'s trainer. Call under the strategy's scope.
-  """
+  """`Trainer`, or a multitask trainer (strategy scope)."""
   if isinstance(params, multitask_configs.MultiTaskExperimentConfig):
     return create_multitask_trainer(params, task, train=train,
                                     evaluate=evaluate,
