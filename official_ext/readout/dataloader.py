@@ -100,7 +100,7 @@ from official_ext.core.input import input_files
 from official_ext.core.input import tfrecord_input
 from official_ext.readout import configs
 from official_ext.readout import readout_types
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 
 
 # ---------------------------------------------------------------------------

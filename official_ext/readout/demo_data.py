@@ -57,7 +57,7 @@ from official_ext.core.input import demo_cache
 from official_ext.core import output_files
 from official_ext.readout import configs
 from official_ext.readout import dataloader
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 
 FORMAT_VERSION = 4  # 4: the splits of a session follow each other.
 BIN_SECONDS = 0.1

@@ -53,7 +53,7 @@ from official_ext.core.input import graph_checks
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import readout_types
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 
 SIGNATURES = ('serving_default', 'serve_tokens')
 

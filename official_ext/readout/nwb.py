@@ -78,7 +78,7 @@ Spike tokens and several files (`tokens='spikes'`, `--tokens=spikes`):
   their own (the same seeded rule, so every session is in both splits) and
   the records are written file after file.
 * An input token is one spike: `input_unit_ids` = its unit's id in the unit
-  and session vocabulary (`official_ext.readout.vocabulary`; unit
+  and session vocabulary (`official_ext.readout.unit_vocabulary`; unit
   `<identifier>/<units table id>`), `input_values` 1.0, `input_timestamps`
   its time from the window start; every spike in `[window start, window
   end)`, ordered by time (then by the unit's row). A trial without a spike
@@ -117,7 +117,7 @@ import yaml
 from official_ext.core import output_files
 from official_ext.readout import configs
 from official_ext.readout import dataloader
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 
 # Readout types a trials column can be converted to; time series are
 # continuous.

@@ -19,7 +19,7 @@ from official_ext.readout import losses as readout_losses
 from official_ext.readout import metrics as readout_metrics
 from official_ext.readout.modeling import model as model_lib
 from official_ext.readout.modeling import multitask_readout
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 
 _EVAL_KEY = 'readout_eval'
 # The batch's trial mask (1: a real trial, 0: padding), for the trial count.
@@ -153,7 +153,7 @@ class ReadoutTask(base_task.Task):
           raise ValueError(
               "task.model.tokenization is 'unit_tokens' and "
               'task.vocabulary_file is empty: point it at the vocabulary '
-              'JSON of the records (official_ext.readout.vocabulary).')
+              'JSON of the records (official_ext.readout.unit_vocabulary).')
         path = demo_data.demo_vocabulary_file(params)
       self._units = vocabulary_lib.load(path)
     return self._units

@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf, tf_keras
 
 from official_ext.readout import configs
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 from official_ext.readout.modeling import layers
 from official_ext.readout.modeling import multitask_readout
 
