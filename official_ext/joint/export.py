@@ -31,7 +31,7 @@ import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 from official.core import config_definitions
 from official.core import export_base
 from official_ext.joint import configs
-from official_ext.joint import modeling
+from official_ext.joint.modeling import model as joint_model
 from official_ext.readout import export as readout_export
 from official_ext.yt8m import export as yt8m_export
 
@@ -60,7 +60,7 @@ class JointExportModule(export_base.ExportModule):
   """
 
   def __init__(self, params: config_definitions.ExperimentConfig,
-               model: modeling.JointModel, top_k: int = 20):
+               model: joint_model.JointModel, top_k: int = 20):
     super().__init__(params, model, inference_step=_no_inference_step)
     routines = {}
     for name, routine in zip(signature_names(params.task),

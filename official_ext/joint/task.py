@@ -30,7 +30,7 @@ from official.core import task_factory
 from official.modeling.multitask import multitask
 from official_ext.core import gradients
 from official_ext.joint import configs
-from official_ext.joint import modeling
+from official_ext.joint.modeling import model as joint_model
 from official_ext.readout import task as readout_task
 from official_ext.yt8m import task as yt8m_task
 
@@ -115,9 +115,9 @@ class JointMultiTask(multitask.MultiTask):
     return cls(base.tasks, config=config, task_weights=base.task_weights,
                task_eval_steps=base.task_eval_steps)
 
-  def build_multitask_model(self) -> modeling.JointModel:
+  def build_multitask_model(self) -> joint_model.JointModel:
     """The joint model of the config (Model Garden's multitask interface)."""
-    return modeling.JointModel(self._config)
+    return joint_model.JointModel(self._config)
 
   def joint_train_step(self, task_inputs, multi_task_model, optimizer,
                        task_metrics, **kwargs):
