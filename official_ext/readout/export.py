@@ -66,6 +66,79 @@ def _serve(spec: configs.ReadoutSpec, outputs: tf.Tensor) -> tf.Tensor:
       spec, configs.denormalize_predictions(spec, outputs))
 
 
+_PREFIX = 'serve_tokens: '
+# serve_tokens' rank-2 inputs and their layout (input_values is
+# [batch, tokens, input_dim]).
+_SHAPES = (
+    ('input_timestamps', '[batch, tokens]'),
+    ('input_mask', '[batch, tokens]'),
+    ('output_readout_index', '[batch, queries]'),
+    ('output_timestamps', '[batch, queries]'),
+)
+# (input, axis, the input whose length it must have, what the axis counts).
+_SAME_LENGTHS = (
+    ('input_timestamps', 0, 'input_values', 'rows'),
+    ('input_mask', 0, 'input_values', 'rows'),
+    ('output_readout_index', 0, 'input_values', 'rows'),
+    ('output_timestamps', 0, 'input_values', 'rows'),
+    ('input_timestamps', 1, 'input_values', 'tokens (dimension 1)'),
+    ('input_mask', 1, 'input_values', 'tokens (dimension 1)'),
+    ('output_timestamps', 1, 'output_readout_index', 'queries (dimension 1)'),
+)
+# (input, whose entries must be finite: 'in token' unmasked tokens, 'at
+# query' queries of a routing id other than 0).
+_FINITE = (
+    ('input_values', 'in token'),
+    ('input_timestamps', 'in token'),
+    ('output_timestamps', 'at query'),
+)
+
+
+def _same_length(inputs: Mapping[str, tf.Tensor], name: str, axis: int,
+                 other: str, what: str):
+  """A step: `inputs[name]` has the length of `inputs[other]` on `axis`."""
+  tensor, other_tensor = inputs[name], inputs[other]
+  return lambda: graph_checks.require(
+      tf.equal(tf.shape(tensor)[axis], tf.shape(other_tensor)[axis]),
+      lambda: graph_checks.join(
+          _PREFIX, name, ' has ', tf.shape(tensor)[axis], f' {what} but ',
+          other, ' has ', tf.shape(other_tensor)[axis], '.'))
+
+
+def _has_a_token(mask: tf.Tensor) -> tf.Tensor:
+  """Every row of `mask` [B, n] has an unmasked token."""
+  empty = tf.logical_not(tf.reduce_any(mask, axis=1))
+  return graph_checks.require(
+      tf.logical_not(tf.reduce_any(empty)), lambda: graph_checks.join(
+          _PREFIX, 'row ',
+          graph_checks.first_where(tf.range(tf.shape(mask)[0]), empty),
+          ' has no unmasked input token (input_mask is all False); '
+          'expected at least one.'))
+
+
+def _finite(name: str, tensor: tf.Tensor, used, where: str,
+            index: tf.Tensor):
+  """A step: `tensor` [B, n] or [B, n, D] finite where `used()` [B, n]."""
+
+  def step():
+    bad = tf.logical_not(tf.math.is_finite(tensor))
+    if bad.shape.rank == 3:
+      bad = tf.reduce_any(bad, axis=2)
+    bad = tf.logical_and(used(), bad)
+
+    def message():
+      first = tf.where(bad)[0]
+      entry = tf.reshape(tensor[first[0], first[1]], [-1])
+      value = tf.boolean_mask(entry,
+                              tf.logical_not(tf.math.is_finite(entry)))[0]
+      return graph_checks.join(
+          _PREFIX, 'row ', first[0], f' of {name} has a NaN or infinite '
+          'value (', value, ') ', where, ' ', first[1], *(
+              (', an unmasked token.',) if where == 'in token' else (
+                  ' (routing id ', tf.gather_nd(index, first), ').')))
+    return graph_checks.require(tf.logical_not(tf.reduce_any(bad)), message)
+  return step
+
 class ReadoutExportModule(export_base.ExportModule):
   """Export module of `official_ext.readout.task.ReadoutTask` models."""
 
@@ -164,100 +237,43 @@ class ReadoutExportModule(export_base.ExportModule):
                 f'{len(units.sessions)}).')),
     ]
 
-  def _token_checks(self, values, times, mask, index, queries,
-                    unit_checks=()):
-    """The checks of `serve_tokens`, in order (see the module docstring);
-    `unit_checks` (`_unit_checks`) come after the shape checks of the
-    binned inputs."""
-    unit_checks = list(unit_checks)
-    p = 'serve_tokens: '
+  def _token_checks(self, inputs: Mapping[str, tf.Tensor], unit_checks=()):
+    """The checks of `serve_tokens`, in order: `unit_checks`, the shapes,
+    agreeing lengths (`_SAME_LENGTHS`), a token per row, known routing ids,
+    finite values (`_FINITE`)."""
     dim = self._input_dim
-    shape = tf.shape
+    index = inputs['output_readout_index']
+    shapes = [('input_values', [None, None, dim],
+               f'[batch, tokens, {dim}] (DataConfig.input_dim {dim})')]
+    shapes += [(name, [None, None], layout) for name, layout in _SHAPES]
+    used = {'in token': lambda: inputs['input_mask'],
+            'at query': lambda: tf.not_equal(index, 0)}
+    return graph_checks.in_order(
+        list(unit_checks) +
+        [functools.partial(graph_checks.require_shape, inputs[name],
+                           _PREFIX + name, shape, layout)
+         for name, shape, layout in shapes] +
+        [_same_length(inputs, *row) for row in _SAME_LENGTHS] +
+        [functools.partial(_has_a_token, inputs['input_mask']),
+         functools.partial(self._known_ids, index)] +
+        [_finite(name, inputs[name], used[where], where, index)
+         for name, where in _FINITE])
 
-    def same(name, tensor, axis, other, other_tensor, what):
-      return lambda: graph_checks.require(
-          tf.equal(shape(tensor)[axis], shape(other_tensor)[axis]),
-          lambda: graph_checks.join(
-              p, name, ' has ', shape(tensor)[axis], f' {what} but ', other,
-              ' has ', shape(other_tensor)[axis], '.'))
-
-    def finite(name, tensor, used, where):
-      """A step: `tensor` [B, n] or [B, n, D] finite where `used()` [B, n]."""
-
-      def step():
-        bad = tf.logical_not(tf.math.is_finite(tensor))
-        if bad.shape.rank == 3:
-          bad = tf.reduce_any(bad, axis=2)
-        bad = tf.logical_and(used(), bad)
-
-        def message():
-          first = tf.where(bad)[0]
-          entry = tf.reshape(tensor[first[0], first[1]], [-1])
-          value = tf.boolean_mask(entry,
-                                  tf.logical_not(tf.math.is_finite(entry)))[0]
-          return graph_checks.join(
-              p, 'row ', first[0], f' of {name} has a NaN or infinite value (',
-              value, ') ', where, ' ', first[1], *(
-                  (', an unmasked token.',) if where == 'in token' else (
-                      ' (routing id ', tf.gather_nd(index, first), ').')))
-        return graph_checks.require(tf.logical_not(tf.reduce_any(bad)),
-                                    message)
-      return step
-
+  def _known_ids(self, index: tf.Tensor) -> tf.Tensor:
+    """Every routing id of `index` is 0 or a readout's."""
     ids = sorted(self.model.readout.readout_ids.values())
+    known = tf.equal(index, 0)
+    for i in ids:
+      known = tf.logical_or(known, tf.equal(index, i))
 
-    def known():
-      ok = tf.equal(index, 0)
-      for i in ids:
-        ok = tf.logical_or(ok, tf.equal(index, i))
-      return ok
-
-    def ids_message():
-      first = tf.where(tf.logical_not(known()))[0]
+    def message():
+      first = tf.where(tf.logical_not(known))[0]
       return graph_checks.join(
-          p, 'row ', first[0], ' of output_readout_index has id ',
+          _PREFIX, 'row ', first[0], ' of output_readout_index has id ',
           tf.gather_nd(index, first), ' at query ', first[1],
           f", which is neither 0 (padding) nor a readout's id ({ids}: "
           f'{self.model.readout.readout_ids}).')
-
-    rows = lambda: tf.range(shape(mask)[0])
-    empty = lambda: tf.logical_not(tf.reduce_any(mask, axis=1))
-    return graph_checks.in_order(unit_checks + [
-        lambda: graph_checks.require_shape(
-            values, p + 'input_values', [None, None, dim],
-            f'[batch, tokens, {dim}] (DataConfig.input_dim {dim})'),
-        lambda: graph_checks.require_shape(
-            times, p + 'input_timestamps', [None, None], '[batch, tokens]'),
-        lambda: graph_checks.require_shape(
-            mask, p + 'input_mask', [None, None], '[batch, tokens]'),
-        lambda: graph_checks.require_shape(
-            index, p + 'output_readout_index', [None, None],
-            '[batch, queries]'),
-        lambda: graph_checks.require_shape(
-            queries, p + 'output_timestamps', [None, None],
-            '[batch, queries]'),
-        same('input_timestamps', times, 0, 'input_values', values, 'rows'),
-        same('input_mask', mask, 0, 'input_values', values, 'rows'),
-        same('output_readout_index', index, 0, 'input_values', values,
-             'rows'),
-        same('output_timestamps', queries, 0, 'input_values', values, 'rows'),
-        same('input_timestamps', times, 1, 'input_values', values,
-             'tokens (dimension 1)'),
-        same('input_mask', mask, 1, 'input_values', values,
-             'tokens (dimension 1)'),
-        same('output_timestamps', queries, 1, 'output_readout_index', index,
-             'queries (dimension 1)'),
-        lambda: graph_checks.require(
-            tf.logical_not(tf.reduce_any(empty())), lambda: graph_checks.join(
-                p, 'row ', graph_checks.first_where(rows(), empty()),
-                ' has no unmasked input token (input_mask is all False); '
-                'expected at least one.')),
-        lambda: graph_checks.require(tf.reduce_all(known()), ids_message),
-        finite('input_values', values, lambda: mask, 'in token'),
-        finite('input_timestamps', times, lambda: mask, 'in token'),
-        finite('output_timestamps', queries, lambda: tf.not_equal(index, 0),
-               'at query'),
-    ])
+    return graph_checks.require(tf.reduce_all(known), message)
 
   def serve_tokens(self, input_values, input_timestamps, input_mask,
                    output_readout_index, output_timestamps,
@@ -279,9 +295,11 @@ class ReadoutExportModule(export_base.ExportModule):
     input_mask = tf.cast(input_mask, tf.bool)
     output_readout_index = tf.cast(output_readout_index, tf.int32)
     output_timestamps = tf.convert_to_tensor(output_timestamps, tf.float32)
-    checks = self._token_checks(input_values, input_timestamps, input_mask,
-                                output_readout_index, output_timestamps,
-                                unit_checks)
+    checks = self._token_checks(
+        {'input_values': input_values, 'input_timestamps': input_timestamps,
+         'input_mask': input_mask,
+         'output_readout_index': output_readout_index,
+         'output_timestamps': output_timestamps}, unit_checks)
     with tf.control_dependencies(checks):
       if self._units is not None:
         unit_inputs = {

@@ -276,6 +276,36 @@ def read_session(path: str, trial_columns: Sequence[str],
       spike time (naming the unit and the value).
     ImportError: pynwb is not installed.
   """
+  io, nwbfile = _open(path)
+  with io:
+    for table, what in (('units', 'spike times of units, the input tokens'),
+                        ('trials', 'trial intervals, the samples')):
+      if getattr(nwbfile, table) is None:
+        raise NWBConversionError(
+            f'{path} has no {table} table (nwbfile.{table}; the {what}); the '
+            f'file has {_file_contents(nwbfile)}.')
+    units, trials = nwbfile.units, nwbfile.trials
+    if 'spike_times' not in units.colnames or not len(units):
+      raise NWBConversionError(
+          f'{path}: the units table has {len(units)} units and the columns '
+          f'{list(units.colnames)}; expected units with spike_times.')
+    columns = _read_columns(path, trials, trial_columns, trial_query_time)
+    series = _read_series(nwbfile, path, timeseries)
+    unit_ids, spike_times = _read_units(path, units)
+    return Session(
+        path=path, identifier=str(nwbfile.identifier),
+        fingerprint=recording_fingerprint(
+            nwbfile.session_start_time.isoformat(), unit_ids, spike_times),
+        unit_ids=unit_ids, spike_times=spike_times,
+        trial_ids=np.asarray(trials.id[:]),
+        start_time=np.asarray(trials['start_time'].data[:], np.float64),
+        stop_time=np.asarray(trials['stop_time'].data[:], np.float64),
+        columns=columns, series=series)
+
+
+def _open(path: str):
+  """(pynwb's reader, the NWBFile) of `path`; NWBConversionError if pynwb
+  cannot read it."""
   try:
     import pynwb  # pylint: disable=g-import-not-at-top
   except ImportError as e:
@@ -293,75 +323,74 @@ def read_session(path: str, trial_columns: Sequence[str],
     raise NWBConversionError(
         f'--nwb: {path} is not an NWB file pynwb can read '
         f'({type(e).__name__}: {e}); expected an NWB 2 (HDF5) file.') from e
-  with io:
-    for table, what in (('units', 'spike times of units, the input tokens'),
-                        ('trials', 'trial intervals, the samples')):
-      if getattr(nwbfile, table) is None:
-        raise NWBConversionError(
-            f'{path} has no {table} table (nwbfile.{table}; the {what}); the '
-            f'file has {_file_contents(nwbfile)}.')
-    units, trials = nwbfile.units, nwbfile.trials
-    if 'spike_times' not in units.colnames or not len(units):
+  return io, nwbfile
+
+
+def _read_units(path: str, units) -> Tuple[np.ndarray, List[np.ndarray]]:
+  """(unit ids, each unit's sorted spike times) of the units table."""
+  unit_ids = np.asarray(units.id[:])
+  spike_times = []
+  for i, unit in enumerate(unit_ids):
+    times = np.asarray(units.get_unit_spike_times(i), np.float64)
+    bad = np.flatnonzero(~np.isfinite(times))
+    if bad.size:
       raise NWBConversionError(
-          f'{path}: the units table has {len(units)} units and the columns '
-          f'{list(units.colnames)}; expected units with spike_times.')
-    wanted = list(trial_columns)
-    if trial_query_time != 'stop_time':
-      wanted.append(trial_query_time)
-    for column in wanted:
-      if column not in trials.colnames:
-        flag = ('--trial_query_time' if column == trial_query_time and
-                column not in trial_columns else '--trial_columns')
-        raise NWBConversionError(
-            f'{path}: the trials table has no column {column!r} ({flag}); '
-            f'its columns are {list(trials.colnames)}.')
-    columns = {}
-    for column in wanted:
-      values = np.asarray(trials[column].data[:])
-      if values.ndim != 1:
-        raise NWBConversionError(
-            f'{path}: trials column {column!r} holds values of shape '
-            f'{values.shape[1:]} per trial; expected one scalar per trial.')
-      columns[column] = values
-    series = {}
-    for name in timeseries:
-      location, ts = _find_series(nwbfile, path, name)
-      times = np.asarray(ts.get_timestamps(), np.float64)
-      data = np.asarray(ts.get_data_in_units(), np.float64)
-      data = data.reshape([data.shape[0], -1])
-      if len(times) != len(data) or len(times) < 2 or not np.all(
-          np.diff(times) > 0):
-        raise NWBConversionError(
-            f'{path}: TimeSeries {location} has {len(times)} timestamps for '
-            f'{len(data)} samples; expected one strictly increasing '
-            'timestamp per sample, at least 2.')
-      readout = name.rsplit('/', 1)[-1]
-      if readout in series:
-        raise NWBConversionError(
-            f'{path}: --timeseries names two series called {readout!r} '
-            f'({series[readout][0]} and {location}); a readout name is '
-            'the last part of the path, so convert one of them.')
-      series[readout] = (location, times, data)
-    unit_ids = np.asarray(units.id[:])
-    spike_times = []
-    for i, unit in enumerate(unit_ids):
-      times = np.asarray(units.get_unit_spike_times(i), np.float64)
-      bad = np.flatnonzero(~np.isfinite(times))
-      if bad.size:
-        raise NWBConversionError(
-            f'{path}: unit {unit} (row {i} of the units table) has spike '
-            f'time {times[bad[0]]} (index {bad[0]}); expected finite session '
-            f'seconds ({bad.size} non-finite in this unit).')
-      spike_times.append(np.sort(times))
-    return Session(
-        path=path, identifier=str(nwbfile.identifier),
-        fingerprint=recording_fingerprint(
-            nwbfile.session_start_time.isoformat(), unit_ids, spike_times),
-        unit_ids=unit_ids, spike_times=spike_times,
-        trial_ids=np.asarray(trials.id[:]),
-        start_time=np.asarray(trials['start_time'].data[:], np.float64),
-        stop_time=np.asarray(trials['stop_time'].data[:], np.float64),
-        columns=columns, series=series)
+          f'{path}: unit {unit} (row {i} of the units table) has spike '
+          f'time {times[bad[0]]} (index {bad[0]}); expected finite session '
+          f'seconds ({bad.size} non-finite in this unit).')
+    spike_times.append(np.sort(times))
+  return unit_ids, spike_times
+
+
+def _read_columns(path: str, trials, trial_columns: Sequence[str],
+                  trial_query_time: str) -> Dict[str, np.ndarray]:
+  """{column: [n_trials] values} of the named trials columns and, unless
+  it is stop_time, the `trial_query_time` column."""
+  wanted = list(trial_columns)
+  if trial_query_time != 'stop_time':
+    wanted.append(trial_query_time)
+  for column in wanted:
+    if column not in trials.colnames:
+      flag = ('--trial_query_time' if column == trial_query_time and
+              column not in trial_columns else '--trial_columns')
+      raise NWBConversionError(
+          f'{path}: the trials table has no column {column!r} ({flag}); '
+          f'its columns are {list(trials.colnames)}.')
+  columns = {}
+  for column in wanted:
+    values = np.asarray(trials[column].data[:])
+    if values.ndim != 1:
+      raise NWBConversionError(
+          f'{path}: trials column {column!r} holds values of shape '
+          f'{values.shape[1:]} per trial; expected one scalar per trial.')
+    columns[column] = values
+  return columns
+
+
+def _read_series(nwbfile, path: str, timeseries: Sequence[str]
+                 ) -> Dict[str, Tuple[str, np.ndarray, np.ndarray]]:
+  """{readout name: (location, timestamps [n], data [n, channels])} of the
+  named time series."""
+  series = {}
+  for name in timeseries:
+    location, ts = _find_series(nwbfile, path, name)
+    times = np.asarray(ts.get_timestamps(), np.float64)
+    data = np.asarray(ts.get_data_in_units(), np.float64)
+    data = data.reshape([data.shape[0], -1])
+    if len(times) != len(data) or len(times) < 2 or not np.all(
+        np.diff(times) > 0):
+      raise NWBConversionError(
+          f'{path}: TimeSeries {location} has {len(times)} timestamps for '
+          f'{len(data)} samples; expected one strictly increasing '
+          'timestamp per sample, at least 2.')
+    readout = name.rsplit('/', 1)[-1]
+    if readout in series:
+      raise NWBConversionError(
+          f'{path}: --timeseries names two series called {readout!r} '
+          f'({series[readout][0]} and {location}); a readout name is '
+          'the last part of the path, so convert one of them.')
+    series[readout] = (location, times, data)
+  return series
 
 
 def _is_number(values: np.ndarray) -> bool:
@@ -627,17 +656,55 @@ def convert(nwb, output_dir: str, *, tokens: str = 'binned',
             split_seed: int = 0, batch_size: int = 32,
             train_epochs: int = 20, overwrite: bool = False
             ) -> Dict[str, Any]:
-  """Converts `nwb` (one file, or with `tokens='spikes'` several: a
-  comma-separated string or a sequence) into `output_dir` (module
-  docstring); returns the summary written to conversion.json, plus the
-  written paths (`files`).
+  """Converts `nwb` into readout records, readout.yaml and conversion.json.
 
-  An `output_dir` that holds files is refused before the NWB file is read,
-  unless `overwrite`; the files are written whole or not at all
-  (`output_files.write_directory`: staged, then renamed into place,
-  readout.yaml last)."""
+  Args:
+    nwb: one NWB file, or with `tokens='spikes'` several (a comma-separated
+      string or a sequence).
+    output_dir: where to write; one that holds files is refused before any
+      file is read, unless `overwrite`.
+    **kwargs: the flags of `scripts/nwb_to_readout.py` of the same names.
+
+  Returns:
+    The summary written to conversion.json, plus the written paths (`files`).
+  """
   output_files.check_output_dir(output_dir, overwrite)
   paths = _paths(nwb)
+  _check_tokens(tokens, paths)
+  base_vocabulary = _load_vocabulary(vocabulary, tokens, output_dir)
+  columns = parse_names(trial_columns, '--trial_columns')
+  series_names = [n.strip() for n in timeseries.split(',') if n.strip()]
+  _check_options(columns, series_names, bin_size=bin_size,
+                 query_interval=query_interval, pre_time=pre_time,
+                 post_time=post_time,
+                 validation_fraction=validation_fraction)
+  sessions = _read_sessions(
+      paths, columns, series_names, trial_query_time,
+      base_vocabulary if tokens == 'spikes' else None, vocabulary)
+  readouts = _readouts(sessions, paths, columns, max_classes)
+  units = (_extend_vocabulary(base_vocabulary, sessions)
+           if tokens == 'spikes' else None)
+  windows = dict(bin_size=bin_size, pre_time=pre_time, post_time=post_time,
+                 trial_query_time=trial_query_time,
+                 query_interval=query_interval)
+  records = _records(sessions, readouts, units, bool(columns),
+                     validation_fraction, split_seed, **windows)
+  train_trials = len(records.split_of['train'])
+  if batch_size < 1 or batch_size > train_trials:
+    raise ValueError(f'--batch_size {batch_size}: the training split has '
+                     f'{train_trials} trials; expected 1..that.')
+  summary = _summary(sessions, records.trial_session, readouts,
+                     records.split_of, records.queries, records.left_out,
+                     tokens=tokens, **windows)
+  return _write(output_dir, overwrite, records, summary, readouts,
+                input_dim=1 if units is not None else len(
+                    sessions[0].unit_ids),
+                units=units, vocabulary=vocabulary, batch_size=batch_size,
+                train_epochs=train_epochs)
+
+
+def _check_tokens(tokens: str, paths: List[str]) -> None:
+  """ValueError unless `--tokens` is known and fits the number of files."""
   if tokens not in TOKENS:
     raise ValueError(f'--tokens is {tokens!r}; expected one of {TOKENS}.')
   if tokens == 'binned' and len(paths) > 1:
@@ -645,9 +712,12 @@ def convert(nwb, output_dir: str, *, tokens: str = 'binned',
         f'--nwb names {len(paths)} files; binned tokens (--tokens=binned) '
         "are one recording's units. Convert several files with "
         '--tokens=spikes (one unit and session vocabulary).')
-  base_vocabulary = _load_vocabulary(vocabulary, tokens, output_dir)
-  columns = parse_names(trial_columns, '--trial_columns')
-  series_names = [n.strip() for n in timeseries.split(',') if n.strip()]
+
+
+def _check_options(columns, series_names, *, bin_size: float,
+                   query_interval: float, pre_time: float, post_time: float,
+                   validation_fraction: float) -> None:
+  """ValueError naming the flag whose value cannot convert anything."""
   for flag, value in (('--bin_size', bin_size),
                       ('--query_interval', query_interval)):
     if not value > 0:
@@ -661,6 +731,14 @@ def convert(nwb, output_dir: str, *, tokens: str = 'binned',
   if not columns and not series_names:
     raise ValueError('Nothing to read out: give --trial_columns and/or '
                      '--timeseries.')
+
+
+def _read_sessions(paths: List[str], columns, series_names: List[str],
+                   trial_query_time: str,
+                   base: Optional[vocabulary_lib.Vocabulary],
+                   vocabulary: str) -> List[Session]:
+  """Every file's `Session`; identifiers unique and, with a `base`
+  vocabulary (spike tokens), new to it or naming the same recording."""
   sessions = [read_session(p, [n for n, _ in columns], series_names,
                            trial_query_time) for p in paths]
   first = {}
@@ -672,9 +750,16 @@ def convert(nwb, output_dir: str, *, tokens: str = 'binned',
           "file's identifier, so convert them separately or give one a new "
           'identifier.')
     first[session.identifier] = session.path
-    if tokens == 'spikes':
-      _check_same_recording(session, base_vocabulary, vocabulary)
-  # A trials column's type and classes come from every file's values.
+    if base is not None:
+      _check_same_recording(session, base, vocabulary)
+  return sessions
+
+
+def _readouts(sessions: List[Session], paths: List[str], columns,
+              max_classes: int) -> List[Readout]:
+  """The readouts of the trials columns (typed from every file's values
+  together) and of the time series (the same channels in every file),
+  checked as `task.readouts`."""
   source = paths[0] if len(paths) == 1 else ', '.join(paths)
   readouts = [column_readout(source, n, np.concatenate(
       [s.columns[n] for s in sessions]), kind, max_classes)
@@ -694,91 +779,151 @@ def convert(nwb, output_dir: str, *, tokens: str = 'binned',
     if not _NAME.match(r.name):
       raise ValueError(f'Readout {r.name!r} (from {r.source}): a readout name '
                        "has letters, digits, '_', '.', '-' only.")
-  specs = [r.spec() for r in readouts]
-  task_vocabulary = [r.name for r in readouts]
-  configs.validate_readouts(specs, task_vocabulary)
-  ids = configs.task_index(task_vocabulary)
-  units = None
-  if tokens == 'spikes':
-    units = vocabulary_lib.extend(
-        base_vocabulary, sessions=[s.identifier for s in sessions],
-        units=[vocabulary_lib.unit_name(s.identifier, str(u))
-               for s in sessions for u in s.unit_ids],
-        fingerprints={s.identifier: s.fingerprint for s in sessions})
+  configs.validate_readouts([r.spec() for r in readouts],
+                            [r.name for r in readouts])
+  return readouts
 
+
+def _extend_vocabulary(base: vocabulary_lib.Vocabulary,
+                       sessions: List[Session]) -> vocabulary_lib.Vocabulary:
+  """`base` with the files' sessions, units and fingerprints appended."""
+  return vocabulary_lib.extend(
+      base, sessions=[s.identifier for s in sessions],
+      units=[vocabulary_lib.unit_name(s.identifier, str(u))
+             for s in sessions for u in s.unit_ids],
+      fingerprints={s.identifier: s.fingerprint for s in sessions})
+
+
+@dataclasses.dataclass
+class _Records:
+  """The converted trials, file after file, each file in trial order.
+
+  Attributes:
+    examples: serialized `tf.train.Example`s.
+    queries: per record, [(readout, time from the window start, target)].
+    left_out: {readout: queries left out}.
+    split_of: {'train' | 'validation': record positions}.
+    trial_session: int [records], the session (position) of each record.
+  """
+  examples: List[bytes]
+  queries: List[List[Tuple[str, float, list]]]
+  left_out: Dict[str, int]
+  split_of: Dict[str, np.ndarray]
+  trial_session: np.ndarray
+
+
+def _records(sessions: List[Session], readouts: List[Readout],
+             units: Optional[vocabulary_lib.Vocabulary], has_columns: bool,
+             validation_fraction: float, split_seed: int,
+             **windows) -> _Records:
+  """Every file's trials tokenized and split (`windows`: `_trial_records`)."""
+  ids = configs.task_index([r.name for r in readouts])
   left_out = {r.name: 0 for r in readouts}
-  examples, targets_by_trial, is_val, trial_session = [], [], [], []
-  offset = 0
+  examples, queries, is_val, trial_session = [], [], [], []
   for k, session in enumerate(sessions):
-    window_start, duration, query_time = _windows(
-        session, pre_time, post_time, trial_query_time, bool(columns))
     unit_ids = None if units is None else [
         units.unit_id(vocabulary_lib.unit_name(session.identifier, str(u)))
         for u in session.unit_ids]
-    for i in range(len(session.trial_ids)):
-      name = f'{session.identifier}/trial{session.trial_ids[i]}'
-      if unit_ids is None:
-        n_bins = max(1, int(math.ceil(duration[i] / bin_size - 1e-9)))
-        values = bin_spikes(session.spike_times, window_start[i], n_bins,
-                            bin_size)
-        times, token_units = (np.arange(n_bins) + 0.5) * bin_size, None
-      else:
-        values, times, token_units = spike_tokens(
-            session.spike_times, unit_ids, window_start[i], duration[i])
-        if not times.size:
-          raise NWBConversionError(
-              f'{session.path}: trial {session.trial_ids[i]} has no spike in '
-              f'its window [{window_start[i]:.6g}, '
-              f'{window_start[i] + duration[i]:.6g}) s; a record needs at '
-              'least one token (widen it with --pre_time / --post_time).')
-      queries = trial_queries(session, readouts, window_start[i], duration[i],
-                              query_time[i], query_interval, offset + i,
-                              left_out)
-      targets_by_trial.append(queries)
-      example = dataloader.make_example(
-          name, values, times,
-          output_task_ids=[ids[q[0]] for q in queries],
-          output_timestamps=[q[1] for q in queries],
-          output_targets=[q[2] for q in queries],
-          session_id=session.identifier, window_start=float(window_start[i]),
-          input_unit_ids=token_units)
-      # Map keys sorted: the same file and flags give the same bytes in
-      # every process (the default order follows Python's per-process
-      # string hash).
-      examples.append(example.SerializeToString(deterministic=True))
+    session_examples, session_queries = _trial_records(
+        session, readouts, ids, unit_ids, len(examples), left_out,
+        has_columns, **windows)
+    examples += session_examples
+    queries += session_queries
     is_val.append(_split(session, validation_fraction, split_seed))
     trial_session += [k] * len(session.trial_ids)
-    offset += len(session.trial_ids)
   is_val = np.concatenate(is_val)
-  split_of = {'train': np.flatnonzero(~is_val),
-              'validation': np.flatnonzero(is_val)}
-  if batch_size < 1 or batch_size > len(split_of['train']):
-    raise ValueError(f'--batch_size {batch_size}: the training split has '
-                     f'{len(split_of["train"])} trials; expected 1..that.')
+  return _Records(examples, queries, left_out,
+                  {'train': np.flatnonzero(~is_val),
+                   'validation': np.flatnonzero(is_val)},
+                  np.asarray(trial_session))
 
+
+def _trial_records(session: Session, readouts: List[Readout],
+                   ids: Dict[str, int], unit_ids: Optional[List[int]],
+                   offset: int, left_out: Dict[str, int], has_columns: bool,
+                   *, bin_size: float, pre_time: float, post_time: float,
+                   trial_query_time: str, query_interval: float
+                   ) -> Tuple[List[bytes], List[list]]:
+  """(serialized records, their queries) of one file's trials.
+
+  Args:
+    session: the file.
+    readouts: the readouts; a trials column's `targets` span every file.
+    ids: {readout: routing id}.
+    unit_ids: spike tokens: each unit's vocabulary id; None: binned tokens.
+    offset: the records of the files before this one.
+    left_out: {readout: queries left out}, incremented here.
+    has_columns: whether any trials column is read out.
+    bin_size, pre_time, post_time, trial_query_time, query_interval: the
+      flags.
+  """
+  window_start, duration, query_time = _windows(
+      session, pre_time, post_time, trial_query_time, has_columns)
+  examples, queries_by_trial = [], []
+  for i in range(len(session.trial_ids)):
+    values, times, token_units = _trial_tokens(
+        session, i, window_start[i], duration[i], bin_size, unit_ids)
+    queries = trial_queries(session, readouts, window_start[i], duration[i],
+                            query_time[i], query_interval, offset + i,
+                            left_out)
+    queries_by_trial.append(queries)
+    example = dataloader.make_example(
+        f'{session.identifier}/trial{session.trial_ids[i]}', values, times,
+        output_task_ids=[ids[q[0]] for q in queries],
+        output_timestamps=[q[1] for q in queries],
+        output_targets=[q[2] for q in queries],
+        session_id=session.identifier, window_start=float(window_start[i]),
+        input_unit_ids=token_units)
+    # Map keys sorted: the same bytes in every process (the default order
+    # follows Python's per-process string hash).
+    examples.append(example.SerializeToString(deterministic=True))
+  return examples, queries_by_trial
+
+
+def _trial_tokens(session: Session, i: int, window_start: float,
+                  duration: float, bin_size: float,
+                  unit_ids: Optional[List[int]]):
+  """(values, timestamps, unit ids or None) of trial row `i`'s input tokens:
+  binned counts, or with `unit_ids` one token per spike."""
+  if unit_ids is None:
+    n_bins = max(1, int(math.ceil(duration / bin_size - 1e-9)))
+    values = bin_spikes(session.spike_times, window_start, n_bins, bin_size)
+    return values, (np.arange(n_bins) + 0.5) * bin_size, None
+  values, times, token_units = spike_tokens(
+      session.spike_times, unit_ids, window_start, duration)
+  if not times.size:
+    raise NWBConversionError(
+        f'{session.path}: trial {session.trial_ids[i]} has no spike in '
+        f'its window [{window_start:.6g}, {window_start + duration:.6g}) s; '
+        'a record needs at least one token (widen it with --pre_time / '
+        '--post_time).')
+  return values, times, token_units
+
+
+def _write(output_dir: str, overwrite: bool, records: _Records,
+           summary: Dict[str, Any], readouts: List[Readout], *,
+           input_dim: int, units: Optional[vocabulary_lib.Vocabulary],
+           vocabulary: str, batch_size: int, train_epochs: int
+           ) -> Dict[str, Any]:
+  """Writes the records, the vocabulary (spike tokens), readout.yaml and
+  conversion.json whole or not at all; returns `summary` with `files`."""
   files = {split: os.path.abspath(os.path.join(output_dir,
                                                f'{split}.tfrecord'))
-           for split in split_of}
+           for split in records.split_of}
   vocabulary_path = (os.path.abspath(os.path.join(output_dir, _VOCABULARY))
                      if units is not None else None)
-  summary = _summary(sessions, np.asarray(trial_session), readouts, split_of,
-                     targets_by_trial, left_out, tokens=tokens,
-                     bin_size=bin_size, pre_time=pre_time, post_time=post_time,
-                     trial_query_time=trial_query_time,
-                     query_interval=query_interval)
   if units is not None:
     summary['vocabulary'] = vocabulary_path
     summary['extended_vocabulary'] = (os.path.abspath(vocabulary)
                                       if vocabulary else None)
   config_path = os.path.join(output_dir, _CONFIG)
-  text = _config_yaml(summary, readouts, files, config_path,
-                      1 if units is not None else len(sessions[0].unit_ids),
+  text = _config_yaml(summary, readouts, files, config_path, input_dim,
                       batch_size, train_epochs, vocabulary_path)
 
   def write(staging: str) -> None:
-    for split, rows in split_of.items():
+    for split, rows in records.split_of.items():
       dataloader.write_records(os.path.join(staging, f'{split}.tfrecord'),
-                               (examples[i] for i in rows))
+                               (records.examples[i] for i in rows))
     if units is not None:
       vocabulary_lib.save(units, os.path.join(staging, _VOCABULARY))
     with open(os.path.join(staging, _CONFIG), 'w') as f:
