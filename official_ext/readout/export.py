@@ -1,47 +1,5 @@
-"""SavedModel export of the readout model (serving signatures).
-
-Serving outputs have static structure: every head runs on every query
-position (the static routing of `MultitaskReadout.call_static`), and the
-caller keeps, for each query, the output of its task.
-
-Signatures:
-* `serving_default(examples)`: a batch of serialized `tf.train.Example`
-  records in the dataset's format (`dataloader`), parsed and validated by the
-  same `dataloader.Parser` as evaluation (a bad record fails naming
-  `input examples[i]`) and padded like an evaluation batch.
-* `serve_tokens(input_values, input_timestamps, input_mask,
-  output_readout_index, output_timestamps)`: an already padded batch,
-  float32 [B, n_in, input_dim], float32 [B, n_in], bool [B, n_in], int32
-  [B, n_out] (0: padding), float32 [B, n_out]; a unit-token model
-  (`ReadoutModel.tokenization` 'unit_tokens') also takes `input_unit_ids`
-  int32 [B, n_in] (the tokens' unit ids, `input_values` [B, n_in, 1]) and
-  `session_ids` int32 [B] (ids of the model's vocabulary, which the
-  SavedModel holds as the string variable `unit_vocabulary`).
-
-Both return `output_readout_index` int32 [B, n_out] and, per task, `<task>`
-float32 [B, n_out, k]: the served output of the task's readout type
-(`ReadoutType.serve` of `readout_types`) at every position: the head's
-output (k = dim) as values, logits or log-rates for the five original
-types (a continuous readout with `normalize_mean` / `normalize_std`
-de-normalised: in the target's units); for von_mises (k = 2) the mean
-direction in radians, in (-pi, pi], and the concentration kappa. It is the
-task's prediction where `output_readout_index` equals the task's id.
-`serving_default` also returns `targets` float32 [B, n_out, T] and
-`weights` float32 [B, n_out] of the records.
-
-`serve_tokens` refuses what it cannot score (InvalidArgumentError naming the
-input, and the row where one is to blame), never answering NaN: inputs of
-the wrong rank or width (the shape), inputs whose batch, token or query
-lengths disagree (both inputs and both lengths), a row without an unmasked
-input token, a routing id that is neither 0 nor a readout's, and a NaN or
-infinite `input_values` / `input_timestamps` entry of an unmasked token or
-`output_timestamps` entry of a query, and (unit tokens) an unmasked
-token's unit id or a row's session id outside the vocabulary. Masked input
-tokens and padding
-queries (id 0) are ignored whatever they hold: they are replaced by zeros
-before the model, by selection (attention masks by adding -1e9, and NaN +
--1e9 is still NaN).
-"""
+"""SavedModel export of the readout model: `serving_default` (serialized
+records) and `serve_tokens` (padded tensors); docs/readout.md, Export."""
 import functools
 from typing import Dict, Mapping
 
@@ -59,9 +17,7 @@ SIGNATURES = ('serving_default', 'serve_tokens')
 
 
 def _serve(spec: configs.ReadoutSpec, outputs: tf.Tensor) -> tf.Tensor:
-  """One task's served output of its head's outputs [..., dim]: in the
-  target's units (`configs.denormalize_predictions`), then its readout
-  type's `serve`."""
+  """One task's served output of its head's outputs [..., dim], in its units."""
   return readout_types.get_readout_type(spec).serve(
       spec, configs.denormalize_predictions(spec, outputs))
 
@@ -177,7 +133,7 @@ class ReadoutExportModule(export_base.ExportModule):
     return outputs
 
   def serve(self, examples: tf.Tensor) -> Dict[str, tf.Tensor]:
-    """Serialized records [B] -> outputs (see the module docstring)."""
+    """Serialized records [B] -> the served outputs, `targets` and `weights`."""
     sources = tf.strings.join(['input examples[', tf.strings.as_string(
         tf.range(tf.shape(examples)[0])), ']'])
     ds = tf.data.Dataset.from_tensor_slices((examples, sources)).map(
@@ -279,8 +235,8 @@ class ReadoutExportModule(export_base.ExportModule):
                    output_readout_index, output_timestamps,
                    input_unit_ids=None, session_ids=None
                    ) -> Dict[str, tf.Tensor]:
-    """A padded batch -> outputs (see the module docstring); unit tokens
-    also take `input_unit_ids` and `session_ids`."""
+    """A padded batch -> the served outputs; unit tokens also take
+    `input_unit_ids` and `session_ids`."""
     unit_inputs, unit_checks = {}, []
     if self._units is not None:
       if input_unit_ids is None or session_ids is None:
