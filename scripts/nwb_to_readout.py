@@ -8,9 +8,9 @@ r"""Converts a Neurodata Without Borders (NWB) file into readout TFRecords.
         --vocabulary=/data/ab/vocabulary.json --output_dir=/data/c \
         --trial_columns=choice
 
-The command of `official_ext.readout.nwb.convert` (its docstring: what is
-read, what is written, and the errors): each flag is the keyword argument of
-the same name; prints the conversion's summary (`nwb.format_summary`).
+The command of `official_ext.readout.nwb.convert` (each flag is its keyword
+argument of the same name); prints the conversion's summary. What is read and
+written: docs/readout.md#real-recordings-nwb-files-in.
 """
 import argparse
 import sys

@@ -57,7 +57,7 @@ from official_ext.readout import dataloader
 from official_ext.readout import demo_data
 from official_ext.readout.modeling import multitask_readout
 from official_ext.readout import task as task_lib
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 
 # Settings of a `benchmark readout` process: those a CPU training run of the
 # family takes (`core.kernels.kernel_policy`, as `python -m official_ext.train`

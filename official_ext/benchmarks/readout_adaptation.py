@@ -54,7 +54,7 @@ from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import demo_data
 from official_ext.readout import readout_types
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 
 PRETRAIN_EXPERIMENT = 'readout_units_demo'
 FINETUNE_EXPERIMENT = 'readout_units_finetune_demo'

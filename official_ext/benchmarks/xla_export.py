@@ -226,7 +226,7 @@ def _unit_tokens_build(quick: bool, precision: str, overrides=None
   vocabulary = readout_bench.spike_vocabulary(quick)
   folder = tempfile.mkdtemp(prefix='xla_export_units')
   vocabulary_file = os.path.join(folder, 'vocabulary.json')
-  from official_ext.readout import vocabulary as vocabulary_lib  # pylint: disable=g-import-not-at-top
+  from official_ext.readout import unit_vocabulary as vocabulary_lib  # pylint: disable=g-import-not-at-top
   vocabulary_lib.save(vocabulary, vocabulary_file)
   config = readout_bench.spike_task(quick, vocabulary_file).task_config
   config.override({'model': {'static_shapes': True}}, is_strict=True)

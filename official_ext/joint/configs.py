@@ -1,35 +1,5 @@
-"""Configuration of joint experiments: readout and YT8M tasks, one encoder.
-
-A joint experiment is a Model Garden multitask experiment
-(`official.modeling.multitask.configs.MultiTaskExperimentConfig`): a list of
-task routines, each a registered task of a family with its own data, losses,
-metrics and head, all sharing one `TokenEncoder` (the readout family's
-encoder, `task.model.encoder`). Any combination of readout and YT8M routines
-can be joined: one of each, two readout routines (e.g. two datasets with
-different readouts), YT8M alone on the token encoder, ...
-
-Each routine names its `family` ('readout' | 'yt8m'), which decides the class
-of its `task_config` (`FAMILY_TASK_CONFIGS`): a YAML file or
---params_override can then give a list of routines of another length or other
-families, which Model Garden's generic `TaskRoutine` (its `task_config`
-annotated as the base `TaskConfig`) would silently build as base
-`TaskConfig`s.
-
-`trainer.trainer_type` chooses Model Garden's multitask trainer: 'joint' (one
-update per step from the weighted sum of every task's loss, on one batch of
-each) or 'interleaving' (each step one task, sampled by
-`trainer.task_sampler` from the task weights, updated by its own
-`train_step`).
-
-`validate` (called by `JointExperimentConfig.validate`, i.e. whenever the
-config is loaded, and when the task is built) turns a combination that
-cannot work into a ValueError naming the key.
-
-Experiment registered here:
-
-* `readout_yt8m_joint`: the readout demo and a tiny YouTube-8M task on
-  generated data, joint updates.
-"""
+"""Configuration of joint experiments: readout and YT8M task routines on one
+shared encoder (docs/readout.md#joint-training-with-youtube-8m)."""
 import dataclasses
 from typing import Dict, List, Optional, Tuple, Type
 
@@ -59,20 +29,11 @@ def _family_of(task_config) -> str:
 
 @dataclasses.dataclass
 class JointTaskRoutine(multitask_configs.TaskRoutine):
-  """One task of a joint experiment (Model Garden's `TaskRoutine` + family).
+  """One task of a joint experiment: Model Garden's `TaskRoutine` + family.
 
   Attributes:
-    task_name: the task's name: its sub-model, its metrics (`<name>/...`)
-      and its checkpoint path (`model/_sub_tasks/<name>/`). Unique.
-    task_config: the task's config, of the family's class
-      (`FAMILY_TASK_CONFIGS[family]`).
-    eval_steps: evaluation steps of this task (None: trainer's
-      validation_steps).
-    task_weight: the task's weight in the joint loss ('joint' trainer), or its
-      sampling weight ('interleaving').
-    family: 'readout' or 'yt8m'. Set from `task_config`'s class when a
-      routine is built in Python; in YAML it chooses the class of the
-      `task_config` that follows.
+    family: 'readout' or 'yt8m': the class of `task_config`
+      (`FAMILY_TASK_CONFIGS`); set from that class when built in Python.
   """
   family: str = ''
 
@@ -82,12 +43,7 @@ class JointTaskRoutine(multitask_configs.TaskRoutine):
       self.family = _family_of(self.task_config)
 
   def _override(self, override_dict, is_strict=True):
-    """Builds `task_config` as its family's class (hyperparams hook).
-
-    A `task_config` dict overrides the routine's task config if that is of
-    the family's class, else the family's default config; either way
-    strictly (a key the family's task config lacks is a KeyError naming it).
-    """
+    """Builds `task_config`, strictly, as its family's class."""
     override_dict = dict(override_dict)
     task_config = override_dict.pop('task_config', None)
     if 'family' in override_dict:
@@ -115,13 +71,10 @@ class JointModelConfig(hyperparams.Config):
   """The shared modules of a joint model.
 
   Attributes:
-    encoder: the shared `TokenEncoder`. A readout routine's
-      `model.encoder` must equal it (its decoder reads the same sizes).
-    encoder_l2_weight_decay: L2 weight decay of the shared encoder's kernels
-      (decay / 2 * sum(w^2), as YT8M's `losses.l2_weight_decay`); counted
-      once in the joint loss, whichever tasks use the encoder. 0: none.
-    seconds_per_frame: timestamp step of YT8M frames as encoder tokens
-      (YouTube-8M: 1 s per frame).
+    encoder: the shared `TokenEncoder`; a readout routine's must equal it.
+    encoder_l2_weight_decay: L2 decay of the encoder's kernels (decay / 2 *
+      sum(w^2)), counted once; 0: none.
+    seconds_per_frame: timestamp step of YT8M frames as encoder tokens.
   """
   encoder: readout_configs.Encoder = dataclasses.field(
       default_factory=readout_configs.Encoder)
@@ -132,12 +85,10 @@ class JointModelConfig(hyperparams.Config):
 @dataclasses.dataclass
 class JointTaskConfig(multitask_configs.MultiTaskConfig):
   """Attributes:
-    model: the shared modules.
-    task_routines: the tasks; any number of readout and YT8M routines.
-    gradient_clip_norm: 'joint' trainer: clip the summed gradient's global
-      norm (<= 0: off). The 'interleaving' trainer runs each task's own
-      `train_step`, which clips by that task's `gradient_clip_norm`.
-  """
+  model: the shared modules.
+  task_routines: the tasks; any number of readout and YT8M routines.
+  gradient_clip_norm: 'joint' trainer: the summed gradient's global norm
+    clip (<= 0: off); 'interleaving' uses each task's own."""
   model: JointModelConfig = dataclasses.field(
       default_factory=JointModelConfig)
   task_routines: Tuple[JointTaskRoutine, ...] = ()
@@ -152,20 +103,7 @@ def task_names(config: JointTaskConfig) -> List[str]:
 
 def validate(config: JointTaskConfig,
              trainer_type: Optional[str] = None) -> None:
-  """Raises a ValueError naming the key of a combination that cannot work.
-
-  Args:
-    config: the joint task config.
-    trainer_type: `trainer.trainer_type`, if known.
-
-  Raises:
-    ValueError: no routine; a routine of an unknown family, or whose
-      task_config is not of its family's class; an empty or repeated task
-      name; a readout routine whose `model.encoder` differs from
-      `task.model.encoder`; a YT8M routine with a backbone (the shared
-      encoder replaces it) or an unknown head; an `init_checkpoint` (not
-      supported by the joint model); an unknown trainer type.
-  """
+  """Raises a ValueError naming the key of a combination that cannot work."""
   if trainer_type is not None and trainer_type not in TRAINER_TYPES:
     raise ValueError(f'trainer.trainer_type={trainer_type!r}: expected one '
                      f'of {TRAINER_TYPES}.')
@@ -235,11 +173,7 @@ class JointExperimentConfig(multitask_configs.MultiTaskExperimentConfig):
 
 
 def tiny_yt8m_task() -> yt8m_configs.YT8MTask:
-  """A small YT8M task on generated data, for the token encoder.
-
-  The backbone is off (`model.backbone.type` null: the shared encoder
-  replaces it); the head is a 2-mixture MoE.
-  """
+  """A small YT8M task on generated data, its backbone off, a MoE head."""
   data = dict(feature_sizes=(32, 8), num_classes=10, max_frames=16,
               num_sample_frames=None)
   return yt8m_configs.YT8MTask(

@@ -1,27 +1,6 @@
-"""The joint task: Model Garden's `MultiTask` over readout and YT8M tasks.
-
-`JointMultiTask` holds one registered family task per routine (a
-`ReadoutTask` or a `YT8MTask`, each with its own inputs, metrics and
-evaluation) and builds the `JointModel`. It is registered for
-`configs.JointTaskConfig`, so `task_factory.get_task(params.task)` builds it
-and `official_ext.train` runs a joint experiment like any other
-(`core.run.trainer.create_trainer` then picks Model Garden's joint or
-interleaving multitask trainer).
-
-With the 'interleaving' trainer each step runs one task's own `train_step`
-on its sub-model (its loss includes its sub-model's regularization, the
-shared encoder's term too). With the 'joint' trainer each step is
-`joint_train_step`:
-
-    total = sum_t task_weight_t * data_loss_t + sum of regularization terms
-
-where `data_loss_t` is task t's global-batch loss without regularization
-(the readout task's weighted per-readout losses; YT8M's cross-entropy) and
-each regularization term counts once (`JointModel.regularization_losses`:
-the shared encoder's is not repeated per task). One optimizer step from its
-gradient, clipped by its global norm after the sum over replicas
-(`task.gradient_clip_norm`, `core.gradients`).
-"""
+"""The joint task: Model Garden's `MultiTask` over readout and YT8M tasks on
+the `JointModel`, with its joint training step (docs/readout.md, Joint
+training)."""
 from typing import Any, Dict, Tuple
 
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
@@ -30,7 +9,7 @@ from official.core import task_factory
 from official.modeling.multitask import multitask
 from official_ext.core import gradients
 from official_ext.joint import configs
-from official_ext.joint import modeling
+from official_ext.joint.modeling import model as joint_model
 from official_ext.readout import task as readout_task
 from official_ext.yt8m import task as yt8m_task
 
@@ -40,13 +19,7 @@ TaskLoss = Tuple[tf.Tensor, tf.Tensor, Dict[str, Any]]
 
 def readout_data_loss(task: readout_task.ReadoutTask, model, inputs
                       ) -> TaskLoss:
-  """The readout task's global-batch loss, without regularization.
-
-  sum_r loss_weight_r * loss_r over the task's readouts (scaled as
-  `task.loss_weighting` says), each loss the weighted mean over the global
-  batch's queries (`readout.losses`, `ReadoutTask.global_losses`).
-  Metric inputs: {readout: loss, 'total_loss': that sum}.
-  """
+  """The readout task's global-batch loss without regularization."""
   outputs = model(inputs, training=True)
   share, global_losses = task.global_losses(
       inputs, task.route(model, inputs, outputs))
@@ -54,13 +27,7 @@ def readout_data_loss(task: readout_task.ReadoutTask, model, inputs
 
 
 def yt8m_data_loss(task: yt8m_task.YT8MTask, model, inputs) -> TaskLoss:
-  """The YT8M task's cross-entropy over the global batch, no regularization.
-
-  The mean over this replica's examples (and classes) of
-  `YT8MTask.build_losses`; with R replicas of equal batches the global loss is
-  the mean of the replicas' (their sum / R). Metric inputs: {'total_loss',
-  'model_loss'}, both that loss.
-  """
+  """The YT8M task's cross-entropy over the global batch, no regularization."""
   outputs = model(inputs['video_matrix'],
                   num_frames=tf.reshape(inputs['num_frames'], [-1]),
                   training=True)
@@ -92,13 +59,7 @@ def data_loss(task, model, inputs) -> TaskLoss:
 
 
 class JointMultiTask(multitask.MultiTask):
-  """`MultiTask` of readout and YT8M tasks on the `JointModel`.
-
-  Args:
-    tasks: {task name: task}.
-    config: the joint task config (model, routines, clipping).
-    **kwargs: `MultiTask` arguments (task_weights, task_eval_steps).
-  """
+  """`MultiTask` of readout and YT8M tasks on the `JointModel`."""
 
   def __init__(self, tasks, config: configs.JointTaskConfig, **kwargs):
     super().__init__(tasks, **kwargs)
@@ -115,24 +76,16 @@ class JointMultiTask(multitask.MultiTask):
     return cls(base.tasks, config=config, task_weights=base.task_weights,
                task_eval_steps=base.task_eval_steps)
 
-  def build_multitask_model(self) -> modeling.JointModel:
+  def build_multitask_model(self) -> joint_model.JointModel:
     """The joint model of the config (Model Garden's multitask interface)."""
-    return modeling.JointModel(self._config)
+    return joint_model.JointModel(self._config)
 
   def joint_train_step(self, task_inputs, multi_task_model, optimizer,
                        task_metrics, **kwargs):
-    """One update from sum_t w_t * data_loss_t + regularization (once).
-
-    Args:
-      task_inputs: {task name: this replica's batch}.
-      multi_task_model: the `JointModel`.
-      optimizer: the optimizer (a LossScaleOptimizer under float16).
-      task_metrics: {task name: the task's training metrics}.
-      **kwargs: unused.
+    """One update from sum_t w_t * data_loss_t + regularization (counted once).
 
     Returns:
-      {task name: its global-batch data loss, 'total_loss': the weighted sum
-      plus the regularization}.
+      {task name: its global-batch data loss, 'total_loss': the total}.
     """
     losses = {}
     with tf.GradientTape() as tape:

@@ -1,22 +1,6 @@
-"""The family's five original readout types, registered in `readout_types`.
-
-* continuous (dim: channels): stores dim values; MSE; r2, pearson; serves
-  the values.
-* binary (dim: independent labels): dim labels in [0, 1]; sigmoid
-  cross-entropy; balanced_accuracy, macro_f1 (the 'torch_brain' protocol:
-  accuracy first); serves logits.
-* multinomial (dim: classes, >= 2): 1 class id, an integer in [0, dim);
-  softmax cross-entropy; balanced_accuracy, macro_f1 (the 'torch_brain'
-  protocol: accuracy first); serves logits.
-* multilabel (dim: labels): dim labels in [0, 1]; sigmoid cross-entropy;
-  map; serves logits.
-* event_rate (dim: event channels): dim counts >= 0; Poisson NLL of
-  log-rates; poisson_d2; serves log-rates.
-
-Metrics: the primary one first. The losses are those of `losses`'
-docstring, the metrics `metrics`' functions. Registered when `configs`
-imports this module.
-"""
+"""The five original readout types (continuous, binary, multinomial,
+multilabel, event_rate), registered in `readout_types` when `configs` imports
+this module (docs/readout.md#readout-types)."""
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 
 from official_ext.readout import metrics

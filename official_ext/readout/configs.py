@@ -1,28 +1,5 @@
-"""Configuration of the multitask readout family.
-
-A readout model encodes a sequence of input tokens (each a feature vector
-with a timestamp) with a shared encoder, decodes a variable number of readout
-queries (a task id and a timestamp each) against it, and projects every query
-through the linear head of its task (`modeling.multitask_readout`).
-
-Experiments registered here:
-
-* `readout_demo`: the eight-readout demo on generated neural-decoding-style
-  data (`official_ext.readout.demo_data`); trains on 2 CPU cores.
-* `readout_demo_named_eval`: the demo over four recording sessions,
-  evaluated on two named sets, held-out trials and held-out sessions.
-* `readout_yt8m_joint` (in `official_ext.joint`): the readout task and
-  YouTube-8M classification trained jointly on one shared encoder through
-  `official.modeling.multitask`.
-
-Routing ids. `ReadoutTaskConfig.task_vocabulary` lists task names; the routing
-id of a task is 1 + its position there, and 0 is padding (never a task).
-Records store these ids, so the vocabulary is a property of the data: keep it
-fixed and drop a task by removing its `ReadoutSpec` from `readouts` (and its
-queries from the records: the dataloader rejects a query whose task has no
-spec), never by reordering the vocabulary. The model itself skips ids without
-a head, so a single-task model runs on multitask batches.
-"""
+"""Configuration of the multitask readout family and its experiments
+(docs/readout.md#experiments)."""
 import dataclasses
 import re
 from typing import Dict, Optional, Tuple
@@ -68,29 +45,15 @@ class ReadoutSpec(hyperparams.Config):
   """One readout (task) of the model.
 
   Attributes:
-    name: task name; names its head (`projections/<name>`), its outputs and
-      its metrics (`<name>/<metric>`). Letters, digits, '_', '.', '-';
-      not 'total' or 'average' (`RESERVED_NAMES`).
-    dim: output width of the head. continuous: number of channels; binary /
-      multilabel: number of independent labels; multinomial: number of
-      classes; event_rate: number of event channels; von_mises: 2 (the
-      vector whose direction and length are the angle's mean and
-      concentration).
-    type: a registered readout type (`readout_types`): 'continuous' |
-      'binary' | 'multinomial' | 'multilabel' | 'event_rate' | 'von_mises'
-      or one you register. Decides the target size and checks, the loss,
-      the metrics and the served output. The head outputs: values
-      (continuous), logits (binary, multilabel, multinomial), log-rates
-      (event_rate), a 2-vector (von_mises).
+    name: task name: its head, outputs and metrics; letters, digits, '_',
+      '.', '-'; not one of `RESERVED_NAMES`.
+    dim: the head's width (channels, labels or classes; von_mises 2).
+    type: a registered readout type (`readout_types`).
     loss_weight: this task's weight in the total loss.
-    metrics: metrics to report; empty: every metric of the type
-      (`ReadoutType.metrics`).
-    normalize_mean, normalize_std: target normalisation of a continuous
-      readout (torch_brain's `normalize_mean` / `normalize_std`): one value,
-      or one per channel (`dim`); both empty (default): off; set together.
-      The loss sees (y - mean) / std, so the head learns normalised values;
-      evaluation and serving report its predictions de-normalised
-      (p * std + mean), in the target's own units. std > 0.
+    metrics: metrics to report; empty: every metric of the type.
+    normalize_mean, normalize_std: continuous targets normalised as
+      (y - mean) / std for the loss (one value or `dim`; both or neither;
+      std > 0); predictions are reported de-normalised.
   """
   name: str = ''
   dim: int = 1
@@ -106,9 +69,7 @@ def target_normalization(spec: ReadoutSpec
   """(mean, std), float32 [dim] each, of a normalised readout; else None.
 
   Raises:
-    ValueError: naming the spec, for a normalisation of a type other than
-      continuous, only one of mean / std set, a length other than 1 or
-      `dim`, or a std that is not > 0.
+    ValueError: naming the spec, for a normalisation that is not valid.
   """
   mean, std = tuple(spec.normalize_mean or ()), tuple(spec.normalize_std or ())
   if not mean and not std:
@@ -137,16 +98,13 @@ def target_normalization(spec: ReadoutSpec
 
 
 def normalize_targets(spec: ReadoutSpec, targets):
-  """(targets - mean) / std for a normalised readout, else `targets`.
-
-  targets: float [n, dim] (numpy or tf)."""
+  """(targets - mean) / std for a normalised readout, else `targets`."""
   norm = target_normalization(spec)
   return targets if norm is None else (targets - norm[0]) / norm[1]
 
 
 def denormalize_predictions(spec: ReadoutSpec, predictions):
-  """predictions * std + mean for a normalised readout (the inverse of
-  `normalize_targets`), else `predictions`; float [..., dim]."""
+  """predictions * std + mean for a normalised readout, else `predictions`."""
   norm = target_normalization(spec)
   return predictions if norm is None else predictions * norm[1] + norm[0]
 
@@ -191,19 +149,12 @@ def validate_readouts(readouts, task_vocabulary) -> None:
 
 def selected_eval_sets(task_config: 'ReadoutTaskConfig'
                        ) -> Tuple['EvalSet', ...]:
-  """The evaluation sets an evaluation reads (`Evaluation`), checked.
-
-  Returns:
-    () when `task.evaluation.eval_sets` is empty (the evaluation reads
-    `task.validation_data`), else the selected sets in config order.
+  """The evaluation sets an evaluation reads, checked; () without sets.
 
   Raises:
-    ValueError: naming the key at fault: a set name that is empty, repeated
-      or not made of letters, digits, '_', '.', '-'; `eval_set` not a known
-      name; a set whose data is for training, whose `input_dim` differs from
-      `task.train_data.input_dim`, or whose `demo_split` is unknown; selected
-      sets whose `batching` or `drop_remainder` differ (their batches share
-      one pipeline); `task.validation_data.input_path` set beside the sets.
+    ValueError: naming the key at fault (a set's name, data or demo_split,
+      an unknown `eval_set`, selected sets whose batching differs, or
+      `task.validation_data.input_path` set beside the sets).
   """
   evaluation = task_config.evaluation
   sets = tuple(evaluation.eval_sets)
@@ -258,30 +209,20 @@ def task_index(task_vocabulary) -> Dict[str, int]:
 
 @dataclasses.dataclass
 class DataConfig(cfg.DataConfig):
-  """Input pipeline of readout `tf.train.Example` records (see `dataloader`).
+  """Input pipeline of readout records (docs/readout.md#data).
 
   Attributes:
     input_dim: feature width of every input token.
-    batching: 'padded': queries padded per batch ([batch, n_out], padding id
-      0, weight 0); 'varlen': queries of the batch chained ([N]) with an
-      `output_batch_index`. Input tokens are padded in both.
-    pad_multiple: padded token and query counts are rounded up to a multiple
-      of this (8 keeps shapes few and vector-friendly).
-    max_input_tokens: if set, input tokens are padded to exactly this many
-      (static shapes, e.g. TPU); a longer record is an error naming it.
+    batching: 'padded' ([batch, n_out] queries) or 'varlen' (chained).
+    pad_multiple: token and query counts are padded to a multiple of this.
+    max_input_tokens: if set, tokens are padded to exactly this many
+      (static shapes); a longer record is an error.
     max_queries: the same for queries (padded batching only).
     shuffle_buffer_size: records shuffled in training.
     num_examples: number of records, informational; -1 unknown.
-    skip_bad_records: False (default): a truncated/corrupted file or an
-      invalid record is an error naming the file and record. True: the
-      damaged records of a file, or the invalid record, are skipped,
-      logged and counted (`bad_records_skipped` in the task's logs).
-    balance_sessions: training with unit tokens only: every session of the
-      files is drawn equally often (rejection resampling of the shuffled,
-      repeated records; each session's share of the files is counted in
-      one pass over their `session_id`s before training), so a long
-      recording does not outweigh a short one. False: records are drawn as
-      they are shuffled.
+    skip_bad_records: skip, log and count bad records instead of failing.
+    balance_sessions: training with unit tokens: draw every session of the
+      files equally often.
   """
   input_dim: int = 32
   batching: str = 'padded'
@@ -301,14 +242,12 @@ class Encoder(hyperparams.Config):
   Attributes:
     hidden_size: token width inside the encoder and decoder.
     num_heads: attention heads.
-    num_layers: self-attention blocks (over the tokens, or over the latents).
-    num_latents: 0: a Transformer over the input tokens; > 0: Perceiver-style,
-      this many learned latents cross-attend to the tokens first.
+    num_layers: self-attention blocks.
+    num_latents: 0: a Transformer over the tokens; > 0: this many
+      Perceiver latents cross-attend to the tokens first.
     intermediate_size: width of the feed-forward layers.
-    dropout_rate: dropout in attention and feed-forward outputs.
-    min_time_period: shortest period (seconds) of the sinusoidal time
-      embedding.
-    max_time_period: longest period (seconds).
+    dropout_rate: dropout of attention and feed-forward outputs.
+    min_time_period, max_time_period: the time embedding's periods (s).
   """
   hidden_size: int = 64
   num_heads: int = 4
@@ -322,12 +261,7 @@ class Encoder(hyperparams.Config):
 
 @dataclasses.dataclass
 class Decoder(hyperparams.Config):
-  """Query decoder: task + time embedding, cross-attention to the encoder.
-
-  Attributes:
-    num_layers: cross-attention (+ feed-forward) blocks; queries do not attend
-      to each other, so padded and chained queries decode identically.
-  """
+  """Query decoder; num_layers: its cross-attention (+ feed-forward) blocks."""
   num_layers: int = 1
 
 
@@ -336,26 +270,12 @@ class ReadoutModel(hyperparams.Config):
   """Attributes:
     encoder: the shared encoder.
     decoder: the query decoder.
-    static_shapes: route with masks instead of gathering rows (every head
-      runs on every query; the loss masks the rest). Needed under XLA/TPU;
-      same losses and metrics.
-    tokenization: 'binned' (default): a token is one time bin's vector of
-      `input_dim` features, embedded by `Dense(hidden_size)`
-      (`token_embedding`): a model fits one recording's units. 'unit_tokens':
-      a token is one unit's activity at one time (a spike event, value 1,
-      or a bin's count), embedded as unit_embedding(unit id) +
-      value_projection(value) + session_embedding(session id); the tables'
-      rows come from `task.vocabulary_file`, so one model reads recordings
-      of any unit count (`input_dim` 1).
-    unit_token_variant: with unit tokens, 'poyo' (default): POYO's model,
-      an input token is unit_embedding(unit id) + value_projection(value)
-      and the session embedding is added to each decoder query; the unit,
-      session and task embeddings are drawn from N(0, 0.02), the unit and
-      session tables' row 0 (padding) is zero and receives no gradient.
-      'session_per_token': the session embedding added to every input token
-      instead, tf_keras' default initialisation. A params.yaml without this
-      key was written with 'session_per_token' (`PARAMS_YAML_DEFAULTS`).
-  """
+    static_shapes: route with masks, every head on every query (XLA, TPU).
+    tokenization: 'binned' (a token is a bin's vector of `input_dim`
+      features) or 'unit_tokens' (a token is one unit's activity at one
+      time; tables sized by `task.vocabulary_file`).
+    unit_token_variant: 'poyo' or 'session_per_token' (docs/readout.md,
+      POYO and this model)."""
   # Fields added after params.yaml files were written without them: the
   # value a file lacking the field was trained with
   # (`core.experiment_params`).
@@ -395,17 +315,14 @@ _SET_NAME = re.compile(r'^[A-Za-z0-9_.-]+$')
 
 @dataclasses.dataclass
 class EvalSet(hyperparams.Config):
-  """A named evaluation set (see `Evaluation`).
+  """A named evaluation set.
 
   Attributes:
-    name: names the set's metrics (`<name>/<task>/<metric>`,
-      `<name>/average/<metric>`, `<name>/<task>_loss`, `<name>/total_loss`,
-      `<name>/num_examples`) and its table. Letters, digits, '_', '.', '-'.
-    data: the set's input pipeline (`is_training` False; `input_dim` that of
-      `task.train_data`).
-    demo_split: the generated split read when `data.input_path` is empty and
-      `task.demo_data.enabled`: one of `DEMO_EVAL_SPLITS`; '': none (then
-      `data.input_path` must be set).
+    name: prefixes the set's metrics and names its table; letters, digits,
+      '_', '.', '-'.
+    data: the set's input pipeline.
+    demo_split: the generated split read when `data.input_path` is empty
+      (one of `DEMO_EVAL_SPLITS`); '': none.
   """
   name: str = ''
   data: DataConfig = dataclasses.field(
@@ -416,42 +333,14 @@ class EvalSet(hyperparams.Config):
 @dataclasses.dataclass
 class Evaluation(hyperparams.Config):
   """Attributes:
-    print_table: print the per-task metric table (stdout) after each
-      evaluation (one per evaluation set).
-    eval_sets: named evaluation sets. Empty: an evaluation reads
-      `task.validation_data` and reports `<task>/<metric>`. Otherwise it
-      reads the selected sets (one after the other, in one pass) and
-      reports every metric under its set's name; `task.validation_data` is
-      then not read (its `input_path` must be empty).
-    eval_set: the set to evaluate: '' every set of `eval_sets`, else the
-      name of one.
-    stitch: the neural-decoding protocol of overlapping windows (`metrics`):
-      the predictions of queries at the same (session, session time, task)
-      are averaged before any metric (the records' `session_id` and
-      `window_start`; a record without them is its own session at time 0),
-      and with more than one session the metrics are also reported per
-      session (`sessions/<session>/<task>/<metric>`) and averaged over
-      sessions (`<task>/<metric>/session_mean`). False: every query is
-      scored as it is (no session is read). With named sets each set is
-      stitched on its own, its keys under its prefix
-      (`<set>/sessions/<session>/<task>/<metric>`,
-      `<set>/<task>/<metric>/session_mean`): queries of two sets are never
-      averaged together.
-    stitch_resolution: seconds; session times are rounded to a multiple of
-      this before they are compared. `window_start` is stored as float32,
-      so a session time carries its rounding (up to 6e-8 x the time: 6e-5 s
-      at 1000 s): raise this for long sessions, below half the sampling
-      period of the targets.
-    protocol: how the metrics are computed and summarised (`metrics`).
-      'official_ext': weighted by the queries' metric weights
-      (`output_eval_mask`, else the loss weights), classification by
-      balanced accuracy, headline keys pooled over the sessions.
-      'torch_brain': the numbers of torch_brain's stitching evaluator:
-      stitched whatever `stitch` says, metrics unweighted (a record without
-      `output_eval_mask` has every query scored once), classification by
-      plain (micro) accuracy, headline keys the means over sessions of the
-      per-session scores; every evaluated record needs a session_id.
-  """
+    print_table: print the per-task metric table after each evaluation.
+    eval_sets: named evaluation sets; empty: `task.validation_data`.
+    eval_set: the set to evaluate; '': every set.
+    stitch: average the predictions of overlapping windows per (session,
+      time, task) and add per-session metrics.
+    stitch_resolution: seconds to which session times are rounded.
+    protocol: 'official_ext' or 'torch_brain' (docs/readout.md: the
+      evaluation protocol)."""
   print_table: bool = True
   eval_sets: Tuple[EvalSet, ...] = ()
   eval_set: str = ''
@@ -461,8 +350,7 @@ class Evaluation(hyperparams.Config):
 
 
 def stitching(evaluation: Evaluation) -> bool:
-  """Whether an evaluation stitches: `stitch`, or the 'torch_brain'
-  protocol (which always does)."""
+  """Whether an evaluation stitches: `stitch` or the 'torch_brain' protocol."""
   return bool(evaluation.stitch) or evaluation.protocol == 'torch_brain'
 
 
@@ -472,45 +360,22 @@ class DemoDataConfig(hyperparams.Config):
 
   Attributes:
     enabled: generate data when `input_path` is empty.
-    cache_dir: where generated shards are kept; '' uses $OFFICIAL_EXT_CACHE
-      or ~/.cache/official_ext.
+    cache_dir: where generated shards are kept; '': $OFFICIAL_EXT_CACHE or
+      ~/.cache/official_ext.
     seed: random seed of the generator.
-    num_train_trials: records in the train split.
-    num_validation_trials: records in the validation split.
+    num_train_trials, num_validation_trials: records per split.
     num_shards: files per split.
-    noise_std: std of the per-unit noise of the input tokens (independent
-      per 100 ms bin).
-    trial_noise_std: std of the per-trial error with which the units encode
-      the task variables (stimulus, choice, reward); it bounds how well the
-      classification readouts can be decoded.
-    num_sessions: recording sessions the train and validation trials are
-      dealt over (trial i: session i mod num_sessions). Session 0 records
-      with the shared mixing of latents into units; every other session
-      scales each unit by its own random gain.
-    num_held_out_sessions: sessions of the `held_out_sessions` split, none
-      of them in the train split (each with its own gains).
-    num_held_out_session_trials: records of the `held_out_sessions` split
-      (0: not written; then num_held_out_sessions must be 0).
-    session_gain_std: std of the log of the per-unit gains of a session
-      (session 0 excepted; with unit tokens every session's units).
-    num_held_out_train_trials: unit tokens: records of the `held_out_train`
-      split, training trials of the held-out sessions (adaptation to a new
-      recording; 0: not written).
-    min_units, max_units: unit tokens: each session records a number of
-      units drawn in [min_units, max_units], each with its own tuning to
-      the shared latents and gain (`demo_data.unit_session`).
-    mean_rate_hz: unit tokens: the units' median firing rate at rest.
-    tuning_std: unit tokens: std of each unit's log-rate weight on each
-      latent variable (how strongly a unit encodes the task).
-    train_split: the generated split `task.train_data` reads: 'train', or
-      'held_out_train' (unit tokens: the held-out sessions, whose units the
-      extended vocabulary adds).
-    validation_split: the generated split `task.validation_data` reads
-      ('validation' or 'held_out_sessions').
-
-  With `task.model.tokenization` 'unit_tokens' the generated records are
-  spike-event unit tokens of the same simulated trials (`demo_data`), and
-  the data's vocabulary is used when `task.vocabulary_file` is empty.
+    noise_std: std of the units' per-bin noise.
+    trial_noise_std: std of the per-trial error of the task variables.
+    num_sessions: sessions the train and validation trials are dealt over.
+    num_held_out_sessions: sessions of the `held_out_sessions` split.
+    num_held_out_session_trials: its records (0: not written).
+    session_gain_std: std of the log of a session's per-unit gains.
+    num_held_out_train_trials: unit tokens: records of `held_out_train`.
+    min_units, max_units: unit tokens: each session's unit count range.
+    mean_rate_hz: unit tokens: the units' median firing rate at rest (Hz).
+    tuning_std: unit tokens: std of each unit's log-rate weights.
+    train_split, validation_split: the generated splits the task reads.
   """
   enabled: bool = False
   cache_dir: str = ''
@@ -541,32 +406,15 @@ class ReadoutTaskConfig(cfg.TaskConfig):
     readouts: one ReadoutSpec per task with a head.
     task_vocabulary: task names; routing id = 1 + position (0: padding).
     gradient_clip_norm: clip the global gradient norm (<= 0: off).
-    loss_weighting: how task losses add up to the total (`losses`):
-      'weighted_sum': sum_t loss_weight_t * loss_t; 'sample_share':
-      sum_t loss_weight_t * (n_t / n) * loss_t, n_t the samples of the
-      global batch with a query of task t of positive weight, n its samples
-      (torch_brain's POYO+ scaling, with loss_weight applied as well).
+    loss_weighting: 'weighted_sum' or 'sample_share' (`losses`).
     evaluation: evaluation options.
     demo_data: generated data used when an `input_path` is empty.
-    vocabulary_file: the unit and session vocabulary (`vocabulary`, JSON)
-      of `model.tokenization` 'unit_tokens' (required there, unused with
-      'binned'): the embedding tables have one row per id. With demo data
-      and this empty, the generated data's vocabulary is used.
-    init_checkpoint: (Model Garden's) a checkpoint (file prefix or
-      directory) to start from: every variable is restored strictly, except
-      that the unit and session tables may have more rows than the
-      checkpoint's (rows of ids the checkpoint's vocabulary has are copied
-      bit-identically, the others keep their initialisation). The
-      checkpoint's stored vocabulary must be a prefix of this one.
-    freeze: modules not trained, among 'encoder' (= 'latents' +
-      'encoder_except_latents'), 'decoder', 'readout', 'unit_embedding',
-      'session_embedding' (`FREEZABLE_MODULES`). 'unit_embedding' /
-      'session_embedding' freeze the rows of the ids in the checkpoint's
-      vocabulary only (new rows are trained), so
-      `UNIT_IDENTIFICATION_FREEZE` is unit identification of a new
-      recording.
-    unfreeze_step: from this training step on every module trains; 0: the
-      frozen modules stay frozen for the whole run.
+    vocabulary_file: the unit vocabulary (JSON) of unit tokens; with demo
+      data and '' the generated one.
+    init_checkpoint: a checkpoint (or directory) to start from, restored
+      strictly but for grown unit and session tables.
+    freeze: modules not trained (`FREEZABLE_MODULES`).
+    unfreeze_step: the step from which every module trains; 0: never.
   """
   model: ReadoutModel = dataclasses.field(default_factory=ReadoutModel)
   train_data: DataConfig = dataclasses.field(
@@ -658,9 +506,7 @@ def readout_demo() -> cfg.ExperimentConfig:
 
 @exp_factory.register_config_factory('readout_demo_named_eval')
 def readout_demo_named_eval() -> cfg.ExperimentConfig:
-  """`readout_demo` over four recording sessions, evaluated on two named
-  sets: `held_out_trials` (new trials of the training sessions) and
-  `held_out_sessions` (two sessions no training trial comes from)."""
+  """`readout_demo` over four sessions, evaluated on two named sets."""
   params = readout_demo()
   task = params.task
   data = task.validation_data
@@ -675,8 +521,7 @@ def readout_demo_named_eval() -> cfg.ExperimentConfig:
 
 
 def readout_units_demo_task() -> ReadoutTaskConfig:
-  """The unit-token demo's task: spike-event tokens of eight generated
-  sessions of 8-32 units each, one Perceiver encoder (32 latents)."""
+  """The unit-token demo's task: eight generated sessions, Perceiver encoder."""
   task = readout_demo_task(num_train=4096, num_val=512, batch_size=64)
   task.model = task.model.replace(
       tokenization='unit_tokens',
@@ -693,9 +538,7 @@ def readout_units_demo_task() -> ReadoutTaskConfig:
 
 @exp_factory.register_config_factory('readout_units_demo')
 def readout_units_demo() -> cfg.ExperimentConfig:
-  """Pretraining over many sessions: one unit-token model over eight
-  generated recordings of different unit counts, sessions drawn equally
-  often, metrics per session."""
+  """One unit-token model pretrained over eight generated recordings."""
   params = readout_demo()
   params.task = readout_units_demo_task()
   return params
@@ -703,11 +546,8 @@ def readout_units_demo() -> cfg.ExperimentConfig:
 
 @exp_factory.register_config_factory('readout_units_finetune_demo')
 def readout_units_finetune_demo() -> cfg.ExperimentConfig:
-  """Adaptation of `readout_units_demo` to its held-out session: from
-  `task.init_checkpoint` (the pretraining run), the vocabulary extended by
-  the new session; its unit and session rows and the Perceiver latents are
-  trained alone (POYO+'s unit identification) for the first 224 of its 256
-  steps, then everything is fine-tuned at the cosine schedule's tail."""
+  """`readout_units_demo` adapted to its held-out session: unit
+  identification, then fine-tuning (docs/readout.md)."""
   params = readout_units_demo()
   task = params.task
   task.demo_data = task.demo_data.replace(train_split='held_out_train',

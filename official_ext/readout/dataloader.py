@@ -1,90 +1,6 @@
 """Readout records: schema, writer and the `tf.data` input pipeline.
 
-Record schema: one `tf.train.Example` per sample (e.g. a trial), features
-
-* `example_id` (bytes, 1 value): names the record in error messages.
-* `input_values` (float list, n_in * input_dim): the input tokens' features,
-  token-major ([n_in, input_dim] flattened); n_in >= 1.
-* `input_timestamps` (float list, n_in): time of each input token (seconds).
-* `input_unit_ids` (int64 list, n_in; unit tokens only,
-  `ReadoutModel.tokenization` 'unit_tokens'): each token's unit id in the
-  task's unit vocabulary (`vocabulary`: 1 + the unit's position; 0 is
-  padding, never stored); `input_values` then has input_dim 1 (1.0 for a
-  spike event, or a bin's count) and `input_timestamps` are the spike times
-  (bin centres) from the window start. Such records must carry `session_id`,
-  a session of the vocabulary, and every unit must be one of that
-  session's.
-* `output_task_ids` (int64 list, n_q): routing id of each readout query
-  (1 + the task's position in `task.task_vocabulary`; 0 is padding and never
-  stored). n_q may be 0.
-* `output_timestamps` (float list, n_q): time of each query.
-* `output_weights` (float list, n_q): weight of each query in the loss and,
-  without `output_eval_mask`, the metrics (>= 0; 0 is legal and contributes
-  nothing).
-* `output_eval_mask` (int64 list, n_q, optional): 1: the query is scored by
-  the metrics (with weight 1), 0: not; separate from `output_weights`, so a
-  query can be trained on but not scored (weight > 0, mask 0) or scored but
-  not trained (weight 0, mask 1). Absent: the metrics weigh queries by
-  `output_weights`, as the loss does.
-* `output_target_sizes` (int64 list, n_q): number of target values of each
-  query: its readout type's target size (`readout_types`): the task's `dim`,
-  or 1 for multinomial (the class id) and von_mises (the angle).
-* `output_targets` (float list, sum of sizes): the queries' targets chained.
-  continuous: values; binary / multilabel: labels in [0, 1]; multinomial: the
-  class id in [0, dim); event_rate: counts >= 0; von_mises: an angle in
-  radians.
-* `session_id` (bytes, optional; required with unit tokens): the recording
-  session the sample comes from (e.g. an NWB file's identifier).
-* `window_start` (float, optional): the session time (seconds) of the
-  sample's time 0; `window_start + output_timestamps` place its queries on
-  the session's clock. Both are read only for stitched evaluation
-  (`Evaluation.stitch`, `Parser(session_names=...)`).
-
-`make_example` writes one record; `write_records` a file of them.
-
-Validation (per record, failing with an InvalidArgumentError whose message
-names the record, its file, the query, its task and what was expected): list
-lengths agree; every task id has a ReadoutSpec (0 is padding, an id not in the
-vocabulary or whose task has no spec is an error); each target has its task's
-size; targets, weights and timestamps are finite; event_rate counts >= 0;
-binary/multilabel labels in [0, 1]; multinomial class ids are integers in
-[0, dim) (each readout type's `invalid_targets`); weights >= 0; an
-`output_eval_mask` has one 0 or 1 per query; a read `window_start` is
-finite; token and query counts within `max_input_tokens` / `max_queries`
-when set. A record that is not a proto, or a feature stored with another
-dtype, fails in TensorFlow's parser with an error naming the file.
-Files (`official_ext.core.input.tfrecord_input`): an `input_path` that matches
-nothing, a broken symlink or a directory is a ValueError naming it; a
-truncated or corrupted file fails naming the file and byte offset. With
-`DataConfig.skip_bad_records` the invalid record, or the damaged records of
-a file, are skipped, logged and counted instead (docs/bad_input.md).
-
-Batches (`build_dataset`), B = per-replica batch size, n_in / n_out rounded
-up to a multiple of `pad_multiple` (or exactly `max_input_tokens` /
-`max_queries`), T = the largest target size over the readouts:
-
-* `input_values` float32 [B, n_in, input_dim], `input_timestamps` float32
-  [B, n_in], `input_mask` bool [B, n_in] (False: padding).
-* padded batching: `output_readout_index` int32 [B, n_out] (0: padding),
-  `output_timestamps` float32 [B, n_out], `output_weights` float32 [B, n_out]
-  (0 on padding), `output_metric_weights` float32 [B, n_out] (each query's
-  weight in the metrics: its `output_eval_mask` if the record has one, else
-  its weight, or 1 with `unweighted_metrics`; 0 on padding),
-  `output_targets` float32 [B, n_out, T] (zeros past a query's target
-  size).
-* unit tokens: `input_unit_ids` int32 [B, n_in] (0 on padding) and
-  `session_ids` int32 [B] (the record's session id in the vocabulary).
-* with session names (stitched evaluation): `session_index` int32 [B] (the
-  position of the record's `session_id` in the names, -1 without one; no
-  string enters a batch) and `window_start` float32 [B] (0 without one).
-* varlen batching: the same query fields chained over the batch, [N] / [N, T]
-  (N = queries in the batch, no padding), plus `output_batch_index` int32 [N].
-
-Evaluation with `drop_remainder` (static batch shapes, e.g. on TPU) drops no
-trial: the last batch is filled with copies of a trial marked padding
-(`official_ext.core.input.eval_padding.pad_final_batches`), batches carry
-`eval_mask` bool [B] (False: padding) and a padding trial's queries have
-weight and metric weight 0, so they count in no loss and no metric.
+The record schema, its checks and the batch layout: docs/readout.md#data.
 """
 import functools
 import json
@@ -100,7 +16,7 @@ from official_ext.core.input import input_files
 from official_ext.core.input import tfrecord_input
 from official_ext.readout import configs
 from official_ext.readout import readout_types
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 
 
 # ---------------------------------------------------------------------------
@@ -120,26 +36,16 @@ def make_example(example_id: str,
                  output_eval_mask: Optional[Sequence[int]] = None,
                  input_unit_ids: Optional[Sequence[int]] = None
                  ) -> tf.train.Example:
-  """Builds one readout record (see the module docstring).
+  """One readout record, a `tf.train.Example` (docs/readout.md#data).
 
   Args:
     example_id: the record's name.
-    input_values: float [n_in, input_dim].
-    input_timestamps: float [n_in].
-    output_task_ids: int [n_q] routing ids.
-    output_timestamps: float [n_q].
-    output_targets: n_q sequences of floats (the target of each query).
+    input_values: float [n_in, input_dim]; input_timestamps: float [n_in].
+    output_task_ids, output_timestamps: [n_q] routing ids and times.
+    output_targets: n_q sequences of floats.
     output_weights: float [n_q]; None: all 1.
-    session_id: the recording session; None: not stored.
-    window_start: session time of the sample's time 0; None: not stored.
-    output_eval_mask: int [n_q], 0/1: which queries the metrics score;
-      None: not stored (the metrics use `output_weights`).
-    input_unit_ids: int [n_in], unit tokens: each token's unit id in the
-      vocabulary (then `input_values` is [n_in, 1] and `session_id` is
-      required); None: not stored (binned tokens).
-
-  Returns:
-    The `tf.train.Example`.
+    session_id, window_start, output_eval_mask: None: not stored.
+    input_unit_ids: int [n_in] vocabulary ids of unit tokens; None: binned.
 
   Raises:
     ValueError: naming the argument whose shape or length disagrees.
@@ -207,12 +113,7 @@ def _floats(values) -> tf.train.Feature:
 
 
 def session_counts(input_path) -> Dict[str, int]:
-  """{`session_id`: its records} over the files `input_path` matches ('' for
-  records without one); one pass reading only this feature.
-
-  Args:
-    input_path: `DataConfig.input_path` (file, glob, comma-separated, list).
-  """
+  """{`session_id`: its records} ('' without one) over `input_path`'s files."""
   files = input_files.match_input_files(input_path)
   feature = {'session_id': tf.io.FixedLenFeature([], tf.string,
                                                  default_value='')}
@@ -227,23 +128,12 @@ def session_counts(input_path) -> Dict[str, int]:
 
 
 def session_names(input_path) -> List[str]:
-  """The distinct non-empty `session_id`s of the records, sorted.
-
-  Reads every record of the files `input_path` matches (one pass, only this
-  feature): the names a stitched evaluation maps `session_index` back to.
-
-  Args:
-    input_path: `DataConfig.input_path` (file, glob, comma-separated, list).
-  """
+  """The distinct non-empty `session_id`s of `input_path`'s records, sorted."""
   return sorted(n for n in session_counts(input_path) if n)
 
 
 def write_records(path: str, examples) -> int:
-  """Writes `tf.train.Example`s (or serialized bytes) to a TFRecord file.
-
-  Returns:
-    The number of records written.
-  """
+  """Writes Examples (or bytes) to a TFRecord file; returns how many."""
   count = 0
   with tf.io.TFRecordWriter(path) as writer:
     for example in examples:
@@ -295,20 +185,13 @@ class Parser:
       params: the split's DataConfig.
       readouts: the task's ReadoutSpecs.
       task_vocabulary: task names; id = 1 + position.
-      session_names: the sessions of the records (`session_names()`); given,
-        `session_id` and `window_start` are read and the examples carry
-        `session_index` (position here, -1 without a session_id; a name not
-        here is an error naming the record) and `window_start`. None: they
-        are not read.
-      units: the unit and session vocabulary of unit tokens: records carry
-        `input_unit_ids` and `session_id`, checked against it (an id not in
-        it, or a unit of another session, is an error naming the record and
-        the id), and examples carry `input_unit_ids` and `session_ids`.
-        None: binned tokens (`input_unit_ids` is not read).
-      unweighted_metrics: the metric weight of a query of a record without
-        `output_eval_mask` is 1 (every query scored, whatever its loss
-        weight: the 'torch_brain' evaluation protocol), not its weight.
-    """
+      session_names: the records' sessions (`session_names()`); given, the
+        examples carry `session_index` (-1 without a session_id) and
+        `window_start`. None: sessions are not read.
+      units: the unit vocabulary of unit tokens (examples carry
+        `input_unit_ids` and `session_ids`); None: binned tokens.
+      unweighted_metrics: a query of a record without `output_eval_mask`
+        has metric weight 1, not its loss weight ('torch_brain')."""
     _check_config(params)
     if units is not None and int(params.input_dim) != 1:
       raise ValueError(f'DataConfig.input_dim is {params.input_dim}; unit '
@@ -381,20 +264,7 @@ class Parser:
 
   def parse(self, serialized: tf.Tensor,
             source: Optional[tf.Tensor] = None) -> Dict[str, tf.Tensor]:
-    """Parses and validates one record.
-
-    Args:
-      serialized: string scalar, a serialized `tf.train.Example`.
-      source: string scalar naming its file (for errors).
-
-    Returns:
-      `input_values` float32 [n_in, input_dim], `input_timestamps` [n_in],
-      `input_mask` bool [n_in] (all True), `output_readout_index` int32
-      [n_q], `output_timestamps` float32 [n_q], `output_weights` float32
-      [n_q], `output_metric_weights` float32 [n_q], `output_targets` float32
-      [n_q, T]; with session names also `session_index` int32 and
-      `window_start` float32 scalars.
-    """
+    """Parses and validates one record (`source`: its file, for errors)."""
     if source is None:
       source = tf.constant('<unknown file>')
     # A tf.train.Example is a SequenceExample's context on the wire; this
@@ -450,13 +320,8 @@ class Parser:
   def _metric_weights(self, f: Dict[str, tf.Tensor],
                       where: Callable[..., Callable[[], tf.Tensor]]
                       ) -> Tuple[tf.Tensor, List[tf.Tensor]]:
-    """Each query's weight in the metrics: `output_eval_mask` (checked: one
-    0 or 1 per query) if the record has one, else `output_weights` (1 with
-    `unweighted_metrics`).
-
-    Returns:
-      (float32 [n_q], the checks).
-    """
+    """(float32 [n_q] metric weights, the checks): `output_eval_mask`, else
+    the loss weights (1 with `unweighted_metrics`)."""
     mask, weights = f['output_eval_mask'], f['output_weights']
     n_q = tf.size(f['output_task_ids'])
     has_mask = tf.size(mask) > 0
@@ -484,10 +349,7 @@ class Parser:
   def _unit_tokens(self, f: Dict[str, tf.Tensor],
                    where: Callable[..., Callable[[], tf.Tensor]]
                    ) -> Tuple[Dict[str, tf.Tensor], List[tf.Tensor]]:
-    """`input_unit_ids` int32 [n_in] and `session_ids` int32 of a unit-token
-    record, and the checks: one unit id per token, every id in the
-    vocabulary and of the record's session, the session in the
-    vocabulary."""
+    """(`input_unit_ids` int32 [n_in], `session_ids` int32, the checks)."""
     units = self._units
     sid, ids = f['session_id'], f['input_unit_ids']
     names = tf.constant(list(units.sessions) + [''])
@@ -535,8 +397,7 @@ class Parser:
   def _session(self, f: Dict[str, tf.Tensor],
                where: Callable[..., Callable[[], tf.Tensor]]
                ) -> Tuple[Dict[str, tf.Tensor], List[tf.Tensor]]:
-    """`session_index` (int32, -1 without a session_id) and `window_start`
-    (float32, checked finite) of the record, and the checks."""
+    """(`session_index` int32, `window_start` float32, the checks)."""
     sid, start = f['session_id'], f['window_start']
     names = tf.constant(self._session_names + [''])  # Never empty.
     match = tf.equal(names, sid)
@@ -555,8 +416,7 @@ class Parser:
   def _check_lengths(self, f: Dict[str, tf.Tensor],
                      where: Callable[..., Callable[[], tf.Tensor]]
                      ) -> List[tf.Tensor]:
-    """Checks a parsed record `f` ({feature: [n] values}) for list lengths
-    that agree, finite values and times, and the token / query limits."""
+    """Checks list lengths, finite values and times, token / query limits."""
     values, times = f['input_values'], f['input_timestamps']
     ids, q_times = f['output_task_ids'], f['output_timestamps']
     n_in, n_q = tf.size(times), tf.size(ids)
@@ -597,12 +457,7 @@ class Parser:
   def _check_task_ids(self, ids: tf.Tensor,
                       where: Callable[..., Callable[[], tf.Tensor]]
                       ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """Checks that every query's task id (int64 [n_q]) has a ReadoutSpec.
-
-    Returns:
-      (int64 [n_q] ids with unknown ones replaced by 0 (safe to gather),
-      string [n_q] task names, the check).
-    """
+    """(ids with unknown ones as 0, task names [n_q], the check)."""
     qpos = tf.range(tf.size(ids))
     known = tf.logical_and(ids >= 0, ids < len(self._names))
     safe = tf.where(known, ids, 0)
@@ -626,20 +481,7 @@ class Parser:
                         target_doc: tf.Tensor,
                         where: Callable[..., Callable[[], tf.Tensor]]
                         ) -> Tuple[tf.RaggedTensor, List[tf.Tensor]]:
-    """The chained targets (float32 [sum(sizes)]) split per query.
-
-    Args:
-      targets: float32 [sum(sizes)], `output_targets`.
-      sizes: int64 [n_q], `output_target_sizes`.
-      expected: int64 [n_q], each query's task's target size.
-      name: string [n_q], each query's task name.
-      target_doc: string [n_q], what each query's readout type stores.
-      where: message parts -> message function naming the record.
-
-    Returns:
-      (float32 [n_q, None] ragged targets, the checks that each size is the
-      expected one and the sizes add up to the targets).
-    """
+    """(float32 [n_q, None] ragged targets, the checks of their sizes)."""
     qpos = tf.range(tf.size(sizes))
     bad = tf.not_equal(sizes, expected)
     first = lambda values: graph_checks.first_where(values, bad)
@@ -662,20 +504,7 @@ class Parser:
                            query_of_value: tf.Tensor, safe: tf.Tensor,
                            name: tf.Tensor, rid: tf.Tensor,
                            source: tf.Tensor) -> List[tf.Tensor]:
-    """Checks each target value against its query's readout type.
-
-    Args:
-      values: float32 [sum(sizes)], the chained targets (`output_targets`).
-      query_of_value: int64 [sum(sizes)], the query of each value.
-      safe: int64 [n_q], the queries' (known) task ids.
-      name: string [n_q], the queries' task names.
-      rid, source: string scalars, the record's id and file.
-
-    Returns:
-      The checks: finite; then the `invalid_targets` of each readout type
-      (e.g. event_rate counts >= 0; binary / multilabel labels in [0, 1];
-      multinomial class ids integers in [0, dim)).
-    """
+    """The checks of each target value against its readout type."""
     vname = tf.gather(name, query_of_value)
     vtype = tf.gather(tf.gather(self._types, safe), query_of_value)
     vdim = tf.cast(tf.gather(tf.gather(self._dims, safe), query_of_value),
@@ -738,8 +567,7 @@ def _pad_axis1(x: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
 
 
 def _mask_padding_trials(batch: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-  """Zeroes the query (and metric) weights of the trials `eval_mask` marks
-  padding."""
+  """Zeroes the query and metric weights of padding trials."""
   if eval_padding.MASK_KEY not in batch:
     return batch
   mask = tf.cast(batch[eval_padding.MASK_KEY], tf.float32)  # [B]
@@ -755,9 +583,7 @@ def _mask_padding_trials(batch: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
 
 def batch_examples(ds: tf.data.Dataset, params: configs.DataConfig,
                    batch_size, max_target_size: int) -> tf.data.Dataset:
-  """Batches parsed examples (layout: module docstring); batch_size: an int
-  or an int64 scalar tensor. Examples carrying `eval_mask` (bool scalar) keep
-  it ([B]) and their padding trials get query weight 0."""
+  """Batches parsed examples; `batch_size`: an int or an int64 scalar."""
   multiple = int(params.pad_multiple)
 
   def pad_inputs(batch):
@@ -818,24 +644,10 @@ def balance_sessions(ds: tf.data.Dataset, counts: Dict[str, int],
                      units: vocabulary_lib.Vocabulary,
                      seed: Optional[int] = None,
                      input_path: str = '') -> tf.data.Dataset:
-  """Parsed unit-token examples resampled so that every session is drawn
-  equally often.
+  """Examples rejection-resampled so every session is drawn equally often.
 
-  Rejection resampling (`tf.data.Dataset.rejection_resample`) of the
-  (repeated) examples: an example of session s, whose share of the records
-  is p_s, is kept with a probability proportional to 1 / p_s, so the kept
-  examples are uniform over the sessions of the files. Nothing is
-  duplicated within a pass; the rarest session's examples are always kept.
-
-  Args:
-    ds: examples with `session_ids` (int32 scalar, vocabulary id).
-    counts: {session name: records} of the files (`session_counts`).
-    units: the vocabulary the ids index.
-    seed: the resampling seed (None: random).
-    input_path: names the files in errors.
-
-  Raises:
-    ValueError: a session of the files is not in the vocabulary (named).
+  `counts`: {session: records} of the files (`session_counts`); a session
+  not in `units` is a ValueError naming it.
   """
   present = sorted(n for n in counts if n)
   unknown = [n for n in present if n not in units.sessions]
@@ -868,23 +680,10 @@ def traced_parse(params: configs.DataConfig,
                  units: Optional[vocabulary_lib.Vocabulary] = None,
                  unweighted_metrics: bool = False
                  ) -> Callable[..., Dict[str, tf.Tensor]]:
-  """`Parser(...).parse` as a tf.function shared by every pipeline of its kind.
+  """`Parser(...).parse` as one tf.function per parser configuration.
 
-  Tracing the parser (its ~20 checks each build a `tf.cond` whose failing
-  branch builds the message) takes about a second; the pipelines of a
-  process whose parsers are configured alike (training and evaluation, a
-  run's restarts, several runs in one process) call one traced function
-  instead of tracing it again each. A parser's behaviour depends only on
-  what the key holds: `params.input_dim`, `max_input_tokens`, `max_queries`,
-  the readouts, the vocabulary, the session names, the unit vocabulary and
-  `unweighted_metrics`.
-
-  Args:
-    params, readouts, task_vocabulary, session_names, units,
-      unweighted_metrics: as `Parser`'s.
-
-  Returns:
-    A tf.function (serialized, source) -> `Parser.parse`'s dict.
+  Pipelines configured alike (training and evaluation, restarts) share one
+  trace instead of tracing the parser's checks again.
   """
   key = json.dumps(
       [int(params.input_dim), params.max_input_tokens, params.max_queries,
@@ -908,31 +707,10 @@ def build_dataset(params: configs.DataConfig,
                   units: Optional[vocabulary_lib.Vocabulary] = None,
                   unweighted_metrics: bool = False
                   ) -> tf.data.Dataset:
-  """Builds the batched pipeline of one split.
+  """The batched dataset of one split (docs/readout.md#data).
 
-  Files, sharding, the bad-record modes and the evaluation padding are
-  `official_ext.core.input.tfrecord_input.build_dataset`'s; this adds the readout
-  parser (as the decoder: it reads the serialized record) and batching.
-
-  Args:
-    params: the split's DataConfig (`input_path` set).
-    readouts: the task's ReadoutSpecs.
-    task_vocabulary: task names (ids 1..).
-    input_context: shards files per input pipeline and gives the per-replica
-      batch size.
-    bad_records: where `skip_bad_records` mode counts what it skips (default
-      `official_ext.core.input.bad_records.bad_record_log()`).
-    session_names: see `Parser` (stitched evaluation); None: sessions are
-      not read.
-    units: see `Parser` (unit tokens); None: binned tokens. Training with
-      `params.balance_sessions` draws every session equally often
-      (`balance_sessions`).
-    unweighted_metrics: see `Parser` (the 'torch_brain' protocol).
-
-  Returns:
-    A Dataset of batch dicts (module docstring); training: shuffled and
-    repeated; evaluation: one pass in file order, every record once (with
-    `drop_remainder`: full batches, the last one padded, `eval_mask` [B]).
+  `session_names`, `units`, `unweighted_metrics`: as `Parser`'s; training
+  with `params.balance_sessions` resamples the sessions.
   """
   _check_config(params)
   parser = Parser(params, readouts, task_vocabulary,

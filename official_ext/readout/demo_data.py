@@ -1,48 +1,5 @@
-"""Generated readout data in the spirit of neural-decoding benchmarks.
-
-Each record is one trial of a simulated behavioural task recorded from
-`input_dim` units. Latent variables drive both the recorded activity (the
-input tokens) and eight readouts of all five types:
-
-* a 5-way stimulus s (shown at t_stim) -> `stimulus` (multinomial, 5);
-* a choice c, more likely 1 for s > 2 (movement at t_move) -> `choice`
-  (binary);
-* a reward r = (choice correct) (feedback at t_fb) -> `reward` (binary);
-* four continuous speeds: wheel speed (the absolute value of a movement
-  bump signed by the choice plus a slow drift: a speed, which does not give
-  the choice away) -> `wheel_speed` (continuous, 1); left and right paw speed
-  -> `paw_speed` (continuous, 2); whisker motion energy -> `whisker_energy`
-  (continuous, 1);
-* a lick rate rising after feedback, by about twice as much (in log-rate)
-  after a reward, with a per-trial variation -> `lick_rate` (event_rate:
-  Poisson lick counts per 100 ms bin);
-* which trial events are under way -> `trial_events` (multilabel: stimulus on,
-  moving, feedback given).
-
-Input tokens are 100 ms bins (16-24 per trial, so records differ in length);
-a token's features are a fixed random linear mix of the latent state in that
-bin plus Gaussian noise (`noise_std`). The units encode the task variables
-(stimulus, choice, reward) with a per-trial error of std `trial_noise_std`,
-which, unlike the per-bin noise, cannot be averaged away over bins; the
-lick-rate boost varies per trial with the same std. This keeps the choice,
-reward and stimulus readouts from a perfect score (with `trial_noise_std=0`
-they are nearly trivial). Queries: one each for choice, reward and stimulus
-(stimulus left out of ~15% of trials), 2-5 per continuous and event_rate
-readout and 1-3 for trial_events at random bins; ~5% of queries have
-weight 0.
-
-Sessions: trials are dealt over `num_sessions` recording sessions and carry
-their `session_id` and `window_start`: a session's trials follow each other
-on its clock, `INTER_TRIAL_SECONDS` apart, across its splits too (its
-validation trials start after its last train trial), so no two trials of one
-session share a session time and stitching never averages two trials. Session 0 records with the shared mixing of latents into
-units; every other session scales each unit by its own random gain (drawn
-from its own seed), so a held-out session (the `held_out_sessions` split,
-`num_held_out_sessions` sessions that no train trial comes from) asks whether
-a decoder generalises to units that encode the same variables differently.
-With one session (the default) the data are those of one fixed mixing.
-
-Deterministic in its arguments; `ensure_demo_data` caches the files. CLI:
+"""Generated readout data: simulated trials of a behavioural task, binned or
+as spike-event unit tokens (docs/readout.md#generated-data).
 
     python -m official_ext.readout.demo_data --output_dir=/tmp/readout_demo
 """
@@ -57,7 +14,7 @@ from official_ext.core.input import demo_cache
 from official_ext.core import output_files
 from official_ext.readout import configs
 from official_ext.readout import dataloader
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 
 FORMAT_VERSION = 4  # 4: the splits of a session follow each other.
 BIN_SECONDS = 0.1
@@ -87,9 +44,8 @@ def _smooth(rng: np.random.Generator, times: np.ndarray, scale: float,
 
 
 def _binned_encoder(mixing: np.ndarray, noise_std: float):
-  """encode(rng, latents [bins, latents], bin centres [bins]) -> the
-  `make_example` inputs of binned tokens: each bin's units, a linear mix of
-  the latents plus Gaussian noise."""
+  """encode(rng, latents [bins, latents], bin centres [bins]) of binned
+  tokens: each bin's units, a linear mix of the latents plus noise."""
   def encode(rng, latents, t):
     values = latents @ mixing + rng.normal(0, noise_std,
                                            [len(t), mixing.shape[1]])
@@ -99,10 +55,8 @@ def _binned_encoder(mixing: np.ndarray, noise_std: float):
 
 def _spike_encoder(tuning: np.ndarray, log_base_rate: np.ndarray,
                    unit_ids: np.ndarray):
-  """encode(...) of spike-event unit tokens: unit j fires as a Poisson
-  process of rate exp(log_base_rate[j] + latents @ tuning[:, j]) Hz in each
-  bin; each spike is a token (value 1, its unit's id, its time, uniform in
-  the bin), tokens in time order."""
+  """encode(...) of spike-event unit tokens: each unit a Poisson process of
+  rate exp(log_base_rate + latents @ tuning) Hz; one token per spike."""
   def encode(rng, latents, t):
     log_rate = np.clip(log_base_rate[None, :] + latents @ tuning, -10, 5)
     counts = rng.poisson(np.exp(log_rate) * BIN_SECONDS)  # [bins, units]
@@ -140,7 +94,7 @@ def _trial(rng: np.random.Generator, encode, trial_noise_std: float,
                  + _smooth(rng, t, 0.6))
   paw = np.stack([_smooth(rng, t, 1.0) + 0.8 * moving for _ in range(2)], 1)
   whisker = np.log1p(np.exp(_smooth(rng, t, 1.2) + 0.5))
-  # Per-trial encoding errors of the task variables (see the module doc).
+  # Per-trial encoding errors of the task variables (`trial_noise_std`).
   err = rng.normal(0, trial_noise_std, 8)
   lick_boost = max(0.0, 1.0 + r + err[7])  # Rewarded: ~2, else ~1.
   lick_log_rate = -1.0 + lick_boost * fb + 0.3 * _smooth(rng, t, 1.0)
@@ -182,10 +136,8 @@ def _trial(rng: np.random.Generator, encode, trial_noise_std: float,
 
 def session_mixing(mixing: np.ndarray, seed: int, session: int,
                    gain_std: float) -> np.ndarray:
-  """Session `session`'s mixing of latents into units: `mixing` [latents,
-  units] with each unit's column scaled by the session's gain (log-normal,
-  std `gain_std` of the log, from its own seed `[seed, 1, session]`);
-  session 0 keeps `mixing`."""
+  """`mixing` [latents, units] with each unit scaled by session `session`'s
+  log-normal gain (session 0: unscaled)."""
   if session == 0:
     return mixing
   gains = np.exp(np.random.default_rng([seed, 1, session]).normal(
@@ -209,18 +161,10 @@ def generate_trials(num_trials: int, *, seed: int, split_id: int,
                     ) -> Iterator[bytes]:
   """Yields `num_trials` serialized records (split `split_id` of `seed`).
 
-  The mixing of latents into units depends on `seed` only, so splits of one
-  seed share it; a session other than 0 scales it per unit
-  (`session_mixing`). Trial i belongs to `sessions[i % len(sessions)]` and
-  records its `session_id` (`session_name`) and `window_start`: its
-  session's trials follow each other, `INTER_TRIAL_SECONDS` apart.
-
   Args:
-    clock: {session: the session time (s) at which its next trial starts},
-      advanced in place as each trial is yielded, so that a split generated
-      with the clock an earlier split left continues that session's clock
-      (`write_demo_dataset`: no two trials of a session overlap); a session
-      missing from it starts at 0 s. None: every session starts at 0 s.
+    clock: {session: the session time (s) of its next trial}, advanced in
+      place, so a later split continues each session's clock; None: every
+      session starts at 0 s.
   """
   ids = configs.task_index(task_vocabulary)
   missing = sorted(set(configs.DEMO_VOCABULARY) - set(ids))
@@ -258,13 +202,8 @@ def _generate(num_trials: int, seed: int, split_id: int, encoders,
 def unit_session(seed: int, session: int, min_units: int, max_units: int,
                  mean_rate_hz: float, gain_std: float, tuning_std: float = 0.5
                  ) -> Tuple[np.ndarray, np.ndarray]:
-  """Session `session`'s recorded units (unit-token data), from its own seed
-  `[seed, 2, session]`: (tuning float [latents, n_units], each unit's
-  log-rate weights on the shared latents; log_base_rate float [n_units],
-  log(mean_rate_hz) plus the unit's log gain, normal with std `gain_std`;
-  the tuning weights are normal with std `tuning_std`). n_units is drawn
-  in [min_units, max_units]: sessions share the latent
-  dynamics but differ in unit count, gains and tuning."""
+  """(tuning [latents, n_units], log_base_rate [n_units]) of session
+  `session`'s units, n_units drawn in [min_units, max_units]."""
   rng = np.random.default_rng([seed, 2, session])
   n_units = int(rng.integers(min_units, max_units + 1))
   tuning = rng.normal(0, tuning_std, [_NUM_LATENTS, n_units])
@@ -290,14 +229,7 @@ def write_unit_token_dataset(output_dir: str, *, num_train_trials: int,
                              session_gain_std: float = 0.5,
                              tuning_std: float = 0.5
                              ) -> Dict[str, str]:
-  """Writes spike-event unit-token data (`_spike_encoder`) of the demo's
-  trials: splits `train` and `validation` (sessions 0..num_sessions-1),
-  `held_out_sessions` (evaluation trials of the held-out sessions) and
-  `held_out_train` (their training trials, for adaptation), shards as in
-  `write_demo_dataset`, and the vocabularies `VOCABULARY_FILE` (the training
-  sessions and their units) and `HELD_OUT_VOCABULARY_FILE` (extended by the
-  held-out sessions: their ids follow). Records carry the unit ids of the
-  extended vocabulary, which are those of the other for training sessions.
+  """Writes the unit-token splits and the two vocabularies.
 
   Returns:
     {split: glob pattern} of the splits written.
@@ -384,13 +316,7 @@ def write_demo_dataset(output_dir: str, *, num_train_trials: int,
                        num_held_out_session_trials: int = 0,
                        session_gain_std: float = 0.5
                        ) -> Dict[str, str]:
-  """Writes `train-0000i-of-0000n.tfrecord` and `validation-...` shards, and
-  `held_out_sessions-...` when `num_held_out_session_trials` > 0.
-
-  Train and validation trials are dealt over sessions 0..num_sessions-1; the
-  held-out sessions are num_sessions..num_sessions+num_held_out_sessions-1.
-  A session's clock runs on from one split to the next (`generate_trials`'
-  `clock`): its validation trials start after its train trials end.
+  """Writes the binned `train`, `validation` (and `held_out_sessions`) shards.
 
   Returns:
     {split: glob pattern} of the splits written.
@@ -465,12 +391,7 @@ def demo_data_params(task_config: configs.ReadoutTaskConfig
 
 def ensure_demo_data(task_config: configs.ReadoutTaskConfig
                      ) -> Tuple[str, str]:
-  """Generates the demo data once (cached) and returns its file patterns.
-
-  Data lives in `<cache>/readout_demo/<hash of demo_data_params>`
-  (`<cache>`: `task.demo_data.cache_dir`, else $OFFICIAL_EXT_CACHE, else
-  ~/.cache/official_ext; `core.input.demo_cache`: written whole, every file's size
-  and checksum verified before each use, a damaged cache generated again).
+  """Generates the demo data once (cached, `core.input.demo_cache`).
 
   Returns:
     (train glob pattern, validation glob pattern).
@@ -481,14 +402,10 @@ def ensure_demo_data(task_config: configs.ReadoutTaskConfig
 
 def demo_split_pattern(task_config: configs.ReadoutTaskConfig,
                        split: str) -> str:
-  """The glob pattern of one generated split ('train', 'validation',
-  'held_out_sessions' or, unit tokens only, 'held_out_train'), generating
-  the data first if needed (`ensure_demo_data`).
+  """The glob pattern of one generated split, generated first if needed.
 
   Raises:
-    ValueError: demo data is disabled; `split` is unknown; the
-      'held_out_sessions' split is asked for while
-      `task.demo_data.num_held_out_session_trials` is 0.
+    ValueError: demo data is disabled; `split` is unknown or not written.
   """
   if not task_config.demo_data.enabled:
     raise ValueError('task.demo_data.enabled is False: set it, or set '
@@ -516,9 +433,7 @@ def demo_split_pattern(task_config: configs.ReadoutTaskConfig,
 
 def demo_vocabulary_file(task_config: configs.ReadoutTaskConfig) -> str:
   """The unit vocabulary of the generated unit-token data (generated first
-  if needed): that of the training sessions, or, when training reads the
-  held-out sessions (`demo_data.train_split` 'held_out_train'), the one
-  extended by them."""
+  if needed); with `train_split` 'held_out_train' the extended one."""
   params = demo_data_params(task_config)
   if 'tokenization' not in params:
     raise ValueError('demo_vocabulary_file: the demo data of binned tokens '

@@ -1,47 +1,5 @@
-"""SavedModel export of the readout model (serving signatures).
-
-Serving outputs have static structure: every head runs on every query
-position (the static routing of `MultitaskReadout.call_static`), and the
-caller keeps, for each query, the output of its task.
-
-Signatures:
-* `serving_default(examples)`: a batch of serialized `tf.train.Example`
-  records in the dataset's format (`dataloader`), parsed and validated by the
-  same `dataloader.Parser` as evaluation (a bad record fails naming
-  `input examples[i]`) and padded like an evaluation batch.
-* `serve_tokens(input_values, input_timestamps, input_mask,
-  output_readout_index, output_timestamps)`: an already padded batch,
-  float32 [B, n_in, input_dim], float32 [B, n_in], bool [B, n_in], int32
-  [B, n_out] (0: padding), float32 [B, n_out]; a unit-token model
-  (`ReadoutModel.tokenization` 'unit_tokens') also takes `input_unit_ids`
-  int32 [B, n_in] (the tokens' unit ids, `input_values` [B, n_in, 1]) and
-  `session_ids` int32 [B] (ids of the model's vocabulary, which the
-  SavedModel holds as the string variable `unit_vocabulary`).
-
-Both return `output_readout_index` int32 [B, n_out] and, per task, `<task>`
-float32 [B, n_out, k]: the served output of the task's readout type
-(`ReadoutType.serve` of `readout_types`) at every position: the head's
-output (k = dim) as values, logits or log-rates for the five original
-types (a continuous readout with `normalize_mean` / `normalize_std`
-de-normalised: in the target's units); for von_mises (k = 2) the mean
-direction in radians, in (-pi, pi], and the concentration kappa. It is the
-task's prediction where `output_readout_index` equals the task's id.
-`serving_default` also returns `targets` float32 [B, n_out, T] and
-`weights` float32 [B, n_out] of the records.
-
-`serve_tokens` refuses what it cannot score (InvalidArgumentError naming the
-input, and the row where one is to blame), never answering NaN: inputs of
-the wrong rank or width (the shape), inputs whose batch, token or query
-lengths disagree (both inputs and both lengths), a row without an unmasked
-input token, a routing id that is neither 0 nor a readout's, and a NaN or
-infinite `input_values` / `input_timestamps` entry of an unmasked token or
-`output_timestamps` entry of a query, and (unit tokens) an unmasked
-token's unit id or a row's session id outside the vocabulary. Masked input
-tokens and padding
-queries (id 0) are ignored whatever they hold: they are replaced by zeros
-before the model, by selection (attention masks by adding -1e9, and NaN +
--1e9 is still NaN).
-"""
+"""SavedModel export of the readout model: `serving_default` (serialized
+records) and `serve_tokens` (padded tensors); docs/readout.md, Export."""
 import functools
 from typing import Dict, Mapping
 
@@ -53,18 +11,89 @@ from official_ext.core.input import graph_checks
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import readout_types
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 
 SIGNATURES = ('serving_default', 'serve_tokens')
 
 
 def _serve(spec: configs.ReadoutSpec, outputs: tf.Tensor) -> tf.Tensor:
-  """One task's served output of its head's outputs [..., dim]: in the
-  target's units (`configs.denormalize_predictions`), then its readout
-  type's `serve`."""
+  """One task's served output of its head's outputs [..., dim], in its units."""
   return readout_types.get_readout_type(spec).serve(
       spec, configs.denormalize_predictions(spec, outputs))
 
+
+_PREFIX = 'serve_tokens: '
+# serve_tokens' rank-2 inputs and their layout (input_values is
+# [batch, tokens, input_dim]).
+_SHAPES = (
+    ('input_timestamps', '[batch, tokens]'),
+    ('input_mask', '[batch, tokens]'),
+    ('output_readout_index', '[batch, queries]'),
+    ('output_timestamps', '[batch, queries]'),
+)
+# (input, axis, the input whose length it must have, what the axis counts).
+_SAME_LENGTHS = (
+    ('input_timestamps', 0, 'input_values', 'rows'),
+    ('input_mask', 0, 'input_values', 'rows'),
+    ('output_readout_index', 0, 'input_values', 'rows'),
+    ('output_timestamps', 0, 'input_values', 'rows'),
+    ('input_timestamps', 1, 'input_values', 'tokens (dimension 1)'),
+    ('input_mask', 1, 'input_values', 'tokens (dimension 1)'),
+    ('output_timestamps', 1, 'output_readout_index', 'queries (dimension 1)'),
+)
+# (input, whose entries must be finite: 'in token' unmasked tokens, 'at
+# query' queries of a routing id other than 0).
+_FINITE = (
+    ('input_values', 'in token'),
+    ('input_timestamps', 'in token'),
+    ('output_timestamps', 'at query'),
+)
+
+
+def _same_length(inputs: Mapping[str, tf.Tensor], name: str, axis: int,
+                 other: str, what: str):
+  """A step: `inputs[name]` has the length of `inputs[other]` on `axis`."""
+  tensor, other_tensor = inputs[name], inputs[other]
+  return lambda: graph_checks.require(
+      tf.equal(tf.shape(tensor)[axis], tf.shape(other_tensor)[axis]),
+      lambda: graph_checks.join(
+          _PREFIX, name, ' has ', tf.shape(tensor)[axis], f' {what} but ',
+          other, ' has ', tf.shape(other_tensor)[axis], '.'))
+
+
+def _has_a_token(mask: tf.Tensor) -> tf.Tensor:
+  """Every row of `mask` [B, n] has an unmasked token."""
+  empty = tf.logical_not(tf.reduce_any(mask, axis=1))
+  return graph_checks.require(
+      tf.logical_not(tf.reduce_any(empty)), lambda: graph_checks.join(
+          _PREFIX, 'row ',
+          graph_checks.first_where(tf.range(tf.shape(mask)[0]), empty),
+          ' has no unmasked input token (input_mask is all False); '
+          'expected at least one.'))
+
+
+def _finite(name: str, tensor: tf.Tensor, used, where: str,
+            index: tf.Tensor):
+  """A step: `tensor` [B, n] or [B, n, D] finite where `used()` [B, n]."""
+
+  def step():
+    bad = tf.logical_not(tf.math.is_finite(tensor))
+    if bad.shape.rank == 3:
+      bad = tf.reduce_any(bad, axis=2)
+    bad = tf.logical_and(used(), bad)
+
+    def message():
+      first = tf.where(bad)[0]
+      entry = tf.reshape(tensor[first[0], first[1]], [-1])
+      value = tf.boolean_mask(entry,
+                              tf.logical_not(tf.math.is_finite(entry)))[0]
+      return graph_checks.join(
+          _PREFIX, 'row ', first[0], f' of {name} has a NaN or infinite '
+          'value (', value, ') ', where, ' ', first[1], *(
+              (', an unmasked token.',) if where == 'in token' else (
+                  ' (routing id ', tf.gather_nd(index, first), ').')))
+    return graph_checks.require(tf.logical_not(tf.reduce_any(bad)), message)
+  return step
 
 class ReadoutExportModule(export_base.ExportModule):
   """Export module of `official_ext.readout.task.ReadoutTask` models."""
@@ -104,7 +133,7 @@ class ReadoutExportModule(export_base.ExportModule):
     return outputs
 
   def serve(self, examples: tf.Tensor) -> Dict[str, tf.Tensor]:
-    """Serialized records [B] -> outputs (see the module docstring)."""
+    """Serialized records [B] -> the served outputs, `targets` and `weights`."""
     sources = tf.strings.join(['input examples[', tf.strings.as_string(
         tf.range(tf.shape(examples)[0])), ']'])
     ds = tf.data.Dataset.from_tensor_slices((examples, sources)).map(
@@ -164,107 +193,50 @@ class ReadoutExportModule(export_base.ExportModule):
                 f'{len(units.sessions)}).')),
     ]
 
-  def _token_checks(self, values, times, mask, index, queries,
-                    unit_checks=()):
-    """The checks of `serve_tokens`, in order (see the module docstring);
-    `unit_checks` (`_unit_checks`) come after the shape checks of the
-    binned inputs."""
-    unit_checks = list(unit_checks)
-    p = 'serve_tokens: '
+  def _token_checks(self, inputs: Mapping[str, tf.Tensor], unit_checks=()):
+    """The checks of `serve_tokens`, in order: `unit_checks`, the shapes,
+    agreeing lengths (`_SAME_LENGTHS`), a token per row, known routing ids,
+    finite values (`_FINITE`)."""
     dim = self._input_dim
-    shape = tf.shape
+    index = inputs['output_readout_index']
+    shapes = [('input_values', [None, None, dim],
+               f'[batch, tokens, {dim}] (DataConfig.input_dim {dim})')]
+    shapes += [(name, [None, None], layout) for name, layout in _SHAPES]
+    used = {'in token': lambda: inputs['input_mask'],
+            'at query': lambda: tf.not_equal(index, 0)}
+    return graph_checks.in_order(
+        list(unit_checks) +
+        [functools.partial(graph_checks.require_shape, inputs[name],
+                           _PREFIX + name, shape, layout)
+         for name, shape, layout in shapes] +
+        [_same_length(inputs, *row) for row in _SAME_LENGTHS] +
+        [functools.partial(_has_a_token, inputs['input_mask']),
+         functools.partial(self._known_ids, index)] +
+        [_finite(name, inputs[name], used[where], where, index)
+         for name, where in _FINITE])
 
-    def same(name, tensor, axis, other, other_tensor, what):
-      return lambda: graph_checks.require(
-          tf.equal(shape(tensor)[axis], shape(other_tensor)[axis]),
-          lambda: graph_checks.join(
-              p, name, ' has ', shape(tensor)[axis], f' {what} but ', other,
-              ' has ', shape(other_tensor)[axis], '.'))
-
-    def finite(name, tensor, used, where):
-      """A step: `tensor` [B, n] or [B, n, D] finite where `used()` [B, n]."""
-
-      def step():
-        bad = tf.logical_not(tf.math.is_finite(tensor))
-        if bad.shape.rank == 3:
-          bad = tf.reduce_any(bad, axis=2)
-        bad = tf.logical_and(used(), bad)
-
-        def message():
-          first = tf.where(bad)[0]
-          entry = tf.reshape(tensor[first[0], first[1]], [-1])
-          value = tf.boolean_mask(entry,
-                                  tf.logical_not(tf.math.is_finite(entry)))[0]
-          return graph_checks.join(
-              p, 'row ', first[0], f' of {name} has a NaN or infinite value (',
-              value, ') ', where, ' ', first[1], *(
-                  (', an unmasked token.',) if where == 'in token' else (
-                      ' (routing id ', tf.gather_nd(index, first), ').')))
-        return graph_checks.require(tf.logical_not(tf.reduce_any(bad)),
-                                    message)
-      return step
-
+  def _known_ids(self, index: tf.Tensor) -> tf.Tensor:
+    """Every routing id of `index` is 0 or a readout's."""
     ids = sorted(self.model.readout.readout_ids.values())
+    known = tf.equal(index, 0)
+    for i in ids:
+      known = tf.logical_or(known, tf.equal(index, i))
 
-    def known():
-      ok = tf.equal(index, 0)
-      for i in ids:
-        ok = tf.logical_or(ok, tf.equal(index, i))
-      return ok
-
-    def ids_message():
-      first = tf.where(tf.logical_not(known()))[0]
+    def message():
+      first = tf.where(tf.logical_not(known))[0]
       return graph_checks.join(
-          p, 'row ', first[0], ' of output_readout_index has id ',
+          _PREFIX, 'row ', first[0], ' of output_readout_index has id ',
           tf.gather_nd(index, first), ' at query ', first[1],
           f", which is neither 0 (padding) nor a readout's id ({ids}: "
           f'{self.model.readout.readout_ids}).')
-
-    rows = lambda: tf.range(shape(mask)[0])
-    empty = lambda: tf.logical_not(tf.reduce_any(mask, axis=1))
-    return graph_checks.in_order(unit_checks + [
-        lambda: graph_checks.require_shape(
-            values, p + 'input_values', [None, None, dim],
-            f'[batch, tokens, {dim}] (DataConfig.input_dim {dim})'),
-        lambda: graph_checks.require_shape(
-            times, p + 'input_timestamps', [None, None], '[batch, tokens]'),
-        lambda: graph_checks.require_shape(
-            mask, p + 'input_mask', [None, None], '[batch, tokens]'),
-        lambda: graph_checks.require_shape(
-            index, p + 'output_readout_index', [None, None],
-            '[batch, queries]'),
-        lambda: graph_checks.require_shape(
-            queries, p + 'output_timestamps', [None, None],
-            '[batch, queries]'),
-        same('input_timestamps', times, 0, 'input_values', values, 'rows'),
-        same('input_mask', mask, 0, 'input_values', values, 'rows'),
-        same('output_readout_index', index, 0, 'input_values', values,
-             'rows'),
-        same('output_timestamps', queries, 0, 'input_values', values, 'rows'),
-        same('input_timestamps', times, 1, 'input_values', values,
-             'tokens (dimension 1)'),
-        same('input_mask', mask, 1, 'input_values', values,
-             'tokens (dimension 1)'),
-        same('output_timestamps', queries, 1, 'output_readout_index', index,
-             'queries (dimension 1)'),
-        lambda: graph_checks.require(
-            tf.logical_not(tf.reduce_any(empty())), lambda: graph_checks.join(
-                p, 'row ', graph_checks.first_where(rows(), empty()),
-                ' has no unmasked input token (input_mask is all False); '
-                'expected at least one.')),
-        lambda: graph_checks.require(tf.reduce_all(known()), ids_message),
-        finite('input_values', values, lambda: mask, 'in token'),
-        finite('input_timestamps', times, lambda: mask, 'in token'),
-        finite('output_timestamps', queries, lambda: tf.not_equal(index, 0),
-               'at query'),
-    ])
+    return graph_checks.require(tf.reduce_all(known), message)
 
   def serve_tokens(self, input_values, input_timestamps, input_mask,
                    output_readout_index, output_timestamps,
                    input_unit_ids=None, session_ids=None
                    ) -> Dict[str, tf.Tensor]:
-    """A padded batch -> outputs (see the module docstring); unit tokens
-    also take `input_unit_ids` and `session_ids`."""
+    """A padded batch -> the served outputs; unit tokens also take
+    `input_unit_ids` and `session_ids`."""
     unit_inputs, unit_checks = {}, []
     if self._units is not None:
       if input_unit_ids is None or session_ids is None:
@@ -279,9 +251,11 @@ class ReadoutExportModule(export_base.ExportModule):
     input_mask = tf.cast(input_mask, tf.bool)
     output_readout_index = tf.cast(output_readout_index, tf.int32)
     output_timestamps = tf.convert_to_tensor(output_timestamps, tf.float32)
-    checks = self._token_checks(input_values, input_timestamps, input_mask,
-                                output_readout_index, output_timestamps,
-                                unit_checks)
+    checks = self._token_checks(
+        {'input_values': input_values, 'input_timestamps': input_timestamps,
+         'input_mask': input_mask,
+         'output_readout_index': output_readout_index,
+         'output_timestamps': output_timestamps}, unit_checks)
     with tf.control_dependencies(checks):
       if self._units is not None:
         unit_inputs = {

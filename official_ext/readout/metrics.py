@@ -1,85 +1,6 @@
-"""Readout evaluation metrics, numpy, accumulated on the host.
-
-Every metric takes per-query weights as sample weights: a query of weight w
-counts w times, a query of weight 0 not at all. Per-channel metrics (a head
-with dim > 1 of type continuous, binary, multilabel or event_rate) are
-averaged over the channels (multilabel: over the labels that have a
-positive). The metric functions return NaN for a metric with nothing to
-measure (no query of positive weight, or no positive label for mAP);
-`ReadoutMetrics.result()` never reports such a value: it leaves the key out
-(and out of the averages) and `unmeasured()` says which and why.
-
-* `r2` (continuous): 1 - sum w (y - p)^2 / sum w (y - ybar_w)^2 per channel;
-  a constant target scores 1.0 if predicted exactly, else 0.0 (scikit-learn's
-  convention).
-* `pearson` (continuous): weighted Pearson correlation per channel (0.0 when
-  either side is constant).
-* `balanced_accuracy` (binary: logit > 0 predicts 1; multinomial: argmax):
-  mean recall over the classes present in the targets.
-* `macro_f1` (binary, multinomial): mean F1 over the classes present in the
-  targets or the predictions; F1 = 2 TP / (2 TP + FP + FN).
-* `accuracy` (binary, multinomial; reported under the 'torch_brain'
-  protocol): the share of correct predictions (micro accuracy), averaged
-  over channels.
-* `map` (multilabel): mean over labels with a positive of the average
-  precision sum_k (R_k - R_{k-1}) P_k over distinct score thresholds
-  (scikit-learn's `average_precision_score`; tied scores are one threshold),
-  computed by `official_ext.core.average_precision`.
-* `poisson_d2` (event_rate, predictions are log-rates): 1 - D(y, exp(p)) /
-  D(y, ybar_w) with the Poisson deviance D(y, mu) = 2 sum w (y log(y / mu) -
-  y + mu) (0 log 0 = 0).
-
-* `mean_cosine`, `angular_error_deg` (von_mises): see `von_mises`.
-
-A task's metrics are computed by its readout type (`readout_types`:
-`task_metrics`); the ones above are those of the shipped types.
-
-`ReadoutMetrics.result()` reports `<task>/<metric>` for each task's metrics
-that has a value, `average/<metric>` (mean over the tasks reporting it) and
-`average/score` (mean of each task's primary metric, the first of its type's
-metrics, always "higher is better": r2, balanced_accuracy, map, poisson_d2,
-mean_cosine), each only when at least one task gives it a value.
-
-The weights are the queries' metric weights (`dataloader`: the record's
-`output_eval_mask`, or without one its loss weights).
-
-Stitching (`ReadoutMetrics(stitch_resolution=...)`, the neural-decoding
-protocol of overlapping evaluation windows, as torch_brain's stitching
-evaluator): each query carries its session and its session time
-(`window_start + output_timestamp`, seconds). Before any metric, the queries
-of positive weight of one task are grouped by (session, session time rounded
-to a multiple of `stitch_resolution`); a group is scored once, with the mean
-of its predictions (head outputs: values, logits, log-rates), its target
-(every query of the group must have the same one: a disagreement is a
-ValueError naming the session, time and task) and the mean of its weights.
-Then `result()` reports the pooled metrics above over all groups and, when
-more than one named session was evaluated, for each session
-`sessions/<session>/<key>` (every key above, computed on that session's
-groups alone) and, for each such key, `<key>/session_mean`: the mean over
-the sessions that give it a value. Queries of records without a session_id
-are each record's own session (stitched within the record only) and have no
-per-session keys; an evaluation mixing them with named sessions is an error.
-
-Evaluation protocols (`ReadoutMetrics(protocol=...)`, `PROTOCOLS`):
-
-* 'official_ext' (the default): everything above.
-* 'torch_brain': the numbers of torch_brain's multitask stitching evaluator
-  (POYO, POYO+). Queries are stitched (a `stitch_resolution` is required)
-  and every record needs a session_id. Metrics are unweighted: a query of
-  metric weight > 0 counts once, whatever its weight. Binary and
-  multinomial readouts report `accuracy` (plain, micro) as their primary
-  metric, then balanced_accuracy and macro_f1; other types their usual
-  metrics. Each task is scored per session
-  (`sessions/<session>/<task>/<metric>`, and the session's
-  `sessions/<session>/average/...`, for every session, even one), and the
-  headline keys are means over sessions, never pooled: `<task>/<metric>`
-  the mean over the sessions that give it a value (torch_brain's
-  `average_<task>_val_metric`), `average/<metric>` and `average/score` the
-  mean over every (session, task) value of that metric / of the tasks'
-  primary metrics (torch_brain's `average_val_metric` when each task is
-  configured with its primary metric). No `session_mean` key: the headline
-  keys are already session means.
-"""
+"""Readout evaluation metrics (numpy, on the host): weighted per-task metrics,
+stitching of overlapping windows and the evaluation protocols
+(docs/readout.md#metrics)."""
 import math
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -92,7 +13,7 @@ from official_ext.readout import readout_types
 # types it registers), so this module does not import it.
 ReadoutSpec = Any
 
-# `Evaluation.protocol` values (module docstring).
+# `Evaluation.protocol` values.
 PROTOCOLS = ('official_ext', 'torch_brain')
 
 
@@ -134,8 +55,7 @@ def pearson(pred, target, weights=None) -> float:
 
 
 def _class_scores(y_true, y_pred, w) -> Dict[str, float]:
-  """balanced_accuracy, macro_f1 and accuracy (the weighted share of correct
-  predictions) of integer labels with sample weights."""
+  """balanced_accuracy, macro_f1 and accuracy of integer labels, weighted."""
   if w.size == 0:
     return {'balanced_accuracy': float('nan'), 'macro_f1': float('nan'),
             'accuracy': float('nan')}
@@ -160,8 +80,7 @@ def _class_keys(accuracy: bool) -> Tuple[str, ...]:
 
 def binary_scores(logits, target, weights=None,
                   accuracy: bool = False) -> Dict[str, float]:
-  """balanced_accuracy and macro_f1 (and with `accuracy` the plain
-  accuracy) of logits > 0, averaged over channels."""
+  """balanced_accuracy, macro_f1 (and `accuracy`) of logits > 0, per channel."""
   p, y, w = _prep(logits, target, weights)
   per = [_class_scores((y[:, c] > 0.5).astype(int), (p[:, c] > 0).astype(int),
                        w) for c in range(p.shape[1])]
@@ -171,17 +90,14 @@ def binary_scores(logits, target, weights=None,
 
 def multinomial_scores(logits, target, weights=None,
                        accuracy: bool = False) -> Dict[str, float]:
-  """balanced_accuracy and macro_f1 (and with `accuracy` the plain
-  accuracy) of argmax(logits) vs class ids [n, 1]."""
+  """balanced_accuracy, macro_f1 (and `accuracy`) of argmax(logits)."""
   p, y, w = _prep(logits, target, weights)
   scores = _class_scores(np.rint(y[:, 0]).astype(int), np.argmax(p, 1), w)
   return {k: scores[k] for k in _class_keys(accuracy)}
 
 
 def average_precision(scores, labels, weights=None) -> float:
-  """Weighted AP of one label: `core.average_precision` of [n] scores and
-  [n] 0/1 labels (> 0.5 is a positive), weights [n] as sample weights; NaN
-  if no positive of positive weight."""
+  """Weighted AP of one label (> 0.5 is a positive); NaN without a positive."""
   return core_ap.average_precision(
       scores, np.asarray(labels, np.float64) > 0.5,
       None if weights is None else np.asarray(weights, np.float64))
@@ -214,25 +130,12 @@ def poisson_d2(log_rate, target, weights=None) -> float:
 def stitch(predictions, targets, weights, sessions, times,
            resolution: float, task: str = '',
            session_names: Optional[Mapping[int, str]] = None):
-  """Averages the predictions of queries at the same session and time.
+  """Averages the predictions and weights of queries at one session and time.
 
-  Args:
-    predictions: float [n, dim] (one task's queries).
-    targets: float [n, T].
-    weights: float [n]; rows of weight 0 are dropped first.
-    sessions: int [n] session keys.
-    times: float [n] session times (seconds).
-    resolution: times are compared as round(time / resolution).
-    task: the task's name, for errors.
-    session_names: {session key: name}, for errors.
-
-  Returns:
-    (predictions [m, dim], targets [m, T], weights [m], sessions [m]): one
-    row per (session, rounded time), in (session, time) order.
-
-  Raises:
-    ValueError: two queries of a group have different targets (naming the
-      session, time and task).
+  Rows of weight 0 are dropped; times are compared as round(time /
+  resolution). Returns (predictions [m, dim], targets [m, T], weights [m],
+  sessions [m]), one row per (session, time) in that order; a ValueError
+  (naming `task`, the session and the time) if a group's targets differ.
   """
   p, y, w = (np.asarray(a, np.float64) for a in (predictions, targets,
                                                   weights))
@@ -268,17 +171,8 @@ def stitch(predictions, targets, weights, sessions, times,
 def task_metrics(spec: ReadoutSpec, predictions, targets,
                  weights=None, protocol: str = 'official_ext'
                  ) -> Dict[str, float]:
-  """The metrics of one task ({metric: value}, those of `spec.metrics`, or
-  of its type under `protocol`), computed by its readout type
-  (`readout_types`).
-
-  Args:
-    spec: the task's ReadoutSpec.
-    predictions: [n, dim] head outputs.
-    targets: [n, >= target_size]; extra columns are ignored.
-    weights: [n] (None: all 1).
-    protocol: an evaluation protocol (`PROTOCOLS`).
-  """
+  """{metric: value} of one task: `spec.metrics`, or its type's under
+  `protocol`; targets' extra columns are ignored, weights None: all 1."""
   readout_type = readout_types.get_readout_type(spec)
   targets = np.asarray(targets)[:, :readout_types.target_size(spec)]
   p, y, w = _prep(predictions, targets, weights)
@@ -297,8 +191,7 @@ def _score_tasks(specs: Mapping[str, ReadoutSpec],
 def _summarize(specs: Mapping[str, ReadoutSpec],
                values: Mapping[str, Mapping[str, float]],
                protocol: str = 'official_ext') -> Dict[str, float]:
-  """`<task>/<metric>`, `average/<metric>`, `average/score` of the values
-  that are not NaN (module docstring)."""
+  """The summary keys (`<task>/...`, `average/...`) of non-NaN values."""
   out = {}
   by_metric: Dict[str, List[float]] = {}
   primaries = []
@@ -320,9 +213,8 @@ def _summarize(specs: Mapping[str, ReadoutSpec],
 class ReadoutMetrics:
   """Accumulates every task's (predictions, targets, weights) and scores them.
 
-  Keeps all evaluated queries in memory (O(queries x dim)); the metrics are
-  computed once in `result()`. Also counts the evaluated samples (trials,
-  `add_examples`), which the task checks is not zero.
+  Keeps every evaluated query in memory; `result()` computes the metrics.
+  Also counts the evaluated samples (`add_examples`).
   """
 
   def __init__(self, specs: Mapping[str, ReadoutSpec],
@@ -330,12 +222,9 @@ class ReadoutMetrics:
                protocol: str = 'official_ext'):
     """Args:
       specs: {task: ReadoutSpec}.
-      stitch_resolution: seconds; given, queries are stitched (module
-        docstring) and `accumulate` needs their sessions and times. None:
-        every query is scored as it is.
-      protocol: the evaluation protocol (`PROTOCOLS`, module docstring);
-        'torch_brain' needs `stitch_resolution`.
-    """
+      stitch_resolution: seconds; given, queries are stitched and `accumulate`
+        needs their sessions and times. None: no stitching.
+      protocol: one of `PROTOCOLS`; 'torch_brain' needs `stitch_resolution`."""
     if protocol not in PROTOCOLS:
       raise ValueError(f'task.evaluation.protocol is {protocol!r}; expected '
                        f'one of {PROTOCOLS}.')
@@ -374,10 +263,8 @@ class ReadoutMetrics:
                  weights: Optional[np.ndarray] = None,
                  sessions: Optional[np.ndarray] = None,
                  times: Optional[np.ndarray] = None) -> None:
-    """Adds queries of one task: predictions [n, dim], targets [n, >=size],
-    weights [n] (None: all 1); when stitching, sessions int [n] (keys of
-    `set_session_names`; < 0: a record without a session_id, one key per
-    record) and times float [n] (session times, seconds)."""
+    """Adds queries of one task; stitching, with their sessions int [n] (keys
+    of `set_session_names`, < 0: records without one) and session times."""
     predictions = np.asarray(predictions, np.float64)
     n = predictions.shape[0]
     targets = np.asarray(targets, np.float64).reshape([n, -1])
@@ -398,14 +285,11 @@ class ReadoutMetrics:
     return int(sum(np.sum(c[2] > 0) for c in self._chunks[task]))
 
   def unmeasured(self) -> Dict[str, str]:
-    """{`<task>/<metric>`: why it has no value} for the metrics the last
-    `result()` left out (no query of positive weight; mAP: no positive
-    label)."""
+    """{`<task>/<metric>`: why the last `result()` left it out}."""
     return dict(self._unmeasured)
 
   def _rows(self, name: str) -> tuple:
-    """The task's accumulated (predictions, targets, weights[, sessions])
-    rows, stitched when stitching."""
+    """The task's accumulated rows, stitched when stitching."""
     spec = self._specs[name]
     chunks = self._chunks[name]
     stitching = self._resolution is not None
@@ -421,7 +305,7 @@ class ReadoutMetrics:
                   session_names=self._session_names)
 
   def result(self) -> Dict[str, float]:
-    """The metrics with a value (module docstring); no NaN."""
+    """The metrics with a value (the others: `unmeasured`)."""
     rows = {name: self._rows(name) for name in self._specs}
     self._unmeasured = {}
     if self._protocol == 'torch_brain':
@@ -448,8 +332,7 @@ class ReadoutMetrics:
 
   def _torch_brain_results(self, rows: Mapping[str, tuple]
                            ) -> Dict[str, float]:
-    """The 'torch_brain' protocol's keys (module docstring) of stitched
-    rows: per session, then means over the sessions."""
+    """The 'torch_brain' keys: per session, then means over sessions."""
     keys = np.unique(np.concatenate([r[3] for r in rows.values()]))
     if np.any(keys < 0):
       raise ValueError(
@@ -491,8 +374,8 @@ class ReadoutMetrics:
     return out
 
   def _session_results(self, rows: Mapping[str, tuple]) -> Dict[str, float]:
-    """`sessions/<session>/<key>` and `<key>/session_mean` (module
-    docstring) of stitched rows; {} with fewer than two named sessions."""
+    """`sessions/<session>/<key>` and `<key>/session_mean` of stitched rows;
+    {} with fewer than two named sessions."""
     keys = np.unique(np.concatenate([r[3] for r in rows.values()]))
     named = keys[keys >= 0]
     if named.size and named.size < keys.size:
@@ -519,8 +402,7 @@ def format_table(results: Mapping[str, float],
                  specs: Mapping[str, ReadoutSpec],
                  counts: Optional[Mapping[str, int]] = None,
                  protocol: str = 'official_ext') -> str:
-  """The per-task table: one row per task, one column per metric (those of
-  the evaluation `protocol`)."""
+  """The per-task table: a row per task, a column per metric of `protocol`."""
   columns = []
   for spec in specs.values():
     for m in readout_types.spec_metrics(spec, protocol):

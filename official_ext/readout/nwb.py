@@ -1,107 +1,6 @@
-r"""Neurodata Without Borders (NWB) files into readout TFRecords.
-
-`convert` reads one NWB file (or, with spike tokens, several: below) with
-`pynwb` (`pip install -e ".[nwb]"`) and writes the readout family's records
-(`official_ext.readout.dataloader`, one per trial) and the readout specs
-they imply:
-
-* `DIR/train.tfrecord`, `DIR/validation.tfrecord`: the trials, split by a
-  seeded permutation (`--validation_fraction`, `--split_seed`), each file in
-  trial order; the same file and arguments give the same bytes.
-* `DIR/readout.yaml`: `task.readouts`, `task.task_vocabulary`, both splits'
-  `input_path`, `input_dim` and `num_examples`, `task.demo_data.enabled:
-  false` and a schedule (`--batch_size`, `--train_epochs`), for
-      python -m official_ext.train --experiment=readout_demo \
-          --config_file=DIR/readout.yaml --mode=train_and_eval --model_dir=...
-* `DIR/conversion.json`: what the records mean: the file and its identifier,
-  the units' ids (feature i of a token is unit `unit_ids[i]`), the bin size
-  and windows, each readout's source, type, dim, multinomial class mapping,
-  query counts and left-out queries, the continuous readouts' mean and std
-  over the training queries, and the trial ids of each split.
-
-The command `scripts/nwb_to_readout.py` calls `convert` with its flags
-(`--nwb`, `--output_dir` and the keyword arguments of `convert`, whose
-errors name those flags) and prints `format_summary`.
-
-Nothing is written unless the whole file converts: the files are staged
-and renamed into place (readout.yaml, which names the others, last), and an
-`--output_dir` that holds files is refused before the NWB file is read unless
-`--overwrite` is given. Values taken from the file (identifier, path, class
-values) reach readout.yaml's comments only through a YAML emitter, every
-line of it commented, and the written YAML is read back to check that it
-holds the config and nothing else.
-
-A sample is a trial's window: `[start_time - pre_time, stop_time +
-post_time]` of the trials table (`nwbfile.trials`), in session seconds.
-
-* Input tokens: the window cut into `--bin_size` bins from its start (the
-  last bin ends at or less than one bin past the window's end); a token's
-  features are the spike counts of every unit of the units table
-  (`nwbfile.units`, `spike_times`) in its bin, half-open `[lo, hi)`
-  (input_dim = the number of units); its timestamp is the bin's centre,
-  relative to the window start.
-* Trial-column readouts (`--trial_columns=choice,reward` or `name:type`):
-  one query per trial at `--trial_query_time` (`stop_time`, or another
-  trials column holding session times), relative to the window start, with
-  the column's value as target. The type, unless given: values in {0, 1}
-  (or booleans) -> binary (dim 1); strings, or integer values with at most
-  `--max_classes` distinct values -> multinomial, dim = the number of
-  distinct values, class id = the value's position in their sorted order
-  (stored as `classes` in conversion.json and in the YAML's comment); other
-  numbers -> continuous (dim 1). `event_rate` (counts >= 0) is available by
-  name. A trial whose value is NaN has no query of that readout (counted).
-* Time-series readouts (`--timeseries=wheel_speed`): a `pynwb.TimeSeries`
-  found by name in `nwbfile.acquisition`, in every processing module
-  (`nwbfile.processing[m]`) and in the containers of a module that hold time
-  series (e.g. `BehavioralTimeSeries`, or `Position` with its
-  `SpatialSeries`); or given by its path, e.g.
-  `processing/behavior/BehavioralTimeSeries/wheel_speed` (the readout is
-  named by the path's last part). Continuous, dim = the series' channels
-  (its data's second axis; 1 for a 1-D series), in its unit after NWB's
-  `conversion` and `offset` (`TimeSeries.get_data_in_units`), at the times
-  of `TimeSeries.get_timestamps` (stored timestamps, or `starting_time +
-  i / rate`). Queries at the centres of `--query_interval` steps from the
-  window start ((j + 0.5) * query_interval, every one within the window),
-  each the linear interpolation between the two samples around its session
-  time. A query outside the series' first..last sample time, or next to a
-  NaN sample, is not written (counted per readout).
-
-Records carry `example_id` `<identifier>/trial<id>`, `session_id` = the NWB
-file's `identifier` and `window_start` = the window's start in session
-seconds (a query's session time is window_start + its timestamp).
-
-Spike tokens and several files (`tokens='spikes'`, `--tokens=spikes`):
-
-* `nwb` may name several files (comma-separated); each is one session, named
-  by its `identifier` (two files with one identifier are an error naming
-  both). Their trials become one dataset: every file's trials are split on
-  their own (the same seeded rule, so every session is in both splits) and
-  the records are written file after file.
-* An input token is one spike: `input_unit_ids` = its unit's id in the unit
-  and session vocabulary (`official_ext.readout.vocabulary`; unit
-  `<identifier>/<units table id>`), `input_values` 1.0, `input_timestamps`
-  its time from the window start; every spike in `[window start, window
-  end)`, ordered by time (then by the unit's row). A trial without a spike
-  in its window is an error naming it.
-* The vocabulary: the sessions and units of the files in order, appended to
-  `vocabulary` (`--vocabulary`, an existing vocabulary.json) when given:
-  the names already there keep their ids (the same recording converted
-  again keeps its units' ids), so a model trained on the old vocabulary
-  keeps its rows. Each session's `recording_fingerprint` is recorded in it:
-  an identifier already there whose fingerprint differs (another
-  recording), or has none, is an error naming it. Written as
-  `DIR/vocabulary.json` (never over the `--vocabulary` file).
-* Readouts are shared: a trials column's type and multinomial classes come
-  from every file's values together; a time series must have the same
-  channels in every file. readout.yaml sets `task.model.tokenization:
-  unit_tokens`, `task.vocabulary_file` and `input_dim: 1`; conversion.json
-  lists each file under `sessions` (file, identifier, unit ids, trial ids
-  per split).
-
-A file without a units or trials table, a trials column or time series that
-is not in the file, a value that does not fit the type asked for, or a trial
-whose window is empty, is an error naming it (and what the file has).
-"""
+"""Neurodata Without Borders (NWB) files into readout records, readout.yaml
+and conversion.json (the command: scripts/nwb_to_readout.py; formats and
+rules: docs/readout.md#real-recordings-nwb-files-in)."""
 import dataclasses
 import hashlib
 import json
@@ -117,7 +16,7 @@ import yaml
 from official_ext.core import output_files
 from official_ext.readout import configs
 from official_ext.readout import dataloader
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 
 # Readout types a trials column can be converted to; time series are
 # continuous.
@@ -141,14 +40,13 @@ class Readout:
 
   Attributes:
     name: task name.
-    source: where it comes from in the file (`trials/<column>`, or the
-      time series' path).
+    source: `trials/<column>`, or the time series' path.
     type: readout type.
     dim: head width.
     classes: multinomial: the original value of each class id.
-    reason: why the type was chosen (given, or what it was inferred from).
-    targets: a trials column's: float [n_trials], each trial's target (the
-      class id for multinomial), NaN where the trial has no value.
+    reason: why the type was chosen, for the summary.
+    targets: a trials column's float [n_trials] targets (class ids for
+      multinomial), NaN where a trial has no value.
   """
   name: str
   source: str
@@ -164,19 +62,9 @@ class Readout:
 
 @dataclasses.dataclass
 class Session:
-  """What the conversion reads from one NWB file.
-
-  Attributes:
-    path: the file.
-    identifier: `nwbfile.identifier`.
-    unit_ids: int [n_units], the units table's ids.
-    spike_times: n_units float arrays (session seconds, sorted).
-    trial_ids: int [n_trials], the trials table's ids.
-    start_time, stop_time: float [n_trials], session seconds.
-    columns: {trials column: [n_trials] values}.
-    series: {readout name: (location, timestamps [n], data [n, channels])}.
-    fingerprint: `recording_fingerprint` of the file.
-  """
+  """What the conversion reads from one NWB file: unit ids, sorted spike
+  times per unit, the trials' ids and times, {column: [n_trials] values},
+  {readout: (location, timestamps [n], data [n, channels])}, fingerprint."""
   path: str
   identifier: str
   unit_ids: np.ndarray
@@ -191,10 +79,9 @@ class Session:
 
 def recording_fingerprint(session_start_time: str, unit_ids: np.ndarray,
                           spike_times: Sequence[np.ndarray]) -> str:
-  """What tells one recording from another under one identifier:
-  'sha256:' + the SHA-256 of its `session_start_time` (ISO 8601) and its
-  units table (each unit's id and sorted spike times, float64), the rows a
-  unit vocabulary names."""
+  """'sha256:' + the SHA-256 of a recording's start time and units table
+  (each unit's id and spike times): what tells recordings under one
+  identifier apart."""
   digest = hashlib.sha256(session_start_time.encode())
   for unit, times in zip(unit_ids, spike_times):
     times = np.asarray(times, '<f8')
@@ -227,8 +114,7 @@ def _file_contents(nwbfile) -> str:
 
 
 def _time_series(nwbfile) -> Dict[str, Any]:
-  """{path: TimeSeries} of acquisition, processing modules and the
-  containers inside them that hold time series (a `SpatialSeries` too)."""
+  """{path: TimeSeries} in acquisition, processing modules, their containers."""
   import pynwb  # pylint: disable=g-import-not-at-top
   found = {}
   for name, obj in nwbfile.acquisition.items():
@@ -270,12 +156,39 @@ def read_session(path: str, trial_columns: Sequence[str],
   """Reads the units, trials, named trials columns and time series of `path`.
 
   Raises:
-    NWBConversionError: the file is not one pynwb can read; a table, column
-      or time series is missing (naming it and listing what the file has);
-      a series' timestamps do not increase; a unit has a NaN or infinite
-      spike time (naming the unit and the value).
+    NWBConversionError: the file cannot be read, or lacks or holds badly
+      what is asked for (naming it and listing what the file has).
     ImportError: pynwb is not installed.
   """
+  io, nwbfile = _open(path)
+  with io:
+    for table, what in (('units', 'spike times of units, the input tokens'),
+                        ('trials', 'trial intervals, the samples')):
+      if getattr(nwbfile, table) is None:
+        raise NWBConversionError(
+            f'{path} has no {table} table (nwbfile.{table}; the {what}); the '
+            f'file has {_file_contents(nwbfile)}.')
+    units, trials = nwbfile.units, nwbfile.trials
+    if 'spike_times' not in units.colnames or not len(units):
+      raise NWBConversionError(
+          f'{path}: the units table has {len(units)} units and the columns '
+          f'{list(units.colnames)}; expected units with spike_times.')
+    columns = _read_columns(path, trials, trial_columns, trial_query_time)
+    series = _read_series(nwbfile, path, timeseries)
+    unit_ids, spike_times = _read_units(path, units)
+    return Session(
+        path=path, identifier=str(nwbfile.identifier),
+        fingerprint=recording_fingerprint(
+            nwbfile.session_start_time.isoformat(), unit_ids, spike_times),
+        unit_ids=unit_ids, spike_times=spike_times,
+        trial_ids=np.asarray(trials.id[:]),
+        start_time=np.asarray(trials['start_time'].data[:], np.float64),
+        stop_time=np.asarray(trials['stop_time'].data[:], np.float64),
+        columns=columns, series=series)
+
+
+def _open(path: str):
+  """(pynwb's reader, the NWBFile) of `path`; NWBConversionError if not NWB."""
   try:
     import pynwb  # pylint: disable=g-import-not-at-top
   except ImportError as e:
@@ -293,75 +206,72 @@ def read_session(path: str, trial_columns: Sequence[str],
     raise NWBConversionError(
         f'--nwb: {path} is not an NWB file pynwb can read '
         f'({type(e).__name__}: {e}); expected an NWB 2 (HDF5) file.') from e
-  with io:
-    for table, what in (('units', 'spike times of units, the input tokens'),
-                        ('trials', 'trial intervals, the samples')):
-      if getattr(nwbfile, table) is None:
-        raise NWBConversionError(
-            f'{path} has no {table} table (nwbfile.{table}; the {what}); the '
-            f'file has {_file_contents(nwbfile)}.')
-    units, trials = nwbfile.units, nwbfile.trials
-    if 'spike_times' not in units.colnames or not len(units):
+  return io, nwbfile
+
+
+def _read_units(path: str, units) -> Tuple[np.ndarray, List[np.ndarray]]:
+  """(unit ids, each unit's sorted spike times) of the units table."""
+  unit_ids = np.asarray(units.id[:])
+  spike_times = []
+  for i, unit in enumerate(unit_ids):
+    times = np.asarray(units.get_unit_spike_times(i), np.float64)
+    bad = np.flatnonzero(~np.isfinite(times))
+    if bad.size:
       raise NWBConversionError(
-          f'{path}: the units table has {len(units)} units and the columns '
-          f'{list(units.colnames)}; expected units with spike_times.')
-    wanted = list(trial_columns)
-    if trial_query_time != 'stop_time':
-      wanted.append(trial_query_time)
-    for column in wanted:
-      if column not in trials.colnames:
-        flag = ('--trial_query_time' if column == trial_query_time and
-                column not in trial_columns else '--trial_columns')
-        raise NWBConversionError(
-            f'{path}: the trials table has no column {column!r} ({flag}); '
-            f'its columns are {list(trials.colnames)}.')
-    columns = {}
-    for column in wanted:
-      values = np.asarray(trials[column].data[:])
-      if values.ndim != 1:
-        raise NWBConversionError(
-            f'{path}: trials column {column!r} holds values of shape '
-            f'{values.shape[1:]} per trial; expected one scalar per trial.')
-      columns[column] = values
-    series = {}
-    for name in timeseries:
-      location, ts = _find_series(nwbfile, path, name)
-      times = np.asarray(ts.get_timestamps(), np.float64)
-      data = np.asarray(ts.get_data_in_units(), np.float64)
-      data = data.reshape([data.shape[0], -1])
-      if len(times) != len(data) or len(times) < 2 or not np.all(
-          np.diff(times) > 0):
-        raise NWBConversionError(
-            f'{path}: TimeSeries {location} has {len(times)} timestamps for '
-            f'{len(data)} samples; expected one strictly increasing '
-            'timestamp per sample, at least 2.')
-      readout = name.rsplit('/', 1)[-1]
-      if readout in series:
-        raise NWBConversionError(
-            f'{path}: --timeseries names two series called {readout!r} '
-            f'({series[readout][0]} and {location}); a readout name is '
-            'the last part of the path, so convert one of them.')
-      series[readout] = (location, times, data)
-    unit_ids = np.asarray(units.id[:])
-    spike_times = []
-    for i, unit in enumerate(unit_ids):
-      times = np.asarray(units.get_unit_spike_times(i), np.float64)
-      bad = np.flatnonzero(~np.isfinite(times))
-      if bad.size:
-        raise NWBConversionError(
-            f'{path}: unit {unit} (row {i} of the units table) has spike '
-            f'time {times[bad[0]]} (index {bad[0]}); expected finite session '
-            f'seconds ({bad.size} non-finite in this unit).')
-      spike_times.append(np.sort(times))
-    return Session(
-        path=path, identifier=str(nwbfile.identifier),
-        fingerprint=recording_fingerprint(
-            nwbfile.session_start_time.isoformat(), unit_ids, spike_times),
-        unit_ids=unit_ids, spike_times=spike_times,
-        trial_ids=np.asarray(trials.id[:]),
-        start_time=np.asarray(trials['start_time'].data[:], np.float64),
-        stop_time=np.asarray(trials['stop_time'].data[:], np.float64),
-        columns=columns, series=series)
+          f'{path}: unit {unit} (row {i} of the units table) has spike '
+          f'time {times[bad[0]]} (index {bad[0]}); expected finite session '
+          f'seconds ({bad.size} non-finite in this unit).')
+    spike_times.append(np.sort(times))
+  return unit_ids, spike_times
+
+
+def _read_columns(path: str, trials, trial_columns: Sequence[str],
+                  trial_query_time: str) -> Dict[str, np.ndarray]:
+  """{column: [n_trials] values} of the named and trial_query_time columns."""
+  wanted = list(trial_columns)
+  if trial_query_time != 'stop_time':
+    wanted.append(trial_query_time)
+  for column in wanted:
+    if column not in trials.colnames:
+      flag = ('--trial_query_time' if column == trial_query_time and
+              column not in trial_columns else '--trial_columns')
+      raise NWBConversionError(
+          f'{path}: the trials table has no column {column!r} ({flag}); '
+          f'its columns are {list(trials.colnames)}.')
+  columns = {}
+  for column in wanted:
+    values = np.asarray(trials[column].data[:])
+    if values.ndim != 1:
+      raise NWBConversionError(
+          f'{path}: trials column {column!r} holds values of shape '
+          f'{values.shape[1:]} per trial; expected one scalar per trial.')
+    columns[column] = values
+  return columns
+
+
+def _read_series(nwbfile, path: str, timeseries: Sequence[str]
+                 ) -> Dict[str, Tuple[str, np.ndarray, np.ndarray]]:
+  """{readout name: (location, timestamps [n], data [n, channels])}."""
+  series = {}
+  for name in timeseries:
+    location, ts = _find_series(nwbfile, path, name)
+    times = np.asarray(ts.get_timestamps(), np.float64)
+    data = np.asarray(ts.get_data_in_units(), np.float64)
+    data = data.reshape([data.shape[0], -1])
+    if len(times) != len(data) or len(times) < 2 or not np.all(
+        np.diff(times) > 0):
+      raise NWBConversionError(
+          f'{path}: TimeSeries {location} has {len(times)} timestamps for '
+          f'{len(data)} samples; expected one strictly increasing '
+          'timestamp per sample, at least 2.')
+    readout = name.rsplit('/', 1)[-1]
+    if readout in series:
+      raise NWBConversionError(
+          f'{path}: --timeseries names two series called {readout!r} '
+          f'({series[readout][0]} and {location}); a readout name is '
+          'the last part of the path, so convert one of them.')
+    series[readout] = (location, times, data)
+  return series
 
 
 def _is_number(values: np.ndarray) -> bool:
@@ -370,12 +280,12 @@ def _is_number(values: np.ndarray) -> bool:
 
 def column_readout(path: str, name: str, values: np.ndarray,
                    kind: Optional[str], max_classes: int) -> Readout:
-  """The readout of trials column `name` (`values` [n_trials]) with its
-  targets; `kind`: the type asked for, None: inferred (module docstring).
+  """The readout of trials column `name` (`values` [n_trials]), with targets;
+  `kind`: the type asked for, None: inferred.
 
   Raises:
     NWBConversionError: the column has no value, or values that do not fit
-      the type asked for.
+      the type.
   """
   where = f'{path}: trials column {name!r}'
   numeric = _is_number(values)
@@ -422,8 +332,7 @@ def column_readout(path: str, name: str, values: np.ndarray,
 
 def bin_spikes(spike_times: Sequence[np.ndarray], window_start: float,
                n_bins: int, bin_size: float) -> np.ndarray:
-  """Spike counts float32 [n_bins, n_units] in bins [lo, hi) from
-  `window_start` (session seconds)."""
+  """Spike counts float32 [n_bins, n_units] of [lo, hi) bins from the start."""
   edges = window_start + bin_size * np.arange(n_bins + 1)
   return np.stack([np.diff(np.searchsorted(s, edges, side='left'))
                    for s in spike_times], 1).astype(np.float32)
@@ -434,14 +343,9 @@ def spike_tokens(spike_times: Sequence[np.ndarray], unit_ids: Sequence[int],
                  ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
   """One token per spike in `[window_start, window_start + duration)`.
 
-  Args:
-    spike_times: per unit, sorted session seconds.
-    unit_ids: per unit, its id in the unit vocabulary.
-    window_start, duration: the window (session seconds, seconds).
-
   Returns:
-    (values float32 [n, 1] all 1.0, timestamps float64 [n] from the window
-    start, unit ids int64 [n]), ordered by time, then by the unit's row.
+    (values float32 [n, 1] of 1.0, timestamps [n] from the window start,
+    unit ids int64 [n]), by time, then by the unit's row.
   """
   end = window_start + duration
   times, ids = [], []
@@ -456,8 +360,8 @@ def spike_tokens(spike_times: Sequence[np.ndarray], unit_ids: Sequence[int],
 
 def interpolate(times: np.ndarray, data: np.ndarray, at: np.ndarray
                 ) -> np.ndarray:
-  """Linear interpolation of `data` [n, c] at times `at` [m] -> [m, c]; NaN
-  where a time is outside times[0]..times[-1] or next to a NaN sample."""
+  """`data` [n, c] linearly interpolated at `at` [m] -> [m, c]; NaN outside the
+  samples' times or next to a NaN sample."""
   hi = np.clip(np.searchsorted(times, at, side='left'), 1, len(times) - 1)
   lo = hi - 1
   w = ((at - times[lo]) / (times[hi] - times[lo]))[:, None]
@@ -476,20 +380,8 @@ def trial_queries(session: Session, readouts: Sequence[Readout],
                   window_start: float, duration: float, query_time: float,
                   query_interval: float, trial: int,
                   left_out: Dict[str, int]) -> List[Tuple[str, float, list]]:
-  """The queries of trial number `trial` (its position in the table).
-
-  Args:
-    session: the file's contents.
-    readouts: the readouts (a trials column's with `targets`).
-    window_start, duration: the trial's window (session seconds, seconds).
-    query_time: the trial-column queries' time from the window start.
-    query_interval: seconds between time-series queries.
-    trial: the trial's row.
-    left_out: {readout: queries left out}, incremented here.
-
-  Returns:
-    [(readout name, time from the window start, target values)].
-  """
+  """[(readout, time from the window start, target)] of trial row `trial`;
+  counts the queries left out in `left_out`."""
   queries = []
   for r in readouts:
     if r.targets is not None:  # A trials column.
@@ -524,7 +416,7 @@ def _load_vocabulary(vocabulary: str, tokens: str,
 
   Raises:
     ValueError: `--vocabulary` without spike tokens, or naming the file the
-      conversion writes (it would be replaced by what it is read into).
+      conversion writes.
   """
   if not vocabulary:
     return vocabulary_lib.Vocabulary()
@@ -544,8 +436,8 @@ def _load_vocabulary(vocabulary: str, tokens: str,
 def _check_same_recording(session: Session,
                           base: vocabulary_lib.Vocabulary,
                           vocabulary: str) -> None:
-  """NWBConversionError unless `session`'s identifier is new to `base` (the
-  `--vocabulary` file `vocabulary`) or names this same recording there."""
+  """NWBConversionError unless `session`'s identifier is new to `base` or
+  names this same recording there."""
   if session.identifier not in base.sessions:
     return
   known = base.fingerprints.get(session.identifier)
@@ -568,12 +460,10 @@ def _check_same_recording(session: Session,
 def _windows(session: Session, pre_time: float, post_time: float,
              trial_query_time: str, has_columns: bool
              ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(window starts, durations, trial-column query times from the window
-  start), float [n_trials] each, of one file's trials.
+  """(window starts, durations, query times from the window start) [n_trials].
 
   Raises:
-    NWBConversionError: a trial's window is empty, or its query time lies
-      outside it (naming the file and the trial).
+    NWBConversionError: a window is empty or its query time outside it.
   """
   window_start = session.start_time - pre_time
   duration = session.stop_time + post_time - window_start
@@ -603,8 +493,7 @@ def _windows(session: Session, pre_time: float, post_time: float,
 
 def _split(session: Session, validation_fraction: float,
            split_seed: int) -> np.ndarray:
-  """bool [n_trials]: the file's trials in the validation split (a seeded
-  permutation; both splits non-empty, else a ValueError naming the file)."""
+  """bool [n_trials]: the validation trials (seeded; both splits non-empty)."""
   n_trials = len(session.trial_ids)
   n_val = int(round(validation_fraction * n_trials))
   if not 1 <= n_val <= n_trials - 1:
@@ -627,17 +516,55 @@ def convert(nwb, output_dir: str, *, tokens: str = 'binned',
             split_seed: int = 0, batch_size: int = 32,
             train_epochs: int = 20, overwrite: bool = False
             ) -> Dict[str, Any]:
-  """Converts `nwb` (one file, or with `tokens='spikes'` several: a
-  comma-separated string or a sequence) into `output_dir` (module
-  docstring); returns the summary written to conversion.json, plus the
-  written paths (`files`).
+  """Converts `nwb` into readout records, readout.yaml and conversion.json.
 
-  An `output_dir` that holds files is refused before the NWB file is read,
-  unless `overwrite`; the files are written whole or not at all
-  (`output_files.write_directory`: staged, then renamed into place,
-  readout.yaml last)."""
+  Args:
+    nwb: one NWB file, or with `tokens='spikes'` several (a comma-separated
+      string or a sequence).
+    output_dir: where to write; one that holds files is refused before any
+      file is read, unless `overwrite`.
+    The others: the flags of scripts/nwb_to_readout.py of the same names.
+
+  Returns:
+    The summary written to conversion.json, plus the written paths (`files`).
+  """
   output_files.check_output_dir(output_dir, overwrite)
   paths = _paths(nwb)
+  _check_tokens(tokens, paths)
+  base_vocabulary = _load_vocabulary(vocabulary, tokens, output_dir)
+  columns = parse_names(trial_columns, '--trial_columns')
+  series_names = [n.strip() for n in timeseries.split(',') if n.strip()]
+  _check_options(columns, series_names, bin_size=bin_size,
+                 query_interval=query_interval, pre_time=pre_time,
+                 post_time=post_time,
+                 validation_fraction=validation_fraction)
+  sessions = _read_sessions(
+      paths, columns, series_names, trial_query_time,
+      base_vocabulary if tokens == 'spikes' else None, vocabulary)
+  readouts = _readouts(sessions, paths, columns, max_classes)
+  units = (_extend_vocabulary(base_vocabulary, sessions)
+           if tokens == 'spikes' else None)
+  windows = dict(bin_size=bin_size, pre_time=pre_time, post_time=post_time,
+                 trial_query_time=trial_query_time,
+                 query_interval=query_interval)
+  records = _records(sessions, readouts, units, bool(columns),
+                     validation_fraction, split_seed, **windows)
+  train_trials = len(records.split_of['train'])
+  if batch_size < 1 or batch_size > train_trials:
+    raise ValueError(f'--batch_size {batch_size}: the training split has '
+                     f'{train_trials} trials; expected 1..that.')
+  summary = _summary(sessions, records.trial_session, readouts,
+                     records.split_of, records.queries, records.left_out,
+                     tokens=tokens, **windows)
+  return _write(output_dir, overwrite, records, summary, readouts,
+                input_dim=1 if units is not None else len(
+                    sessions[0].unit_ids),
+                units=units, vocabulary=vocabulary, batch_size=batch_size,
+                train_epochs=train_epochs)
+
+
+def _check_tokens(tokens: str, paths: List[str]) -> None:
+  """ValueError unless `--tokens` is known and fits the number of files."""
   if tokens not in TOKENS:
     raise ValueError(f'--tokens is {tokens!r}; expected one of {TOKENS}.')
   if tokens == 'binned' and len(paths) > 1:
@@ -645,9 +572,12 @@ def convert(nwb, output_dir: str, *, tokens: str = 'binned',
         f'--nwb names {len(paths)} files; binned tokens (--tokens=binned) '
         "are one recording's units. Convert several files with "
         '--tokens=spikes (one unit and session vocabulary).')
-  base_vocabulary = _load_vocabulary(vocabulary, tokens, output_dir)
-  columns = parse_names(trial_columns, '--trial_columns')
-  series_names = [n.strip() for n in timeseries.split(',') if n.strip()]
+
+
+def _check_options(columns, series_names, *, bin_size: float,
+                   query_interval: float, pre_time: float, post_time: float,
+                   validation_fraction: float) -> None:
+  """ValueError naming the flag whose value cannot convert anything."""
   for flag, value in (('--bin_size', bin_size),
                       ('--query_interval', query_interval)):
     if not value > 0:
@@ -661,6 +591,14 @@ def convert(nwb, output_dir: str, *, tokens: str = 'binned',
   if not columns and not series_names:
     raise ValueError('Nothing to read out: give --trial_columns and/or '
                      '--timeseries.')
+
+
+def _read_sessions(paths: List[str], columns, series_names: List[str],
+                   trial_query_time: str,
+                   base: Optional[vocabulary_lib.Vocabulary],
+                   vocabulary: str) -> List[Session]:
+  """Every file's `Session`; identifiers unique and, with a `base`
+  vocabulary (spike tokens), new to it or naming the same recording."""
   sessions = [read_session(p, [n for n, _ in columns], series_names,
                            trial_query_time) for p in paths]
   first = {}
@@ -672,9 +610,14 @@ def convert(nwb, output_dir: str, *, tokens: str = 'binned',
           "file's identifier, so convert them separately or give one a new "
           'identifier.')
     first[session.identifier] = session.path
-    if tokens == 'spikes':
-      _check_same_recording(session, base_vocabulary, vocabulary)
-  # A trials column's type and classes come from every file's values.
+    if base is not None:
+      _check_same_recording(session, base, vocabulary)
+  return sessions
+
+
+def _readouts(sessions: List[Session], paths: List[str], columns,
+              max_classes: int) -> List[Readout]:
+  """The readouts of the trials columns and time series, checked."""
   source = paths[0] if len(paths) == 1 else ', '.join(paths)
   readouts = [column_readout(source, n, np.concatenate(
       [s.columns[n] for s in sessions]), kind, max_classes)
@@ -694,91 +637,136 @@ def convert(nwb, output_dir: str, *, tokens: str = 'binned',
     if not _NAME.match(r.name):
       raise ValueError(f'Readout {r.name!r} (from {r.source}): a readout name '
                        "has letters, digits, '_', '.', '-' only.")
-  specs = [r.spec() for r in readouts]
-  task_vocabulary = [r.name for r in readouts]
-  configs.validate_readouts(specs, task_vocabulary)
-  ids = configs.task_index(task_vocabulary)
-  units = None
-  if tokens == 'spikes':
-    units = vocabulary_lib.extend(
-        base_vocabulary, sessions=[s.identifier for s in sessions],
-        units=[vocabulary_lib.unit_name(s.identifier, str(u))
-               for s in sessions for u in s.unit_ids],
-        fingerprints={s.identifier: s.fingerprint for s in sessions})
+  configs.validate_readouts([r.spec() for r in readouts],
+                            [r.name for r in readouts])
+  return readouts
 
+
+def _extend_vocabulary(base: vocabulary_lib.Vocabulary,
+                       sessions: List[Session]) -> vocabulary_lib.Vocabulary:
+  """`base` with the files' sessions, units and fingerprints appended."""
+  return vocabulary_lib.extend(
+      base, sessions=[s.identifier for s in sessions],
+      units=[vocabulary_lib.unit_name(s.identifier, str(u))
+             for s in sessions for u in s.unit_ids],
+      fingerprints={s.identifier: s.fingerprint for s in sessions})
+
+
+@dataclasses.dataclass
+class _Records:
+  """The converted trials, file after file: serialized `examples`, their
+  `queries` [(readout, time, target)], `left_out` {readout: count},
+  `split_of` {split: record positions}, each record's `trial_session`."""
+  examples: List[bytes]
+  queries: List[List[Tuple[str, float, list]]]
+  left_out: Dict[str, int]
+  split_of: Dict[str, np.ndarray]
+  trial_session: np.ndarray
+
+
+def _records(sessions: List[Session], readouts: List[Readout],
+             units: Optional[vocabulary_lib.Vocabulary], has_columns: bool,
+             validation_fraction: float, split_seed: int,
+             **windows) -> _Records:
+  """Every file's trials tokenized and split."""
+  ids = configs.task_index([r.name for r in readouts])
   left_out = {r.name: 0 for r in readouts}
-  examples, targets_by_trial, is_val, trial_session = [], [], [], []
-  offset = 0
+  examples, queries, is_val, trial_session = [], [], [], []
   for k, session in enumerate(sessions):
-    window_start, duration, query_time = _windows(
-        session, pre_time, post_time, trial_query_time, bool(columns))
     unit_ids = None if units is None else [
         units.unit_id(vocabulary_lib.unit_name(session.identifier, str(u)))
         for u in session.unit_ids]
-    for i in range(len(session.trial_ids)):
-      name = f'{session.identifier}/trial{session.trial_ids[i]}'
-      if unit_ids is None:
-        n_bins = max(1, int(math.ceil(duration[i] / bin_size - 1e-9)))
-        values = bin_spikes(session.spike_times, window_start[i], n_bins,
-                            bin_size)
-        times, token_units = (np.arange(n_bins) + 0.5) * bin_size, None
-      else:
-        values, times, token_units = spike_tokens(
-            session.spike_times, unit_ids, window_start[i], duration[i])
-        if not times.size:
-          raise NWBConversionError(
-              f'{session.path}: trial {session.trial_ids[i]} has no spike in '
-              f'its window [{window_start[i]:.6g}, '
-              f'{window_start[i] + duration[i]:.6g}) s; a record needs at '
-              'least one token (widen it with --pre_time / --post_time).')
-      queries = trial_queries(session, readouts, window_start[i], duration[i],
-                              query_time[i], query_interval, offset + i,
-                              left_out)
-      targets_by_trial.append(queries)
-      example = dataloader.make_example(
-          name, values, times,
-          output_task_ids=[ids[q[0]] for q in queries],
-          output_timestamps=[q[1] for q in queries],
-          output_targets=[q[2] for q in queries],
-          session_id=session.identifier, window_start=float(window_start[i]),
-          input_unit_ids=token_units)
-      # Map keys sorted: the same file and flags give the same bytes in
-      # every process (the default order follows Python's per-process
-      # string hash).
-      examples.append(example.SerializeToString(deterministic=True))
+    session_examples, session_queries = _trial_records(
+        session, readouts, ids, unit_ids, len(examples), left_out,
+        has_columns, **windows)
+    examples += session_examples
+    queries += session_queries
     is_val.append(_split(session, validation_fraction, split_seed))
     trial_session += [k] * len(session.trial_ids)
-    offset += len(session.trial_ids)
   is_val = np.concatenate(is_val)
-  split_of = {'train': np.flatnonzero(~is_val),
-              'validation': np.flatnonzero(is_val)}
-  if batch_size < 1 or batch_size > len(split_of['train']):
-    raise ValueError(f'--batch_size {batch_size}: the training split has '
-                     f'{len(split_of["train"])} trials; expected 1..that.')
+  return _Records(examples, queries, left_out,
+                  {'train': np.flatnonzero(~is_val),
+                   'validation': np.flatnonzero(is_val)},
+                  np.asarray(trial_session))
 
+
+def _trial_records(session: Session, readouts: List[Readout],
+                   ids: Dict[str, int], unit_ids: Optional[List[int]],
+                   offset: int, left_out: Dict[str, int], has_columns: bool,
+                   *, bin_size: float, pre_time: float, post_time: float,
+                   trial_query_time: str, query_interval: float
+                   ) -> Tuple[List[bytes], List[list]]:
+  """(serialized records, their queries) of one file's trials.
+
+  `unit_ids`: spike tokens' vocabulary id per unit (None: binned tokens);
+  `offset`: the trials of the files before (rows of the readouts' targets);
+  `left_out` is incremented here.
+  """
+  window_start, duration, query_time = _windows(
+      session, pre_time, post_time, trial_query_time, has_columns)
+  examples, queries_by_trial = [], []
+  for i in range(len(session.trial_ids)):
+    values, times, token_units = _trial_tokens(
+        session, i, window_start[i], duration[i], bin_size, unit_ids)
+    queries = trial_queries(session, readouts, window_start[i], duration[i],
+                            query_time[i], query_interval, offset + i,
+                            left_out)
+    queries_by_trial.append(queries)
+    example = dataloader.make_example(
+        f'{session.identifier}/trial{session.trial_ids[i]}', values, times,
+        output_task_ids=[ids[q[0]] for q in queries],
+        output_timestamps=[q[1] for q in queries],
+        output_targets=[q[2] for q in queries],
+        session_id=session.identifier, window_start=float(window_start[i]),
+        input_unit_ids=token_units)
+    # Map keys sorted: the same bytes in every process (the default order
+    # follows Python's per-process string hash).
+    examples.append(example.SerializeToString(deterministic=True))
+  return examples, queries_by_trial
+
+
+def _trial_tokens(session: Session, i: int, window_start: float,
+                  duration: float, bin_size: float,
+                  unit_ids: Optional[List[int]]):
+  """(values, timestamps, unit ids or None) of trial row `i`'s input tokens."""
+  if unit_ids is None:
+    n_bins = max(1, int(math.ceil(duration / bin_size - 1e-9)))
+    values = bin_spikes(session.spike_times, window_start, n_bins, bin_size)
+    return values, (np.arange(n_bins) + 0.5) * bin_size, None
+  values, times, token_units = spike_tokens(
+      session.spike_times, unit_ids, window_start, duration)
+  if not times.size:
+    raise NWBConversionError(
+        f'{session.path}: trial {session.trial_ids[i]} has no spike in '
+        f'its window [{window_start:.6g}, {window_start + duration:.6g}) s; '
+        'a record needs at least one token (widen it with --pre_time / '
+        '--post_time).')
+  return values, times, token_units
+
+
+def _write(output_dir: str, overwrite: bool, records: _Records,
+           summary: Dict[str, Any], readouts: List[Readout], *,
+           input_dim: int, units: Optional[vocabulary_lib.Vocabulary],
+           vocabulary: str, batch_size: int, train_epochs: int
+           ) -> Dict[str, Any]:
+  """Writes every file whole or not at all; returns `summary` with `files`."""
   files = {split: os.path.abspath(os.path.join(output_dir,
                                                f'{split}.tfrecord'))
-           for split in split_of}
+           for split in records.split_of}
   vocabulary_path = (os.path.abspath(os.path.join(output_dir, _VOCABULARY))
                      if units is not None else None)
-  summary = _summary(sessions, np.asarray(trial_session), readouts, split_of,
-                     targets_by_trial, left_out, tokens=tokens,
-                     bin_size=bin_size, pre_time=pre_time, post_time=post_time,
-                     trial_query_time=trial_query_time,
-                     query_interval=query_interval)
   if units is not None:
     summary['vocabulary'] = vocabulary_path
     summary['extended_vocabulary'] = (os.path.abspath(vocabulary)
                                       if vocabulary else None)
   config_path = os.path.join(output_dir, _CONFIG)
-  text = _config_yaml(summary, readouts, files, config_path,
-                      1 if units is not None else len(sessions[0].unit_ids),
+  text = _config_yaml(summary, readouts, files, config_path, input_dim,
                       batch_size, train_epochs, vocabulary_path)
 
   def write(staging: str) -> None:
-    for split, rows in split_of.items():
+    for split, rows in records.split_of.items():
       dataloader.write_records(os.path.join(staging, f'{split}.tfrecord'),
-                               (examples[i] for i in rows))
+                               (records.examples[i] for i in rows))
     if units is not None:
       vocabulary_lib.save(units, os.path.join(staging, _VOCABULARY))
     with open(os.path.join(staging, _CONFIG), 'w') as f:
@@ -800,11 +788,7 @@ def _summary(sessions: List[Session], trial_session: np.ndarray,
              readouts: List[Readout], split_of: Dict[str, np.ndarray],
              targets_by_trial, left_out, tokens: str,
              **options) -> Dict[str, Any]:
-  """conversion.json's contents. `trial_session`: int [n_trials], the
-  session (position in `sessions`) of each trial, in record order. Binned
-  tokens (one file) describe the file at the top level (`nwb`,
-  `session_id`, `unit_ids`, `num_trials`, `trial_ids`); spike tokens list
-  each file's under `sessions`, with the totals."""
+  """conversion.json's contents (spike tokens: each file under `sessions`)."""
   out_readouts = []
   for r in readouts:
     entry = {'name': r.name, 'source': r.source, 'type': r.type, 'dim': r.dim,
@@ -846,10 +830,8 @@ def _summary(sessions: List[Session], trial_session: np.ndarray,
 
 def _spec_entry(readout: Readout, summary_entry: Dict[str, Any]
                 ) -> Dict[str, Any]:
-  """readout.yaml's ReadoutSpec of a readout. A continuous readout is
-  normalised by its training queries' mean and std (`normalize_mean`,
-  `normalize_std`: the loss sees standardised targets, metrics and serving
-  its units); a channel of std 0 (a constant target) keeps std 1."""
+  """readout.yaml's ReadoutSpec of a readout; a continuous one normalised by
+  its training queries' mean and std (std 0 kept as 1)."""
   spec = {'name': readout.name, 'type': readout.type, 'dim': readout.dim}
   if 'train_mean' in summary_entry:
     spec['normalize_mean'] = summary_entry['train_mean']
@@ -869,8 +851,8 @@ def _config_yaml(summary: Dict[str, Any], readouts: List[Readout],
                  files: Dict[str, str], config_path: str, input_dim: int,
                  batch_size: int, train_epochs: int,
                  vocabulary_path: Optional[str] = None) -> str:
-  """readout.yaml for `--experiment=readout_demo`; with `vocabulary_path`
-  (spike tokens) a unit-token model reading that vocabulary."""
+  """readout.yaml for `--experiment=readout_demo` (spike tokens: with the
+  vocabulary); read back to check it holds the config and nothing else."""
   sizes = _split_sizes(summary)
   steps_per_epoch = sizes['train'] // batch_size
   train_steps = steps_per_epoch * train_epochs
@@ -929,8 +911,7 @@ def _config_yaml(summary: Dict[str, Any], readouts: List[Readout],
 
 
 class _Dumper(yaml.SafeDumper):
-  """A safe YAML emitter that writes a string holding a line break or an
-  unprintable character in double quotes, escaped, on one line."""
+  """A safe YAML emitter that writes unprintable strings double-quoted."""
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str):
@@ -950,13 +931,7 @@ def _commented_yaml(data: Dict[str, Any]) -> str:
 
 
 def format_summary(summary: Dict[str, Any]) -> str:
-  """What the command prints after a conversion: the session, the files, each
-  readout's type, source and query counts, and the command that trains on
-  the records.
-
-  Args:
-    summary: what `convert` returned.
-  """
+  """What the command prints after a conversion (`summary`: `convert`'s)."""
   files = summary['files']
   queries = (f'trial-column queries at {summary["trial_query_time"]}, '
              f'time-series queries every {summary["query_interval"]} s.')

@@ -1,54 +1,7 @@
 """The registry of readout types: what a `ReadoutSpec.type` means.
 
-A readout type is everything the family knows about a kind of target, in one
-`ReadoutType`: how many values a query stores, which stored values are
-invalid, the per-query loss, the metrics (the first one is the primary
-metric), and the activation that turns the head's output into the served
-output. The task, the loss, the metrics, the dataloader's checks and the
-export look the type up here (`get_readout_type`) and never branch on its
-name, so a new type is one `register_readout_type` call in a module of its
-own:
-
-```python
-from official_ext.readout import readout_types
-
-readout_types.register_readout_type(readout_types.ReadoutType(
-    name='huber',
-    loss=lambda spec, p, y: tf_keras.losses.huber(y, p),  # [n]
-    metrics=('r2',),
-    compute_metrics=lambda spec, p, y, w: {'r2': metrics.r2_score(p, y, w)},
-))
-```
-
-The module must be imported before a spec names its type: import it in your
-program, as `official_ext.registry_imports` imports the families so that
-their experiments register. This module imports no type: it is the registry
-only.
-
-Types shipped: 'continuous', 'binary', 'multinomial', 'multilabel',
-'event_rate' (`builtin_types`) and 'von_mises' (`von_mises`, angular
-targets), registered when `configs` (which every module of the family
-imports) imports them.
-
-Interfaces (spec = the task's `configs.ReadoutSpec`, dim = `spec.dim` = the
-width of its head, size = `target_size(spec)`):
-
-* `loss(spec, predictions, targets)`: float32 [n, dim] head outputs, float32
-  [n, size] targets -> float32 [n] unweighted per-query losses. Must be
-  finite and have a finite gradient for all-zero predictions and targets
-  (`losses.loss_sums` zeroes the rows of weight 0 before calling it).
-* `compute_metrics(spec, predictions, targets, weights)`: numpy float64
-  [n, dim], [n, size], [n] (all weights > 0 are rows to score; n may be 0)
-  -> {metric: float} for at least every name in `metrics`; NaN for a metric
-  with nothing to measure. The primary metric, `metrics[0]`, must be "higher
-  is better": `average/score` is the mean of the tasks' primary metrics.
-* `target_size(spec)`: the number of values each query stores.
-* `invalid_targets`: (what, fn) pairs; fn(values float32 [k], dims float32
-  [k]) -> bool [k], True for a stored target value the type refuses (each
-  value with its query's `dim`); the record's error says the query "has
-  <what>: <value>". NaN and infinity are refused for every type.
-* `serve(spec, outputs)`: float32 [..., dim] head outputs -> float32
-  [..., k] the served output (`export`).
+A new type is one `register_readout_type` call in a module imported before
+a spec names it (docs/readout.md#readout-types).
 """
 import dataclasses
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
@@ -73,25 +26,23 @@ def _identity(spec, outputs: tf.Tensor) -> tf.Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class ReadoutType:
-  """One readout type (module docstring: the interfaces).
+  """One readout type: target size and checks, loss, metrics, served output.
 
   Attributes:
     name: the `ReadoutSpec.type` value.
-    loss: (spec, predictions [n, dim], targets [n, size]) -> [n] losses.
-    metrics: the metric names the type reports; the first is its primary
-      metric (higher is better), averaged into `average/score`.
-    compute_metrics: (spec, predictions, targets, weights) -> {metric: value}.
+    loss: (spec, predictions f32 [n, dim], targets f32 [n, size]) -> f32 [n]
+      per-query losses, finite with a finite gradient at all zeros.
+    metrics: the metric names; the first is primary (higher is better).
+    compute_metrics: (spec, predictions, targets, weights: numpy [n, dim],
+      [n, size], [n]) -> {metric: float}; NaN with nothing to measure.
     target_size: spec -> values stored per query (default: `spec.dim`).
-    target_doc: what a query stores, for error messages.
-    min_dim: the smallest valid `spec.dim`.
-    max_dim: the largest valid `spec.dim` (None: no limit).
-    dim_doc: what `spec.dim` means for the type, for error messages.
-    invalid_targets: ((what, fn), ...) target values the type refuses.
-    serve: (spec, head outputs [..., dim]) -> served output [..., k]
-      (default: the head outputs).
-    torch_brain_metrics: the metrics reported under the 'torch_brain'
-      evaluation protocol (`metrics`), the first its primary metric; empty:
-      `metrics`. `compute_metrics` returns each of them too.
+    target_doc, dim_doc: what a query stores, what `dim` means (for errors).
+    min_dim, max_dim: the valid `spec.dim` range (max_dim None: no limit).
+    invalid_targets: ((what, fn(values [k], dims [k]) -> bool [k]), ...):
+      target values refused (NaN and infinity are refused for every type).
+    serve: (spec, head outputs [..., dim]) -> served output [..., k].
+    torch_brain_metrics: the metrics under the 'torch_brain' protocol, the
+      first primary; empty: `metrics`.
   """
   name: str
   loss: LossFn
@@ -108,8 +59,7 @@ class ReadoutType:
 
   def protocol_metrics(self, protocol: str = 'official_ext'
                        ) -> Tuple[str, ...]:
-    """The metrics the type reports under an evaluation protocol
-    ('official_ext' or 'torch_brain', `metrics`); the first is primary."""
+    """The metrics reported under `protocol`; the first is primary."""
     if protocol == 'torch_brain' and self.torch_brain_metrics:
       return self.torch_brain_metrics
     return self.metrics
@@ -135,11 +85,7 @@ _REGISTRY: Dict[str, ReadoutType] = {}
 
 
 def register_readout_type(readout_type: ReadoutType) -> ReadoutType:
-  """Registers a type under `readout_type.name`.
-
-  Raises:
-    ValueError: the name is taken, or the type has no metric.
-  """
+  """Registers a type; ValueError if its name is taken or it has no metric."""
   if not isinstance(readout_type, ReadoutType):
     raise TypeError('register_readout_type expects a ReadoutType; got '
                     f'{type(readout_type).__name__}.')
@@ -169,17 +115,11 @@ def metrics_by_type() -> Mapping[str, Tuple[str, ...]]:
 
 
 def get_readout_type(spec_or_type, where: str = '') -> ReadoutType:
-  """The `ReadoutType` of a ReadoutSpec (or of a type name).
-
-  Args:
-    spec_or_type: a `configs.ReadoutSpec` (anything with `.type` and
-      `.name`) or a type name.
-    where: names the spec in the error (default: task.readouts `<name>`
-      for a spec).
+  """The `ReadoutType` of a ReadoutSpec or type name.
 
   Raises:
-    ValueError: the type is not registered; the message names the spec and
-      lists the registered types.
+    ValueError: the type is not registered (naming `where` or the spec and
+      listing the registered types).
   """
   if isinstance(spec_or_type, str):
     type_name = spec_or_type
@@ -200,19 +140,16 @@ def types_of(specs: Sequence[object]) -> Tuple[ReadoutType, ...]:
 
 
 def target_size(spec) -> int:
-  """Values stored per query of a `configs.ReadoutSpec` (its type's
-  `target_size`: e.g. 1 class id for multinomial, else `dim`)."""
+  """Values stored per query of a `configs.ReadoutSpec`."""
   return get_readout_type(spec).target_size(spec)
 
 
 def spec_metrics(spec, protocol: str = 'official_ext') -> Tuple[str, ...]:
-  """The metrics a `configs.ReadoutSpec` reports: its own `metrics`, or
-  every metric of its type under the evaluation `protocol`."""
+  """A spec's own `metrics`, or its type's under `protocol`."""
   return (tuple(spec.metrics) or
           get_readout_type(spec).protocol_metrics(protocol))
 
 
 def primary_metric(spec, protocol: str = 'official_ext') -> str:
-  """The primary metric of a spec's type under `protocol` (averaged into
-  `average/score`)."""
+  """The primary metric of a spec's type under `protocol`."""
   return get_readout_type(spec).protocol_metrics(protocol)[0]

@@ -19,7 +19,7 @@ from official_ext.readout import losses as readout_losses
 from official_ext.readout import metrics as readout_metrics
 from official_ext.readout.modeling import model as model_lib
 from official_ext.readout.modeling import multitask_readout
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 
 _EVAL_KEY = 'readout_eval'
 # The batch's trial mask (1: a real trial, 0: padding), for the trial count.
@@ -41,44 +41,10 @@ def _loss_metric_name(task: str) -> str:
 
 @task_factory.register_task_cls(configs.ReadoutTaskConfig)
 class ReadoutTask(base_task.Task):
-  """Routed per-task heads on a shared encoder (see `configs`).
+  """Routed per-task heads on a shared encoder (docs/readout.md).
 
-  Inputs are batch dicts of `dataloader.build_dataset` (padded or chained
-  queries). Training minimizes sum_t loss_weight_t * loss_t (`losses`;
-  `task.loss_weighting` 'sample_share' scales each term by the share of the
-  global batch's samples holding the task), with each task's weighted mean
-  taken over the global batch (exact under a distribution strategy).
-  Normalised readouts (`ReadoutSpec.normalize_mean`) are trained on
-  normalised targets and evaluated on de-normalised predictions. Evaluation
-  reports the per-task losses,
-  `<task>/<metric>` for every metric of every spec, `average/<metric>` and
-  `average/score` (metrics are computed on the host over every replica's
-  queries), `num_examples` (the trials evaluated), and prints the per-task
-  table. Every validation trial is evaluated (a static-shape last batch is
-  padded, the padding masked: `core.input.eval_padding`); an evaluation of zero
-  trials is an `EmptyEvaluationError` naming the dataset, and a metric with
-  nothing to measure is left out (logged), never NaN. Metrics weigh queries
-  by their metric weights (`output_eval_mask`, else the loss weights);
-  `task.evaluation.stitch` averages the predictions of overlapping windows
-  and adds per-session metrics (`metrics`); `task.evaluation.protocol`
-  'torch_brain' computes torch_brain's numbers instead (stitched,
-  unweighted, micro accuracy, means over sessions: `metrics`).
-
-  Named evaluation sets (`task.evaluation.eval_sets`, the one named by
-  `task.evaluation.eval_set` or all): the evaluation input is the selected
-  sets' batches one set after the other, each batch tagged with its set's
-  index (`SET_KEY`), and every key above is reported per set as
-  `<set>/<key>` (`<set>/<task>/<metric>`, `<set>/average/score`,
-  `<set>/total_loss`, `<set>/<task>_loss`, `<set>/num_examples`), each set's
-  table printed under its name; a set of zero trials is an
-  `EmptyEvaluationError` naming that set. The losses of a set are the mean
-  over its batches, as without sets; Model Garden's `validation_loss` is the
-  mean over every batch of every set. Each set has its own metric
-  accumulator: stitched, a set's sessions are read from its own files and
-  its per-session keys carry its prefix
-  (`<set>/sessions/<session>/<task>/<metric>`,
-  `<set>/<task>/<metric>/session_mean`); queries of two sets are never
-  stitched together.
+  Trains on the weighted task losses (`losses`); evaluates every trial and
+  reports the host metrics (`metrics`), per named evaluation set if any.
   """
 
   def __init__(self, params: configs.ReadoutTaskConfig, logging_dir=None,
@@ -140,9 +106,7 @@ class ReadoutTask(base_task.Task):
 
   # -- model -----------------------------------------------------------------
   def unit_vocabulary(self) -> Optional[vocabulary_lib.Vocabulary]:
-    """The unit and session vocabulary of unit tokens (None: binned):
-    `task.vocabulary_file`, or with demo data and no file the generated
-    data's (`demo_data.demo_vocabulary_file`). Read once."""
+    """The unit vocabulary of unit tokens (None: binned), read once."""
     params = self.task_config
     if params.model.tokenization != 'unit_tokens':
       return None
@@ -153,7 +117,7 @@ class ReadoutTask(base_task.Task):
           raise ValueError(
               "task.model.tokenization is 'unit_tokens' and "
               'task.vocabulary_file is empty: point it at the vocabulary '
-              'JSON of the records (official_ext.readout.vocabulary).')
+              'JSON of the records (official_ext.readout.unit_vocabulary).')
         path = demo_data.demo_vocabulary_file(params)
       self._units = vocabulary_lib.load(path)
     return self._units
@@ -169,12 +133,8 @@ class ReadoutTask(base_task.Task):
     return model
 
   def _check_run_vocabulary(self, model: model_lib.ReadoutModel) -> None:
-    """A unit-token run resumed or evaluated from its model_dir (the
-    task's `logging_dir`) must use the vocabulary and the
-    `model.unit_token_variant` its checkpoint was written with: a
-    ValueError names both otherwise, since restoring the tables under other
-    names would pair rows with the wrong units, and into another variant
-    would compute another function."""
+    """ValueError unless a resumed unit-token run's checkpoint holds this
+    vocabulary and `model.unit_token_variant`."""
     directory = self.logging_dir
     if model.units is None or not directory or not tf.io.gfile.isdir(
         directory):
@@ -194,10 +154,8 @@ class ReadoutTask(base_task.Task):
           'resume or evaluate it with its own vocabulary.')
 
   def initialize(self, model: model_lib.ReadoutModel):
-    """Model Garden's init_fn (a run without a checkpoint in its model_dir):
-    restores `task.init_checkpoint` strictly, the unit and session tables
-    allowed to grow (`model.initialize_from`). An init_checkpoint directory
-    without a checkpoint is an error naming it."""
+    """Restores `task.init_checkpoint` strictly, the unit and session tables
+    allowed to grow (`model.initialize_from`)."""
     path = self.task_config.init_checkpoint
     if not path:
       return
@@ -224,12 +182,11 @@ class ReadoutTask(base_task.Task):
 
   def freeze_gradients(self, model: model_lib.ReadoutModel, grads,
                        variables, step: tf.Tensor):
-    """`grads` with those of the frozen modules (`task.freeze`) zeroed while
-    `step` < `task.unfreeze_step` (always, when it is 0). A frozen unit or
-    session table keeps the rows of `task.init_checkpoint`'s ids fixed and
-    trains the rows the grown vocabulary added; without an init_checkpoint
-    it is frozen whole. Zero gradients leave the variables bit-identical
-    under the optimizers of this project (Adam's moments stay 0)."""
+    """`grads` with the frozen modules' zeroed while `step` < unfreeze_step.
+
+    A frozen unit or session table keeps the init_checkpoint's rows fixed
+    and trains the rows the grown vocabulary added.
+    """
     params = self.task_config
     if not params.freeze:
       return list(grads)
@@ -305,16 +262,8 @@ class ReadoutTask(base_task.Task):
   def build_inputs(self, params: configs.DataConfig,
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:
-    """The batched split (`dataloader.build_dataset`); in evaluation every
-    record once, a static-shape last batch padded (`eval_mask`).
-
-    With named evaluation sets, an evaluation input (`params.is_training`
-    False: the trainer passes `task.validation_data`, which is not read) is
-    the selected sets' batches, one set after the other, each batch with
-    `SET_KEY` int32 [B] (the set's index); no batch mixes two sets. A
-    stitched evaluation reads the session names of each set's (or the
-    validation data's) files here, once (`dataloader.session_names`).
-    """
+    """The batched split; with named evaluation sets, the selected sets'
+    batches one set after the other, each tagged with `SET_KEY` int32 [B]."""
     if params.is_training or not self._eval_sets:
       split = 'train' if params.is_training else 'validation'
       demo = self.task_config.demo_data
@@ -338,9 +287,7 @@ class ReadoutTask(base_task.Task):
 
   def _build_split(self, resolved: configs.DataConfig, input_context,
                    prefix: str) -> tf.data.Dataset:
-    """`dataloader.build_dataset` of one split (`input_path` resolved); an
-    evaluation split, stitched, with its session names (kept under the
-    metric `prefix` of its accumulator)."""
+    """`dataloader.build_dataset` of one split (stitched: with its sessions)."""
     sessions = None
     evaluation = self.task_config.evaluation
     if not resolved.is_training and configs.stitching(evaluation):
@@ -359,9 +306,8 @@ class ReadoutTask(base_task.Task):
             outputs: Mapping[str, Any]) -> Routed:
     """(predictions, targets, weights), each {task: rows of that task}.
 
-    Targets [n_t, T] and weights [n_t] are routed like the predictions
-    [n_t, dim]: the same rows in the same order. With static shapes every
-    row is kept and the weights are zeroed outside the task's mask.
+    With static shapes every row is kept and the weights are zeroed outside
+    the task's mask.
     """
     width = inputs['output_targets'].shape[-1]
     targets = tf.reshape(inputs['output_targets'], [-1, width])
@@ -376,9 +322,7 @@ class ReadoutTask(base_task.Task):
 
   def _route_like_targets(self, model, inputs, tasks, values: tf.Tensor
                           ) -> Dict[str, tf.Tensor]:
-    """{task: the rows of `values` ([queries, ...], queries flattened
-    row-major) of the task's predictions}; `tasks`: the task names (the
-    model's outputs dict), used with static shapes (every row per task)."""
+    """{task: the rows of `values` [queries, ...] of the task's predictions}."""
     if model.static_shapes:
       return {name: values for name in tasks}
     index = tf.reshape(inputs['output_readout_index'], [-1])
@@ -408,12 +352,11 @@ class ReadoutTask(base_task.Task):
   def global_losses(self, inputs, routed: Routed,
                     samples: Optional[tf.Tensor] = None
                     ) -> Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor]]:
-    """(this replica's share, the global batch's) task losses and total of a
-    routed batch (`losses.global_task_losses`), weighted by
-    `task.loss_weighting`.
+    """(this replica's share, the global batch's) losses of a routed batch.
 
-    samples: bool [B], the samples 'sample_share' counts (those of one
-    evaluation set); None: every real trial of the batch."""
+    samples: bool [B], the samples 'sample_share' counts; None: every real
+    trial of the batch.
+    """
     sums = readout_losses.loss_sums(self._specs, *routed)
     return readout_losses.global_task_losses(
         self._specs, sums, self._sample_counts(inputs, samples))
@@ -444,11 +387,7 @@ class ReadoutTask(base_task.Task):
       labels: the batch dict (targets, weights, routing ids).
       model_outputs: the model's outputs for it.
       aux_losses: regularization losses, added.
-      model: the model (needed for routing; the dynamic routing is rebuilt
-        from the specs when None).
-
-    Returns:
-      float32 scalar.
+      model: the model (routing); None: dynamic routing from the specs.
     """
     if model is None:
       model = _RoutingOnly(self.task_config, model_outputs)
@@ -464,10 +403,8 @@ class ReadoutTask(base_task.Task):
     """Forward pass and losses of one replica's batch.
 
     Returns:
-      (share, global_losses, routed): `share` {task, 'total_loss'} is this
-      replica's part of the global-batch losses (the replicas' shares add up
-      to them); `global_losses` the global-batch losses; `routed` the
-      (predictions, targets, weights) of `route`.
+      (this replica's share of the global-batch losses, the global-batch
+      losses, the routed (predictions, targets, weights)).
     """
     return self._forward_losses(inputs, model, training)[:3]
 
@@ -500,11 +437,7 @@ class ReadoutTask(base_task.Task):
                                     self._per_query(inputs, trial_sets))
 
   def build_metrics(self, training: bool = True):
-    """Mean of the total and of each task's loss; eval: host accumulator.
-
-    Evaluation with named sets: the same metrics per set, as
-    `<set>/total_loss`, `<set>/<task>_loss` and `<set>/num_examples`.
-    """
+    """Mean total and per-task losses (per evaluation set); eval: host."""
     if not training and self._eval_sets:
       metrics = []
       for i, eval_set in enumerate(self._eval_sets):
@@ -564,11 +497,7 @@ class ReadoutTask(base_task.Task):
 
   # -- steps -----------------------------------------------------------------
   def train_step(self, inputs, model, optimizer, metrics=None):
-    """Forward, global-batch losses, (scaled) gradients, clipping, update.
-
-    Returns:
-      logs: {'loss': global total loss, and the loss metrics}.
-    """
+    """Forward, global-batch losses, (scaled) gradients, clipping, update."""
     with tf.GradientTape() as tape:
       share, global_losses, _ = self.compute_losses(inputs, model,
                                                     training=True)
@@ -588,17 +517,7 @@ class ReadoutTask(base_task.Task):
     return model(inputs, training=False)
 
   def validation_step(self, inputs, model, metrics=None):
-    """Losses and the routed rows for the host metrics (aggregate_logs).
-
-    Padding trials (`eval_mask` False) have query weight 0 (dataloader): they
-    count in no loss and no metric, nor in `num_examples`. The host gets, per
-    task, the predictions (de-normalised), targets and metric weights; with
-    named sets each query's set; when stitching each query's session key,
-    window start, timestamp and row in the batch (numbers only: no string
-    enters the step). With named sets each set's losses are those of the
-    batch's rows of that set (the step's global batch), averaged over the
-    steps that hold a trial of it.
-    """
+    """Losses, and the routed rows (numbers only) for the host metrics."""
     _, global_losses, routed, outputs = self._forward_losses(
         inputs, model, training=False)
     p, t, loss_weights = routed
@@ -667,9 +586,7 @@ class ReadoutTask(base_task.Task):
     return logs
 
   def aggregate_logs(self, state=None, step_outputs=None):
-    """Accumulates every local replica's rows into the metric accumulators
-    ({metric prefix: `ReadoutMetrics`}, one per evaluation set); stitched,
-    with each query's session key and session time."""
+    """Accumulates the local replicas' rows into each set's `ReadoutMetrics`."""
     if state is None:
       if self._eval_metrics is None:
         self._eval_metrics = self._new_eval_state()
@@ -719,13 +636,11 @@ class ReadoutTask(base_task.Task):
     return state
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
-    """The host metrics over every evaluated query (each set's under its
-    prefix).
+    """The host metrics of every evaluated query, per set.
 
     Raises:
-      EmptyEvaluationError: the evaluation (or an evaluation set) saw no
-        trial, or no query of positive weight (message: the dataset and its
-        config keys).
+      EmptyEvaluationError: an evaluation (set) saw no trial, or no query
+        of positive weight.
     """
     if aggregated_logs is None:
       dataset, settings = (self.eval_set_dataset(0) if self._eval_sets else

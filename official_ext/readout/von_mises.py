@@ -1,30 +1,5 @@
-"""The `von_mises` readout type: angular targets (e.g. a reach direction).
-
-Registered in `readout_types` by importing this module (`configs` imports
-it); nothing else in the family names it.
-
-* Spec: `dim` 2. Each query stores one target: an angle theta in radians
-  (any finite value; angles are taken modulo 2 pi).
-* Head output (x, y): the natural parameters of a von Mises distribution,
-  mean direction mu = atan2(y, x) and concentration kappa = ||(x, y)|| =
-  sqrt(x^2 + y^2) >= 0 (kappa = 0, at the origin, is the uniform
-  distribution). With this choice kappa cos(theta - mu) = x cos theta +
-  y sin theta, so the loss is convex in the head output.
-* Loss: the negative log-likelihood
-  -kappa cos(theta - mu) + log(2 pi I0(kappa)), with log I0(kappa) computed
-  stably as log(i0e(kappa)) + kappa (`tf.math.bessel_i0e`; i0e(k) =
-  exp(-k) I0(k)), and kappa floored at 1e-6 so that its gradient is finite
-  at the origin (there the loss is log(2 pi) to 1e-12).
-* Metrics (weighted by the query weights), with d = theta - mu wrapped to
-  (-pi, pi]:
-  - `mean_cosine` (primary; higher is better): mean cos(d); 1 when every
-    predicted direction is right, 0 in expectation for directions unrelated
-    to the targets, -1 when every one is opposite. It is what
-    `average/score` averages for the task.
-  - `angular_error_deg`: mean |d| in degrees, in [0, 180] (lower is better;
-    90 for unrelated directions).
-* Served output (`export`): [..., 2] = (mu in radians, in (-pi, pi], kappa).
-"""
+"""The `von_mises` readout type: angular targets, registered in
+`readout_types` when `configs` imports this module (docs/readout.md)."""
 import math
 
 import numpy as np
@@ -65,8 +40,7 @@ def angular_difference(predictions: np.ndarray,
 
 def angular_metrics(spec, predictions: np.ndarray, targets: np.ndarray,
                     weights: np.ndarray):
-  """{'mean_cosine', 'angular_error_deg'} (module docstring); NaN if no
-  query."""
+  """{'mean_cosine', 'angular_error_deg'}, weighted; NaN without a query."""
   del spec
   if weights.size == 0:
     return {'mean_cosine': float('nan'), 'angular_error_deg': float('nan')}

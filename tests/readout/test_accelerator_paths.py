@@ -10,7 +10,7 @@ import pytest
 from official.core import exp_factory
 from official_ext.readout import configs
 from official_ext.readout import dataloader
-from official_ext.readout import vocabulary
+from official_ext.readout import unit_vocabulary
 from tests import shipped_configs
 
 # Each precision with a TPU YAML of the family (in turn, where it has two).
@@ -38,8 +38,8 @@ def _unit_token_params(cache):
   """A unit-token task at tiny sizes (two readouts, hand-made records of two
   sessions) with the TPU YAML's static shapes (fixed token and query counts,
   masked routing)."""
-  units = vocabulary.from_names(['a', 'b'], ['a/0', 'a/1', 'b/0'])
-  vocabulary.save(units, str(cache / 'units.json'))
+  units = unit_vocabulary.from_names(['a', 'b'], ['a/0', 'a/1', 'b/0'])
+  unit_vocabulary.save(units, str(cache / 'units.json'))
   rng = np.random.default_rng(0)
   records = []
   for i in range(4):

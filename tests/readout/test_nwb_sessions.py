@@ -16,7 +16,7 @@ import yaml
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import nwb
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'scripts',
                        'nwb_to_readout.py')

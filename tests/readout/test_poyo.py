@@ -15,7 +15,7 @@ from official_ext.readout import configs
 from official_ext.readout import demo_data
 from official_ext.readout.modeling import model as model_lib
 from official_ext.readout import task as task_lib
-from official_ext.readout import vocabulary
+from official_ext.readout import unit_vocabulary
 from tests.readout import test_unit_token_model
 
 TINY = configs.Encoder(hidden_size=8, num_heads=2, num_layers=1, num_latents=4,
@@ -68,7 +68,7 @@ def test_embeddings_are_normal_with_a_zero_padding_row():
   t.model = t.model.replace(encoder=TINY.replace(hidden_size=64,
                                                  num_heads=4))
   sessions = [f's{i}' for i in range(200)]
-  units = vocabulary.from_names(sessions, [f'{s}/u{j}' for s in sessions
+  units = unit_vocabulary.from_names(sessions, [f'{s}/u{j}' for s in sessions
                                            for j in range(2)])
   model = model_lib.build_model(t, units=units)
   tables = {'unit': model.unit_embedding.embeddings.numpy(),
@@ -197,7 +197,7 @@ def test_session_per_token_is_the_earlier_model():
   t = configs.readout_units_demo_task()
   t.model = t.model.replace(encoder=TINY,
                             unit_token_variant='session_per_token')
-  units = vocabulary.from_names(['a', 'b'],
+  units = unit_vocabulary.from_names(['a', 'b'],
                                 ['a/0', 'a/1', 'a/2', 'b/0', 'b/1'])
   model = model_lib.build_model(t, units=units)
   rng = np.random.default_rng(0)

@@ -12,7 +12,7 @@ from official_ext.readout import configs
 from official_ext.readout import demo_data
 from official_ext.readout import export
 from official_ext.readout import task as task_lib
-from official_ext.readout import vocabulary
+from official_ext.readout import unit_vocabulary
 from official_ext.readout.modeling import model as model_lib
 
 TINY = configs.Encoder(hidden_size=8, num_heads=2, num_layers=1, num_latents=4,
@@ -80,11 +80,11 @@ def _task_config(root, patterns, vocab_file, train_split='train', **kwargs):
 
 def test_demo_sessions_differ_in_unit_count(data):
   root, _ = data
-  small = vocabulary.load(str(root / demo_data.VOCABULARY_FILE))
-  grown = vocabulary.load(str(root / demo_data.HELD_OUT_VOCABULARY_FILE))
+  small = unit_vocabulary.load(str(root / demo_data.VOCABULARY_FILE))
+  grown = unit_vocabulary.load(str(root / demo_data.HELD_OUT_VOCABULARY_FILE))
   assert small.sessions == ('session-000', 'session-001')
   assert grown.sessions == small.sessions + ('session-002',)
-  assert vocabulary.is_prefix(small, grown) is None
+  assert unit_vocabulary.is_prefix(small, grown) is None
   counts = [len(grown.units_of(s)) for s in grown.sessions]
   assert all(3 <= c <= 6 for c in counts) and len(set(counts)) > 1, counts
 
@@ -173,10 +173,10 @@ def test_finetune_grows_rows_and_freezes_modules(data, tmp_path):
 def test_finetune_refuses_mismatched_checkpoints(data, tmp_path):
   root, patterns = data
   _, path = _pretrained(root, patterns, tmp_path)
-  renumbered = vocabulary.load(str(root / demo_data.VOCABULARY_FILE))
-  renumbered = vocabulary.from_names(renumbered.sessions,
-                                     renumbered.units[::-1])
-  vocabulary.save(renumbered, str(tmp_path / 'renumbered.json'))
+  renumbered = unit_vocabulary.load(str(root / demo_data.VOCABULARY_FILE))
+  renumbered = unit_vocabulary.from_names(renumbered.sessions,
+                                          renumbered.units[::-1])
+  unit_vocabulary.save(renumbered, str(tmp_path / 'renumbered.json'))
   t = _task_config(root, patterns, 'x', init_checkpoint=path)
   t.vocabulary_file = str(tmp_path / 'renumbered.json')
   task = task_lib.ReadoutTask(t)
@@ -213,7 +213,7 @@ def test_export_round_trip(data, tmp_path):
                      timestamped=False)
   loaded = tf.saved_model.load(str(tmp_path / 'sm'))
   assert (loaded.model.unit_vocabulary.numpy().decode() ==
-          vocabulary.to_json(task.unit_vocabulary()))
+          unit_vocabulary.to_json(task.unit_vocabulary()))
   records = list(tf.data.TFRecordDataset(tf.io.gfile.glob(
       patterns['validation'])).as_numpy_iterator())
   batch = next(iter(task.build_inputs(t.validation_data.replace(

@@ -8,11 +8,11 @@ import tensorflow as tf
 
 from official_ext.readout import configs
 from official_ext.readout import dataloader
-from official_ext.readout import vocabulary
+from official_ext.readout import unit_vocabulary
 
 READOUTS = (configs.ReadoutSpec(name='speed', dim=1, type='continuous'),)
 VOCAB = ('speed',)
-UNITS = vocabulary.from_names(['a', 'b'], ['a/0', 'a/1', 'a/2', 'b/0'])
+UNITS = unit_vocabulary.from_names(['a', 'b'], ['a/0', 'a/1', 'a/2', 'b/0'])
 
 
 def _record(rid, unit_ids, session='a', times=None):

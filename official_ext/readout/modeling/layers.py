@@ -1,11 +1,6 @@
-"""Building blocks: time embedding, attention blocks, shared encoder, decoder.
-
-The shared module is `TokenEncoder`: it takes already-embedded tokens (each
-family projects its own features to `hidden_size`), adds the time embedding
-and encodes them. Several task models can hold the same `TokenEncoder`
-instance (see `official_ext.joint`): its variables then receive the
-gradients of every task.
-"""
+"""Building blocks of the readout model: time embedding, attention blocks,
+the shared `TokenEncoder` (several task models may hold one) and the query
+decoder."""
 import math
 from typing import Any, Dict, Optional, Tuple
 
@@ -13,11 +8,7 @@ import tensorflow as tf, tf_keras
 
 
 class TimeEmbedding(tf_keras.layers.Layer):
-  """Timestamps (seconds) -> sinusoidal features -> Dense(hidden_size).
-
-  Periods are geometric between `min_period` and `max_period`; input float
-  [...], output float [..., hidden_size].
-  """
+  """Timestamps (s) [...] -> geometric-period sinusoids -> Dense [..., H]."""
 
   def __init__(self, hidden_size: int, min_period: float = 0.02,
                max_period: float = 20.0, **kwargs):
@@ -43,12 +34,7 @@ class TimeEmbedding(tf_keras.layers.Layer):
 
 
 class AttentionBlock(tf_keras.layers.Layer):
-  """Pre-norm attention + feed-forward block with residuals.
-
-  `call(x [B, Tq, H], context [B, Tk, H] or None (self-attention),
-  mask bool [B, Tk] or None) -> [B, Tq, H]`; chained queries
-  `x [N, 1, H]` with `query_slots` (see `call`) -> [N, 1, H].
-  """
+  """Pre-norm attention + feed-forward block with residuals."""
 
   def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int,
                dropout_rate: float = 0.0, **kwargs):
@@ -78,26 +64,11 @@ class AttentionBlock(tf_keras.layers.Layer):
            query_slots: Optional[tf.Tensor] = None,
            block_length: Optional[tf.Tensor] = None,
            training=None) -> tf.Tensor:
-    """The block on `x`; with `query_slots`, on chained queries.
+    """The block on `x` [B, Tq, H] (context [B, Tk, H] or None, mask [B, Tk]).
 
-    Args:
-      x: float [B, Tq, H]; or, with `query_slots`, the queries of all
-        samples chained, [N, 1, H] (a query per row: the norms keep the
-        rank they were built with).
-      context: float [B, Tk, H], or None (self-attention).
-      mask: bool [B, Tk] (False: padding), or None.
-      query_slots: None, or int32 [N, 2]: (sample, position in the sample's
-        block) of each chained query, distinct (`chained_slots`). The
-        queries are placed into per-sample blocks [B, block_length, H]
-        (zeros elsewhere) and cross-attend to their own sample's context:
-        its keys and values are projected once per sample, not per query.
-        The attended rows are gathered back; the norms and feed-forward run
-        on the N rows. Equals `call` on the padded layout, row for row.
-      block_length: int32 scalar, more than every position of `query_slots`.
-      training: dropout on or off.
-
-    Returns:
-      float, the shape of `x`.
+    With `query_slots` (`chained_slots`) `x` holds chained queries [N, 1, H]
+    that attend in per-sample blocks of `block_length` to their own sample's
+    context (keys and values projected once per sample), as padded would.
     """
     q = self.query_norm(x)
     kv = q if context is None else self.context_norm(context)
@@ -125,18 +96,8 @@ class AttentionBlock(tf_keras.layers.Layer):
 
 def chained_slots(batch_index: tf.Tensor, batch_size: tf.Tensor
                   ) -> Tuple[tf.Tensor, tf.Tensor]:
-  """Where chained queries go in per-sample blocks.
-
-  Args:
-    batch_index: int [N], the sample (0..batch_size-1) of each query, in any
-      order.
-    batch_size: int scalar, B.
-
-  Returns:
-    (slots int32 [N, 2]: (sample, the query's rank among its sample's
-    queries in chain order), block_length int32 scalar: the most queries of
-    one sample, 0 without queries).
-  """
+  """(slots int32 [N, 2]: each chained query's (sample, rank in its sample),
+  block_length: the most queries of one sample) of `batch_index` [N]."""
   index = tf.cast(batch_index, tf.int32)
   counts = tf.math.bincount(index, minlength=batch_size,
                             maxlength=batch_size, dtype=tf.int32)
@@ -165,13 +126,8 @@ class ZeroRowNormal(tf_keras.initializers.Initializer):
 
 
 class PaddedEmbedding(tf_keras.layers.Embedding):
-  """An embedding table whose row 0 is padding (torch's `padding_idx=0`).
-
-  Rows are drawn from N(0, `stddev`), row 0 is zero; lookups of id 0 are
-  masked to zero, so row 0 never receives a gradient and stays zero.
-  `call(ids int [...])` -> float [..., output_dim]; the variable is
-  `<name>/embeddings`, as `tf_keras.layers.Embedding`'s.
-  """
+  """An embedding table drawn from N(0, stddev) whose row 0 (padding) is zero
+  and, its lookups masked, never gets a gradient."""
 
   def __init__(self, input_dim: int, output_dim: int, stddev: float = 0.02,
                **kwargs):
@@ -194,13 +150,9 @@ class PaddedEmbedding(tf_keras.layers.Embedding):
 class TokenEncoder(tf_keras.layers.Layer):
   """The shared encoder over timestamped tokens.
 
-  `call(tokens [B, n, H], timestamps [B, n], mask bool [B, n])` returns
-  `(encoded [B, L, H], encoded_mask bool [B, L])`: with `num_latents == 0`
-  the tokens after `num_layers` self-attention blocks (L = n, the input mask);
-  with `num_latents > 0` (Perceiver-style) the learned latents after one
-  cross-attention to the tokens and `num_layers` self-attention blocks
-  (L = num_latents, all valid). Padding tokens (mask False) never influence
-  valid outputs.
+  `call(tokens [B, n, H], timestamps [B, n], mask bool [B, n])` ->
+  (encoded [B, L, H], encoded_mask [B, L]): L = n, or with `num_latents` the
+  Perceiver latents. Padding tokens never influence valid outputs.
   """
 
   def __init__(self, hidden_size: int = 64, num_heads: int = 4,
@@ -252,24 +204,10 @@ class TokenEncoder(tf_keras.layers.Layer):
 class QueryDecoder(tf_keras.layers.Layer):
   """Readout queries -> output embeddings.
 
-  A query is a routing id (`task_embedding`, one row per id, row 0 for
-  padding) plus the time embedding of its timestamp, plus, when given, a
-  `query_embedding` of the same shape (the unit-token model's session
-  embedding); `num_layers` blocks of
-  cross-attention to the encoder output (queries never attend to each other)
-  and feed-forward give its output embedding.
-
-  `call(readout_index int [B, n_out], timestamps [B, n_out], encoded
-  [B, L, H], encoded_mask [B, L], query_embedding [B, n_out, H] or None)`
-  -> [B, n_out, H];
-  `call_varlen(readout_index [N], timestamps [N], batch_index [N], encoded,
-  encoded_mask, query_embedding [N, H] or None)` -> [N, H] (each query
-  attends to its own sample). `embedding_stddev`: `task_embedding` drawn
-  from N(0, embedding_stddev) (None: tf_keras' default). The
-  chained queries attend in per-sample blocks (`AttentionBlock.call` with
-  `query_slots`): keys and values are projected once per sample, and no
-  per-query copy of the context is made; the embeddings, feed-forward and
-  norms run on the N rows only.
+  A query is task_embedding(routing id) + time embedding (+ the optional
+  `query_embedding`, e.g. the session's), through `num_layers` blocks of
+  cross-attention to the encoder output; queries never attend to each
+  other. `call` takes padded queries, `call_varlen` chained ones.
   """
 
   def __init__(self, num_task_ids: int, hidden_size: int = 64,

@@ -1,32 +1,6 @@
-"""The readout model: token embedding, shared encoder, query decoder, readout.
-
-Variable (and checkpoint) names are part of the interface:
-
-* `token_embedding/`: this family's input projection (input_dim -> hidden;
-  with unit tokens the projection of each token's value, 1 -> hidden).
-* `unit_embedding/embeddings`, `session_embedding/embeddings` (unit tokens
-  only): one row per unit / session id of the unit vocabulary (row 0:
-  padding), and `unit_vocabulary` (a string variable: the vocabulary's JSON,
-  `vocabulary.to_json`), so a checkpoint carries the names its rows belong
-  to. A grown vocabulary appends rows (`initialize_from`).
-* `unit_token_variant_record` (unit tokens with `model.unit_token_variant`
-  'poyo' only): a string variable holding 'poyo'; a unit-token checkpoint without
-  it was written by a 'session_per_token' model (`checkpoint_variant`).
-* `encoder/`: the shared `TokenEncoder` (the same object in every model that
-  shares it).
-* `decoder/`: the query decoder, incl. `task_embedding` (one row per routing
-  id of the vocabulary, so single- and multi-task models share its shape).
-* `readout/projections/<task>/kernel|bias`: one head per task.
-
-Freezable modules (`configs.FREEZABLE_MODULES`, `module_variables`):
-'encoder' = `token_embedding/` + `encoder/`, 'latents' = `encoder/latents`,
-'encoder_except_latents' = 'encoder' but the latents, 'decoder' =
-`decoder/`, 'readout' = `readout/`, 'unit_embedding', 'session_embedding'.
-
-A single-task model built from the same config with one ReadoutSpec has the
-same names with one head, which is how `graft_single_task_head` restores it
-from a multitask checkpoint.
-"""
+"""The readout model: token embedding, shared encoder, query decoder and
+routed heads; its variable names are part of its interface (docs/readout.md,
+The model)."""
 import functools
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
@@ -35,7 +9,7 @@ import numpy as np
 import tensorflow as tf, tf_keras
 
 from official_ext.readout import configs
-from official_ext.readout import vocabulary as vocabulary_lib
+from official_ext.readout import unit_vocabulary as vocabulary_lib
 from official_ext.readout.modeling import layers
 from official_ext.readout.modeling import multitask_readout
 
@@ -61,20 +35,10 @@ def build_encoder(encoder_config: configs.Encoder,
 class ReadoutModel(tf_keras.Model):
   """Timestamped input tokens + readout queries -> per-task predictions.
 
-  Call `model(inputs, training=None)` with a batch dict of `dataloader`:
-  `input_values` float [B, n_in, input_dim], `input_timestamps` [B, n_in],
-  `input_mask` bool [B, n_in], `output_readout_index` int, `output_timestamps`
-  float, either padded ([B, n_out]) or chained ([N], with
-  `output_batch_index` int [N]); with unit tokens also `input_unit_ids` int
-  [B, n_in] and `session_ids` int [B] (input_dim 1). With unit tokens of
-  `unit_token_variant` 'poyo' the session embedding is added to the
-  sample's decoder queries (POYO); with 'session_per_token', to each of its
-  input tokens.
-
-  Returns {task: float [queries_of_task, dim]} (rows in row-major (sample,
-  query) order; every head present, possibly with 0 rows); with
-  `static_shapes`, {task: (outputs [B, n_out, dim] or [N, dim], mask bool
-  [B, n_out] or [N])}.
+  `model(inputs, training)` takes a `dataloader` batch dict (padded or
+  chained queries) and returns {task: float [queries_of_task, dim]} in
+  row-major (sample, query) order, every head present; with `static_shapes`
+  {task: (outputs [..., dim], mask bool [...])}.
   """
 
   def __init__(self,
@@ -93,10 +57,8 @@ class ReadoutModel(tf_keras.Model):
       readouts: the ReadoutSpecs (or dicts) of the heads to build.
       task_vocabulary: task names; routing id = 1 + position.
       input_dim: feature width of the input tokens.
-      encoder: a `TokenEncoder` to share with other models; None builds one
-        from `model_config.encoder`.
-      units: the unit and session vocabulary (or its `as_dict`); required
-        with `tokenization` 'unit_tokens', which sizes the tables by it.
+      encoder: a `TokenEncoder` to share; None builds one.
+      units: the unit vocabulary (or its dict) that sizes unit-token tables.
       **kwargs: `tf_keras.Model` arguments.
     """
     super().__init__(**kwargs)
@@ -204,10 +166,7 @@ class ReadoutModel(tf_keras.Model):
                         training=training)
 
   def embed_tokens(self, inputs: Mapping[str, tf.Tensor]) -> tf.Tensor:
-    """The input tokens' embeddings, [B, n_in, H]: binned,
-    token_embedding(values); unit tokens, token_embedding(value) +
-    unit_embedding(unit id), with 'session_per_token' +
-    session_embedding(the sample's session id)."""
+    """The input tokens' embeddings [B, n_in, H]."""
     tokens = self.token_embedding(inputs['input_values'])
     if self.units is None:
       return tokens
@@ -224,8 +183,7 @@ class ReadoutModel(tf_keras.Model):
     return tokens + tf.cast(session, tokens.dtype)[:, None, :]
 
   def module_variables(self, module: str) -> List[tf.Variable]:
-    """The trainable variables of a freezable module
-    (`configs.FREEZABLE_MODULES`; see the module docstring)."""
+    """The trainable variables of a freezable module (`FREEZABLE_MODULES`)."""
     if module not in configs.FREEZABLE_MODULES:
       raise ValueError(f'task.freeze names {module!r}; expected among '
                        f'{configs.FREEZABLE_MODULES}.')
@@ -312,10 +270,8 @@ _VARIANT_KEY = ('model/unit_token_variant_record/.ATTRIBUTES/'
 
 
 def checkpoint_variant(checkpoint_path: str) -> Optional[str]:
-  """The `model.unit_token_variant` a checkpoint's unit-token model was
-  trained with (its `unit_token_variant_record` variable; without one,
-  'session_per_token', the only variant before it existed); None for a
-  binned model's checkpoint."""
+  """The `model.unit_token_variant` of a checkpoint's unit-token model
+  (None: a binned model)."""
   names = dict(tf.train.list_variables(checkpoint_path))
   if _VOCABULARY_KEY not in names:
     return None
@@ -327,11 +283,8 @@ def checkpoint_variant(checkpoint_path: str) -> Optional[str]:
 
 def check_checkpoint_variant(model: ReadoutModel, checkpoint_path: str,
                              where: str) -> None:
-  """Raises a ValueError naming `task.model.unit_token_variant`, both values
-  and `where` (the key that gave `checkpoint_path`) when the checkpoint's
-  unit-token model is of another variant than `model`: the tables have the
-  same names and shapes, so a restore would succeed and compute another
-  function."""
+  """ValueError naming `task.model.unit_token_variant`, both values and
+  `where` if the checkpoint's unit-token model is of another variant."""
   stored = checkpoint_variant(checkpoint_path)
   if stored is None or model.unit_token_variant is None:
     return
@@ -361,30 +314,16 @@ def checkpoint_vocabulary(checkpoint_path: str
 
 def initialize_from(model: ReadoutModel, task_config, checkpoint_path: str
                     ) -> Optional[vocabulary_lib.Vocabulary]:
-  """Restores `model` from a checkpoint of the same model, strictly, letting
-  the unit and session tables grow.
-
-  A model of the same config with the checkpoint's vocabulary is restored
-  strictly (every one of its variables must be in the checkpoint, with its
-  shape) and copied into `model`: every variable whole, except the unit and
-  session tables, whose first rows (the ids of the checkpoint's vocabulary)
-  are copied bit-identically and whose further rows (the ids the grown
-  vocabulary appends) keep `model`'s initialisation.
-
-  Args:
-    model: the model to initialise (built).
-    task_config: its task config.
-    checkpoint_path: a checkpoint prefix or a directory (its latest).
-
-  Returns:
-    The checkpoint's unit vocabulary (None for a binned model).
+  """Restores `model` strictly from `checkpoint_path` (a prefix or a
+  directory), the unit and session tables allowed to grow: their checkpoint
+  rows copied, new rows kept. Returns the checkpoint's vocabulary (None:
+  binned).
 
   Raises:
-    ValueError: naming the checkpoint: no checkpoint in a directory; its
-      vocabulary is not a prefix of the model's (a renumbered or shrunk
-      vocabulary), or one model has unit tokens and the other not.
-    AssertionError: a variable of the model is missing from the
-      checkpoint, or has another shape (TensorFlow's message names it).
+    ValueError: naming the checkpoint: none in a directory, a vocabulary
+      that is not a prefix of the model's, or tokenizations that differ.
+    AssertionError: a variable is missing from the checkpoint or has
+      another shape.
   """
   if tf.io.gfile.isdir(checkpoint_path):
     latest = tf.train.latest_checkpoint(checkpoint_path)
@@ -453,30 +392,12 @@ def graft_single_task_head(task_config: configs.ReadoutTaskConfig,
                            checkpoint_path: str,
                            units: Optional[vocabulary_lib.Vocabulary] = None
                            ) -> ReadoutModel:
-  """A single-task model restored from a multitask checkpoint.
-
-  Builds the model of `task_config` with only the head of `task_name` and
-  restores its token embedding, encoder, decoder and
-  `readout/projections/<task_name>` from the checkpoint: one written by the
-  readout task's trainer or `tf.train.Checkpoint(model=...)` (model under
-  `model/`), or by the joint multitask trainer (under
-  `model/_sub_tasks/<name>/`). Other
-  heads in the checkpoint are ignored. Its predictions for the task equal the
-  multitask model's.
-
-  Args:
-    task_config: the multitask model's task config.
-    task_name: the head to keep.
-    checkpoint_path: a checkpoint file prefix or a directory (its latest).
-    units: the unit vocabulary of a unit-token model (None: binned).
-
-  Returns:
-    The restored single-task `ReadoutModel`.
+  """The model of `task_config` with only `task_name`'s head, restored from
+  a multitask (or joint) checkpoint (a prefix or a directory).
 
   Raises:
     ValueError: the task has no spec, or the checkpoint has no such head.
-    AssertionError: a variable of the single-task model is not in the
-      checkpoint (e.g. a different encoder size).
+    AssertionError: a variable of the model is not in the checkpoint.
   """
   specs = {s.name: s for s in task_config.readouts}
   if task_name not in specs:

@@ -1,30 +1,7 @@
 """`MultitaskReadout`: one linear head per task, routed by an integer id.
 
-Every output token (query) carries a routing id; the layer sends each token
-through the head of its task. Ids are the values of `task_index` (task name ->
-id); 0 is padding and never a task. Ids that have no head (padding, or tasks
-whose spec is not in this layer, e.g. a single-task model) are skipped.
-
-Output structure. TensorFlow needs the structure of a function's outputs to be
-known when it is traced, so the returned dict always has one entry per head,
-in `readout_specs` order; a task absent from the batch gets a `[0, dim]`
-tensor. Rows of a task are in row-major (sample, token) order, i.e. the order
-in which the task's targets appear when the batch's queries are concatenated.
-
-Three routings of the same heads:
-
-* `call` (padded queries `[B, n_out, dim]`) and `call_varlen` (queries of all
-  samples chained `[N, dim]` with a batch index) gather each task's rows with
-  one `tf.dynamic_partition`; the result has a data-dependent size. They run
-  eagerly, under `tf.function` and inside `strategy.run`.
-* `call_static` runs every head on every token and returns the outputs with a
-  boolean mask per task; all shapes are static (XLA, TPU).
-
-The heads live in the dict attribute `projections` (name ->
-`tf_keras.layers.Dense`), so object-based checkpoints store them under
-`.../projections/<task_name>/kernel` and `/bias`. This key is load-bearing:
-`task.build_single_task_model` grafts one head out of a multitask checkpoint
-by it.
+Heads are the dict `projections`, so checkpoints hold
+`.../projections/<task>/kernel|bias` (how a head is grafted out).
 """
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
@@ -76,21 +53,13 @@ class MultitaskReadout(tf_keras.layers.Layer):
 
   def __init__(self, readout_specs: SpecsArg, task_index: Mapping[str, int],
                **kwargs):
-    """Builds the heads.
+    """Builds one head of `spec.dim` outputs per spec.
 
     Args:
-      readout_specs: task name -> `configs.ReadoutSpec` (or its dict), or a
-        sequence of specs keyed by their `name`. The head of a task has
-        `spec.dim` outputs.
-      task_index: task name -> routing id written in `output_readout_index`;
-        ids are positive ints (0 is padding), distinct among the heads.
-        May name more tasks than `readout_specs` (their ids are skipped).
+      readout_specs: task name -> ReadoutSpec (or dict), or a sequence.
+      task_index: task name -> positive routing id, distinct among heads;
+        may name tasks without a head (their ids are skipped).
       **kwargs: `tf_keras.layers.Layer` arguments.
-
-    Raises:
-      ValueError: a spec has no index (the message names every such task), an
-        index is not a positive int or is shared by two heads, or a task name
-        cannot name a variable.
     """
     super().__init__(**kwargs)
     specs = normalize_specs(readout_specs)
@@ -158,16 +127,7 @@ class MultitaskReadout(tf_keras.layers.Layer):
         index, 0, size - 1)), skip)
 
   def route(self, values: tf.Tensor, index: tf.Tensor) -> Dict[str, tf.Tensor]:
-    """Splits per-token values by task, in the order heads see them.
-
-    Args:
-      values: [M, ...] any dtype, one row per token (e.g. targets or weights
-        flattened like the embeddings).
-      index: int [M] routing ids.
-
-    Returns:
-      {head name: [M_task, ...]} rows of that task, in row order.
-    """
+    """{head name: the rows of `values` [M, ...] whose `index` [M] is its."""
     parts = tf.dynamic_partition(values, self._partitions(index),
                                  len(self._names) + 1)
     return dict(zip(self._names, parts[:-1]))
@@ -190,17 +150,12 @@ class MultitaskReadout(tf_keras.layers.Layer):
   def call(self, output_embs: tf.Tensor, output_readout_index: tf.Tensor,
            unpack_output: bool = False
            ) -> Union[Dict[str, tf.Tensor], List[Dict[str, tf.Tensor]]]:
-    """Projects padded output embeddings through their per-task heads.
-
-    Args:
-      output_embs: float [B, n_out, dim] output embeddings.
-      output_readout_index: int [B, n_out] routing id per token (0: padding).
-      unpack_output: return one dict per sample instead (needs a static B).
+    """Padded output embeddings [B, n_out, dim] through their tasks' heads.
 
     Returns:
-      {task: float [total_queries_of_task, task_dim]}, rows in row-major
-      (sample, token) order; or, with `unpack_output`, a list of B dicts
-      {task: [queries_of_task_in_sample, task_dim]}.
+      {task: [queries_of_task, task_dim]}, every head (maybe 0 rows), rows
+      in row-major (sample, query) order; with `unpack_output` a list of B
+      per-sample dicts.
     """
     dim = output_embs.shape[-1]
     flat = tf.reshape(output_embs, [-1, dim])
@@ -222,23 +177,9 @@ class MultitaskReadout(tf_keras.layers.Layer):
                   unpack_output: bool = False,
                   num_samples: Optional[int] = None
                   ) -> Union[Dict[str, tf.Tensor], List[Dict[str, tf.Tensor]]]:
-    """Projects chained output embeddings through their per-task heads.
-
-    As `call`, for the queries of every sample chained along one axis (no
-    padding memory).
-
-    Args:
-      output_embs: float [N, dim], all samples' output tokens chained.
-      output_readout_index: int [N] routing id per token.
-      output_batch_index: int [N] sample of each token (0..num_samples-1).
-      unpack_output: return one dict per sample.
-      num_samples: samples in the batch, for `unpack_output`; None: eagerly
-        `max(output_batch_index) + 1` (required under `tf.function`).
-
-    Returns:
-      As `call`: {task: [total_queries_of_task, task_dim]} in token order, or
-      a list of per-sample dicts.
-    """
+    """As `call`, for chained output embeddings [N, dim] with the sample of
+    each query, `output_batch_index` [N] (`num_samples` for `unpack_output`
+    in a tf.function)."""
     outputs = self._project(self.route(output_embs, output_readout_index))
     if not unpack_output:
       return outputs
@@ -253,17 +194,11 @@ class MultitaskReadout(tf_keras.layers.Layer):
 
   def call_static(self, output_embs: tf.Tensor,
                   output_readout_index: tf.Tensor) -> Dict[str, Any]:
-    """Static-shape routing: every head on every token, plus masks.
-
-    Args:
-      output_embs: float [..., dim] (padded [B, n_out, dim] or chained
-        [N, dim]).
-      output_readout_index: int [...] routing ids.
+    """Every head on every query, with masks: static shapes (XLA, TPU).
 
     Returns:
-      {task: (outputs float [..., task_dim], mask bool [...])}; the rows
-      where the mask is True are exactly the rows `call` returns for the
-      task, in the same (row-major) order.
+      {task: (outputs [..., task_dim], mask bool [...])}; the masked rows
+      are `call`'s rows for the task, in its order.
     """
     index = tf.cast(output_readout_index, tf.int32)
     with tf.name_scope('projections'):

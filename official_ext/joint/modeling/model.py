@@ -1,24 +1,5 @@
-"""The joint model: one sub-model per task routine around one shared encoder.
-
-Variable (and checkpoint) names:
-
-* `model/_sub_tasks/<task name>/...`: each task's sub-model (Model Garden's
-  `MultiTaskBaseModel`); the shared encoder appears in every sub-model that
-  uses it as `encoder/`, and at `model/encoder/`.
-* a readout sub-model is the readout family's `ReadoutModel`
-  (`token_embedding/`, `encoder/`, `decoder/`, `readout/projections/<task>/`),
-  so its head can be grafted into a single-task model
-  (`readout.modeling.model.graft_single_task_head`).
-* a YT8M sub-model is `YT8MTokenModel`: `frame_embedding/`, `encoder/`,
-  `head/` (the YT8M family's MoE or logistic head).
-
-Regularization. A YT8M sub-model's own kernels (frame embedding, head) carry
-the YT8M task's `losses.l2_weight_decay` as the YT8M model's do
-(l2_weight_decay / 2 * sum(w^2) per kernel); the shared encoder's kernels
-carry `task.model.encoder_l2_weight_decay`. Every sub-model holding the
-encoder reports the encoder's term in its `losses`;
-`JointModel.regularization_losses` counts each layer's terms once.
-"""
+"""The joint model: one sub-model per task routine around one shared encoder
+(its variable names and regularization: docs/readout.md, Joint training)."""
 from typing import Any, Dict, List, Optional
 
 import tensorflow as tf, tf_keras
@@ -41,20 +22,8 @@ def build_yt8m_head(model_config: yt8m_configs.VideoClassificationModel,
                     num_classes: int,
                     l2_weight_decay: Optional[float] = None,
                     name: str = 'head') -> tf_keras.layers.Layer:
-  """The YT8M head `model_config.head` names, as the YT8M model builds it.
-
-  Args:
-    model_config: the YT8M task's `model` (head type and sizes;
-      `norm_activation` for the MoE context gates).
-    num_classes: classes C.
-    l2_weight_decay: the YT8M task's `losses.l2_weight_decay`.
-    name: the layer name (its variables' scope).
-
-  Returns:
-    `heads.MoeHead` or `heads.LogisticHead`: `[batch, features]` ->
-    {'predictions': float32 [batch, C]} (logistic with `return_logits`:
-    also 'logits').
-  """
+  """The YT8M head `model_config.head` names (MoE or logistic), built as the
+  YT8M model builds it, its kernels regularized by `l2_weight_decay`."""
   head = model_config.head
   regularizer = _l2(l2_weight_decay)
   if head.type == 'moe':
@@ -73,25 +42,10 @@ def build_yt8m_head(model_config: yt8m_configs.VideoClassificationModel,
 class YT8MTokenModel(tf_keras.Model):
   """YouTube-8M frames through the shared encoder -> class probabilities.
 
-  Frames become encoder tokens (a Dense projection per frame, timestamps =
-  frame index x `seconds_per_frame`); the encoder's outputs are averaged over
-  the valid frames (masked mean) and go through the YT8M task's head. It has
-  the call signature `YT8MTask` expects, so the YT8M task's losses,
-  `train_step`, `validation_step` and AP metrics run unchanged.
-
-  `call(inputs float [B, T, F], num_frames int [B] or None, training)` ->
-  the head's outputs, {'predictions': float32 [B, C] probabilities} (+
-  'logits' for a logistic head with `return_logits`).
-  Variables: `frame_embedding/`, the shared `encoder/`, `head/`.
-
-  Args:
-    encoder: the shared `TokenEncoder`.
-    model_config: the YT8M task's `model` (its head; the backbone is replaced
-      by the encoder).
-    num_classes: classes C.
-    l2_weight_decay: the YT8M task's `losses.l2_weight_decay`, on the frame
-      embedding's and the head's kernels.
-    seconds_per_frame: timestamp step of a frame.
+  `call(inputs [B, T, F], num_frames [B] or None)` -> the YT8M head's
+  outputs: frames projected to encoder tokens (timestamp: frame index x
+  `seconds_per_frame`), encoded, averaged over the valid frames. The YT8M
+  task's losses, steps and metrics run on it unchanged.
   """
 
   def __init__(self, encoder: readout_layers.TokenEncoder,
@@ -144,16 +98,8 @@ class YT8MTokenModel(tf_keras.Model):
 
 
 def add_kernel_l2(layer: tf_keras.layers.Layer, l2_weight_decay: float) -> None:
-  """Adds l2_weight_decay / 2 * sum(w^2) over `layer`'s kernels to its losses.
-
-  For a layer built without kernel regularizers (the readout family's
-  `TokenEncoder`). Call after its variables exist; `layer.losses` (and the
-  `losses` of every model holding it) then include one such term.
-
-  Args:
-    layer: a built layer.
-    l2_weight_decay: the decay; 0 adds nothing.
-  """
+  """Adds l2_weight_decay / 2 * sum(w^2) over a built `layer`'s kernels to
+  its losses (0: nothing)."""
   if not l2_weight_decay:
     return
   kernels = [v for v in layer.trainable_variables
@@ -167,20 +113,8 @@ def add_kernel_l2(layer: tf_keras.layers.Layer, l2_weight_decay: float) -> None:
 
 
 def regularization_losses(models: List[tf_keras.Model]) -> List[tf.Tensor]:
-  """The regularization terms of several models, each layer's once.
-
-  A layer held by several models (the shared encoder) appears in every
-  model's `losses`; here its terms count once. Layers are compared at the
-  models' top level (`model.layers`), where the joint models hold the shared
-  encoder; losses added to a model itself (not to one of its layers) are not
-  collected (none of the joint sub-models has such).
-
-  Args:
-    models: the sub-models.
-
-  Returns:
-    float32 scalars.
-  """
+  """The models' regularization terms, a layer held by several (the shared
+  encoder) counted once; layers compared at each model's top level."""
   seen, terms = set(), []
   for model in models:
     for layer in model.layers:
@@ -194,11 +128,7 @@ def regularization_losses(models: List[tf_keras.Model]) -> List[tf.Tensor]:
 class JointModel(base_model.MultiTaskBaseModel):
   """One sub-model per task routine around one shared `TokenEncoder`.
 
-  `sub_tasks`: {task name: a readout `ReadoutModel` (readout routine) or a
-  `YT8MTokenModel` (YT8M routine)}, all holding `encoder`.
-
-  Args:
-    config: the joint task config (validated here: `configs.validate`).
+  `sub_tasks`: {task name: a readout `ReadoutModel` or a `YT8MTokenModel`}.
   """
 
   def __init__(self, config: configs.JointTaskConfig, **kwargs):

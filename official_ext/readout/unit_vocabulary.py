@@ -1,23 +1,6 @@
-"""Unit and session vocabularies of unit-token readout models.
-
-A `Vocabulary` lists the recording sessions and the units a model knows, in
-order. A unit's name is `<session>/<unit>` (its session is the part before
-the last '/', and must be one of the vocabulary's sessions); names are
-unique. The id of a session or unit is 1 + its position (0 is padding, never
-a session or unit): records store unit ids (`input_unit_ids`) and session
-names (`session_id`), and the model's embedding tables have one row per id
-(`num_session_ids`, `num_unit_ids` rows, row 0 unused).
-
-Growth never renumbers: `extend` appends new names after the existing ones,
-so a checkpoint trained on a vocabulary keeps every row's meaning in the
-extended one (the model copies the old rows and initialises the new ones).
-
-The file (`load` / `save`) is JSON, `{"sessions": [...], "units": [...]}`
-and, for sessions converted from recordings, `"fingerprints": {session:
-fingerprint}` (what tells the same recording from another under one name),
-written whole or not at all (`core.output_files.write_atomically`). Errors
-name the file and the offending name.
-"""
+"""Unit and session vocabularies of unit-token readout models: the ids of
+recording sessions and units, and their JSON file (docs/readout.md,
+Vocabulary)."""
 import dataclasses
 import json
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -43,14 +26,11 @@ def session_of_unit(name: str) -> str:
 class Vocabulary:
   """The sessions and units a model knows; id = 1 + position (0: padding).
 
-  Build one with `from_names` (checked) or `load`; `extend` grows it.
-
   Attributes:
     sessions: session names, in id order.
     units: unit names `<session>/<unit>`, in id order.
-    fingerprints: {session: fingerprint of its recording} for the sessions
-      that have one (`readout.nwb`); not part of the ids, equality or
-      `to_json` (what a checkpoint stores).
+    fingerprints: {session: fingerprint of its recording} (`readout.nwb`);
+      not part of the ids, equality or `to_json`.
   """
   sessions: Tuple[str, ...] = ()
   units: Tuple[str, ...] = ()
@@ -112,18 +92,10 @@ def from_names(sessions: Sequence[str], units: Sequence[str],
                where: str = 'Vocabulary',
                fingerprints: Optional[Mapping[str, str]] = None
                ) -> Vocabulary:
-  """A checked `Vocabulary`.
+  """A checked `Vocabulary`; ValueError naming `where` and the name at fault.
 
-  Args:
-    sessions: session names (unique, non-empty).
-    units: unit names `<session>/<unit>` (unique; each session listed).
-    where: names the source in errors (e.g. the file).
-    fingerprints: {session: non-empty string} for some of `sessions`.
-
-  Raises:
-    ValueError: naming `where` and the name at fault: an empty or repeated
-      name, a unit without '/' or whose session is not in `sessions`, a
-      fingerprint of an unknown session or not a non-empty string.
+  Names are unique and non-empty; a unit is `<session>/<unit>` of a listed
+  session; fingerprints are non-empty strings of listed sessions.
   """
   sessions, units = tuple(sessions), tuple(units)
   _check_names(sessions, 'sessions', where)
@@ -151,18 +123,8 @@ def from_names(sessions: Sequence[str], units: Sequence[str],
 def extend(vocabulary: Vocabulary, sessions: Iterable[str] = (),
            units: Iterable[str] = (),
            fingerprints: Optional[Mapping[str, str]] = None) -> Vocabulary:
-  """`vocabulary` with new sessions and units appended.
-
-  Existing names keep their positions (and ids); a name already there is
-  left where it is; new names are appended in the order given (repeats
-  among them count once). `fingerprints` ({session: fingerprint}) are
-  recorded; a session's recorded fingerprint never changes.
-
-  Raises:
-    ValueError: naming the unit whose session is in neither the vocabulary
-      nor `sessions`, a malformed name, or a session whose fingerprint
-      differs from the one recorded (another recording under its name).
-  """
+  """`vocabulary` with new sessions, units and fingerprints appended (existing
+  ids kept); ValueError for a bad name or a changed fingerprint."""
   new_sessions = list(vocabulary.sessions)
   for name in sessions:
     if name not in new_sessions:
@@ -185,15 +147,7 @@ def extend(vocabulary: Vocabulary, sessions: Iterable[str] = (),
 
 
 def load(path: str) -> Vocabulary:
-  """Reads a vocabulary file (JSON `{"sessions": [...], "units": [...]}`,
-  optionally `"fingerprints": {session: fingerprint}`).
-
-  Raises:
-    FileNotFoundError: naming the missing file.
-    ValueError: naming the file: not JSON, not an object with the lists
-      `sessions` and `units` (and at most an object `fingerprints`), or a
-      bad name (`from_names`).
-  """
+  """Reads a vocabulary file; FileNotFoundError or ValueError naming it."""
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f'Vocabulary file {path} does not exist.')
   with tf.io.gfile.GFile(path, 'r') as f:
@@ -254,8 +208,7 @@ def from_json(text: str, where: str) -> Vocabulary:
 
 
 def is_prefix(old: Vocabulary, new: Vocabulary) -> Optional[str]:
-  """None if `new` extends `old` (same names at the same positions, maybe
-  more after them); else what differs, for an error message."""
+  """None if `new` extends `old`; else what differs, for an error message."""
   for kind in ('sessions', 'units'):
     a, b = getattr(old, kind), getattr(new, kind)
     if len(b) < len(a):
