@@ -27,7 +27,8 @@ def write_atomically(path: str, write: Callable[[IO], _T],
 
 
 @contextlib.contextmanager
-def _staged(folder: str, last: Sequence[str] = ()) -> Iterator[str]:
+def _staged(folder: str, last: Sequence[str] = (),
+            only: Optional[Sequence[str]] = None) -> Iterator[str]:
   """A staging folder in `folder`; files moved in on success, `last` last."""
   tf.io.gfile.makedirs(folder)
   staging = os.path.join(folder, f'{STAGING_PREFIX}{uuid.uuid4().hex[:12]}')
@@ -35,6 +36,8 @@ def _staged(folder: str, last: Sequence[str] = ()) -> Iterator[str]:
   try:
     yield staging
     names = sorted(n.rstrip('/') for n in tf.io.gfile.listdir(staging))
+    if only is not None:
+      names = [n for n in names if n in only]
     order = [n for n in names if n not in last] + [n for n in last
                                                    if n in names]
     for name in last:
@@ -60,7 +63,7 @@ def write_together(paths: Sequence[str],
     raise ValueError(f'write_together: {sorted(paths)} are not all in one '
                      'folder.')
   (folder,) = folders
-  with _staged(folder) as staging:
+  with _staged(folder, only=[os.path.basename(p) for p in paths]) as staging:
     yield {p: os.path.join(staging, os.path.basename(p)) for p in paths}
   for old in set(replaces) - set(paths):
     if tf.io.gfile.exists(old):

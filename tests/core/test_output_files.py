@@ -50,3 +50,14 @@ def test_a_file_url_is_the_local_path_it_names(tmp_path):
                                             f'file://{tmp_path}/other')])
   assert output_files.local_path(f'file://{run}') == str(run)
   assert output_files.local_path('gs://bucket/run') is None
+
+
+def test_write_together_moves_only_the_files_it_names(tmp_path):
+  """A scratch file the caller writes beside the staged ones stays out."""
+  out = tmp_path / 'out'
+  with output_files.write_together([str(out / 'a.txt')]) as staged:
+    with open(staged[str(out / 'a.txt')], 'w') as f:
+      f.write('a')
+    with open(staged[str(out / 'a.txt')][:-len('a.txt')] + 'scratch', 'w') as f:
+      f.write('s')
+  assert sorted(p.name for p in out.iterdir()) == ['a.txt']
