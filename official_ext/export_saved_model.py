@@ -21,6 +21,7 @@ from official_ext.assemblenet import configs as assemblenet_configs
 from official_ext.assemblenet import export as assemblenet_export
 from official_ext.core import checkpoints
 from official_ext.core import experiment_params
+from official_ext.core.run import run_lock
 from official_ext.joint import configs as joint_configs
 from official_ext.joint import export as joint_export
 from official_ext.readout import configs as readout_configs
@@ -183,16 +184,6 @@ def staging_path(export_dir: str, kind: str) -> str:
           f'{os.getpid()}-{uuid.uuid4().hex[:12]}')
 
 
-def _process_is_gone(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return True
-  except PermissionError:  # Another user's process.
-    return False
-  return False
-
-
 def recover_interrupted(export_dir: str) -> None:
   """Repairs what an export killed mid-way left beside `export_dir`.
 
@@ -219,7 +210,7 @@ def recover_interrupted(export_dir: str) -> None:
             'to %s runs.', path, export_dir)
       continue
     pid = int(match.group('pid'))
-    if match.group('host') != host or not _process_is_gone(pid):
+    if match.group('host') != host or run_lock.process_running(pid):
       reason = (f'its writer, process {pid} on host {match.group("host")}, '
                 'may still run')
     elif not tf.io.gfile.isdir(path):

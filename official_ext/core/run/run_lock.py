@@ -37,7 +37,8 @@ def _process_start(pid: int) -> Optional[str]:
     return None
 
 
-def _running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
+  """Whether process `pid` exists on this host (another user's counts)."""
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
@@ -104,7 +105,7 @@ def stale_reason(path: str, holder: Dict[str, Any]) -> Optional[str]:
   if holder.get('host') == socket.gethostname() and isinstance(
       holder.get('pid'), int):
     pid = holder['pid']
-    if not _running(pid):
+    if not process_running(pid):
       return f'its process {pid} on this host is not running'
     started = _process_start(pid)
     if holder.get('pid_start') and started and started != holder['pid_start']:
