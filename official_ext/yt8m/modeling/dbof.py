@@ -5,6 +5,7 @@ import tensorflow as tf, tf_keras
 
 from official_ext.core.kernels import kernel_policy
 from official_ext.yt8m.modeling import batch_norm
+from official_ext.yt8m.modeling import factory
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 POOLING_METHODS = ('average', 'max', 'swap', 'none')
@@ -229,3 +230,11 @@ class Dbof(tf_keras.layers.Layer):
     config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
         self._kernel_regularizer)
     return config
+
+
+@factory.register_backbone_builder('dbof')
+def build_dbof(model_config, l2_regularizer, name='backbone') -> Dbof:
+  return Dbof(activation=model_config.norm_activation.activation,
+              kernel_regularizer=l2_regularizer, name=name,
+              **model_config.backbone.dbof.as_dict(),
+              **factory.norm_kwargs(model_config))

@@ -3,6 +3,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import tensorflow as tf, tf_keras
 
+from official_ext.yt8m.modeling import factory
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 
@@ -158,3 +159,19 @@ class LogisticHead(tf_keras.layers.Layer):
     config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
         self._kernel_regularizer)
     return config
+
+
+@factory.register_head_builder('moe')
+def build_moe(model_config, num_classes, l2_regularizer,
+              name='head') -> MoeHead:
+  return MoeHead(num_classes=num_classes, kernel_regularizer=l2_regularizer,
+                 name=name, **model_config.head.moe.as_dict(),
+                 **factory.norm_kwargs(model_config))
+
+
+@factory.register_head_builder('logistic')
+def build_logistic(model_config, num_classes, l2_regularizer,
+                   name='head') -> LogisticHead:
+  return LogisticHead(num_classes=num_classes,
+                      kernel_regularizer=l2_regularizer, name=name,
+                      **model_config.head.logistic.as_dict())

@@ -27,6 +27,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import tensorflow as tf, tf_keras
 
+from official_ext.yt8m.modeling import factory
 from official_ext.yt8m.modeling import heads
 from official_ext.yt8m.modeling import layers as yt8m_layers
 from official_ext.yt8m.modeling import nextvlad
@@ -193,3 +194,32 @@ class MixtureLogisticHead(tf_keras.layers.Layer):
     config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
         self._kernel_regularizer)
     return config
+
+
+@factory.register_backbone_builder('mix_nextvlad')
+def build_mix_nextvlad(model_config, l2_regularizer,
+                       name='backbone') -> MixNextVlad:
+  """Raises ValueError: a temperature <= 0, or a head other than 'logistic'."""
+  config = model_config.backbone.mix_nextvlad.as_dict()
+  regularize = config.pop('regularize_backbone')
+  temperature = config.pop('distillation_temperature')
+  del config['distillation_weight']  # Read by the model's loss.
+  if temperature <= 0:
+    raise ValueError(f'{_KEY}.distillation_temperature={temperature!r}; '
+                     'expected > 0.')
+  if model_config.head.type != 'logistic':
+    raise ValueError(
+        f"task.model.head.type={model_config.head.type!r}: the 'mix_nextvlad' "
+        "backbone mixes one 'logistic' classifier per branch.")
+  return MixNextVlad(kernel_regularizer=l2_regularizer if regularize else None,
+                     name=name, **config, **factory.norm_kwargs(model_config))
+
+
+@factory.register_backbone_head_builder('mix_nextvlad')
+def build_mixture_head(model_config, num_classes, l2_regularizer,
+                       name='head') -> MixtureLogisticHead:
+  return MixtureLogisticHead(
+      num_classes=num_classes,
+      num_branches=model_config.backbone.mix_nextvlad.num_branches,
+      kernel_initializer=model_config.head.logistic.kernel_initializer,
+      kernel_regularizer=l2_regularizer, name=name)

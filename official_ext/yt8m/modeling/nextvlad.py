@@ -29,6 +29,7 @@ import tensorflow as tf, tf_keras
 
 from official_ext.core.kernels import kernel_policy
 from official_ext.yt8m.modeling import batch_norm
+from official_ext.yt8m.modeling import factory
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 _KEY = 'task.model.backbone.nextvlad'
@@ -326,3 +327,11 @@ class NextVlad(tf_keras.layers.Layer):
     config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
         self._kernel_regularizer)
     return config
+
+
+@factory.register_backbone_builder('nextvlad')
+def build_nextvlad(model_config, l2_regularizer, name='backbone') -> NextVlad:
+  config = model_config.backbone.nextvlad.as_dict()
+  regularize = config.pop('regularize_backbone')
+  return NextVlad(kernel_regularizer=l2_regularizer if regularize else None,
+                  name=name, **config, **factory.norm_kwargs(model_config))

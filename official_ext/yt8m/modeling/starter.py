@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 import tensorflow as tf, tf_keras
 
+from official_ext.yt8m.modeling import factory
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 
@@ -115,3 +116,16 @@ class Lstm(tf_keras.layers.Layer):
     config = super().get_config()
     config.update(self._config)
     return config
+
+
+@factory.register_backbone_builder('frame_average')
+def build_frame_average(model_config, l2_regularizer,
+                        name='backbone') -> FrameAverage:
+  del model_config, l2_regularizer  # No variables.
+  return FrameAverage(name=name)
+
+
+@factory.register_backbone_builder('lstm')
+def build_lstm(model_config, l2_regularizer, name='backbone') -> Lstm:
+  del l2_regularizer  # The starter regularizes only the classifier.
+  return Lstm(name=name, **model_config.backbone.lstm.as_dict())

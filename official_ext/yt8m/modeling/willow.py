@@ -47,6 +47,7 @@ from typing import Any, Mapping, Optional, Sequence
 import tensorflow as tf, tf_keras
 
 from official_ext.yt8m.modeling import batch_norm
+from official_ext.yt8m.modeling import factory
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 METHODS = ('netvlad', 'netrvlad', 'soft_dbof', 'netfv')
@@ -301,3 +302,17 @@ class WillowBackbone(tf_keras.layers.Layer):
     config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
         self._kernel_regularizer)
     return config
+
+
+def build_willow(model_config, l2_regularizer,
+                 name='backbone') -> WillowBackbone:
+  config = model_config.backbone.get().as_dict()
+  regularize = config.pop('regularize_backbone')
+  return WillowBackbone(
+      method=model_config.backbone.type,
+      kernel_regularizer=l2_regularizer if regularize else None, name=name,
+      **config, **factory.norm_kwargs(model_config))
+
+
+for _method in METHODS:
+  factory.register_backbone_builder(_method)(build_willow)
