@@ -451,7 +451,7 @@ class Evaluation(hyperparams.Config):
       per-class APs (of the classes with positives; with `average_precision`);
       0: no list.
     vocabulary_path: the dataset's vocabulary.csv (`Index` and `Name`
-      columns, see `official_ext.yt8m.vocabulary`): names beside the class
+      columns, see `official_ext.yt8m.class_names`): names beside the class
       ids in that list. '': ids only.
     video_and_segment_level: one evaluation reports both levels, for
       validation records that carry video labels and segment ratings: the

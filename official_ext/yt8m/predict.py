@@ -47,7 +47,7 @@ own records the same way (its SavedModel's `serve_features` takes no
 `num_frames`); `--segment_labels` needs frame-level records.
 
 With `--vocabulary` (the dataset's vocabulary.csv, `official_ext.yt8m.
-vocabulary`), the same predictions are also written with class names beside
+class_names`), the same predictions are also written with class names beside
 the ids, to `<output_file stem>_names.csv` (header
 `VideoId,Rank,LabelId,Name,Score`, one row per video and rank, CSV-quoted);
 the submission CSV is unchanged.
@@ -107,10 +107,10 @@ from official_ext.core import checkpoints
 from official_ext.core import experiment_params
 from official_ext.core import output_files
 from official_ext.core import timelines
+from official_ext.yt8m import class_names
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import segment_eval
 from official_ext.yt8m import stored_predictions
-from official_ext.yt8m import vocabulary as vocabulary_lib
 # Registers YT8MTask with task_factory (a checkpoint's model is built by it).
 from official_ext.yt8m import task  # pylint: disable=unused-import
 
@@ -152,7 +152,7 @@ def write_video_predictions(batches: Iterable[Dict[str, np.ndarray]],
       float [b, num_classes].
     out: text stream.
     top_k: pairs per video.
-    names: class names by id (`vocabulary.load_vocabulary`), with
+    names: class names by id (`class_names.load_vocabulary`), with
     named_out: the stream of the same predictions with names: header
       `NAMED_HEADER`, one row per (video, rank), CSV-quoted.
 
@@ -573,7 +573,7 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
       written); segment level and no video of `input_path` has a segment;
       `params` contradicts the model's params.yaml (`check_params`); a
       `vocabulary` with segment level, or one that does not load
-      (`vocabulary.load_vocabulary`); an existing output file predict did
+      (`class_names.load_vocabulary`); an existing output file predict did
       not write, without `overwrite` (`output_files.OutputExistsError`).
 
   `output_file` is written whole or not at all (`core.output_files.write_atomically`): after
@@ -613,7 +613,7 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
       raise ValueError('--vocabulary names the classes of video-level '
                        'predictions; with --segment_labels the output lists '
                        'segments per class id.')
-    names = vocabulary_lib.load_vocabulary(vocabulary, data.num_classes)
+    names = class_names.load_vocabulary(vocabulary, data.num_classes)
   class_ids = None
   if segment_labels:
     class_ids = (segment_eval.read_class_ids(segment_label_ids,
@@ -769,7 +769,7 @@ def run_timeline(params: config_definitions.ExperimentConfig, input_path: str,
     raise ValueError('--window_seconds needs frame-level records (one '
                      'feature vector a second); the model reads video-level '
                      "records (task.validation_data.record_type='video').")
-  names = (vocabulary_lib.load_vocabulary(vocabulary, data.num_classes)
+  names = (class_names.load_vocabulary(vocabulary, data.num_classes)
            if vocabulary else None)
   predictor = (_saved_model_predictor(saved_model) if saved_model else
                _checkpoint_predictor(params, checkpoint_path))

@@ -13,12 +13,12 @@ from official_ext.core import gradients
 from official_ext.core import host_gather
 from official_ext.core.input import bad_records
 from official_ext.core.input import eval_padding
+from official_ext.yt8m import class_names
 from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import metrics as yt8m_metrics
 from official_ext.yt8m.modeling import model as yt8m_model
-from official_ext.yt8m import vocabulary
 
 _AP_KEY = 'average_precision'
 # task.init_checkpoint_modules -> the model's checkpoint items restored
@@ -174,7 +174,7 @@ class YT8MTask(base_task.Task):
                        f'one of {CLASS_REDUCTIONS}.')
     self._class_names = None  # By class id, for the evaluation log.
     if evaluation.vocabulary_path:
-      self._class_names = vocabulary.load_vocabulary(
+      self._class_names = class_names.load_vocabulary(
           evaluation.vocabulary_path, params.validation_data.num_classes,
           key='task.evaluation.vocabulary_path')
     # (model, its (kernel, l2) pairs): computed once per model.
@@ -579,7 +579,7 @@ class YT8MTask(base_task.Task):
       class_positives = accumulator.class_positives
       if num_listed:
         logging.info('%s%s', f'[{prefix[:-1]}] ' if prefix else '',
-                     vocabulary.best_and_worst_classes(
+                     class_names.best_and_worst_classes(
             results['per_class_ap'], class_positives, num_listed,
             self._class_names))
       if ap_config.return_per_class_ap:
