@@ -294,82 +294,120 @@ def run(fit_on: Sequence[str], output_file: str,
     `single_scores`, `metric`, `evaluations`; `rows` written.
   """
   predictions = list(predictions) or list(fit_on)
-  inputs = [('--fit_on', ','.join(fit_on)),
-            ('--predictions', ','.join(predictions)),
-            ('--segment_ratings', segment_ratings)]
-  # Not an input, not inside a model_dir or SavedModel, nor inside a set.
-  output_files.check_output_file(output_file, '--output_file', inputs,
-                                 models=[])
-  target = os.path.realpath(output_file)
-  for path in predictions + list(fit_on):
-    if target.startswith(os.path.realpath(path).rstrip('/') + '/'):
-      raise ValueError(f'--output_file={output_file} lies inside the stored '
-                       f'predictions {path}; nothing was written.')
-  result: Dict[str, object] = {}
-  fit_level = fit_classes = None
+  _check_output(output_file, fit_on, predictions, segment_ratings)
   num_models = len(predictions)
+  fit = None
   if weights is not None:
-    w = np.asarray(weights, np.float64)
-    if w.shape != (num_models,) or (w < 0).any() or not w.sum() > 0:
-      raise ValueError(f'--weights={list(weights)}: expected {num_models} '
-                       'weights >= 0 (one per --predictions set), not all 0.')
-    w = w / w.sum()
+    w = _given_weights(weights, num_models)
   else:
     if len(fit_on) != num_models:
       raise ValueError(f'--fit_on names {len(fit_on)} sets and --predictions '
                        f'{num_models}; expected one of each per model, in '
                        'the same order.')
-    fit = _load(fit_on, '--fit_on')
-    fit_level, fit_classes = fit.first.level, fit.first.class_ids.tolist()
-    if fit_level == 'video':
-      check_labels(fit)
-      metric = f'gap (top {top_k})'
-      score = lambda v: video_gap(fit, v, top_k)
-    else:
-      if not segment_ratings:
-        raise ValueError('--fit_on holds segment-level predictions: '
-                         '--segment_ratings names the segment-rated records '
-                         'they were predicted from.')
-      ratings = segment_eval.read_ratings(segment_ratings)
-      metric = f'segment mAP@{segment_map_top_k}'
-      score = lambda v: segment_map(fit, v, ratings, segment_map_top_k,
-                                    segment_top_classes)
-    found = fit_weights(score, num_models)
-    w = found['weights']
-    result.update(score=found['score'], single_scores=found['single_scores'],
-                  evaluations=found['evaluations'], metric=metric)
-    logging.info('Fitted weights %s: %s %.6f (each model alone: %s) in %d '
-                 'evaluations.', np.round(w, 4).tolist(), metric,
-                 found['score'], np.round(found['single_scores'], 6).tolist(),
-                 found['evaluations'])
-    del fit
+    fit = _fit(fit_on, top_k, segment_ratings, segment_top_classes,
+               segment_map_top_k)
+    w = fit['weights']
   combined = _load(predictions, '--predictions')
-  if fit_level not in (None, combined.first.level) or (
-      fit_classes not in (None, combined.first.class_ids.tolist())):
-    raise ValueError(f'--predictions ({combined.first.path}, ...) hold '
-                     f'{combined.first.level}-level predictions of '
-                     f'{combined.first.class_ids.size} classes and --fit_on '
-                     f'{fit_level}-level ones of {len(fit_classes)}: '
-                     'expected the same level and classes.')
+  if fit is not None:
+    _check_fit_matches(combined, fit['level'], fit['class_ids'])
   first = combined.first
   if first.level == 'video':
-    def batches():
-      rows = combined.rows[0]
-      for start in range(0, len(rows), _CHUNK_ROWS):
-        yield {'video_ids': first.video_ids[rows[start:start + _CHUNK_ROWS]],
-               'probabilities': combined.mean(w, start,
-                                              start + _CHUNK_ROWS)}
-    written = output_files.write_atomically(
-        output_file,
-        lambda out: predict.write_video_predictions(batches(), out, top_k))
+    written = _write_videos(combined, w, output_file, top_k)
   else:
-    ranking = segment_ranking(combined, w, segment_max_per_class,
+    written = _write_segments(combined, w, output_file, segment_max_per_class,
                               segment_top_classes)
-    output_files.write_atomically(output_file, _segment_writer(
-        ranking, first.class_ids))
-    written = ranking.num_segments
+  result = {k: fit[k] for k in ('score', 'single_scores', 'evaluations',
+                                'metric')} if fit else {}
   result.update(weights=w.tolist(), level=first.level, rows=int(written))
   return result
+
+
+def _check_output(output_file: str, fit_on: Sequence[str],
+                  predictions: Sequence[str],
+                  segment_ratings: Optional[str]) -> None:
+  """Refuses an output that is an input or lies inside a model or a set."""
+  inputs = [('--fit_on', ','.join(fit_on)),
+            ('--predictions', ','.join(predictions)),
+            ('--segment_ratings', segment_ratings)]
+  output_files.check_output_file(output_file, '--output_file', inputs,
+                                 models=[])
+  target = os.path.realpath(output_file)
+  for path in list(predictions) + list(fit_on):
+    if target.startswith(os.path.realpath(path).rstrip('/') + '/'):
+      raise ValueError(f'--output_file={output_file} lies inside the stored '
+                       f'predictions {path}; nothing was written.')
+
+
+def _given_weights(weights: Sequence[float], num_models: int) -> np.ndarray:
+  """`--weights` normalised to sum 1; ValueError unless >= 0, not all 0."""
+  w = np.asarray(weights, np.float64)
+  if w.shape != (num_models,) or (w < 0).any() or not w.sum() > 0:
+    raise ValueError(f'--weights={list(weights)}: expected {num_models} '
+                     'weights >= 0 (one per --predictions set), not all 0.')
+  return w / w.sum()
+
+
+def _fit(fit_on: Sequence[str], top_k: int, segment_ratings: Optional[str],
+         segment_top_classes: Optional[int],
+         segment_map_top_k: int) -> Dict[str, object]:
+  """`fit_weights` on the `fit_on` sets by their level's metric; adds the
+  metric's name, the sets' `level` and `class_ids`."""
+  fit = _load(fit_on, '--fit_on')
+  if fit.first.level == 'video':
+    check_labels(fit)
+    metric = f'gap (top {top_k})'
+    score = lambda v: video_gap(fit, v, top_k)
+  else:
+    if not segment_ratings:
+      raise ValueError('--fit_on holds segment-level predictions: '
+                       '--segment_ratings names the segment-rated records '
+                       'they were predicted from.')
+    ratings = segment_eval.read_ratings(segment_ratings)
+    metric = f'segment mAP@{segment_map_top_k}'
+    score = lambda v: segment_map(fit, v, ratings, segment_map_top_k,
+                                  segment_top_classes)
+  found = fit_weights(score, len(fit_on))
+  logging.info('Fitted weights %s: %s %.6f (each model alone: %s) in %d '
+               'evaluations.', np.round(found['weights'], 4).tolist(), metric,
+               found['score'], np.round(found['single_scores'], 6).tolist(),
+               found['evaluations'])
+  return dict(found, metric=metric, level=fit.first.level,
+              class_ids=fit.first.class_ids.tolist())
+
+
+def _check_fit_matches(combined: AlignedSets, fit_level: str,
+                       fit_classes: List[int]) -> None:
+  first = combined.first
+  if fit_level != first.level or fit_classes != first.class_ids.tolist():
+    raise ValueError(f'--predictions ({first.path}, ...) hold '
+                     f'{first.level}-level predictions of '
+                     f'{first.class_ids.size} classes and --fit_on '
+                     f'{fit_level}-level ones of {len(fit_classes)}: '
+                     'expected the same level and classes.')
+
+
+def _write_videos(combined: AlignedSets, w: np.ndarray, output_file: str,
+                  top_k: int) -> int:
+  """Writes the video-level submission of the weighted mean; its videos."""
+  first = combined.first
+
+  def batches():
+    rows = combined.rows[0]
+    for start in range(0, len(rows), _CHUNK_ROWS):
+      yield {'video_ids': first.video_ids[rows[start:start + _CHUNK_ROWS]],
+             'probabilities': combined.mean(w, start, start + _CHUNK_ROWS)}
+  return output_files.write_atomically(
+      output_file,
+      lambda out: predict.write_video_predictions(batches(), out, top_k))
+
+
+def _write_segments(combined: AlignedSets, w: np.ndarray, output_file: str,
+                    cap: int, top_classes: Optional[int]) -> int:
+  """Writes the segment-level submission of the weighted mean; its segments."""
+  ranking = segment_ranking(combined, w, cap, top_classes)
+  output_files.write_atomically(output_file, _segment_writer(
+      ranking, combined.first.class_ids))
+  return ranking.num_segments
 
 
 def _segment_writer(ranking: predict.SegmentRanking, class_ids: np.ndarray):

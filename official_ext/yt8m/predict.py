@@ -580,26 +580,9 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
   any failure an existing file is as it was.
   """
   model_path = experiment_params.model_path(saved_model, checkpoint_path)
-  for path, flag in ((output_file, '--output_file'),
-                     (named_predictions_path(output_file) if vocabulary
-                      else None, '--output_file (its _names.csv)')):
-    if path:  # Before anything is read or written.
-      output_files.check_output_file(
-          path, flag,
-          inputs=[('--input_path', input_path),
-                  ('--segment_label_ids', segment_label_ids),
-                  ('--vocabulary', vocabulary)],
-          models=[('--saved_model', saved_model),
-                  ('--checkpoint_path', checkpoint_path)],
-          own=is_own_output, overwrite=overwrite)
-  if output_probabilities:
-    stored_predictions.check_output(
-        output_probabilities, '--output_probabilities',
-        inputs=[('--input_path', input_path),
-                ('--segment_label_ids', segment_label_ids),
-                ('--vocabulary', vocabulary)],
-        models=[('--saved_model', saved_model),
-                ('--checkpoint_path', checkpoint_path)])
+  _check_outputs(output_file, input_path, saved_model, checkpoint_path,
+                 segment_label_ids, vocabulary, output_probabilities,
+                 overwrite)
   if segment_top_classes is not None and (not segment_labels or
                                           segment_top_classes <= 0):
     raise ValueError(f'--segment_top_classes={segment_top_classes}: expected '
@@ -607,42 +590,105 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
                      '--segment_labels.')
   check_params(params, model_path)
   data = _data_config(params, input_path, batch_size)
-  names = None
-  if vocabulary:
-    if segment_labels:
+  if segment_labels:
+    if vocabulary:
       raise ValueError('--vocabulary names the classes of video-level '
                        'predictions; with --segment_labels the output lists '
                        'segments per class id.')
-    names = class_names.load_vocabulary(vocabulary, data.num_classes)
-  class_ids = None
-  if segment_labels:
     class_ids = (segment_eval.read_class_ids(segment_label_ids,
                                              data.num_classes)
                  if segment_label_ids else list(range(data.num_classes)))
-  predictor = (_saved_model_predictor(saved_model) if saved_model else
-               _checkpoint_predictor(params, checkpoint_path))
+    write = _segment_writer(output_file, input_path, data, class_ids,
+                            segment_max_per_class, segment_top_classes,
+                            segment_short_last)
+  else:
+    class_ids = range(data.num_classes)
+    names = (class_names.load_vocabulary(vocabulary, data.num_classes)
+             if vocabulary else None)
+    write = _video_writer(output_file, top_k, names)
+  predictor = _predictor(params, saved_model, checkpoint_path)
   dataset = dataloader.build_dataset(
       data, every_segment=segment_labels,
       short_last_segment=segment_short_last)
   batches = predict_batches(dataset, predictor)
+  level = 'segment' if segment_labels else 'video'
+  if output_probabilities:
+    count = stored_predictions.write(
+        output_probabilities, batches, write, level=level,
+        num_classes=data.num_classes, class_ids=class_ids,
+        segment_size=data.segment_size if segment_labels else None,
+        shard_rows=probabilities_shard_rows,
+        source={'model': model_path, 'input_path': input_path})
+    logging.info('Stored the scores of %d %ss in %s', count, level,
+                 output_probabilities)
+  else:
+    count = write(batches)
+  logging.info('Wrote %d %ss to %s', count, level, output_file)
+  return count
 
-  def write_outputs(batches):
-    if not segment_labels and names is None:
-      return output_files.write_atomically(
-          output_file,
-          lambda out: write_video_predictions(batches, out, top_k))
-    if not segment_labels:  # Each whole; a failed read replaces neither.
-      named_file = named_predictions_path(output_file)
-      count = output_files.write_atomically(
-          named_file, lambda named_out: output_files.write_atomically(
-              output_file, lambda out: write_video_predictions(
-                  batches, out, top_k, names, named_out)))
-      logging.info('Wrote the predictions with class names to %s',
-                   named_file)
-      return count
-    ranking = SegmentRanking(class_ids, segment_max_per_class,
-                             data.segment_size,
-                             top_classes=segment_top_classes)
+
+def _check_outputs(output_file: str, input_path: str,
+                   saved_model: Optional[str], checkpoint_path: Optional[str],
+                   segment_label_ids: Optional[str], vocabulary: Optional[str],
+                   output_probabilities: Optional[str],
+                   overwrite: bool) -> None:
+  """Refuses `run`'s outputs before anything is read or written."""
+  inputs = [('--input_path', input_path),
+            ('--segment_label_ids', segment_label_ids),
+            ('--vocabulary', vocabulary)]
+  models = [('--saved_model', saved_model),
+            ('--checkpoint_path', checkpoint_path)]
+  for path, flag in ((output_file, '--output_file'),
+                     (named_predictions_path(output_file) if vocabulary
+                      else None, '--output_file (its _names.csv)')):
+    if path:
+      output_files.check_output_file(path, flag, inputs=inputs, models=models,
+                                     own=is_own_output, overwrite=overwrite)
+  if output_probabilities:
+    stored_predictions.check_output(output_probabilities,
+                                    '--output_probabilities', inputs=inputs,
+                                    models=models)
+
+
+def _predictor(params: config_definitions.ExperimentConfig,
+               saved_model: Optional[str],
+               checkpoint_path: Optional[str]) -> Predictor:
+  return (_saved_model_predictor(saved_model) if saved_model else
+          _checkpoint_predictor(params, checkpoint_path))
+
+
+def _video_writer(output_file: str, top_k: int,
+                  names: Optional[Sequence[str]]
+                  ) -> Callable[[Iterable[Dict[str, np.ndarray]]], int]:
+  """Writes the submission CSV (and, with `names`, the named CSV) whole."""
+  if names is None:
+    return lambda batches: output_files.write_atomically(
+        output_file, lambda out: write_video_predictions(batches, out, top_k))
+
+  def write(batches):
+    named_file = named_predictions_path(output_file)
+    # Each whole; a failed read replaces neither.
+    count = output_files.write_atomically(
+        named_file, lambda named_out: output_files.write_atomically(
+            output_file, lambda out: write_video_predictions(
+                batches, out, top_k, names, named_out)))
+    logging.info('Wrote the predictions with class names to %s', named_file)
+    return count
+  return write
+
+
+def _segment_writer(output_file: str, input_path: str, data,
+                    class_ids: Sequence[int], max_per_class: int,
+                    top_classes: Optional[int], short_last: bool
+                    ) -> Callable[[Iterable[Dict[str, np.ndarray]]], int]:
+  """Ranks the segments of the batches per class and writes the CSV whole.
+
+  Raises:
+    ValueError: no segment to score.
+  """
+  def write(batches):
+    ranking = SegmentRanking(class_ids, max_per_class, data.segment_size,
+                             top_classes=top_classes)
     for batch in batches:
       ranking.add(batch['video_ids'], batch['segment_start_times'],
                   batch['probabilities'])
@@ -650,31 +696,14 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
     if not count:
       raise ValueError(
           f'--input_path={input_path!r}: no segment to score (no video has '
-          f'{"a" if segment_short_last else "a full"} segment of '
+          f'{"a" if short_last else "a full"} segment of '
           f'{data.segment_size} frames, task.validation_data.segment_size); '
           f'{output_file} not written.')
     output_files.write_atomically(output_file, ranking.write)
     logging.info('Ranked %d segments for %d classes (at most %d each).',
-                 count, len(class_ids), segment_max_per_class)
+                 count, len(class_ids), max_per_class)
     return count
-
-  if output_probabilities:
-    count = stored_predictions.write(
-        output_probabilities, batches, write_outputs,
-        level='segment' if segment_labels else 'video',
-        num_classes=data.num_classes,
-        class_ids=class_ids if segment_labels else range(data.num_classes),
-        segment_size=data.segment_size if segment_labels else None,
-        shard_rows=probabilities_shard_rows,
-        source={'model': model_path, 'input_path': input_path})
-    logging.info('Stored the scores of %d %s in %s', count,
-                 'segments' if segment_labels else 'videos',
-                 output_probabilities)
-  else:
-    count = write_outputs(batches)
-  logging.info('Wrote %d %s to %s', count,
-               'segments' if segment_labels else 'videos', output_file)
-  return count
+  return write
 
 
 def timeline_batches(batches: Iterable[Dict[str, np.ndarray]]
@@ -771,8 +800,7 @@ def run_timeline(params: config_definitions.ExperimentConfig, input_path: str,
                      "records (task.validation_data.record_type='video').")
   names = (class_names.load_vocabulary(vocabulary, data.num_classes)
            if vocabulary else None)
-  predictor = (_saved_model_predictor(saved_model) if saved_model else
-               _checkpoint_predictor(params, checkpoint_path))
+  predictor = _predictor(params, saved_model, checkpoint_path)
   dataset = dataloader.build_dataset(data, windows=(window, stride))
   results = list(timeline_batches(predict_batches(dataset, predictor)))
   if not results:
