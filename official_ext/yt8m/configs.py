@@ -33,28 +33,19 @@ class DataConfig(cfg.DataConfig):
   """Input pipeline of YouTube-8M records (docs/yt8m.md#data).
 
   Attributes:
-    name: dataset name, informational.
-    split: 'train' or 'valid', informational.
     record_type: 'frame' (`tf.SequenceExample`s) or 'video' (`tf.Example`s
       of mean features; needs the 'identity' backbone).
     feature_names: features read, in the order they are concatenated.
-    feature_sizes: width of each feature (per frame or per video).
     feature_dtypes: stored dtype of each feature, 'uint8' or 'float32'.
     feature_from_bytes: whether each feature is stored as a bytes string.
-    label_field: context feature holding the video-level label ids.
     max_frames: frames kept per video (longer cut, shorter zero-padded).
     num_sample_frames: frames sampled per video; None: no sampling.
     sample_random_frames: sample random frames (else a random window).
-    input_per_feature_l2_norm: L2-normalize each feature block per frame.
     segment_labels: one example per rated segment, with `label_weights`.
-    segment_size: frames per segment.
-    num_classes: classes; a label id >= num_classes is an error.
-    include_video_id: also return `video_ids`.
     num_examples: examples, to size evaluation; -1: unknown.
     skip_bad_records: skip and count damaged records (else an error).
     reverse_whitening_feature: '' or the feature whose PCA whitening is
-      undone (the NeXtVLAD authors: 'rgb').
-    pca_eigenvalues_path: .npy PCA eigenvalues for that feature.
+      undone, with the .npy eigenvalues of `pca_eigenvalues_path`.
   """
   name: Optional[str] = 'yt8m'
   split: Optional[str] = 'train'
@@ -95,15 +86,12 @@ class DbofModel(hyperparams.Config):
 
   Attributes:
     cluster_size: width of the per-frame cluster layer (0 skips it).
-    hidden_size: width of the video-level hidden layer.
     add_batch_norm: batch norm on input, cluster and hidden layers (else
       biases).
-    pooling_method: one of `POOLING_METHODS`; 'none' runs the head per frame
-      and averages the frames' probabilities.
-    use_context_gate_cluster_layer: context gating after the cluster layer.
-    context_gate_cluster_bottleneck_size: that gate's bottleneck (0: none).
-    input_bn_affine: learn scale and offset in the input batch norm (Model
-      Garden's parametrization).
+    pooling_method: one of `POOLING_METHODS`; 'none' runs the head per frame.
+    context_gate_cluster_bottleneck_size: the cluster gate's bottleneck (0:
+      none).
+    input_bn_affine: learn scale and offset in the input batch norm.
   """
   cluster_size: int = 3000
   hidden_size: int = 2000
@@ -126,16 +114,14 @@ class IdentityBackbone(hyperparams.Config):
 
 @dataclasses.dataclass
 class NextVladModel(hyperparams.Config):
-  """NeXtVLAD backbone (`modeling/nextvlad.py`); defaults: the authors'.
+  """NeXtVLAD backbone; the defaults are the authors'.
 
   Attributes:
     feature_sizes: width of each stream; must equal the data's.
     cluster_sizes: K of each stream's module.
     groups: G of each stream's module.
     expansion: λ, width multiplier of each module's first layer.
-    hidden_size: width of the hidden layer (the head's input).
     gating_reduction: r of the SE context gating.
-    dropout_rate: dropout on the concatenated VLAD vectors in training.
     regularize_backbone: apply `losses.l2_weight_decay` to the backbone too.
   """
   feature_sizes: Tuple[int, ...] = (1024, 128)
@@ -172,9 +158,7 @@ class LearnablePoolingModel(hyperparams.Config):
   Attributes:
     feature_sizes: width of each stream; must equal the data's.
     cluster_sizes: K of each stream's module.
-    hidden_size: width of the hidden layer (the head's input).
     hidden_relu: batch norm and relu6 on the hidden layer (else a bias).
-    context_gating: context gating after the hidden layer.
     regularize_backbone: apply `losses.l2_weight_decay` to the backbone too.
   """
   feature_sizes: Tuple[int, ...] = (1024, 128)
@@ -187,14 +171,12 @@ class LearnablePoolingModel(hyperparams.Config):
 
 @dataclasses.dataclass
 class MixNextVladModel(hyperparams.Config):
-  """The mixture of NeXtVLADs with online distillation; needs the logistic
-  head. Defaults: the authors' final submission.
+  """The mixture of NeXtVLADs with online distillation (the logistic head);
+  the defaults are the authors'. Other fields: `NextVladModel`'s.
 
   Attributes:
-    num_branches: NeXtVLAD branches of the mixture.
     distillation_weight: λ of the distillation term; 0: none.
     distillation_temperature: T of its softmaxes (> 0).
-    Other fields: as `NextVladModel`'s, for every branch.
   """
   num_branches: int = 3
   feature_sizes: Tuple[int, ...] = (1024, 128)
@@ -239,10 +221,7 @@ class MoeModel(hyperparams.Config):
 
   Attributes:
     num_mixtures: experts per class (plus a dummy expert predicting 0).
-    use_input_context_gate: context gate on the head's input.
-    use_output_context_gate: context gate on the output probabilities.
-    vocab_as_last_dim: lay activations out as [batch, mixtures, classes];
-      same math.
+    vocab_as_last_dim: lay activations out as [batch, mixtures, classes].
   """
   num_mixtures: int = 5
   use_input_context_gate: bool = False
@@ -252,11 +231,8 @@ class MoeModel(hyperparams.Config):
 
 @dataclasses.dataclass
 class LogisticModel(hyperparams.Config):
-  """Logistic head: one dense layer + sigmoid.
-
-  Attributes:
-    return_logits: also return 'logits'.
-    kernel_initializer: a tf_keras initializer name for the kernel.
+  """Logistic head: one dense layer + sigmoid; `kernel_initializer` is a
+  tf_keras initializer name.
   """
   return_logits: bool = False
   kernel_initializer: str = 'glorot_uniform'
@@ -284,8 +260,6 @@ class Losses(hyperparams.Config):
 
   Attributes:
     name: only 'binary_crossentropy'.
-    from_logits: the model outputs logits rather than probabilities.
-    label_smoothing: label smoothing of the binary cross-entropy.
     l2_weight_decay: L2 weight decay on the kernels (added to the loss).
     class_reduction: 'mean' or 'sum' of each example's per-class losses.
   """
@@ -298,12 +272,8 @@ class Losses(hyperparams.Config):
 
 @dataclasses.dataclass
 class AveragePrecisionConfig(hyperparams.Config):
-  """AP metrics: GAP/mAP over each video's top_k predictions.
-
-  Attributes:
-    top_k: predictions of each video pooled into GAP / mAP.
-    top_n: also report `map_at_{n}` and `gap_at_{n}`; None or 0: off.
-    return_per_class_ap: write every class's AP to TensorBoard.
+  """AP metrics: GAP/mAP over each video's `top_k` predictions; `top_n` adds
+  AP@n (None or 0: off).
   """
   top_k: int = 20
   top_n: Optional[int] = None
@@ -329,17 +299,9 @@ class Evaluation(hyperparams.Config):
 @dataclasses.dataclass
 class DemoDataConfig(hyperparams.Config):
   """Generated data in the real record format, used when `enabled` and a
-  split's `input_path` is empty.
-
-  Attributes:
-    enabled: generate data when `input_path` is empty.
-    cache_dir: where shards are kept; '': $OFFICIAL_EXT_CACHE or
-      ~/.cache/official_ext.
-    seed: random seed of the generator.
-    num_train_videos: videos in the train split.
-    num_validation_videos: videos in the validation split.
-    num_shards: files per split.
-    segment_fraction: share of videos with segment-level labels.
+  split's `input_path` is empty; cached under `cache_dir` ('':
+  $OFFICIAL_EXT_CACHE or ~/.cache/official_ext). `segment_fraction`: the
+  share of videos with segment ratings.
   """
   enabled: bool = False
   cache_dir: str = ''
@@ -355,11 +317,10 @@ class YT8MTask(cfg.TaskConfig):
   """The YouTube-8M task.
 
   Attributes:
-    init_checkpoint_modules: what `init_checkpoint` restores, strictly:
-      'all' or 'backbone'.
+    init_checkpoint_modules: what `init_checkpoint` restores: 'all' or
+      'backbone'.
     gradient_clip_norm: clip gradients by this global norm (<= 0: off).
     gradient_clip_per_variable: clip each variable's gradient on its own.
-    demo_data: generated data used when an `input_path` is empty.
     jit_compile: XLA-compile each training step's forward and backward pass
       (not with synchronized batch norm).
   """

@@ -228,11 +228,7 @@ def run(fit_on: Sequence[str], output_file: str,
     predictions: stored sets to combine, in the same model order (default:
       `fit_on`).
     weights: weights instead of a fit (>= 0, not all 0; normalised).
-    top_k: pairs a video (video level).
-    segment_ratings: segment-rated records of the `fit_on` sets.
-    segment_max_per_class: segments a class in the submission.
-    segment_top_classes: the starter's rule (`predict.SegmentRanking`).
-    segment_map_top_k: K of the mAP@K the segment weights maximise.
+    The other arguments are the flags of the same names.
 
   Returns:
     `weights`, `level`, `rows` written; with a fit also `score`,

@@ -414,22 +414,13 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
 
   Args:
     params: the experiment config; `task.validation_data` gives the input.
-    input_path: TFRecord file pattern.
-    output_file: the CSV to write.
     saved_model: a SavedModel of `export_saved_model`, or
     checkpoint_path: a training checkpoint (exactly one of the two).
-    top_k: pairs per video (video level).
     segment_labels: segment level instead of video level.
-    segment_max_per_class: segments written per class.
-    batch_size: inference batch size (videos, or segments).
-    segment_label_ids: file of the class ids to rank (segment level).
-    segment_short_last: also score each video's last, short segment.
-    vocabulary: vocabulary.csv: also writes the named predictions (video
-      level).
+    vocabulary: vocabulary.csv: also the named predictions (video level).
     segment_top_classes: a segment enters only its best N classes' lists.
     output_probabilities: also store the scores there (`stored_predictions`).
-    probabilities_shard_rows: rows a shard of `output_probabilities`.
-    overwrite: replace an existing output file that predict did not write.
+    The other arguments are the flags of the same names.
 
   Returns:
     Videos or segments scored.

@@ -1,7 +1,4 @@
-"""The YouTube-8M video classification model: a frame-level backbone (DBoF,
-NeXtVLAD, the starter's frame average or LSTM, WILLOW's learnable pooling)
-+ a head, the mixture of NeXtVLAD models with their classifiers, or (video
-level) the head alone on the video's features."""
+"""The YouTube-8M video classification model: a registered backbone + head."""
 from typing import Any, Dict, Mapping, Optional, Union
 
 import tensorflow as tf, tf_keras
@@ -30,30 +27,12 @@ def _as_config(model_config: ModelConfig) -> configs.VideoClassificationModel:
 class VideoClassificationModel(tf_keras.Model):
   """Frame features -> video-level class probabilities.
 
-  Call: `model(inputs, num_frames=None, training=None)` with
-    inputs: float32 [batch, frames, features] dequantized frame features;
-    num_frames: int [batch] valid frames per video (None: all valid).
-  Returns {'predictions': float32 [batch, num_classes] probabilities}
-  (the logistic head with `return_logits` adds 'logits').
-
-  With pooling 'none' the hidden layer and head run on every frame and
-  'predictions' is the mean of the per-frame probabilities over the valid
-  frames ('frame_predictions' [batch, frames, num_classes] is returned too).
-
-  With the 'identity' backbone (video-level records) the head reads
-  `inputs` float32 [batch, features] (L2-normalized if the backbone's
-  `l2_normalize`), `num_frames` is ignored,
-  and there is no `backbone` (None): the starter code's video-level models
-  (logistic, MoE).
-
-  With the 'mix_nextvlad' backbone (`mix_nextvlad`) the head is one
-  logistic classifier per branch, 'predictions' the mixture's and 'logits'
-  its logits; in training the outputs add 'branch_predictions' float32
-  [batch, branches, num_classes] and 'distillation_loss' (a scalar,
-  `mix_nextvlad.distillation_loss`), which the task adds to the loss.
-
-  Variables are named `backbone/...` and `head/...` (checkpoint items
-  `backbone` and `head`; `head` only with the 'identity' backbone).
+  `model(inputs [batch, frames, F], num_frames [batch] or None, training)`
+  -> {'predictions': float32 [batch, C]}; a backbone keeping the frames adds
+  'frame_predictions' (the head per frame, averaged over the valid frames),
+  the mixture 'logits' and in training 'branch_predictions' and
+  'distillation_loss'. Video level ('identity'): inputs [batch, F], no
+  backbone. Variables and checkpoint items: `backbone/`, `head/`.
   """
 
   def __init__(self,
@@ -67,9 +46,9 @@ class VideoClassificationModel(tf_keras.Model):
     Args:
       model_config: `configs.VideoClassificationModel` or its dict.
       num_classes: number of classes.
-      input_feature_size: per-frame feature width (1152 = rgb + audio).
-      l2_weight_decay: L2 weight decay of the dense kernels (added to
-        `model.losses` as decay / 2 * sum(w^2), i.e. tf.nn.l2_loss scaled).
+      input_feature_size: per-frame feature width.
+      l2_weight_decay: L2 decay of the dense kernels, added to `model.losses`
+        as decay / 2 * sum(w^2).
       **kwargs: tf_keras.Model arguments.
     """
     super().__init__(**kwargs)

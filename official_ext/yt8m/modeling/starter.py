@@ -1,15 +1,5 @@
-"""The YouTube-8M starter code's frame-level backbones: frame average, LSTM.
-
-github.com/google/youtube-8m, `frame_level_models.py`: `FrameLevelLogisticModel`
-(the mean of the valid frames into a logistic classifier) and `LstmModel` (a
-stack of LSTMs whose last layer's final output feeds the video-level
-classifier, MoE by default). Re-implemented in tf_keras, not copied. As the
-starter's train.py does for every model, each frame is L2-normalized first.
-
-Padded frames (past `num_frames`) are replaced by zeros by selection
-(`tf.where`) and left out: of the mean by the mask, of the LSTM by its mask
-(the state stops at the last valid frame, as `tf.nn.dynamic_rnn` with
-`sequence_length` does), so whatever they hold changes nothing.
+"""The YouTube-8M starter code's frame-level backbones: frame average and
+LSTM (docs/yt8m.md#model-zoo).
 """
 from typing import Any, Mapping, Optional, Tuple
 
