@@ -1,46 +1,7 @@
-"""Input pipeline of YouTube-8M frame-level and video-level records.
+"""Input pipeline of YouTube-8M frame- and video-level records.
 
-Frame-level record format (the public YouTube-8M frame-level TFRecords,
-`DataConfig.record_type='frame'`), a `tf.train.SequenceExample`:
-
-* context `id` (bytes): the video id.
-* context `labels` (int64 list; `DataConfig.label_field`): video-level class
-  ids.
-* sequence feature lists `rgb` and `audio` (`DataConfig.feature_names`): one
-  bytes string per frame holding `feature_sizes[i]` quantized uint8 values
-  (1024 for rgb, 128 for audio), or, with `feature_from_bytes` False, one
-  float/int64 list per frame.
-* segment-level data only: context `segment_labels` (int64 list),
-  `segment_start_times` (int64 list, frame index of the rated segment's first
-  frame) and `segment_scores` (float list, 1.0 positive / 0.0 negative), one
-  entry per (segment, class) rating.
-
-Video-level record format (`record_type='video'`; the public video-level
-TFRecords, `VideoLevelDecoder`), a `tf.train.Example`: `id` (bytes), `labels`
-(int64 list) and one float list per feature (`mean_rgb` 1024 and
-`mean_audio` 128 floats, the mean of the video's dequantized frames). Each
-video is one example [sum(feature_sizes)]; nothing is sampled or padded.
-
-Pipeline (`build_dataset`), on `official_ext.core.input.tfrecord_input` (file
-matching, sharding, bad records, evaluation padding, Model Garden's
-InputReader):
-
-    files --(per-file reader: (file name, record) pairs, corruption check)-->
-    [train: shuffle] --Decoder.decode (VideoLevelDecoder)--> raw tensors
-    [train with sampling: + per-example seed from Dataset.random(seed)]
-    --Parser.parse_fn--> example dicts [segment mode: unbatch] --> batch.
-
-Bad input (`official_ext.core.input.bad_records`, the catalogue is in
-docs/bad_input.md): a truncated or corrupted TFRecord file is detected by comparing
-the bytes of its readable records with its size, and fails with an error
-naming the file and the byte offset where its readable records end; a record
-that does not parse, a frame of the wrong width or dtype, a NaN in a float32
-feature (quantized uint8 features cannot be NaN) or a label id outside
-[0, num_classes) fails with an error naming the file, the video and the
-feature. With `skip_bad_records=True` the damaged records of a file (reading
-goes on past them), or the one invalid record, is skipped, logged and counted
-in a `BadRecordLog` (`bad_records.bad_record_log()`, or the task's); every
-other record is read.
+The record formats, the pipeline and the examples: docs/yt8m.md#data; bad
+input: docs/bad_input.md.
 """
 import io
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -84,18 +45,7 @@ SEGMENT_LEVEL = 'segment_level'
 def dequantize(x: tf.Tensor,
                max_quantized_value: float = MAX_QUANTIZED_VALUE,
                min_quantized_value: float = MIN_QUANTIZED_VALUE) -> tf.Tensor:
-  """Maps quantized features back to floats.
-
-  Args:
-    x: quantized features, any shape, uint8 (or any real dtype holding values
-      in [0, 255]).
-    max_quantized_value: value represented by 255 (minus half a step).
-    min_quantized_value: value represented by 0 (minus half a step).
-
-  Returns:
-    float32 tensor of `x`'s shape: `x * range / 255 + range / 512 + min`,
-    with `range = max - min` (0 -> -2 + 4/512, 255 -> 2 + 4/512 by default).
-  """
+  """Quantized features -> float32 x * range / 255 + range / 512 + min."""
   quantized_range = max_quantized_value - min_quantized_value
   scale = quantized_range / 255.0
   bias = quantized_range / 512.0 + min_quantized_value
@@ -108,17 +58,13 @@ REVERSE_WHITENING_EPSILON = 1e-4
 
 def reverse_whitening_scale(params: configs.DataConfig
                             ) -> Optional[Tuple[int, np.ndarray]]:
-  """(feature index, float32 [width] scale) of `reverse_whitening_feature`.
-
-  The scale is sqrt(e) + 1e-4 with e the first `width` PCA eigenvalues of
-  `pca_eigenvalues_path` (see `configs.DataConfig`). None when
-  `reverse_whitening_feature` is ''.
+  """(feature index, float32 [width] sqrt(e) + 1e-4) of the feature whose
+  whitening is undone, or None.
 
   Raises:
-    ValueError: naming the key and value at fault: the feature is not in
-      `feature_names`, the path is empty, missing or not a .npy array, or
-      the eigenvalues are fewer than the feature's width, not a vector
-      ([n] or [n, 1]), negative or not finite.
+    ValueError: naming the key at fault: an unknown feature; an empty,
+      missing or non-.npy path; eigenvalues too few, not a vector, negative
+      or not finite.
   """
   feature = params.reverse_whitening_feature
   if not feature:
@@ -162,9 +108,7 @@ def reverse_whitening_scale(params: configs.DataConfig
       np.float32)
 
 
-# ---------------------------------------------------------------------------
 # Validation helpers.
-# ---------------------------------------------------------------------------
 
 
 def _check_params(params: configs.DataConfig) -> None:
@@ -227,25 +171,17 @@ def _check_video_level_params(params: configs.DataConfig) -> None:
                      "'frame') for segment labels.")
 
 
-# ---------------------------------------------------------------------------
 # Decoder.
-# ---------------------------------------------------------------------------
 
 
 class Decoder:
-  """Decodes one serialized SequenceExample into raw tensors.
+  """Decodes one serialized frame-level `tf.SequenceExample` into raw tensors.
 
-  Checks, with errors naming the file, video, feature and sizes at fault:
-  every frame of every feature has `feature_sizes[i]` values, all features
-  have the same number of frames, the segment fields have equal lengths,
-  integer-list uint8 features hold values in [0, 255], and float32 features
-  are finite. A record that is not a SequenceExample, or a feature stored
-  with another dtype, fails in TensorFlow's parser, whose error names the
-  file (`example_name`) and the feature.
+  Frame widths, frame counts, segment lists, uint8 ranges and float
+  finiteness are checked, errors naming the file, video and feature.
   """
 
   def __init__(self, params: configs.DataConfig):
-    """Args: params: the split's `DataConfig`."""
     _check_params(params)
     if params.record_type != 'frame':
       raise ValueError(f'Decoder reads frame-level records; '
@@ -279,22 +215,12 @@ class Decoder:
   def decode(self,
              serialized: tf.Tensor,
              source: Optional[tf.Tensor] = None) -> Dict[str, Any]:
-    """Parses one record.
-
-    Args:
-      serialized: string scalar, a serialized `tf.train.SequenceExample`.
-      source: optional string scalar naming where the record comes from (its
-        file); used in error messages and returned as `source`.
+    """Parses one record; `source` (its file) names it in errors.
 
     Returns:
-      A dict:
-        `video_id`: string scalar (context `id`, '' if absent).
-        `labels`: int64 [num_labels], the context `label_field` ids as stored.
-        `features`: {feature name: [num_frames, feature_size]} in the stored
-          dtype (uint8 or float32), not dequantized.
-        `source`: string scalar (`source`, or '<unknown file>').
-        segment mode only: `segment_labels` int64 [R], `segment_start_times`
-          int64 [R], `segment_scores` float32 [R], one entry per rating.
+      {`video_id`, `labels` int64 [L], `features` {name: [T, size] stored
+      dtype}, `source`} and in segment mode `segment_labels`,
+      `segment_start_times`, `segment_scores` [R].
     """
     if source is None:
       source = tf.constant('<unknown file>')
@@ -342,8 +268,7 @@ class Decoder:
 
   def _check_frame_counts(self, features: Dict[str, tf.Tensor],
                           where: Callable[[], tuple]) -> List[tf.Tensor]:
-    """Checks that every feature of `features` ({name: [T_name, size]}) has
-    as many frames as the first of `feature_names`."""
+    """Checks that every feature has as many frames as the first."""
     first = self._names[0]
     num_frames = {name: tf.shape(values)[0]
                   for name, values in features.items()}
@@ -362,19 +287,11 @@ class Decoder:
 class VideoLevelDecoder:
   """Decodes one serialized video-level `tf.Example` into raw tensors.
 
-  Record format (the public YouTube-8M video-level TFRecords): `id` (bytes),
-  `labels` (int64 list; `DataConfig.label_field`) and one float list of
-  `feature_sizes[i]` values per feature (`mean_rgb` 1024, `mean_audio` 128).
-  Checks, with errors naming the file, video and feature: every feature has
-  `feature_sizes[i]` values (a missing one has 0: e.g. a frame-level
-  SequenceExample read as video level) and they are finite. A record that
-  is not a `tf.Example`, or a feature stored with another dtype, fails in
-  TensorFlow's parser, whose error names the file (`example_names`) and the
-  feature.
+  Feature widths and finiteness are checked, errors naming the file, video
+  and feature.
   """
 
   def __init__(self, params: configs.DataConfig):
-    """Args: params: the split's `DataConfig`, `record_type` 'video'."""
     _check_params(params)
     if params.record_type != 'video':
       raise ValueError(f'VideoLevelDecoder: DataConfig.record_type is '
@@ -392,17 +309,8 @@ class VideoLevelDecoder:
   def decode(self,
              serialized: tf.Tensor,
              source: Optional[tf.Tensor] = None) -> Dict[str, Any]:
-    """Parses one record.
-
-    Args:
-      serialized: string scalar, a serialized `tf.train.Example`.
-      source: optional string scalar naming where the record comes from (its
-        file); used in error messages and returned as `source`.
-
-    Returns:
-      A dict: `video_id` string scalar ('' if absent), `labels` int64
-      [num_labels] as stored, `features` {feature name: float32
-      [feature_size]}, `source` string scalar.
+    """Parses one record: {`video_id`, `labels`, `features` {name: float32
+    [size]}, `source`}.
     """
     if source is None:
       source = tf.constant('<unknown file>')
@@ -454,17 +362,8 @@ def make_decoder(params: configs.DataConfig
 def _frames_from_bytes(raw: tf.Tensor, name: str, size: int,
                        dtype: tf.DType, where: Callable[[], tuple]
                        ) -> Tuple[tf.Tensor, List[tf.Tensor]]:
-  """A feature stored as one bytes string per frame -> its frames.
-
-  Args:
-    raw: string [T], one string of `size` values of `dtype` per frame.
-    name, size, dtype: the feature (DataConfig.feature_names / sizes /
-      dtypes).
-    where: () -> message parts naming the video and file.
-
-  Returns:
-    ([T, size] `dtype` frames, [the check that every frame has size *
-    dtype.size bytes]); the frames depend on the check.
+  """A feature stored as one bytes string per frame -> ([T, size] frames,
+  [the check that every frame has size * dtype.size bytes]).
   """
   expected = size * dtype.size
   lengths = tf.strings.length(raw)  # Bytes.
@@ -485,17 +384,8 @@ def _frames_from_bytes(raw: tf.Tensor, name: str, size: int,
 def _frames_from_lists(sparse: tf.SparseTensor, name: str, size: int,
                        dtype: tf.DType, where: Callable[[], tuple]
                        ) -> Tuple[tf.Tensor, List[tf.Tensor]]:
-  """A feature stored as one float/int64 list per frame -> its frames.
-
-  Args:
-    sparse: [T, None] float32 or int64 values, one row per frame.
-    name, size, dtype: the feature (DataConfig.feature_names / sizes /
-      dtypes).
-    where: () -> message parts naming the video and file.
-
-  Returns:
-    ([T, size] `dtype` frames (float32 or uint8), the checks: every frame has
-    `size` values; uint8 features: every value is in [0, 255]).
+  """A feature stored as one float/int64 list per frame -> ([T, size] frames,
+  checks of the widths and uint8 ranges).
   """
   ragged = tf.RaggedTensor.from_sparse(sparse)
   lengths = ragged.row_lengths()
@@ -523,9 +413,7 @@ def _frames_from_lists(sparse: tf.SparseTensor, name: str, size: int,
 
 def _check_finite(values: tf.Tensor, name: str,
                   where: Callable[[], tuple]) -> tf.Tensor:
-  """Checks that float32 values of feature `name` are finite: frames
-  [T, size] (the message names the frame), or one video's [size] (video
-  level: the message names the value's index)."""
+  """Checks that float32 values of feature `name` are finite."""
   finite = tf.math.is_finite(values)
   flat_bad = tf.logical_not(tf.reshape(finite, [-1]))
 
@@ -548,9 +436,7 @@ def _check_finite(values: tf.Tensor, name: str,
 def _segment_ratings(context: Dict[str, tf.SparseTensor],
                      where: Callable[[], tuple]
                      ) -> Tuple[Dict[str, tf.Tensor], tf.Tensor]:
-  """The segment ratings of a parsed context, and the check that its three
-  lists (labels int64, start times int64, scores float32, [R] each) have one
-  entry per rating."""
+  """The segment ratings of a parsed context, and the check of their lengths."""
   seg_labels = context[SEGMENT_LABELS].values
   seg_starts = context[SEGMENT_START_TIMES].values
   seg_scores = context[SEGMENT_SCORES].values
@@ -569,16 +455,13 @@ def _segment_ratings(context: Dict[str, tf.SparseTensor],
           SEGMENT_SCORES: seg_scores}, check
 
 
-# ---------------------------------------------------------------------------
 # Parser.
-# ---------------------------------------------------------------------------
 
 
 class Parser:
-  """Turns decoded tensors into model inputs (see `parse_fn`)."""
+  """Turns decoded tensors into model inputs (docs/yt8m.md#data)."""
 
   def __init__(self, params: configs.DataConfig):
-    """Args: params: the split's `DataConfig`."""
     _check_params(params)
     self._params = params
     self._names = tuple(params.feature_names)
@@ -594,46 +477,10 @@ class Parser:
 
   def parse_fn(self, is_training: bool) -> Callable[[Dict[str, Any]],
                                                      Dict[str, tf.Tensor]]:
-    """Returns the function decoded dict -> example dict.
+    """The function decoded dict -> example dict of this split's mode.
 
-    Video level (`segment_labels` False), one example per video:
-      `video_matrix`: float32 [T, sum(feature_sizes)], the features
-        concatenated in `feature_names` order, dequantized when uint8,
-        the `reverse_whitening_feature` scaled back (`_to_float`),
-        L2-normalised per feature block if `input_per_feature_l2_norm`.
-        With `num_sample_frames` S: T = S frames sampled from the first
-        min(frames, max_frames) frames (random sorted frames, or a random
-        window, repeating frames of videos shorter than S); in training a new
-        sample every epoch, in evaluation the same sample every run (seeded
-        by `seed` and the video id). Otherwise: T = max_frames, the first
-        frames, zero-padded.
-      `num_frames`: int32 scalar, S when sampling, else min(frames,
-        max_frames).
-      `labels`: float32 [num_classes] multi-hot.
-      `video_ids`: string scalar, when `include_video_id`.
-
-    Video-level records (`record_type` 'video'), one example per video:
-      `video_matrix`: float32 [sum(feature_sizes)], the features
-        concatenated in `feature_names` order (L2-normalised per feature if
-        `input_per_feature_l2_norm`).
-      `num_frames`: int32 scalar 1 (one aggregated vector).
-      `labels`, `video_ids`: as above.
-
-    Segment level (`segment_labels` True), one example per distinct segment
-    start time (sorted), with a leading dimension R (unbatched later):
-      `video_matrix`: float32 [R, segment_size, F], frames start..start +
-        segment_size of the whole video (not cut at max_frames), zeros past
-        its end.
-      `num_frames`: int32 [R], min(segment_size, frames - start).
-      `labels`: float32 [R, num_classes], the scores of the segment's rated
-        classes, 0 elsewhere.
-      `label_weights`: float32 [R, num_classes], 1 for rated classes.
-      `segment_start_times`: int32 [R].
-      `video_ids`: string [R], when `include_video_id`.
-
-    Args:
-      is_training: training (a new frame sample every epoch, from the
-        per-example seeds of `build_dataset`) or evaluation.
+    In training each example's frame sample comes from its per-example seed
+    (a new sample every epoch); in evaluation from `seed` and the video id.
     """
 
     def parse(decoded: Dict[str, Any]) -> Dict[str, tf.Tensor]:
@@ -652,12 +499,8 @@ class Parser:
             decoded.get(SOURCE, tf.constant('<unknown file>')), "`")
 
   def _to_float(self, frames: Sequence[tf.Tensor]) -> tf.Tensor:
-    """[..., size_i] stored features -> float32 [..., sum(sizes)].
-
-    Dequantized (uint8); the `reverse_whitening_feature`'s block then
-    becomes (x - b) * scale (`reverse_whitening_scale`; b the dequantization
-    bias range / 512 for uint8, 0 for float32); then the optional L2
-    normalization.
+    """[..., size_i] stored features -> float32 [..., sum(sizes)]: dequantized,
+    whitening undone, optionally L2-normalized per feature.
     """
     blocks = []
     for i, (values, dtype) in enumerate(zip(frames, self._dtypes)):
@@ -780,9 +623,7 @@ class Parser:
   def _segment_frames(self, frames: Sequence[tf.Tensor], total: tf.Tensor,
                       starts: tf.Tensor, size: Optional[int] = None
                       ) -> Tuple[tf.Tensor, tf.Tensor]:
-    """float32 [R, size, F] frames from `starts` int32 [R] (zeros past the
-    video's `total` frames) and int32 [R] valid frame counts; `size`
-    defaults to segment_size."""
+    """float32 [R, size, F] frames from `starts` [R], and their valid counts."""
     size = size or self._segment_size
     idx = starts[:, None] + tf.range(size)[None, :]  # [R, size]
     valid = idx < total
@@ -794,21 +635,10 @@ class Parser:
 
   def every_segment_fn(self, short_last_segment: bool = False
                        ) -> Callable[[Dict[str, Any]], Dict[str, tf.Tensor]]:
-    """decoded dict -> every segment of the video, for unrated data.
+    """decoded dict -> every segment of the video, unrated (`predict`).
 
-    Segment-level inference on the 3rd YouTube-8M challenge's test set, whose
-    records carry no segment ratings: segments start at frames 0,
-    segment_size, 2 * segment_size, ... of the whole video (not cut at
-    max_frames). Only full segments by default, so a video shorter than
-    segment_size frames has none; `short_last_segment` also keeps the last,
-    shorter one (its true frame count in `num_frames`). Ratings in the record,
-    if any, are not read.
-
-    Returns:
-      A function decoded dict -> dict with a leading dimension R (unbatched
-      later): `video_matrix` float32 [R, segment_size, F], `num_frames` int32
-      [R], `segment_start_times` int32 [R] and, when `include_video_id`,
-      `video_ids` string [R]. No labels.
+    Segments start every `segment_size` frames of the whole video; only full
+    ones unless `short_last_segment`.
     """
     size = self._segment_size
 
@@ -827,18 +657,8 @@ class Parser:
 
   def every_window_fn(self, window: int, stride: int
                       ) -> Callable[[Dict[str, Any]], Dict[str, tf.Tensor]]:
-    """decoded dict -> every window of the video, for timelines.
-
-    Windows of `window` frames start every `stride` frames of the whole
-    video (not cut at max_frames), by `core.timelines.window_bounds`: the
-    last one cut at the video's end.
-
-    Returns:
-      A function decoded dict -> dict with a leading dimension R (unbatched
-      later): `video_matrix` float32 [R, window, F] (zeros past a window's
-      frames), `num_frames` int32 [R] (the window's frames),
-      `segment_start_times` int32 [R] (its first frame) and, when
-      `include_video_id`, `video_ids` string [R]. No labels.
+    """decoded dict -> every window of `window` frames, every `stride` frames
+    (`core.timelines.window_bounds`), for timelines.
     """
 
     def parse(decoded: Dict[str, Any]) -> Dict[str, tf.Tensor]:
@@ -896,9 +716,7 @@ class Parser:
     return out
 
 
-# ---------------------------------------------------------------------------
 # build_dataset.
-# ---------------------------------------------------------------------------
 
 
 def build_dataset(
@@ -909,42 +727,15 @@ def build_dataset(
     short_last_segment: bool = False,
     windows: Optional[Tuple[int, int]] = None,
 ) -> tf.data.Dataset:
-  """Builds the batched input pipeline of one split.
+  """Builds the batched input pipeline of one split (docs/yt8m.md#data).
 
-  Files, sharding, the bad-record modes and the evaluation padding are
-  `official_ext.core.input.tfrecord_input.build_dataset`'s; this adds the YT8M
-  stages (`_stages`).
-
-  Args:
-    params: the split's DataConfig (`input_path` must be set).
-    input_context: from `tf.distribute`; shards the files (or records) per
-      input pipeline and splits `global_batch_size` per replica.
-    bad_records: where skip mode reports damaged files and skipped records
-      (default `official_ext.core.input.bad_records.bad_record_log()`).
-    every_segment: evaluation only: one example per segment of every video
-      (`Parser.every_segment_fn`; segment-level inference on unrated test
-      records) instead of per video or per rated segment; no `labels`.
-    short_last_segment: with `every_segment`, also the last, shorter segment.
-    windows: (window, stride) frames, evaluation only: one example per
-      window of every video (`Parser.every_window_fn`; timelines), laid out
-      as `every_segment`'s with T = window.
-
-  Returns:
-    A Dataset of dicts, batch dimension first (B = per-replica batch size):
-      `video_matrix` float32 [B, T, sum(feature_sizes)] (T: num_sample_frames
-      when sampling in training, max_frames otherwise, segment_size in segment
-      mode; video-level records: [B, sum(feature_sizes)]), `num_frames` int32
-      [B] (video-level records: 1), `labels` float32 [B, num_classes],
-      segment mode: `label_weights` float32 [B, num_classes] and
-      `segment_start_times` int32 [B]; `video_ids` string [B] when
-      `include_video_id`. Training: shuffled (seeded by `params.seed`) and
-      repeated; evaluation: one pass in file order, every example once (with
-      `drop_remainder`: full batches, the last one padded with copies of an
-      example, and `eval_mask` bool [B], False on the padding).
+  `every_segment` (every segment of every video, unrated; with
+  `short_last_segment` the last, shorter one too) and `windows` ((window,
+  stride) frames) are evaluation-only modes of `predict`.
 
   Raises:
-    ValueError: a config key is inconsistent, or `input_path` matches no file
-      (the message names the pattern).
+    ValueError: an inconsistent config key, or `input_path` matches no
+      file (naming the key).
   """
   _check_params(params)
   for name, value in (('every_segment', every_segment), ('windows', windows)):
@@ -968,25 +759,8 @@ def build_video_and_segment_dataset(
     input_context: Optional[tf.distribute.InputContext] = None,
     bad_records: Optional[bad_records_lib.BadRecordLog] = None,
 ) -> tf.data.Dataset:
-  """Evaluation of both levels: every video, then every rated segment.
-
-  The video-level batches of `params` (`segment_labels` False), followed by
-  the segment-level batches of the same records (`segment_labels` True):
-  two `build_dataset` pipelines over the records (each read once per
-  level; in skip mode a bad record is counted once per level), each padded
-  on its own with `drop_remainder`. Every batch holds one level.
-
-  Args:
-    params: the validation split's DataConfig, `segment_labels` False.
-    input_context: as `build_dataset`'s.
-    bad_records: as `build_dataset`'s.
-
-  Returns:
-    A Dataset of dicts, `build_dataset`'s keys of both levels with the frame
-    axis of `video_matrix` [B, None, F] (max_frames for videos,
-    segment_size for segments), plus `SEGMENT_LEVEL` bool [B]; video rows
-    carry `label_weights` of ones (every class rated, which is what no
-    weights mean), and `segment_start_times` is left out.
+  """The validation split's video-level batches, then its segment-level
+  ones, flagged by `SEGMENT_LEVEL`.
 
   Raises:
     ValueError: `params` is a training split or already segment-level.
@@ -1020,8 +794,7 @@ def _stages(params: configs.DataConfig, every_segment: bool,
             short_last_segment: bool,
             windows: Optional[Tuple[int, int]] = None
             ) -> tfrecord_input.Stages:
-  """YT8M's decoding, parsing and batching for `params` (as read: with the
-  shared file-shuffle seed); the arguments are `build_dataset`'s."""
+  """YT8M's decoding, parsing and batching stages for `build_dataset`."""
   decoder = make_decoder(params)
   parser = Parser(params)
   segment_mode = bool(params.segment_labels) or every_segment or bool(windows)

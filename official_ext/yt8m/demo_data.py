@@ -1,34 +1,7 @@
-"""Generated YouTube-8M-format data, for experiments without a download.
+r"""Generated YouTube-8M-format data, for experiments without a download.
 
-The records are real YouTube-8M frame-level `tf.train.SequenceExample`s (see
-`official_ext.yt8m.dataloader`), with a learnable structure:
-
-* every class has a prototype vector in rgb space and one in audio space;
-* classes have Zipf-like frequencies; each video has 1-5 labels (mostly few);
-* each frame shows one of its video's labels: its features are that label's
-  prototype + a per-video offset + per-frame noise, quantized to uint8 by
-  inverting `dataloader.dequantize` (with clipping to 0..255);
-* video lengths run from 1 frame to 1.5 x max_frames (a few have 1 frame, at
-  least one is longer than max_frames);
-* `segment_fraction` of the videos (among those with >= 5 frames) carry
-  segment ratings: 1-3 segments of 5 frames starting at multiples of 5, each
-  rated positive (score 1.0) for one of the video's labels (the segment's frames
-  then show that label) and usually negative (score 0.0) for one class the
-  video does not have.
-
-With `record_type='video'` the same videos (same seed, same draws) are
-written as video-level `tf.train.Example`s instead: `id`, `labels` and
-`mean_rgb` / `mean_audio`, the mean over all the video's frames of the
-dequantized frame features (what the frame-level record would give with
-`dataloader.dequantize`), as float lists.
-
-The output is a deterministic function of the arguments (same seed, same
-bytes). `ensure_demo_data` caches it per parameter set (`core.input.demo_cache`);
-the CLI writes it, whole or not at all, into a new or empty directory (or,
-with `--overwrite`, over files of the same names):
-
-    python -m official_ext.yt8m.demo_data --output_dir=/tmp/yt8m_demo \
-        [--record_type=video] [--overwrite]
+  python -m official_ext.yt8m.demo_data --output_dir=/tmp/yt8m_demo \
+      [--record_type=video] [--overwrite]
 """
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -78,19 +51,7 @@ def make_sequence_example(
     segment_start_times: Optional[Sequence[int]] = None,
     segment_scores: Optional[Sequence[float]] = None,
 ) -> tf.train.SequenceExample:
-  """Builds one YouTube-8M frame-level record.
-
-  Args:
-    video_id: context `id`.
-    labels: context `labels`, video-level class ids.
-    rgb: uint8 [T, rgb_size] (1024 in YouTube-8M); one bytes string per frame.
-    audio: uint8 [T, audio_size] (128 in YouTube-8M).
-    segment_labels: optional int class ids, one per segment rating.
-    segment_start_times: optional int frame index of each rating's segment.
-    segment_scores: optional float scores (1.0 positive, 0.0 negative).
-
-  Returns:
-    The `tf.train.SequenceExample`.
+  """One YouTube-8M frame-level record (uint8 `rgb`, `audio` [T, size]).
 
   Raises:
     ValueError: naming the argument with a wrong dtype, rank or length.
@@ -130,16 +91,7 @@ def make_sequence_example(
 def make_video_level_example(video_id: str, labels: Sequence[int],
                              mean_rgb: np.ndarray,
                              mean_audio: np.ndarray) -> tf.train.Example:
-  """Builds one YouTube-8M video-level record.
-
-  Args:
-    video_id: feature `id`.
-    labels: feature `labels`, video-level class ids.
-    mean_rgb: float [rgb_size] (1024 in YouTube-8M), feature `mean_rgb`.
-    mean_audio: float [audio_size] (128), feature `mean_audio`.
-
-  Returns:
-    The `tf.train.Example`.
+  """One YouTube-8M video-level record.
 
   Raises:
     ValueError: naming the argument that is not a float vector.
@@ -178,9 +130,7 @@ def _split_examples(rng: np.random.Generator, split: str, num_videos: int,
                     class_log_weights: np.ndarray,
                     prototypes: List[np.ndarray], segment_fraction: float,
                     record_type: str = 'frame'):
-  """Yields the serialized records of one split, in order: frame-level
-  SequenceExamples, or (`record_type` 'video') the same videos' video-level
-  Examples."""
+  """The serialized records of one split, in order."""
   max_length = max(max_frames + 1, int(1.5 * max_frames))
   lengths = rng.integers(2, max_length + 1, num_videos)
   lengths[rng.random(num_videos) < _LENGTH_ONE_FRACTION] = 1
@@ -254,21 +204,7 @@ def write_demo_dataset(output_dir: str,
                        feature_sizes: Sequence[int] = (1024, 128),
                        record_type: str = 'frame'
                       ) -> Dict[str, str]:
-  """Writes train and validation shards of generated data.
-
-  Args:
-    output_dir: directory (created if needed) for `train-0000i-of-0000n` and
-      `validation-...` `.tfrecord` files.
-    num_classes: number of classes (>= 2).
-    max_frames: the pipeline's max_frames; lengths run 1..1.5 x max_frames.
-    num_train_videos: videos in the train split.
-    num_validation_videos: videos in the validation split.
-    num_shards: files per split (videos split contiguously).
-    seed: random seed; the same arguments give the same bytes.
-    segment_fraction: share of videos (in [0, 1]) with segment ratings.
-    feature_sizes: (rgb, audio) widths.
-    record_type: 'frame' (SequenceExamples) or 'video' (the same videos as
-      video-level Examples; segment ratings are drawn but not written).
+  """Writes train and validation shards of generated data (docs/yt8m.md).
 
   Returns:
     {'train': glob pattern, 'validation': glob pattern}.
@@ -319,7 +255,7 @@ def demo_data_params(task_config: configs.YT8MTask) -> Dict[str, object]:
   """Every parameter that determines the generated data (and its cache key).
 
   Raises:
-    ValueError: naming the config key that the generator cannot honour.
+    ValueError: naming the config key the generator cannot honour.
   """
   train, val = task_config.train_data, task_config.validation_data
   record_type = train.record_type
@@ -363,18 +299,7 @@ def demo_data_params(task_config: configs.YT8MTask) -> Dict[str, object]:
 
 
 def ensure_demo_data(task_config: configs.YT8MTask) -> Tuple[str, str]:
-  """Generates the demo data once (cached) and returns its file patterns.
-
-  The data lives in `<cache>/yt8m_demo/<hash of demo_data_params>`, with
-  `<cache>` = `task.demo_data.cache_dir`, else $OFFICIAL_EXT_CACHE, else
-  ~/.cache/official_ext (`core.input.demo_cache`: written whole, every file's size
-  and checksum verified before each use, a damaged cache generated again).
-
-  Args:
-    task_config: the `YT8MTask` config.
-
-  Returns:
-    (train glob pattern, validation glob pattern).
+  """Generates the demo data once (cached); its (train, validation) patterns.
 
   Raises:
     ValueError: `task.demo_data.enabled` is False, or a data config key does
@@ -440,12 +365,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 def main(argv: Sequence[str],
          flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """Writes the demo dataset the parsed `flag_values` describe.
-
-  Whole or not at all (`core.output_files.write_directory`: the shards are
-  written into a staging directory and renamed into place once all are);
-  an `--output_dir` that holds files is refused unless `--overwrite`.
-  """
+  """Writes the demo dataset the flags describe, whole or not at all."""
   del argv
   f = flag_values
   output_files.write_directory(

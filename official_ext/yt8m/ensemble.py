@@ -1,50 +1,7 @@
-r"""Ensembles of stored predictions: fitted weights, one submission.
+r"""Ensembles of stored predictions (docs/yt8m.md#ensembles): fitted weights.
 
-  # Each model's scores, on the validation records and on the test records:
-  python -m official_ext.yt8m.predict --checkpoint_path=/tmp/a \
-      --input_path='/data/validate*.tfrecord' --output_file=/tmp/a_val.csv \
-      --output_probabilities=/tmp/a_val
-  ... (the same for /tmp/a_test, /tmp/b_val, /tmp/b_test)
   python -m official_ext.yt8m.ensemble --fit_on=/tmp/a_val,/tmp/b_val \
       --predictions=/tmp/a_test,/tmp/b_test --output_file=/tmp/submission.csv
-
-Inputs are sets of `official_ext.yt8m.stored_predictions` (`predict
---output_probabilities`), one per model, in the same model order in
-`--fit_on` and `--predictions`. The sets of one flag must hold the same
-level (video or segment), classes, segment size and ids (videos, or
-`<video>:<start>` segments; in any order): anything else is an error naming
-the file. At video level the `--fit_on` sets must hold the records' labels,
-the same ones in every set; at segment level the ratings come from the
-segment-rated records the `--fit_on` sets were predicted from
-(`--segment_ratings`, read by `segment_eval.read_ratings`).
-
-The ensemble's score of a row is the weighted mean of the models' scores,
-weights w >= 0 with sum 1. The weights (`fit_weights`) maximise the fit
-sets' GAP (video level: `metrics.AveragePrecisionAccumulator`, top 20 of
-every video, the challenge's metric) or mAP@K (segment level:
-`segment_eval`, the challenge's metric, of the lists `predict` would write),
-by coordinate search on the simplex: start at the best single model (the
-lower index on a tie); in turn for each model i, move the weights along the
-line to model i's vertex, w' = (1 - t) w + t e_i, by t = +step and -step
-(clipped so that w' stays >= 0), and keep a move that raises the score;
-when no move of a round raises it, halve the step (from 1/2 down to 1/64).
-The fitted score is therefore never below the best single model's on the
-fit sets. `--weights` gives the weights instead.
-
-The submission is written from `--predictions` (default: the `--fit_on`
-sets) by predict's writers, in its formats: video level
-`predict.write_video_predictions` (top `--top_k` pairs), segment level
-`predict.SegmentRanking` (`--segment_max_per_class`, the starter's
-`--segment_top_classes` rule when given), whole or not at all
-(`core.output_files.write_atomically`); an output that is one of the
-inputs, or lies inside one of the sets or a model, is refused before
-anything is read, and so is an existing file the ensemble did not write (it
-begins with neither submission header, `is_own_output`) unless --overwrite.
-
-Memory: the sets of one flag are read whole (float16: 2 bytes a class a
-row and model) and each evaluation of the fit builds the mean in float32,
-8,192 rows at a time (segment level: the rows of all segments and the
-ranking, `predict.SegmentRanking`).
 """
 import dataclasses
 import json
@@ -73,8 +30,7 @@ class AlignedSets:
 
   Attributes:
     sets: the sets, in model order.
-    rows: per set, int [N]: its row of each aligned row (the first set's
-      order).
+    rows: per set, int [N]: its row of each aligned row.
   """
   sets: List[stored_predictions.StoredPredictions]
   rows: List[np.ndarray]
@@ -126,8 +82,7 @@ def align(sets: Sequence[stored_predictions.StoredPredictions],
 
   Raises:
     ValueError: naming the file: another level, classes or segment size; a
-      repeated id; ids that another set lacks or adds (counted, with an
-      example).
+      repeated id; ids that another set lacks or adds.
   """
   sets = list(sets)
   _check_same(sets, flag)
@@ -162,12 +117,7 @@ def align(sets: Sequence[stored_predictions.StoredPredictions],
 
 
 def check_labels(aligned: AlignedSets, flag: str = '--fit_on') -> None:
-  """Video level: every set holds labels, the same for every row.
-
-  Raises:
-    ValueError: naming the file without labels, or the file and video whose
-      labels differ from the first set's.
-  """
+  """ValueError naming the file unless every set holds the same labels."""
   for s in aligned.sets:
     if not s.has_labels:
       raise ValueError(f'{flag}: {s.path} holds no labels (predicted from '
@@ -187,8 +137,7 @@ def check_labels(aligned: AlignedSets, flag: str = '--fit_on') -> None:
 
 def video_gap(aligned: AlignedSets, weights: Sequence[float],
               top_k: int = 20) -> float:
-  """GAP (top_k a video) of the weighted mean against the first set's
-  labels (`metrics.AveragePrecisionAccumulator`)."""
+  """GAP (top_k a video) of the weighted mean against the first set's labels."""
   first = aligned.first
   acc = metrics.AveragePrecisionAccumulator(first.num_classes, top_k)
   n = len(aligned.rows[0])
@@ -230,16 +179,14 @@ def segment_map(aligned: AlignedSets, weights: Sequence[float],
 def fit_weights(score: Callable[[np.ndarray], float], num_models: int,
                 first_step: float = FIRST_STEP, last_step: float = LAST_STEP
                 ) -> Dict[str, object]:
-  """Non-negative weights, sum 1, maximising `score` (module docstring).
+  """Non-negative weights summing to 1 that maximise `score`.
 
-  Args:
-    score: weights float64 [num_models] -> the metric (higher is better).
-    num_models: >= 1.
-    first_step, last_step: the search's first and last step.
+  Coordinate search on the simplex from the best single model, halving the
+  step from `first_step` to `last_step` (docs/yt8m.md#ensembles).
 
   Returns:
-    `weights` (float64 [num_models]), `score`, `single_scores` (each
-    model's alone), `evaluations`.
+    `weights` float64 [num_models], `score`, `single_scores` (each model
+    alone), `evaluations`.
   """
   eye = np.eye(num_models)
   single = [score(eye[i]) for i in range(num_models)]
@@ -281,108 +228,136 @@ def run(fit_on: Sequence[str], output_file: str,
         segment_top_classes: Optional[int] = None,
         segment_map_top_k: int = segment_eval.DEFAULT_TOP_K,
         overwrite: bool = False) -> Dict[str, object]:
-  """Fits the weights on `fit_on` and writes the submission of
-  `predictions` (module docstring).
+  """Fits the weights on `fit_on` and writes the submission of `predictions`.
 
   Args:
     fit_on: stored sets of labelled records, one per model.
     output_file: the submission CSV.
     predictions: stored sets to combine, in the same model order (default:
       `fit_on`).
-    weights: the weights instead of a fit (>= 0, not all 0; normalised to
-      sum 1); then `fit_on` may be empty.
-    top_k: pairs a video (video level).
-    segment_ratings: segment-rated records of the `fit_on` sets (segment
-      level fit).
-    segment_max_per_class: segments a class in the submission.
-    segment_top_classes: the starter's rule (`predict.SegmentRanking`).
-    segment_map_top_k: K of the mAP@K the segment weights maximise.
-    overwrite: replace an existing `output_file` this command did not
-      write (otherwise `output_files.OutputExistsError`).
+    weights: weights instead of a fit (>= 0, not all 0; normalised).
+    The other arguments are the flags of the same names.
 
   Returns:
-    `weights`, `level`, and with a fit `score` (the ensemble's on `fit_on`),
-    `single_scores`, `metric`, `evaluations`; `rows` written.
+    `weights`, `level`, `rows` written; with a fit also `score`,
+    `single_scores`, `metric` and `evaluations`.
   """
   predictions = list(predictions) or list(fit_on)
-  inputs = [('--fit_on', ','.join(fit_on)),
-            ('--predictions', ','.join(predictions)),
-            ('--segment_ratings', segment_ratings)]
-  # Not an input, not inside a model_dir or SavedModel, nor inside a set;
-  # not another file, unless overwrite.
-  output_files.check_output_file(output_file, '--output_file', inputs,
-                                 models=[], own=is_own_output,
-                                 overwrite=overwrite)
-  target = os.path.realpath(output_file)
-  for path in predictions + list(fit_on):
-    if target.startswith(os.path.realpath(path).rstrip('/') + '/'):
-      raise ValueError(f'--output_file={output_file} lies inside the stored '
-                       f'predictions {path}; nothing was written.')
-  result: Dict[str, object] = {}
-  fit_level = fit_classes = None
+  _check_output(output_file, fit_on, predictions, segment_ratings, overwrite)
   num_models = len(predictions)
+  fit = None
   if weights is not None:
-    w = np.asarray(weights, np.float64)
-    if w.shape != (num_models,) or (w < 0).any() or not w.sum() > 0:
-      raise ValueError(f'--weights={list(weights)}: expected {num_models} '
-                       'weights >= 0 (one per --predictions set), not all 0.')
-    w = w / w.sum()
+    w = _given_weights(weights, num_models)
   else:
     if len(fit_on) != num_models:
       raise ValueError(f'--fit_on names {len(fit_on)} sets and --predictions '
                        f'{num_models}; expected one of each per model, in '
                        'the same order.')
-    fit = _load(fit_on, '--fit_on')
-    fit_level, fit_classes = fit.first.level, fit.first.class_ids.tolist()
-    if fit_level == 'video':
-      check_labels(fit)
-      metric = f'gap (top {top_k})'
-      score = lambda v: video_gap(fit, v, top_k)
-    else:
-      if not segment_ratings:
-        raise ValueError('--fit_on holds segment-level predictions: '
-                         '--segment_ratings names the segment-rated records '
-                         'they were predicted from.')
-      ratings = segment_eval.read_ratings(segment_ratings)
-      metric = f'segment mAP@{segment_map_top_k}'
-      score = lambda v: segment_map(fit, v, ratings, segment_map_top_k,
-                                    segment_top_classes)
-    found = fit_weights(score, num_models)
-    w = found['weights']
-    result.update(score=found['score'], single_scores=found['single_scores'],
-                  evaluations=found['evaluations'], metric=metric)
-    logging.info('Fitted weights %s: %s %.6f (each model alone: %s) in %d '
-                 'evaluations.', np.round(w, 4).tolist(), metric,
-                 found['score'], np.round(found['single_scores'], 6).tolist(),
-                 found['evaluations'])
-    del fit
+    fit = _fit(fit_on, top_k, segment_ratings, segment_top_classes,
+               segment_map_top_k)
+    w = fit['weights']
   combined = _load(predictions, '--predictions')
-  if fit_level not in (None, combined.first.level) or (
-      fit_classes not in (None, combined.first.class_ids.tolist())):
-    raise ValueError(f'--predictions ({combined.first.path}, ...) hold '
-                     f'{combined.first.level}-level predictions of '
-                     f'{combined.first.class_ids.size} classes and --fit_on '
-                     f'{fit_level}-level ones of {len(fit_classes)}: '
-                     'expected the same level and classes.')
+  if fit is not None:
+    _check_fit_matches(combined, fit['level'], fit['class_ids'])
   first = combined.first
   if first.level == 'video':
-    def batches():
-      rows = combined.rows[0]
-      for start in range(0, len(rows), _CHUNK_ROWS):
-        yield {'video_ids': first.video_ids[rows[start:start + _CHUNK_ROWS]],
-               'probabilities': combined.mean(w, start,
-                                              start + _CHUNK_ROWS)}
-    written = output_files.write_atomically(
-        output_file,
-        lambda out: predict.write_video_predictions(batches(), out, top_k))
+    written = _write_videos(combined, w, output_file, top_k)
   else:
-    ranking = segment_ranking(combined, w, segment_max_per_class,
+    written = _write_segments(combined, w, output_file, segment_max_per_class,
                               segment_top_classes)
-    output_files.write_atomically(output_file, _segment_writer(
-        ranking, first.class_ids))
-    written = ranking.num_segments
+  result = {k: fit[k] for k in ('score', 'single_scores', 'evaluations',
+                                'metric')} if fit else {}
   result.update(weights=w.tolist(), level=first.level, rows=int(written))
   return result
+
+
+def _check_output(output_file: str, fit_on: Sequence[str],
+                  predictions: Sequence[str],
+                  segment_ratings: Optional[str], overwrite: bool) -> None:
+  """Refuses an output that is an input, lies inside a model or a set, or
+  (unless `overwrite`) is an existing file this command did not write."""
+  inputs = [('--fit_on', ','.join(fit_on)),
+            ('--predictions', ','.join(predictions)),
+            ('--segment_ratings', segment_ratings)]
+  output_files.check_output_file(output_file, '--output_file', inputs,
+                                 models=[], own=is_own_output,
+                                 overwrite=overwrite)
+  target = os.path.realpath(output_file)
+  for path in list(predictions) + list(fit_on):
+    if target.startswith(os.path.realpath(path).rstrip('/') + '/'):
+      raise ValueError(f'--output_file={output_file} lies inside the stored '
+                       f'predictions {path}; nothing was written.')
+
+
+def _given_weights(weights: Sequence[float], num_models: int) -> np.ndarray:
+  """`--weights` normalised to sum 1; ValueError unless >= 0, not all 0."""
+  w = np.asarray(weights, np.float64)
+  if w.shape != (num_models,) or (w < 0).any() or not w.sum() > 0:
+    raise ValueError(f'--weights={list(weights)}: expected {num_models} '
+                     'weights >= 0 (one per --predictions set), not all 0.')
+  return w / w.sum()
+
+
+def _fit(fit_on: Sequence[str], top_k: int, segment_ratings: Optional[str],
+         segment_top_classes: Optional[int],
+         segment_map_top_k: int) -> Dict[str, object]:
+  """`fit_weights` on the `fit_on` sets by their level's metric."""
+  fit = _load(fit_on, '--fit_on')
+  if fit.first.level == 'video':
+    check_labels(fit)
+    metric = f'gap (top {top_k})'
+    score = lambda v: video_gap(fit, v, top_k)
+  else:
+    if not segment_ratings:
+      raise ValueError('--fit_on holds segment-level predictions: '
+                       '--segment_ratings names the segment-rated records '
+                       'they were predicted from.')
+    ratings = segment_eval.read_ratings(segment_ratings)
+    metric = f'segment mAP@{segment_map_top_k}'
+    score = lambda v: segment_map(fit, v, ratings, segment_map_top_k,
+                                  segment_top_classes)
+  found = fit_weights(score, len(fit_on))
+  logging.info('Fitted weights %s: %s %.6f (each model alone: %s) in %d '
+               'evaluations.', np.round(found['weights'], 4).tolist(), metric,
+               found['score'], np.round(found['single_scores'], 6).tolist(),
+               found['evaluations'])
+  return dict(found, metric=metric, level=fit.first.level,
+              class_ids=fit.first.class_ids.tolist())
+
+
+def _check_fit_matches(combined: AlignedSets, fit_level: str,
+                       fit_classes: List[int]) -> None:
+  first = combined.first
+  if fit_level != first.level or fit_classes != first.class_ids.tolist():
+    raise ValueError(f'--predictions ({first.path}, ...) hold '
+                     f'{first.level}-level predictions of '
+                     f'{first.class_ids.size} classes and --fit_on '
+                     f'{fit_level}-level ones of {len(fit_classes)}: '
+                     'expected the same level and classes.')
+
+
+def _write_videos(combined: AlignedSets, w: np.ndarray, output_file: str,
+                  top_k: int) -> int:
+  """Writes the video-level submission of the weighted mean; its videos."""
+  first = combined.first
+
+  def batches():
+    rows = combined.rows[0]
+    for start in range(0, len(rows), _CHUNK_ROWS):
+      yield {'video_ids': first.video_ids[rows[start:start + _CHUNK_ROWS]],
+             'probabilities': combined.mean(w, start, start + _CHUNK_ROWS)}
+  return output_files.write_atomically(
+      output_file,
+      lambda out: predict.write_video_predictions(batches(), out, top_k))
+
+
+def _write_segments(combined: AlignedSets, w: np.ndarray, output_file: str,
+                    cap: int, top_classes: Optional[int]) -> int:
+  """Writes the segment-level submission of the weighted mean; its segments."""
+  ranking = segment_ranking(combined, w, cap, top_classes)
+  output_files.write_atomically(output_file, _segment_writer(
+      ranking, combined.first.class_ids))
+  return ranking.num_segments
 
 
 def _segment_writer(ranking: predict.SegmentRanking, class_ids: np.ndarray):

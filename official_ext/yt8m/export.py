@@ -1,37 +1,5 @@
-"""SavedModel export of the YT8M model (serving signatures).
-
-Signatures:
-* `serving_default(examples)`: a batch of serialized `tf.SequenceExample`
-  strings in the dataset's own format, decoded and parsed by the same
-  `dataloader.Decoder`/`Parser` as evaluation (first `max_frames` frames, no
-  random sampling) -> `video_id` string [batch], `top_k_classes` int32
-  [batch, k], `top_k_scores` float32 [batch, k], `probabilities` float32
-  [batch, num_classes].
-* `serve_features(features, num_frames)`: dequantized features float32
-  [batch, frames, sum(feature_sizes)] and int32 [batch] valid frame counts ->
-  `top_k_classes`, `top_k_scores`, `probabilities`. Frames past a row's
-  `num_frames` are padding and ignored whatever they hold (NaN included); a
-  `num_frames` above `frames` counts as `frames`.
-
-A video-level model (`record_type` 'video', the 'identity' backbone) has
-the same two signatures on its own records: `serving_default(examples)`
-takes serialized video-level `tf.Example`s (decoded by the evaluation's
-`dataloader.VideoLevelDecoder`), and `serve_features(features)` takes the
-features float32 [batch, sum(feature_sizes)] alone (no `num_frames`), with
-the same refusals (wrong rank or width; a NaN or infinite value, naming the
-row and column).
-
-Serving is deterministic, and `serve_features` fed the dequantized first
-`max_frames` frames of a record returns what `serving_default` returns for
-the serialized record.
-
-What cannot be scored is refused (InvalidArgumentError), never answered
-with NaN or a default: in `serve_features`, inputs of the wrong rank or
-width (the message gives the shape), a `num_frames` whose length is not the
-batch's (both lengths), a clip of 0 frames, a `num_frames` below 1 and a NaN
-or infinite feature in a valid frame (the row, and the frame); in
-`serving_default`, what the evaluation decoder refuses (it names the input
-`examples`[i] and the feature).
+"""SavedModel export of the YT8M model: `serving_default` (serialized records)
+and `serve_features` (dequantized features); docs/yt8m.md#export-and-inference.
 """
 from typing import Dict, Mapping
 
@@ -103,11 +71,7 @@ class YT8MExportModule(export_base.ExportModule):
 
   def serve_features(self, features: tf.Tensor,
                      num_frames: tf.Tensor) -> Dict[str, tf.Tensor]:
-    """Dequantized features [batch, frames, F], num_frames [batch].
-
-    Refuses what it cannot score (see the module docstring); padding frames
-    are ignored by the model (it selects the valid frames).
-    """
+    """Dequantized features [batch, frames, F], num_frames [batch]."""
     features = tf.convert_to_tensor(features, tf.float32)
     num_frames = tf.cast(num_frames, tf.int32)
     name = 'serve_features: input'
@@ -161,11 +125,7 @@ class YT8MExportModule(export_base.ExportModule):
 
   def serve_video_features(self, features: tf.Tensor
                            ) -> Dict[str, tf.Tensor]:
-    """Video-level features float32 [batch, F] -> predictions.
-
-    Refuses inputs of the wrong rank or width and a NaN or infinite value
-    (naming its row and column).
-    """
+    """Video-level features float32 [batch, F] -> predictions."""
     features = tf.convert_to_tensor(features, tf.float32)
     bad = lambda: tf.logical_not(tf.math.is_finite(features))
 
@@ -189,15 +149,7 @@ class YT8MExportModule(export_base.ExportModule):
     return self._predict(features, None)
 
   def tflite_function(self) -> tf.types.experimental.ConcreteFunction:
-    """`serve_features` traced for one video, with fixed shapes for TFLite.
-
-    For `official_ext.export_tflite` (TFLite takes a fixed input shape):
-    `features` float32 [1, max_frames, sum(feature_sizes)] (frames past
-    `num_frames` are padding) and `num_frames` int32 [1]; a video-level
-    model: `features` [1, sum(feature_sizes)] alone. Returns
-    `top_k_classes`, `top_k_scores` and `probabilities`, as the SavedModel's
-    `serve_features`.
-    """
+    """`serve_features` traced for one video at fixed shapes, for TFLite."""
     if self._video_level:
       return tf.function(self.serve_video_features).get_concrete_function(
           tf.TensorSpec([1, self._num_features], tf.float32, name='features'))

@@ -1,68 +1,6 @@
-"""YouTube-8M challenge evaluation metrics, vectorized numpy (no TensorFlow).
+"""YouTube-8M challenge metrics (hit@1, PERR, GAP, mAP) in vectorized numpy.
 
-Inputs are `predictions` [N, C] float scores and `labels` [N, C] (0/1; any
-value > 0 counts as a positive) for N videos over C classes, optionally with
-`label_weights` [N, C] (segment-level data).
-
-Definitions (those of the YouTube-8M challenge):
-
-* Top-k of a video: its `top_k` highest scores, ties broken by the lower class
-  id (deterministic). If C < top_k, all C classes.
-* `hit_at_one`: share of videos whose top-scoring class (ties -> lower class
-  id) is a true label. Videos with no labels count as 0. The score value itself
-  is not checked.
-* `perr` (precision at equal recall rate): mean over videos of the precision
-  among a video's top-k_v predictions, k_v = that video's number of true
-  labels. A video without labels scores 0; a prediction with score <= 0 never
-  counts as a hit. k_v may exceed `top_k`; such rows are handled exactly (a
-  full stable sort of just those rows).
-* `gap` (global average precision): non-interpolated average precision over
-  the pooled (score, label) pairs of every video's top-`top_k` predictions,
-  divided by the total number of true labels in the data (all positives, not
-  only those that made a top-k), as the YouTube-8M starter code defines it.
-  The AP and its tie rule are `official_ext.core.average_precision`'s: all
-  pairs with equal score form one threshold, and every positive of that
-  group gets the precision measured at the end of the group:
-  AP = sum over positive pairs of precision@(last rank of its tie group)
-  / total positives. The value therefore does not depend on input order.
-* `map`: mean, over the classes with at least one true label in the data, of
-  the per-class AP over the same pooled top-k pairs of that class (same
-  function and tie rule), each divided by that class's total positives in
-  the data.
-* `map_all_classes`: the same per-class AP summed over all C classes and
-  divided by C; classes without positives count 0 (Model Garden's
-  convention).
-* `label_weights`: a class with weight 0 in an example is not rated there: its
-  score is masked to -inf and its label to 0, so it is never in the example's
-  top-k, never its top-1 hit, never a positive and not counted in k_v. Pairs
-  with score -inf are never pooled. Any non-zero weight means "rated"; weights
-  do not otherwise scale anything.
-* AP@n (`top_n`, the starter's `top_n`; off by default): `map_at_{n}` is
-  the mean, over the classes with a positive, of each class's AP over only
-  the first n of its ranked pooled top-k pairs, divided by min(the class's
-  positives, n) (the starter's mAP with `top_n`); `gap_at_{n}` is the same
-  cut applied to the GAP's pooled list (the starter's GAP ignores `top_n`:
-  `gap` is that one). `core.average_precision` defines the cut, ties
-  included. The starter's `top_k` is the other cut: how many predictions of
-  each video enter the pooled lists at all. AP@n ranks the pooled pairs a
-  second time: `result()` takes about 2.3x as long.
-* Empty input (N = 0, or no positives at all) gives 0.0 for every metric
-  here; an evaluation must not report those zeros as results: the task checks
-  `num_videos` (`official_ext.core.input.eval_padding.check_examples_seen`) and
-  fails naming the dataset.
-* `example_mask` ([N] bool, `accumulate`): rows marked False (the padding of
-  a static-shape last batch) are not videos and are ignored entirely.
-
-`evaluate` is implemented by running `AveragePrecisionAccumulator` once, so the
-one-shot and streaming results come from one code path. The accumulator keeps
-O(N * top_k) memory: the pooled top-k (score, label, class) triples, per-class
-positive counts and running sums for hit@1 / perr. Rows are processed in
-chunks of `_CHUNK_ROWS`; the top-k is found from the k-th largest value per
-row (`np.partition`, no full sort of [N, C]) and only those k are sorted, so
-100,000 x 3,862 float32 predictions take a few seconds. `result()` hands
-the pooled pairs to `core.average_precision.grouped_average_precision`, which
-computes every class's AP and the GAP from one sort.
-The straightforward per-video oracle lives in `metrics_reference.py`.
+The definitions, ties included: docs/yt8m.md#metrics.
 """
 from typing import Dict, Optional
 
@@ -82,15 +20,11 @@ def top_n_keys(top_n: int) -> tuple:
 
 
 def _as_2d_inputs(predictions, labels, label_weights):
-  """Validates and converts inputs.
-
-  Returns:
-    (predictions [N, C] floating, labels [N, C], label_weights [N, C] or None)
-    as numpy arrays (no copies when already numpy).
+  """(predictions, labels, label_weights) as [N, C] numpy arrays.
 
   Raises:
-    ValueError: if predictions/labels are not 2-D with equal shape, or
-      label_weights has a different shape.
+    ValueError: predictions and labels are not 2-D of one shape, or
+      label_weights has another shape.
   """
   predictions = np.asarray(predictions)
   labels = np.asarray(labels)
@@ -112,16 +46,7 @@ def _as_2d_inputs(predictions, labels, label_weights):
 
 
 def _top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
-  """Top-k class ids per row ordered by (score desc, class id asc).
-
-  Args:
-    scores: [n, C] floating array without NaN.
-    k: 1 <= k <= C.
-
-  Returns:
-    [n, k] int64 class ids; row i lists the k best classes of row i, best
-    first, ties broken by the lower class id.
-  """
+  """Top-k class ids per row by (score desc, class id asc)."""
   n, c = scores.shape
   if k >= c:
     return np.argsort(-scores, axis=1, kind='stable')
@@ -154,17 +79,7 @@ def _top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
 
 def _hits_at(scores: np.ndarray, positive: np.ndarray, order: np.ndarray,
              num_pos: np.ndarray) -> np.ndarray:
-  """Hits (positive and score > 0) among the first num_pos of `order`.
-
-  Args:
-    scores: [r, C] floating.
-    positive: [r, C] bool.
-    order: [r, m] int class ids, best first.
-    num_pos: [r] int, 1 <= num_pos <= m.
-
-  Returns:
-    [r] int64 number of hits among each row's first num_pos classes.
-  """
+  """[r] hits (positive, score > 0) in each row's first num_pos of `order`."""
   hit = (np.take_along_axis(positive, order, axis=1) &
          (np.take_along_axis(scores, order, axis=1) > 0))
   cum = np.cumsum(hit, axis=1)
@@ -172,32 +87,21 @@ def _hits_at(scores: np.ndarray, positive: np.ndarray, order: np.ndarray,
 
 
 class AveragePrecisionAccumulator:
-  """Streaming YouTube-8M metrics (see the module docstring for definitions).
+  """Streaming YouTube-8M metrics in O(N * top_k) memory.
 
-  Memory is O(N * top_k): per video only its pooled top-k (score, label,
-  class) triples are kept, plus per-class positive counts [C] and running sums
-  for hit@1 / perr.
-
-  Usage:
-    acc = AveragePrecisionAccumulator(num_classes=3862, top_k=20, top_n=None)
-    for preds, labels in batches:   # numpy [n, C] each
-      acc.accumulate(preds, labels)
+    acc = AveragePrecisionAccumulator(num_classes=3862, top_k=20)
+    for predictions, labels in batches:  # numpy [n, C] each
+      acc.accumulate(predictions, labels)
     metrics = acc.result()
   """
 
   def __init__(self, num_classes: int, top_k: int = 20,
                top_n: Optional[int] = None):
-    """Creates an empty accumulator.
-
-    Args:
-      num_classes: C, number of classes (positive int).
-      top_k: predictions per video pooled into gap / map (positive int).
-      top_n: also report AP@n (`gap_at_{n}`, `map_at_{n}`; module
-        docstring): a positive int, or None (no AP@n).
+    """Creates an empty accumulator; `top_n` adds AP@n.
 
     Raises:
-      ValueError: if num_classes or top_k is not a positive integer, or
-        top_n is neither None nor a positive integer.
+      ValueError: num_classes or top_k is not a positive int, or top_n is
+        neither None nor a positive int.
     """
     if isinstance(num_classes, bool) or not isinstance(
         num_classes, (int, np.integer)) or num_classes < 1:
@@ -229,12 +133,12 @@ class AveragePrecisionAccumulator:
 
   @property
   def class_positives(self) -> np.ndarray:
-    """[C] int64: positives of each class accumulated so far (a copy)."""
+    """[C] int64 positives of each class so far (a copy)."""
     return self._class_positives.copy()
 
   @property
   def num_videos(self) -> int:
-    """Rows (videos or segments) accumulated since construction / reset()."""
+    """Rows (videos or segments) accumulated since the last reset."""
     return self._num_videos
 
   def reset(self) -> None:
@@ -249,18 +153,17 @@ class AveragePrecisionAccumulator:
 
   def accumulate(self, predictions, labels, label_weights=None,
                  example_mask=None) -> None:
-    """Adds one batch of videos.
+    """Adds one batch of rows.
 
     Args:
-      predictions: [n, C] float scores (n may be 0). NaN is rejected.
-      labels: [n, C] ground truth; a value > 0 is a positive.
-      label_weights: optional [n, C]; weight 0 excludes that (video, class).
-      example_mask: optional [n] bool; rows marked False (padding) are
-        dropped before anything else.
+      predictions: [n, C] float scores, no NaN.
+      labels: [n, C]; a value > 0 is a positive.
+      label_weights: optional [n, C]; weight 0 leaves (row, class) unrated.
+      example_mask: optional [n] bool; rows marked False are dropped.
 
     Raises:
-      ValueError: on wrong shapes, C != num_classes, or NaN predictions. The
-        accumulator is left unchanged in that case.
+      ValueError: wrong shapes, C != num_classes, or NaN predictions; the
+        accumulator is then unchanged.
     """
     predictions, labels, label_weights = _as_2d_inputs(
         predictions, labels, label_weights)
@@ -335,18 +238,10 @@ class AveragePrecisionAccumulator:
     self._classes.extend(pooled_c)
 
   def result(self, return_per_class_ap: bool = False) -> Dict[str, object]:
-    """Metrics over everything accumulated since construction / reset().
+    """The metrics (floats) and `num_videos` since the last reset.
 
-    Args:
-      return_per_class_ap: also return `per_class_ap`, [C] float64 array of
-        per-class AP (0 for classes without positives), and with top_n
-        `per_class_ap_at_n`, the same for AP@n.
-
-    Returns:
-      dict with python floats `hit_at_one`, `perr`, `gap`, `map`,
-      `map_all_classes`, with top_n also `gap_at_{n}` and `map_at_{n}`,
-      python int `num_videos`, and optionally the per-class arrays. All
-      metrics are 0.0 when there are no videos or no positives.
+    With `return_per_class_ap` also `per_class_ap` [C] (and with top_n
+    `per_class_ap_at_n`), 0 for classes without positives.
     """
     def cat(parts, dtype):
       return np.concatenate(parts) if parts else np.zeros(0, dtype)
@@ -391,24 +286,11 @@ class AveragePrecisionAccumulator:
 def evaluate(predictions, labels, top_k: int = 20,
              label_weights=None, top_n: Optional[int] = None
              ) -> Dict[str, object]:
-  """YouTube-8M metrics of a whole evaluation set in one call.
-
-  Args:
-    predictions: [N, C] float scores.
-    labels: [N, C] ground truth; a value > 0 is a positive.
-    top_k: predictions per video pooled into gap / map.
-    label_weights: optional [N, C]; weight 0 excludes that (video, class).
-    top_n: also AP@n, `gap_at_{n}` and `map_at_{n}` (None: not reported).
-
-  Returns:
-    dict of python floats `hit_at_one`, `perr`, `gap`, `map`,
-    `map_all_classes` (with top_n the AP@n keys) and python int
-    `num_videos` (see module docstring).
+  """The YouTube-8M metrics of a whole evaluation set in one call.
 
   Raises:
-    ValueError: if predictions and labels are not 2-D with equal shape (the
-      message names both), label_weights has another shape, C == 0, or
-      predictions contain NaN.
+    ValueError: predictions and labels are not 2-D of one shape,
+      label_weights has another shape, C == 0, or NaN predictions.
   """
   predictions, labels, label_weights = _as_2d_inputs(predictions, labels,
                                                      label_weights)

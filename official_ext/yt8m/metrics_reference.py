@@ -1,18 +1,7 @@
-"""Straightforward reference implementation of the YouTube-8M metrics.
+"""A plainly correct, slow reference of the YouTube-8M metrics.
 
-Plain Python loops over videos and classes with `sorted`, written to be
-obviously correct rather than fast: each video's top-k by (score desc, class
-id asc), label-weight masking, hit@1 and PERR, and the pooling of the top-k
-pairs per class. The average precision of the pooled pairs is not
-re-implemented here: it is `official_ext.core.average_precision`, the
-project's one AP (checked there against scikit-learn and hand-computed
-cases), called once for the GAP and once per class.
-
-This module is not on any evaluation path. It is the in-process reference of
-`python -m official_ext.benchmark yt8m` (the speed ratio of the vectorized
-`metrics.evaluate`, and its max |difference| from this reference) and the
-oracle of tests/yt8m/test_metrics.py. Use it only on small inputs (it is
-O(N * C log C) Python operations).
+The oracle of tests/yt8m/test_metrics.py and of `python -m
+official_ext.benchmark yt8m`; on no evaluation path. Small inputs only.
 """
 import math
 from typing import Dict
@@ -34,22 +23,10 @@ def _average_precision(pairs, num_positives: int, top_n=None) -> float:
 
 def evaluate_reference(predictions, labels, top_k: int = 20,
                        label_weights=None, top_n=None) -> Dict[str, object]:
-  """Per-video / per-class reference of `metrics.evaluate`.
-
-  Args:
-    predictions: [N, C] float scores.
-    labels: [N, C] ground truth; a value > 0 is a positive.
-    top_k: predictions per video pooled into gap / map.
-    label_weights: optional [N, C]; weight 0 excludes that (video, class).
-    top_n: also `gap_at_{n}` and `map_at_{n}` (AP@n of the pooled list and
-      of each class's list), or None.
-
-  Returns:
-    dict of python floats `hit_at_one`, `perr`, `gap`, `map`,
-    `map_all_classes` (and the AP@n keys) and python int `num_videos`.
+  """Per-video / per-class loops computing what `metrics.evaluate` does.
 
   Raises:
-    ValueError: on shape mismatch, C == 0, top_k < 1 or NaN predictions.
+    ValueError: shape mismatch, C == 0, top_k < 1 or NaN predictions.
   """
   predictions = np.asarray(predictions, dtype=np.float64)
   labels = np.asarray(labels)

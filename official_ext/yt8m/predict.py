@@ -1,94 +1,7 @@
-r"""YouTube-8M inference: writes the challenge's submission CSV files.
+r"""YouTube-8M inference (docs/yt8m.md): submission CSVs, timelines, scores.
 
   python -m official_ext.yt8m.predict --saved_model=/tmp/export \
       --input_path='/data/yt8m/test*.tfrecord' --output_file=/tmp/pred.csv
-  python -m official_ext.yt8m.predict --checkpoint_path=/tmp/yt8m_demo \
-      --input_path=... --output_file=...
-  # 3rd challenge (segment level), on its unrated test records:
-  python -m official_ext.yt8m.predict --saved_model=/tmp/export \
-      --segment_labels --segment_label_ids=segment_label_ids.csv \
-      --input_path='/data/yt8m/3/frame/test/test*.tfrecord' \
-      --output_file=/tmp/segments.csv
-
-Configuration: the model and its input pipeline (features, frames, L2
-normalisation, segment_size, num_classes) come from the `params.yaml` next to
-the model: `export_saved_model` writes one into the SavedModel directory and
-`official_ext.train` into the model_dir (--checkpoint_path is that directory
-or a `ckpt-N` prefix inside it). Without --experiment, a model without a
-params.yaml is an error naming the file (a default pipeline, e.g. 300 frames
-for a model exported with 64, would score every video differently without
-one); --experiment gives the config class and the values no params.yaml
-sets. --config_file and --params_override apply on top, and contradicting
-params.yaml in a model-affecting key is an error naming the key and both
-values (`core.experiment_params.load_model_params`, shared with
-`official_ext.assemblenet.predict`); `run` checks the config it is given
-against the model's params.yaml the same way.
-
-An --output_file whose folder is missing, that is one of the inputs
-(--input_path's files, --segment_label_ids, --vocabulary), or that lies
-inside a model_dir or a SavedModel directory (the model's, or any directory
-above it holding `saved_model.pb` or a `checkpoint` file) is refused before
-anything is read or written (`core.output_files.check_output_file`); so is
-an existing file there (or at its `_names.csv`, --plot) that predict did not
-write (it begins with none of its outputs' headers, `is_own_output`),
-unless --overwrite.
-
-The output is written whole or not at all: into a temporary file beside
---output_file, renamed into place after the last record was read and the
-last line written. On any failure (an unreadable or truncated input, a
-video read twice, ...) an existing --output_file is left as it was and the
-temporary file removed.
-
-Video level (default): header `VideoId,LabelConfidencePairs`, one line a
-video: `<id>,<label> <score> <label> <score> ...`, the top_k (20) classes by
-descending score (ties: lower class id first).
-A model trained on video-level records (`record_type` 'video') reads its
-own records the same way (its SavedModel's `serve_features` takes no
-`num_frames`); `--segment_labels` needs frame-level records.
-
-With `--vocabulary` (the dataset's vocabulary.csv, `official_ext.yt8m.
-vocabulary`), the same predictions are also written with class names beside
-the ids, to `<output_file stem>_names.csv` (header
-`VideoId,Rank,LabelId,Name,Score`, one row per video and rank, CSV-quoted);
-the submission CSV is unchanged.
-
-Segment level (`--segment_labels`), as the 3rd YouTube-8M challenge defines
-it: every segment of `segment_size` (5) frames of every video is scored,
-starting at frames 0, 5, 10, ... of the whole video (not cut at max_frames);
-ratings in the records, if any, are not used. Only full segments are scored
-(a segment is 5 frames); a last segment shorter than segment_size frames is
-skipped unless `--segment_short_last`, which scores it with its true frame
-count as the challenge's starter `inference.py` does. Output: header
-`Class,Segments`, one line a class, `<class>,<id>:<start> <id>:<start> ...`
-by descending score (ties: the segment read first), at most
-`--segment_max_per_class` (100,000) segments a class. `--segment_label_ids`
-(the challenge's `segment_label_ids.csv`: one class id a line, optionally
-under a header line such as `Index`) restricts the classes scored and
-written; without it every class is written. An input without a single
-segment to score is an error naming it. Evaluate a submission against rated
-records with `python -m official_ext.yt8m.segment_eval`.
-`--segment_top_classes=20` applies the starter `inference.py`'s rule: a
-segment enters a class's list only if the class is among the segment's 20
-best (`SegmentRanking`); by default every segment is ranked for every class.
-
-`--output_probabilities=DIR` also stores every video's (segment's) scores,
-ids and labels as float16 shards (`stored_predictions`), written with the
-CSV, whole or not at all, for `python -m official_ext.yt8m.ensemble`.
-
-Timeline (`--window_seconds`, `--stride_seconds`, optionally `--plot`;
-`run_timeline`): windows of the whole video (not cut at max_frames; YT8M
-features are one a second, so seconds are frames, rounded), by
-`core.timelines.window_bounds`, each scored as a video of its own
-(`dataloader.Parser.every_window_fn`); one CSV row a window, the PNG of each
-video's top classes over time (`core.timelines`, shared with
-`official_ext.assemblenet.predict`). With a DBoF model of pooling 'none' a
-window's scores are the mean of the model's per-frame probabilities over
-its frames. Frame-level records only.
-
-Memory: one batch, plus for segments the per-class top lists
-(`SegmentRanking`: 10 bytes per kept segment, classes x cap at most, plus a
-fixed 48 MiB candidate buffer and the interned video ids): 1.05 GB for the
-1,000 rated classes and 3.91 GB for all 3,862 at the default cap.
 """
 import csv
 import os
@@ -107,10 +20,10 @@ from official_ext.core import checkpoints
 from official_ext.core import experiment_params
 from official_ext.core import output_files
 from official_ext.core import timelines
+from official_ext.yt8m import class_names
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import segment_eval
 from official_ext.yt8m import stored_predictions
-from official_ext.yt8m import vocabulary as vocabulary_lib
 # Registers YT8MTask with task_factory (a checkpoint's model is built by it).
 from official_ext.yt8m import task  # pylint: disable=unused-import
 
@@ -127,8 +40,7 @@ Predictor = Callable[[tf.Tensor, tf.Tensor], np.ndarray]
 
 
 def is_own_output(head: bytes) -> bool:
-  """Whether a file's first bytes are those of an output of this command
-  (submission, named, segment or timeline CSV, timeline plot)."""
+  """Whether a file's first bytes are those of an output of this command."""
   return (timelines.is_own_output(head) or output_files.begins_with(
       VIDEO_HEADER + '\n', ','.join(NAMED_HEADER) + '\n',
       SEGMENT_HEADER + '\n')(head.replace(b'\r\n', b'\n')))
@@ -145,19 +57,10 @@ def write_video_predictions(batches: Iterable[Dict[str, np.ndarray]],
                             out: TextIO, top_k: int = 20,
                             names: Optional[Sequence[str]] = None,
                             named_out: Optional[TextIO] = None) -> int:
-  """Writes the video-level CSV from batches with `video_ids`, predictions.
+  """Writes the video-level CSV of `batches` (`video_ids`, `probabilities`).
 
-  Args:
-    batches: dicts with `video_ids` (bytes or str [b]) and `probabilities`
-      float [b, num_classes].
-    out: text stream.
-    top_k: pairs per video.
-    names: class names by id (`vocabulary.load_vocabulary`), with
-    named_out: the stream of the same predictions with names: header
-      `NAMED_HEADER`, one row per (video, rank), CSV-quoted.
-
-  Returns:
-    Number of videos written.
+  With `names` (class names by id), also the named rows to `named_out`.
+  Returns the number of videos written.
   """
   if (names is None) != (named_out is None):
     raise ValueError('names and named_out go together.')
@@ -180,8 +83,7 @@ def write_video_predictions(batches: Iterable[Dict[str, np.ndarray]],
 
 
 def named_predictions_path(output_file: str) -> str:
-  """Where `--vocabulary` writes the named predictions: `pred.csv` ->
-  `pred_names.csv`, beside the submission CSV."""
+  """`pred.csv` -> `pred_names.csv`: where `--vocabulary` writes."""
   root, ext = os.path.splitext(output_file)
   return f'{root}_names{ext or ".csv"}'
 
@@ -194,34 +96,17 @@ DEFAULT_PENDING_SIZE = 1 << 22  # 4,194,304 candidates: 48 MiB.
 
 
 def _pending_entries(num_classes: int, cap: int, pending_size: int) -> int:
-  """Candidate buffer entries: at least one row of classes, and never more
-  than classes x cap (more candidates are never needed at once)."""
+  """Candidate buffer entries, between one row of classes and classes x cap."""
   return max(num_classes, min(int(pending_size), num_classes * cap))
 
 
 class SegmentRanking:
   """Per-class top `cap` segments by score, in bounded memory.
 
-  Every segment has a score for every ranked class, so all classes fill up
-  together: the first `cap` segments are stored as they come. After that a
-  segment is a candidate for a class only if it scores above the class's
-  current `cap`-th best (a per-class threshold); candidates wait in a
-  fixed-size buffer, and when it is full each class merges its candidates
-  into its kept set, keeps the best `cap` (by score, ties: the segment read
-  first) and raises its threshold.
-
-  Storage: kept `scores` float32, `videos` int32 (index into the interned
-  video ids) and `segments` uint16 (start // segment_size), each
-  [classes, <= cap] (10 bytes an entry, grown by doubling up to cap), plus
-  the candidate buffer of `pending_size` entries (12 bytes each) and one
-  string per video id. `memory_bound` gives the array bytes.
-
-  With `top_classes` (the starter `inference.py`'s rule, its `--top_k` 20)
-  a segment enters a class's list only if the class is among the segment's
-  `top_classes` best of the ranked classes (ties: the class earlier in
-  `class_ids`); its other scores are set to -inf, which no list keeps, so a
-  class's list may hold fewer than `cap` segments. Without it (None) every
-  segment is ranked for every class.
+  After the first `cap` segments, a segment is a candidate for a class only
+  above the class's current `cap`-th best; candidates wait in a fixed-size
+  buffer merged into the kept sets when full. With `top_classes` a segment
+  enters only its `top_classes` best classes' lists (the starter's rule).
   """
 
   def __init__(self, class_ids: Sequence[int], cap: int, segment_size: int,
@@ -233,11 +118,9 @@ class SegmentRanking:
       class_ids: the classes ranked (columns of the probabilities), in output
         order; at most 32,767.
       cap: segments kept per class (> 0).
-      segment_size: frames per segment; start times must be multiples of it.
-      pending_size: candidate buffer entries (> 0; raised to one row of
-        classes, lowered to classes x cap).
-      top_classes: None (every segment in every class's list), or > 0: a
-        segment enters only the lists of its `top_classes` best classes.
+      segment_size: frames per segment; start times are multiples of it.
+      pending_size: candidate buffer entries (> 0).
+      top_classes: None, or a segment enters only its best N classes' lists.
     """
     if cap <= 0:
       raise ValueError(f'--segment_max_per_class={cap}; expected > 0.')
@@ -346,14 +229,7 @@ class SegmentRanking:
     self._capacity = capacity
 
   def add(self, video_ids, segment_start_times, probabilities) -> None:
-    """Adds a batch of segments.
-
-    Args:
-      video_ids: bytes or str [b], the segments' video ids.
-      segment_start_times: int [b], first frame of each segment.
-      probabilities: float [b, num_classes], all classes of the model (the
-        ranked `class_ids` are taken from it).
-    """
+    """Adds a batch of segments' scores for all the model's classes."""
     b = len(video_ids)
     if not b:
       return
@@ -462,9 +338,9 @@ def _top(scores: np.ndarray, videos: np.ndarray, segments: np.ndarray,
 
 def check_params(params: config_definitions.ExperimentConfig,
                  model_path: str) -> None:
-  """`experiment_params.check_model_params`: a model-affecting key of
-  `params` (the model, features, max_frames, segment_size, normalisation,
-  classes) that differs from the model's params.yaml is a ValueError."""
+  """ValueError if `params` contradicts the model's params.yaml in a
+  model-affecting key.
+  """
   experiment_params.check_model_params(params, model_path, 'predict')
 
 
@@ -522,71 +398,29 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
         output_probabilities: Optional[str] = None,
         probabilities_shard_rows: int = stored_predictions.DEFAULT_SHARD_ROWS,
         overwrite: bool = False) -> int:
-  """Predicts every record of `input_path` into `output_file`.
+  """Predicts every record of `input_path` into `output_file` (written whole).
 
   Args:
-    params: the experiment config (`experiment_params.load_params`); its
-      `task.validation_data` gives the input pipeline.
-    input_path: TFRecord file pattern.
-    output_file: the CSV to write.
+    params: the experiment config; `task.validation_data` gives the input.
     saved_model: a SavedModel of `export_saved_model`, or
     checkpoint_path: a training checkpoint (exactly one of the two).
-    top_k: pairs per video (video level).
-    segment_labels: segment level (see the module docstring).
-    segment_max_per_class: segments written per class (segment level).
-    batch_size: inference batch size (videos, or segments).
-    segment_label_ids: file of the class ids to rank (segment level).
-    segment_short_last: also score each video's last, short segment.
-    vocabulary: the dataset's vocabulary.csv (video level): the predictions
-      are also written with class names, to `named_predictions_path(
-      output_file)` (`write_video_predictions`).
-    segment_top_classes: segment level: a segment enters only the lists of
-      its best `segment_top_classes` classes (the starter's rule, 20;
-      `SegmentRanking`); None: every segment is ranked for every class.
-    output_probabilities: also store every video's (segment's) scores, with
-      ids and labels, in this directory (`stored_predictions`), for
-      `official_ext.yt8m.ensemble`.
-    probabilities_shard_rows: rows a shard of `output_probabilities`.
-    overwrite: replace an existing output file that predict did not write.
+    segment_labels: segment level instead of video level.
+    vocabulary: vocabulary.csv: also the named predictions (video level).
+    segment_top_classes: a segment enters only its best N classes' lists.
+    output_probabilities: also store the scores there (`stored_predictions`).
+    The other arguments are the flags of the same names.
 
   Returns:
-    Videos (video level) or segments (segment level) scored.
+    Videos or segments scored.
 
   Raises:
-    FileNotFoundError: the folder of `output_file` does not exist.
-    ValueError: `output_file` (or its `_names.csv`) is one of the inputs, or
-      lies inside a model_dir or SavedModel directory
-      (`output_files.check_output_file`, before anything is read or
-      written); segment level and no video of `input_path` has a segment;
-      `params` contradicts the model's params.yaml (`check_params`); a
-      `vocabulary` with segment level, or one that does not load
-      (`vocabulary.load_vocabulary`); an existing output file predict did
-      not write, without `overwrite` (`output_files.OutputExistsError`).
-
-  `output_file` is written whole or not at all (`core.output_files.write_atomically`): after
-  any failure an existing file is as it was.
+    ValueError: naming the flag: a refused output, no segment to score,
+      `params` contradicting the model's params.yaml, a bad vocabulary.
   """
   model_path = experiment_params.model_path(saved_model, checkpoint_path)
-  for path, flag in ((output_file, '--output_file'),
-                     (named_predictions_path(output_file) if vocabulary
-                      else None, '--output_file (its _names.csv)')):
-    if path:  # Before anything is read or written.
-      output_files.check_output_file(
-          path, flag,
-          inputs=[('--input_path', input_path),
-                  ('--segment_label_ids', segment_label_ids),
-                  ('--vocabulary', vocabulary)],
-          models=[('--saved_model', saved_model),
-                  ('--checkpoint_path', checkpoint_path)],
-          own=is_own_output, overwrite=overwrite)
-  if output_probabilities:
-    stored_predictions.check_output(
-        output_probabilities, '--output_probabilities',
-        inputs=[('--input_path', input_path),
-                ('--segment_label_ids', segment_label_ids),
-                ('--vocabulary', vocabulary)],
-        models=[('--saved_model', saved_model),
-                ('--checkpoint_path', checkpoint_path)])
+  _check_outputs(output_file, input_path, saved_model, checkpoint_path,
+                 segment_label_ids, vocabulary, output_probabilities,
+                 overwrite)
   if segment_top_classes is not None and (not segment_labels or
                                           segment_top_classes <= 0):
     raise ValueError(f'--segment_top_classes={segment_top_classes}: expected '
@@ -594,42 +428,101 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
                      '--segment_labels.')
   check_params(params, model_path)
   data = _data_config(params, input_path, batch_size)
-  names = None
-  if vocabulary:
-    if segment_labels:
+  if segment_labels:
+    if vocabulary:
       raise ValueError('--vocabulary names the classes of video-level '
                        'predictions; with --segment_labels the output lists '
                        'segments per class id.')
-    names = vocabulary_lib.load_vocabulary(vocabulary, data.num_classes)
-  class_ids = None
-  if segment_labels:
     class_ids = (segment_eval.read_class_ids(segment_label_ids,
                                              data.num_classes)
                  if segment_label_ids else list(range(data.num_classes)))
-  predictor = (_saved_model_predictor(saved_model) if saved_model else
-               _checkpoint_predictor(params, checkpoint_path))
+    write = _segment_writer(output_file, input_path, data, class_ids,
+                            segment_max_per_class, segment_top_classes,
+                            segment_short_last)
+  else:
+    class_ids = range(data.num_classes)
+    names = (class_names.load_vocabulary(vocabulary, data.num_classes)
+             if vocabulary else None)
+    write = _video_writer(output_file, top_k, names)
+  predictor = _predictor(params, saved_model, checkpoint_path)
   dataset = dataloader.build_dataset(
       data, every_segment=segment_labels,
       short_last_segment=segment_short_last)
   batches = predict_batches(dataset, predictor)
+  level = 'segment' if segment_labels else 'video'
+  if output_probabilities:
+    count = stored_predictions.write(
+        output_probabilities, batches, write, level=level,
+        num_classes=data.num_classes, class_ids=class_ids,
+        segment_size=data.segment_size if segment_labels else None,
+        shard_rows=probabilities_shard_rows,
+        source={'model': model_path, 'input_path': input_path})
+    logging.info('Stored the scores of %d %ss in %s', count, level,
+                 output_probabilities)
+  else:
+    count = write(batches)
+  logging.info('Wrote %d %ss to %s', count, level, output_file)
+  return count
 
-  def write_outputs(batches):
-    if not segment_labels and names is None:
-      return output_files.write_atomically(
-          output_file,
-          lambda out: write_video_predictions(batches, out, top_k))
-    if not segment_labels:  # Each whole; a failed read replaces neither.
-      named_file = named_predictions_path(output_file)
-      count = output_files.write_atomically(
-          named_file, lambda named_out: output_files.write_atomically(
-              output_file, lambda out: write_video_predictions(
-                  batches, out, top_k, names, named_out)))
-      logging.info('Wrote the predictions with class names to %s',
-                   named_file)
-      return count
-    ranking = SegmentRanking(class_ids, segment_max_per_class,
-                             data.segment_size,
-                             top_classes=segment_top_classes)
+
+def _check_outputs(output_file: str, input_path: str,
+                   saved_model: Optional[str], checkpoint_path: Optional[str],
+                   segment_label_ids: Optional[str], vocabulary: Optional[str],
+                   output_probabilities: Optional[str],
+                   overwrite: bool) -> None:
+  """Refuses `run`'s outputs before anything is read or written."""
+  inputs = [('--input_path', input_path),
+            ('--segment_label_ids', segment_label_ids),
+            ('--vocabulary', vocabulary)]
+  models = [('--saved_model', saved_model),
+            ('--checkpoint_path', checkpoint_path)]
+  for path, flag in ((output_file, '--output_file'),
+                     (named_predictions_path(output_file) if vocabulary
+                      else None, '--output_file (its _names.csv)')):
+    if path:
+      output_files.check_output_file(path, flag, inputs=inputs, models=models,
+                                     own=is_own_output, overwrite=overwrite)
+  if output_probabilities:
+    stored_predictions.check_output(output_probabilities,
+                                    '--output_probabilities', inputs=inputs,
+                                    models=models)
+
+
+def _predictor(params: config_definitions.ExperimentConfig,
+               saved_model: Optional[str],
+               checkpoint_path: Optional[str]) -> Predictor:
+  return (_saved_model_predictor(saved_model) if saved_model else
+          _checkpoint_predictor(params, checkpoint_path))
+
+
+def _video_writer(output_file: str, top_k: int,
+                  names: Optional[Sequence[str]]
+                  ) -> Callable[[Iterable[Dict[str, np.ndarray]]], int]:
+  """Writes the submission CSV (and, with `names`, the named CSV) whole."""
+  if names is None:
+    return lambda batches: output_files.write_atomically(
+        output_file, lambda out: write_video_predictions(batches, out, top_k))
+
+  def write(batches):
+    named_file = named_predictions_path(output_file)
+    # Each whole; a failed read replaces neither.
+    count = output_files.write_atomically(
+        named_file, lambda named_out: output_files.write_atomically(
+            output_file, lambda out: write_video_predictions(
+                batches, out, top_k, names, named_out)))
+    logging.info('Wrote the predictions with class names to %s', named_file)
+    return count
+  return write
+
+
+def _segment_writer(output_file: str, input_path: str, data,
+                    class_ids: Sequence[int], max_per_class: int,
+                    top_classes: Optional[int], short_last: bool
+                    ) -> Callable[[Iterable[Dict[str, np.ndarray]]], int]:
+  """Ranks the batches' segments per class and writes the CSV whole."""
+  def write(batches):
+    ranking = SegmentRanking(class_ids, max_per_class, data.segment_size,
+                             top_classes=top_classes)
     for batch in batches:
       ranking.add(batch['video_ids'], batch['segment_start_times'],
                   batch['probabilities'])
@@ -637,42 +530,22 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
     if not count:
       raise ValueError(
           f'--input_path={input_path!r}: no segment to score (no video has '
-          f'{"a" if segment_short_last else "a full"} segment of '
+          f'{"a" if short_last else "a full"} segment of '
           f'{data.segment_size} frames, task.validation_data.segment_size); '
           f'{output_file} not written.')
     output_files.write_atomically(output_file, ranking.write)
     logging.info('Ranked %d segments for %d classes (at most %d each).',
-                 count, len(class_ids), segment_max_per_class)
+                 count, len(class_ids), max_per_class)
     return count
-
-  if output_probabilities:
-    count = stored_predictions.write(
-        output_probabilities, batches, write_outputs,
-        level='segment' if segment_labels else 'video',
-        num_classes=data.num_classes,
-        class_ids=class_ids if segment_labels else range(data.num_classes),
-        segment_size=data.segment_size if segment_labels else None,
-        shard_rows=probabilities_shard_rows,
-        source={'model': model_path, 'input_path': input_path})
-    logging.info('Stored the scores of %d %s in %s', count,
-                 'segments' if segment_labels else 'videos',
-                 output_probabilities)
-  else:
-    count = write_outputs(batches)
-  logging.info('Wrote %d %s to %s', count,
-               'segments' if segment_labels else 'videos', output_file)
-  return count
+  return write
 
 
 def timeline_batches(batches: Iterable[Dict[str, np.ndarray]]
                      ) -> Iterator[timelines.Timeline]:
-  """Groups window rows (video id, first frame, frame count, scores) into
-  one `core.timelines.Timeline` a video; features are 1 a second, so frames
-  are seconds.
+  """One `core.timelines.Timeline` a video from window rows.
 
   Raises:
-    ValueError: a video's windows are not consecutive (the input holds a
-      video id more than once).
+    ValueError: a video's windows are not consecutive (its id repeats).
   """
   seen = set()
   current, rows = None, []
@@ -710,31 +583,14 @@ def run_timeline(params: config_definitions.ExperimentConfig, input_path: str,
                  batch_size: int = 64,
                  vocabulary: Optional[str] = None,
                  overwrite: bool = False) -> int:
-  """Writes the timeline of every video of `input_path` (module docstring).
+  """Writes the timeline of every video of `input_path`; returns its windows.
 
-  Args:
-    params: the experiment config (`experiment_params.load_model_params`);
-      frame-level records.
-    input_path: TFRecord file pattern.
-    output_file: the timeline CSV (`core.timelines.write_csv`).
-    window_seconds: seconds (features) a window, rounded to whole ones.
-    stride_seconds: seconds between window starts, rounded likewise.
-    saved_model: a SavedModel of `export_saved_model`, or
-    checkpoint_path: a training checkpoint (exactly one of the two).
-    plot: also a PNG of each video's top classes over time.
-    plot_classes: classes a video in `plot`.
-    batch_size: windows a batch.
-    vocabulary: the dataset's vocabulary.csv: class names as columns.
-    overwrite: replace an existing output file that predict did not write.
-
-  Returns:
-    Windows written.
+  Args as `run`'s, plus the windows' `window_seconds` and `stride_seconds`,
+  and `plot` (a PNG of each video's `plot_classes` top classes).
 
   Raises:
-    ValueError: naming the flag: an output that is an input or lies inside a
-      model, or (without `overwrite`) an existing file predict did not
-      write; video-level records; no video with a frame; `params`
-      contradicting the model's params.yaml.
+    ValueError: naming the flag: a refused output, video-level records, no
+      video with a frame, `params` contradicting the model's params.yaml.
   """
   model_path = experiment_params.model_path(saved_model, checkpoint_path)
   if plot and not plot.lower().endswith('.png'):
@@ -757,10 +613,9 @@ def run_timeline(params: config_definitions.ExperimentConfig, input_path: str,
     raise ValueError('--window_seconds needs frame-level records (one '
                      'feature vector a second); the model reads video-level '
                      "records (task.validation_data.record_type='video').")
-  names = (vocabulary_lib.load_vocabulary(vocabulary, data.num_classes)
+  names = (class_names.load_vocabulary(vocabulary, data.num_classes)
            if vocabulary else None)
-  predictor = (_saved_model_predictor(saved_model) if saved_model else
-               _checkpoint_predictor(params, checkpoint_path))
+  predictor = _predictor(params, saved_model, checkpoint_path)
   dataset = dataloader.build_dataset(data, windows=(window, stride))
   results = list(timeline_batches(predict_batches(dataset, predictor)))
   if not results:

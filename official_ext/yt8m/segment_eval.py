@@ -1,45 +1,7 @@
-r"""The 3rd YouTube-8M challenge's segment-level metric: mAP@K of a submission.
+r"""The 3rd YouTube-8M challenge's segment-level mAP@K of a submission.
 
   python -m official_ext.yt8m.segment_eval --submission=/tmp/segments.csv \
-      --input_path='/data/yt8m/3/frame/validate/validate*.tfrecord' \
-      [--top_k=100000] [--segment_label_ids=segment_label_ids.csv]
-
-Inputs:
-* a submission CSV as `official_ext.yt8m.predict --segment_labels` writes it
-  (and the challenge takes it): an optional `Class,Segments` header, then one
-  line a class, `<class>,<video>:<start> <video>:<start> ...`, best first;
-* segment-rated records (the challenge's validation set): context `id`,
-  `segment_labels`, `segment_start_times` and `segment_scores` (1 positive,
-  0 negative), one entry per (segment, class) rating. The segment of a rating
-  is `<id>:<start>`; a (segment, class) rated twice keeps its higher score.
-
-Metric, as the challenge's starter `segment_eval_inference.py` computes it:
-each class's list is cut to its first K entries (`--top_k`, K = 100,000);
-submitted segments without a rating for that class are dropped (only rated
-segments count: the raters rated a few segments per class, so an unrated
-segment is unknown, not a negative; this is the starter's
-`read_segment_predictions` filter); the average precision of what remains,
-in submission order, is
-
-    AP(c) = sum over kept positions i holding a positive of precision@i
-            / (number of positive ratings of c in the records),
-
-i.e. non-interpolated AP over the whole ranked list whose recall is measured
-against every positive of the class, submitted or not (the starter's
-`num_positives`). The result is the mean AP over the evaluated classes: the
-classes with at least one positive rating in the records (restricted to
-`--segment_label_ids` when given). A class without a positive rating has no
-AP (0/0) and is left out, as in `metrics.py`'s `map` (the starter would fail
-on it); an evaluated class missing from the submission scores 0; lines of
-other classes are ignored (counted). The starter averages over the classes
-of the submission instead: the two agree when the submission has a line for
-exactly the rated classes (the challenge's 1,000).
-
-The AP is `official_ext.core.average_precision`'s, the project's one
-average-precision implementation, with the earlier position as the higher
-score (positions are distinct, so its tie rule does not apply). A
-submission line that repeats a segment, or is not `<int>,...`, is an error
-naming the file and line.
+      --input_path='/data/yt8m/3/frame/validate/validate*.tfrecord'
 """
 import dataclasses
 import re
@@ -67,20 +29,11 @@ _CONTEXT = {
 
 def read_class_ids(path: str,
                    num_classes: Optional[int] = None) -> List[int]:
-  """Class ids of the challenge's `segment_label_ids.csv`, in file order.
-
-  Args:
-    path: text file, one class id a line; the first non-empty line may be a
-      header (a name such as `Index`); blank lines are skipped.
-    num_classes: if given, ids must lie in [0, num_classes) (the model's
-      task.validation_data.num_classes).
-
-  Returns:
-    The ids, at least one, without repeats.
+  """Class ids of a `segment_label_ids.csv` (optional header), in file order.
 
   Raises:
-    ValueError: naming the file and line of anything else (not an integer,
-      out of range, repeated), or a file without ids.
+    ValueError: naming the file and line: not an integer, outside
+      [0, num_classes), repeated; or a file without ids.
   """
   with tf.io.gfile.GFile(path, 'r') as f:
     lines = f.read().splitlines()
@@ -130,17 +83,10 @@ class SegmentRatings:
 def read_ratings(input_path: str, batch_size: int = 256) -> SegmentRatings:
   """Reads the segment ratings of every record of `input_path`.
 
-  Args:
-    input_path: TFRecord file(s): a file, glob or comma-separated list.
-    batch_size: records parsed at once.
-
-  Returns:
-    The ratings.
-
   Raises:
-    ValueError: naming the file (and video) of a record that is damaged,
-      has segment fields of unequal lengths or a negative class/start, or
-      naming `input_path` when it holds no rating at all.
+    ValueError: naming the file (and video) of a damaged record, unequal
+      segment lists or a negative class/start; naming `input_path` when it
+      holds no rating.
   """
   files = input_files.match_input_files(input_path)
   scores: Dict[Tuple[str, int], float] = {}
@@ -193,10 +139,9 @@ class SubmissionLabels:
   """A submission's rated entries per class, in submission order.
 
   Attributes:
-    positions: {class: int [n] 0-based positions in the class's line (after
-      the top-K cut) of its rated segments}.
+    positions: {class: int [n] positions in the class's cut line}.
     labels: {class: bool [n] whether each is a positive}.
-    num_unrated: submitted (segment, class) pairs without a rating (dropped).
+    num_unrated: submitted (segment, class) pairs without a rating.
     other_classes: classes with a line that are not evaluated.
   """
   positions: Dict[int, np.ndarray]
@@ -207,22 +152,11 @@ class SubmissionLabels:
 
 def read_submission(path: str, ratings: SegmentRatings, classes: Set[int],
                     top_k: int = DEFAULT_TOP_K) -> SubmissionLabels:
-  """Reads a submission's first `top_k` segments per class, rated ones kept.
-
-  Args:
-    path: the submission CSV (see the module docstring).
-    ratings: `read_ratings` of the labelled records.
-    classes: the evaluated classes; other lines are read for their format
-      only.
-    top_k: entries kept per class line, before dropping unrated ones.
-
-  Returns:
-    The rated entries per evaluated class.
+  """A submission's first `top_k` segments per evaluated class, rated ones kept.
 
   Raises:
     ValueError: naming the file and line of a malformed line, a repeated
-      class or a repeated segment, or naming the file when it has no class
-      line.
+      class or segment; or the file when it has no class line.
   """
   positions, labels, other = {}, {}, []
   num_unrated, seen_lines = 0, {}
@@ -266,8 +200,7 @@ def read_submission(path: str, ratings: SegmentRatings, classes: Set[int],
 
 
 def _rated(segments: Sequence[str], cls: int, ratings: SegmentRatings):
-  """(positions int [n], positive bool [n], unrated segments) of the
-  segments of class `cls`'s list that have a rating for `cls`."""
+  """(positions, positives, unrated count) of class `cls`'s rated segments."""
   pos, lab, unrated = [], [], []
   for i, segment in enumerate(segments):
     value = ratings.scores.get((segment, cls))
@@ -282,15 +215,7 @@ def _rated(segments: Sequence[str], cls: int, ratings: SegmentRatings):
 def ranked_lists_labels(lists: Dict[int, Sequence[str]],
                         ratings: SegmentRatings, classes: Set[int],
                         top_k: int = DEFAULT_TOP_K) -> SubmissionLabels:
-  """`read_submission` of ranked lists held in memory.
-
-  Args:
-    lists: {class: `<video>:<start>` segments, best first} (e.g.
-      `yt8m.predict.SegmentRanking.ranked`), each without repeats.
-    ratings: `read_ratings` of the labelled records.
-    classes: the evaluated classes; other lists are counted only.
-    top_k: entries kept per class, before dropping unrated ones.
-  """
+  """`read_submission` of ranked lists held in memory ({class: segments})."""
   positions, labels, other, num_unrated = {}, {}, [], 0
   for cls, segments in lists.items():
     if cls not in classes:
@@ -306,24 +231,15 @@ def mean_average_precision(submission: str, ratings: SegmentRatings,
                            top_k: int = DEFAULT_TOP_K,
                            class_ids: Optional[Sequence[int]] = None
                            ) -> Dict[str, object]:
-  """The challenge's mAP@K of `submission` (see the module docstring).
+  """The challenge's mAP@K of `submission` against `ratings` (docs/yt8m.md).
 
-  Args:
-    submission: path of the submission CSV.
-    ratings: `read_ratings` of the labelled records.
-    top_k: K, entries per class line considered (> 0).
-    class_ids: the classes to evaluate (e.g. the challenge's 1,000); None:
-      every class with a rating.
-
-  Returns:
-    `map` float, `per_class_ap` {class: AP}, `num_classes` (evaluated),
-    `classes_without_positives` and `classes_missing_from_submission`
-    (sorted lists), `num_rated_submitted`, `num_unrated_ignored`,
-    `num_other_class_lines`, `top_k`.
+  `class_ids`: the classes to evaluate; None: every class with a rating.
+  Returns `map`, `per_class_ap` {class: AP} and counts of the classes and
+  entries evaluated, ignored or missing.
 
   Raises:
-    ValueError: no evaluated class has a positive rating, top_k <= 0, or the
-      submission is malformed (see `read_submission`).
+    ValueError: no evaluated class has a positive rating, top_k <= 0, or a
+      malformed submission.
   """
   evaluated, without = _evaluated_classes(ratings, top_k, class_ids)
   read = read_submission(submission, ratings, set(evaluated), top_k)
@@ -335,9 +251,7 @@ def mean_average_precision_of_lists(lists: Dict[int, Sequence[str]],
                                     top_k: int = DEFAULT_TOP_K,
                                     class_ids: Optional[Sequence[int]] = None
                                     ) -> Dict[str, object]:
-  """`mean_average_precision` of ranked lists held in memory ({class:
-  segments, best first}: what a submission's lines hold); the same result
-  as of the submission file written from them."""
+  """`mean_average_precision` of ranked lists held in memory."""
   evaluated, without = _evaluated_classes(ratings, top_k, class_ids)
   read = ranked_lists_labels(lists, ratings, set(evaluated), top_k)
   return _mean_average_precision(read, ratings, evaluated, without, top_k)
@@ -396,15 +310,7 @@ def _mean_average_precision(read: SubmissionLabels, ratings: SegmentRatings,
 
 def evaluate(submission: str, input_path: str, top_k: int = DEFAULT_TOP_K,
              segment_label_ids: Optional[str] = None) -> Dict[str, object]:
-  """`mean_average_precision` of `submission` against `input_path`'s records.
-
-  Args:
-    submission: the submission CSV.
-    input_path: segment-rated TFRecords.
-    top_k: K.
-    segment_label_ids: optional file of the classes to evaluate (one id a
-      line, optional header; see `read_class_ids`).
-  """
+  """`mean_average_precision` of `submission` against `input_path`'s records."""
   class_ids = (read_class_ids(segment_label_ids) if segment_label_ids else
                None)
   ratings = read_ratings(input_path)

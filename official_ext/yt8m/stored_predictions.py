@@ -1,36 +1,6 @@
 """Stored predictions: every video's (or segment's) scores, for ensembles.
 
-`python -m official_ext.yt8m.predict --output_probabilities=DIR` writes them
-beside its submission CSV; `python -m official_ext.yt8m.ensemble` reads
-several models' sets, fits weights on labelled ones and writes the
-submission of their weighted average.
-
-Format: a directory holding `index.json` and shards `scores-NNNNN.npz`
-(numpy, uncompressed) of at most `shard_rows` (16,384) rows each. A row is
-a video (video level) or a segment (segment level). Each shard holds
-`video_ids` (bytes [n]), `probabilities` (float16 [n, classes]: the scores
-of the classes `index.json` lists in `class_ids`: every class at video
-level, the ranked classes (`--segment_label_ids`) at segment level), at
-segment level `segment_start_times` (int32 [n]), and at video level the
-records' labels as `label_offsets` (int64 [n + 1]) into `label_ids` (int32:
-the labels of row i are `label_ids[label_offsets[i]:label_offsets[i+1]]`).
-`index.json` holds the format name, `level` ('video' | 'segment'),
-`num_classes`, `class_ids`, `segment_size`, `has_labels` (whether any row
-has a label: the set can be fitted on), `num_rows`, the shard files and
-their row counts, and the model and input it was predicted from.
-
-Size: 2 bytes a class a row (float16) plus the id and labels: a video of
-3,862 classes takes 7.7 KB (1.1 M validation videos: 8.5 GB), a segment
-ranked for the challenge's 1,000 classes 2 KB. float16 keeps a score to
-3 significant digits (relative rounding <= 2^-11; scores below 6e-5 lose
-relative precision, down to 6e-8): enough to rank and average
-probabilities, and exact ties are resolved as everywhere else (by class id,
-then by order).
-
-The directory is written whole or not at all (`core.output_files.
-write_directory`, `index.json` moved in last): a failed prediction leaves an
-earlier set as it was. A directory that holds anything but a stored set is
-refused, and so is one that is an input or lies inside a model.
+The format: docs/yt8m.md#ensembles.
 """
 import dataclasses
 import io
@@ -67,16 +37,9 @@ class Recorder:
                class_ids: Sequence[int], segment_size: Optional[int] = None,
                shard_rows: int = DEFAULT_SHARD_ROWS,
                source: Optional[Dict[str, str]] = None):
-    """A recorder writing into `directory` (existing).
-
-    Args:
-      directory: where the shards and `index.json` go.
-      level: 'video' or 'segment'.
-      num_classes: the model's classes.
-      class_ids: the classes stored (columns of each batch's probabilities).
-      segment_size: frames a segment (segment level).
-      shard_rows: rows a shard (> 0).
-      source: what the predictions come from (model, input), for the index.
+    """A recorder writing into the existing `directory`: the `class_ids`
+    columns of `level` ('video' or 'segment') predictions, `shard_rows` rows
+    a shard; `source` (model, input) goes into the index.
     """
     if level not in LEVELS:
       raise ValueError(f'level={level!r}; expected one of {LEVELS}.')
@@ -97,9 +60,9 @@ class Recorder:
     self._num_labels = 0
 
   def add(self, batch: Dict[str, np.ndarray]) -> None:
-    """Adds a batch: `video_ids` [b], `probabilities` float [b,
-    num_classes], at segment level `segment_start_times` [b], at video level
-    `labels` [b, num_classes] multi-hot (optional)."""
+    """Adds a batch (`video_ids`, `probabilities`, `segment_start_times` or
+    `labels`).
+    """
     rows = {'video_ids': np.asarray([v if isinstance(v, bytes) else
                                      str(v).encode() for v in
                                      batch['video_ids']], dtype=bytes),
@@ -170,10 +133,9 @@ def _is_stored_set(directory: str) -> bool:
 def check_output(directory: str, flag: str,
                  inputs: Iterable[Tuple[str, Optional[str]]] = (),
                  models: Iterable[Tuple[str, Optional[str]]] = ()) -> None:
-  """Refuses `directory` before anything is read: its folder is missing; it
-  is a file, an input, or lies inside a model_dir or SavedModel directory
-  (`output_files.check_output_file`); it holds files other than a stored
-  set's (a stored set is replaced)."""
+  """Refuses `directory` before anything is read: a missing folder, a file,
+  an input, inside a model, or holding files other than a stored set's.
+  """
   directory = directory.rstrip('/')
   if tf.io.gfile.isdir(directory):
     if not _is_stored_set(directory):
@@ -192,16 +154,8 @@ def write(directory: str, batches: Iterable[Dict[str, np.ndarray]],
           **recorder_args) -> _T:
   """Stores the rows of `batches` in `directory` while `consume` reads them.
 
-  `consume` gets the batches (e.g. writes the submission CSV from them); the
-  directory is staged and moved into place only when it returned
-  (`output_files.write_directory`); shards of an earlier, longer set are
-  then removed.
-
-  Args:
-    directory: the stored set's directory (checked by `check_output`).
-    batches: prediction batches (`Recorder.add`).
-    consume: reads the batches it is given; what it returns is returned.
-    **recorder_args: `Recorder`'s arguments but `directory`.
+  The directory is moved into place, whole, once `consume` returned; what it
+  returns is returned. `recorder_args`: `Recorder`'s but `directory`.
   """
   directory = directory.rstrip('/')
   holds_set = tf.io.gfile.isdir(directory) and _is_stored_set(directory)
@@ -223,21 +177,10 @@ def write(directory: str, batches: Iterable[Dict[str, np.ndarray]],
 
 @dataclasses.dataclass
 class StoredPredictions:
-  """A stored set, read whole.
+  """A stored set, read whole (its fields: docs/yt8m.md#ensembles).
 
-  Attributes:
-    path: its directory.
-    level: 'video' or 'segment'.
-    num_classes: the model's classes.
-    class_ids: int [C], the classes of `probabilities`' columns.
-    segment_size: frames a segment (segment level), else None.
-    video_ids: bytes [N].
-    segment_start_times: int32 [N] (segment level), else None.
-    probabilities: float16 [N, C].
-    label_offsets, label_ids: the labels (video level; see the module
-      docstring), else None.
-    has_labels: whether any row has a label.
-    source: what it was predicted from.
+  `probabilities` float16 [N, C] hold the `class_ids` columns; the
+  segment-level fields and the labels are None where the level has none.
   """
   path: str
   level: str

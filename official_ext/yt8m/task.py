@@ -13,12 +13,12 @@ from official_ext.core import gradients
 from official_ext.core import host_gather
 from official_ext.core.input import bad_records
 from official_ext.core.input import eval_padding
+from official_ext.yt8m import class_names
 from official_ext.yt8m import configs
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import metrics as yt8m_metrics
 from official_ext.yt8m.modeling import model as yt8m_model
-from official_ext.yt8m import vocabulary
 
 _AP_KEY = 'average_precision'
 # task.init_checkpoint_modules -> the model's checkpoint items restored
@@ -33,13 +33,10 @@ CLASS_REDUCTIONS = ('mean', 'sum')
 
 def _ap_accumulators(params: configs.YT8MTask
                      ) -> Dict[str, yt8m_metrics.AveragePrecisionAccumulator]:
-  """{metric prefix: accumulator} of one evaluation ({} without AP).
-
-  One accumulator with prefix '', or with `video_and_segment_level` one per
-  level ('video/', 'segment/').
+  """{metric prefix: AP accumulator} of one evaluation ({} without AP).
 
   Raises:
-    ValueError: naming the config keys of a negative `top_n`, or of
+    ValueError: naming the keys of a negative `top_n`, or of
       `video_and_segment_level` with segment-level validation data or
       without AP metrics.
   """
@@ -71,21 +68,8 @@ def _ap_accumulators(params: configs.YT8MTask
 def _write_per_class_ap(prefix: str, results: Dict[str, Any],
                         class_positives: np.ndarray, top_n: Optional[int],
                         step) -> None:
-  """Writes the per-class APs to the default summary writer, if any.
-
-  A histogram `{prefix}per_class_ap` (and `{prefix}per_class_ap_at_{n}`)
-  over the classes with a positive, and a text table
-  `{prefix}per_class_ap_table` of those classes, best first (class id,
-  AP, AP@n, positives). Orbit's controller makes the evaluation summary
-  writer the default one while it evaluates.
-
-  Args:
-    prefix: metric prefix ('' or a level's).
-    results: the accumulator's result with `per_class_ap` [C] (and
-      `per_class_ap_at_n` [C] with top_n).
-    class_positives: [C] positives of each class.
-    top_n: the n of AP@n, or None.
-    step: the summary step (the global step).
+  """Writes the per-class AP histograms and table to the default summary
+  writer (Orbit's evaluation writer while it evaluates).
   """
   has = class_positives > 0
   classes = np.flatnonzero(has)
@@ -109,8 +93,7 @@ def _write_per_class_ap(prefix: str, results: Dict[str, Any],
 
 
 def _check_record_type(config: configs.YT8MTask) -> None:
-  """Both splits read the records the backbone takes: frame level (DBoF) or
-  video level ('identity'); raises ValueError naming the keys otherwise."""
+  """Raises ValueError unless both splits hold the backbone's record type."""
   backbone = config.model.backbone.type
   expected = 'video' if backbone == 'identity' else 'frame'
   for key in ('train_data', 'validation_data'):
@@ -124,8 +107,7 @@ def _check_record_type(config: configs.YT8MTask) -> None:
 
 
 def _check_input_scaling(config: configs.YT8MTask) -> None:
-  """Both splits undo the same PCA whitening (a model trained on one input
-  scale is evaluated on the same); raises ValueError naming the keys."""
+  """Raises ValueError unless both splits undo the same PCA whitening."""
   keys = ('reverse_whitening_feature', 'pca_eigenvalues_path')
   train = tuple(getattr(config.train_data, k) for k in keys)
   validation = tuple(getattr(config.validation_data, k) for k in keys)
@@ -139,20 +121,12 @@ def _check_input_scaling(config: configs.YT8MTask) -> None:
 
 @task_factory.register_task_cls(configs.YT8MTask)
 class YT8MTask(base_task.Task):
-  """YouTube-8M classification: DBoF + MoE/logistic head on frame-level
-  records, or the head alone on video-level records.
-
-  Inputs (from `dataloader.build_dataset`) are dicts with
-  `video_matrix` float32 [batch, frames, features] (video level: [batch,
-  features]), `num_frames` int32 [batch], `labels` float32 [batch, classes]
-  and, for segment-level data, `label_weights` float32 [batch, classes].
+  """YouTube-8M classification on frame- or video-level records.
 
   Attributes:
-    analytic_l2_gradient: True (default): the L2 regularization's gradient
-      is added analytically (`gradients.add_l2_gradients`) and its value
-      computed outside the step's XLA function; False: through
-      `model.losses` inside the step, as Model Garden's YT8M task does (the
-      benchmark's reference runs).
+    analytic_l2_gradient: add the L2 gradient analytically and compute its
+      value outside the step's XLA function (False: through `model.losses`
+      inside the step, as Model Garden's task does).
   """
 
   def __init__(self, params: configs.YT8MTask,
@@ -174,7 +148,7 @@ class YT8MTask(base_task.Task):
                        f'one of {CLASS_REDUCTIONS}.')
     self._class_names = None  # By class id, for the evaluation log.
     if evaluation.vocabulary_path:
-      self._class_names = vocabulary.load_vocabulary(
+      self._class_names = class_names.load_vocabulary(
           evaluation.vocabulary_path, params.validation_data.num_classes,
           key='task.evaluation.vocabulary_path')
     # (model, its (kernel, l2) pairs): computed once per model.
@@ -198,22 +172,13 @@ class YT8MTask(base_task.Task):
     return model
 
   def initialize(self, model: tf_keras.Model):
-    """Loads `task.init_checkpoint` (fine-tuning, transfer).
+    """Restores `task.init_checkpoint_modules` from `task.init_checkpoint`.
 
-    Called by the checkpoint manager only when model_dir has no checkpoint,
-    so a restarted run resumes from its own checkpoint instead. The restore
-    (`core.checkpoints.restore_modules`) is strict for the modules of
-    `task.init_checkpoint_modules`: a missing or reshaped variable there is
-    an error naming it (e.g. 'all' with another number of classes names the
-    head's variables); entries of other modules are ignored.
-
-    Args:
-      model: the model of `build_model`, variables created.
+    Called only when model_dir has no checkpoint; strict for the modules named.
 
     Raises:
-      ValueError: `init_checkpoint_modules` is neither 'all' nor 'backbone',
-        `init_checkpoint` holds no checkpoint, or the checkpoint does not
-        match the modules named.
+      ValueError: an unknown `init_checkpoint_modules`, no checkpoint at
+        `init_checkpoint`, or a checkpoint that does not match those modules.
     """
     path = self.task_config.init_checkpoint
     if not path:
@@ -262,7 +227,7 @@ class YT8MTask(base_task.Task):
   def build_inputs(self, params: configs.DataConfig,
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:
-    """Builds the batched dataset of one split (see `dataloader`)."""
+    """Builds the batched dataset of one split."""
     resolved = self._resolve_input_path(params)
     if not params.is_training:
       self._validation_source = resolved.input_path
@@ -279,20 +244,10 @@ class YT8MTask(base_task.Task):
                    label_weights: Optional[tf.Tensor] = None,
                    aux_losses: Optional[List[tf.Tensor]] = None
                    ) -> Dict[str, tf.Tensor]:
-    """Sigmoid cross-entropy (+ regularization).
+    """Sigmoid cross-entropy (+ `aux_losses`, the regularization).
 
-    Args:
-      labels: float32 [batch, classes] targets in [0, 1].
-      model_outputs: float32 [batch, classes] probabilities (logits when
-        `losses.from_logits`).
-      label_weights: optional float32 [batch, classes]; the loss is then the
-        weighted mean over the rated (weight > 0) entries ('sum'
-        `losses.class_reduction`: their weighted sum over the examples with
-        a rated class).
-      aux_losses: regularization losses (`model.losses`), added to the total.
-
-    Returns:
-      {'total_loss': scalar, 'model_loss': scalar}.
+    `label_weights` (float32 [batch, classes]) restrict the loss to the rated
+    entries. Returns {'total_loss', 'model_loss'}.
     """
     model_loss = self._cross_entropy(labels, model_outputs, label_weights)
     total_loss = model_loss
@@ -302,8 +257,7 @@ class YT8MTask(base_task.Task):
 
   def _cross_entropy(self, labels: tf.Tensor, model_outputs: tf.Tensor,
                      label_weights: Optional[tf.Tensor]) -> tf.Tensor:
-    """The batch's cross-entropy, reduced over the classes as
-    `losses.class_reduction` says and averaged over the examples."""
+    """The batch's cross-entropy, reduced per `losses.class_reduction`."""
     losses_config = self.task_config.losses
     per_entry = tf_keras.losses.binary_crossentropy(
         labels[..., tf.newaxis], model_outputs[..., tf.newaxis],
@@ -325,10 +279,7 @@ class YT8MTask(base_task.Task):
                           outputs: Dict[str, tf.Tensor], labels: tf.Tensor,
                           label_weights: Optional[tf.Tensor]
                           ) -> Dict[str, tf.Tensor]:
-    """The NeXtVLAD mixture's training terms, added to the total loss:
-    `branch_loss`, the sum of every branch's cross-entropy (reduced as the
-    mixture's), and the model's `distillation_loss`. Other models'
-    losses are returned as they are."""
+    """Adds the NeXtVLAD mixture's `branch_loss` and `distillation_loss`."""
     if 'branch_predictions' not in outputs:
       return all_losses
     branches = tf.cast(outputs['branch_predictions'], tf.float32)
@@ -358,11 +309,10 @@ class YT8MTask(base_task.Task):
   def process_metrics(self, metrics, labels, outputs, model_losses=None,
                       label_weights=None, training=True, example_mask=None,
                       segment_level=None, **kwargs):
-    """Updates the loss metrics; in eval passes AP inputs to aggregate_logs.
+    """Updates the loss metrics; in evaluation returns the AP inputs.
 
-    `example_mask` (bool [batch], evaluation): False marks padding rows.
-    `segment_level` (bool [batch], `video_and_segment_level` evaluation):
-    True marks segment-level rows.
+    `example_mask` marks real (not padding) rows, `segment_level` the
+    segment-level rows of a `video_and_segment_level` evaluation.
     """
     model_losses = model_losses or {}
     logs = {}
@@ -409,10 +359,8 @@ class YT8MTask(base_task.Task):
                         label_weights):
     """Forward pass, losses and this replica's unscaled gradients.
 
-    The weights' L2 regularization (when it is plain L2 on kernels) is not
-    in the returned losses: its gradient (2 l2 w, per replica share) is added
-    here, and `train_step` adds its value, computed outside this (possibly
-    XLA-compiled) function where it is ~15x faster (`gradients.l2_loss`).
+    With analytic L2 the L2 term's gradient is added here and its value left
+    to `train_step`, outside this (possibly XLA-compiled) function.
     """
     num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
     l2_pairs = self._l2_kernels(model)
@@ -448,17 +396,7 @@ class YT8MTask(base_task.Task):
     return self._jit_fn
 
   def train_step(self, inputs, model, optimizer, metrics=None):
-    """One training step: forward, loss / replicas, (scaled) gradients, clip.
-
-    Args:
-      inputs: a batch dict from `build_inputs`.
-      model: the model.
-      optimizer: the optimizer (a LossScaleOptimizer under float16).
-      metrics: metrics from `build_metrics(training=True)`.
-
-    Returns:
-      logs: {'loss': total loss, 'total_loss', 'model_loss'}.
-    """
+    """One training step: forward, loss / replicas, gradients, clipping."""
     features, num_frames = self._model_inputs(
         inputs, self.task_config.train_data)
     labels = inputs['labels']
@@ -488,11 +426,7 @@ class YT8MTask(base_task.Task):
     return model(features, num_frames=num_frames, training=False)
 
   def validation_step(self, inputs, model, metrics=None):
-    """One evaluation step: loss metrics and AP inputs (see aggregate_logs).
-
-    Padding rows of a padded last batch (`eval_mask` False) count in no loss
-    and no metric.
-    """
+    """One evaluation step; padding rows count in no loss and no metric."""
     predictions = tf.cast(self.inference_step(inputs, model)['predictions'],
                           tf.float32)
     labels = inputs['labels']
@@ -516,17 +450,9 @@ class YT8MTask(base_task.Task):
 
   # -- AP aggregation on the host ---------------------------------------------
   def aggregate_logs(self, state=None, step_outputs=None):
-    """Accumulates every replica's predictions into the AP accumulator.
+    """Accumulates every local replica's rows into the AP accumulators.
 
-    `step_outputs[_AP_KEY]` holds, per key, a tuple with one tensor per local
-    replica (Orbit applies `strategy.experimental_local_results`); all of
-    them are accumulated, so metrics cover every replica's examples (with
-    several workers, `validation_step` gathered every worker's rows and one
-    copy is accumulated: `core.host_gather.host_parts`).
-
-    The state is {metric prefix: accumulator}; with
-    `video_and_segment_level` the rows go to the accumulator of their level
-    (video rows without their all-ones `label_weights`).
+    With `video_and_segment_level` each row goes to its level's accumulator.
     """
     if self.task_config.evaluation.average_precision is None:
       return state
@@ -555,12 +481,11 @@ class YT8MTask(base_task.Task):
     return state
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
-    """The AP metrics (each level's under its prefix); an
-    `EmptyEvaluationError` naming the dataset if a level accumulated no
-    example. Logs the `evaluation.num_best_worst_classes` best and worst
-    per-class APs of each level, named from `evaluation.vocabulary_path`.
-    With `return_per_class_ap` the per-class APs go to TensorBoard
-    (`_write_per_class_ap`), not into the returned scalars."""
+    """The AP metrics of each level; logs the best and worst classes.
+
+    Raises:
+      EmptyEvaluationError: a level accumulated no example.
+    """
     ap_config = self.task_config.evaluation.average_precision
     if ap_config is None or aggregated_logs is None:
       return {}
@@ -579,7 +504,7 @@ class YT8MTask(base_task.Task):
       class_positives = accumulator.class_positives
       if num_listed:
         logging.info('%s%s', f'[{prefix[:-1]}] ' if prefix else '',
-                     vocabulary.best_and_worst_classes(
+                     class_names.best_and_worst_classes(
             results['per_class_ap'], class_positives, num_listed,
             self._class_names))
       if ap_config.return_per_class_ap:

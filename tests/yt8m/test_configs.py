@@ -65,3 +65,15 @@ def test_shipped_yaml_files_parse_and_validate(path):
   config = hyperparams.override_params_dict(config, path, is_strict=True)
   config.validate()
   assert isinstance(config, config_definitions.ExperimentConfig)
+
+
+def test_every_registered_experiment_is_documented():
+  """docs/yt8m.md, not a count in a docstring, lists the experiments."""
+  names = [n for n in exp_factory._REGISTERED_CONFIGS  # pylint: disable=protected-access
+           if n == 'yt8m' or n.startswith('yt8m_')]
+  assert len(names) >= 20
+  with open(os.path.join(REPO, 'docs', 'yt8m.md')) as f:
+    page = f.read()
+  assert [n for n in names if f'`{n}`' not in page] == []
+  stale_count = r'\b(one|two|three|\d+)\s+experiments\s+are\s+registered'
+  assert not re.search(stale_count, configs.__doc__, re.I)

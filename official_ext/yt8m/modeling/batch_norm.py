@@ -1,16 +1,5 @@
-"""YT8M's written-out batch norm: training-mode batch normalization (and the
-bias of a dense layer) over [batch, frames, K] activations, gradients
-written out.
-
-`BatchNormalization` and `Dense` are the tf_keras layers (same variables,
-values to float32 rounding) whose training call, where the kernel policy
-takes the fast path (`core.kernels.kernel_policy`: 'yt8m.batch_norm_gradient',
-'yt8m.bias_gradient', on CPUs), computes its gradient as column sums over the
-frame rows (`_column_sums`, matrix-vector products) instead of the automatic
-gradient's reductions. `batch_norm_relu_average_pool` fuses DBoF's cluster
-batch norm, ReLU and frame pooling ('yt8m.dbof_cluster_pool').
-`update_moving_moments` updates a batch norm's moving statistics as its
-training call does.
+"""Training-mode batch norm and dense bias over [batch, frames, K] with
+written-out gradients: YT8M's CPU fast paths (docs/yt8m.md#speed).
 """
 from typing import Optional
 
@@ -27,38 +16,14 @@ def _frame_weights(x: tf.Tensor, mask: Optional[tf.Tensor]) -> tf.Tensor:
 
 
 def _column_sums(weights: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
-  """sum_n weights[n] x[n, :] as one matrix-vector product.
-
-  The one spelling of a column sum over frame rows here (moments, the
-  batch-norm and bias gradients).
-
-  Args:
-    weights: [batch, frames] float32.
-    x: [batch, frames, K] float32.
-
-  Returns:
-    [K]. XLA runs this as a matrix-vector product at memory speed; on CPU
-    its reduction of `x` over the batch and frame axes runs at about a third
-    of that (3.0 vs 8.9 ms at [32, 300, 3000]).
-  """
+  """sum_n weights[n] x[n, :] as one matrix-vector product: [K]."""
   k = x.shape[-1] if x.shape[-1] is not None else tf.shape(x)[-1]
   return tf.matmul(tf.reshape(weights, [1, -1]), tf.reshape(x, [-1, k]))[0]
 
 
 def masked_moments(x: tf.Tensor, mask: Optional[tf.Tensor] = None):
-  """Mean and (biased) variance over the valid frames of `x`, per feature.
-
-  What `tf_keras.layers.BatchNormalization(x, mask=mask)` computes in
-  training (`tf.nn.weighted_moments` with the mask as frequency weights), in
-  another summation order.
-
-  Args:
-    x: float32 [batch, frames, K].
-    mask: optional [batch, frames] (bool or 0/1) valid frames; None: all.
-
-  Returns:
-    (mean [K], variance [K], count): count is the number of valid frames, a
-    float32 scalar; with none, the mean and variance are 0.
+  """(mean [K], biased variance [K], count) over the valid frames of `x`;
+  0, 0 when no frame is valid.
   """
   w = _frame_weights(x, mask)
   count = tf.reduce_sum(w)
@@ -74,34 +39,9 @@ def batch_norm_relu_average_pool(x: tf.Tensor, gamma: tf.Tensor,
                                  mask: Optional[tf.Tensor] = None):
   """Training-mode batch norm, ReLU and the mean over the valid frames, fused.
 
-  pooled[b] = mean over the valid frames t of relu(gamma * (x[b, t] - mean)
-  / sqrt(variance + epsilon) + beta), with the batch's masked moments
-  (`masked_moments`): what `BatchNormalization(training=True, mask=mask)`,
-  `relu` and `pool_frames(..., 'average', mask)` compute one after the other,
-  to float32 rounding, with no normalized or activated frames kept for the
-  backward pass (XLA still writes the two per-video reductions' operands).
-  The gradient is written out: with yhat the normalized frames, r = [gamma
-  yhat + beta > 0] and g[b] = d pooled[b] / (valid frames of b),
-
-    d beta = sum_b g[b] c[b],  d gamma = sum_b g[b] s[b],
-    d x[b, t] = m[b, t] gamma / sqrt(variance + epsilon) *
-                (r[b, t] g[b] - (d beta + yhat[b, t] d gamma) / n),
-
-  where c[b] = sum_t m r and s[b] = sum_t m r yhat are reduced in the
-  forward pass (they also give the pooled value, gamma s + beta c), m is the
-  mask and n the number of valid frames: one pass over the frames in the
-  backward pass, where the automatic gradient takes five.
-
-  Args:
-    x: float32 [batch, frames, K] pre-normalization activations.
-    gamma: float32 [K] batch-norm scale.
-    beta: float32 [K] batch-norm offset.
-    epsilon: batch-norm epsilon.
-    mask: optional [batch, frames] valid frames (bool or 0/1); None: all.
-
-  Returns:
-    (pooled [batch, K], mean [K], variance [K], count): the moments and the
-    number of valid frames, for the moving averages (no gradient).
+  What `BatchNormalization(training=True, mask=mask)`, `relu` and
+  `pool_frames(..., 'average', mask)` compute in turn, with a written-out
+  gradient. Returns (pooled [batch, K], mean [K], variance [K], count).
   """
   w = _frame_weights(x, mask)
   mean, variance, count = masked_moments(tf.stop_gradient(x), mask)
@@ -136,31 +76,8 @@ def batch_norm_relu_average_pool(x: tf.Tensor, gamma: tf.Tensor,
 def batch_norm_training(x: tf.Tensor, gamma: Optional[tf.Tensor],
                         beta: Optional[tf.Tensor], epsilon: float,
                         mask: Optional[tf.Tensor] = None):
-  """Training-mode batch norm over every axis but the last, gradient written out.
-
-  y = gamma * (x - mean) / sqrt(variance + epsilon) + beta for every row,
-  with the moments of the valid rows (`masked_moments`), as
-  `tf_keras.layers.BatchNormalization(training=True, mask=mask)`; with xhat
-  the normalized rows, w the mask and n the number of valid rows, the
-  gradient is d beta = sum dy, d gamma = sum dy xhat (over all rows) and
-
-    d x = gamma / sqrt(variance + epsilon) * (dy - w (d beta + xhat d gamma) / n),
-
-  its column sums matrix-vector products (`_column_sums`): on CPU, XLA's
-  reductions of the automatic gradient over the [batch x frames] rows run at
-  about a third of memory speed.
-
-  Args:
-    x: float32 [..., C] (e.g. [batch, frames, C]).
-    gamma: float32 [C] scale, or None (1).
-    beta: float32 [C] offset, or None (0).
-    epsilon: variance epsilon.
-    mask: optional valid rows, shaped as x without its last axis (bool or
-      0/1); None: all rows.
-
-  Returns:
-    (y shaped as x, mean [C], variance [C], count): the moments and the
-    number of valid rows, for the moving averages (no gradient).
+  """Training-mode batch norm over every axis but the last, gradient written
+  out; returns (y, mean, variance, count).
   """
   channels = x.shape[-1]
   rows = tf.reshape(x, [-1, channels])
@@ -190,15 +107,8 @@ def batch_norm_training(x: tf.Tensor, gamma: Optional[tf.Tensor],
 
 
 class BatchNormalization(tf_keras.layers.BatchNormalization):
-  """`tf_keras.layers.BatchNormalization` whose training call is
-  `batch_norm_training` (same variables, values to float32 rounding, same
-  moving-average updates: `update_moving_moments`).
-
-  A CPU fast path of the kernel policy ('yt8m.batch_norm_gradient',
-  `core.kernels.kernel_policy`), taken where the policy takes it for float32 inputs
-  of rank >= 2 normalized over the last axis, with `training=True`, a
-  trainable layer, no synchronization, renorm, virtual batch or adjustment;
-  every other call is tf_keras' own.
+  """`tf_keras.layers.BatchNormalization` whose float32 training call is
+  `batch_norm_training` where the kernel policy takes that path.
   """
 
   def _written_out(self, inputs, training) -> bool:
@@ -223,13 +133,7 @@ class BatchNormalization(tf_keras.layers.BatchNormalization):
 
 
 def bias_add(x: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
-  """x + bias over the last axis; the bias gradient (the column sums of the
-  output gradient) as one matrix-vector product (see `batch_norm_training`).
-
-  Args:
-    x: float32 [..., C].
-    bias: float32 [C].
-  """
+  """x + bias over the last axis; the bias gradient one matrix-vector product."""
   @tf.custom_gradient
   def add(x, bias):
     def grad(dy):
@@ -242,9 +146,8 @@ def bias_add(x: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
 
 class Dense(tf_keras.layers.Dense):
   """`tf_keras.layers.Dense` whose bias gradient over frames is `bias_add`'s
-  (same variables and values): a CPU fast path of the kernel policy
-  ('yt8m.bias_gradient', `core.kernels.kernel_policy`), taken where the policy takes
-  it for float32 inputs of rank >= 3."""
+  where the kernel policy takes that path.
+  """
 
   def call(self, inputs):
     if not (kernel_policy.current().takes('yt8m.bias_gradient') and
@@ -264,11 +167,8 @@ class Dense(tf_keras.layers.Dense):
 def update_moving_moments(norm: tf_keras.layers.BatchNormalization,
                           mean: tf.Tensor, variance: tf.Tensor,
                           count: tf.Tensor) -> None:
-  """Updates `norm`'s moving mean and variance as its training call does.
-
-  moving <- moving - (moving - value) * (1 - momentum), as
-  `BatchNormalization._assign_moving_average`; nothing when `count` (the
-  number of frames the moments are over) is 0.
+  """Updates `norm`'s moving mean and variance as its training call does;
+  nothing when `count` is 0.
   """
   decay = 1.0 - norm.momentum
   for variable, value in ((norm.moving_mean, mean),

@@ -5,27 +5,17 @@ import tensorflow as tf, tf_keras
 
 from official_ext.core.kernels import kernel_policy
 from official_ext.yt8m.modeling import batch_norm
+from official_ext.yt8m.modeling import factory
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 POOLING_METHODS = ('average', 'max', 'swap', 'none')
 
 
 class Dbof(tf_keras.layers.Layer):
-  """DBoF: per-frame cluster layer, pooling over valid frames, hidden layer.
+  """DBoF: per-frame cluster layer, pooling over the valid frames, hidden layer.
 
-  inputs [batch, frames, features] float
-    -> L2 normalize per frame -> (batch norm over valid frames)
-    -> cluster dense [features, cluster_size] -> (batch norm) -> activation
-    -> (context gate) -> pool over the valid frames (`pooling_method`)
-    -> hidden dense [cluster_size, hidden_size] -> (batch norm) -> activation
-  Output: [batch, hidden_size]; with pooling 'none' the frames are kept:
-  [batch, frames, hidden_size].
-
-  Padding frames (past `num_frames`) are replaced by zeros on input, by
-  selection (`tf.where`, not a multiplication: NaN * 0 is NaN), so whatever
-  they hold (NaN, Inf) never reaches a valid output; the parser pads with
-  zeros, so training and evaluation are unchanged. Batch-norm statistics and
-  pooling use only the valid frames.
+  [batch, frames, F] -> [batch, hidden_size] (pooling 'none': [batch, frames,
+  hidden_size]). Padded frames are selected out, never multiplied by a mask.
   """
 
   def __init__(self,
@@ -42,23 +32,9 @@ class Dbof(tf_keras.layers.Layer):
                use_sync_bn: bool = False,
                kernel_regularizer: Optional[Any] = None,
                **kwargs):
-    """Initializes the backbone.
+    """Initializes the backbone (`configs.DbofModel`'s fields and those below).
 
     Args:
-      cluster_size: width of the per-frame cluster layer; 0 skips it.
-      hidden_size: width of the hidden layer after pooling.
-      add_batch_norm: batch norm on input, cluster and hidden activations
-        (otherwise learned biases).
-      pooling_method: one of 'average', 'max', 'swap', 'none'.
-      use_context_gate_cluster_layer: context gating after the cluster layer.
-      context_gate_cluster_bottleneck_size: bottleneck of that gate.
-      input_bn_affine: learn a scale and offset in the input batch norm. They
-        add no function when the cluster layer follows (a per-feature scale
-        is absorbed by the cluster kernel and any offset is removed by the
-        cluster batch norm; Adam and L2 still train another
-        parametrization), and without them the training step needs no
-        gradient with respect to the cluster layer's input: a third of the
-        step's matmul FLOPs. Model Garden learns them (True).
       activation: activation name (Model Garden's `tf_utils.get_activation`).
       norm_momentum: batch norm momentum.
       norm_epsilon: batch norm epsilon.
@@ -137,17 +113,8 @@ class Dbof(tf_keras.layers.Layer):
 
   def call(self, inputs: tf.Tensor, num_frames: Optional[tf.Tensor] = None,
            training=None) -> tf.Tensor:
-    """Runs the backbone.
-
-    Args:
-      inputs: float [batch, frames, features] dequantized frame features.
-      num_frames: optional int [batch] (or [batch, 1]) valid frame counts;
-        None means every frame is valid.
-      training: training mode (batch norm statistics).
-
-    Returns:
-      [batch, hidden_size], or [batch, frames, hidden_size] for pooling
-      'none'.
+    """[batch, frames, F] -> the backbone's output; `num_frames` int [batch]
+    valid frames (None: all).
     """
     c = self._config
     x, seq_mask = yt8m_layers.mask_frames(inputs, num_frames)
@@ -183,20 +150,9 @@ class Dbof(tf_keras.layers.Layer):
     return self._activation_fn(x)
 
   def _fused_training(self, x: tf.Tensor, training) -> bool:
-    """Whether this training call takes the fused cluster path.
-
-    The cluster layer's batch norm, ReLU and average pooling are one
-    function with a written-out gradient
-    (`batch_norm.batch_norm_relu_average_pool`): the same values to float32
-    rounding and the same moving-average updates, in fewer passes over the
-    [batch, frames, cluster_size] activations
-    (`python -m official_ext.benchmark yt8m`). A CPU fast path of the
-    kernel policy ('yt8m.dbof_cluster_pool', `core.kernels.kernel_policy`), taken
-    where the policy takes it, in training (`training=True`) for float32
-    frames with batch norm, the 'relu' activation, 'average' pooling, no
-    cluster context gate, per-replica (not synchronized) batch norm and
-    trainable batch-norm layers (a frozen one normalizes with its moving
-    averages); every other setting runs the layers one after the other.
+    """Whether this training call takes the fused cluster path: kernel-policy
+    path 'yt8m.dbof_cluster_pool', float32, batch norm, relu, average pooling,
+    no cluster gate, trainable per-replica batch norm.
     """
     c = self._config
     return (kernel_policy.current().takes('yt8m.dbof_cluster_pool') and
@@ -229,3 +185,11 @@ class Dbof(tf_keras.layers.Layer):
     config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
         self._kernel_regularizer)
     return config
+
+
+@factory.register_backbone_builder('dbof')
+def build_dbof(model_config, l2_regularizer, name='backbone') -> Dbof:
+  return Dbof(activation=model_config.norm_activation.activation,
+              kernel_regularizer=l2_regularizer, name=name,
+              **model_config.backbone.dbof.as_dict(),
+              **factory.norm_kwargs(model_config))

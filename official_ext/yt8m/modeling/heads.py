@@ -3,22 +3,16 @@ from typing import Any, Dict, Mapping, Optional
 
 import tensorflow as tf, tf_keras
 
+from official_ext.yt8m.modeling import factory
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 
 def logistic_initializer(
     kernel_initializer: str) -> tf_keras.initializers.Initializer:
-  """The kernel initializer of a logistic classifier, from its name.
-
-  Args:
-    kernel_initializer: a tf_keras initializer name
-      (`configs.LogisticModel.kernel_initializer`).
-
-  Returns:
-    A new initializer instance.
+  """A new tf_keras initializer from its name.
 
   Raises:
-    ValueError: `kernel_initializer` is not a tf_keras initializer name.
+    ValueError: naming `task.model.head.logistic.kernel_initializer`.
   """
   try:
     return tf_keras.initializers.get(kernel_initializer)
@@ -32,12 +26,8 @@ def logistic_initializer(
 class MoeHead(tf_keras.layers.Layer):
   """A per-class softmax over `num_mixtures` logistic experts (+ a dummy).
 
-  p(class) = sum_m softmax(gate)[m] * sigmoid(expert[m]) over the real
-  experts; the dummy (+1) gate always predicts 0.
-
-  With `use_output_context_gate` the probabilities are gated,
-  p <- p * sigmoid(BN(W p + b)), and the gated value IS the output (Model
-  Garden 2.20 builds this gate but returns the ungated probabilities).
+  p(class) = sum_m softmax(gate)[m] * sigmoid(expert[m]); with
+  `use_output_context_gate` the gated probabilities are the output.
   """
 
   def __init__(self,
@@ -51,20 +41,8 @@ class MoeHead(tf_keras.layers.Layer):
                use_sync_bn: bool = False,
                kernel_regularizer: Optional[Any] = None,
                **kwargs):
-    """Initializes the head.
-
-    Args:
-      num_classes: number of classes C.
-      num_mixtures: experts per class M.
-      use_input_context_gate: context gate on the input features.
-      use_output_context_gate: context gate on the output probabilities.
-      vocab_as_last_dim: lay activations out as [batch, M, C] (else
-        [batch * C, M]); same math.
-      norm_momentum: batch norm momentum of the context gates.
-      norm_epsilon: batch norm epsilon of the context gates.
-      use_sync_bn: synchronized batch norm in the context gates.
-      kernel_regularizer: regularizer of the dense kernels.
-      **kwargs: tf_keras.layers.Layer arguments.
+    """Initializes the head: `configs.MoeModel`'s fields, the context gates'
+    batch-norm settings and the kernels' regularizer.
     """
     super().__init__(**kwargs)
     self._config = dict(
@@ -91,7 +69,7 @@ class MoeHead(tf_keras.layers.Layer):
         kernel_regularizer=self._kernel_regularizer, name='expert')
 
   def call(self, inputs: tf.Tensor, training=None) -> Dict[str, tf.Tensor]:
-    """Args: inputs [batch, features]. Returns {'predictions': [batch, C]}."""
+    """[batch, features] -> {'predictions': float32 [batch, C]}."""
     c = self._config
     num_classes, num_mixtures = c['num_classes'], c['num_mixtures']
     if self._input_context_gate is not None:
@@ -132,9 +110,6 @@ class LogisticHead(tf_keras.layers.Layer):
   def __init__(self, num_classes: int, return_logits: bool = False,
                kernel_initializer: str = 'glorot_uniform',
                kernel_regularizer: Optional[Any] = None, **kwargs):
-    """Args: num_classes C; return_logits also returns 'logits' [batch, C];
-    kernel_initializer, a tf_keras initializer name, of the kernel
-    (`configs.LogisticModel`); kernel_regularizer of the kernel."""
     super().__init__(**kwargs)
     self._config = dict(num_classes=num_classes, return_logits=return_logits,
                         kernel_initializer=kernel_initializer)
@@ -145,7 +120,7 @@ class LogisticHead(tf_keras.layers.Layer):
         kernel_regularizer=self._kernel_regularizer, name='logits')
 
   def call(self, inputs: tf.Tensor, training=None) -> Dict[str, tf.Tensor]:
-    """Args: inputs [batch, features]. Returns {'predictions': [batch, C]}."""
+    """[batch, features] -> float32 'predictions' (and 'logits') [batch, C]."""
     logits = tf.cast(self._dense(inputs), tf.float32)
     outputs = {'predictions': tf.sigmoid(logits)}
     if self._config['return_logits']:
@@ -158,3 +133,19 @@ class LogisticHead(tf_keras.layers.Layer):
     config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
         self._kernel_regularizer)
     return config
+
+
+@factory.register_head_builder('moe')
+def build_moe(model_config, num_classes, l2_regularizer,
+              name='head') -> MoeHead:
+  return MoeHead(num_classes=num_classes, kernel_regularizer=l2_regularizer,
+                 name=name, **model_config.head.moe.as_dict(),
+                 **factory.norm_kwargs(model_config))
+
+
+@factory.register_head_builder('logistic')
+def build_logistic(model_config, num_classes, l2_regularizer,
+                   name='head') -> LogisticHead:
+  return LogisticHead(num_classes=num_classes,
+                      kernel_regularizer=l2_regularizer, name=name,
+                      **model_config.head.logistic.as_dict())

@@ -1,8 +1,4 @@
-"""Layers of the YouTube-8M models: context gating and masked frame pooling.
-
-The batch norm and dense layers with written-out gradients (CPU fast paths
-of the kernel policy) are in `batch_norm`.
-"""
+"""Layers of the YouTube-8M models: context gating and masked frame pooling."""
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf, tf_keras
@@ -12,16 +8,7 @@ from official.modeling import tf_utils
 
 def check_feature_sizes(key: str, feature_sizes: Sequence[int],
                         width: int) -> None:
-  """Checks that the streams' widths add up to the frames' feature width.
-
-  Args:
-    key: config key of the backbone, e.g. 'task.model.backbone.nextvlad'.
-    feature_sizes: width of each feature stream, in input order.
-    width: the frames' feature width.
-
-  Raises:
-    ValueError: `feature_sizes` do not add up to `width`.
-  """
+  """ValueError naming `key` unless `feature_sizes` add up to `width`."""
   if sum(feature_sizes) != width:
     raise ValueError(
         f'{key}.feature_sizes={feature_sizes} add up to {sum(feature_sizes)}, '
@@ -31,21 +18,8 @@ def check_feature_sizes(key: str, feature_sizes: Sequence[int],
 
 def mask_frames(inputs: tf.Tensor, num_frames: Optional[tf.Tensor]
                 ) -> Tuple[tf.Tensor, Optional[tf.Tensor]]:
-  """Casts frames to float32 and zeroes the padded ones.
-
-  Padded frames (past `num_frames`) are replaced by zeros by selection
-  (`tf.where`, not a multiplication: NaN * 0 is NaN), so whatever they hold
-  (NaN, Inf) is removed.
-
-  Args:
-    inputs: [batch, max_frames, features] frame features.
-    num_frames: int [batch] (or [batch, 1]) valid frame counts, or None (all
-      frames valid).
-
-  Returns:
-    (x, valid): x float32 [batch, max_frames, features] with the padded
-    frames zeroed; valid bool [batch, max_frames], True for the valid frames,
-    or None when `num_frames` is None.
+  """(float32 frames with the padded ones zeroed by selection, valid bool
+  [batch, frames] or None when `num_frames` is None).
   """
   x = tf.cast(inputs, tf.float32)
   valid = None
@@ -57,13 +31,7 @@ def mask_frames(inputs: tf.Tensor, num_frames: Optional[tf.Tensor]
 
 def frame_mask(num_frames: Optional[tf.Tensor], max_frames: tf.Tensor,
                dtype: tf.DType) -> Optional[tf.Tensor]:
-  """Returns a [batch, max_frames, 1] mask of valid frames, or None.
-
-  Args:
-    num_frames: int [batch] true frame counts, or None (all frames valid).
-    max_frames: int scalar, the padded frame axis length.
-    dtype: dtype of the returned mask.
-  """
+  """[batch, max_frames, 1] mask of the valid frames, or None."""
   if num_frames is None:
     return None
   mask = tf.sequence_mask(tf.reshape(num_frames, [-1]), max_frames, dtype=dtype)
@@ -76,19 +44,8 @@ def _large_negative(dtype: tf.DType) -> float:
 
 def pool_frames(frames: tf.Tensor, method: str,
                 mask: Optional[tf.Tensor] = None) -> tf.Tensor:
-  """Pools `frames` [batch, frames, features] over the valid frames.
-
-  Args:
-    frames: [batch, max_frames, features] per-frame activations.
-    method: 'average' (mean of valid frames), 'max' (max of valid frames) or
-      'swap' (self-weighted average: sum x|x| / sum |x| per feature, as in
-      Model Garden's `frame_swap`).
-    mask: optional [batch, max_frames, 1] 0/1 mask of valid frames, same dtype
-      as `frames`. None: all frames are valid. Invalid frames are left out by
-      selection (`tf.where`), so whatever they hold (NaN, Inf) is ignored.
-
-  Returns:
-    [batch, features].
+  """Pools [batch, frames, F] over the valid frames: 'average', 'max' or
+  'swap'; `mask` [batch, frames, 1] (None: all valid). Returns [batch, F].
   """
   valid = None if mask is None else mask > 0
   if method == 'average':
@@ -114,16 +71,7 @@ def pool_frames(frames: tf.Tensor, method: str,
 
 
 class ContextGate(tf_keras.layers.Layer):
-  """Context gating (Miech et al., 2017): y = x * sigmoid(BN(W x + b)).
-
-  The gate is linear -> (batch norm) -> sigmoid, as in the YouTube-8M
-  starter code's `context_gating`; Model Garden 2.20 normalizes after the
-  sigmoid instead, which lets the "gate" leave [0, 1].
-
-  Input/output: [..., features]; the gate acts on the last axis. With
-  `bottleneck_size >= 2` the gate is factorized as
-  features -> bottleneck (relu6, batch norm) -> features.
-  """
+  """Context gating: y = x * sigmoid(BN(W x + b)) over the last axis."""
 
   def __init__(self,
                bottleneck_size: int = 0,
@@ -185,17 +133,8 @@ class ContextGate(tf_keras.layers.Layer):
 
 
 class SeContextGate(tf_keras.layers.Layer):
-  """SE context gating of NeXtVLAD: y = x * sigmoid(W2 relu(BN(W1 x))).
-
-  Squeeze-and-excitation style gating (Lin et al., 2018, Fig. 4; the
-  authors' `nextvlad.py`, github.com/linrongc/youtube-8m): a bottleneck
-  `squeeze` [F, F // reduction] without bias, batch norm (`squeeze_bn`),
-  ReLU, `excite` [F // reduction, F] without bias, sigmoid. 2F^2 / reduction
-  weights against F^2 of `ContextGate`, whose bottleneck is ordered
-  differently (dense with bias and relu6, then batch norm; batch norm on the
-  gates).
-
-  Input/output: [batch, features]; the gate acts on the last axis.
+  """NeXtVLAD's SE context gating: y = x * sigmoid(W2 relu(BN(W1 x))), the
+  bottleneck F // reduction wide.
   """
 
   def __init__(self,
@@ -205,8 +144,6 @@ class SeContextGate(tf_keras.layers.Layer):
                use_sync_bn: bool = False,
                kernel_regularizer: Optional[Any] = None,
                **kwargs):
-    """Args: reduction r (bottleneck width features // r); batch norm
-    momentum, epsilon and synchronization; the kernels' regularizer."""
     super().__init__(**kwargs)
     self._config = dict(reduction=reduction, norm_momentum=norm_momentum,
                         norm_epsilon=norm_epsilon, use_sync_bn=use_sync_bn)
@@ -247,8 +184,7 @@ class SeContextGate(tf_keras.layers.Layer):
 
 
 def variance_scaling_fan_in() -> tf_keras.initializers.Initializer:
-  """`slim.variance_scaling_initializer()` as the NeXtVLAD authors use it:
-  truncated normal of variance 2 / fan_in."""
+  """`slim.variance_scaling_initializer()`: truncated normal, var 2 / fan_in."""
   return tf_keras.initializers.VarianceScaling(
       scale=2.0, mode='fan_in', distribution='truncated_normal')
 

@@ -1,32 +1,12 @@
 """The mixture of NeXtVLAD models with online distillation (Lin, Xiao and
-Fan, 2018), the 2nd YouTube-8M challenge's winning model.
-
-A re-implementation in tf_keras of the authors' `MixNeXtVladModel`
-(github.com/linrongc/youtube-8m, `nextvlad.py`, with the flags of
-`scripts/train_mix_nextvlad_final_submission.sh`), not a copy:
-
-* `MixNextVlad` (the backbone): `num_branches` NeXtVLAD backbones
-  (`nextvlad.NextVlad`, variables `branch_{i}/`) read the same frames, and a
-  gate picks their mixture per video: the frames' mean (over the valid
-  frames) -> batch norm (`mix_bn`) -> dense to one logit per branch
-  (`mix_weights`) -> softmax.
-* `MixtureLogisticHead` (the head): one logistic classifier per branch
-  (`branch_{i}`); the mixture's logits are the gate-weighted sum of the
-  branches' logits, its predictions their sigmoid.
-* `distillation_loss`: the online knowledge distillation from the mixture to
-  every branch, λ · mean over the videos of Σ_branches KL(softmax(z_mix / T)
-  ‖ softmax(z_branch / T)), the softmax over the classes, the mixture not
-  held fixed (its gradient flows into both, as in the authors' code), with
-  their epsilon 1e-8 inside the logarithms; weight λ and temperature T are
-  constants through training (their `--cl_lambda`, `--cl_temperature`).
-
-In training the model adds every branch's own cross-entropy to the loss
-(the task, from 'branch_predictions') and this distillation term.
+Fan, 2018), after the authors' `MixNeXtVladModel`;
+docs/yt8m.md#the-nextvlad-mixture.
 """
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 import tensorflow as tf, tf_keras
 
+from official_ext.yt8m.modeling import factory
 from official_ext.yt8m.modeling import heads
 from official_ext.yt8m.modeling import layers as yt8m_layers
 from official_ext.yt8m.modeling import nextvlad
@@ -38,20 +18,8 @@ DISTILLATION_EPSILON = 1e-8
 
 def distillation_loss(mix_logits: tf.Tensor, branch_logits: tf.Tensor,
                       temperature: float, weight: float) -> tf.Tensor:
-  """The mixture's online distillation into its branches.
-
-  weight * mean_b sum_i sum_c p_bc (log(p_bc + eps) - log(q_bic + eps)) with
-  p = softmax(mix_logits / T) and q_i = softmax(branch_logits_i / T) over
-  the classes c, eps = 1e-8.
-
-  Args:
-    mix_logits: float32 [batch, classes], the mixture's logits.
-    branch_logits: float32 [batch, branches, classes].
-    temperature: T > 0.
-    weight: λ.
-
-  Returns:
-    float32 scalar.
+  """weight * mean_b sum_i KL(softmax(mix / T) || softmax(branch_i / T)),
+  eps 1e-8 inside the logarithms: a float32 scalar.
   """
   p = tf.nn.softmax(mix_logits / temperature, axis=-1)[:, tf.newaxis, :]
   q = tf.nn.softmax(branch_logits / temperature, axis=-1)
@@ -64,9 +32,8 @@ def distillation_loss(mix_logits: tf.Tensor, branch_logits: tf.Tensor,
 class MixNextVlad(tf_keras.layers.Layer):
   """`num_branches` NeXtVLAD backbones and their per-video mixture gate.
 
-  Call: `(inputs [batch, frames, features], num_frames [batch] or None,
-  training)` -> {'branches': [batch, branches, hidden_size] (each branch's
-  `NextVlad` output), 'mix_weights': float32 [batch, branches] (softmax)}.
+  Returns {'branches': [batch, branches, hidden_size], 'mix_weights':
+  float32 [batch, branches]}.
   """
 
   def __init__(self,
@@ -83,23 +50,9 @@ class MixNextVlad(tf_keras.layers.Layer):
                use_sync_bn: bool = False,
                kernel_regularizer: Optional[Any] = None,
                **kwargs):
-    """Initializes the backbone.
+    """Initializes the backbone; the NeXtVLAD arguments are every branch's.
 
-    Args:
-      num_branches: number of NeXtVLAD branches (>= 1).
-      feature_sizes: see `nextvlad.NextVlad`; every branch has the same.
-      cluster_sizes: see `nextvlad.NextVlad`.
-      groups: see `nextvlad.NextVlad`.
-      expansion: see `nextvlad.NextVlad`.
-      hidden_size: see `nextvlad.NextVlad`.
-      gating_reduction: see `nextvlad.NextVlad`.
-      dropout_rate: see `nextvlad.NextVlad`.
-      norm_momentum: batch norm momentum (branches and `mix_bn`).
-      norm_epsilon: batch norm epsilon.
-      use_sync_bn: synchronized batch norm across replicas.
-      kernel_regularizer: regularizer of the branches' kernels and centers
-        (not of the mixture gate, as the authors').
-      **kwargs: tf_keras.layers.Layer arguments.
+    `kernel_regularizer` regularizes the branches, not the mixture gate.
     """
     super().__init__(**kwargs)
     if int(num_branches) < 1:
@@ -128,8 +81,7 @@ class MixNextVlad(tf_keras.layers.Layer):
 
   def call(self, inputs: tf.Tensor, num_frames: Optional[tf.Tensor] = None,
            training=None) -> Dict[str, tf.Tensor]:
-    """See the class docstring; padded frames (past `num_frames`) are left
-    out of the mean and of every branch."""
+    """Padded frames are left out of the gate's mean and of every branch."""
     x = tf.cast(inputs, tf.float32)
     mask = yt8m_layers.frame_mask(num_frames, tf.shape(x)[1], tf.float32)
     mean = yt8m_layers.pool_frames(x, 'average', mask)
@@ -151,17 +103,13 @@ class MixNextVlad(tf_keras.layers.Layer):
 class MixtureLogisticHead(tf_keras.layers.Layer):
   """One logistic classifier per branch, mixed by the gate in logit space.
 
-  Call: `({'branches': [batch, n, features], 'mix_weights': [batch, n]},
-  training)` -> {'predictions': sigmoid(Σ_i w_i z_i) [batch, C], 'logits':
-  Σ_i w_i z_i, 'branch_logits': [batch, n, C], 'branch_predictions':
-  sigmoid of those}, all float32. Variables: `branch_{i}/{kernel,bias}`.
+  Returns float32 {'predictions', 'logits', 'branch_logits' [batch, n, C],
+  'branch_predictions'}.
   """
 
   def __init__(self, num_classes: int, num_branches: int,
                kernel_initializer: str = 'glorot_uniform',
                kernel_regularizer: Optional[Any] = None, **kwargs):
-    """Args: num_classes C; num_branches n; kernel_initializer (a tf_keras
-    initializer name) and kernel_regularizer of every classifier."""
     super().__init__(**kwargs)
     self._config = dict(num_classes=num_classes, num_branches=num_branches,
                         kernel_initializer=kernel_initializer)
@@ -193,3 +141,32 @@ class MixtureLogisticHead(tf_keras.layers.Layer):
     config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
         self._kernel_regularizer)
     return config
+
+
+@factory.register_backbone_builder('mix_nextvlad')
+def build_mix_nextvlad(model_config, l2_regularizer,
+                       name='backbone') -> MixNextVlad:
+  """Raises ValueError: a temperature <= 0, or a head other than 'logistic'."""
+  config = model_config.backbone.mix_nextvlad.as_dict()
+  regularize = config.pop('regularize_backbone')
+  temperature = config.pop('distillation_temperature')
+  del config['distillation_weight']  # Read by the model's loss.
+  if temperature <= 0:
+    raise ValueError(f'{_KEY}.distillation_temperature={temperature!r}; '
+                     'expected > 0.')
+  if model_config.head.type != 'logistic':
+    raise ValueError(
+        f"task.model.head.type={model_config.head.type!r}: the 'mix_nextvlad' "
+        "backbone mixes one 'logistic' classifier per branch.")
+  return MixNextVlad(kernel_regularizer=l2_regularizer if regularize else None,
+                     name=name, **config, **factory.norm_kwargs(model_config))
+
+
+@factory.register_backbone_head_builder('mix_nextvlad')
+def build_mixture_head(model_config, num_classes, l2_regularizer,
+                       name='head') -> MixtureLogisticHead:
+  return MixtureLogisticHead(
+      num_classes=num_classes,
+      num_branches=model_config.backbone.mix_nextvlad.num_branches,
+      kernel_initializer=model_config.head.logistic.kernel_initializer,
+      kernel_regularizer=l2_regularizer, name=name)

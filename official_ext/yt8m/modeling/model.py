@@ -1,18 +1,17 @@
-"""The YouTube-8M video classification model: a frame-level backbone (DBoF,
-NeXtVLAD, the starter's frame average or LSTM, WILLOW's learnable pooling)
-+ a head, the mixture of NeXtVLAD models with their classifiers, or (video
-level) the head alone on the video's features."""
+"""The YouTube-8M video classification model: a registered backbone + head."""
 from typing import Any, Dict, Mapping, Optional, Union
 
 import tensorflow as tf, tf_keras
 
 from official_ext.yt8m import configs
-from official_ext.yt8m.modeling import dbof
-from official_ext.yt8m.modeling import heads
+# The backbone and head modules register their builders with `factory`.
+from official_ext.yt8m.modeling import dbof  # pylint: disable=unused-import
+from official_ext.yt8m.modeling import factory
+from official_ext.yt8m.modeling import heads  # pylint: disable=unused-import
 from official_ext.yt8m.modeling import mix_nextvlad
-from official_ext.yt8m.modeling import nextvlad
-from official_ext.yt8m.modeling import starter
-from official_ext.yt8m.modeling import willow
+from official_ext.yt8m.modeling import nextvlad  # pylint: disable=unused-import
+from official_ext.yt8m.modeling import starter  # pylint: disable=unused-import
+from official_ext.yt8m.modeling import willow  # pylint: disable=unused-import
 
 ModelConfig = Union[configs.VideoClassificationModel, Mapping[str, Any]]
 
@@ -28,30 +27,12 @@ def _as_config(model_config: ModelConfig) -> configs.VideoClassificationModel:
 class VideoClassificationModel(tf_keras.Model):
   """Frame features -> video-level class probabilities.
 
-  Call: `model(inputs, num_frames=None, training=None)` with
-    inputs: float32 [batch, frames, features] dequantized frame features;
-    num_frames: int [batch] valid frames per video (None: all valid).
-  Returns {'predictions': float32 [batch, num_classes] probabilities}
-  (the logistic head with `return_logits` adds 'logits').
-
-  With pooling 'none' the hidden layer and head run on every frame and
-  'predictions' is the mean of the per-frame probabilities over the valid
-  frames ('frame_predictions' [batch, frames, num_classes] is returned too).
-
-  With the 'identity' backbone (video-level records) the head reads
-  `inputs` float32 [batch, features] (L2-normalized if the backbone's
-  `l2_normalize`), `num_frames` is ignored,
-  and there is no `backbone` (None): the starter code's video-level models
-  (logistic, MoE).
-
-  With the 'mix_nextvlad' backbone (`mix_nextvlad`) the head is one
-  logistic classifier per branch, 'predictions' the mixture's and 'logits'
-  its logits; in training the outputs add 'branch_predictions' float32
-  [batch, branches, num_classes] and 'distillation_loss' (a scalar,
-  `mix_nextvlad.distillation_loss`), which the task adds to the loss.
-
-  Variables are named `backbone/...` and `head/...` (checkpoint items
-  `backbone` and `head`; `head` only with the 'identity' backbone).
+  `model(inputs [batch, frames, F], num_frames [batch] or None, training)`
+  -> {'predictions': float32 [batch, C]}; a backbone keeping the frames adds
+  'frame_predictions' (the head per frame, averaged over the valid frames),
+  the mixture 'logits' and in training 'branch_predictions' and
+  'distillation_loss'. Video level ('identity'): inputs [batch, F], no
+  backbone. Variables and checkpoint items: `backbone/`, `head/`.
   """
 
   def __init__(self,
@@ -65,94 +46,21 @@ class VideoClassificationModel(tf_keras.Model):
     Args:
       model_config: `configs.VideoClassificationModel` or its dict.
       num_classes: number of classes.
-      input_feature_size: per-frame feature width (1152 = rgb + audio).
-      l2_weight_decay: L2 weight decay of the dense kernels (added to
-        `model.losses` as decay / 2 * sum(w^2), i.e. tf.nn.l2_loss scaled).
+      input_feature_size: per-frame feature width.
+      l2_weight_decay: L2 decay of the dense kernels, added to `model.losses`
+        as decay / 2 * sum(w^2).
       **kwargs: tf_keras.Model arguments.
     """
     super().__init__(**kwargs)
     params = _as_config(model_config)
     self._params = params
+    regularizer = (tf_keras.regularizers.l2(l2_weight_decay / 2.0)
+                   if l2_weight_decay else None)
+    self.backbone = factory.build_backbone(params, regularizer)
+    self.head = factory.build_head(params, num_classes, regularizer)
     self._config_dict = dict(
         model_config=params.as_dict(), num_classes=num_classes,
         input_feature_size=input_feature_size, l2_weight_decay=l2_weight_decay)
-    regularizer = (tf_keras.regularizers.l2(l2_weight_decay / 2.0)
-                   if l2_weight_decay else None)
-    norm = params.norm_activation
-    norm_kwargs = dict(norm_momentum=norm.norm_momentum,
-                       norm_epsilon=norm.norm_epsilon,
-                       use_sync_bn=norm.use_sync_bn)
-    if params.backbone.type == 'dbof':
-      backbone_cfg = params.backbone.dbof
-      self._pooling = backbone_cfg.pooling_method
-      self.backbone = dbof.Dbof(
-          activation=norm.activation, kernel_regularizer=regularizer,
-          name='backbone', **backbone_cfg.as_dict(), **norm_kwargs)
-    elif params.backbone.type == 'nextvlad':
-      backbone_cfg = params.backbone.nextvlad.as_dict()
-      regularize = backbone_cfg.pop('regularize_backbone')
-      self._pooling = None  # Aggregates the frames itself.
-      self.backbone = nextvlad.NextVlad(
-          kernel_regularizer=regularizer if regularize else None,
-          name='backbone', **backbone_cfg, **norm_kwargs)
-    elif params.backbone.type in willow.METHODS:
-      backbone_cfg = params.backbone.get().as_dict()
-      regularize = backbone_cfg.pop('regularize_backbone')
-      self._pooling = None
-      self.backbone = willow.WillowBackbone(
-          method=params.backbone.type,
-          kernel_regularizer=regularizer if regularize else None,
-          name='backbone', **backbone_cfg, **norm_kwargs)
-    elif params.backbone.type == 'frame_average':
-      self._pooling = None
-      self.backbone = starter.FrameAverage(name='backbone')
-    elif params.backbone.type == 'lstm':
-      self._pooling = None
-      # The starter regularizes only the classifier.
-      self.backbone = starter.Lstm(name='backbone',
-                                   **params.backbone.lstm.as_dict())
-    elif params.backbone.type == 'mix_nextvlad':
-      backbone_cfg = params.backbone.mix_nextvlad.as_dict()
-      regularize = backbone_cfg.pop('regularize_backbone')
-      self._distillation = (backbone_cfg.pop('distillation_weight'),
-                            backbone_cfg.pop('distillation_temperature'))
-      if self._distillation[1] <= 0:
-        raise ValueError(
-            'task.model.backbone.mix_nextvlad.distillation_temperature='
-            f'{self._distillation[1]!r}; expected > 0.')
-      if params.head.type != 'logistic':
-        raise ValueError(
-            f"task.model.head.type={params.head.type!r}: the 'mix_nextvlad' "
-            "backbone mixes one 'logistic' classifier per branch.")
-      self._pooling = None
-      self.backbone = mix_nextvlad.MixNextVlad(
-          kernel_regularizer=regularizer if regularize else None,
-          name='backbone', **backbone_cfg, **norm_kwargs)
-    elif params.backbone.type == 'identity':
-      self._pooling = None
-      self.backbone = None
-      self._l2_normalize = params.backbone.identity.l2_normalize
-    else:
-      raise ValueError(f'task.model.backbone.type={params.backbone.type!r}; '
-                       'expected dbof, nextvlad, mix_nextvlad, frame_average, '
-                       f'lstm, {", ".join(willow.METHODS)} or identity.')
-    if params.backbone.type == 'mix_nextvlad':
-      self.head = mix_nextvlad.MixtureLogisticHead(
-          num_classes=num_classes,
-          num_branches=params.backbone.mix_nextvlad.num_branches,
-          kernel_initializer=params.head.logistic.kernel_initializer,
-          kernel_regularizer=regularizer, name='head')
-    elif params.head.type == 'moe':
-      self.head = heads.MoeHead(
-          num_classes=num_classes, kernel_regularizer=regularizer,
-          name='head', **params.head.moe.as_dict(), **norm_kwargs)
-    elif params.head.type == 'logistic':
-      self.head = heads.LogisticHead(
-          num_classes=num_classes, kernel_regularizer=regularizer,
-          name='head', **params.head.logistic.as_dict())
-    else:
-      raise ValueError(f'task.model.head.type={params.head.type!r}; expected '
-                       'moe or logistic.')
     self._num_classes = num_classes
     self._input_feature_size = input_feature_size
 
@@ -167,7 +75,7 @@ class VideoClassificationModel(tf_keras.Model):
              "features] (DataConfig.record_type='frame')")
           + f'; got inputs of shape {inputs.shape}.')
     if video_level:
-      if self._l2_normalize:
+      if self._params.backbone.identity.l2_normalize:
         inputs = tf.math.l2_normalize(inputs, axis=-1)
       return self.head(inputs, training=training)
     features = self.backbone(inputs, num_frames=num_frames, training=training)
@@ -176,13 +84,16 @@ class VideoClassificationModel(tf_keras.Model):
       result = {'predictions': outputs['predictions'],
                 'logits': outputs['logits']}
       if training:
-        weight, temperature = self._distillation
+        distillation = self._params.backbone.mix_nextvlad
+        weight = distillation.distillation_weight
+        temperature = distillation.distillation_temperature
         result['branch_predictions'] = outputs['branch_predictions']
         result['distillation_loss'] = mix_nextvlad.distillation_loss(
             outputs['logits'], outputs['branch_logits'], temperature, weight)
       return result
-    if self._pooling != 'none':
+    if features.shape.rank == 2:
       return self.head(features, training=training)
+    # A backbone that keeps the frames: the head scores each frame.
     batch = tf.shape(features)[0]
     frames = tf.shape(features)[1]
     flat = tf.reshape(features, [batch * frames, features.shape[-1]])
@@ -227,3 +138,10 @@ def build_model(model_config: ModelConfig, num_classes: int,
   model(tf.zeros([1, *frames, input_feature_size], tf.float32),
         num_frames=tf.ones([1], tf.int32), training=False)
   return model
+
+
+@factory.register_backbone_builder('identity')
+def build_identity(model_config, l2_regularizer, name='backbone') -> None:
+  """No backbone: the head reads the video-level features."""
+  del model_config, l2_regularizer, name
+  return None

@@ -1,27 +1,5 @@
-"""NeXtVLAD backbone (Lin, Xiao and Fan, 2018) for YouTube-8M frame features.
-
-"NeXtVLAD: An Efficient Neural Network to Aggregate Frame-level Features for
-Large-scale Video Classification" (ECCV 2018 workshops), the best single model
-of the 2nd YouTube-8M challenge. The layer order, which layers carry a bias or
-a batch norm, and how the rgb and audio streams are aggregated follow the
-authors' released code, github.com/linrongc/youtube-8m: `nextvlad.py`
-(`NeXtVLAD.forward`, `NeXtVLADModel.create_model`) with the flags of
-`scripts/train_nextvlad_local.sh`. This is a re-implementation in tf_keras, not
-a copy:
-
-* every feature stream (rgb, audio) has its own NeXtVLAD module; the authors
-  give audio half the clusters and half the groups of rgb (128/8 and 64/4);
-* the per-stream VLAD vectors are concatenated, dropped out, reduced by a
-  fully-connected layer without bias followed by batch norm and no activation
-  (the authors removed the ReLU: "remove relu in nextvlad model"), then
-  re-weighted by SE context gating (`layers.SeContextGate`).
-
-Padded frames (past `num_frames`) are removed from the aggregation by
-selection (`tf.where`): their features are replaced by zeros, their group
-attention is 0 and the per-frame batch-norm statistics use only the valid
-frames, so whatever a padded frame holds (NaN, Inf) changes nothing. The
-authors multiply the attention by the mask (the paper's eq. 18) and let the
-padded frames into the batch-norm statistics.
+"""NeXtVLAD backbone (Lin, Xiao and Fan, 2018), after the authors' code
+(github.com/linrongc/youtube-8m); docs/yt8m.md#nextvlad.
 """
 from typing import Any, Mapping, Optional, Sequence
 
@@ -29,32 +7,14 @@ import tensorflow as tf, tf_keras
 
 from official_ext.core.kernels import kernel_policy
 from official_ext.yt8m.modeling import batch_norm
+from official_ext.yt8m.modeling import factory
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 _KEY = 'task.model.backbone.nextvlad'
 
 
 class NextVladAggregation(tf_keras.layers.Layer):
-  """One NeXtVLAD module: frames of one stream -> a video-level VLAD vector.
-
-  With N input features, expansion λ, G groups and K clusters (N' = λN / G):
-
-    x [batch, T, N] -> expansion dense (bias) -> x' [batch, T, λN]
-    group attention  a_g = sigmoid(x' W_g + b_g)            [batch, T, G]
-    assignment       α_gk = softmax_k(BN(x' W_gk))          [batch, T, G, K]
-    group vectors    x'_g = x' split in G slices of N'      [batch, T, G, N']
-    VLAD             y_jk = Σ_t,g a_g α_gk (x'_gj - c_jk)   [batch, N', K]
-    -> intra-normalization (L2 over j, per cluster k) -> flatten [batch, N'K]
-    -> batch norm
-
-  The global L2 normalization of NetVLAD is not applied, as in the authors'
-  code: after the intra-normalization every cluster's vector has norm 1, so
-  it would only divide by sqrt(K), which the batch norm that follows cancels.
-
-  Variables: `expansion/{kernel,bias}`, `group_attention/{kernel,bias}`,
-  `cluster_assignment/kernel` (no bias, batch-normalized: `cluster_bn`),
-  `cluster_centers` [N', K], `vlad_bn`.
-  """
+  """One NeXtVLAD module: frames of one stream -> a video-level VLAD vector."""
 
   def __init__(self,
                cluster_size: int,
@@ -65,18 +25,8 @@ class NextVladAggregation(tf_keras.layers.Layer):
                use_sync_bn: bool = False,
                kernel_regularizer: Optional[Any] = None,
                **kwargs):
-    """Initializes the module.
-
-    Args:
-      cluster_size: K, clusters of the soft assignment.
-      groups: G, groups each expanded frame vector is split into; λN must be
-        divisible by G.
-      expansion: λ, width multiplier of the first (expansion) layer.
-      norm_momentum: batch norm momentum.
-      norm_epsilon: batch norm epsilon.
-      use_sync_bn: synchronized batch norm across replicas.
-      kernel_regularizer: regularizer of the kernels and the cluster centers.
-      **kwargs: tf_keras.layers.Layer arguments.
+    """Initializes the module: K clusters, G groups (dividing λN), expansion λ;
+    `kernel_regularizer` also regularizes the cluster centers.
     """
     super().__init__(**kwargs)
     for key, value in (('cluster_sizes', cluster_size), ('groups', groups),
@@ -136,17 +86,8 @@ class NextVladAggregation(tf_keras.layers.Layer):
 
   def call(self, inputs: tf.Tensor, valid: Optional[tf.Tensor] = None,
            training=None) -> tf.Tensor:
-    """Aggregates the frames of one stream.
-
-    Args:
-      inputs: float [batch, frames, N] frame features; padded frames must
-        already be finite (the backbone zeroes them).
-      valid: optional bool [batch, frames], True for the frames to aggregate;
-        None: all frames.
-      training: training mode (batch norm).
-
-    Returns:
-      [batch, N' * K] (compute dtype).
+    """[batch, frames, N] finite frames -> [batch, N'K]; `valid` (bool [batch,
+    frames]) selects the frames aggregated.
     """
     c = self._config
     groups, clusters = c['groups'], c['cluster_size']
@@ -171,13 +112,8 @@ class NextVladAggregation(tf_keras.layers.Layer):
     return self._vlad_bn(vlad, training=training)
 
   def _attention_and_assignment(self, x: tf.Tensor):
-    """sigmoid(x W_g + b_g) [B, T, G] and x W_gk [B, T, G K].
-
-    The two layers read the same x. Where the kernel policy takes the CPU
-    fast path 'yt8m.nextvlad_joint_projection' (`core.kernels.kernel_policy`), their
-    kernels are concatenated and applied as one matmul, so x is read once
-    and its gradient is one matmul instead of two matmuls and a sum (the
-    same values to float rounding); elsewhere the two layers run.
+    """sigmoid(x W_g + b_g) [B, T, G] and x W_gk [B, T, G K], as one matmul
+    where the kernel policy takes 'yt8m.nextvlad_joint_projection'.
     """
     policy = kernel_policy.current()
     if not policy.takes('yt8m.nextvlad_joint_projection'):
@@ -208,16 +144,8 @@ class NextVladAggregation(tf_keras.layers.Layer):
 
 
 class NextVlad(tf_keras.layers.Layer):
-  """The NeXtVLAD backbone: one NeXtVLAD module per stream, hidden, SE gate.
-
-  inputs [batch, frames, sum(feature_sizes)] float
-    -> split into streams along the features (`feature_sizes`)
-    -> stream i: NextVladAggregation(cluster_sizes[i], groups[i], expansion)
-       (variables under `nextvlad_{i}/`)
-    -> concatenate -> dropout(dropout_rate)
-    -> `hidden_dense` [Σ N'_i K_i, hidden_size], no bias -> `hidden_bn`
-    -> SE context gating (`se_gate`, reduction `gating_reduction`)
-  Output: [batch, hidden_size].
+  """The NeXtVLAD backbone: a module per stream, dropout, hidden layer and
+  batch norm, SE gating: [batch, frames, F] -> [batch, hidden_size].
   """
 
   def __init__(self,
@@ -233,22 +161,9 @@ class NextVlad(tf_keras.layers.Layer):
                use_sync_bn: bool = False,
                kernel_regularizer: Optional[Any] = None,
                **kwargs):
-    """Initializes the backbone.
-
-    Args:
-      feature_sizes: width of each stream, in input order (1024 rgb, 128
-        audio); they must add up to the input's feature width.
-      cluster_sizes: K of each stream's NeXtVLAD module.
-      groups: G of each stream's NeXtVLAD module.
-      expansion: λ of every module.
-      hidden_size: width of the hidden layer (and the output).
-      gating_reduction: r of the SE context gating (bottleneck hidden / r).
-      dropout_rate: dropout on the concatenated VLAD vector, in training.
-      norm_momentum: batch norm momentum.
-      norm_epsilon: batch norm epsilon.
-      use_sync_bn: synchronized batch norm across replicas.
-      kernel_regularizer: regularizer of the kernels and cluster centers.
-      **kwargs: tf_keras.layers.Layer arguments.
+    """Initializes the backbone (`configs.NextVladModel`'s fields); the
+    `feature_sizes` add up to the input width, `kernel_regularizer` also
+    regularizes the cluster centers.
     """
     super().__init__(**kwargs)
     feature_sizes = tuple(int(s) for s in feature_sizes)
@@ -301,16 +216,8 @@ class NextVlad(tf_keras.layers.Layer):
 
   def call(self, inputs: tf.Tensor, num_frames: Optional[tf.Tensor] = None,
            training=None) -> tf.Tensor:
-    """Runs the backbone.
-
-    Args:
-      inputs: float [batch, frames, features] dequantized frame features.
-      num_frames: optional int [batch] (or [batch, 1]) valid frame counts;
-        None means every frame is valid.
-      training: training mode (batch norm, dropout).
-
-    Returns:
-      [batch, hidden_size].
+    """[batch, frames, F] -> [batch, hidden_size]; `num_frames` int [batch]
+    valid frames (None: all).
     """
     x, valid = yt8m_layers.mask_frames(inputs, num_frames)
     parts = tf.split(x, list(self._config['feature_sizes']), axis=-1)
@@ -326,3 +233,11 @@ class NextVlad(tf_keras.layers.Layer):
     config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
         self._kernel_regularizer)
     return config
+
+
+@factory.register_backbone_builder('nextvlad')
+def build_nextvlad(model_config, l2_regularizer, name='backbone') -> NextVlad:
+  config = model_config.backbone.nextvlad.as_dict()
+  regularize = config.pop('regularize_backbone')
+  return NextVlad(kernel_regularizer=l2_regularizer if regularize else None,
+                  name=name, **config, **factory.norm_kwargs(model_config))

@@ -1,20 +1,11 @@
-"""The YouTube-8M starter code's frame-level backbones: frame average, LSTM.
-
-github.com/google/youtube-8m, `frame_level_models.py`: `FrameLevelLogisticModel`
-(the mean of the valid frames into a logistic classifier) and `LstmModel` (a
-stack of LSTMs whose last layer's final output feeds the video-level
-classifier, MoE by default). Re-implemented in tf_keras, not copied. As the
-starter's train.py does for every model, each frame is L2-normalized first.
-
-Padded frames (past `num_frames`) are replaced by zeros by selection
-(`tf.where`) and left out: of the mean by the mask, of the LSTM by its mask
-(the state stops at the last valid frame, as `tf.nn.dynamic_rnn` with
-`sequence_length` does), so whatever they hold changes nothing.
+"""The YouTube-8M starter code's frame-level backbones: frame average and
+LSTM (docs/yt8m.md#model-zoo).
 """
 from typing import Any, Mapping, Optional, Tuple
 
 import tensorflow as tf, tf_keras
 
+from official_ext.yt8m.modeling import factory
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 
@@ -115,3 +106,16 @@ class Lstm(tf_keras.layers.Layer):
     config = super().get_config()
     config.update(self._config)
     return config
+
+
+@factory.register_backbone_builder('frame_average')
+def build_frame_average(model_config, l2_regularizer,
+                        name='backbone') -> FrameAverage:
+  del model_config, l2_regularizer  # No variables.
+  return FrameAverage(name=name)
+
+
+@factory.register_backbone_builder('lstm')
+def build_lstm(model_config, l2_regularizer, name='backbone') -> Lstm:
+  del l2_regularizer  # The starter regularizes only the classifier.
+  return Lstm(name=name, **model_config.backbone.lstm.as_dict())

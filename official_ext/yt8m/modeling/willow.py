@@ -1,45 +1,6 @@
-"""WILLOW's learnable pooling backbones (Miech, Laptev and Sivic, 2017).
-
-"Learnable pooling with Context Gating for video classification", the
-winners of the first YouTube-8M challenge. The layer order, which layers
-carry a bias or a batch norm, and the per-stream aggregation follow the
-authors' released code, github.com/antoine77340/Youtube-8M-WILLOW
-(`frame_level_models.py`: `NetVLAD`, `LightVLAD`, `SoftDBoF`, `NetFV` and the
-`NetVLADModelLF` / `SoftDbofModelLF` / `NetFVModelLF` models, with the flags
-of its README). A re-implementation in tf_keras, not a copy:
-
-  inputs [batch, frames, sum(feature_sizes)]
-    -> L2 normalization of each frame (the starter's and WILLOW's train.py)
-    -> `input_bn` (batch norm with scale and offset over the valid frames)
-    -> split into streams (rgb, audio); stream i is aggregated by its own
-       `LearnablePooling` module with `cluster_sizes[i]` clusters
-       (variables under `pooling_{i}/`)
-    -> concatenate -> `hidden_dense` [D, hidden_size]: with a bias and no
-       activation (the authors' `--*_relu=False`), or without bias, batch
-       norm and relu6 (`hidden_relu`)
-    -> context gating (`context_gate`: x * sigmoid(BN(W x)), the authors'
-       `--gating`; `layers.ContextGate`)
-  Output: [batch, hidden_size].
-
-Each stream's module soft-assigns every frame x_t [N] to K clusters,
-a_tk = softmax_k(BN(x_t W)), then pools (`METHODS`):
-
-* 'netvlad': v_nk = sum_t a_tk (x_tn - c_nk), intra-normalized (L2 over n
-  per cluster k), flattened and L2-normalized: [N K];
-* 'netrvlad' (the authors' LightVLAD, "residual-less" VLAD): the same
-  without the cluster centers, v_nk = sum_t a_tk x_tn: [N K];
-* 'soft_dbof': the soft bag of frames, sum_t a_tk, L2-normalized: [K];
-* 'netfv': the Fisher vector of a learned Gaussian mixture, first order
-  (sum_t a_tk (x_tn - c_nk)) / s_nk, intra- and globally normalized, and
-  second order (sum_t a_tk (x_tn - c_nk)^2) / s_nk^2 - sum_t a_tk, globally
-  normalized, with s = w^2 + 1e-6 from a learned w [N, K]: [2 N K].
-
-Padded frames (past `num_frames`) are removed by selection (`tf.where`):
-their features are replaced by zeros, their assignments are 0 and the
-batch-norm statistics use only the valid frames, so whatever a padded frame
-holds changes nothing. The authors sample `--iterations` frames of every
-video (with replacement, in training and evaluation), so they have no
-padding.
+"""WILLOW's learnable pooling backbones (Miech, Laptev and Sivic, 2017),
+after the authors' code (github.com/antoine77340/Youtube-8M-WILLOW);
+docs/yt8m.md#model-zoo.
 """
 import math
 from typing import Any, Mapping, Optional, Sequence
@@ -47,6 +8,7 @@ from typing import Any, Mapping, Optional, Sequence
 import tensorflow as tf, tf_keras
 
 from official_ext.yt8m.modeling import batch_norm
+from official_ext.yt8m.modeling import factory
 from official_ext.yt8m.modeling import layers as yt8m_layers
 
 METHODS = ('netvlad', 'netrvlad', 'soft_dbof', 'netfv')
@@ -66,12 +28,7 @@ def _intra_and_global_normalize(vlad: tf.Tensor) -> tf.Tensor:
 
 
 class LearnablePooling(tf_keras.layers.Layer):
-  """One stream's learnable pooling: frames [batch, T, N] -> [batch, D].
-
-  Variables: `cluster_assignment/kernel` [N, K] (no bias, batch-normalized
-  by `cluster_bn`), and `cluster_centers` [N, K] ('netvlad', 'netfv'),
-  `covariances` [N, K] ('netfv'). D: `output_size`.
-  """
+  """One stream's learnable pooling: frames [batch, T, N] -> [batch, D]."""
 
   def __init__(self,
                method: str,
@@ -81,17 +38,8 @@ class LearnablePooling(tf_keras.layers.Layer):
                use_sync_bn: bool = False,
                kernel_regularizer: Optional[Any] = None,
                **kwargs):
-    """Initializes the module.
-
-    Args:
-      method: one of `METHODS`.
-      cluster_size: K, clusters of the soft assignment (>= 1).
-      norm_momentum: batch norm momentum.
-      norm_epsilon: batch norm epsilon.
-      use_sync_bn: synchronized batch norm across replicas.
-      kernel_regularizer: regularizer of the assignment kernel, the centers
-        and the covariances.
-      **kwargs: tf_keras.layers.Layer arguments.
+    """Initializes the module: `method` of `METHODS`, K = `cluster_size`;
+    `kernel_regularizer` also regularizes the centers and covariances.
     """
     super().__init__(**kwargs)
     if method not in METHODS:
@@ -140,17 +88,8 @@ class LearnablePooling(tf_keras.layers.Layer):
 
   def call(self, inputs: tf.Tensor, valid: Optional[tf.Tensor] = None,
            training=None) -> tf.Tensor:
-    """Pools the frames of one stream.
-
-    Args:
-      inputs: float [batch, frames, N]; padded frames must be finite (the
-        backbone zeroes them).
-      valid: optional bool [batch, frames], True for the frames to pool;
-        None: all frames.
-      training: training mode (batch norm).
-
-    Returns:
-      [batch, D] (compute dtype).
+    """[batch, frames, N] finite frames -> [batch, D]; `valid` (bool [batch,
+    frames]) selects the frames pooled.
     """
     method = self._config['method']
     x = tf.cast(inputs, self.compute_dtype)
@@ -189,8 +128,9 @@ class LearnablePooling(tf_keras.layers.Layer):
 
 
 class WillowBackbone(tf_keras.layers.Layer):
-  """A WILLOW learnable-pooling backbone (module docstring): per-stream
-  pooling, hidden layer, context gating. Output [batch, hidden_size]."""
+  """A WILLOW backbone: per-stream pooling, hidden layer, context gating:
+  [batch, frames, F] -> [batch, hidden_size].
+  """
 
   def __init__(self,
                method: str,
@@ -204,22 +144,9 @@ class WillowBackbone(tf_keras.layers.Layer):
                use_sync_bn: bool = False,
                kernel_regularizer: Optional[Any] = None,
                **kwargs):
-    """Initializes the backbone.
-
-    Args:
-      method: one of `METHODS`.
-      feature_sizes: width of each stream, in input order (1024 rgb, 128
-        audio); they must add up to the input's feature width.
-      cluster_sizes: K of each stream's module.
-      hidden_size: width of the hidden layer (and the output).
-      hidden_relu: hidden layer without bias, batch norm and relu6 (the
-        authors' `--*_relu=True`); False: with a bias, linear.
-      context_gating: context gating after the hidden layer.
-      norm_momentum: batch norm momentum.
-      norm_epsilon: batch norm epsilon.
-      use_sync_bn: synchronized batch norm across replicas.
-      kernel_regularizer: regularizer of every kernel (and the centers).
-      **kwargs: tf_keras.layers.Layer arguments.
+    """Initializes the backbone (`configs.LearnablePoolingModel`'s fields);
+    `method` is one of `METHODS`, the `feature_sizes` add up to the input
+    width.
     """
     super().__init__(**kwargs)
     key = f'task.model.backbone.{method}'
@@ -270,16 +197,8 @@ class WillowBackbone(tf_keras.layers.Layer):
 
   def call(self, inputs: tf.Tensor, num_frames: Optional[tf.Tensor] = None,
            training=None) -> tf.Tensor:
-    """Runs the backbone.
-
-    Args:
-      inputs: float [batch, frames, features] dequantized frame features.
-      num_frames: optional int [batch] (or [batch, 1]) valid frame counts;
-        None means every frame is valid.
-      training: training mode (batch norm).
-
-    Returns:
-      [batch, hidden_size].
+    """[batch, frames, F] -> [batch, hidden_size]; `num_frames` int [batch]
+    valid frames (None: all).
     """
     x, valid = yt8m_layers.mask_frames(inputs, num_frames)
     x = tf.nn.l2_normalize(x, axis=-1)
@@ -301,3 +220,17 @@ class WillowBackbone(tf_keras.layers.Layer):
     config['kernel_regularizer'] = yt8m_layers.serialize_regularizer(
         self._kernel_regularizer)
     return config
+
+
+def build_willow(model_config, l2_regularizer,
+                 name='backbone') -> WillowBackbone:
+  config = model_config.backbone.get().as_dict()
+  regularize = config.pop('regularize_backbone')
+  return WillowBackbone(
+      method=model_config.backbone.type,
+      kernel_regularizer=l2_regularizer if regularize else None, name=name,
+      **config, **factory.norm_kwargs(model_config))
+
+
+for _method in METHODS:
+  factory.register_backbone_builder(_method)(build_willow)

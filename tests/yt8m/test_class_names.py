@@ -11,10 +11,10 @@ import tensorflow as tf, tf_keras
 from official.core import exp_factory
 from official.core import task_factory
 from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext.yt8m import class_names
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import metrics as yt8m_metrics
 from official_ext.yt8m import predict
-from official_ext.yt8m import vocabulary
 
 HEADER = ('Index,TrainVideoCount,KnowledgeGraphId,Name,WikiUrl,Vertical1,'
           'Vertical2,Vertical3,WikiDescription')
@@ -33,7 +33,7 @@ def _vocab(tmp_path, header=HEADER, rows=ROWS, name='vocabulary.csv'):
 
 
 def test_load_vocabulary_reads_index_and_name(tmp_path):
-  assert vocabulary.load_vocabulary(_vocab(tmp_path), 4) == NAMES
+  assert class_names.load_vocabulary(_vocab(tmp_path), 4) == NAMES
 
 
 @pytest.mark.parametrize('header,rows,num_classes,match', [
@@ -49,11 +49,11 @@ def test_load_vocabulary_reads_index_and_name(tmp_path):
 def test_load_vocabulary_errors_name_the_file_and_line(tmp_path, header, rows,
                                                        num_classes, match):
   with pytest.raises(ValueError, match=match):
-    vocabulary.load_vocabulary(_vocab(tmp_path, header, rows), num_classes)
+    class_names.load_vocabulary(_vocab(tmp_path, header, rows), num_classes)
 
 
 def test_best_and_worst_classes_skip_classes_without_positives():
-  text = vocabulary.best_and_worst_classes(
+  text = class_names.best_and_worst_classes(
       per_class_ap=np.array([0.5, 0.0, 1.0, 0.25, 0.5]),
       class_positives=np.array([2, 0, 1, 4, 3]), n=2,
       names=['a', 'b', 'c', 'd', 'e'])

@@ -1,12 +1,5 @@
-"""YouTube-8M class names (the dataset's `vocabulary.csv`) and the report of
-the best and worst classes that shows them.
-
-`vocabulary.csv` (https://research.google.com/youtube8m/csv/2/vocabulary.csv)
-has one row per class under the header
-`Index,TrainVideoCount,KnowledgeGraphId,Name,WikiUrl,Vertical1,Vertical2,
-Vertical3,WikiDescription`; `Index` is the class id of the records' labels and
-`Name` its name (quoted when it holds a comma). Only `Index` and `Name` are
-read, and both must be there.
+"""YouTube-8M class names (the dataset's `vocabulary.csv`) and the report
+of the best and worst classes that shows them.
 """
 import csv
 from typing import List, Optional, Sequence
@@ -20,21 +13,12 @@ NAME_COLUMN = 'Name'
 
 def load_vocabulary(path: str, num_classes: int,
                     key: str = '--vocabulary') -> List[str]:
-  """The class names of a vocabulary.csv, by class id.
-
-  Args:
-    path: the CSV file (any path `tf.io.gfile` reads).
-    num_classes: the model's number of classes; the file must name each of
-      the ids 0 .. num_classes - 1, and no other.
-    key: the flag or config key `path` came from, for the errors.
-
-  Returns:
-    names: list of num_classes strings, names[i] the name of class i.
+  """The class names of a vocabulary.csv (`Index`, `Name` columns), by id.
 
   Raises:
-    ValueError (naming `key`, the file and the line): no `Index` or `Name`
-      column, an `Index` that is not an integer, one that repeats, one
-      outside [0, num_classes), or a class id without a row.
+    ValueError: naming `key`, the file and the line: a missing column, an
+      `Index` that is not an integer, repeats or lies outside
+      [0, num_classes), or a class id without a row.
   """
   where = f'{key}={path!r}'
   with tf.io.gfile.GFile(path, 'r') as f:
@@ -82,20 +66,9 @@ def best_and_worst_classes(per_class_ap: np.ndarray,
                            names: Optional[Sequence[str]] = None) -> str:
   """The n best and n worst per-class APs, as lines for the evaluation log.
 
-  Only classes with at least one positive in the evaluated data rank (an AP
-  without positives is undefined). The worst list leaves out the classes
-  already in the best one, so with fewer than 2n such classes it is shorter.
-
-  Args:
-    per_class_ap: float [C], per-class AP.
-    class_positives: int [C], positives of each class in the data.
-    n: classes per list (> 0).
-    names: optional class names by id (`load_vocabulary`).
-
-  Returns:
-    Text: a title line, then `best:` and `worst:` lines, one class a line:
-    `  <id> (<name>): AP 0.8125, 16 positives`, best first (ties: lower id
-    first) and worst first (ties: lower id first).
+  Only classes with a positive rank; the worst list leaves out the best
+  ones. Lines read `  <id> (<name>): AP 0.8125, 16 positives`; ties: the
+  lower id first.
   """
   per_class_ap = np.asarray(per_class_ap, np.float64)
   class_positives = np.asarray(class_positives)
