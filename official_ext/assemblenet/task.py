@@ -14,7 +14,7 @@ padding masked out of losses and metrics: `core.input.eval_padding`), reports
 `num_examples` (videos evaluated), and an evaluation of zero videos is an
 `EmptyEvaluationError` naming the dataset.
 """
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 import numpy as np
@@ -132,15 +132,20 @@ class AssembleNetTask(base_task.Task):
       num_frames = None
     return [num_frames] + list(train.feature_shape[1:])
 
-  def build_model(self) -> tf_keras.Model:
+  def build_model(self, input_shape: Optional[Sequence[Optional[int]]] = None
+                  ) -> tf_keras.Model:
+    """The model for clips of `input_shape` [B, T, H, W, 3] (default: any
+    batch of `model_input_shape()`; a static one for counting FLOPs)."""
     train = self.task_config.train_data
-    shape = self.model_input_shape()
+    shape = [None] + self.model_input_shape()
+    if input_shape is not None:
+      shape = list(input_shape)
     wd = float(self.task_config.losses.l2_weight_decay)
     # Halved to match tf.nn.l2_loss, as Model Garden's video task.
     l2 = tf_keras.regularizers.l2(wd / 2.0) if wd else None
     model = factory_3d.build_model(
         self.task_config.model.model_type,
-        input_specs=tf_keras.layers.InputSpec(shape=[None] + shape),
+        input_specs=tf_keras.layers.InputSpec(shape=shape),
         model_config=self.task_config.model,
         num_classes=train.num_classes,
         l2_regularizer=l2)

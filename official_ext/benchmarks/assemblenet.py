@@ -80,9 +80,9 @@ from official.core import exp_factory
 from official.core import task_factory
 from official_ext import export_saved_model
 # (Also registers the experiment and the task.)
-from official_ext.assemblenet.modeling import complexity
 from official_ext.assemblenet import task as assemblenet_task
 from official_ext.benchmarks import assemblenet_input
+from official_ext.benchmarks import graph_flops
 from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
 from official_ext.core.kernels import kernel_policy
@@ -164,25 +164,42 @@ QUICK_CONV3D = (1, 4, 8, 16)  # batch, frames, height = width, channels
 FULL_CONV3D = (2, 16, 28, 152)
 
 
-def conv3d_flops(batch: int, frames: int, size: int, channels: int) -> int:
-  """FLOPs of a 3x3x3 SAME Conv3D, channels -> channels, stride 1."""
-  return 2 * 27 * channels * channels * batch * frames * size * size
+def _conv3d(quick: bool):
+  """The peak's 3x3x3 SAME Conv3D (channels -> channels) on its input."""
+  b, t, h, c = QUICK_CONV3D if quick else FULL_CONV3D
+  x = tf.random.uniform([b, t, h, h, c])
+  k = tf.random.uniform([3, 3, 3, c, c])
+  return tf.function(
+      lambda x: tf.reduce_sum(tf.nn.conv3d(x, k, [1] * 5, 'SAME'))), x
 
 
 def conv3d_peak_gflops(quick: bool = False) -> float:
   """GFLOP/s of a large float32 3x3x3 Conv3D in this process."""
-  b, t, h, c = QUICK_CONV3D if quick else FULL_CONV3D
-  x = tf.random.uniform([b, t, h, h, c])
-  k = tf.random.uniform([3, 3, 3, c, c])
-
-  @tf.function
-  def conv(x):
-    return tf.reduce_sum(tf.nn.conv3d(x, k, [1] * 5, 'SAME'))
-
+  conv, x = _conv3d(quick)
   sec = timing.interleaved_seconds({'conv3d': lambda: conv(x)},
                                    rounds=3 if quick else 5,
                                    warmup=2)['conv3d']
-  return conv3d_flops(b, t, h, c) / sec / 1e9
+  return graph_flops.function_flops(lambda: conv(x)) / sec / 1e9
+
+
+_CLIP_FLOPS: Dict[Any, Dict[str, int]] = {}
+
+
+def clip_flops(frames: int, size: int, quick: bool, training: bool = False,
+               **backbone) -> Dict[str, int]:
+  """FLOPs of one [frames, size, size] clip through the network: 'forward'
+  and, with `training`, 'train' (the training step), from the traced graph
+  (`graph_flops`); each counted once per process."""
+  flops = _CLIP_FLOPS.setdefault(
+      (frames, size, quick, tuple(sorted(backbone.items()))), {})
+  if 'forward' not in flops or (training and 'train' not in flops):
+    task = _task(1, frames, size, quick, **backbone)
+    model = task.build_model(input_shape=[1, frames, size, size, 3])
+    inputs = _inputs(task, 1, frames, size)
+    flops['forward'] = graph_flops.forward_flops(model, inputs[0])
+    if training:
+      flops['train'] = graph_flops.train_step_flops(task, model, inputs)
+  return flops
 
 
 QUICK_SPEED = (1, 4, 32)  # clips, frames, height = width
@@ -478,18 +495,7 @@ def _model_figures(quick: bool, memory: bool, reference: bool,
                    ) -> Dict[str, Any]:
   """The 'model' case of `run`: the figures of the module docstring."""
   out: Dict[str, Any] = {}
-  cx = dict(num_classes=157)
-  if quick:
-    cx.update(structure=QUICK_STRUCTURE,
-              blocks_per_level=QUICK_BLOCKS_PER_LEVEL,
-              edge_weights_given=False, stem_filters=8, head_filters=(16, 24))
-  out['gflops_per_clip'] = complexity.analyze(**cx).flops / 1e9
-  out['gflops_per_clip_original_width'] = complexity.analyze(
-      fusion_width_as_channels=True, **cx).flops / 1e9
   batch, frames, size = QUICK_SPEED if quick else FULL_SPEED
-  bench_flops = complexity.analyze(num_frames=frames, height=size, width=size,
-                                   **cx).flops / 1e9
-  out['gflops_per_clip_bench'] = bench_flops
   out['bench_size'] = f'{batch}x{frames}x{size}^2'
   if memory:  # first, while this process holds no model
     mb, mf, ms = QUICK_MEMORY if quick else FULL_MEMORY
@@ -502,6 +508,13 @@ def _model_figures(quick: bool, memory: bool, reference: bool,
         'malloc_mmap_threshold_bytes']
   if reference_checkout:
     out.update(reference_checkout_speed(reference_checkout, quick))
+  # Counted after the children above, which start before any model is built.
+  out['gflops_per_clip'] = clip_flops(32, 224, quick)['forward'] / 1e9
+  out['gflops_per_clip_original_width'] = clip_flops(
+      32, 224, quick, fusion_width_as_channels=True)['forward'] / 1e9
+  bench_flops = clip_flops(frames, size, quick, training=True)
+  out['gflops_per_clip_bench'] = bench_flops['forward'] / 1e9
+  out['train_gflops_per_clip_bench'] = bench_flops['train'] / 1e9
   out['conv3d_peak_gflops'] = conv3d_peak_gflops(quick)
   speed = _speed(quick, reference)
   b = speed['batch']
@@ -509,18 +522,19 @@ def _model_figures(quick: bool, memory: bool, reference: bool,
   out['train_clips_per_sec'] = b / speed['train']
   out['forward_sec_per_batch'] = speed['forward']
   out['train_sec_per_step'] = speed['train']
-  out['forward_model_gflops'] = bench_flops * b / speed['forward']
-  out['train_model_gflops'] = 3 * bench_flops * b / speed['train']
+  out['forward_model_gflops'] = out['gflops_per_clip_bench'] * b / speed[
+      'forward']
+  out['train_model_gflops'] = out['train_gflops_per_clip_bench'] * b / speed[
+      'train']
   if inference:
     inf = _inference(quick)
     ib = inf['batch']
     out['inference_size'] = f"{ib}x{inf['frames']}x{inf['size']}^2"
     out['inference_sec_per_batch'] = inf['sec']
     out['inference_clips_per_sec'] = ib / inf['sec']
-    # The flops of the clip the model scores (32 x 224^2 in the full run).
-    out['inference_gflops_per_clip'] = complexity.analyze(
-        num_frames=inf['frames'], height=inf['size'], width=inf['size'],
-        **cx).flops / 1e9
+    # The clip the model scores (32 x 224^2 in the full run).
+    out['inference_gflops_per_clip'] = clip_flops(
+        inf['frames'], inf['size'], quick)['forward'] / 1e9
     out['inference_model_gflops'] = (
         out['inference_gflops_per_clip'] * ib / inf['sec'])
   if reference:

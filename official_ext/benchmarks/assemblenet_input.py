@@ -251,13 +251,13 @@ def child_code(input_path: str, cores: int, sizes: Dict[str, Any],
 
 def cpu_step_clips_per_sec(figures: Dict[str, Any]) -> Optional[float]:
   """The CPU training step's clips/s at 32 x 224^2, from a full run's
-  `train_model_gflops` (the step's achieved rate at the benchmark's size)
-  and `gflops_per_clip` (one 32 x 224^2 clip's forward): rate / (3 x
-  GFLOP); None where the figures lack them."""
-  if not figures.get('train_model_gflops') or not figures.get(
-      'gflops_per_clip'):
+  clips/s at the benchmark's size scaled by the two clips' forward FLOPs;
+  None where the figures lack them."""
+  keys = ('train_clips_per_sec', 'gflops_per_clip_bench', 'gflops_per_clip')
+  if not all(figures.get(k) for k in keys):
     return None
-  return figures['train_model_gflops'] / (3 * figures['gflops_per_clip'])
+  return (figures['train_clips_per_sec'] * figures['gflops_per_clip_bench'] /
+          figures['gflops_per_clip'])
 
 
 def run(quick: bool = False, core_counts: Optional[Sequence[int]] = None,

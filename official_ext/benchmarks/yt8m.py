@@ -107,21 +107,6 @@ TINY = Size('tiny', batch=8, frames=8, cluster=32, hidden=32, mixtures=2,
             classes=20)
 
 
-def train_flops_per_example(size: Size) -> float:
-  """FLOPs one training example needs (multiply-add = 2 FLOPs).
-
-  Forward and weight gradients of the three matmul groups (cluster
-  [F, K] per frame, hidden [K, H], MoE gate + expert [H, C(2M+1)]) plus the
-  input gradients the backward pass needs (into the hidden and MoE layers).
-  Not counted: the gradient w.r.t. the frame features (nothing uses it),
-  batch norm / activations / pooling (O(T·K), < 1 % here), the optimizer.
-  """
-  t, f, k, h = size.frames, size.features, size.cluster, size.hidden
-  moe = h * size.classes * (2 * size.mixtures + 1)
-  cluster = 2 * t * f * k
-  return 2 * cluster + 3 * 2 * k * h + 3 * 2 * moe
-
-
 @dataclasses.dataclass(frozen=True)
 class NextVladSize:
   """A NeXtVLAD training step's shapes (`configs.NextVladModel` fields)."""
@@ -151,34 +136,6 @@ NEXTVLAD_TINY = NextVladSize(
     feature_sizes=(24, 8))
 
 
-def nextvlad_train_flops_per_example(size: NextVladSize) -> float:
-  """FLOPs one NeXtVLAD training example needs (multiply-add = 2 FLOPs).
-
-  Per stream of N features (λN = expansion x N, N' = λN / G, T frames):
-  the expansion [N, λN] per frame, forward and weight gradient only (no
-  gradient w.r.t. the frame features); forward, weight and input gradients
-  (x3) of the group attention [λN, G] and the assignment [λN, G K] per
-  frame and of the aggregation (T G x K by T G x N' contraction, gradients
-  w.r.t. both operands). Then x3 for the hidden layer [Σ N' K, H], the SE
-  gate's two [H, H / r] layers and the classifier [H, C]. Not counted:
-  batch norm, softmax, normalization and other element-wise work, the
-  optimizer.
-  """
-  t = size.frames
-  flops = 0
-  vlad_width = 0
-  for n, k, g in zip(size.feature_sizes, size.cluster_sizes, size.groups):
-    wide = size.expansion * n
-    flops += 2 * (2 * t * n * wide)
-    flops += 3 * (2 * t * wide * g + 2 * t * wide * g * k)
-    flops += 3 * (2 * t * g * k * (wide // g))
-    vlad_width += wide // g * k
-  h = size.hidden
-  flops += 3 * 2 * (vlad_width * h + 2 * h * (h // size.gating_reduction) +
-                    h * size.classes)
-  return flops
-
-
 def build_nextvlad_task(size: NextVladSize):
   """A `YT8MTask` of the 'yt8m_nextvlad' experiment at `size`."""
   params = exp_factory.get_exp_config('yt8m_nextvlad')
@@ -204,9 +161,10 @@ def bench_nextvlad_train_step(size: NextVladSize, peak_gflops: float,
   """Examples/sec of the NeXtVLAD training step at `size` (XLA, padding
   masked: every video has all `size.frames` frames)."""
   task = build_nextvlad_task(size)
-  return bench_step(task, task.build_model(), make_batch(size),
-                    nextvlad_train_flops_per_example(size), peak_gflops,
-                    _matmul_size(size), rounds=rounds)
+  model, batch = task.build_model(), make_batch(size)
+  return bench_step(task, model, batch,
+                    graph_flops.train_step_flops(task, model, batch),
+                    peak_gflops, _matmul_size(size), rounds=rounds)
 
 
 def bench_step(task, model: tf_keras.Model, batch: Dict[str, tf.Tensor],
@@ -320,14 +278,15 @@ def bench_train_step(size: Size, peak_gflops: float, rounds: int = 5
   plain_task.analytic_l2_gradient = False
   xla_task = build_task(size, jit_compile=True)
   xla_task.analytic_l2_gradient = False
+  ours_model = ours_task.build_model()
+  flops = graph_flops.train_step_flops(ours_task, ours_model, batch)
   steps = {
-      'ours': _step_fn(ours_task, ours_task.build_model(), batch),
+      'ours': _step_fn(ours_task, ours_model, batch),
       'reference': _step_fn(plain_task, model_garden_model(size), batch),
       'reference_xla': _step_fn(xla_task, model_garden_model(size), batch),
       'matmul': timing.matmul_candidate(_matmul_size(size)),
   }
   seconds = timing.interleaved_seconds(steps, rounds=rounds)
-  flops = train_flops_per_example(size)
   ours = size.batch / seconds['ours']
   achieved = ours * flops / 1e9
   return {
