@@ -1,32 +1,6 @@
-"""`python -m official_ext.benchmark accelerator`: the published-size training
-steps on this machine's GPUs or TPU, under the shipped GPU or TPU YAMLs.
-
-For each case (YT8M DBoF + MoE, YT8M NeXtVLAD, AssembleNet++lite on
-Kinetics-400's clips, the readout model of the GPU/TPU configs) the
-experiment is loaded with its shipped YAML for the device kind found here
-(`configs/<family>/*_gpu.yaml` on GPUs, `*_tpu.yaml` on a TPU: precision,
-loss scaling, model settings, per-replica batch), its strategy built over
-every visible accelerator (`num_gpus` set to the GPUs found; a TPU through
-`--tpu`), and `steps` training steps (the task's own `train_step` under
-`strategy.run` in a `tf.function`, on an in-memory batch of the
-experiment's shapes, so the input pipeline is not timed) are timed after
-`warmup` steps. Figures per case:
-
-* `examples_per_sec` (global batch x steps / seconds) and `step_sec`;
-* `gflops_per_example` (analytic: the matmuls and convolutions a training
-  example needs, from each family's benchmark module) and `achieved_tflops`;
-* `peak_memory_gb`: the largest peak of `tf.config.experimental.
-  get_memory_info` over the devices (None where the device does not say);
-* `kernel_policy`: what the run's policy took (`core.kernels.kernel_policy`: on an
-  accelerator 'auto' is the stock ops) and, for families with fast paths,
-  `fast_examples_per_sec` and `fast_vs_stock` (the same step under 'fast',
-  timed in the same process): the measurement the policy asks for before a
-  fast path is taken on an accelerator.
-
-Without a GPU or TPU the command says so and exits non-zero. (`run` takes
-`device='CPU'` for the tests, which drive the same code on CPU devices at
-`quick` sizes.)
-"""
+"""`python -m official_ext.benchmark accelerator`: each case's published-size
+training step under its shipped GPU or TPU YAML, on this machine's GPUs or
+TPU (what it reports: docs/benchmarks.md#tensorflow-on-gpus-and-tpus)."""
 import dataclasses
 import os
 import time
@@ -56,20 +30,12 @@ class NoAcceleratorError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-  """One published-size training step.
-
-  Attributes:
-    name: the figures' key.
-    experiment: the registered experiment.
-    family: the folder of its YAMLs under configs/.
-    yaml: the YAML's name without `_gpu.yaml` / `_tpu.yaml`.
-    quick: overrides for `quick` runs (tiny sizes).
-  """
-  name: str
-  experiment: str
-  family: str
-  yaml: str
-  quick: Dict[str, Any]
+  """One published-size training step."""
+  name: str  # The figures' key.
+  experiment: str  # The registered experiment.
+  family: str  # The folder of its YAMLs under configs/.
+  yaml: str  # The YAML's name without `_gpu.yaml` / `_tpu.yaml`.
+  quick: Dict[str, Any]  # Overrides of `quick` runs (tiny sizes).
 
 
 CASES = (
@@ -350,17 +316,15 @@ def time_case(case: Case, device: str, setting: str, steps: int,
 def run(quick: bool = False, steps: int = 20, warmup: int = 3,
         tpu: str = '', device: Optional[str] = None,
         cases: Optional[List[str]] = None) -> Dict[str, Any]:
-  """Figures of every case (module docstring), keyed by case name.
+  """Figures of every case, keyed by case name.
 
   Args:
     quick: tiny sizes (a check of the harness).
     steps, warmup: timed and untimed steps per measurement.
     tpu: the TPU address (`--tpu`; 'local' on a TPU VM).
-    device: 'GPU' or 'TPU'; None: the accelerator found here
-      (`accelerator_kind`, which raises without one). 'CPU' runs the same
-      code on the logical CPUs (tests).
-    cases: names of `CASES` to run (default all).
-  """
+    device: 'GPU', 'TPU', or 'CPU' (the tests: the same code on the logical
+      CPUs); None: the accelerator found here (`accelerator_kind`).
+    cases: names of `CASES` to run (default all)."""
   device = accelerator_kind() if device is None else device.upper()
   figures: Dict[str, Any] = {'device': device}
   strategy = None

@@ -1,33 +1,8 @@
-"""docs/benchmarks.md, generated from the benchmark JSON.
-
-    python -m official_ext.benchmark report [--results_dir DIR] [--output FILE]
-                                            [--check]
-
-Every figure of the page comes from the JSON files in the results folder
-(`harness.RESULTS_DIR`, `benchmarks/results/` at the repository root): one
-file per family, `<family>.json`, written by `python -m
-official_ext.benchmark FAMILY --json benchmarks/results/FAMILY.json` (the
-latest run), plus `accelerator.json` where an accelerator run was recorded.
-The page is never edited by hand: `render` is a pure function of those
-files, and `tests/benchmarks/test_report.py` checks that docs/benchmarks.md
-equals it byte for byte.
-
-Hand-written pages hold generated blocks too (`BLOCKS`): a block between
-`<!-- NAME: generated ... -->` and `<!-- /NAME -->` in README.md or a docs
-page is rendered from a results file (e.g. the readout adaptation curves'
-table, from `readout_adaptation.json`; the tables of every YouTube-8M model,
-`zoo_block` and `zoo_demos_block`, from `yt8m.json`), and the same command rewrites it (`--check`
-compares; the rest of those pages is prose); a module's `PLOTS` ({page-relative PNG path: function(figures,
-path)}) are drawn from the same file.
-
-A family file holds the figures its module's `run` returns plus `machine`
-(one line), `environment` (`harness.environment`: CPU model and flags,
-cores, devices, TensorFlow version, UTC date, quick sizes or not) and
-`command`. `accelerator.json` is a dict with `machine` (a line or a dict)
-and one entry per family (a dict of figures; nested dicts are flattened to
-dotted keys), any other top-level value being read as a property of the
-machine; each family renders as a table of its figures.
-"""
+"""docs/benchmarks.md and the generated blocks of README.md and docs/, rendered
+from the benchmark JSON in `harness.RESULTS_DIR` (one `<family>.json` per
+family, `accelerator.json`, `accelerator_xla.json`, `xla_steps.json`): a pure
+function of those files, never edited by hand (`tests/benchmarks/
+test_report.py` compares them byte for byte)."""
 import json
 import os
 import re
@@ -54,20 +29,13 @@ ORDER = ('yt8m', 'assemblenet', 'readout')
 
 
 class Block(NamedTuple):
-  """A generated block of a hand-written page.
-
-  Attributes:
-    page: the page, relative to the repository (or `--pages_root`).
-    name: the block's marker name.
-    family: the results file (`<family>.json`, a key of `harness.FAMILIES`)
-      it is rendered from.
-    render: the function that renders it, `render(figures) -> markdown`
-      (figures: the family's results file), or the name of such a function
-      of the family's benchmark module.
-  """
-  page: str
-  name: str
-  family: str
+  """A generated block of a hand-written page: the lines between
+  `<!-- NAME: generated ... -->` and `<!-- /NAME -->`."""
+  page: str  # Relative to the repository (or `--pages_root`).
+  name: str  # The marker's NAME.
+  family: str  # The results file it is rendered from: `<family>.json`.
+  # `render(figures) -> markdown`, or the name of such a function of the
+  # family's benchmark module.
   render: Union[str, Callable[[Dict[str, Any]], str]]
 
 _HEADER = f"""\
@@ -112,7 +80,9 @@ FLOPs per step) is counted by one counter from the step's traced TensorFlow grap
 convolutions that run (their gradients included), traced with the stock ops (no CPU fast path)
 and without XLA. Element-wise work, reductions and the optimizer's update are not counted (they
 are memory-bound). The ops whose values nothing uses are left out, as TensorFlow prunes them: a
-training step needs no gradient with respect to its input features or clips. A loop counts its
+training step needs no gradient with respect to its input features or clips. A step with gradient
+checkpointing (`recompute_grad: true`) counts the forward passes it recomputes: the work the device
+does, not the model's alone. A loop counts its
 body times its number of iterations where the trace fixes it (a static `maximum_iterations`, or
 a counter run to a static bound: a Keras RNN, once per frame, its gradient loop as often); a
 conditional counts once when both branches hold the same work; a nested `tf.function` (e.g.
@@ -167,7 +137,9 @@ forward FLOPs) over ours per core.
 """,
     'readout': """\
 The readout layer alone: the same queries routed as a padded batch and chained (`varlen`), rates
-in real (non-padding) query rows per second, the outputs checked equal before timing. The whole
+in real (non-padding) query rows per second, the outputs checked equal before timing. Query counts
+per sample are skewed (most samples short, a few long, as in neural-decoding data); a padded
+batch pads to its longest sample, rounded up to a multiple of 8. The whole
 model (`model_*`): token embedding, encoder, query decoder and heads on a batch of demo trials,
 forward pass, the task's losses and every gradient (no optimizer update), padded against chained;
 `model_varlen_speedup_bound` is the speed-up if the chained queries cost nothing (the padded step
@@ -592,12 +564,27 @@ def _xla_steps_section(figures: Optional[Dict[str, Any]]) -> str:
   return '\n'.join(out)
 
 
+_ACCELERATOR_INTRO = f"""\
+`{COMMAND} accelerator` loads each case (YT8M DBoF + MoE, NeXtVLAD, AssembleNet++lite on
+Kinetics clips, the readout model) with its shipped GPU or TPU YAML (precision, loss scaling,
+model settings, per-replica batch), builds its strategy over every visible accelerator and times
+the task's own `train_step` under `strategy.run` on an in-memory batch (the input pipeline is not
+timed): `examples_per_sec`, `gflops_per_example` (counted from the traced step; absent, with
+`flops_not_counted` saying why, where the counter cannot read it) and `achieved_tflops`,
+`peak_memory_gb` (the largest device peak), and the kernel policy the run took. For families with
+fast paths the same step is timed under `runtime.kernel_policy: fast` as well (`fast_vs_stock`):
+the measurement the policy asks for before a fast path is taken on an accelerator. Without a GPU
+or TPU the command says so and exits non-zero.
+"""
+
+
 def _accelerator_section(data: Optional[Dict[str, Any]],
                          xla: Optional[Dict[str, Any]] = None,
                          xla_steps: Optional[Dict[str, Any]] = None) -> str:
   out = ['## GPUs and TPUs', '', _XLA_INTRO.rstrip(), '', xla_section(xla),
          _xla_steps_section(xla_steps),
-         '### TensorFlow on GPUs and TPUs', '']
+         '### TensorFlow on GPUs and TPUs', '', _ACCELERATOR_INTRO.rstrip(),
+         '']
   if data is None:
     out += [
         'No figures of TensorFlow itself on a GPU or TPU were recorded: its '

@@ -572,12 +572,8 @@ def export(folder: str, quick: bool = False,
            steps: Sequence[str] = STEPS,
            isolate: Optional[bool] = None) -> Dict[str, Any]:
   """Exports `cases` (default all) into `folder`; returns the manifest.
-
-  With `quick` (tiny sizes) every argument's values travel; at the
-  published sizes large floating arrays travel as recipes (`describe`).
-  With `isolate` (the default at published sizes) each case and precision
-  is built in a child process, so no process holds more than one model.
-  """
+  `isolate` (default: at published sizes) builds each case and precision in
+  a child process, so that no process holds more than one model."""
   unknown = set(cases or ()) - set(case_names())
   if unknown:
     raise ValueError(f'Unknown case(s) {sorted(unknown)}; the cases are '
