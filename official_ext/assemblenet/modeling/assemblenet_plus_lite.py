@@ -1,24 +1,8 @@
-"""AssembleNet++lite [Ryoo et al., ECCV 2020, supplementary] in tf_keras.
-
-A port of the TF1 "lite" AssembleNet++ (inverted-bottleneck 3-D residual
-blocks, 5-D NTHWC tensors, peer attention) with every flag a constructor
-argument / config field. Registered with Model Garden's factories:
-
-* backbone builder 'assemblenet_plus_lite'
-  (`official.vision.modeling.backbones.factory`): `AssembleNetPlusLite`,
-  inputs [B, T, H, W, 3] -> endpoints {'node_<i>': ..., 'output': ...};
-* model builder 'assemblenet_plus_lite' (`official.vision.modeling.factory_3d`):
-  `AssembleNetPlusLiteModel`, inputs {'image': [B, T, H, W, 3]} -> logits
-  [B, num_classes].
-
-Differences from the original, on purpose: the dropout layer takes a drop
-*rate* (the original passed its keep probability `dropout_keep_prob` as Keras'
-rate); fusion projects to the largest channel count (the original's 5-D code
-used the input width, reproducible with `fusion_width_as_channels`, see
-`fusion.PeerAttentionFusion`); single-input nodes get attention only when
-attention is on; object-input stems (-3) are rejected (the original had no
-object input either).
-"""
+"""AssembleNet++lite (Ryoo et al., ECCV 2020) in tf_keras, registered with Model
+Garden's factories: backbone builder 'assemblenet_plus_lite' ([B, T, H, W, 3]
+-> endpoints {'node_<i>', 'output'}) and 3-D model builder
+'assemblenet_plus_lite' ({'image': clips} -> logits [B, num_classes]); its
+differences from the TF1 code: docs/assemblenet.md#the-network."""
 import contextlib
 import json
 from typing import Any, Dict, Optional, Sequence
@@ -59,13 +43,9 @@ def _policy(precision: str):
 
 class LiteStem(layers.Layer):
   """[1, 3, 3] conv stride 2 (BN, ReLU), then a [3, 1, 1] temporal conv (BN,
-
-  ReLU), `filters` channels each. [B, T, H, W, C] -> [B, T, H/2, W/2, filters].
-  With `recompute_grad`, training calls run through
-  `recompute.recompute_grad` (only the input is kept for the backward pass;
-  the stem's four full-resolution intermediates are recomputed there; its
-  batch norms update their moving statistics once, in the forward pass).
-  """
+  ReLU), `filters` channels each: [B, T, H, W, C] -> [B, T, H/2, W/2,
+  filters]; with `recompute_grad` training calls run through
+  `recompute.recompute_grad`."""
 
   def __init__(self, filters: int, temporal_dilation: int = 1,
                bn_decay: float = blocks.BATCH_NORM_DECAY,
@@ -110,50 +90,32 @@ class LiteStem(layers.Layer):
 
 
 class AssembleNetPlusLite(tf_keras.Model):
-  """The AssembleNet++lite backbone (functional tf_keras.Model).
+  """The AssembleNet++lite backbone (functional tf_keras.Model): [B, T, H, W,
+  3] float -> {'node_<i>': [B, T, H_i, W_i, C_i] of every node, 'output': the
+  first level-3 node's}.
 
   Args:
-    model_structure: node list or its JSON (see `structures`).
+    model_structure: node list or its JSON (`structures`).
     model_edge_weights: per-node edge weights (or JSON); None / '' / '[]'
       make every fusion's edge weights trainable.
     blocks_per_level: blocks per block group for levels 0..3.
-    input_specs: InputSpec of [B, T, H, W, 3]; H and W must be static (the
-      fusions' pooling ratios are fixed when the model is built). T may be
-      None: the model then takes clips of any frame count its temporal
-      strides allow (`structures.min_num_frames`: all are 1; 2 frames with
-      a flow stem), as when evaluation clips are longer than training
-      clips. A static T is checked here, a None T by the flow stem when the
-      model is called.
+    input_specs: InputSpec of [B, T, H, W, 3], H and W static (the fusions'
+      pooling ratios are fixed when built); T None takes any frame count the
+      structure allows (`structures.min_num_frames`), checked by the flow
+      stem when called.
     stem_filters: filters of every stem (24 in the original).
     attention_mode: None, 'self' or 'peer'.
     fusion_width_as_channels: the original's width-as-channels fusion.
     bn_decay, bn_epsilon, use_sync_bn: batch norm settings.
-    recompute_grad: gradient checkpointing (`recompute.recompute_grad`:
-      one segment's rerun at a time) of every stem, fusion and block group: the
-      backward pass keeps only node outputs and recomputes everything inside
-      a node; batch-norm moving statistics are updated once per step, by the
-      forward pass, not again by the recomputation.
-    rep_flow_options: kwargs of `representation_flow.RepresentationFlow`
-      (num_iter, train_feature_grad, train_divergence, train_flow_grad,
-      train_hyper).
+    recompute_grad: gradient checkpointing of every stem, fusion and block
+      group (`recompute.recompute_grad`).
+    rep_flow_options: kwargs of `representation_flow.RepresentationFlow`.
     kernel_regularizer: regularizer of every conv / dense kernel.
-    share_fusion_inputs: what the fusions take from other nodes is computed
-      once per node and shared: each node's spatial mean (the peer-attention
-      source, `fusion.SpatialMean`) and each max-pooled copy of a node
-      (`fusion.SpatialMaxPool`, one per pooling ratio, an even ratio that
-      divides the frame pooled from the copy of half that ratio; not with
-      `fusion_width_as_channels`, whose fusion width depends on the unpooled
-      input widths). The same values as every fusion pooling and averaging
-      its own inputs (False), but a training step's backward pass then has
-      one full-size gradient per shared tensor instead of one per fusion
-      that reads it (for a stem output, about 17 of them in the published
-      network; the peak RSS of a 2 x 32 x 224^2 step with `recompute_grad`
-      is 5.83 GB shared, 6.02 GB not); gradients differ by float rounding
-      only (summation order; tests/assemblenet/test_recompute.py).
-
-  Call: [B, T, H, W, 3] float -> dict of endpoints: 'node_<i>' for every node
-  ([B, T, H_i, W_i, C_i]) and 'output' (the first level-3 node).
-  """
+    share_fusion_inputs: each node's spatial mean and max-pooled copies
+      computed once for every fusion that reads them (an even ratio from the
+      copy of half that ratio; not with `fusion_width_as_channels`): the same
+      values, one full-size gradient per shared tensor instead of one per
+      fusion."""
 
   def __init__(self,
                model_structure: Any = None,
@@ -319,16 +281,11 @@ class AssembleNetPlusLite(tf_keras.Model):
 
 
 class LiteHead(layers.Layer):
-  """The lite head: 1x1x1 conv to filters[0] (BN, ReLU), 1x1x1 conv to
-
-  filters[1] (BN, ReLU), pooling, dropout, dense to num_classes (with bias,
-  normal(0.01) init, float32 output).
-
-  Pooling: global average over (T, H, W); with `max_pool_predictions`
-  spatial average only, the dense layer applied per frame ([B, T, classes]),
-  then `sum_t logits_t * softmax_t(logits_t / sqrt(T))`.
-  Input [B, T, H, W, C] -> float32 logits [B, num_classes].
-  """
+  """The lite head: 1x1x1 conv to filters[0] and one to filters[1] (each BN,
+  ReLU), pooling, dropout, a dense layer to num_classes (normal(0.01) init,
+  float32 output): [B, T, H, W, C] -> float32 logits [B, num_classes]. Pooling
+  is the global average, or with `max_pool_predictions` per-frame logits
+  summed with softmax_t(logits_t / sqrt(T)) weights."""
 
   def __init__(self, num_classes: int, filters: Sequence[int] = (432, 2048),
                max_pool_predictions: bool = False, dropout_rate: float = 0.0,
@@ -361,10 +318,8 @@ class LiteHead(layers.Layer):
         dtype='float32', name='final_dense')
 
   def embedding(self, inputs, training=None):
-    """The pre-logit feature: float32 [B, filters[1]], the second 1x1x1
-    conv's output (BN, ReLU) averaged over (T, H, W) -- what the dense layer
-    reads, before dropout, without `max_pool_predictions`' per-frame
-    logits."""
+    """The pre-logit feature the dense layer reads: float32 [B, filters[1]],
+    the second conv's output (BN, ReLU) averaged over (T, H, W)."""
     x = self._bn1(self._conv1(inputs), training=training)
     x = self._bn2(self._conv2(x), training=training)
     return tf.cast(tf.reduce_mean(x, axis=[1, 2, 3]), tf.float32)
@@ -438,10 +393,8 @@ class AssembleNetPlusLiteModel(tf_keras.Model):
 def build_backbone_from_config(input_specs, backbone_config,
                                kernel_regularizer=None
                                ) -> AssembleNetPlusLite:
-  """Builds the backbone from an `AssembleNetPlusLite` config (the structure
-
-  and edge weights inline or from the files its `*_path` fields name).
-  """
+  """The backbone of an `AssembleNetPlusLite` config (structure and edge
+  weights inline or from their `*_path` files)."""
   c = backbone_config
   structure, edge_weights = structures.from_backbone_config(c)
   with _policy(c.precision):
@@ -463,11 +416,8 @@ def build_backbone_from_config(input_specs, backbone_config,
 def build_assemblenet_plus_lite_backbone(
     input_specs: layers.InputSpec, backbone_config, norm_activation_config,
     l2_regularizer=None) -> AssembleNetPlusLite:
-  """Model Garden backbone builder ('assemblenet_plus_lite').
-
-  The batch-norm settings come from the backbone config (`bn_decay`,
-  `bn_epsilon`, `use_sync_bn`), not from `norm_activation_config`.
-  """
+  """Model Garden backbone builder 'assemblenet_plus_lite'; the batch-norm
+  settings come from the backbone config, not `norm_activation_config`."""
   del norm_activation_config
   if backbone_config.type != 'assemblenet_plus_lite':
     raise ValueError(f'backbone type {backbone_config.type!r} is not '
