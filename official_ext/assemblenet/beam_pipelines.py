@@ -162,6 +162,8 @@ def _run(options, video_dir: str, output: str, num_shards: int,
            | 'WriteFailures' >> beam.io.WriteToText(
                staged[failures_file], num_shards=1, shard_name_template='',
                header=FAILURES_HEADER))
+    # Every file of the staging folder moves into place: not the manifest.
+    tf.io.gfile.remove(manifest)
     missing = [f for f, s in staged.items() if not tf.io.gfile.exists(s)]
     if missing:
       raise ValueError(f'the pipeline did not write {missing}; nothing was '
