@@ -89,6 +89,152 @@ class LiteStem(layers.Layer):
     return config
 
 
+def _checked(model_structure, model_edge_weights, blocks_per_level,
+             attention_mode, input_specs):
+  """(structure, edge weights, input shape) of the backbone's arguments,
+  checked."""
+  if model_structure is None:
+    model_structure = structures.ASSEMBLENET_PLUS_LITE_STRUCTURE
+  structure = structures.validate_structure(
+      model_structure, model_edge_weights, blocks_per_level)
+  edge_weights = structures.normalize_edge_weights(model_edge_weights)
+  if attention_mode not in fusion.ATTENTION_MODES:
+    raise ValueError(f'attention_mode must be None, "self" or "peer"; got '
+                     f'{attention_mode!r}.')
+  for i, node in enumerate(structure):
+    if node[0] == structures.STEM_OBJECT:
+      raise ValueError(
+          f'model structure node {i} ({node!r}) is an object-input stem '
+          '(-3): this model takes only RGB clips (flow is computed from '
+          'them); object segmentation inputs are not supported.')
+  if input_specs is None:
+    input_specs = layers.InputSpec(shape=[None, 32, 224, 224, 3])
+  shape = list(input_specs.shape)
+  if len(shape) != 5 or None in shape[2:]:
+    raise ValueError('AssembleNet++lite needs input shape [batch, T, H, W, '
+                     f'C] with static H, W and C (T may be None); got '
+                     f'{shape}.')
+  if shape[1] is not None:
+    structures.check_num_frames(structure, shape[1], f'input_specs {shape}')
+  return structure, edge_weights, shape
+
+
+def _flow(structure, inputs, rep_flow_options):
+  """The flow stem's input (the clips' representation flow, in the clips'
+  dtype), or None without a flow stem."""
+  if not any(n[0] == structures.STEM_FLOW for n in structure):
+    return None
+  flow = representation_flow.RepresentationFlow(
+      name='rep_flow', **rep_flow_options)(inputs)
+  return tf.cast(flow, inputs.dtype) if flow.dtype != inputs.dtype else flow
+
+
+class _Nodes:
+  """Builds the backbone's nodes in order: stems, then each block node's
+  fusion (of its inputs, pooled, and its peers' means) and block group."""
+
+  def __init__(self, structure, edge_weights, blocks_per_level, stem_filters,
+               attention_mode, fusion_width_as_channels, recompute_grad,
+               kernel_regularizer, share_fusion_inputs, bn):
+    self.structure, self.edge_weights = structure, edge_weights
+    self.blocks_per_level, self.stem_filters = blocks_per_level, stem_filters
+    self.attention_mode = attention_mode
+    self.fusion_width_as_channels = fusion_width_as_channels
+    self.recompute_grad = recompute_grad
+    self.kernel_regularizer = kernel_regularizer
+    self.share_fusion_inputs = share_fusion_inputs
+    self.bn = bn
+    self.streams = []
+    self.shared: Dict[Any, Any] = {}  # (node, 'mean') / (node, ratio) -> x
+
+  def build(self, inputs, flow) -> Dict[str, Any]:
+    """{'node_<i>': every node's output, 'output': the first level-3
+    node's}."""
+    endpoints = {}
+    for i, node in enumerate(self.structure):
+      if node[0] < 0:
+        out = self.stem(i, node, flow if node[0] == structures.STEM_FLOW
+                        else inputs)
+      else:
+        out = self.block_node(i, node)
+      self.streams.append(out)
+      endpoints[f'node_{i}'] = out
+    first_top = next(i for i, n in enumerate(self.structure) if n[0] == 3)
+    endpoints['output'] = self.streams[first_top]
+    return endpoints
+
+  def stem(self, i, node, x):
+    return LiteStem(self.stem_filters, node[1],
+                    kernel_regularizer=self.kernel_regularizer,
+                    recompute_grad=self.recompute_grad, name=f'node_{i}',
+                    **self.bn)(x)
+
+  def block_node(self, i, node):
+    level, input_ids, filters, dilation, stride = node
+    node_inputs = self.pooled(input_ids)
+    peers = []
+    if self.attention_mode == 'peer':
+      peers = [self.peer(k)
+               for k in structures.nodes_below(self.structure, level)]
+    weights = None
+    if self.edge_weights is not None and len(input_ids) > 1:
+      weights = self.edge_weights[i][0]
+    fused = fusion.PeerAttentionFusion(
+        num_inputs=len(node_inputs), attention_mode=self.attention_mode,
+        edge_weights=weights,
+        fusion_width_as_channels=self.fusion_width_as_channels,
+        kernel_regularizer=self.kernel_regularizer,
+        recompute_grad=self.recompute_grad,
+        name=f'node_{i}_fusion')(node_inputs + peers)
+    return blocks.BlockGroup(
+        filters, self.blocks_per_level[level], stride, dilation,
+        recompute_grad=self.recompute_grad,
+        kernel_regularizer=self.kernel_regularizer, name=f'node_{i}',
+        **self.bn)(fused)
+
+  def peer(self, k):
+    """Node k's peer-attention source: its spatial mean, once."""
+    if not self.share_fusion_inputs:
+      return self.streams[k]
+    if (k, 'mean') not in self.shared:
+      self.shared[k, 'mean'] = fusion.SpatialMean(
+          name=f'node_{k}_mean')(self.streams[k])
+    return self.shared[k, 'mean']
+
+  def pooled(self, input_ids):
+    """The nodes' outputs, each max-pooled (once) to the smallest one's size
+    as the fusion pools them: ratio (H + 1) // H_min."""
+    xs = [self.streams[j] for j in input_ids]
+    if not self.share_fusion_inputs or self.fusion_width_as_channels:
+      return xs
+    h_min = min(x.shape[2] for x in xs)
+    w_min = min(x.shape[3] for x in xs)
+    out = []
+    for j, x in zip(input_ids, xs):
+      if x.shape[2] == h_min and x.shape[3] == w_min:
+        out.append(x)
+        continue
+      out.append(self.pool(j, x, (x.shape[2] + 1) // h_min))
+    return out
+
+  def pool(self, j, x, r):
+    # Node j's output x max-pooled by r, once. Where r is even and divides
+    # the frame, it is the 2 x 2 max pool of the copy pooled by r / 2: the
+    # same values (a max over an r x r window is the max of its four
+    # r/2 x r/2 maxima), and the backward pass adds this copy's gradient
+    # into the smaller copy's instead of making one more full-size
+    # gradient of x.
+    if (j, r) not in self.shared:
+      h, w = x.shape[2], x.shape[3]
+      if r > 2 and r % 2 == 0 and h % r == 0 and w % r == 0:
+        source, ratio = self.pool(j, x, r // 2), 2
+      else:
+        source, ratio = x, r
+      self.shared[j, r] = fusion.SpatialMaxPool(
+          ratio, name=f'node_{j}_pool_{r}')(source)
+    return self.shared[j, r]
+
+
 class AssembleNetPlusLite(tf_keras.Model):
   """The AssembleNet++lite backbone (functional tf_keras.Model): [B, T, H, W,
   3] float -> {'node_<i>': [B, T, H_i, W_i, C_i] of every node, 'output': the
@@ -134,117 +280,20 @@ class AssembleNetPlusLite(tf_keras.Model):
                kernel_regularizer=None,
                share_fusion_inputs: bool = True,
                **kwargs):
-    if model_structure is None:
-      model_structure = structures.ASSEMBLENET_PLUS_LITE_STRUCTURE
-    structure = structures.validate_structure(
-        model_structure, model_edge_weights, blocks_per_level)
-    edge_weights = structures.normalize_edge_weights(model_edge_weights)
-    if attention_mode not in fusion.ATTENTION_MODES:
-      raise ValueError(f'attention_mode must be None, "self" or "peer"; got '
-                       f'{attention_mode!r}.')
-    for i, node in enumerate(structure):
-      if node[0] == structures.STEM_OBJECT:
-        raise ValueError(
-            f'model structure node {i} ({node!r}) is an object-input stem '
-            '(-3): this model takes only RGB clips (flow is computed from '
-            'them); object segmentation inputs are not supported.')
-    if input_specs is None:
-      input_specs = layers.InputSpec(shape=[None, 32, 224, 224, 3])
-    shape = list(input_specs.shape)
-    if len(shape) != 5 or None in shape[2:]:
-      raise ValueError('AssembleNet++lite needs input shape [batch, T, H, W, '
-                       f'C] with static H, W and C (T may be None); got '
-                       f'{shape}.')
-    if shape[1] is not None:
-      structures.check_num_frames(structure, shape[1],
-                                  f'input_specs {shape}')
+    structure, edge_weights, shape = _checked(
+        model_structure, model_edge_weights, blocks_per_level,
+        attention_mode, input_specs)
     rep_flow_options = dict(rep_flow_options or {})
-    bn = dict(bn_decay=bn_decay, bn_epsilon=bn_epsilon,
-              use_sync_bn=use_sync_bn)
-
     inputs = tf_keras.Input(shape=shape[1:], batch_size=shape[0],
                             name='image')
-    flow = None
-    if any(n[0] == structures.STEM_FLOW for n in structure):
-      flow = representation_flow.RepresentationFlow(
-          name='rep_flow', **rep_flow_options)(inputs)
-      flow = tf.cast(flow, inputs.dtype) if flow.dtype != inputs.dtype else flow
-    streams = []
-    endpoints = {}
-    shared: Dict[Any, Any] = {}  # (node, 'mean') / (node, ratio) -> tensor
-
-    def peer(k):
-      if not share_fusion_inputs:
-        return streams[k]
-      if (k, 'mean') not in shared:
-        shared[k, 'mean'] = fusion.SpatialMean(
-            name=f'node_{k}_mean')(streams[k])
-      return shared[k, 'mean']
-
-    def pooled(input_ids):
-      xs = [streams[j] for j in input_ids]
-      if not share_fusion_inputs or fusion_width_as_channels:
-        return xs
-      # The fusion's pooling (`PeerAttentionFusion.build`): each input to
-      # the smallest input's size, ratio (H + 1) // H_min.
-      h_min = min(x.shape[2] for x in xs)
-      w_min = min(x.shape[3] for x in xs)
-      out = []
-      for j, x in zip(input_ids, xs):
-        if x.shape[2] == h_min and x.shape[3] == w_min:
-          out.append(x)
-          continue
-        out.append(pool(j, x, (x.shape[2] + 1) // h_min))
-      return out
-
-    def pool(j, x, r):
-      # Node j's output x max-pooled by r, once. Where r is even and divides
-      # the frame, it is the 2 x 2 max pool of the copy pooled by r / 2: the
-      # same values (a max over an r x r window is the max of its four
-      # r/2 x r/2 maxima), and the backward pass adds this copy's gradient
-      # into the smaller copy's instead of making one more full-size
-      # gradient of x.
-      if (j, r) not in shared:
-        h, w = x.shape[2], x.shape[3]
-        if r > 2 and r % 2 == 0 and h % r == 0 and w % r == 0:
-          source, ratio = pool(j, x, r // 2), 2
-        else:
-          source, ratio = x, r
-        shared[j, r] = fusion.SpatialMaxPool(
-            ratio, name=f'node_{j}_pool_{r}')(source)
-      return shared[j, r]
-
-    for i, node in enumerate(structure):
-      name = f'node_{i}'
-      if node[0] < 0:
-        x = flow if node[0] == structures.STEM_FLOW else inputs
-        out = LiteStem(stem_filters, node[1],
-                       kernel_regularizer=kernel_regularizer,
-                       recompute_grad=recompute_grad, name=name, **bn)(x)
-      else:
-        level, input_ids, filters, dilation, stride = node
-        node_inputs = pooled(input_ids)
-        peers = []
-        if attention_mode == 'peer':
-          peers = [peer(k) for k in structures.nodes_below(structure, level)]
-        weights = None
-        if edge_weights is not None and len(input_ids) > 1:
-          weights = edge_weights[i][0]
-        fused = fusion.PeerAttentionFusion(
-            num_inputs=len(node_inputs), attention_mode=attention_mode,
-            edge_weights=weights,
-            fusion_width_as_channels=fusion_width_as_channels,
-            kernel_regularizer=kernel_regularizer,
-            recompute_grad=recompute_grad,
-            name=f'{name}_fusion')(node_inputs + peers)
-        out = blocks.BlockGroup(
-            filters, blocks_per_level[level], stride, dilation,
-            recompute_grad=recompute_grad,
-            kernel_regularizer=kernel_regularizer, name=name, **bn)(fused)
-      streams.append(out)
-      endpoints[name] = out
-    first_top = next(i for i, n in enumerate(structure) if n[0] == 3)
-    endpoints['output'] = streams[first_top]
+    nodes = _Nodes(
+        structure, edge_weights, blocks_per_level, stem_filters,
+        attention_mode, fusion_width_as_channels, recompute_grad,
+        kernel_regularizer, share_fusion_inputs,
+        dict(bn_decay=bn_decay, bn_epsilon=bn_epsilon,
+             use_sync_bn=use_sync_bn))
+    endpoints = nodes.build(inputs, _flow(structure, inputs,
+                                          rep_flow_options))
     super().__init__(inputs=inputs, outputs=endpoints, **kwargs)
     self._config_dict = dict(
         model_structure=json.dumps(structure),
