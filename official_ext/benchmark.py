@@ -1,31 +1,6 @@
-r"""Benchmarks: `python -m official_ext.benchmark FAMILY [--json FILE] [--quick]
-[--reference_checkout DIR] [--tpu ADDRESS] [--cases CASE,...]`, and
-`python -m official_ext.benchmark report [--results_dir DIR] [--output FILE]
-[--check]`.
-
-The command line of `official_ext.benchmarks` (see `benchmarks/harness.py`):
-FAMILY is one of `harness.FAMILIES` (yt8m, assemblenet, readout on this
-machine's CPU; accelerator: the shipped GPU / TPU YAMLs' training steps on
-this machine's GPUs or TPU, `--tpu` its address, an error without one;
-`--export_xla DIR` writes its steps as XLA modules instead, on any machine:
-`benchmarks/xla_export.py`); `--quick`
-runs tiny sizes (a smoke test of the harness); `--json FILE` also writes the
-figures as JSON (the results folder: `--json benchmarks/results/FAMILY.json`);
-`--reference_checkout DIR` (assemblenet) also times the training step of
-another checkout of this repository (e.g. one made with `git worktree add
-/tmp/ref COMMIT`) interleaved with this one's, each in a child process;
-`--cases` (assemblenet: `model`, `input_pipeline`; readout: `model`,
-`spike_tokens`; yt8m: `model`, the default, `zoo`, every registered
-YouTube-8M model's published-size step, and `zoo_demos`, every model's demo
-trained to the same budget) runs only those cases and, with `--json`,
-merges their figures into the existing file.
-
-`report` writes docs/benchmarks.md from the JSON files in the results folder
-(`benchmarks/results/<family>.json`, written by `--json`; see
-`benchmarks/report.py`), and the generated blocks and plots of README.md and
-docs/ (under `--pages_root`); `--check` only compares and exits 1 if a page
-differs.
-"""
+"""The benchmark command line: `python -m official_ext.benchmark FAMILY` (one
+of `harness.FAMILIES`) or `report` (docs/benchmarks.md from the results JSON);
+the flags say the rest."""
 import sys
 from typing import Sequence
 

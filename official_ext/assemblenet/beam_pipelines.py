@@ -1,70 +1,7 @@
-r"""Apache Beam pipelines for corpora too large for one process.
-
-    python -m official_ext.assemblenet.beam_pipelines convert \
-        --video_dir=/data/videos --output=/data/tfrecords/train --num_shards=256
-    python -m official_ext.assemblenet.beam_pipelines extract_features \
-        --checkpoint_path=/tmp/anet_demo --video_dir=/data/videos/train \
-        --output=/data/features/train --encoding=quantized --pca_dim=32 \
-        --beam_pipeline_options="runner=DataflowRunner,project=$PROJECT,\
-region=$REGION,temp_location=gs://$BUCKET/tmp,setup_file=./setup.py"
-
-Two pipelines, each the single-process command's per-video function run on
-Beam workers, so a video gives the same record either way:
-
-* `convert`: `video_records.convert` (video files -> clip TFRecords),
-  each video by `video_records.encode_video`. Its flags are the converter's
-  but --skip_unreadable (a failed video is always listed, below).
-* `extract_features`: `extract_features.extract` (video files -> YouTube-8M
-  frame-level feature records; its flags, defined there once:
-  `extract_features.SHARED_FLAGS`), each video by `extract_features.
-  extract_video` and `make_yt8m_example`; the model is loaded once per
-  worker process (`ExtractFeaturesFn.setup`, `load_extractor`). With --pca_dim the PCA is fitted on
-  every feature of this run (run it on the training split): each worker's
-  features are reduced to `frame_features.Moments` (count, mean, scatter),
-  merged (`MomentsFn`), and `frame_features.pca_from_moments` -- the
-  function `fit_pca` calls -- fits the PCA, a side input of the step that
-  writes the records, stored as OUTPUT.pca.npz. With --pca_file a stored
-  PCA is applied unchanged (the other splits). Only --video_dir inputs (not
-  the single-process command's --input_path records).
-
-Both: the launcher lists the videos and resolves their labels
-(`video_records.list_videos`, `videos.video_labels`; a labels problem is an
-error before the pipeline starts) and writes the list as a JSON-lines
-manifest into the staging folder, which the workers read (so the job graph
-stays small for any corpus). The records are written with
-`beam.io.WriteToTFRecord` as `OUTPUT-0000i-of-0000n.tfrecord` (--num_shards
-fixed; which shard holds a video is the runner's choice, not the
-single-process commands' round robin). A video that cannot be read or
-processed does not stop the corpus: it goes to a tagged side output,
-written as `OUTPUT.failures.tsv` (header `video<TAB>error`, one line per
-failed video: its path relative to --video_dir and the error naming it; the
-header alone when none failed). `convert` with class sub-folders also
-writes OUTPUT.classes.txt as the single-process converter does.
-
-Whole or not at all: the pipeline writes into a hidden staging folder beside
-the output (`core.output_files.write_together`; Beam's own temporary files
-inside it), and the launcher moves the files into place only after the
-pipeline succeeded and every shard holds a video. A failed pipeline (an
-error raised, the job cancelled, a shard left empty because fewer videos
-than --num_shards were written) leaves the output folder as it was and
-removes the staging folder; a killed launcher leaves the hidden
-`.NAME-...partial-*` folder, which can be deleted. Files of an earlier run
-to the same --output prefix (`video_records.previous_output`: shards of any
-count and the classes, failures and PCA files) are refused before anything
-is read, unless --overwrite: then they are replaced once the new files are
-complete.
-
-Pipeline options (runner, project, workers, ...) are given as TFDS gives
-them, in --beam_pipeline_options: comma-separated `key=value` pairs, each
-passed to Beam as `--key=value` (no comma inside a value); none: Beam's
-DirectRunner in this process. Workers need this package and its
-dependencies (Dataflow: `setup_file=./setup.py` from a checkout, or a
-custom container), and read --video_dir and --checkpoint_path themselves
-(on a cluster: `gs://` paths; a remote video is copied to a local
-temporary file for OpenCV). Beam is an optional dependency: `pip install
-"official_ext[beam]"` (docs/assemblenet.md); without it the pipelines raise
-an ImportError saying so, and this module still imports.
-"""
+"""`python -m official_ext.assemblenet.beam_pipelines convert|extract_features`:
+the video converter and the feature extractor as Apache Beam pipelines, each
+video by the single-process command's function, whole or not at all
+(docs/assemblenet.md#large-corpora-with-apache-beam)."""
 import json
 import os
 import threading
@@ -161,20 +98,12 @@ def _failure_line(failure) -> str:
 
 
 class Result(NamedTuple):
-  """What a pipeline wrote.
-
-  Attributes:
-    files: the shards, `OUTPUT-0000i-of-0000n.tfrecord`.
-    failures_file: `OUTPUT.failures.tsv`.
-    failed: [(video, error)] of the videos not written, sorted.
-    num_videos: videos listed.
-    pca_file: `extract_features`: the PCA fitted (`OUTPUT.pca.npz`) or
-      applied; None without one.
-  """
-  files: List[str]
-  failures_file: str
-  failed: List[Sequence[str]]
-  num_videos: int
+  """What a pipeline wrote."""
+  files: List[str]  # The shards, `OUTPUT-0000i-of-0000n.tfrecord`.
+  failures_file: str  # `OUTPUT.failures.tsv`.
+  failed: List[Sequence[str]]  # [(video, error)] not written, sorted.
+  num_videos: int  # Videos listed.
+  # `extract_features`: the PCA fitted (`OUTPUT.pca.npz`) or applied.
   pca_file: Optional[str] = None
 
 
@@ -195,14 +124,13 @@ def _run(options, video_dir: str, output: str, num_shards: int,
          extra_files: Sequence[str],
          expand: Callable[..., Tuple[object, object]],
          write_classes: bool = False) -> Result:
-  """Lists and labels the videos, runs the pipeline into a staging folder
-  and moves its files into place (module docstring).
+  """Lists and labels the videos (a JSON-lines manifest in the staging folder,
+  which the workers read: the job graph stays small), runs the pipeline into
+  the staging folder and moves its files into place once it succeeded.
 
-  `expand(manifest_lines, staged)` adds the per-video steps to the
-  pipeline: given the PCollection of manifest lines and {file: staging
-  path}, it returns (serialized records, (video, error) failures); it
-  writes `extra_files` (to their staging paths) itself.
-  """
+  `expand(manifest_lines, staged)` adds the per-video steps: given the
+  PCollection of manifest lines and {file: staging path}, it returns
+  (serialized records, (video, error) failures) and writes `extra_files`."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   found = video_records.list_videos(video_dir)
   label_of, classes = videos.video_labels(video_dir, found, labels_csv)
@@ -249,20 +177,15 @@ def convert(video_dir: str, output: str, labels_csv: Optional[str] = None,
             short_side: Optional[int] = None, jpeg_quality: int = 90,
             overwrite: bool = False,
             beam_pipeline_options: str = '') -> Result:
-  """Runs the conversion pipeline (module docstring) to the end.
-
-  Args:
-    video_dir, output, labels_csv, num_shards, fps, short_side,
-      jpeg_quality, overwrite: as `video_records.convert`'s.
-    beam_pipeline_options: 'key=value,...' Beam pipeline options ('': the
-      DirectRunner).
+  """Runs the conversion pipeline to the end; the arguments are
+  `video_records.convert`'s, plus `beam_pipeline_options` ('key=value,...';
+  '': the DirectRunner).
 
   Raises:
     ImportError: Apache Beam is not installed.
     FileExistsError: a previous conversion to `output` and not `overwrite`.
     ValueError: a labels problem, or fewer videos converted than
-      `num_shards` (naming the flag and the failures); nothing written.
-  """
+      `num_shards` (naming the flag and the failures); nothing written."""
   _require_beam()
   options = pipeline_options(beam_pipeline_options)
   video_records.check_output(
@@ -398,26 +321,17 @@ def extract(checkpoint_path: str, video_dir: str, output: str,
             num_shards: int = 1, batch_size: int = 16,
             overwrite: bool = False,
             beam_pipeline_options: str = '') -> Result:
-  """Runs the feature-extraction pipeline (module docstring) to the end.
-
-  Args:
-    checkpoint_path, experiment, config_files, params_override,
-      feature_layer, batch_size: the model (`extract_features.
-      FeatureExtractor.from_checkpoint`), loaded on each worker.
-    video_dir, labels_csv, short_side: the videos
-      (`extract_features.videos_in_folder`'s).
-    output, rate, encoding, pca_dim, pca_file, num_shards, overwrite: as
-      `extract_features.extract`'s; with `pca_dim` the PCA is fitted on
-      every feature of this run (the training split) and written to
-      OUTPUT.pca.npz.
-    beam_pipeline_options: 'key=value,...' ('': the DirectRunner).
+  """Runs the feature-extraction pipeline to the end. The model's arguments
+  are `FeatureExtractor.from_checkpoint`'s (loaded on each worker), the
+  videos' `videos_in_folder`'s, the output's `extract_features.extract`'s
+  (with `pca_dim` the PCA is fitted on every feature of this run);
+  `beam_pipeline_options`: 'key=value,...' ('': the DirectRunner).
 
   Raises:
     ImportError: Apache Beam is not installed.
     FileExistsError: an earlier run's files at `output`, not `overwrite`.
     ValueError: a flag problem (naming it), a labels problem, or fewer
-      videos extracted than `num_shards`; nothing written.
-  """
+      videos extracted than `num_shards`; nothing written."""
   _require_beam()
   options = pipeline_options(beam_pipeline_options)
   extract_features.check_encoding(encoding, pca_dim, pca_file)

@@ -1,24 +1,6 @@
-"""Configuration of the AssembleNet++lite video classification family.
-
-Every flag of the original TF1 code is a config field here (backbone:
-`precision`, `bn_decay`, `bn_epsilon`, `attention_mode`, the structure and
-edge weights, rep-flow options; model: `max_pool_predictions`,
-`dropout_rate`). Data fields use the names of Model Garden's
-`official.vision.configs.video_classification.DataConfig`.
-
-Experiments:
-
-* `assemblenet_plus_lite_charades`: multi-label (157 classes, sigmoid
-  cross-entropy, mAP), 32 frames at 224x224, the published structure with its
-  published edge weights, peer attention, a video's evaluation views
-  aggregated by their maximum. Needs Charades as TFRecords
-  (`input_path`) or TFDS (`tfds_name`).
-* `assemblenet_plus_lite_kinetics`: single-label Kinetics-400 (softmax
-  cross-entropy, top-1/top-5), same backbone.
-* `assemblenet_plus_lite_demo`: a tiny structure on the procedurally generated
-  moving-shapes TFDS data set (`official_ext.assemblenet.demo_data`), 8 frames
-  at 32x32; trains on 2 CPU cores in minutes, no download.
-"""
+"""Configuration of the AssembleNet++lite video classification family and its
+experiments; every flag of the original TF1 code is a field, the data fields
+bear Model Garden's video names (docs/assemblenet.md#experiments-and-data)."""
 import dataclasses
 import json
 from typing import Optional, Tuple
@@ -41,92 +23,40 @@ KINETICS400_VAL_EXAMPLES = 17706
 
 @dataclasses.dataclass
 class DataConfig(cfg.DataConfig):
-  """Video clips from TFRecords of `tf.train.SequenceExample` or from TFDS.
-
-  TFRecord format (Model Garden's video format): sequence feature
-  `image_field_key` (default 'image/encoded') with one JPEG (or PNG) string
-  per frame, context `label_field_key` (default 'clip/label/index') with the
-  int64 class id(s). TFDS: the element's `video` (uint8 [T, H, W, 3]) and
-  `label` (int) features (set `tfds_name`, `tfds_split`, `tfds_data_dir`).
-
-  Attributes:
-    feature_shape: [num_frames, crop_height, crop_width, channels] of a clip.
-      Evaluation clips may have more (or fewer) frames than training clips
-      (the model is then built with an unknown frame count, as Model
-      Garden's video classification); height, width and channels must be
-      the same in both splits.
-    temporal_stride: frame stride of the sampled clip.
-    num_test_clips: evaluation: clips per video (linearly spaced; 1: the
-      middle clip); a video's clips x crops views are scored one by one and
-      aggregated by `task.eval_aggregation`.
-    num_test_crops: evaluation: 1 (center crop) or 3 (left/center/right).
-    num_classes: number of classes; a label outside [0, num_classes) is an
-      error naming the record's file.
-    is_multilabel: several labels per video (sigmoid loss, mAP). False: each
-      video must have exactly one label.
-    min_image_size: evaluation: frames are resized so their short side is this
-      before the center crop.
-    zero_centering_image: pixel values in [-1, 1] (else [0, 1]).
-    aug_min_aspect_ratio, aug_max_aspect_ratio, aug_min_area_ratio,
-    aug_max_area_ratio: training random resized crop ranges.
-    random_flip: training random left-right flip (turn it off when the label
-      depends on the direction of motion).
-    aug_type: training only, off (None) by default: Model Garden's
-      `common.Augmentation` with `type` 'randaug' (`augment.RandAugment`) or
-      'autoaug' (`augment.AutoAugment`), applied to the uint8 clip after the
-      crop and flip, before normalization, as Model Garden's
-      `video_input.process_image`. One call on the whole [T, H, W, 3] clip:
-      one sampled policy, the same ops and magnitudes on every frame
-      (statistics-based ops: `AutoContrast` and `Equalize` use the clip's
-      statistics, `Contrast` each frame's mean), except RandAugment's `Cutout`,
-      which Model Garden applies to video as a spatio-temporal box through a
-      few consecutive frames (`augment.cutout_video`, which draws the box's
-      size itself: `cutout_const` has no effect on clips); put 'Cutout' in
-      `randaug.exclude_ops` for strictly per-clip transforms.
-    mixup_and_cutmix: training only, off (None) by default: Model Garden's
-      `common.MixupAndCutmix`, applied per batch to the [B, T, H, W, 3] clips
-      and their labels (`augment.MixupAndCutmix`: each clip mixed with the
-      batch's reversed partner, cutmix boxes through all frames); labels are
-      smoothed by its `label_smoothing` (y * (1 - s) + s / num_classes, for
-      one-hot and multi-hot labels), so `task.losses.label_smoothing` must
-      then be 0.
-    image_field_key, label_field_key: feature names of the records.
-    name_file_in_decode_errors: a corrupt frame fails with an error naming
-      the record's file and frame (default): frames are decoded in a
-      `tf.py_function`, except JPEG training clips, whose headers are read
-      in one (a header that does not read, a missing end marker or another
-      frame size is named) and whose crop windows are decoded in graph ops
-      (damage inside the compressed data: TensorFlow's message). False
-      decodes in pure graph ops (serializable pipelines, e.g. tf.data
-      service); a corrupt frame then still fails, with TensorFlow's message
-      only (frames of different sizes are still named).
-    num_examples: examples in the split (sizes evaluation; -1 unknown).
-    skip_bad_records: False (default): a truncated/corrupted TFRecord file or
-      an invalid record (unparsable, bad label, corrupt frame) is an error
-      naming the file. True: the damaged records of a file, or the
-      invalid record, are skipped, logged and counted (`bad_records_skipped`
-      in the task's logs).
-  """
+  """Video clips from TFRecords of `tf.train.SequenceExample` or from TFDS."""
+  # [num_frames, crop_height, crop_width, channels] of a clip; evaluation
+  # clips may have another frame count (height, width, channels: the same).
   feature_shape: Tuple[int, ...] = (32, 224, 224, 3)
-  temporal_stride: int = 1
+  temporal_stride: int = 1  # Frame stride of the sampled clip.
+  # Evaluation: clips per video (evenly spaced; 1: the middle clip) and crops
+  # (1: center; 3: left/center/right); their views are combined by
+  # `task.eval_aggregation`.
   num_test_clips: int = 1
   num_test_crops: int = 1
-  num_classes: int = -1
+  num_classes: int = -1  # A label outside [0, num_classes) is an error.
+  # Several labels per video (sigmoid loss, mAP); False: exactly one each.
   is_multilabel: bool = False
-  min_image_size: int = 256
-  zero_centering_image: bool = False
+  min_image_size: int = 256  # Evaluation: short side before the crop.
+  zero_centering_image: bool = False  # Pixels in [-1, 1], else [0, 1].
+  # Training random resized crop ranges.
   aug_min_aspect_ratio: float = 0.5
   aug_max_aspect_ratio: float = 2.0
   aug_min_area_ratio: float = 0.49
   aug_max_area_ratio: float = 1.0
-  random_flip: bool = True
+  random_flip: bool = True  # Training; off when motion direction matters.
+  # Training only, off by default: RandAugment / AutoAugment on the uint8
+  # clip, and mixup / cutmix per batch (docs: training augmentation).
   aug_type: Optional[common.Augmentation] = None
   mixup_and_cutmix: Optional[common.MixupAndCutmix] = None
   image_field_key: str = 'image/encoded'
   label_field_key: str = 'clip/label/index'
+  # A corrupt frame's error names the record's file and frame (python reads
+  # of the headers); False: pure graph ops (e.g. tf.data service),
+  # TensorFlow's message only.
   name_file_in_decode_errors: bool = True
-  num_examples: int = -1
+  num_examples: int = -1  # Examples in the split (-1: unknown).
   shuffle_buffer_size: int = 64
+  # Skip, log and count bad records instead of failing (docs/bad_input.md).
   skip_bad_records: bool = False
 
 
@@ -145,50 +75,29 @@ class RepFlow(hyperparams.Config):
 
 @dataclasses.dataclass
 class AssembleNetPlusLite(hyperparams.Config):
-  """The AssembleNet++lite backbone.
-
-  Attributes:
-    model_structure: the node list as JSON (see `structures`); default the
-      published lite structure.
-    model_edge_weights: per-node edge weights as JSON; '' (or '[]') learns
-      them (trainable, the one-shot connectivity search).
-    model_structure_path, model_edge_weights_path: the same, read from a
-      JSON file (e.g. written by `official_ext.assemblenet.derive_structure`);
-      set the inline field to '' when giving its path (both set is an error,
-      as is a file that is missing or not JSON; the message names the key and
-      the file). The file is read whenever the model is built (training,
-      export), so it must stay where it is.
-    blocks_per_level: inverted-bottleneck blocks per block group, levels 0-3.
-    stem_filters: filters of every stem (24 in the original).
-    attention_mode: None (off), 'self' or 'peer'.
-    fusion_width_as_channels: reproduce the original's 5-D fusion defect (its
-      projections get the input *width* as channel count); default False:
-      project to the largest input channel count.
-    precision: '' follows the runtime's mixed-precision policy; 'float32',
-      'bfloat16' or 'float16' set this backbone's policy (float32 variables;
-      compute in that dtype).
-    bn_decay, bn_epsilon: batch-norm momentum and epsilon.
-    use_sync_bn: synchronized batch norm across replicas.
-    recompute_grad: gradient checkpointing (`modeling.recompute.recompute_grad`)
-      of every stem, fusion and block group: the backward pass keeps only the
-      nodes' outputs and reruns one segment at a time; less memory, about one
-      more forward of compute. The recomputation does not update batch-norm
-      moving statistics, so on and off give the same gradients and
-      statistics.
-    rep_flow: the flow stem's options.
-  """
+  """The AssembleNet++lite backbone."""
+  # The node list as JSON (`structures`); default the published structure.
   model_structure: str = json.dumps(structures.ASSEMBLENET_PLUS_LITE_STRUCTURE)
+  # Per-node edge weights as JSON; '' learns them (the connectivity search).
   model_edge_weights: str = ''
+  # The same read from a JSON file whenever the model is built (set the
+  # inline field to ''; docs: connectivity search).
   model_structure_path: str = ''
   model_edge_weights_path: str = ''
   blocks_per_level: Tuple[int, ...] = structures.ASSEMBLENET_PLUS_LITE_BLOCKS_PER_LEVEL
   stem_filters: int = 24
-  attention_mode: Optional[str] = 'peer'
+  attention_mode: Optional[str] = 'peer'  # None (off), 'self' or 'peer'.
+  # The original's fusion defect: projections get the input *width* as
+  # channel count; default: the largest input channel count.
   fusion_width_as_channels: bool = False
+  # '' follows the runtime's mixed precision; 'float32', 'bfloat16' or
+  # 'float16' set this backbone's policy.
   precision: str = ''
   bn_decay: float = 0.99
   bn_epsilon: float = 1e-5
   use_sync_bn: bool = False
+  # Gradient checkpointing of every stem, fusion and block group (docs:
+  # gradient checkpointing).
   recompute_grad: bool = False
   rep_flow: RepFlow = dataclasses.field(default_factory=RepFlow)
 
@@ -202,22 +111,14 @@ class Backbone3D(hyperparams.OneOfConfig):
 
 @dataclasses.dataclass
 class VideoClassificationModel(hyperparams.Config):
-  """Backbone + the lite head.
-
-  Attributes:
-    model_type: the `factory_3d` model builder ('assemblenet_plus_lite').
-    head_filters: the head's two 1x1x1 convs (432, 2048 in the original).
-    max_pool_predictions: per-frame predictions combined by a softmax over
-      time (`logits * softmax(logits / sqrt(T), time)` summed over time)
-      instead of global average pooling.
-    dropout_rate: dropout rate before the classifier (the original passed a
-      keep probability where Keras takes a drop rate; this is the rate).
-  """
-  model_type: str = 'assemblenet_plus_lite'
+  """Backbone + the lite head."""
+  model_type: str = 'assemblenet_plus_lite'  # The `factory_3d` builder.
   backbone: Backbone3D = dataclasses.field(default_factory=Backbone3D)
-  head_filters: Tuple[int, ...] = (432, 2048)
+  head_filters: Tuple[int, ...] = (432, 2048)  # The head's 1x1x1 convs.
+  # Per-frame logits summed with softmax(logits / sqrt(T)) weights over time
+  # instead of global average pooling.
   max_pool_predictions: bool = False
-  dropout_rate: float = 0.5
+  dropout_rate: float = 0.5  # A drop rate (the original: a keep probability).
 
 
 @dataclasses.dataclass
@@ -229,35 +130,19 @@ class Losses(hyperparams.Config):
 
 @dataclasses.dataclass
 class DemoDataConfig(hyperparams.Config):
-  """The moving-shapes TFDS data set (`demo_data`), generated, no download.
-
-  When `enabled`, a split whose `tfds_name` is 'moving_shapes[/config]' is
-  prepared (once, cached) before it is read; its `tfds_data_dir`, if empty,
-  becomes `data_dir`, or $OFFICIAL_EXT_CACHE/tfds, or
-  ~/.cache/official_ext/tfds.
-  """
+  """The moving-shapes TFDS data set (`demo_data`), generated, no download:
+  when `enabled`, a 'moving_shapes[/config]' split is prepared once, in
+  its `tfds_data_dir`, else `data_dir`, $OFFICIAL_EXT_CACHE/tfds or
+  ~/.cache/official_ext/tfds."""
   enabled: bool = False
   data_dir: str = ''
 
 
 @dataclasses.dataclass
 class AssembleNetTask(cfg.TaskConfig):
-  """Video classification with AssembleNet++lite.
-
-  Multi-label when `train_data.is_multilabel` (sigmoid cross-entropy; mAP over
-  classes), else single-label (softmax cross-entropy; top-1 / top-5).
-
-  Attributes:
-    gradient_clip_norm: clip the global gradient norm (<= 0: off).
-    eval_aggregation: how a video's evaluation views
-      (`validation_data.num_test_clips` x `num_test_crops`) are combined
-      into its scores: 'mean' (Model Garden's video classification,
-      Kinetics) or 'max' (the Charades protocol: per class, the highest
-      score of any view). Either is taken over the views' probabilities
-      (softmax, or sigmoid for multi-label), as Model Garden's
-      `inference_step` averages them; the evaluation losses, metrics and
-      the SavedModel's `probabilities` use the aggregate.
-  """
+  """Video classification with AssembleNet++lite: multi-label (sigmoid,
+  mAP) when `train_data.is_multilabel`, else single-label (softmax, top-1 /
+  top-5)."""
   model: VideoClassificationModel = dataclasses.field(
       default_factory=VideoClassificationModel)
   train_data: DataConfig = dataclasses.field(
@@ -266,7 +151,9 @@ class AssembleNetTask(cfg.TaskConfig):
       default_factory=lambda: DataConfig(is_training=False,
                                          drop_remainder=False))
   losses: Losses = dataclasses.field(default_factory=Losses)
-  gradient_clip_norm: float = 0.0
+  gradient_clip_norm: float = 0.0  # Global norm clipping; <= 0: off.
+  # A video's evaluation views combined by their probabilities' 'mean' or
+  # 'max' (docs: evaluation protocols).
   eval_aggregation: str = 'mean'
   demo_data: DemoDataConfig = dataclasses.field(default_factory=DemoDataConfig)
 
@@ -334,12 +221,8 @@ def _full_experiment(num_classes: int, multilabel: bool, num_train: int,
 
 @exp_factory.register_config_factory('assemblenet_plus_lite_charades')
 def assemblenet_plus_lite_charades() -> cfg.ExperimentConfig:
-  """Charades (multi-label, 157 classes), the published lite network.
-
-  Views are aggregated by their maximum (`eval_aggregation: max`), the
-  Charades protocol (a video's actions occupy parts of it: a class scores
-  what its best clip scores). The TF1 original ships no evaluation code.
-  """
+  """Charades (multi-label, 157 classes), the published lite network; views
+  aggregated by their maximum, the Charades protocol."""
   return _full_experiment(CHARADES_NUM_CLASSES, True, CHARADES_TRAIN_EXAMPLES,
                           CHARADES_VAL_EXAMPLES, epochs=50,
                           eval_aggregation='max')
@@ -358,8 +241,7 @@ DEMO_TFDS_NAME = 'moving_shapes'
 
 def _demo_experiment(model_structure) -> cfg.ExperimentConfig:
   """The demo's data, model sizes and schedule around `model_structure`
-
-  (edge weights learned: `model_edge_weights` '')."""
+  (edge weights learned)."""
   from official_ext.assemblenet import demo_data  # pylint: disable=g-import-not-at-top
   num_train, num_val = 2400, 480  # moving_shapes/default
   num_frames, size = 8, 32
@@ -421,18 +303,7 @@ def assemblenet_plus_lite_demo() -> cfg.ExperimentConfig:
 
 @exp_factory.register_config_factory('assemblenet_plus_lite_search_demo')
 def assemblenet_plus_lite_search_demo() -> cfg.ExperimentConfig:
-  """The connectivity search on the demo: `TINY_SEARCH_STRUCTURE`.
-
-  Step 1 of the schedule of the AssembleNet papers' one-shot search
-  (google-research/assemblenet: assemblenet.py, `multi_connection_fusion`,
-  and its README, "Fixed Connectivity vs. Connectivity Learning"): the demo's
-  nodes, every block taking every lower-level node, trained with learnable
-  edge weights (`model_edge_weights` '': one logit per input, `agg_weights`,
-  truncated normal 0.01 initial, sigmoid applied) jointly with the filters,
-  by the same optimizer and schedule as the demo. Step 2,
-  `python -m official_ext.assemblenet.derive_structure`, drops the edges whose
-  sigmoid weight is below a threshold; step 3 trains
-  `assemblenet_plus_lite_demo` on the derived structure with the kept
-  weights fixed (`model_structure_path`, `model_edge_weights_path`).
-  """
+  """Step 1 of the one-shot connectivity search on the demo: every block
+  of `TINY_SEARCH_STRUCTURE` takes every lower-level node, edge weights
+  learned with the filters (docs/assemblenet.md#connectivity-search)."""
   return _demo_experiment(structures.TINY_SEARCH_STRUCTURE)

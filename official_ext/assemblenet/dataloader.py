@@ -1,44 +1,6 @@
-"""Video clip input pipeline: TFRecord `SequenceExample`s (JPEG frames) or TFDS.
-
-TFRecord format (Model Garden's video format, `official.vision.dataloaders.
-video_input`): sequence feature `image/encoded` (one JPEG/PNG string per
-frame), context `clip/label/index` (int64 class ids). TFDS: elements with
-`video` (uint8 [N, H, W, 3]) and `label` (int64) features.
-
-Pipeline (`build_dataset`), on `official_ext.core.input.tfrecord_input` (files or
-TFDS, sharding, bad records, evaluation padding, Model Garden's InputReader):
-
-    files --> (file name, record) --decode--> {frames, labels, source}
-    --parse--> temporal sampling (num_frames, temporal_stride; training: a
-    random window; evaluation: the middle clip, or `num_test_clips` linearly
-    spaced clips) --> frame decoding (sampled frames only; JPEG training
-    clips: only the crop window) --> training: random resized crop + random
-    flip (+ `aug_type`: RandAugment / AutoAugment on the uint8 clip): the
-    values of Model Garden's `video_input.process_image`; evaluation: short
-    side resized to `min_image_size`, center crop (or `num_test_crops` crops) --> [0, 1] (or
-    [-1, 1]) float32 --> batch --> evaluation views folded into the batch
-    (training + `mixup_and_cutmix`: clips and labels mixed per batch).
-
-Bad input fails loudly: a label outside [0, num_classes), a video without
-a label, or (single-label) with several labels is an InvalidArgumentError
-naming the record's file and its labels; a frame that does not decode is an
-error naming the file and the frame index (`name_file_in_decode_errors`;
-JPEG training clips: a header that does not read, a missing end marker or
-frames of different sizes); a
-record that is not a SequenceExample or a feature of another dtype fails in
-TensorFlow's parser naming the file and feature; a truncated or corrupted file
-fails naming the file and byte offset (`official_ext.core.input.bad_records`). With
-`skip_bad_records` the invalid record, or the damaged records of a
-file, are skipped, logged and counted instead. JPEG frames cannot be NaN.
-
-Outputs: ({'image': float32 [B * views, T, H, W, 3]}, float32 [B, K] labels,
-one-hot (single-label) or multi-hot (multi-label); with `mixup_and_cutmix`,
-smoothed and mixed with the batch partner's); views = num_test_clips x
-num_test_crops in evaluation, 1 in training. Evaluation with `drop_remainder`
-(static batch shapes) drops no video: the last batch is filled with copies of
-a video marked padding (`official_ext.core.input.eval_padding.pad_final_batches`)
-and the features carry `eval_mask` bool [B] (False: padding).
-"""
+"""The AssembleNet++lite input pipeline: video clip TFRecords (JPEG/PNG frames)
+or TFDS to batches of clips, Model Garden's training values, evaluation views
+folded into the batch (docs/assemblenet.md#experiments-and-data)."""
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -175,30 +137,20 @@ def build_augmenter(aug: Optional[common.Augmentation]
 def mix_clips(mix: common.MixupAndCutmix, num_classes: int,
               max_batch_size: int, images: tf.Tensor, labels: tf.Tensor
               ) -> Tuple[tf.Tensor, tf.Tensor]:
-  """Model Garden's mixup / cutmix of a training batch of clips.
+  """Model Garden's mixup / cutmix of a training batch of clips and labels.
 
-  `augment.MixupAndCutmix` mixes clip i with clip B-1-i (mixup: by a Beta
-  sampled weight lam_i; cutmix: a box through all frames, lam_i its
-  complement's area fraction), and mixes one-hot labels made from class ids
-  alike. Here its class ids are the clips' batch indices (of at most
-  `max_batch_size` "classes", without smoothing), so the labels it returns
-  are the mixing matrix M (row i: lam_i at i, 1 - lam_i at B-1-i; the
-  identity when the batch is not mixed, probability 1 - `mix.prob`); the
-  labels are then M @ (y * (1 - s) + s / num_classes), s =
-  `mix.label_smoothing`: Model Garden's smoothing and mixing, for one-hot
-  and multi-hot labels alike.
+  `augment.MixupAndCutmix` is given the clips' batch indices as class ids (of
+  at most `max_batch_size` classes, unsmoothed), so its labels are the mixing
+  matrix M (row i: lam_i at i, 1 - lam_i at B-1-i); the labels returned are
+  M @ (y * (1 - s) + s / num_classes), s = `mix.label_smoothing`: Model
+  Garden's smoothing and mixing, for one-hot and multi-hot labels alike.
 
   Args:
     mix: the `mixup_and_cutmix` config.
     num_classes: K.
     max_batch_size: an upper bound of B (the global batch size).
     images: float32 [B, T, H, W, 3] clips.
-    labels: float32 [B, K] one-hot / multi-hot labels.
-
-  Returns:
-    (images float32 [B, T, H, W, 3], labels float32 [B, K]), each label row
-    summing to the partner rows' mixture of label sums (1 for one-hot).
-  """
+    labels: float32 [B, K] one-hot / multi-hot labels."""
   batch_size = tf.shape(labels)[0]
   mixer = augment.MixupAndCutmix(
       num_classes=max_batch_size, mixup_alpha=mix.mixup_alpha,
@@ -271,22 +223,10 @@ def _floor_flip_normalize(images: tf.Tensor, flip: tf.Tensor,
 
 def floor_flip_normalize(images: tf.Tensor, flip: tf.Tensor,
                          zero_centering_image: bool) -> tf.Tensor:
-  """Resized frames -> Model Garden's training values, in one XLA loop.
-
-  What `video_input.process_image` does to the resized frames in three
-  passes over the clip (cast to uint8, which truncates; flip; cast to float
-  and normalize) as one fused loop (`_floor_flip_normalize`): TensorFlow's
-  ReverseV2 on a uint8 [T, H, W, 3] clip alone costs as much as the resize.
-
-  Args:
-    images: float32 [T, H, W, 3] in [0, 255] (`tf.image.resize`'s output).
-    flip: bool scalar, flip left-right.
-    zero_centering_image: [-1, 1] (else [0, 1]), as `normalize_image`.
-
-  Returns:
-    float32 [T, H, W, 3]: floor(images), flipped if `flip`, / 255 (or
-    * 2 / 255 - 1): the same values as Model Garden's.
-  """
+  """Resized frames (float32 [T, H, W, 3] in [0, 255]) -> Model Garden's
+  training values in one fused XLA loop: floor (its uint8 cast), flipped if
+  `flip`, / 255 (or to [-1, 1] with `zero_centering_image`); `video_input.
+  process_image` makes three passes of it."""
   return _floor_flip_normalize(images, flip, tf.constant(255.0),
                                zero_centering_image)
 
@@ -441,14 +381,10 @@ class Parser:
   def _decode_jpeg_crops(self, frames: tf.Tensor, source: tf.Tensor
                          ) -> tf.Tensor:
     """JPEG strings [T] (T static) -> uint8 crops [T, h, w, 3] of one random
-    window: only the window is decoded (`tf.io.decode_and_crop_jpeg`).
-
-    Every frame's size (its header) must be frame 0's: else an error naming
-    the record's file and the frame. With `name_file_in_decode_errors` the
-    headers are read in python (`jpeg_size`, one `tf.py_function` per clip)
-    and every frame must end with the JPEG end marker (a truncated frame does
-    not), errors naming the file and the frame; else the headers are read by
-    TensorFlow's op (a damaged header: TensorFlow's message)."""
+    window, only the window decoded (`tf.io.decode_and_crop_jpeg`). Every
+    frame's size must be frame 0's; with `name_file_in_decode_errors` the
+    headers are read in python (`jpeg_size`) and each frame must end with the
+    JPEG end marker, errors naming the file and the frame."""
     n = frames.shape[0]
     if self._p.name_file_in_decode_errors:
       hw = tf.ensure_shape(
@@ -491,25 +427,10 @@ class Parser:
                     tf.stack([-1, box[2], box[3], -1]))
 
   def train_clip(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
-    """A training clip from its sampled frames: Model Garden's training
-    preprocessing (`video_input.process_image`).
-
-    Random resized crop (one window for the clip), random left-right flip
-    (`random_flip`), `aug_type` on the uint8 clip, normalization. JPEG frames
-    are decoded in their window only (`_decode_jpeg_crops`); other frames
-    (PNG, TFDS uint8) whole. Without `aug_type` the crop is resized to float
-    and truncated to integers there (the values of Model Garden's uint8
-    round trip, without it), flipped and scaled in float.
-
-    Args:
-      frames: the T sampled frames: JPEG/PNG strings [T] or uint8
-        [T, H, W, 3].
-      source: string scalar naming the record, for errors.
-
-    Returns:
-      float32 [T, height, width, 3] in [0, 1] ([-1, 1] with
-      `zero_centering_image`).
-    """
+    """A training clip from its T sampled frames (JPEG/PNG strings [T] or uint8
+    [T, H, W, 3]; `source` names the record in errors): Model Garden's
+    training preprocessing (`video_input.process_image`), float32 [T, height,
+    width, 3] in [0, 1] ([-1, 1] with `zero_centering_image`)."""
     p = self._p
     if frames.dtype == tf.string and frames.shape[0] is not None:
       # (Frames too short to hold a JPEG's markers take the generic path.)
@@ -538,18 +459,9 @@ class Parser:
                                 p.zero_centering_image)
 
   def eval_views(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
-    """Evaluation views of one video (also the SavedModel's preprocessing).
-
-    Args:
-      frames: [T_video] JPEG strings or uint8 [T_video, H, W, 3] frames.
-      source: string scalar naming the record, for errors.
-
-    Returns:
-      float32 [views * T, height, width, 3], views = num_test_clips x
-      num_test_crops: clips evenly spaced in time (or the first clip),
-      smallest side resized to min_image_size, center (or multi) crops,
-      normalized.
-    """
+    """Evaluation views of one video (also the SavedModel's preprocessing):
+    float32 [views * T, height, width, 3] of `frames` ([T_video] strings or
+    uint8 [T_video, H, W, 3]); `source` names the record in errors."""
     p = self._p
     t = self._num_frames
     if p.num_test_clips > 1:
@@ -571,25 +483,11 @@ def build_dataset(params: configs.DataConfig,
                   input_context: Optional[tf.distribute.InputContext] = None,
                   bad_records: Optional[bad_records_lib.BadRecordLog] = None
                   ) -> tf.data.Dataset:
-  """Builds the batched dataset of one split (see the module docstring).
-
-  Files or TFDS, sharding, the bad-record modes and the evaluation padding
-  are `official_ext.core.input.tfrecord_input.build_dataset`'s; this adds the
-  AssembleNet decoder, parser and the folding of evaluation views.
-
-  Args:
-    params: the split's DataConfig (`input_path` or `tfds_name` set).
-    input_context: from tf.distribute; shards files (or TFDS shards) per
-      input pipeline and sets the per-replica batch size.
-    bad_records: where `skip_bad_records` mode counts what it skips (default
-      `official_ext.core.input.bad_records.bad_record_log()`).
-
-  Returns:
-    A Dataset of ({'image': float32 [B * views, T, H, W, 3]},
-    float32 [B, num_classes]); training: shuffled and repeated; evaluation:
-    every record once (with `drop_remainder`: full batches, the last one
-    padded, and `eval_mask` bool [B] in the features).
-  """
+  """The batched dataset of one split: `core.input.tfrecord_input.build_dataset`
+  (files or TFDS, sharding per `input_context`, bad records counted in
+  `bad_records`, evaluation padding) with this decoder, parser and the folding
+  of evaluation views; training shuffled and repeated, evaluation every
+  record once."""
   check_params(params)
   decoder = Decoder(params)
   parser = Parser(params)

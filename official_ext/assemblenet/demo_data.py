@@ -1,23 +1,7 @@
-"""Moving shapes: a procedurally generated video data set served through TFDS.
-
-Each video shows one shape (a filled square or a filled disk, random colour and
-size) moving in a straight line across a noisy background; its class is
-(shape, direction) with directions right, left, down, up: 8 classes. Telling
-the classes apart needs both appearance and motion. The generator is
-deterministic (seeded per split) and needs no download; a TFDS builder
-(`MovingShapes`, registered as 'moving_shapes') writes it once under a data
-dir, after which it is read like any TFDS video data set (`video` uint8
-[T, H, W, 3], `label`).
-
-Builder configs: 'default' (8 frames at 32x32; 2400 train / 480 validation
-videos, what the demo uses) and 'tiny' (4 frames at 32x32; 48 / 24 videos,
-for tests). Prepare from the command line:
-
-    python -m official_ext.assemblenet.demo_data --data_dir=/tmp/tfds
-
-`make_sequence_example` writes the same kind of video as a Model Garden video
-`tf.train.SequenceExample` (JPEG frames), for TFRecord tests and tools.
-"""
+"""Moving shapes: a procedurally generated video data set (8 classes of shape
+and direction) served through TFDS (`MovingShapes`, 'moving_shapes'), and
+the same videos as Model Garden SequenceExamples for tests
+(docs/assemblenet.md#experiments-and-data)."""
 import dataclasses
 import io
 import os
@@ -144,12 +128,8 @@ def default_data_dir(data_dir: str = '') -> str:
 
 
 def ensure_prepared(tfds_name: str, data_dir: str = '') -> str:
-  """Prepares the moving-shapes data set `tfds_name` (once); returns data_dir.
-
-  Args:
-    tfds_name: 'moving_shapes' or 'moving_shapes/<config>'.
-    data_dir: TFDS data dir ('' -> `default_data_dir()`).
-  """
+  """Prepares the data set `tfds_name` ('moving_shapes[/<config>]') once in
+  `data_dir` ('': `default_data_dir()`); returns the data dir."""
   data_dir = default_data_dir(data_dir)
   name, _, config = tfds_name.partition('/')
   if name != 'moving_shapes':

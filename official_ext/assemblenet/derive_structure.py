@@ -1,38 +1,7 @@
-r"""Derives an AssembleNet++lite structure from a connectivity search.
-
-  python -m official_ext.assemblenet.derive_structure \
-      --model_dir=/tmp/search_demo (or --checkpoint=/tmp/search_demo/ckpt-400) \
-      --experiment=assemblenet_plus_lite_search_demo \
-      [--config_file=x.yaml ...] [--params_override=...] \
-      --threshold=0.5 --output=/tmp/derived/structure.json \
-      [--png=/tmp/derived/graph.png]
-
-Step 2 of the one-shot connectivity search (see
-`configs.assemblenet_plus_lite_search_demo`). The searched structure is the
-experiment's (with the checkpoint directory's params.yaml, as training wrote
-it, then --config_file / --params_override: `core.experiment_params`, as
-export and predict load theirs). The learned edge weights are read from the
-checkpoint without building the model: each fusion's `agg_weights` variable
-is named `node_<i>_fusion/agg_weights` (`edge_weight_logits`), and they are
-logits (the model multiplies input k of node i by sigmoid(agg_weights[k]);
-google-research/assemblenet, assemblenet.py `multi_connection_fusion`), so
-the sigmoid is applied here.
-
-An edge is kept when its weight is >= --threshold; then (`prune`) every block
-node keeps at least its strongest input, and every node (stems included)
-keeps a path to the output (the first level-3 node) through its strongest
-edge to a node that has one; nodes after the output, which cannot feed it,
-are dropped. The derived structure (`--output`) and the kept edges' weights
-(`--edge_weights_output`, default `<output stem>_edge_weights.json`) pass
-`structures.validate_structure`; train on them with
-
-  --params_override="task.model.backbone.assemblenet_plus_lite.model_structure='',\
-task.model.backbone.assemblenet_plus_lite.model_structure_path=STRUCTURE.json,\
-task.model.backbone.assemblenet_plus_lite.model_edge_weights_path=WEIGHTS.json"
-
-(the kept weights are then fixed, as the original code fixes given edge
-weights). `--png` draws the graph (`draw_graph`).
-"""
+"""`python -m official_ext.assemblenet.derive_structure`: step 2 of the one-shot
+connectivity search: the edges a search checkpoint learned, pruned at
+`--threshold` into a structure and its fixed edge weights (and a PNG of the
+graph); docs/assemblenet.md#connectivity-search."""
 import dataclasses
 import io
 import json
@@ -74,25 +43,14 @@ def resolve_checkpoint(model_dir: str = '', checkpoint: str = '') -> str:
 
 
 def edge_weight_logits(checkpoint_path: str) -> Dict[int, np.ndarray]:
-  """Node index -> its fusion's `agg_weights` (logits, [num_inputs]).
-
-  Reads the checkpoint's object graph: every saved variable records its
-  full name, and a fusion's edge weights are `node_<i>_fusion/agg_weights`
-  (`PeerAttentionFusion`, built by `AssembleNetPlusLite` as
-  'node_<i>_fusion'), whatever path (`backbone/layer_with_weights-7/...`)
-  the checkpoint stores it under. Optimizer slots ('m/node_<i>_fusion/...')
-  are not matched.
-
-  Args:
-    checkpoint_path: a checkpoint prefix (e.g. model_dir/ckpt-400).
-
-  Returns:
-    {node index: float32 logits}, for every node with several inputs.
+  """{node index: float32 logits} of every fusion's `agg_weights`, read from
+  the checkpoint's object graph by the variable's full name
+  `node_<i>_fusion/agg_weights`, whatever path it is stored under
+  (optimizer slots not matched).
 
   Raises:
     ValueError: naming the checkpoint, when it has no such variable or one
-      node twice.
-  """
+      node twice."""
   reader = tf.train.load_checkpoint(checkpoint_path)
   graph = tf_internals.trackable_object_graph()
   graph.ParseFromString(reader.get_tensor('_CHECKPOINTABLE_OBJECT_GRAPH'))
@@ -156,21 +114,14 @@ def learned_edge_weights(structure: Sequence[Sequence[Any]],
 
 @dataclasses.dataclass
 class Derived:
-  """What `prune` decided.
-
-  Attributes:
-    structure: the derived structure (validated; 5-entry block nodes).
-    edge_weights: its edge weights (`[]` for stems and single-input nodes,
-      `[[w, ...]]` of the kept inputs otherwise).
-    edges: every searched edge as (source, target, weight, status), status
-      one of KEPT, KEPT_STRONGEST_INPUT, KEPT_TO_OUTPUT, DROPPED; weight is
-      1.0 for the only input of a single-input node.
-    dropped_nodes: nodes after the output, left out.
-  """
-  structure: List[List[Any]]
+  """What `prune` decided."""
+  structure: List[List[Any]]  # Validated; 5-entry block nodes.
+  # `[]` for stems and single-input nodes, else `[[w, ...]]` of kept inputs.
   edge_weights: List[Any]
+  # Every searched edge: (source, target, weight (1.0 for a node's only
+  # input), status: KEPT, KEPT_STRONGEST_INPUT, KEPT_TO_OUTPUT or DROPPED).
   edges: List[Tuple[int, int, float, str]]
-  dropped_nodes: List[int]
+  dropped_nodes: List[int]  # Nodes after the output, left out.
 
   @property
   def num_kept(self) -> int:
@@ -180,26 +131,13 @@ class Derived:
 def prune(structure: Sequence[Sequence[Any]],
           weights: Sequence[Optional[Sequence[float]]],
           threshold: float) -> Derived:
-  """Drops the edges whose weight is below `threshold`, keeping the graph whole.
+  """Drops the edges below `threshold` (in [0, 1]), keeping the graph whole.
 
-  1. Edge j -> i is kept when its weight >= `threshold`.
-  2. A block node with no kept input keeps its strongest input.
-  3. From the output (the first level-3 node) back to node 0, a node with no
-     kept edge to a node that reaches the output keeps its strongest edge to
-     such a node (every node reaches the output, every block node has an
-     input, so every node is reachable from a stem).
-  Nodes after the output cannot feed it and are dropped (indices below the
-  output are unchanged).
-
-  Args:
-    structure: the searched structure (validated).
-    weights: per node, the post-sigmoid weight of each input
-      (`learned_edge_weights`).
-    threshold: in [0, 1].
-
-  Returns:
-    A `Derived`.
-  """
+  An edge is kept at `weights` >= `threshold` (the post-sigmoid weights of
+  `learned_edge_weights`); a block node with no kept input keeps its
+  strongest; from the output back to node 0, a node with no kept edge to a
+  node that reaches the output keeps its strongest edge to one. Nodes after
+  the output are dropped (indices below it unchanged)."""
   if not 0.0 <= threshold <= 1.0:
     raise ValueError(f'--threshold is a sigmoid weight in [0, 1]; got '
                      f'{threshold}.')
@@ -268,21 +206,10 @@ def _node_label(node: Sequence[Any], i: int) -> str:
 def draw_graph(structure: Sequence[Sequence[Any]],
                edges: Sequence[Tuple[int, int, float, str]],
                path: str, title: str = '') -> Tuple[int, int]:
-  """Writes a PNG of the searched graph with the derive decisions.
-
-  Stems in the left column, block nodes in one column per level; every
-  searched edge drawn with its weight as a label and as line width and
-  alpha; kept edges solid and blue, dropped ones dashed and grey.
-
-  Args:
-    structure: the searched structure.
-    edges: (source, target, weight, status) as in `Derived.edges`.
-    path: the PNG file to write.
-    title: the figure's title.
-
-  Returns:
-    (kept edges drawn, dropped edges drawn).
-  """
+  """Writes a PNG of the searched graph: stems in the left column, a column
+  per level, every edge (`Derived.edges`) with its weight as label, width and
+  alpha, kept solid blue, dropped dashed grey; returns (kept, dropped) edges
+  drawn."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -352,25 +279,13 @@ def edge_weights_output_path(output: str) -> str:
 
 def derive(params, checkpoint_path: str, threshold: float, output: str,
            edge_weights_output: str = '', png: str = '') -> Derived:
-  """Reads, prunes, logs and writes (see the module docstring).
-
-  Args:
-    params: the search experiment's config (`experiment_params.load_params`).
-    checkpoint_path: the checkpoint prefix.
-    threshold: keep edges whose sigmoid weight is >= this.
-    output: the structure JSON to write.
-    edge_weights_output: its edge weights JSON ('' for the default
-      `edge_weights_output_path(output)`).
-    png: a PNG of the graph to write ('' for none).
-
-  Returns:
-    The `Derived` structure.
+  """Reads, prunes, logs and writes the structure to `output`, its edge
+  weights to `edge_weights_output` ('': `edge_weights_output_path(output)`)
+  and, with `png`, the graph.
 
   Raises:
     ValueError: an output that is an input structure file or lies inside a
-      model_dir or SavedModel directory (`output_files.check_output_file`,
-      before the checkpoint is read).
-  """
+      model_dir or SavedModel directory (before the checkpoint is read)."""
   backbone = params.task.model.backbone.get()
   key = 'task.model.backbone.assemblenet_plus_lite.'
   for flag, path in (('--output', output), ('--edge_weights_output',

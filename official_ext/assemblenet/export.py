@@ -1,44 +1,7 @@
-"""SavedModel export of AssembleNet++lite video classifiers.
-
-Signatures (both exported by `official_ext.export_saved_model`):
-* `serving_default(frames)`: uint8 frames [batch, frames, height, width, 3]
-  (any number of frames and any size).
-* `serve_examples(examples)`: string [batch] of serialized
-  `tf.train.SequenceExample`s in the training record format
-  (`validation_data.image_field_key`, default `image/encoded`: one JPEG or
-  PNG string per frame; a label, `label_field_key`, may be present and is
-  ignored), as Model Garden's video serving takes them (its 'serve_examples'
-  / 'tf_example' input type): a client sends the records it stores. Parsed
-  by the evaluation's `dataloader.Decoder`; frames decoded in graph ops (no
-  `tf.py_function`, which a SavedModel cannot carry to another process).
-
-Both return `probabilities` float32 [batch, num_classes] (softmax, or
-sigmoid for multi-label) with the evaluation preprocessing of
-`dataloader.Parser.eval_views` (evenly spaced clips, resize, center/multi
-crops, normalization) and the evaluation's aggregation of a video's views
-(`task.eval_aggregation`): for a record, `serve_examples` returns what
-`serving_default` returns for its decoded frames and what the validation
-step scores. The clips the model scores have the *validation* shape,
-`validation_data.feature_shape` [T, H, W, 3], which may have more frames
-than training clips.
-
-What cannot be scored is refused (InvalidArgumentError), never answered
-with a default. `serving_default`, naming `frames`: a shape other than
-[batch, frames, height, width, 3] (the message gives the shape; TF Serving
-and concrete functions do not check a signature's rank), a clip of 0
-frames, 0 rows or 0 columns (the dimension), and, in-process, frames that
-are not uint8 (TypeError): uint8 pixels cannot be NaN or infinite, and
-float frames (0..1 or 0..255?) would be cast to uint8 whatever they hold.
-`serve_examples`, naming `examples` and the record's index i as
-"input `examples`[i]": input of another rank (the shape), a string that is
-not a serialized SequenceExample or lacks the frames feature (TensorFlow's
-parser, naming the record and the feature), a record with 0 frames, a frame
-that is not a JPEG, PNG, GIF, BMP or WebP image (by its header: the record,
-the frame and its size in bytes); a frame with such a header whose data is
-corrupt, and sampled frames of different sizes, fail in TensorFlow's decoder
-("Invalid JPEG data ...", "Incompatible shapes during merge"), without the
-record's index.
-"""
+"""The SavedModel signatures of AssembleNet++lite: `serving_default` (uint8
+frames) and `serve_examples` (serialized training records), both the
+evaluation's preprocessing and aggregation of views, refusing what they
+cannot score (docs/assemblenet.md#export); and the TFLite function."""
 from typing import Dict, List, Mapping
 
 import tensorflow as tf, tf_keras
@@ -78,10 +41,9 @@ class AssembleNetExportModule(export_base.ExportModule):
     self._views = data.num_test_clips * data.num_test_crops
 
   def serve(self, frames: tf.Tensor) -> Dict[str, tf.Tensor]:
-    """uint8 frames [batch, T, H, W, 3] -> {'probabilities': [batch, K]}.
-
-    Refuses what it cannot score (see the module docstring).
-    """
+    """uint8 frames [batch, T, H, W, 3] -> {'probabilities': [batch, K]}; an
+    InvalidArgumentError naming `frames` for another rank or an empty
+    dimension (TF Serving does not check a signature's rank)."""
     frames = tf.convert_to_tensor(frames)
     if frames.dtype != tf.uint8:
       raise TypeError(
@@ -123,12 +85,9 @@ class AssembleNetExportModule(export_base.ExportModule):
 
   def _record_views(self, serialized: tf.Tensor, index: tf.Tensor
                     ) -> tf.Tensor:
-    """One serialized record -> its evaluation views (`_views_spec`).
-
-    Parsed by the evaluation's `Decoder` (its errors name the record,
-    "input `examples`[index]"), checked (frames present, each a known image
-    format), then `Parser.eval_views` as in evaluation.
-    """
+    """One serialized record -> its evaluation views: parsed by the evaluation's
+    `Decoder` (errors name "input `examples`[index]"), each frame checked to be
+    a known image format, decoded in graph ops, then `Parser.eval_views`."""
     source = graph_checks.join('input `examples`[', index, ']')
     frames = self._decoder.decode_record(source, serialized)[
         dataloader.FRAMES]
@@ -169,10 +128,7 @@ class AssembleNetExportModule(export_base.ExportModule):
     return self._record_parser.eval_views(frames, source)
 
   def serve_examples(self, examples: tf.Tensor) -> Dict[str, tf.Tensor]:
-    """Serialized SequenceExamples [batch] -> {'probabilities': [batch, K]}.
-
-    Refuses what it cannot score (see the module docstring).
-    """
+    """Serialized SequenceExamples [batch] -> {'probabilities': [batch, K]}."""
     examples = tf.convert_to_tensor(examples)
     if examples.dtype != tf.string:
       raise TypeError(
@@ -190,33 +146,19 @@ class AssembleNetExportModule(export_base.ExportModule):
     return self._score(images)
 
   def tflite_input_shape(self) -> List[int]:
-    """The fixed `frames` shape of the TFLite model (`tflite_function`).
-
-    [1, num_test_clips * T * temporal_stride, min_image_size, min_image_size,
-    3] of `validation_data` (T = `feature_shape[0]`): one video, as many
-    frames as the evaluation's clips span laid end to end, the short side
-    already at the evaluation's `min_image_size` (square).
-    """
+    """The fixed `frames` shape of the TFLite model: one video of
+    `num_test_clips * T * temporal_stride` frames (the evaluation's clips end to
+    end), square at `min_image_size`, of `validation_data`."""
     data = self.params.task.validation_data
     frames = data.num_test_clips * self._num_frames * data.temporal_stride
     size = data.min_image_size
     return [1, frames, size, size, 3]
 
   def tflite_function(self) -> tf.types.experimental.ConcreteFunction:
-    """`serve` traced for one video of `tflite_input_shape` uint8 frames.
-
-    For TFLite (`official_ext.export_tflite`), which takes a fixed input
-    shape: the same preprocessing (clip sampling, center or multi crops to
-    `feature_shape`'s height and width, normalization) and model as the
-    SavedModel's `serving_default`; returns {'probabilities': float32
-    [1, num_classes]}.
-
-    Traced with every 3-D convolution as 2-D convolutions and matmuls
-    (`kernel_policy.TFLITE`), whatever CPU kernels this process has: TFLite
-    has builtins for them (no 5-D SpaceToBatchND for a temporal dilation),
-    and a TFLite model runs on the device's kernels, not this machine's
-    oneDNN ones.
-    """
+    """`serve` traced for one video of `tflite_input_shape` uint8 frames, for
+    TFLite (a fixed input shape), with every 3-D convolution as 2-D ops and
+    matmuls (`kernel_policy.TFLITE`: TFLite builtins, whatever this machine's
+    CPU kernels)."""
     with kernel_policy.use(kernel_policy.TFLITE):
       return tf.function(self.serve).get_concrete_function(
           tf.TensorSpec(self.tflite_input_shape(), tf.uint8, name='frames'))

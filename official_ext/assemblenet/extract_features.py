@@ -1,67 +1,7 @@
-r"""AssembleNet++lite features as YouTube-8M frame-level records.
-
-    python -m official_ext.assemblenet.extract_features \
-        --checkpoint_path=/tmp/anet_demo --video_dir=/data/videos/train \
-        --output=/tmp/features/train --encoding=quantized --pca_dim=32
-    python -m official_ext.assemblenet.extract_features \
-        --checkpoint_path=/tmp/anet_demo --video_dir=/data/videos/validate \
-        --output=/tmp/features/validate --encoding=quantized \
-        --pca_file=/tmp/features/train.pca.npz
-
-A trained AssembleNet++lite backbone is run over each video at `--rate`
-features per second (YouTube-8M's is 1): feature i is computed from one clip
-centred at (i + 0.5) / rate seconds -- the validation clip length
-(`validation_data.feature_shape[0]` x `temporal_stride` frames, shifted
-inside the video at its ends; a shorter video is one clip, looped by the
-evaluation's sampling) -- preprocessed exactly as evaluation preprocesses a
-clip (`dataloader.Parser.eval_views` with one clip and one centre crop:
-short side resized to `min_image_size`, centre crop, normalisation). A
-video of N frames at `fps` gives max(1, floor(N / fps * rate)) features.
-
-The feature (`--feature_layer`):
-
-* 'head' (default): the head's pre-logit feature (`LiteHead.embedding`: its
-  second 1x1x1 convolution, BN, ReLU, averaged over time and space), float32
-  [head_filters[1]], what the classifier's dense layer reads -- the layer
-  YouTube-8M's features come from (Inception's pre-logit pool);
-* 'backbone': the backbone's output -- the head's input -- averaged over
-  time and space, float32 [C] (C: the last block group's channels; narrower
-  and less trained for classification).
-
-Inputs: `--video_dir`, a folder of video files (decoded by
-`videos.read_video`, OpenCV, as the TFRecord converter decodes them; labels
-from class sub-folders or `--labels_csv`, `videos.video_labels`; ids are the
-paths relative to the folder), or `--input_path`, clip TFRecords of the
-training format (JPEG frames in `image_field_key`, labels in
-`label_field_key`, ids from `clip/id` or `<file>:<index>`) with `--fps`, the
-rate their frames were stored at.
-
-Outputs (`official_ext.core.frame_features`): `OUTPUT-0000i-of-0000n.tfrecord`,
-one YouTube-8M frame-level `SequenceExample` per video (context `id`,
-`labels`; feature list `rgb`), in one of two encodings:
-
-* `--encoding=float`: float32 frame features (read with `feature_dtypes:
-  [float32]`, `feature_from_bytes: [false]`);
-* `--encoding=quantized` (YouTube-8M's): PCA with whitening to `--pca_dim`
-  dimensions, then quantized to one byte per value over [-2, 2]. The PCA is
-  fitted on this run's features and stored as `OUTPUT.pca.npz` (mean,
-  components, eigenvalues) -- run it on the training split -- or, with
-  `--pca_file`, loaded from such a file unchanged (the other splits).
-
-The model comes from `--checkpoint_path` (a model_dir, or a `ckpt-N` prefix
-in one) and the `params.yaml` beside it, as `official_ext.yt8m.predict`
-loads a checkpoint (`core.experiment_params`; without a params.yaml,
-`--experiment` is needed). A SavedModel serves probabilities, not features,
-so it cannot be used here.
-
-The folder of OUTPUT is created if missing. Written whole or not at all
-(`core.output_files.write_together`): the
-features of every video are computed (and kept in memory: videos x features
-x width float32) before any file is written; a failure leaves the folder as
-it was. Files of an earlier run to the same OUTPUT are an error naming them
-unless `--overwrite`. An unreadable video is an error naming it, or, with
-`--skip_unreadable`, listed and skipped.
-"""
+"""`python -m official_ext.assemblenet.extract_features`: a trained
+AssembleNet++lite's features of your videos at a stated rate, as YouTube-8M
+frame-level records (float or PCA-quantized), written whole or not at all
+(docs/assemblenet.md#features-for-youtube-8m-models-the-feature-bridge)."""
 import dataclasses
 import os
 import sys
@@ -100,15 +40,12 @@ def num_features(num_frames: int, fps: float, rate: float) -> int:
 
 def clip_windows(num_frames: int, fps: float, rate: float,
                  clip_frames: int) -> List[Tuple[int, int]]:
-  """[start, end) frame ranges of the clips, one per feature.
-
-  Clip i is centred at (i + 0.5) / rate seconds (frame (i + 0.5) / rate x
-  fps), `clip_frames` long, shifted to lie inside the video; a video of
-  fewer frames gives the whole video.
+  """[start, end) frame ranges of the clips, one per feature: clip i, of
+  `clip_frames` frames, centred at (i + 0.5) / rate seconds and shifted inside
+  the video (a shorter video: the whole video).
 
   Raises:
-    ValueError: `fps` or `rate` not positive (naming it).
-  """
+    ValueError: `fps` or `rate` not positive (naming it)."""
   if not fps > 0:
     raise ValueError(f'frame rate {fps!r}: expected > 0 frames per second.')
   if not rate > 0:
@@ -123,11 +60,9 @@ def clip_windows(num_frames: int, fps: float, rate: float,
 
 
 class FeatureExtractor:
-  """A trained AssembleNet++lite model's per-clip features (module doc).
-
-  Holds no global state: the model, its evaluation preprocessing (one clip,
-  one centre crop) and the traced feature function.
-  """
+  """A trained AssembleNet++lite model's per-clip features: the model, its
+  evaluation preprocessing (one clip, one centre crop) and the traced feature
+  function; no global state."""
 
   def __init__(self, params: config_definitions.ExperimentConfig,
                model: tf_keras.Model,
@@ -164,16 +99,10 @@ class FeatureExtractor:
                       config_files: Sequence[str] = (),
                       params_override: str = '', **kwargs
                       ) -> 'FeatureExtractor':
-    """The model of a training checkpoint and its params.yaml.
-
-    Args:
-      checkpoint_path: a model_dir or a `ckpt-N` prefix in one.
-      experiment: needed only without a params.yaml beside the checkpoint.
-      config_files: YAML applied after params.yaml.
-      params_override: applied last (model-affecting keys may not contradict
-        params.yaml: `core.experiment_params`).
-      **kwargs: `FeatureExtractor` arguments.
-    """
+    """The model of a training checkpoint (a model_dir or a `ckpt-N` prefix in
+    one) and its params.yaml, with `config_files` and `params_override` on top
+    (`core.experiment_params`; `experiment` needed only without a params.yaml);
+    `kwargs`: `FeatureExtractor`'s."""
     params = experiment_params.load_model_params(
         'assemblenet_plus_lite_demo', experiment, config_files,
         params_override, checkpoint_path=checkpoint_path)
@@ -202,16 +131,9 @@ class FeatureExtractor:
     return tf.cast(tf.reduce_mean(x, axis=[1, 2, 3]), tf.float32)
 
   def clip_features(self, windows: np.ndarray, source: str) -> np.ndarray:
-    """Features of clips.
-
-    Args:
-      windows: [n, frames, H, W, 3] uint8 frames, or [n, frames] JPEG/PNG
-        strings, n clips of one length.
-      source: names the video in errors.
-
-    Returns:
-      float32 [n, D].
-    """
+    """float32 [n, D] features of n clips of one length: `windows` uint8 [n,
+    frames, H, W, 3] or [n, frames] JPEG/PNG strings; `source` names the video
+    in errors."""
     out = []
     with kernel_policy.use(self._policy):
       for i in range(0, len(windows), self.batch_size):
@@ -227,18 +149,9 @@ class FeatureExtractor:
 def extract_video(extractor: FeatureExtractor, frames: np.ndarray,
                   fps: float, rate: float = 1.0,
                   name: str = 'video') -> np.ndarray:
-  """Features of one video at `rate` per second.
-
-  Args:
-    extractor: the model.
-    frames: uint8 [N, H, W, 3] (or [N] JPEG/PNG strings), N >= 1.
-    fps: frames per second of `frames`.
-    rate: features per second (YouTube-8M: 1).
-    name: names the video in errors.
-
-  Returns:
-    float32 [S, D], S = `num_features(N, fps, rate)`.
-  """
+  """float32 [S, D] features of one video (`frames` uint8 [N, H, W, 3] or [N]
+  JPEG/PNG strings at `fps`), `rate` per second: S = `num_features(N, fps,
+  rate)`; `name` names it in errors."""
   frames = np.asarray(frames)
   if not len(frames):
     raise ValueError(f'{name}: no frames.')
@@ -254,16 +167,9 @@ def make_yt8m_example(video_id: str, labels: Sequence[int],
                       features: np.ndarray, encoding: str = 'float',
                       pca: Optional[frame_features.Pca] = None
                       ) -> tf.train.SequenceExample:
-  """A YouTube-8M frame-level record of one video's features.
-
-  Args:
-    video_id: context `id`.
-    labels: context `labels`.
-    features: float32 [S, D].
-    encoding: 'float' (float32 lists; after `pca` if given) or 'quantized'
-      (`pca` applied, then one byte a value: YouTube-8M's encoding).
-    pca: a fitted `frame_features.Pca` (needed for 'quantized').
-  """
+  """A YouTube-8M frame-level record (context `id`, `labels`; float32 [S, D]
+  `features` as `rgb`): `encoding` 'float' (float32 lists, after `pca` if
+  given) or 'quantized' (`pca` applied, one byte a value)."""
   if encoding not in ENCODINGS:
     raise ValueError(f'--encoding={encoding!r}: expected one of {ENCODINGS}.')
   if encoding == 'quantized' and pca is None:
@@ -384,14 +290,14 @@ def extract(extractor: FeatureExtractor, sources: Sequence[VideoSource],
             pca_dim: Optional[int] = None, pca_file: Optional[str] = None,
             num_shards: int = 1, overwrite: bool = False,
             skip_unreadable: bool = False) -> Summary:
-  """Extracts every video and writes the records (module docstring).
+  """Extracts every video and writes the records (the arguments are the
+  flags').
 
   Raises:
     FileExistsError: files of an earlier run to `output` (unless
       `overwrite`), before any video is read.
     ValueError: an unreadable video (naming it; unless `skip_unreadable`),
-      an encoding / PCA flag problem (naming the flag).
-  """
+      an encoding / PCA flag problem (naming the flag)."""
   check_encoding(encoding, pca_dim, pca_file)
   if num_shards < 1:
     raise ValueError(f'--num_shards={num_shards}: expected >= 1.')

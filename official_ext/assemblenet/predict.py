@@ -1,76 +1,6 @@
-r"""AssembleNet++lite inference on video files, folders of them, or TFRecords.
-
-  python -m official_ext.assemblenet.predict --checkpoint_path=/tmp/anet_demo \
-      --input=/data/videos --vocabulary=/data/tfrecords/train.classes.txt \
-      --output_file=/tmp/predictions.csv
-  # Timeline of a long video: scores of every 2 s window, every second.
-  python -m official_ext.assemblenet.predict --saved_model=/tmp/anet_export \
-      --input=/data/long.mp4 --window_seconds=2 --stride_seconds=1 \
-      --output_file=/tmp/timeline.csv --plot=/tmp/timeline.png
-
-Model: `--checkpoint_path` (a model_dir or a `ckpt-N` prefix in one, with
-the params.yaml `official_ext.train` writes) or `--saved_model` (a
-directory of `official_ext.export_saved_model`, with its params.yaml). The
-config comes from that params.yaml exactly as for `official_ext.yt8m.
-predict` (`core.experiment_params.load_model_params`: --experiment,
---config_file, --params_override on top; a model-affecting contradiction is
-an error naming the key and both values).
-
-Inputs (`--input`):
-* a video file (`videos.VIDEO_EXTENSIONS`), or a folder: every video file
-  under it (`videos.find_videos`; ids: paths relative to the folder).
-  Decoded by `videos.read_video`, the TFRecord converter's reader, with
-  `--fps` and `--short_side` meaning what they mean there: pass the values
-  the training videos were converted with, so the model sees frames at the
-  rate it was trained on;
-* otherwise a TFRecord file pattern of the training format (`image/encoded`
-  frames; ids: `clip/id`, or `<file>:<record index>` without one).
-
-Scoring: the video's uint8 frames go through the evaluation exactly: the
-export module's `serve` (`export.AssembleNetExportModule`: `dataloader.
-Parser.eval_views`, i.e. `num_test_clips` clips evenly spaced over the video,
-short side resized, `num_test_crops` crops, normalisation; then
-`task.inference_step`, the views' probabilities combined by
-`task.eval_aggregation`); a SavedModel runs the same function as its
-`serving_default`. The probabilities of a record equal those of the
-validation step on it.
-
-Outputs, written whole or not at all (`core.output_files.write_atomically`)
-after the last input was scored, and refused before anything is read when
-the path's folder is missing, it is one of the inputs, it lies inside a
-model_dir or SavedModel directory, or it is an existing file that predict
-did not write (its first bytes are none of its outputs'), unless
-`--overwrite` (`output_files.check_output_file`):
-* `--output_file=*.csv`: header `VideoId,Rank,LabelId,Name,Score,Error`,
-  the `--top_k` classes of each video by descending score (ties: lower id),
-  one row a (video, rank); `Name` from `--vocabulary` (one class name a line
-  in class id order, as the converter's OUTPUT.classes.txt), empty without
-  one; `Error` empty;
-* `--output_file=*.json`: {"videos": [{"id", "top_k": [{"rank", "label_id",
-  "name", "score"}]}], "skipped": [{"id", "error"}]} (`name` null without a
-  vocabulary).
-
-An input that cannot be read (no such file, not decodable, no frame,
-fewer frames decoded than its container states, a record whose frames do
-not decode) is an error naming it, and nothing is
-written; with `--skip_unreadable` it is logged, listed in the output (CSV:
-a row with the id and `Error`, its other cells empty; JSON: "skipped") and
-the others are scored. A run that scores no input is an error.
-
-Timeline (`--window_seconds`, `--stride_seconds`; video files only, their
-frame rate turns seconds into frames): every window of each video
-(`core.timelines.window_bounds`: windows of round(window_seconds x fps)
-frames every round(stride_seconds x fps) frames, the last one cut at the
-video's end) is scored as a video of its own, by the same evaluation
-protocol. `--output_file` (.csv) gets one row a window: `VideoId,Start,End`
-in seconds, then every class's score (columns named by the vocabulary or
-the class ids), then `Error` (a skipped video: one row with its error);
-`--plot=PATH.png` also draws each video's `--plot_classes` classes of
-highest score over time (matplotlib, one panel a video).
-
-Memory: one decoded video at a time (uint8 frames at `--fps` and
-`--short_side`), plus the scores.
-"""
+"""`python -m official_ext.assemblenet.predict`: AssembleNet++lite's scores of
+video files, folders of them or TFRecords, by the evaluation's protocol, as a
+top-k CSV / JSON or a timeline of windows (docs/assemblenet.md#predict-on-your-videos)."""
 import csv
 import dataclasses
 import json
@@ -112,18 +42,11 @@ Predictor = Callable[[np.ndarray], np.ndarray]
 
 @dataclasses.dataclass
 class Input:
-  """One video to score.
-
-  Attributes:
-    video_id: its name in the outputs.
-    frames: uint8 RGB [T, H, W, 3], or None when it could not be read.
-    fps: frames per second (0.0 when unknown: records).
-    error: why it could not be read (frames None).
-  """
-  video_id: str
-  frames: Optional[np.ndarray]
-  fps: float = 0.0
-  error: str = ''
+  """One video to score."""
+  video_id: str  # Its name in the outputs.
+  frames: Optional[np.ndarray]  # uint8 RGB [T, H, W, 3]; None: unreadable.
+  fps: float = 0.0  # 0.0 when unknown (records).
+  error: str = ''  # Why it could not be read.
 
 
 def load_class_names(path: str, num_classes: int) -> List[str]:
@@ -151,13 +74,8 @@ def load_class_names(path: str, num_classes: int) -> List[str]:
 
 def checkpoint_predictor(params: config_definitions.ExperimentConfig,
                          checkpoint_path: str) -> Predictor:
-  """The model of a training checkpoint, behind the export module's `serve`
-  (the evaluation preprocessing and aggregation of views).
-
-  Built and traced under the kernel policy an evaluation in this process
-  takes (`runtime.kernel_policy` resolved for this process's device,
-  `core.kernels.kernel_policy`), in float32.
-  """
+  """The model of a training checkpoint behind the export module's `serve`,
+  built in float32 under the kernel policy an evaluation here takes."""
   tf_keras.mixed_precision.set_global_policy('float32')
   policy = kernel_policy.resolve(kernel_policy.setting_of(params))
   with kernel_policy.use(policy):
@@ -330,30 +248,12 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
         stride_seconds: Optional[float] = None, plot: Optional[str] = None,
         plot_classes: int = 5, predictor: Optional[Predictor] = None,
         overwrite: bool = False) -> int:
-  """Scores every video of `input_path` into `output_file` (and `plot`).
+  """Scores every video of `input_path` into `output_file` (and `plot`); the
+  arguments are the flags'; returns the number of videos scored.
 
-  Args:
-    params: the experiment config (`experiment_params.load_model_params`).
-    input_path: `--input` (module docstring).
-    output_file: .csv or .json (a timeline: .csv).
-    saved_model: a SavedModel of `export_saved_model`, or
-    checkpoint_path: a training checkpoint (exactly one of the two).
-    k: classes a video (top-k output).
-    vocabulary: class names, one a line.
-    skip_unreadable: list and skip what cannot be read instead of failing.
-    fps: decode video files at this rate (`videos.read_video`).
-    short_side: resize video frames to this short side on decoding.
-    window_seconds: timeline windows (with `stride_seconds`).
-    stride_seconds: seconds between timeline windows.
-    plot: a timeline's PNG.
-    plot_classes: classes a video in the plot.
-    predictor: the model at `saved_model` / `checkpoint_path`, already
-      loaded (`checkpoint_predictor`, `saved_model_predictor`), for callers
-      that score several inputs with one model; default: loaded here.
-    overwrite: replace an existing output that predict did not write.
-
-  Returns:
-    Videos scored.
+  `predictor`: the model at `saved_model` / `checkpoint_path` already loaded
+  (`checkpoint_predictor`, `saved_model_predictor`), for callers that score
+  several inputs with one model.
 
   Raises:
     ValueError: naming the flag: an output that is an input, lies inside a
@@ -362,8 +262,7 @@ def run(params: config_definitions.ExperimentConfig, input_path: str,
       input scored; `params` contradicting the model's params.yaml.
     FileNotFoundError: an output's folder does not exist.
     output_files.OutputExistsError: an existing output that predict did not
-      write, without `overwrite`.
-  """
+      write, without `overwrite`."""
   model = experiment_params.model_path(saved_model, checkpoint_path)
   timeline = window_seconds is not None or stride_seconds is not None
   if timeline and (window_seconds is None or stride_seconds is None):

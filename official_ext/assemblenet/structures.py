@@ -1,27 +1,6 @@
-"""AssembleNet++lite network structures: the published one, tiny ones, checks.
-
-A structure is a JSON-able list of nodes, in topological order:
-
-* a stem node is `[stem_type, temporal_dilation]`; stem_type -1 is the RGB
-  stem, -2 the optical-flow stem (flow computed from the RGB input by the
-  representation-flow layer), -3 an object-segmentation stem (needs an object
-  input the model does not take: rejected when a model is built);
-* a block node is `[block_level, [input node indices], [f_expand, f_expand,
-  f_out], temporal_dilation, spatial_stride]`. `block_level` is 0..3 (it picks
-  `blocks_per_level[block_level]` inverted-bottleneck blocks), every input
-  index is lower than the node's own index, the filter list is
-  [1x1x1 expansion, 3x3x3 (or 1x3x3 + 3x1x1 when strided), 1x1x1 output].
-  The shipped structures carry a sixth entry (always 0) that nothing reads.
-
-The model's output is the first level-3 node. Edge weights (optional) give one
-entry per node: `[]` for stems and single-input nodes, `[[w_1, ..., w_n]]`
-(post-sigmoid, each in (0, 1)) for a node with n inputs.
-
-The published AssembleNet++lite structure and its connection weights (found by
-the one-shot connectivity search on Charades) are the values published with
-the original code (google-research/assemblenet, `asnp_lite_structure` and
-`asnp_lite_structure_weights`), with blocks per level [3, 5, 11, 7].
-"""
+"""AssembleNet++lite network structures: the published one and tiny ones, their
+checks and the readers of the config's structure fields (the format:
+docs/assemblenet.md#the-network)."""
 import json
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -107,21 +86,12 @@ def validate_structure(structure: StructureLike,
                        edge_weights: Optional[StructureLike] = None,
                        blocks_per_level: Optional[Sequence[int]] = None
                        ) -> List[List[Any]]:
-  """Checks a structure (and edge weights); returns it as python lists.
-
-  Args:
-    structure: the node list, or its JSON text.
-    edge_weights: optional per-node weights (or JSON text; '' / '[]' / None
-      mean "none given": the weights are then learned).
-    blocks_per_level: optional blocks per level; must have 4 positive ints.
-
-  Returns:
-    The structure as a list of lists (block nodes keep only their first five
-    entries).
+  """Checks a structure (node list or JSON text), and optionally edge weights
+  ('' / '[]' / None: learned) and `blocks_per_level` (4 positive ints);
+  returns the structure as lists, block nodes cut to five entries.
 
   Raises:
-    ValueError: naming the offending node (`node i`) and what was expected.
-  """
+    ValueError: naming the offending node (`node i`) and what was expected."""
   structure = _loads(structure, 'model structure')
   if not isinstance(structure, (list, tuple)) or not structure:
     raise ValueError('model structure must be a non-empty list of nodes; got '
@@ -216,27 +186,16 @@ def normalize_edge_weights(edge_weights: Optional[StructureLike]
 
 
 def min_num_frames(structure: StructureLike) -> int:
-  """The fewest frames a clip may have for a network of this structure.
-
-  Every temporal operation of AssembleNet++lite has temporal stride 1 (the
-  convolutions are 'same'-padded and only dilated in time; pooling and the
-  fusion's resizing are spatial), so any frame count works except for the
-  flow stem: representation flow is computed between consecutive frames and
-  needs at least 2. Returns 2 when the structure has a flow stem (-2), else 1.
-  """
+  """The fewest frames a clip may have: 2 with a flow stem (flow between
+  consecutive frames), else 1 (every temporal stride is 1)."""
   structure = _loads(structure, 'model structure')
   return 2 if any(n[0] == STEM_FLOW for n in structure) else 1
 
 
 def check_num_frames(structure: StructureLike, num_frames: int,
                      what: str) -> None:
-  """ValueError naming `what` unless a clip of `num_frames` frames fits.
-
-  Args:
-    structure: the node list, or its JSON text.
-    num_frames: the clip's frame count (static).
-    what: what holds the frame count, for the message (a config key).
-  """
+  """ValueError naming `what` (a config key) unless a clip of `num_frames`
+  frames fits `structure`."""
   least = min_num_frames(structure)
   if num_frames < least:
     structure = _loads(structure, 'model structure')
@@ -249,10 +208,8 @@ def check_num_frames(structure: StructureLike, num_frames: int,
 
 
 def nodes_below(structure: Sequence[Sequence[Any]], level: int) -> List[int]:
-  """Indices of the nodes whose level is lower than `level` (stems included),
-
-  ordered by level then index, as the original's peer-attention candidates.
-  """
+  """Indices of the nodes of a level below `level` (stems included), by level
+  then index: the original's peer-attention candidates."""
   out = []
   for lv in range(-3, level):
     out.extend(i for i, n in enumerate(structure) if n[0] == lv)
@@ -260,14 +217,9 @@ def nodes_below(structure: Sequence[Sequence[Any]], level: int) -> List[int]:
 
 
 def dense_search_structure(structure: StructureLike) -> List[List[Any]]:
-  """The connectivity-search space of `structure`: the same nodes (levels,
-
-  filters, dilations, strides), every block node taking every node of a lower
-  level (stems included) as input, as the AssembleNet papers' one-shot search
-  starts from an overly connected graph (google-research/assemblenet,
-  assemblenet.py: "giving an overly connected structure as
-  FLAGS.model_structure" with `model_edge_weights` '[]').
-  """
+  """The connectivity-search space of `structure`: the same nodes, every block
+  taking every lower-level node as input (the one-shot search starts from an
+  overly connected graph)."""
   nodes = validate_structure(structure)
   out = []
   for node in nodes:
@@ -279,8 +231,8 @@ def dense_search_structure(structure: StructureLike) -> List[List[Any]]:
   return out
 
 
-# `TINY_STRUCTURE`'s nodes with every lower-level node as an input (16 edges
-# instead of 12): the space `assemblenet_plus_lite_search_demo` searches.
+# `TINY_STRUCTURE`'s nodes with every lower-level node as an input (19 edges
+# instead of 15): the space `assemblenet_plus_lite_search_demo` searches.
 TINY_SEARCH_STRUCTURE = dense_search_structure(TINY_STRUCTURE)
 
 
@@ -303,29 +255,13 @@ def from_config_fields(model_structure: StructureLike,
                        model_edge_weights_path: str,
                        prefix: str = 'model.backbone.assemblenet_plus_lite.'
                        ) -> Tuple[StructureLike, Optional[StructureLike]]:
-  """The structure and edge weights a backbone config names.
-
-  Each comes either inline (`model_structure`, `model_edge_weights`: JSON
-  text) or from a JSON file (`model_structure_path`,
-  `model_edge_weights_path`, e.g. written by
-  `official_ext.assemblenet.derive_structure`); giving both for one of them
-  is an error (set the inline field to '' when giving the path).
-
-  Args:
-    model_structure, model_edge_weights: the inline values (JSON text or
-      lists; '' for none).
-    model_structure_path, model_edge_weights_path: file paths ('' for none).
-    prefix: the config keys' prefix, for the error messages.
-
-  Returns:
-    (structure, edge_weights): the structure as given (text or list, not yet
-    validated) and the edge weights (text, list, or None when neither is
-    given: learned).
+  """(structure, edge_weights) a backbone config names, each inline (JSON text
+  or lists) or from its `*_path` JSON file, neither validated; edge weights
+  None when learned. `prefix` names the keys in errors.
 
   Raises:
-    ValueError: both given, or a file missing, unreadable or not JSON (the
-      message names the config key and the file).
-  """
+    ValueError: both inline and path given, or a file missing, unreadable or
+      not JSON (naming the config key and the file)."""
   if model_structure_path:
     if model_structure:
       raise ValueError(
@@ -353,22 +289,12 @@ BACKBONE_KEY = 'task.model.backbone.assemblenet_plus_lite.'
 
 def from_backbone_config(backbone_config, prefix: str = BACKBONE_KEY
                          ) -> Tuple[List[Any], Optional[List[Any]]]:
-  """The structure and edge weights an `AssembleNetPlusLite` backbone config
-  names, inline or from its `*_path` files: what every reader of the
-  structure (the task's clip checks, the model builder, `derive_structure`,
-  the benchmarks) takes, so that they agree.
-
-  Args:
-    backbone_config: `configs.AssembleNetPlusLite`.
-    prefix: the config keys' prefix, for the error messages.
-
-  Returns:
-    (structure, edge_weights): the node list as given (not yet validated)
-    and the edge weights (`normalize_edge_weights`: None when learned).
+  """(structure, edge weights (None: learned)) of an `AssembleNetPlusLite`
+  backbone config, inline or from its files: what every reader of the
+  structure takes, so that they agree.
 
   Raises:
-    ValueError: as `from_config_fields`, or text that is not JSON.
-  """
+    ValueError: as `from_config_fields`, or text that is not JSON."""
   c = backbone_config
   structure, edge_weights = from_config_fields(
       c.model_structure, c.model_structure_path, c.model_edge_weights,

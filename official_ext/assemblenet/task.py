@@ -1,20 +1,8 @@
-"""Video classification with AssembleNet++lite (`AssembleNetTask`).
-
-Single-label (softmax cross-entropy; metrics `accuracy` = top-1 and
-`top_5_accuracy`) or multi-label (`train_data.is_multilabel`: sigmoid
-cross-entropy; metric `map`, the mean over classes of the average precision,
-computed on the host over the whole evaluation set). Evaluation clips may
-have more frames than training clips (`validation_data.feature_shape`; the
-model is then built with an unknown frame count, as Model Garden's video
-classification does). Evaluation combines the probabilities of the
-`num_test_clips x num_test_crops` views of each video by their mean or
-their maximum (`task.eval_aggregation`; `aggregate_views`), covers every
-validation video (a static-shape last batch is padded and the
-padding masked out of losses and metrics: `core.input.eval_padding`), reports
-`num_examples` (videos evaluated), and an evaluation of zero videos is an
-`EmptyEvaluationError` naming the dataset.
-"""
-from typing import Any, Dict, List, Optional, Tuple
+"""Video classification with AssembleNet++lite (`AssembleNetTask`): single-label
+(top-1, top-5) or multi-label (mAP over the whole evaluation set), every
+validation video evaluated once, its views combined by `eval_aggregation`
+(docs/assemblenet.md#evaluation-protocols-longer-clips-mean-or-max-over-views)."""
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 import numpy as np
@@ -53,19 +41,9 @@ def check_eval_aggregation(method: str) -> None:
 
 def aggregate_views(scores: tf.Tensor, num_views: int,
                     method: str) -> tf.Tensor:
-  """Combines each video's evaluation views into the video's scores.
-
-  Args:
-    scores: float [B * num_views, K], the views of video b in rows
-      b * num_views ... (b + 1) * num_views - 1 (as the dataloader folds
-      them into the batch).
-    num_views: views per video (`num_test_clips * num_test_crops`).
-    method: 'mean' or 'max' over a video's views, per class
-      (`task.eval_aggregation`).
-
-  Returns:
-    float [B, K].
-  """
+  """float [B, K]: each video's `num_views` rows of `scores` [B * num_views,
+  K] (video b's in rows b * num_views ... as the dataloader folds them)
+  combined per class by their 'mean' or 'max' (`method`)."""
   check_eval_aggregation(method)
   if num_views == 1:
     return scores
@@ -76,12 +54,9 @@ def aggregate_views(scores: tf.Tensor, num_views: int,
 
 @task_factory.register_task_cls(configs.AssembleNetTask)
 class AssembleNetTask(base_task.Task):
-  """AssembleNet++lite video classification.
-
-  Inputs (from `dataloader.build_dataset`): ({'image': float32
-  [B * views, T, H, W, 3]}, labels float32 [B, K] one-/multi-hot). The model
-  maps {'image': ...} to float32 logits [B * views, K].
-  """
+  """AssembleNet++lite video classification: inputs ({'image': float32
+  [B * views, T, H, W, 3]}, labels float32 [B, K] one- or multi-hot), the
+  model's float32 logits [B * views, K]."""
 
   def __init__(self, params: configs.AssembleNetTask,
                logging_dir: Optional[str] = None, name: Optional[str] = None):
@@ -102,16 +77,12 @@ class AssembleNetTask(base_task.Task):
 
   # -- model -----------------------------------------------------------------
   def model_input_shape(self) -> List[Optional[int]]:
-    """[T, H, W, C] the model is built for: T is None (any frame count)
-    when the splits' clips differ in length, as Model Garden's video
-    classification does.
+    """[T, H, W, C] the model is built for; T None (any frame count) when the
+    splits' clips differ in length.
 
     Raises:
-      ValueError: naming the config key, if the splits' clips differ in
-        height, width or channels (the fusions' pooling ratios are fixed when
-        the model is built), or a split's frame count is one the network
-        cannot take (`structures.check_num_frames`).
-    """
+      ValueError: naming the config key: the splits' clips differ in height,
+        width or channels, or a split's frame count does not fit the network."""
     train, val = self.task_config.train_data, self.task_config.validation_data
     if tuple(train.feature_shape[1:]) != tuple(val.feature_shape[1:]):
       raise ValueError(
@@ -132,15 +103,20 @@ class AssembleNetTask(base_task.Task):
       num_frames = None
     return [num_frames] + list(train.feature_shape[1:])
 
-  def build_model(self) -> tf_keras.Model:
+  def build_model(self, input_shape: Optional[Sequence[Optional[int]]] = None
+                  ) -> tf_keras.Model:
+    """The model for clips of `input_shape` [B, T, H, W, 3] (default: any
+    batch of `model_input_shape()`; a static one for counting FLOPs)."""
     train = self.task_config.train_data
-    shape = self.model_input_shape()
+    shape = [None] + self.model_input_shape()
+    if input_shape is not None:
+      shape = list(input_shape)
     wd = float(self.task_config.losses.l2_weight_decay)
     # Halved to match tf.nn.l2_loss, as Model Garden's video task.
     l2 = tf_keras.regularizers.l2(wd / 2.0) if wd else None
     model = factory_3d.build_model(
         self.task_config.model.model_type,
-        input_specs=tf_keras.layers.InputSpec(shape=[None] + shape),
+        input_specs=tf_keras.layers.InputSpec(shape=shape),
         model_config=self.task_config.model,
         num_classes=train.num_classes,
         l2_regularizer=l2)
@@ -201,21 +177,10 @@ class AssembleNetTask(base_task.Task):
                    from_logits: bool = True,
                    example_weights: Optional[tf.Tensor] = None
                    ) -> Dict[str, tf.Tensor]:
-    """Cross-entropy (+ regularization).
-
-    Args:
-      labels: float32 [B, K] one-hot / multi-hot.
-      model_outputs: float32 [B, K] logits (probabilities if not
-        `from_logits`).
-      aux_losses: regularization losses, added to the total.
-      from_logits: see `model_outputs`.
-      example_weights: optional float32 [B] (0: a padding example); the
-        model loss is then the weighted mean over the examples (0 if every
-        weight is 0).
-
-    Returns:
-      {'total_loss', 'model_loss'} scalars.
-    """
+    """{'total_loss', 'model_loss'}: cross-entropy of `labels` [B, K] and
+    `model_outputs` (logits, or probabilities without `from_logits`), the
+    weighted mean over `example_weights` [B] (0: padding; 0 if every weight
+    is 0), plus `aux_losses`."""
     if self.multilabel:
       per_example = tf.reduce_mean(tf_keras.losses.binary_crossentropy(
           labels[..., tf.newaxis], model_outputs[..., tf.newaxis],
@@ -255,12 +220,8 @@ class AssembleNetTask(base_task.Task):
 
   def process_metrics(self, metrics, labels, outputs, model_losses=None,
                       example_mask=None, **kwargs):
-    """Updates metrics; `outputs` are probabilities [B, K].
-
-    `example_mask` (bool [B], evaluation): only its True examples count; the
-    loss means are then weighted by the batch's real examples, so they are
-    means over examples.
-    """
+    """Updates metrics from probabilities [B, K]; with `example_mask` (bool
+    [B]) only its True examples count, the loss means weighted by them."""
     model_losses = model_losses or {}
     weights = (None if example_mask is None else
                tf.cast(example_mask, tf.float32))
@@ -304,17 +265,9 @@ class AssembleNetTask(base_task.Task):
 
   def inference_step(self, features, model):
     """Probabilities [B, K]: each video's views' probabilities combined by
-    `task.eval_aggregation` (mean or max, per class; `aggregate_views`).
-
-    With 'max', single-label rows no longer sum to 1; the evaluation's
-    cross-entropy then normalizes them (`categorical_crossentropy` of
-    probabilities), accuracy takes their argmax.
-
-    Args:
-      features: {'image': float32 [B * views, T, H, W, 3]} (an `eval_mask`
-        entry is not passed to the model).
-      model: the model.
-    """
+    `task.eval_aggregation` (`aggregate_views`; with 'max' a single-label row no
+    longer sums to 1: the evaluation's cross-entropy normalizes it). An
+    `eval_mask` feature is not passed to the model."""
     features = {k: v for k, v in features.items()
                 if k != eval_padding.MASK_KEY}
     probs = self._probabilities(model(features, training=False))
@@ -362,8 +315,7 @@ class AssembleNetTask(base_task.Task):
 
     Raises:
       EmptyEvaluationError: no video was evaluated, or none has a positive
-        label (the mAP has no value); the message names the dataset.
-    """
+        label; the message names the dataset."""
     if not self.multilabel:
       return {}
     labels = (np.concatenate(aggregated_logs['labels'], axis=0)

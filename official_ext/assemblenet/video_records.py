@@ -1,37 +1,7 @@
-r"""A folder of video files as Model Garden video TFRecords (the converter).
-
-Each video becomes one `tf.train.SequenceExample`: sequence feature
-`image/encoded` (one JPEG per kept frame) and context `clip/label/index`
-(int64 class ids), plus `clip/id` (bytes, the file's path relative to the
-folder) -- the format `official_ext.assemblenet.dataloader` (and Model
-Garden's `video_input`) reads.
-
-Labels come either from class sub-folders (`VIDEO_DIR/<class>/<video>`; class
-ids are the sorted folder names' indices, written to OUTPUT.classes.txt) or
-from a CSV (`labels_csv`: lines `relative/path.mp4,3;17` with ';'-separated
-class ids, for multi-label data such as Charades): `videos.video_labels`.
-
-Frames are decoded with OpenCV (`official_ext.assemblenet.videos`, the
-reader `predict` and `extract_features` use too), optionally resampled to
-`fps` and resized so their short side is `short_side`; `encode_video` turns
-one file into its serialized record. It is the one per-video function of
-both converters: `convert` here (one process) and the Apache Beam pipeline
-of `official_ext.assemblenet.beam_pipelines` (many workers).
-
-`convert` writes `OUTPUT-0000i-of-0000n.tfrecord` (video k of those written,
-in sorted path order, in shard k mod n) whole or not at all: the shards and
-OUTPUT.classes.txt are written into a hidden staging folder beside them and
-moved into place only once every video was written
-(`official_ext.core.output_files.write_together`); a failed run leaves the
-folder as it was (a killed one leaves the hidden `.NAME-...partial-*`
-folder, which can be deleted). An unreadable video stops the run with an
-error naming the file (or, with `skip_unreadable`, is listed and skipped).
-Files of a previous conversion to the same OUTPUT prefix (`previous_output`)
-are an error naming them, before any video is read, unless `overwrite`:
-then they are replaced once the new shards are complete, shards of another
-`num_shards` included. `scripts/assemblenet_videos_to_tfrecord.py` is its
-command.
-"""
+"""The video converter: a folder of video files as Model Garden video TFRecords
+(one SequenceExample of JPEG frames and class ids a video), written whole or
+not at all; `encode_video` is the per-video function of this and of the Beam
+pipeline (docs/assemblenet.md#experiments-and-data)."""
 import os
 import re
 import sys
@@ -50,14 +20,9 @@ FAILURES_SUFFIX = '.failures.tsv'
 
 def make_example(frames, labels: Sequence[int], clip_id: str,
                  jpeg_quality: int = 90):
-  """The `tf.train.SequenceExample` of one video.
-
-  Args:
-    frames: uint8 RGB [N, H, W, 3].
-    labels: its class ids.
-    clip_id: its path relative to the video folder.
-    jpeg_quality: of the frames' JPEGs, 0-100.
-  """
+  """The `tf.train.SequenceExample` of one video: uint8 RGB `frames` [N, H, W,
+  3] as JPEGs of `jpeg_quality`, its class ids and `clip_id` (its path
+  relative to the video folder)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   ex = tf.train.SequenceExample()
   ex.context.feature['clip/label/index'].int64_list.value.extend(labels)
@@ -91,18 +56,11 @@ def read_video_file(path: str, fps: Optional[float] = None,
 def encode_video(video_dir: str, video: str, labels: Sequence[int],
                  fps: Optional[float] = None, short_side: Optional[int] = None,
                  jpeg_quality: int = 90) -> bytes:
-  """The serialized record of one video (decode, resample, resize, encode).
-
-  Args:
-    video_dir: the folder (local or a `gs://` path).
-    video: the file's path relative to `video_dir` (its `clip/id`).
-    labels: its class ids.
-    fps, short_side: `videos.read_video`'s.
-    jpeg_quality: of the frames' JPEGs.
+  """The serialized record of `video` (a path relative to `video_dir`, local or
+  `gs://`): decoded (`fps`, `short_side`: `videos.read_video`'s), encoded.
 
   Raises:
-    ValueError: the video cannot be read (naming the file).
-  """
+    ValueError: the video cannot be read (naming the file)."""
   frames = read_video_file(os.path.join(video_dir, video), fps,
                            short_side).frames
   return make_example(frames, labels, video, jpeg_quality).SerializeToString()
@@ -119,10 +77,9 @@ def shard_paths(output: str, num_shards: int) -> List[str]:
 def previous_output(output: str,
                     suffixes: Sequence[str] = (CLASSES_SUFFIX,
                                                FAILURES_SUFFIX)) -> List[str]:
-  """Files of an earlier run to the prefix `output` (local or `gs://`), sorted:
-  its shards of any count, `OUTPUT-0000i-of-0000n.tfrecord`, and
-  `output + suffix` for each of `suffixes` (the converter's: the classes and
-  failures files)."""
+  """Files of an earlier run to the prefix `output` (local or `gs://`),
+  sorted: its shards of any count and `output + suffix` of each of
+  `suffixes`."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   folder, name = os.path.split(output if '://' in output
                                else os.path.abspath(output))
@@ -156,10 +113,8 @@ def check_output(output: str, num_shards: int, suffixes: Sequence[str] = (),
                  inputs: Sequence[Tuple[str, Optional[str]]] = (),
                  models: Sequence[Tuple[str, Optional[str]]] = ()) -> None:
   """Refuses, before any video is read, an --output prefix one of whose files
-  (its shards and `output + suffix`) is one of `inputs` or would lie inside
-  a model_dir or SavedModel directory (`output_files.check_output_file`,
-  `models` as its); a missing folder is created when the files are written.
-  """
+  is one of `inputs` or would lie inside a model_dir or SavedModel directory
+  (`output_files.check_output_file`)."""
   for path in shard_paths(output, num_shards) + [output + s
                                                  for s in suffixes]:
     output_files.check_output_file(path, '--output', inputs, models,
@@ -167,8 +122,7 @@ def check_output(output: str, num_shards: int, suffixes: Sequence[str] = (),
 
 
 def list_videos(video_dir: str) -> List[str]:
-  """`videos.find_videos` (local folders) or the same listing of a remote
-  one (`gs://...`, through `tf.io.gfile.walk`); ValueError naming the
+  """`videos.find_videos` of a local or `gs://` folder; ValueError naming the
   folder if it holds no video file."""
   if '://' in video_dir:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -201,19 +155,15 @@ def convert(video_dir: str, output: str, labels_csv: Optional[str] = None,
             skip_unreadable: bool = False, overwrite: bool = False,
             log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
             ) -> Tuple[List[str], List[str]]:
-  """Writes OUTPUT-0000i-of-0000n.tfrecord shards; returns (files, skipped).
-
-  All files or none (module docstring). `log` receives a line per skipped
-  video.
+  """Writes OUTPUT-0000i-of-0000n.tfrecord shards, all or none; returns (files,
+  skipped); `log` gets a line per skipped video.
 
   Raises:
     FileExistsError: files of a previous conversion to `output` are there
       and not `overwrite` (before any video is read).
     ValueError: an unreadable video (unless `skip_unreadable`), a labels
-      problem, or more shards than videos written (naming the file or flag);
-      an output file that is --labels_csv or lies inside a model_dir or
-      SavedModel directory (`check_output`, before any video is read).
-  """
+      problem, more shards than videos written, or an output that is
+      --labels_csv or lies inside a model (naming the file or flag)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   check_output(output, num_shards, (CLASSES_SUFFIX,),
                [('--labels_csv', labels_csv)])

@@ -1,22 +1,7 @@
-"""Video files in and out: finding, decoding (OpenCV) and writing them.
-
-One reader for every command that takes a user's video files (the
-TFRecord converter, `predict`, `extract_features`, the Beam pipelines),
-so a video is decoded whole (or refused, `read_video`)
-and labelled the same way wherever it enters (labels from class
-sub-folders or a labels CSV: `video_labels`): OpenCV's FFmpeg decoder,
-BGR -> RGB, optionally resampled to a frame rate (frames kept at the
-source's times nearest a regular grid; never more frames than the source
-has) and resized so its short side has a given length (`cv2.INTER_AREA`).
-
-`write_video` writes uint8 RGB frames as an encoded file (`cv2.VideoWriter`:
-mp4v for .mp4/.mov, MJPG for .avi, VP8 for .webm), and `write_demo_videos`
-a folder of the demo's moving shapes (`demo_data.render_video`) as real
-encoded videos in class sub-folders, so the demo and the tests run the
-video commands on what a codec produced, not on arrays
-(`python -m official_ext.assemblenet.videos --output_dir=DIR
---videos_per_class=N` writes them).
-"""
+"""Video files in and out (OpenCV): the one reader and labeller of every command
+that takes a user's videos (converter, `predict`, `extract_features`, the Beam
+pipelines), the writer, and `python -m official_ext.assemblenet.videos`, the
+demo's moving shapes as encoded videos in class sub-folders."""
 import csv
 import dataclasses
 import os
@@ -82,22 +67,15 @@ def _labels_csv_rows(path: str) -> Dict[str, Tuple[int, List[int]]]:
 def video_labels(video_dir: str, videos: Sequence[str],
                  labels_csv: Optional[str] = None
                  ) -> Tuple[Dict[str, List[int]], Optional[List[str]]]:
-  """The class ids of `videos` (paths relative to `video_dir`).
-
-  From `labels_csv` (`read_labels_csv`; every video must be in it, and
-  every row must name one of `videos`), or else
-  from class sub-folders: `video_dir/<class>/<video>`, class ids the indices
-  of the sorted folder names.
-
-  Returns:
-    ({video: class ids}, the sorted class folder names, or None with
-    `labels_csv`).
+  """({video: class ids}, sorted class folder names or None) of `videos`
+  (paths relative to `video_dir`): from `labels_csv` (every video in it, every
+  row naming one), else from class sub-folders (ids: the sorted names'
+  indices).
 
   Raises:
     ValueError: naming the CSV and the videos it lacks or its lines naming
       no video (a case-only mismatch said so), or (without a CSV) a video
-      outside a class sub-folder of `video_dir`.
-  """
+      outside a class sub-folder."""
   if labels_csv:
     rows = _labels_csv_rows(labels_csv)
     check_labels_match(labels_csv, rows, video_dir, videos)
@@ -142,17 +120,10 @@ def check_labels_match(labels_csv: str,
 
 @dataclasses.dataclass
 class Video:
-  """Decoded frames of one file.
-
-  Attributes:
-    frames: uint8 RGB [N, H, W, 3].
-    fps: frames per second of `frames` (after resampling); the source's
-      rate when not resampled, 0.0 when the file does not state one.
-    source_fps: the file's stated rate (0.0 if none).
-  """
-  frames: np.ndarray
-  fps: float
-  source_fps: float
+  """Decoded frames of one file."""
+  frames: np.ndarray  # uint8 RGB [N, H, W, 3].
+  fps: float  # Of `frames`, after resampling; 0.0 when none is stated.
+  source_fps: float  # The file's stated rate (0.0 if none).
 
   @property
   def duration(self) -> float:
@@ -162,19 +133,14 @@ class Video:
 
 def read_video(path: str, fps: Optional[float] = None,
                short_side: Optional[int] = None) -> Video:
-  """Decodes a video file whole; ValueError naming the file if it cannot.
+  """Decodes a video file whole (OpenCV's FFmpeg decoder, RGB): resampled to
+  `fps` (frames nearest a regular grid; never more than the source's) and
+  resized to `short_side` (`cv2.INTER_AREA`) if given.
 
-  A video that decodes fewer frames than its container states (OpenCV's
-  `CAP_PROP_FRAME_COUNT`; a truncated or damaged file) is an error naming
-  it and both counts, whatever `fps` keeps; a container that states no
-  count (0 or less) is not checked.
-
-  Args:
-    path: the file.
-    fps: keep frames at this rate (only lowers the rate: a source slower
-      than `fps` keeps every frame).
-    short_side: resize so the shorter side has this many pixels.
-  """
+  Raises:
+    ValueError: naming the file: it cannot be read, or it decodes fewer
+      frames than its container states (naming both counts; a container
+      stating none is not checked)."""
   import cv2  # pylint: disable=g-import-not-at-top
   if not os.path.isfile(path):
     raise ValueError(f'video file {path} does not exist')
@@ -222,12 +188,9 @@ def read_frames(path: str, fps: Optional[float] = None,
 
 
 def write_video(path: str, frames: np.ndarray, fps: float) -> str:
-  """Encodes uint8 RGB frames [N, H, W, 3] into `path`; returns `path`.
-
-  The codec follows the extension (module docstring). ValueError naming
-  the file if OpenCV cannot open a writer for it or the frames are not
-  uint8 [N, H, W, 3].
-  """
+  """Encodes uint8 RGB frames [N, H, W, 3] into `path`, the codec by its
+  extension (`_FOURCC`); returns `path`; ValueError naming the file if OpenCV
+  cannot write it or the frames are not uint8 [N, H, W, 3]."""
   import cv2  # pylint: disable=g-import-not-at-top
   frames = np.asarray(frames)
   if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
@@ -254,14 +217,10 @@ def write_demo_videos(video_dir: str, videos_per_class: int,
                       num_frames: int = 16, size: int = 32, fps: float = 8.0,
                       seed: int = 0, extension: str = '.mp4'
                       ) -> Dict[str, int]:
-  """Writes the demo's moving shapes as encoded videos; returns {path: label}.
-
-  `video_dir/<label>_<class name>/<class name>_<i>.<ext>` for each of
-  `demo_data.CLASS_NAMES`, `videos_per_class` each, `num_frames` frames of
-  `size` x `size` at `fps` (deterministic in `seed`). The layout is the one
-  the TFRecord converter reads labels from: class sub-folders whose sorted
-  names give the class ids, here the demo's label ids.
-  """
+  """Writes the demo's moving shapes as encoded videos, returns {path: label}:
+  `video_dir/<label>_<class name>/<class name>_<i>.<ext>`, `videos_per_class`
+  of each class, `num_frames` frames of `size`^2 at `fps` (deterministic in
+  `seed`): class sub-folders whose sorted names give the demo's label ids."""
   from official_ext.assemblenet import demo_data  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   written = {}

@@ -1,32 +1,6 @@
-"""`python -m official_ext.benchmark accelerator`: the published-size training
-steps on this machine's GPUs or TPU, under the shipped GPU or TPU YAMLs.
-
-For each case (YT8M DBoF + MoE, YT8M NeXtVLAD, AssembleNet++lite on
-Kinetics-400's clips, the readout model of the GPU/TPU configs) the
-experiment is loaded with its shipped YAML for the device kind found here
-(`configs/<family>/*_gpu.yaml` on GPUs, `*_tpu.yaml` on a TPU: precision,
-loss scaling, model settings, per-replica batch), its strategy built over
-every visible accelerator (`num_gpus` set to the GPUs found; a TPU through
-`--tpu`), and `steps` training steps (the task's own `train_step` under
-`strategy.run` in a `tf.function`, on an in-memory batch of the
-experiment's shapes, so the input pipeline is not timed) are timed after
-`warmup` steps. Figures per case:
-
-* `examples_per_sec` (global batch x steps / seconds) and `step_sec`;
-* `gflops_per_example` (analytic: the matmuls and convolutions a training
-  example needs, from each family's benchmark module) and `achieved_tflops`;
-* `peak_memory_gb`: the largest peak of `tf.config.experimental.
-  get_memory_info` over the devices (None where the device does not say);
-* `kernel_policy`: what the run's policy took (`core.kernels.kernel_policy`: on an
-  accelerator 'auto' is the stock ops) and, for families with fast paths,
-  `fast_examples_per_sec` and `fast_vs_stock` (the same step under 'fast',
-  timed in the same process): the measurement the policy asks for before a
-  fast path is taken on an accelerator.
-
-Without a GPU or TPU the command says so and exits non-zero. (`run` takes
-`device='CPU'` for the tests, which drive the same code on CPU devices at
-`quick` sizes.)
-"""
+"""`python -m official_ext.benchmark accelerator`: each case's published-size
+training step under its shipped GPU or TPU YAML, on this machine's GPUs or
+TPU (what it reports: docs/benchmarks.md#tensorflow-on-gpus-and-tpus)."""
 import dataclasses
 import os
 import time
@@ -37,6 +11,7 @@ import tensorflow as tf, tf_keras
 
 from official.core import task_factory
 from official.modeling import performance
+from official_ext.benchmarks import graph_flops
 from official_ext.benchmarks import timing
 from official_ext.benchmarks import yt8m as yt8m_bench
 from official_ext.core import experiment_params
@@ -55,20 +30,12 @@ class NoAcceleratorError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-  """One published-size training step.
-
-  Attributes:
-    name: the figures' key.
-    experiment: the registered experiment.
-    family: the folder of its YAMLs under configs/.
-    yaml: the YAML's name without `_gpu.yaml` / `_tpu.yaml`.
-    quick: overrides for `quick` runs (tiny sizes).
-  """
-  name: str
-  experiment: str
-  family: str
-  yaml: str
-  quick: Dict[str, Any]
+  """One published-size training step."""
+  name: str  # The figures' key.
+  experiment: str  # The registered experiment.
+  family: str  # The folder of its YAMLs under configs/.
+  yaml: str  # The YAML's name without `_gpu.yaml` / `_tpu.yaml`.
+  quick: Dict[str, Any]  # Overrides of `quick` runs (tiny sizes).
 
 
 CASES = (
@@ -176,44 +143,26 @@ def _batch(task, params, per_replica: int) -> Any:
   return readout_bench.demo_batches(task, per_replica)[data.batching]
 
 
-def flops_per_example(params, clip_data: Optional[Any] = None
-                      ) -> Optional[float]:
-  """Analytic training FLOPs of one example, where the family's benchmark
-  module derives them (None otherwise); an AssembleNet++lite clip of
-  `clip_data`'s shape (default the training data's)."""
-  task = params.task
-  family = type(task).__module__.split('.')[1]
-  if family == 'yt8m':
-    data = task.train_data
-    frames = data.num_sample_frames or data.max_frames
-    backbone = task.model.backbone
-    if backbone.type == 'dbof':
-      return yt8m_bench.train_flops_per_example(yt8m_bench.Size(
-          'accelerator', 1, frames, backbone.dbof.cluster_size,
-          backbone.dbof.hidden_size, task.model.head.moe.num_mixtures,
-          data.num_classes, sum(data.feature_sizes)))
-    if backbone.type == 'nextvlad':
-      n = backbone.nextvlad
-      return yt8m_bench.nextvlad_train_flops_per_example(
-          yt8m_bench.NextVladSize(
-              'accelerator', 1, frames, tuple(n.cluster_sizes),
-              tuple(n.groups), n.expansion, n.hidden_size,
-              n.gating_reduction, data.num_classes, tuple(n.feature_sizes)))
-  if family == 'assemblenet':
-    from official_ext.assemblenet import structures  # pylint: disable=g-import-not-at-top
-    from official_ext.assemblenet.modeling import complexity  # pylint: disable=g-import-not-at-top
-    b = task.model.backbone.assemblenet_plus_lite
-    t, h, w, _ = (clip_data or task.train_data).feature_shape
-    structure, edge_weights = structures.from_backbone_config(b)
-    forward = complexity.analyze(
-        structure, tuple(b.blocks_per_level),
-        edge_weights_given=edge_weights is not None,
-        attention_mode=b.attention_mode, num_frames=t, height=h, width=w,
-        num_classes=task.train_data.num_classes,
-        stem_filters=b.stem_filters,
-        head_filters=tuple(task.model.head_filters)).flops
-    return 3.0 * forward  # Forward, input and weight gradients.
-  return None
+def counting_model(task, batch, model: Optional[tf_keras.Model] = None
+                   ) -> tf_keras.Model:
+  """The model whose step on `batch` `graph_flops` counts: `model` (or the
+  task's), but for AssembleNet++lite one built for the batch's exact clip
+  shape (its flow is a nested function traced at the model's shapes)."""
+  if type(task).__module__.split('.')[1] == 'assemblenet':
+    return task.build_model(input_shape=batch[0]['image'].shape)
+  return model if model is not None else task.build_model()
+
+
+def flops_per_example(params, per_replica: int = 1,
+                      batch: Optional[Any] = None) -> float:
+  """Training FLOPs per example of the experiment `params`, counted from
+  its traced training step on `batch` of `per_replica` examples (default:
+  an in-memory batch of the experiment's shapes)."""
+  task = task_factory.get_task(params.task)
+  if batch is None:
+    batch = _batch(task, params, per_replica)
+  return graph_flops.step_flops(
+      task, counting_model(task, batch), batch) / per_replica
 
 
 def _peak_memory_gb(device: str) -> Optional[float]:
@@ -247,6 +196,7 @@ class _Step:
   per_replica: int
   precision: str
   policy: kernel_policy.KernelPolicy
+  batch: Any  # One replica's batch.
 
 
 def _build_step(case: Case, device: str, policy: kernel_policy.KernelPolicy,
@@ -298,7 +248,7 @@ def _build_step(case: Case, device: str, policy: kernel_policy.KernelPolicy,
     with kernel_policy.use(policy), strategy.scope():
       return step()
 
-  return _Step(traced_step, params, per_replica, precision, policy)
+  return _Step(traced_step, params, per_replica, precision, policy, batch)
 
 
 def training_losses(case: Case, device: str,
@@ -341,7 +291,11 @@ def time_case(case: Case, device: str, setting: str, steps: int,
   finally:
     tf_keras.mixed_precision.set_global_policy(previous)
   global_batch = built.per_replica * strategy.num_replicas_in_sync
-  flops = flops_per_example(built.params)
+  try:
+    flops = flops_per_example(built.params, built.per_replica, built.batch)
+    not_counted = {}
+  except ValueError as e:  # The counter names what it cannot count.
+    flops, not_counted = None, {'flops_not_counted': str(e)}
   return {
       'yaml': os.path.relpath(yaml_path(case, device), REPO),
       'precision': built.precision,
@@ -355,23 +309,22 @@ def time_case(case: Case, device: str, setting: str, steps: int,
       'peak_memory_gb': _peak_memory_gb(device),
       'loss': float(loss),
       'kernel_policy': kernel_policy.as_dict(built.policy),
+      **not_counted,
   }
 
 
 def run(quick: bool = False, steps: int = 20, warmup: int = 3,
         tpu: str = '', device: Optional[str] = None,
         cases: Optional[List[str]] = None) -> Dict[str, Any]:
-  """Figures of every case (module docstring), keyed by case name.
+  """Figures of every case, keyed by case name.
 
   Args:
     quick: tiny sizes (a check of the harness).
     steps, warmup: timed and untimed steps per measurement.
     tpu: the TPU address (`--tpu`; 'local' on a TPU VM).
-    device: 'GPU' or 'TPU'; None: the accelerator found here
-      (`accelerator_kind`, which raises without one). 'CPU' runs the same
-      code on the logical CPUs (tests).
-    cases: names of `CASES` to run (default all).
-  """
+    device: 'GPU', 'TPU', or 'CPU' (the tests: the same code on the logical
+      CPUs); None: the accelerator found here (`accelerator_kind`).
+    cases: names of `CASES` to run (default all)."""
   device = accelerator_kind() if device is None else device.upper()
   figures: Dict[str, Any] = {'device': device}
   strategy = None

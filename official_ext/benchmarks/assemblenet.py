@@ -1,71 +1,7 @@
-"""AssembleNet++lite speed and memory figures (`run()`), for the benchmark CLI.
-
-Figures (full run; `quick=True` uses the smallest structure,
-`QUICK_STRUCTURE`, at tiny sizes so the whole thing takes seconds: tracing
-the forward pass and the training step of both variants is most of it):
-
-* `forward_clips_per_sec`, `train_clips_per_sec`: the published network
-  (Charades experiment: 157 classes, peer attention, published edge weights)
-  at 2 clips x 16 frames x 112^2, float32, one device, a `tf.function` forward
-  (training=False) and a full training step (`AssembleNetTask.train_step`,
-  SGD momentum), after warm-up.
-* `gflops_per_clip`: analytic forward FLOPs of one 32 x 224^2 clip
-  (`modeling.complexity`, 2 x MACs of convs and dense layers); also
-  `gflops_per_clip_original_width` (the TF1 code's fusion) and
-  `gflops_per_clip_bench` (the benchmark's 16 x 112^2 clip).
-* `conv3d_peak_gflops`: GFLOP/s of a large float32 3x3x3 Conv3D
-  (152 -> 152 channels at 16 x 28^2, batch 2, like a level-2 block) measured
-  in the same process; `train_model_gflops` / `forward_model_gflops`: the
-  model's achieved analytic GFLOP/s (training counted as 3 x forward).
-* `reference_original_width_train_clips_per_sec` (and `..._forward_...`):
-  the same training step (forward pass) for the original architecture
-  (`fusion_width_as_channels`, the TF1 code's variable shapes), timed
-  interleaved with ours; `train_speedup_vs_original_width` and
-  `forward_speedup_vs_original_width` are the ratios (reference time / ours).
-* with `reference_checkout` (CLI `--reference_checkout DIR`: another checkout
-  of this repository, e.g. `git worktree add /tmp/ref COMMIT`):
-  `reference_checkout_train_sec_per_step` and
-  `checkout_train_sec_per_step`, the training step of that checkout and of
-  this one, each in a long-lived child process of its own
-  (`memory_lib.StepChild`) built side by side and timed interleaved (5
-  rounds, quick 2; medians, samples in `*_train_samples`);
-  `train_speedup_vs_reference_checkout` is their ratio (reference / this).
-  Quick runs time each checkout's own quick network.
-* `tf1_quoted_*`: the TF1 original's figures quoted in the issue for this
-  kind of machine (2.4 s forward, 9.8 s per SGD step at 2 x 16 x 112^2); the
-  TF1 code cannot run here, so `train_speedup_vs_tf1_quoted` compares with
-  those numbers, not with a run in this process.
-* `peak_rss_gb_8x32x224`: peak RSS (GiB) of a separate process that builds the
-  published network with gradient checkpointing (`recompute_grad`) and runs
-  one training step on 8 clips x 32 frames x 224^2 (quick: 2 x 8 x 64^2);
-  `peak_rss_step_sec`: that first step's time (input generation, tracing and
-  the step: one call, no warm-up). The child applies the task's process
-  settings first (`PROCESS_SETTINGS`, `core.kernels.kernel_policy`: glibc
-  malloc's mmap threshold fixed at 1 MiB; the user's own
-  `MALLOC_MMAP_THRESHOLD_` wins; `peak_rss_malloc_mmap_threshold_bytes` is
-  the threshold the child had, None where none was set).
-* `inference_clips_per_sec`: the exported SavedModel (`serving_default` as
-  `official_ext.export_saved_model` writes it, initial weights: uint8 clips
-  [batch, T, H, W, 3] -> probabilities, with its preprocessing) at
-  `inference_size` (2 clips x 32 frames x 224^2; quick: 1 x 4 x 32^2), float32,
-  loaded back into this process; `inference_sec_per_batch` its median time,
-  `inference_gflops_per_clip` the analytic GFLOPs of one such clip and
-  `inference_model_gflops` the GFLOP/s it achieves.
-
-* case `input_pipeline` (`assemblenet_input`): the training input pipeline
-  from JPEG-frame records to 32 x 224^2 batches, ours against Model
-  Garden's `video_input` on the same records and settings, clips/s per CPU
-  core measured in child processes pinned to 1 and to all cores, and the
-  cores that feed the CPU training step (`input_pipeline_*` figures).
-  `run(cases=...)` (CLI `--cases model,input_pipeline`) picks the cases;
-  'model' is every figure above.
-
-Every time goes through `timing.interleaved_seconds`: the forward pass and
-the training step of our network and, with `reference=True`, of the
-original-width network are timed in alternating rounds (one warm-up call
-each; medians), so `train_speedup_vs_original_width` is a side-by-side ratio;
-the Conv3D peak and the memory child's single step use the same helper.
-"""
+"""`python -m official_ext.benchmark assemblenet`: the published network's
+forward pass, training step (beside the original-width variant), exported
+SavedModel and peak host RAM, and the input pipeline case
+(`assemblenet_input`); what each figure is: docs/benchmarks.md#assemblenetlite."""
 import json
 import os
 import statistics
@@ -80,23 +16,22 @@ from official.core import exp_factory
 from official.core import task_factory
 from official_ext import export_saved_model
 # (Also registers the experiment and the task.)
-from official_ext.assemblenet.modeling import complexity
 from official_ext.assemblenet import task as assemblenet_task
 from official_ext.benchmarks import assemblenet_input
+from official_ext.benchmarks import graph_flops
 from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
 from official_ext.core.kernels import kernel_policy
 from official_ext.core.kernels import process_settings
 
 
-# Quick runs: both stems, one fused (learned edge weights, peer attention over
-# the stems), one strided level-3 block; its original-width variant differs
-# (the fusion projects the stems to their width, 16 at 32^2).
 # Settings of a `benchmark assemblenet` process and of its peak-RSS child:
-# those a CPU training run of the family takes (`core.kernels.kernel_policy`, as
-# `python -m official_ext.train` applies them).
+# those a CPU training run of the family takes.
 PROCESS_SETTINGS = kernel_policy.cpu_process_env('assemblenet')
 
+# Quick runs: both stems, one fused, one strided level-3 block; its
+# original-width variant differs (the fusion projects the stems to their
+# width, 16 at 32^2).
 QUICK_STRUCTURE = [[-1, 1], [-2, 1], [3, [0, 1], [8, 8, 8], 1, 2]]
 QUICK_BLOCKS_PER_LEVEL = (1, 1, 1, 1)
 
@@ -114,13 +49,9 @@ def _backbone_overrides(quick: bool, **extra) -> Dict[str, Any]:
 
 
 def _params(batch: int, frames: int, size: int, quick: bool, **backbone):
-  """The Charades experiment's config at the given clip size.
-
-  Validation clips (the serving function's preprocessing) are one clip per
-  video, temporal stride 1, the short side resized to `size` and one center
-  crop: frames of [frames, size, size] pass through unchanged but for the
-  normalization.
-  """
+  """The Charades experiment's config at the given clip size; its validation
+  clips (the serving preprocessing) are the [frames, size, size] input as is,
+  normalized."""
   params = exp_factory.get_exp_config('assemblenet_plus_lite_charades')
   data = {'feature_shape': [frames, size, size, 3], 'global_batch_size': batch}
   model = {'backbone': {'assemblenet_plus_lite': _backbone_overrides(
@@ -164,25 +95,42 @@ QUICK_CONV3D = (1, 4, 8, 16)  # batch, frames, height = width, channels
 FULL_CONV3D = (2, 16, 28, 152)
 
 
-def conv3d_flops(batch: int, frames: int, size: int, channels: int) -> int:
-  """FLOPs of a 3x3x3 SAME Conv3D, channels -> channels, stride 1."""
-  return 2 * 27 * channels * channels * batch * frames * size * size
+def _conv3d(quick: bool):
+  """The peak's 3x3x3 SAME Conv3D (channels -> channels) on its input."""
+  b, t, h, c = QUICK_CONV3D if quick else FULL_CONV3D
+  x = tf.random.uniform([b, t, h, h, c])
+  k = tf.random.uniform([3, 3, 3, c, c])
+  return tf.function(
+      lambda x: tf.reduce_sum(tf.nn.conv3d(x, k, [1] * 5, 'SAME'))), x
 
 
 def conv3d_peak_gflops(quick: bool = False) -> float:
   """GFLOP/s of a large float32 3x3x3 Conv3D in this process."""
-  b, t, h, c = QUICK_CONV3D if quick else FULL_CONV3D
-  x = tf.random.uniform([b, t, h, h, c])
-  k = tf.random.uniform([3, 3, 3, c, c])
-
-  @tf.function
-  def conv(x):
-    return tf.reduce_sum(tf.nn.conv3d(x, k, [1] * 5, 'SAME'))
-
+  conv, x = _conv3d(quick)
   sec = timing.interleaved_seconds({'conv3d': lambda: conv(x)},
                                    rounds=3 if quick else 5,
                                    warmup=2)['conv3d']
-  return conv3d_flops(b, t, h, c) / sec / 1e9
+  return graph_flops.function_flops(lambda: conv(x)) / sec / 1e9
+
+
+_CLIP_FLOPS: Dict[Any, Dict[str, int]] = {}
+
+
+def clip_flops(frames: int, size: int, quick: bool, training: bool = False,
+               **backbone) -> Dict[str, int]:
+  """FLOPs of one [frames, size, size] clip through the network: 'forward'
+  and, with `training`, 'train' (the training step), from the traced graph
+  (`graph_flops`); each counted once per process."""
+  flops = _CLIP_FLOPS.setdefault(
+      (frames, size, quick, tuple(sorted(backbone.items()))), {})
+  if 'forward' not in flops or (training and 'train' not in flops):
+    task = _task(1, frames, size, quick, **backbone)
+    model = task.build_model(input_shape=[1, frames, size, size, 3])
+    inputs = _inputs(task, 1, frames, size)
+    flops['forward'] = graph_flops.forward_flops(model, inputs[0])
+    if training:
+      flops['train'] = graph_flops.train_step_flops(task, model, inputs)
+  return flops
 
 
 QUICK_SPEED = (1, 4, 32)  # clips, frames, height = width
@@ -192,12 +140,9 @@ FULL_MEMORY = (8, 32, 224)
 
 
 def _speed(quick: bool, reference: bool) -> Dict[str, float]:
-  """Seconds per forward batch and per training step, interleaved.
-
-  Our network ('forward', 'train') and, if `reference`, the original-width
-  one ('reference_forward', 'reference_train'): one warm-up call each, then
-  2 (quick) or 3 rounds; medians.
-  """
+  """Seconds per forward batch and per training step, timed interleaved:
+  'forward', 'train' and, with `reference`, the original-width network's
+  'reference_forward', 'reference_train'."""
   batch, frames, size = QUICK_SPEED if quick else FULL_SPEED
   variants = {'': {}}
   if reference:
@@ -223,15 +168,9 @@ FULL_INFERENCE = (2, 32, 224)
 
 
 def _inference(quick: bool) -> Dict[str, Any]:
-  """Seconds per call of the exported SavedModel's `serving_default`.
-
-  The network (`_params`, initial weights) is checkpointed and exported with
-  `official_ext.export_saved_model.export` into a temporary directory, the
-  SavedModel (its `serving_default` signature; the Keras layers' traces are
-  not saved) loaded back, and its signature called on uint8 clips
-  [batch, frames, size, size, 3] -> probabilities (one warm-up call, then 2
-  (quick) or 3 timed calls; median).
-  """
+  """Seconds per call of the exported SavedModel's `serving_default` (the
+  network at initial weights, exported into a temporary directory and loaded
+  back) on uint8 clips of the inference size."""
   batch, frames, size = QUICK_INFERENCE if quick else FULL_INFERENCE
   params = _params(batch, frames, size, quick)
   with tempfile.TemporaryDirectory() as tmp:
@@ -263,13 +202,8 @@ def _inference(quick: bool) -> Dict[str, Any]:
 
 def memory_child(batch: int, frames: int, size: int, quick: bool,
                  recompute: bool) -> Dict[str, Any]:
-  """Runs in the child process: one training step; returns its peak RSS.
-
-  First applies the task's process settings (`PROCESS_SETTINGS`, as
-  `python -m official_ext.train` does; inherited from the parent where it
-  applied them): glibc malloc's mmap threshold fixed at 1 MiB, so that freed
-  tensors go back to the system instead of the heap.
-  """
+  """Runs in the child process, after the task's process settings: one
+  training step; returns its peak RSS."""
   process_settings.apply(PROCESS_SETTINGS)
   threshold = os.environ.get(process_settings.MALLOC_MMAP_THRESHOLD)
   task = _task(batch, frames, size, quick, recompute_grad=recompute)
@@ -311,17 +245,10 @@ def checkout_root() -> str:
 
 def checkout_child_code(batch: int, frames: int, size: int,
                         quick: bool) -> str:
-  """The `python -c` program of a `memory_lib.StepChild` training steps.
-
-  Run with a checkout first on PYTHONPATH, it builds that checkout's
-  training step at `batch` x `frames` x `size`^2 (its `_task`, `_inputs` and
-  `_train_fn`: in `official_ext.benchmarks.assemblenet`, or, in older
-  checkouts without that package, `official_ext.assemblenet.benchmark`),
-  runs it once (tracing), prints READY (with the `official_ext` it
-  imported) and then runs one step per command (DONE: the step's loss). The
-  child protocol comes from this checkout's `memory.py`, loaded by path: it
-  imports only the standard library.
-  """
+  """The `python -c` program of a `memory_lib.StepChild` running the training
+  step of the checkout first on PYTHONPATH (its `_task`, `_inputs`,
+  `_train_fn`; `official_ext.assemblenet.benchmark` in older checkouts): READY
+  after one traced step, then one step per command."""
   memory_py = os.path.abspath(memory_lib.__file__)
   return f'''
 import importlib.util
@@ -361,31 +288,24 @@ def _step_child(checkout: str, batch: int, frames: int, size: int,
 def reference_checkout_speed(
     checkout: str, quick: bool, rounds: Optional[int] = None,
     make_child: Callable[..., Any] = _step_child) -> Dict[str, Any]:
-  """Training step of this checkout and of `checkout`, interleaved.
-
-  Two long-lived children (`memory_lib.StepChild`, built side by side), one
-  running this checkout's training step, one `checkout`'s, at the speed
-  sizes (2 x 16 x 112^2; quick: 1 x 4 x 32^2, each checkout's quick
-  network), each warmed up once; then `timing.interleaved_samples` over
-  their steps: `rounds` rounds (default 2 quick, 5 full), medians.
+  """Training step of this checkout and of `checkout`, each in a long-lived
+  child (`memory_lib.StepChild`), timed interleaved at the speed sizes.
 
   Args:
-    checkout: a directory holding another version of this repository (e.g.
-      `git worktree add /tmp/ref COMMIT`).
-    quick: the quick sizes and networks.
-    rounds: interleaved rounds.
+    checkout: the root of another checkout of this repository.
+    quick: the quick sizes and each checkout's quick network.
+    rounds: interleaved rounds (default 2 quick, 5 full).
     make_child: (checkout, batch, frames, size, quick, name) -> child with
       `wait_ready()`, `step()` and `close()` (tests pass fakes).
 
   Returns:
-    'checkout_train_sec_per_step' (this checkout, in its child),
-    'reference_checkout_train_sec_per_step', their samples, the reference's
-    path and `train_speedup_vs_reference_checkout` (reference / this).
+    'checkout_train_sec_per_step', 'reference_checkout_train_sec_per_step'
+    (medians), their samples, the reference's path and
+    'train_speedup_vs_reference_checkout' (reference / this).
 
   Raises:
     ValueError: `checkout` has no `official_ext` package, or a child imported
-      `official_ext` from elsewhere (PYTHONPATH did not take).
-  """
+      `official_ext` from elsewhere (PYTHONPATH did not take)."""
   checkout = os.path.abspath(checkout)
   if not os.path.isdir(os.path.join(checkout, 'official_ext')):
     raise ValueError(f'reference checkout {checkout}: no official_ext '
@@ -423,7 +343,7 @@ def reference_checkout_speed(
   }
 
 
-# The cases `run` measures ('model': every figure above; 'input_pipeline':
+# The cases `run` measures ('model': the network's figures; 'input_pipeline':
 # `assemblenet_input.run`, ours against Model Garden's video_input).
 CASES = ('model', 'input_pipeline')
 
@@ -433,30 +353,21 @@ def run(quick: bool = False, memory: bool = True,
         reference_checkout: Optional[str] = None,
         cases: Optional[Sequence[str]] = None,
         step_figures: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-  """Measures the figures described in the module docstring.
+  """The figures of docs/benchmarks.md#assemblenetlite, flat, sizes included.
 
   Args:
-    quick: `QUICK_STRUCTURE`, 2 flow iterations, tiny sizes (seconds), for
-      smoke tests.
-    memory: also run the 8 x 32 x 224^2 peak-RSS subprocess (minutes and
-      about 10 GB of RAM in the full run).
+    quick: `QUICK_STRUCTURE`, 2 flow iterations, tiny sizes (smoke tests).
+    memory: also run the peak-RSS child (minutes in the full run).
     reference: also time the original-width architecture.
     inference: also export the network and time its SavedModel.
-    reference_checkout: another checkout of this repository (e.g. an older
-      commit, to measure a change): its training step and this checkout's
-      are timed interleaved, each in a child process of its own
-      (`reference_checkout_speed`; before any model is built here).
+    reference_checkout: another checkout whose training step is timed beside
+      this one's (`reference_checkout_speed`).
     cases: which of `CASES` to measure (default all; CLI `--cases`).
-    step_figures: for the input pipeline's cores-to-feed figure when the
-      'model' case is not run: a recorded run's figures (the harness passes
-      the results file's).
-
-  Returns:
-    A flat dict of figures (see the module docstring); sizes are included.
+    step_figures: a recorded run's figures, for the input pipeline's
+      cores-to-feed figure when the 'model' case is not run.
 
   Raises:
-    ValueError: a case not in `CASES`, naming it.
-  """
+    ValueError: a case not in `CASES`, naming it."""
   cases = list(cases or CASES)
   unknown = [c for c in cases if c not in CASES]
   if unknown:
@@ -478,18 +389,7 @@ def _model_figures(quick: bool, memory: bool, reference: bool,
                    ) -> Dict[str, Any]:
   """The 'model' case of `run`: the figures of the module docstring."""
   out: Dict[str, Any] = {}
-  cx = dict(num_classes=157)
-  if quick:
-    cx.update(structure=QUICK_STRUCTURE,
-              blocks_per_level=QUICK_BLOCKS_PER_LEVEL,
-              edge_weights_given=False, stem_filters=8, head_filters=(16, 24))
-  out['gflops_per_clip'] = complexity.analyze(**cx).flops / 1e9
-  out['gflops_per_clip_original_width'] = complexity.analyze(
-      fusion_width_as_channels=True, **cx).flops / 1e9
   batch, frames, size = QUICK_SPEED if quick else FULL_SPEED
-  bench_flops = complexity.analyze(num_frames=frames, height=size, width=size,
-                                   **cx).flops / 1e9
-  out['gflops_per_clip_bench'] = bench_flops
   out['bench_size'] = f'{batch}x{frames}x{size}^2'
   if memory:  # first, while this process holds no model
     mb, mf, ms = QUICK_MEMORY if quick else FULL_MEMORY
@@ -502,6 +402,13 @@ def _model_figures(quick: bool, memory: bool, reference: bool,
         'malloc_mmap_threshold_bytes']
   if reference_checkout:
     out.update(reference_checkout_speed(reference_checkout, quick))
+  # Counted after the children above, which start before any model is built.
+  out['gflops_per_clip'] = clip_flops(32, 224, quick)['forward'] / 1e9
+  out['gflops_per_clip_original_width'] = clip_flops(
+      32, 224, quick, fusion_width_as_channels=True)['forward'] / 1e9
+  bench_flops = clip_flops(frames, size, quick, training=True)
+  out['gflops_per_clip_bench'] = bench_flops['forward'] / 1e9
+  out['train_gflops_per_clip_bench'] = bench_flops['train'] / 1e9
   out['conv3d_peak_gflops'] = conv3d_peak_gflops(quick)
   speed = _speed(quick, reference)
   b = speed['batch']
@@ -509,18 +416,19 @@ def _model_figures(quick: bool, memory: bool, reference: bool,
   out['train_clips_per_sec'] = b / speed['train']
   out['forward_sec_per_batch'] = speed['forward']
   out['train_sec_per_step'] = speed['train']
-  out['forward_model_gflops'] = bench_flops * b / speed['forward']
-  out['train_model_gflops'] = 3 * bench_flops * b / speed['train']
+  out['forward_model_gflops'] = out['gflops_per_clip_bench'] * b / speed[
+      'forward']
+  out['train_model_gflops'] = out['train_gflops_per_clip_bench'] * b / speed[
+      'train']
   if inference:
     inf = _inference(quick)
     ib = inf['batch']
     out['inference_size'] = f"{ib}x{inf['frames']}x{inf['size']}^2"
     out['inference_sec_per_batch'] = inf['sec']
     out['inference_clips_per_sec'] = ib / inf['sec']
-    # The flops of the clip the model scores (32 x 224^2 in the full run).
-    out['inference_gflops_per_clip'] = complexity.analyze(
-        num_frames=inf['frames'], height=inf['size'], width=inf['size'],
-        **cx).flops / 1e9
+    # The clip the model scores (32 x 224^2 in the full run).
+    out['inference_gflops_per_clip'] = clip_flops(
+        inf['frames'], inf['size'], quick)['forward'] / 1e9
     out['inference_model_gflops'] = (
         out['inference_gflops_per_clip'] * ib / inf['sec'])
   if reference:

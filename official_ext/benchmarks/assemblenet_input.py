@@ -1,35 +1,7 @@
-"""The AssembleNet++lite input pipeline against Model Garden's `video_input`.
-
-`benchmark assemblenet` case `input_pipeline` (`run`): JPEG-frame
-SequenceExample records (`write_records`: generated, textured frames of a
-256-pixel short side, enough frames for a 32-frame clip at stride 2; no
-download) are read to training batches by
-
-* ours: `official_ext.assemblenet.dataloader.build_dataset` with the
-  Kinetics experiment's training data settings (`training_params`: 32 x
-  224^2 clips, temporal stride 2, random resized crop, random flip, no
-  `aug_type`) and
-* Model Garden's: `official.vision.dataloaders.video_input` `Decoder`,
-  `Parser` and `PostBatchProcessor` with the same settings
-  (`model_garden_params`) through Model Garden's `InputReader`, as
-  `official.vision.tasks.video_classification` builds them,
-
-both over the same files, to float32 [batch, 32, 224, 224, 3] batches.
-
-"Per core" is measured, not divided by a guess: each measurement runs in a
-child process pinned to `cores` CPUs (`os.sched_setaffinity` before
-TensorFlow starts, so its thread pools are that size too), and both
-pipelines run with `private_threadpool_size = cores` and
-`max_intra_op_parallelism = 1` (`threading_options`). The two pipelines are
-timed in interleaved rounds in that child (`timing.interleaved_samples`,
-one call = one batch, each round at least `min_seconds`), so their ratio
-shares the machine's load; `clips_per_sec_per_core` is the rate over the
-cores the child had. `cores_to_feed_cpu_step` is how many such cores feed
-the CPU training step of the 32 x 224^2 clip: its rate is estimated from the
-recorded `benchmark assemblenet` run (`cpu_step_clips_per_sec`: the
-training step's achieved GFLOP/s at the benchmark's clip size over three
-forward passes of the 32 x 224^2 clip, `gflops_per_clip`).
-"""
+"""`benchmark assemblenet --cases input_pipeline`: our training input pipeline
+against Model Garden's `video_input` on the same generated JPEG-frame records
+and settings, clips/s per core in pinned child processes
+(docs/benchmarks.md#assemblenetlite)."""
 import os
 import tempfile
 from typing import Any, Dict, List, Optional, Sequence
@@ -81,19 +53,9 @@ def _frames(rng: np.random.Generator, frames: int, height: int, width: int
 def write_records(directory: str, videos: int, video_frames: int,
                   height: int, width: int, num_classes: int = 400,
                   seed: int = 0, **unused) -> List[str]:
-  """Writes `videos` JPEG-frame SequenceExamples into 2 TFRecord files.
-
-  Args:
-    directory: where the files go (created).
-    videos: records in all.
-    video_frames: frames per record (JPEG, quality 90).
-    height, width: frame size.
-    num_classes: labels are `i % num_classes`.
-    seed: the generator's seed.
-
-  Returns:
-    The files' paths.
-  """
+  """Writes `videos` JPEG-frame SequenceExamples (`video_frames` frames of
+  `height` x `width`, labels `i % num_classes`) into 2 TFRecord files under
+  `directory`; returns their paths."""
   del unused
   os.makedirs(directory, exist_ok=True)
   rng = np.random.default_rng(seed)
@@ -192,22 +154,20 @@ def measure(input_path: str, cores: int, rounds: int = 3,
             min_seconds: float = 5.0, warmup: int = 3,
             first_batches: Optional[Dict[str, Any]] = None,
             **sizes) -> Dict[str, Any]:
-  """Clips/s of both pipelines in this process, interleaved.
+  """Clips/s of both pipelines in this process, interleaved (one call = one
+  batch).
 
   Args:
     input_path: the records (`write_records`).
     cores: CPUs this process may use (the threading of both pipelines).
-    rounds, min_seconds, warmup: `timing.interleaved_samples`' (one call is
-      one batch).
+    rounds, min_seconds, warmup: `timing.interleaved_samples`'.
     first_batches: if given, gets each pipeline's first batch ({name:
-      (features, labels)}), e.g. to compare them.
+      (features, labels)}).
     **sizes: frames, size, stride, batch (`FULL`, `QUICK`).
 
   Returns:
-    {'ours_clips_per_sec', 'model_garden_clips_per_sec',
-     'ours_clips_per_sec_per_core', 'model_garden_clips_per_sec_per_core',
-     'speedup_vs_model_garden', 'cores', 'batch_shapes': {name: shape}}.
-  """
+    {'ours_clips_per_sec', 'model_garden_clips_per_sec', their `_per_core`,
+     'speedup_vs_model_garden', 'cores', 'batch_shapes': {name: shape}}."""
   batch = sizes['batch']
   its = {k: iter(ds) for k, ds in pipelines(input_path, cores,
                                             **sizes).items()}
@@ -251,13 +211,13 @@ def child_code(input_path: str, cores: int, sizes: Dict[str, Any],
 
 def cpu_step_clips_per_sec(figures: Dict[str, Any]) -> Optional[float]:
   """The CPU training step's clips/s at 32 x 224^2, from a full run's
-  `train_model_gflops` (the step's achieved rate at the benchmark's size)
-  and `gflops_per_clip` (one 32 x 224^2 clip's forward): rate / (3 x
-  GFLOP); None where the figures lack them."""
-  if not figures.get('train_model_gflops') or not figures.get(
-      'gflops_per_clip'):
+  clips/s at the benchmark's size scaled by the two clips' forward FLOPs;
+  None where the figures lack them."""
+  keys = ('train_clips_per_sec', 'gflops_per_clip_bench', 'gflops_per_clip')
+  if not all(figures.get(k) for k in keys):
     return None
-  return figures['train_model_gflops'] / (3 * figures['gflops_per_clip'])
+  return (figures['train_clips_per_sec'] * figures['gflops_per_clip_bench'] /
+          figures['gflops_per_clip'])
 
 
 def run(quick: bool = False, core_counts: Optional[Sequence[int]] = None,
@@ -269,18 +229,14 @@ def run(quick: bool = False, core_counts: Optional[Sequence[int]] = None,
   Args:
     quick: `QUICK` sizes (tiny records; one short round).
     core_counts: CPU counts to measure with (default: 1 and all of them).
-    step_figures: a `benchmark assemblenet` run's figures, for
-      `cpu_step_clips_per_sec` (default: none, no cores-to-feed figure).
-    in_process: measure in this process (unpinned; tests) instead of pinned
-      children.
-    first_batches: with `in_process`, gets the pipelines' first batches
-      (`measure`).
+    step_figures: a `benchmark assemblenet` run's figures, for the
+      cores-to-feed figure (`cpu_step_clips_per_sec`; none without them).
+    in_process: measure in this process (unpinned; tests), not in children.
+    first_batches: with `in_process`, gets the pipelines' first batches.
 
   Returns:
-    Flat figures: per core count N, `input_pipeline_{N}core_*` (see
-    `measure`); the 1-core ones also without the count, the sizes, and
-    `input_pipeline_cores_to_feed_cpu_step` where the step rate is known.
-  """
+    Per core count N, `input_pipeline_{N}core_*` (`measure`'s); the first
+    count's also without N; the sizes; the cores-to-feed figures."""
   sizes = dict(QUICK if quick else FULL)
   rounds, min_seconds = (1, 0.0) if quick else (3, 8.0)
   all_cores = len(os.sched_getaffinity(0))

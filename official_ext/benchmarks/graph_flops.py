@@ -1,34 +1,6 @@
-"""Analytic FLOPs counted from a traced TensorFlow graph's matmul shapes.
-
-`graph_flops(graph)` adds up the multiply-adds (2 FLOPs each) of the
-contractions of a `tf.Graph` (a traced `tf.function`'s): MatMul,
-BatchMatMul (V1-V3) and two-operand Einsum, read from the static shapes of
-their operands. Element-wise work, reductions and the optimizer's update are
-not counted (they are memory-bound, and the hand-written formulas of the
-benchmarks leave them out too). `train_step_flops` traces a task's training
-step on a batch (forward pass, losses and the gradients the step computes:
-TensorFlow computes no gradient with respect to an input that nothing
-trains, so neither does the count) and divides by the batch size.
-
-Only ops whose values are used count (those the function's outputs and
-control outputs depend on: what runs). Loops and conditionals are followed into the graphs `tf.while_loop` and
-`tf.cond` traced (`core.tf_internals.control_flow_graphs`): a loop body
-counts times its number of iterations where the trace fixes it: a static
-`maximum_iterations`, or a counter from a static start to a static bound (a
-Keras RNN, e.g. the starter's LSTM: one iteration per frame; its gradient
-loop runs as often as the forward loop did); a conditional counts once when
-its branches hold the same contractions.
-
-Contract: the count is exact for the ops it counts, or an error. A counted
-op with an unknown dimension, an Einsum it cannot read (an ellipsis, one or
-three operands), a convolution (not counted here: `assemblenet/modeling/
-complexity.py` counts AssembleNet's), a loop holding contractions whose
-number of iterations the trace does not fix, a conditional whose branches differ, or a
-contraction inside a function called otherwise (a nested `tf.function`,
-whose shapes the graph does not hold) raises a ValueError naming the op or
-function; a count is never silently low.
-"""
-from typing import Any, Callable, Dict
+"""FLOPs counted from a traced TensorFlow graph: the one FLOP counter of the
+benchmarks (what it counts: docs/benchmarks.md#how-flops-are-counted)."""
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf, tf_keras
@@ -38,55 +10,131 @@ from official_ext.core import tf_internals
 
 MATMULS = ('MatMul', 'BatchMatMul', 'BatchMatMulV2', 'BatchMatMulV3')
 EINSUM = 'Einsum'
-COUNTED = MATMULS + (EINSUM,)
-# Contractions this counter does not read: an error, never a zero.
-NOT_COUNTED = ('Conv2D', 'Conv3D', 'Conv2DBackpropInput',
-               'Conv2DBackpropFilter', 'Conv3DBackpropInputV2',
-               'Conv3DBackpropFilterV2', 'DepthwiseConv2dNative',
-               'DepthwiseConv2dNativeBackpropInput',
-               'DepthwiseConv2dNativeBackpropFilter')
+CONVOLUTIONS = ('Conv2D', 'Conv3D', 'DepthwiseConv2dNative')
+INPUT_GRADIENTS = ('Conv2DBackpropInput', 'Conv2DBackpropInputV2',
+                   'Conv3DBackpropInput', 'Conv3DBackpropInputV2',
+                   'DepthwiseConv2dNativeBackpropInput')
+FILTER_GRADIENTS = ('Conv2DBackpropFilter', 'Conv2DBackpropFilterV2',
+                    'Conv3DBackpropFilter', 'Conv3DBackpropFilterV2',
+                    'DepthwiseConv2dNativeBackpropFilter')
+COUNTED = MATMULS + (EINSUM,) + CONVOLUTIONS + INPUT_GRADIENTS + (
+    FILTER_GRADIENTS)
+CALLS = ('PartitionedCall', 'StatefulPartitionedCall')
+WHILE_OPS = ('While', 'StatelessWhile')
+IF_OPS = ('If', 'StatelessIf')
 
 
-def _dims(op, tensor) -> list:
-  """The static shape of `tensor` (an input or output of `op`)."""
-  dims = tensor.shape.as_list() if tensor.shape.rank is not None else None
+def _not_counted(op_type: str) -> bool:
+  """A convolution this counter does not read (fused, quantized, the generic
+  'Conv'): an error, never a zero."""
+  return op_type not in COUNTED and (
+      op_type == 'Conv' or 'Conv2D' in op_type or 'Conv3D' in op_type or
+      'DepthwiseConv' in op_type)
+
+
+class _Op:
+  """What the count reads of an op: type, name, attributes, static shapes."""
+
+  def __init__(self, op_type: str, name: str, attr: Callable[..., Any],
+               num_inputs: int, input_shape: Callable[[int], Any],
+               output_shape: Callable[[int], Any]):
+    self.type, self.name, self.attr = op_type, name, attr
+    self.num_inputs = num_inputs
+    self.input_shape, self.output_shape = input_shape, output_shape
+
+
+def _from_operation(op) -> _Op:
+  def attr(key, default=None):
+    try:
+      return op.get_attr(key)
+    except ValueError:
+      return default
+
+  def dims(tensor):
+    return tensor.shape.as_list() if tensor.shape.rank is not None else None
+
+  return _Op(op.type, op.name, attr, len(op.inputs),
+             lambda i: dims(op.inputs[i]), lambda i: dims(op.outputs[i]))
+
+
+def _proto_dims(shape) -> Optional[List[Optional[int]]]:
+  if shape.unknown_rank:
+    return None
+  return [d.size if d.size >= 0 else None for d in shape.dim]
+
+
+def _from_node(node, shape_of: Callable[[str], Any]) -> _Op:
+  """A NodeDef of a function, its shapes as `as_graph_def(add_shapes=True)`
+  recorded them."""
+  def attr(key, default=None):
+    if key not in node.attr:
+      return default
+    value = node.attr[key]
+    return getattr(value, value.WhichOneof('value'))
+
+  inputs = [i for i in node.input if not i.startswith('^')]
+  outputs = [_proto_dims(s) for s in node.attr['_output_shapes'].list.shape]
+  return _Op(node.op, node.name, attr, len(inputs),
+             lambda i: shape_of(inputs[i]),
+             lambda i: outputs[i] if i < len(outputs) else None)
+
+
+def _dims(op: _Op, dims) -> list:
   if dims is None or any(d is None for d in dims):
     raise ValueError(
         f'graph_flops: {op.type} op {op.name!r} has a tensor of unknown '
-        f'shape {tensor.shape}: trace with static shapes (a fixed batch).')
+        f'shape {dims}: trace with static shapes (a fixed batch; a nested '
+        'function keeps the shapes it was first traced with, e.g. those of a '
+        'model built for any batch).')
   return dims
 
 
-def _matmul_flops(op) -> int:
-  a = _dims(op, op.inputs[0])
-  out = _dims(op, op.outputs[0])
+def _size(dims) -> int:
+  return int(np.prod(dims, dtype=np.int64))
+
+
+def _positions(op: _Op, dims) -> int:
+  """Elements of a convolution's input or output tensor per channel."""
+  data_format = op.attr('data_format', b'NHWC')
+  if isinstance(data_format, bytes):
+    data_format = data_format.decode()
+  return _size(dims) // dims[1 if data_format.startswith('NC') else -1]
+
+
+def _flops(op: _Op) -> int:
+  """2 x the multiply-adds of one counted op."""
   if op.type == 'MatMul':
-    k = a[0] if op.get_attr('transpose_a') else a[1]
-  else:  # BatchMatMul*: [..., m, k] x [..., k, n] (adj_x: [..., k, m]).
-    k = a[-2] if op.get_attr('adj_x') else a[-1]
-  return 2 * int(np.prod(out, dtype=np.int64)) * k
-
-
-def _einsum_flops(op) -> int:
-  equation = op.get_attr('equation').decode()
-  inputs, _, _ = equation.partition('->')
-  terms = inputs.split(',')
-  if '.' in equation or len(terms) != 2 or len(op.inputs) != 2:
-    raise ValueError(f'graph_flops: Einsum op {op.name!r}: cannot count '
-                     f'{equation!r} (two operands without an ellipsis only).')
-  sizes = {}
-  for term, tensor in zip(terms, op.inputs):
-    dims = _dims(op, tensor)
-    if len(term) != len(dims):
-      raise ValueError(f'graph_flops: Einsum op {op.name!r}: {term!r} does '
-                       f'not match the operand shape {dims}.')
-    sizes.update(zip(term, dims))
-  # Every index, contracted or kept, is one loop of multiply-adds.
-  return 2 * int(np.prod(list(sizes.values()), dtype=np.int64))
-
-
-WHILE_OPS = ('While', 'StatelessWhile')
-IF_OPS = ('If', 'StatelessIf')
+    a = _dims(op, op.input_shape(0))
+    k = a[0] if op.attr('transpose_a', False) else a[1]
+    return 2 * _size(_dims(op, op.output_shape(0))) * k
+  if op.type in MATMULS:  # [..., m, k] x [..., k, n] (adj_x: [..., k, m]).
+    a = _dims(op, op.input_shape(0))
+    k = a[-2] if op.attr('adj_x', False) else a[-1]
+    return 2 * _size(_dims(op, op.output_shape(0))) * k
+  if op.type == EINSUM:
+    equation = op.attr('equation', b'')
+    equation = equation.decode() if isinstance(equation, bytes) else equation
+    terms = equation.partition('->')[0].split(',')
+    if '.' in equation or len(terms) != 2 or op.num_inputs != 2:
+      raise ValueError(f'graph_flops: Einsum op {op.name!r}: cannot count '
+                       f'{equation!r} (two operands without an ellipsis only).')
+    sizes = {}
+    for i, term in enumerate(terms):
+      dims = _dims(op, op.input_shape(i))
+      if len(term) != len(dims):
+        raise ValueError(f'graph_flops: Einsum op {op.name!r}: {term!r} does '
+                         f'not match the operand shape {dims}.')
+      sizes.update(zip(term, dims))
+    # Every index, contracted or kept, is one loop of multiply-adds.
+    return 2 * _size(list(sizes.values()))
+  # Convolutions: each output position (per channel) x the whole filter.
+  if op.type in CONVOLUTIONS:
+    return 2 * _positions(op, _dims(op, op.output_shape(0))) * _size(
+        _dims(op, op.input_shape(1)))
+  gradient = _dims(op, op.input_shape(2))  # The output's gradient.
+  if op.type in INPUT_GRADIENTS:
+    return 2 * _positions(op, gradient) * _size(_dims(op, op.input_shape(1)))
+  return 2 * _positions(op, gradient) * _size(_dims(op, op.output_shape(0)))
 
 
 def _called(node, attr_names=('f', 'body', 'cond', 'then_branch',
@@ -104,32 +152,80 @@ def _called(node, attr_names=('f', 'body', 'cond', 'then_branch',
   return names
 
 
-def _refuse_if_contracting(op, library) -> None:
-  """Raises if a function `op` calls (directly or through others) holds a
-  contraction, whose shapes the graph does not record."""
-  todo, seen = _called(op), set()
+def _refuse_if_contracting(op_type: str, op_name: str, called: list,
+                           library) -> None:
+  """Raises if a function an op calls (directly or through others) holds a
+  contraction: loops and conditionals inside a nested function are not
+  followed."""
+  todo, seen = list(called), set()
   while todo:
     name = todo.pop()
     if name in seen or name not in library:
       continue
     seen.add(name)
-    ops = sorted({n.op for n in library[name].node_def} &
-                 set(COUNTED + NOT_COUNTED))
+    ops = sorted({n.op for n in library[name].node_def
+                  if n.op in COUNTED or _not_counted(n.op)})
     if ops:
       raise ValueError(
-          f'graph_flops: the function {name!r} called by {op.type} op '
-          f'{op.name!r} holds {ops}, whose shapes the graph does not record: '
-          'trace without nested tf.functions around them (e.g. jit_compile '
-          'off).')
+          f'graph_flops: the function {name!r} called by {op_type} op '
+          f'{op_name!r} holds {ops}, which this counter does not follow '
+          'there (a loop or conditional inside a nested function).')
     for node in library[name].node_def:
       todo.extend(_called(node))
 
 
+def _add_function(name: str, caller: str, times: int,
+                  totals: Dict[str, int], library) -> None:
+  """Adds `times` x the contractions of the library function `name` (a
+  nested `tf.function`), read from the shapes it was traced with."""
+  if name not in library:
+    raise ValueError(f'graph_flops: {caller!r} calls {name!r}, which is not '
+                     "in the graph's function library.")
+  function = library[name]
+  args = [a.name for a in function.signature.input_arg]
+  arg_shapes = [_proto_dims(s)
+                for s in function.attr['_input_shapes'].list.shape]
+  nodes = {n.name: n for n in function.node_def}
+
+  def shape_of(ref: str):
+    parts = ref.split(':')
+    if len(parts) == 1:
+      i = args.index(ref)
+      return arg_shapes[i] if i < len(arg_shapes) else None
+    shapes = nodes[parts[0]].attr['_output_shapes'].list.shape
+    if len(shapes) != 1 or parts[-1] != '0':
+      raise ValueError(f'graph_flops: function {name!r}: cannot tell the '
+                       f'shape of {ref!r} (an op of several outputs).')
+    return _proto_dims(shapes[0])
+
+  todo = [r.split(':')[0] for r in function.ret.values()] + list(
+      function.control_ret.values())
+  live = set()
+  while todo:
+    node = todo.pop()
+    if node in live or node not in nodes:
+      continue
+    live.add(node)
+    todo.extend(i.lstrip('^').split(':')[0] for i in nodes[node].input)
+  for node in function.node_def:
+    if node.name not in live:
+      continue
+    if node.op in COUNTED:
+      flops = _flops(_from_node(node, shape_of))
+      totals[node.op] = totals.get(node.op, 0) + times * flops
+    elif _not_counted(node.op):
+      raise ValueError(f'graph_flops: {node.op} op {node.name!r} in function '
+                       f'{name!r}: not counted by this counter.')
+    elif node.op in CALLS:
+      _add_function(node.attr['f'].func.name, node.name, times, totals,
+                    library)
+    else:
+      _refuse_if_contracting(node.op, node.name, _called(node), library)
+
+
 def _live(graph) -> set:
   """The names of the ops that the outputs of `graph` (a function's graph)
-  and its control outputs (e.g. variable updates) depend on: the ops that
-  run. (Keras' RNN, for one, traces a step outside its loop only to learn
-  the output's shape.)"""
+  and its control outputs depend on: the ops that run."""
   todo = [t.op for t in graph.outputs] + list(
       getattr(graph, 'control_outputs', []))
   live = set()
@@ -172,11 +268,9 @@ def _static(tensor, loops: Dict[str, int]):
 
 
 def _trips(op, graphs, loops: Dict[str, int]):
-  """The number of iterations of While op `op`, where the trace fixes it:
-  its static `maximum_iterations` (input 1; -1: none), or the bound of a
-  condition `counter < bound` whose counter starts static and whose body
-  adds 1 to it, the bound static (or a loop variable the body passes on
-  unchanged), whichever is smaller; else None."""
+  """The number of iterations of While op `op` where the trace fixes it: a
+  static `maximum_iterations`, or a counter from a static start, adding 1,
+  run to a static bound (the smaller of the two); else None."""
   bounds = []
   maximum = tf.get_static_value(op.inputs[1])
   if maximum is not None and int(maximum) >= 0:
@@ -212,20 +306,20 @@ def _trips(op, graphs, loops: Dict[str, int]):
 
 def _add(graph: tf.Graph, times: int, totals: Dict[str, int],
          library, loops: Dict[str, int]) -> None:
-  """Adds `times` x the contractions of `graph` (and of the loops and
-  conditionals in it) to `totals`; `loops` collects each While op's number
-  of iterations."""
+  """Adds `times` x the contractions of `graph` (and of the loops,
+  conditionals and nested functions in it) to `totals`; `loops` collects
+  each While op's number of iterations."""
   live = _live(graph)
   for op in graph.get_operations():
     if op.name not in live:
       continue  # Its value is never used: pruned when the graph runs.
-    if op.type in NOT_COUNTED:
-      raise ValueError(f'graph_flops: {op.type} op {op.name!r}: '
-                       'convolutions are not counted by this counter.')
-    if op.type in MATMULS or op.type == EINSUM:
-      flops = _matmul_flops(op) if op.type in MATMULS else _einsum_flops(op)
-      totals[op.type] = totals.get(op.type, 0) + times * flops
+    if op.type in COUNTED:
+      totals[op.type] = totals.get(op.type, 0) + times * _flops(
+          _from_operation(op))
       continue
+    if _not_counted(op.type):
+      raise ValueError(f'graph_flops: {op.type} op {op.name!r}: not counted '
+                       'by this counter.')
     graphs = tf_internals.control_flow_graphs(op)
     if op.type in WHILE_OPS and graphs:
       body: Dict[str, int] = {}
@@ -256,31 +350,24 @@ def _add(graph: tf.Graph, times: int, totals: Dict[str, int],
             'which one runs is not known before the step runs.')
       for key, value in branches[0].items():
         totals[key] = totals.get(key, 0) + times * value
+    elif op.type in CALLS:
+      _add_function(_called(op, ('f',))[0], op.name, times, totals, library)
     else:
-      _refuse_if_contracting(op, library)
+      _refuse_if_contracting(op.type, op.name, _called(op), library)
 
 
 def graph_flops(graph: tf.Graph) -> Dict[str, int]:
-  """FLOPs of the contractions of `graph`, by op type.
-
-  Loops (`tf.while_loop`, Keras' RNNs and their gradients) count their
-  body times their number of iterations, where the trace fixes it
-  (`_trips`); a conditional counts its branches once when both hold the
-  same contractions.
+  """FLOPs (multiply-add = 2) of the contractions of `graph`, by op type.
 
   Args:
     graph: a traced graph (`tf.function(...).get_concrete_function().graph`)
       with static shapes.
 
-  Returns:
-    {op type: FLOPs (multiply-add = 2)} for each counted type present
-    (`COUNTED`).
-
   Raises:
-    ValueError: an op it cannot count (see the module docstring), naming it.
+    ValueError: naming an op or function it cannot count.
   """
-  library = {f.signature.name: f
-             for f in graph.as_graph_def().library.function}
+  library = {f.signature.name: f for f in
+             graph.as_graph_def(add_shapes=True).library.function}
   totals: Dict[str, int] = {}
   _add(graph, 1, totals, library, {})
   return totals
@@ -292,35 +379,40 @@ def function_flops(fn: Callable[[], Any]) -> int:
   return sum(graph_flops(graph).values())
 
 
-def train_step_flops(task, model: tf_keras.Model,
-                     batch: Dict[str, tf.Tensor]) -> float:
-  """FLOPs per example of `task.train_step` on `batch` (traced, not run).
+def forward_flops(model: tf_keras.Model, features: Any) -> int:
+  """FLOPs of `model(features, training=False)` with the stock ops."""
+  with kernel_policy.use(kernel_policy.resolve('stock')):
+    return function_flops(lambda: model(features, training=False))
 
-  The step is traced with the stock ops (kernel policy 'stock': the model's
-  computation, not a CPU fast path's matrix-vector batch-norm sums), without
-  XLA (`task.task_config.jit_compile` is False while it traces: the
-  compiled function's body is a nested function) and with plain SGD, whose
-  update holds no contraction.
 
-  Args:
-    task: a task with `train_step(inputs, model, optimizer, metrics)` and
-      `build_metrics`, and `task_config.jit_compile` (YT8M's).
-    model: its built model.
-    batch: a training batch of static shapes; its 'labels' give the batch
-      size (first dimension).
+def step_flops(task, model: tf_keras.Model, batch: Any,
+               training: bool = True) -> int:
+  """FLOPs of `task.train_step` (or `validation_step`) on `batch`.
 
-  Returns:
-    FLOPs per example (multiply-add = 2).
+  Traced, not run: the stock ops (no CPU fast path), without XLA (a
+  `jit_compile` task config is off while it traces) and, for training,
+  plain SGD, whose update holds no contraction.
   """
-  jit_compile = task.task_config.jit_compile
-  task.task_config.jit_compile = False
-  optimizer = tf_keras.optimizers.legacy.SGD(0.0)
-  metrics = task.build_metrics(training=True)
+  config = task.task_config
+  jit_compile = getattr(config, 'jit_compile', None)
+  if jit_compile is not None:
+    config.jit_compile = False
+  metrics = task.build_metrics(training=training)
+  if training:
+    sgd = tf_keras.optimizers.legacy.SGD(0.0)
+    fn = lambda: task.train_step(batch, model, sgd, metrics)
+  else:
+    fn = lambda: task.validation_step(batch, model, metrics)
   try:
     with kernel_policy.use(kernel_policy.resolve('stock')):
-      flops = function_flops(
-          lambda: task.train_step(batch, model, optimizer, metrics))
+      return function_flops(fn)
   finally:
-    task.task_config.jit_compile = jit_compile
-  return flops / int(batch['labels'].shape[0])
+    if jit_compile is not None:
+      config.jit_compile = jit_compile
 
+
+def train_step_flops(task, model: tf_keras.Model, batch: Any) -> float:
+  """`step_flops` of a training step per example (the labels' first
+  dimension; `batch` is a dict with 'labels' or a (features, labels) pair)."""
+  labels = batch['labels'] if isinstance(batch, dict) else batch[1]
+  return step_flops(task, model, batch) / int(labels.shape[0])

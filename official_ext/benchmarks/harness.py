@@ -1,23 +1,8 @@
-"""The benchmark harness behind `python -m official_ext.benchmark FAMILY`.
-
-Speed figures are measured in this process side by side with a reference
-(interleaved rounds, medians: `timing.interleaved_seconds`) because shared
-machines are noisy: trust the ratios; absolute numbers are printed too. The
-exception is AssembleNet++lite's TF1 original, which does not run in this
-process: its `*_vs_tf1_quoted` ratios compare with quoted timings, not a
-measurement. Each family module has `run(quick=False) -> figures` (a
-JSON-serializable dict) and may have `table(figures) -> str`, and
-`PROCESS_SETTINGS` ({variable: value}): the process settings a CPU training
-run of its family takes (`core.kernels.kernel_policy`, the ones `python -m official_ext.train`
-applies too), applied by `run` only where the process has not yet started
-TensorFlow's runtime (they take effect when it starts), and only where the
-user has not set the variable; the log says what was applied.
-
-Every run's figures carry `machine` (one line) and `environment` (where and
-when they were measured: `environment()`); written with `--json` into
-`RESULTS_DIR/<family>.json`, they are what `python -m official_ext.benchmark
-report` renders into docs/benchmarks.md (`benchmarks/report.py`).
-"""
+"""The harness behind `python -m official_ext.benchmark FAMILY`. A family module
+has `run(quick=False) -> figures` (JSON-serializable), may have `table(figures)
+-> str` and `PROCESS_SETTINGS` (a CPU training run's process settings, applied
+before TensorFlow's runtime starts where the user has not set them); every
+run's figures get `machine` and `environment`."""
 import datetime
 import importlib
 import inspect
@@ -94,16 +79,9 @@ def cpu_flags() -> List[str]:
 
 
 def environment(quick: bool = False) -> Dict[str, Any]:
-  """Where and when a run measured: CPU model and flags, cores, devices,
-  TensorFlow and Python versions, oneDNN kernels, UTC date, load.
-
-  Returns:
-    {'cpu_model': str, 'cpu_flags': [str], 'cores': int,
-     'cpu_devices': int, 'gpus': [str], 'onednn_cpu_kernels': bool,
-     'tensorflow': str, 'python': str, 'platform': str,
-     'date': 'YYYY-MM-DDTHH:MM:SSZ', 'loadavg': [1, 5, 15 min]
-     (how busy the machine was as the run ended), 'quick': bool}.
-  """
+  """Where and when a run measured: {'cpu_model', 'cpu_flags', 'cores',
+  'cpu_devices', 'gpus', 'onednn_cpu_kernels', 'tensorflow', 'python',
+  'platform', 'date' (UTC), 'loadavg' (as the run ended), 'quick'}."""
   from official_ext.core.kernels import kernel_policy  # pylint: disable=g-import-not-at-top
   gpus = tf.config.list_physical_devices('GPU')
   return {
@@ -152,13 +130,9 @@ def run(family: str, quick: bool = False,
         previous: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """Runs `family`'s benchmark; its figures plus 'machine'.
 
-  `reference_checkout` (another checkout of this repository, timed beside
-  this one) is passed to families whose `run` takes it (assemblenet);
-  `tpu` (the TPU address) to the accelerator benchmark; `cases` (some of
-  the family's `CASES`) to families that have cases (assemblenet, readout,
-  yt8m), with
-  `previous` (the family's recorded figures) as their `step_figures`.
-  """
+  `reference_checkout`, `tpu` and `cases` go to the families whose `run`
+  takes them, with `previous` (the family's recorded figures) as their
+  `step_figures`."""
   module = family_module(family)
   options = {}
   if cases:
@@ -194,13 +168,10 @@ RUN_KEYS = ('machine', 'environment', 'command')
 
 def merge_cases(previous: Dict[str, Any], figures: Dict[str, Any],
                 cases: List[str]) -> Dict[str, Any]:
-  """A results file's figures with a run of some cases merged in.
-
-  The run's figures replace the recorded ones of the same key; its machine,
-  environment and command are kept under `<case>_machine`, ... for each
-  case it ran, so the recorded run's stay what they were, except with the
-  'model' case (the figures without a case prefix), whose run they are.
-  """
+  """A results file's figures with a run of some cases merged in: the run's
+  figures replace those of the same key, and its machine, environment and
+  command are kept as `<case>_machine`, ... (the 'model' case's as the file's
+  own)."""
   named = [c for c in cases if c != 'model']
   merged = dict(previous)
   for key, value in figures.items():

@@ -1,22 +1,7 @@
-"""Child processes of the benchmarks: peak host memory, and steps on command.
-
-Peak host memory of a step is measured in a child process of its own.
-
-A process's resident-set high-water mark (`ru_maxrss`) only grows, so a
-figure for one variant needs a fresh process: the family module writes a
-`python -c` program that prints one line `RESULT {json}` (its figures, e.g.
-`peak_rss_gb()`, or `step_peak_mb(step)`), and `run_child` runs it and
-returns that dict. Linux reports `ru_maxrss` in KiB.
-
-`step_peak_mb` measures one call alone: it resets the kernel's high-water
-mark first (`/proc/self/clear_refs`, Linux >= 4.0), so what tracing, data
-generation or earlier steps touched does not hide the call's own peak.
-
-`StepChild` is a long-lived child that builds a step once (e.g. from another
-checkout of this repository, whose code cannot share this process) and then
-runs one step per `step()` call, so that the parent can time several code
-versions interleaved (`timing.interleaved_samples` over their `step`s).
-"""
+"""Child processes of the benchmarks: a step's peak host memory, each variant in
+a fresh process (the high-water mark `ru_maxrss` only grows; the child prints
+`RESULT {json}`), and `StepChild`, a child that runs one step per command so
+that several code versions are timed interleaved."""
 import json
 import os
 import resource
@@ -46,16 +31,13 @@ def _status_kib(field: str) -> int:
 
 
 def step_peak_mb(step: Callable[[], Any]) -> float:
-  """How far one call of `step` raises this process's resident memory, MiB.
-
-  Resets the peak RSS (writes 5 to `/proc/self/clear_refs`), reads the
-  current RSS, calls `step` (which must wait for its results) and returns
-  the new peak (`VmHWM`) minus that RSS.
+  """How far one call of `step` (which must wait for its results) raises this
+  process's resident memory, MiB: the peak is reset first
+  (`/proc/self/clear_refs`, Linux), so earlier work does not hide it.
 
   Raises:
     RuntimeError: /proc/self/clear_refs or /proc/self/status cannot be used
-      (not Linux), naming the file.
-  """
+      (not Linux), naming the file."""
   try:
     with open('/proc/self/clear_refs', 'w') as f:
       f.write('5')
@@ -73,21 +55,13 @@ def result_line(figures: Dict[str, Any]) -> str:
 
 
 def run_child(code: str, timeout: int = 3600) -> Dict[str, Any]:
-  """Runs `python -c code` and returns the dict of its last `RESULT` line.
-
-  Args:
-    code: a program that prints `result_line(figures)`.
-    timeout: seconds before the child is killed.
-
-  Returns:
-    The child's figures plus `children_max_rss_gb` (the largest peak RSS of
-    this process's children so far, GiB: the child's own figure, as the
-    kernel saw it).
+  """Runs `python -c code` (which prints `result_line(figures)`) and returns
+  the dict of its last `RESULT` line, plus `children_max_rss_gb` (the largest
+  peak RSS of this process's children so far, GiB).
 
   Raises:
     RuntimeError: the child failed or printed no `RESULT` line; the message
-      has its exit code and the end of its stderr.
-  """
+      has its exit code and the end of its stderr."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   proc = subprocess.run([sys.executable, '-c', code], capture_output=True,
                         text=True, env=env, timeout=timeout, check=False)
@@ -106,23 +80,17 @@ def run_child(code: str, timeout: int = 3600) -> Dict[str, Any]:
 class StepChild:
   """A long-lived `python -c code` child that runs one step per command.
 
-  The protocol, one line each way: the child builds its step (and warms it
-  up), then prints `READY {json}`; for every `step` line it reads on stdin it
-  runs one step to completion and prints `DONE {json}` (e.g. the step's
-  loss); it exits when stdin closes. Anything else it prints is ignored.
-
-  `step()` blocks until the child's `DONE` line, so a parent timing
-  `child.step` with `timing.interleaved_samples` times the child's step plus
-  two pipe lines (well under a millisecond): children of different code
-  versions are then timed interleaved, in one run.
+  Protocol, one line each way: the child builds (and warms up) its step and
+  prints `READY {json}`; for each `step` line on its stdin it runs one step to
+  completion and prints `DONE {json}`; it exits when stdin closes; other
+  output is ignored. `step()` blocks until `DONE`.
 
   Args:
-    code: the child's program (see the protocol).
+    code: the child's program.
     name: what error messages call the child.
     env: extra environment variables (e.g. PYTHONPATH of another checkout).
     cwd: the child's working directory.
-    timeout: seconds to wait for READY (building, warm-up).
-  """
+    timeout: seconds to wait for READY."""
 
   def __init__(self, code: str, name: str,
                env: Optional[Dict[str, str]] = None,
@@ -199,20 +167,13 @@ class StepChild:
 def step_child_loop(build: Callable[[], Tuple[Callable[[], Dict[str, Any]],
                                                 Dict[str, Any]]],
                     lines: Optional[Iterable[str]] = None) -> None:
-  """The child side of `StepChild`: builds, prints READY, steps on command.
-
-  This module imports only the standard library, so a child running another
-  checkout's code can load this file by its path and call this function.
-
-  Args:
-    build: builds the step; returns (step, ready): `step()` runs one step to
-      completion and returns a JSON-serializable dict (the DONE line),
-      `ready` is the READY line's dict.
-    lines: the commands (default: stdin, until it closes).
+  """The child side of `StepChild` (this module imports only the standard
+  library: another checkout's child loads it by path). `build()` returns
+  (step, ready): `step()` runs one step and returns the DONE line's dict,
+  `ready` is the READY line's; `lines`: the commands (default stdin).
 
   Raises:
-    ValueError: a command other than `step`.
-  """
+    ValueError: a command other than `step`."""
   step, ready = build()
   print(READY_PREFIX + json.dumps(ready), flush=True)
   for line in (sys.stdin if lines is None else lines):

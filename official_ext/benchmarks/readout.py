@@ -1,47 +1,7 @@
-"""Readout throughput and memory: padded vs chained (varlen) queries.
-
-Two sections. The readout layer alone (`run_heads`, the `padded_*` /
-`varlen_*` figures): the same queries (same embeddings, same routing ids,
-same heads) are routed once as a padded batch `[B, n_out, dim]` (padding to
-the batch's longest sample, rounded up to a multiple of 8, padding id 0) and
-once chained `[N, dim]` with a batch index, each under `tf.function`, in
-this process. Query counts per sample are skewed (most samples short, a few
-long), as in neural-decoding data, so padding is a large share of the padded
-batch. Throughput counts real (non-padding) query rows per second; the
-outputs of the two paths are checked equal before timing. The two are timed
-interleaved (`timing.interleaved_seconds`: one warm-up call each, 3 rounds,
-each sample at least `min_seconds` of back-to-back calls; medians).
-
-The whole model (`run_model`, the `model_*` figures): token embedding,
-encoder, query decoder and heads, timed as the forward and backward pass of
-training (the task's losses, `ReadoutTask.compute_losses`, and the gradients
-of every variable; no optimizer update, which is the same for both
-batchings) on one batch of demo trials (`demo_data.generate_trials`: the
-demo's query mix, 11-26 queries per trial) with the demo's encoder (hidden
-64, 4 heads, 2 layers, intermediate 128; `MODEL`), batched by the dataloader
-both ways (padded: to the batch's longest trial, rounded up to 8; varlen:
-chained). The outputs, losses and gradients of the two are checked equal
-before timing. Timed with them: the part both share, the token embedding
-and the encoder forward and backward (`encoder_step_fn`); its share of the
-padded step bounds what chaining the queries can gain
-(`model_varlen_speedup_bound`: padded step / encoder part, the speed-up if
-the chained step's queries cost nothing). Rates are real query rows per second; `quick` runs the steps
-eagerly (tracing them is most of a smoke test's time). Peak memory: each variant runs in a
-child process of its own (`memory.run_child`), which traces the step and
-runs it once on the first `WARMUP_TRIALS` trials (the function and its graph
-optimizations exist then); `model_<variant>_step_peak_mb` is how far the
-step on the whole batch then raises the resident memory above what the
-process held before it (`memory.step_peak_mb`: the peak reset first, MiB).
-
-Spike tokens (`run_spike_tokens`, the `spike_*` figures; case
-`spike_tokens`): a training step of a unit-token model (every spike a token,
-`model.tokenization: unit_tokens`) at a recording's size, `SPIKES`: 200
-units x 1 s windows at ~20 Hz, batch 64, a Perceiver encoder of 128
-latents; tokens per second and the memory the step adds, padded against
-chained queries (input tokens are padded in both).
-
-    python -m official_ext.benchmark readout [--quick] [--cases model,spike_tokens]
-"""
+"""`python -m official_ext.benchmark readout`: padded against chained (varlen)
+queries, for the readout layer alone, the whole model's training step on demo
+trials, and a unit-token model on spike windows (case `spike_tokens`); speed
+and memory (docs/benchmarks.md#multitask-readout)."""
 import os
 import tempfile
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence
@@ -77,18 +37,13 @@ QUICK = Size(batch=8, max_queries=16, dim=16)
 
 
 def run_heads(quick: bool = False) -> Dict[str, Any]:
-  """Measures the readout layer, padded vs varlen; returns the figures.
-
-  Args:
-    quick: `QUICK` sizes and short timings (a smoke test, seconds) instead
-      of `FULL`.
+  """The readout layer, padded vs varlen (`QUICK` sizes and short timings with
+  `quick`, else `FULL`).
 
   Returns:
-    {'padded_rows_per_sec', 'varlen_rows_per_sec', 'varlen_speedup'
-     (varlen / padded), 'num_samples', 'num_queries', 'padded_rows',
-     'padding_fraction', 'dim', 'max_queries'}: rates are real query rows
-    per second (medians), counts are ints.
-  """
+    {'padded_rows_per_sec', 'varlen_rows_per_sec' (real query rows, medians),
+     'varlen_speedup' (varlen / padded), 'num_samples', 'num_queries',
+     'padded_rows', 'padding_fraction', 'dim', 'max_queries'}."""
   rng = np.random.default_rng(0)
   batch, max_queries, dim = QUICK if quick else FULL
   min_seconds = 0.05 if quick else 1.0
@@ -199,13 +154,10 @@ def _signature(batch: Dict[str, tf.Tensor]) -> Dict[str, tf.TensorSpec]:
 
 
 def step_fn(task: task_lib.ReadoutTask, model, batch, traced: bool = True):
-  """Forward and backward as in training: a `tf.function` traced for the
-  batch's keys and dtypes at any size (`traced`), or the eager function.
-
-  `step(batch)` -> (outputs {task: [rows, dim]}, the replica's total loss
-  (`task.compute_losses`), its gradients w.r.t. `model.trainable_variables`).
-  No optimizer update: it would be the same for both batchings.
-  """
+  """Forward and backward as in training, no optimizer update: `step(batch)`
+  -> (outputs {task: [rows, dim]}, the total loss (`task.compute_losses`), its
+  gradients w.r.t. `model.trainable_variables`); a `tf.function` traced for
+  any batch size (`traced`), else eager."""
 
   def step(inputs):
     with tf.GradientTape() as tape:
@@ -220,13 +172,9 @@ def step_fn(task: task_lib.ReadoutTask, model, batch, traced: bool = True):
 
 
 def encoder_step_fn(model, batch, traced: bool = True):
-  """The part of `step_fn`'s step that both batchings share: the token
-  embedding and the encoder, forward and backward (of the sum of the
-  encoded tokens), on the batch's inputs.
-
-  `step(batch)` -> (that sum, its gradients w.r.t. the embedding's and the
-  encoder's variables).
-  """
+  """The part of `step_fn` both batchings share, the token embedding and the
+  encoder: `step(batch)` -> (the sum of the encoded tokens, its gradients
+  w.r.t. the embedding's and the encoder's variables)."""
   variables = (model.token_embedding.trainable_variables +
                model.encoder.trainable_variables)
 
@@ -259,14 +207,8 @@ def first_trials(batch: Dict[str, tf.Tensor], n: int
 
 def _step_memory(task: task_lib.ReadoutTask, model,
                  batch: Dict[str, tf.Tensor]) -> Dict[str, Any]:
-  """The memory one whole-batch training step (`step_fn`) takes.
-
-  A warm-up step on the first `WARMUP_TRIALS` trials first (tracing,
-  one-time allocations), then `memory_lib.step_peak_mb` of the whole batch.
-
-  Returns:
-    {'loss': the whole batch's loss, 'step_peak_mb'}.
-  """
+  """{'loss', 'step_peak_mb'} of one whole-batch training step, after a warm-up
+  step on the first `WARMUP_TRIALS` trials."""
   step = step_fn(task, model, batch)
   timing.block(step(first_trials(batch, WARMUP_TRIALS)))
   results = []
@@ -301,25 +243,18 @@ def memory_child_code(batching: str, quick: bool) -> str:
 
 
 def run_model(quick: bool = False, memory: bool = True) -> Dict[str, Any]:
-  """Measures the whole model, padded vs varlen (module docstring).
-
-  Args:
-    quick: `QUICK_MODEL` sizes, eager steps timed once each.
-    memory: also measure each variant's peak memory in a child process.
+  """The whole model's training step on demo trials, padded vs varlen, timed
+  interleaved with the encoder part both share; `quick`: `QUICK_MODEL`
+  sizes, eager steps timed once; `memory`: each variant's peak memory in a
+  child process.
 
   Returns:
-    {'model_padded_rows_per_sec', 'model_varlen_rows_per_sec',
-     'model_varlen_speedup' (varlen / padded), 'model_num_samples',
-     'model_num_queries', 'model_padded_rows', 'model_padding_fraction',
-     'model_hidden_size', 'model_input_tokens',
-     'model_encoder_share_of_padded', 'model_varlen_speedup_bound'} and,
-    with `memory`, 'model_<batching>_step_peak_mb'.
+    'model_*' figures (docs/benchmarks.md#multitask-readout).
 
   Raises:
     AssertionError: the two batchings hold different queries, or give
       different outputs, losses or gradients; the encoder part leaves a
-      variable without a gradient.
-  """
+      variable without a gradient."""
   task = model_task(quick)
   size = QUICK_MODEL if quick else MODEL
   model = task.build_model()
@@ -377,28 +312,19 @@ def run_model(quick: bool = False, memory: bool = True) -> Dict[str, Any]:
 
 
 class SpikeSize(NamedTuple):
-  """The spike-token case: a batch of windows of one recording's spikes.
-
-  Attributes:
-    batch: windows (samples) per batch.
-    units: units of the recording (the unit vocabulary).
-    window_seconds: length of a window.
-    mean_rate_hz: the units' mean firing rate (each unit's rate log-normal
-      around it, std 0.5 of the log).
-    num_latents: the Perceiver encoder's latents.
-    hidden_size, num_heads, num_layers, intermediate_size: the encoder.
-    queries_per_second: continuous (`wheel_speed`) queries per second of
-      window, plus one `choice` query per window.
-  """
-  batch: int
-  units: int
+  """The spike-token case: a batch of windows of one recording's spikes."""
+  batch: int  # Windows (samples) per batch.
+  units: int  # Units of the recording (the unit vocabulary).
   window_seconds: float
+  # The units' mean firing rate; each unit's is log-normal around it (std
+  # 0.5 of the log).
   mean_rate_hz: float
-  num_latents: int
+  num_latents: int  # The Perceiver encoder's latents.
   hidden_size: int
   num_heads: int
   num_layers: int
   intermediate_size: int
+  # `wheel_speed` queries per second of window; plus one `choice` query.
   queries_per_second: int
 
 
@@ -441,10 +367,9 @@ def spike_vocabulary(quick: bool) -> vocabulary_lib.Vocabulary:
 
 def spike_records(quick: bool, vocabulary: vocabulary_lib.Vocabulary,
                   seed: int = 0) -> List[bytes]:
-  """`batch` serialized windows of Poisson spikes, one token a spike (value
-  1, its unit id, its time from the window start, in time order), with
-  `wheel_speed` queries every 1/queries_per_second s and one `choice`
-  query; targets drawn at random (the case measures speed)."""
+  """`batch` serialized windows of Poisson spikes (one token a spike, in time
+  order), with `wheel_speed` queries every 1/queries_per_second s and one
+  `choice` query; random targets."""
   size = QUICK_SPIKES if quick else SPIKES
   rng = np.random.default_rng(seed)
   rates = size.mean_rate_hz * np.exp(rng.normal(-0.125, 0.5, size.units))
@@ -510,27 +435,16 @@ def spike_memory_child_code(batching: str, quick: bool) -> str:
 
 def run_spike_tokens(quick: bool = False, memory: bool = True
                      ) -> Dict[str, Any]:
-  """Measures a training step on spike tokens, padded vs chained queries.
-
-  The model reads unit tokens (`model.tokenization: unit_tokens`): every
-  spike of `SPIKES.units` units over a `window_seconds` window is a token
-  (value 1, unit and session embeddings, its time), encoded by a
-  Perceiver encoder of `num_latents` latents. The forward pass, the task's
-  losses and every gradient (`step_fn`, no optimizer update) are timed
-  interleaved with the queries padded and chained (input tokens are padded
-  to the batch's longest window in both); the two batchings' losses and
-  gradients are checked equal first.
+  """A unit-token model's training step on spike windows (`SPIKES`; every
+  spike a token, a Perceiver encoder), queries padded vs chained (input tokens
+  padded in both), timed interleaved after their losses and gradients are
+  checked equal.
 
   Returns:
-    {'spike_<batching>_tokens_per_sec' (real spike tokens a second),
-     'spike_<batching>_sec_per_step', 'spike_varlen_speedup',
-     'spike_num_samples', 'spike_units', 'spike_window_seconds',
-     'spike_mean_rate_hz', 'spike_num_latents', 'spike_hidden_size',
-     'spike_tokens' (real tokens in the batch), 'spike_padded_tokens'
-     (batch x padded length), 'spike_token_padding_fraction',
-     'spike_num_queries'} and, with `memory`,
-    'spike_<batching>_step_peak_mb' (each in a fresh child process).
-  """
+    'spike_*' figures: per batching tokens/s (real spike tokens) and s per
+    step, 'spike_varlen_speedup', the sizes, real and padded token counts,
+    'spike_num_queries' and, with `memory`, 'spike_<batching>_step_peak_mb'
+    (each in a fresh child process)."""
   size = QUICK_SPIKES if quick else SPIKES
   with tempfile.TemporaryDirectory() as folder:
     task, model, batches = _spike_setup(quick, folder)
@@ -580,20 +494,17 @@ CASES = ('model', 'spike_tokens')
 def run(quick: bool = False, memory: bool = True,
         cases: Optional[Sequence[str]] = None,
         step_figures: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-  """The readout layer's figures (`run_heads`) and the whole model's
-  (`run_model`, memory children with `memory`): case 'model'; a training
-  step on spike tokens (`run_spike_tokens`): case 'spike_tokens'.
+  """Case 'model' (`run_heads` and `run_model`) and case 'spike_tokens'
+  (`run_spike_tokens`).
 
   Args:
     quick: tiny sizes.
     memory: also run the memory children.
     cases: which of `CASES` to measure (default all; CLI `--cases`).
-    step_figures: the recorded figures a run of some cases is merged into
-      (by the harness); unused.
+    step_figures: unused (the harness passes the recorded figures).
 
   Raises:
-    ValueError: a case not in `CASES`, naming it.
-  """
+    ValueError: a case not in `CASES`, naming it."""
   del step_figures  # The cases measure independently.
   cases = list(cases or CASES)
   unknown = [c for c in cases if c not in CASES]

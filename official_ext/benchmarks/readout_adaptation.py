@@ -1,45 +1,7 @@
-"""Adapting a pretrained unit-token readout model to a new recording.
-
-    python -m official_ext.benchmark readout_adaptation \
-        --json benchmarks/results/readout_adaptation.json
-    python -m official_ext.benchmark report   # tables in README, docs; plot
-
-The field's claim (POYO, torch_brain): a model pretrained over many
-recordings adapts to a new one with few trials, by learning only the new
-recording's unit and session embeddings with everything else frozen ("unit
-identification"), then fine-tuning the whole model. Measured here on
-generated data (`readout.demo_data`, unit tokens: sessions that share latent
-dynamics but differ in unit count, gains and tuning), through the project's
-train API (`official_ext.train.run`), every run in a folder of its own:
-
-1. pretraining: the `readout_units_demo` experiment on its training
-   sessions (`Size.pretrain_steps` steps);
-2. for each count n of `Size.trial_counts` training trials of the held-out
-   session (`readout_units_finetune_demo`, its first n training trials),
-   three arms with the same budget of steps and the same model:
-   (a) `pretrained`: `task.init_checkpoint` = the pretrained model, every
-   module frozen but the held-out session's unit and session rows and the
-   Perceiver latents (`configs.UNIT_IDENTIFICATION_FREEZE`, as POYO+) for
-   the first `Size.identification_steps` steps, then every module trained
-   (`task.unfreeze_step`) up to `Size.adaptation_steps`;
-   (a') `identification`: the same, frozen for all `Size.adaptation_steps`
-   steps (unit identification alone);
-   (b) `scratch`: the same experiment from a fresh initialisation, every
-   module trained for `Size.adaptation_steps` steps;
-   each evaluated on the held-out session's test trials (the experiment's
-   validation split, the same trials for every arm and count): per-task
-   primary metric and `average/score`.
-
-Both unit-token variants (`model.unit_token_variant`) run steps 1 and 2,
-each pretrained on its own: 'poyo' (the default) gives arms (a), (a'),
-(b); 'session_per_token' (its unit identification freezes the latents too)
-gives (c), (c'), (d). Every run starts from the same random seed.
-
-`run` returns the figures (JSON); `table` and `summary_table` render them
-(docs/readout.md, README.md: `report.BLOCKS`), `plot` draws the curves
-(`PLOTS`: docs/readout_adaptation.png). The arms' scores are what one seed
-measured, not a tuned result.
-"""
+"""`python -m official_ext.benchmark readout_adaptation`: a unit-token model
+pretrained over many generated recordings, adapted to a held-out one with few
+trials (unit identification, then fine-tuning) against training from scratch;
+the protocol and the arms: docs/readout.md (adapting to a new recording)."""
 import os
 import tempfile
 from typing import Any, Callable, Dict, IO, List, NamedTuple, Optional, Sequence, Tuple
@@ -101,26 +63,17 @@ def _arms(figures: Dict[str, Any]) -> List[str]:
 
 
 class Size(NamedTuple):
-  """The sizes of a run.
-
-  Attributes:
-    trial_counts: training trials of the held-out session, one adaptation
-      per count and arm.
-    pretrain_steps: training steps of the pretraining run.
-    identification_steps: arm (a)'s steps with everything but the new
-      unit and session rows frozen (`task.unfreeze_step`), before it
-      fine-tunes every module.
-    adaptation_steps: every arm's training steps on the held-out session.
-    batch_size: trials per training batch of the adaptation runs
-      (pretraining keeps its experiment's).
-    overrides: further overrides of both experiments (model and data
-      sizes).
-  """
+  """The sizes of a run."""
+  # Training trials of the held-out session: one adaptation per count and arm.
   trial_counts: Tuple[int, ...]
   pretrain_steps: int
+  # Arm (a)'s steps of unit identification (`task.unfreeze_step`).
   identification_steps: int
-  adaptation_steps: int
+  adaptation_steps: int  # Every arm's training steps on the held-out session.
+  # Trials per training batch of the adaptation runs (pretraining keeps its
+  # experiment's).
   batch_size: int
+  # Further overrides of both experiments (model and data sizes).
   overrides: Tuple[Tuple[str, Any], ...] = ()
 
 
@@ -375,13 +328,10 @@ def run(quick: bool = False, work_dir: Optional[str] = None,
     size: sizes other than `QUICK` / `FULL`.
 
   Returns:
-    {'trial_counts': [n], 'tasks': [[task, primary metric]],
-     'pretrain_sessions', 'held_out_session', 'held_out_units',
-     'test_trials', 'steps': {'pretrain', 'identification', 'adaptation'},
-     'batch_size', 'seed', 'freeze': {variant: [module]}, and per arm of
-     `ARMS` {str(n): {score name: value}}}; score names `<task>/<metric>`
-     (each task's primary metric) and `average/score`.
-  """
+    The run's description ('trial_counts', 'tasks', sessions, 'steps',
+    'batch_size', 'seed', 'freeze') and per arm of `ARMS` {str(n): {score
+    name: value}}, score names `<task>/<metric>` (each task's primary
+    metric) and `average/score`."""
   size = size or (QUICK if quick else FULL)
   if work_dir is not None:
     return _run(size, work_dir)

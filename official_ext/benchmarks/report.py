@@ -1,33 +1,8 @@
-"""docs/benchmarks.md, generated from the benchmark JSON.
-
-    python -m official_ext.benchmark report [--results_dir DIR] [--output FILE]
-                                            [--check]
-
-Every figure of the page comes from the JSON files in the results folder
-(`harness.RESULTS_DIR`, `benchmarks/results/` at the repository root): one
-file per family, `<family>.json`, written by `python -m
-official_ext.benchmark FAMILY --json benchmarks/results/FAMILY.json` (the
-latest run), plus `accelerator.json` where an accelerator run was recorded.
-The page is never edited by hand: `render` is a pure function of those
-files, and `tests/benchmarks/test_report.py` checks that docs/benchmarks.md
-equals it byte for byte.
-
-Hand-written pages hold generated blocks too (`BLOCKS`): a block between
-`<!-- NAME: generated ... -->` and `<!-- /NAME -->` in README.md or a docs
-page is rendered from a results file (e.g. the readout adaptation curves'
-table, from `readout_adaptation.json`; the tables of every YouTube-8M model,
-`zoo_block` and `zoo_demos_block`, from `yt8m.json`), and the same command rewrites it (`--check`
-compares; the rest of those pages is prose); a module's `PLOTS` ({page-relative PNG path: function(figures,
-path)}) are drawn from the same file.
-
-A family file holds the figures its module's `run` returns plus `machine`
-(one line), `environment` (`harness.environment`: CPU model and flags,
-cores, devices, TensorFlow version, UTC date, quick sizes or not) and
-`command`. `accelerator.json` is a dict with `machine` (a line or a dict)
-and one entry per family (a dict of figures; nested dicts are flattened to
-dotted keys), any other top-level value being read as a property of the
-machine; each family renders as a table of its figures.
-"""
+"""docs/benchmarks.md and the generated blocks of README.md and docs/, rendered
+from the benchmark JSON in `harness.RESULTS_DIR` (one `<family>.json` per
+family, `accelerator.json`, `accelerator_xla.json`, `xla_steps.json`): a pure
+function of those files, never edited by hand (`tests/benchmarks/
+test_report.py` compares them byte for byte)."""
 import json
 import os
 import re
@@ -54,20 +29,13 @@ ORDER = ('yt8m', 'assemblenet', 'readout')
 
 
 class Block(NamedTuple):
-  """A generated block of a hand-written page.
-
-  Attributes:
-    page: the page, relative to the repository (or `--pages_root`).
-    name: the block's marker name.
-    family: the results file (`<family>.json`, a key of `harness.FAMILIES`)
-      it is rendered from.
-    render: the function that renders it, `render(figures) -> markdown`
-      (figures: the family's results file), or the name of such a function
-      of the family's benchmark module.
-  """
-  page: str
-  name: str
-  family: str
+  """A generated block of a hand-written page: the lines between
+  `<!-- NAME: generated ... -->` and `<!-- /NAME -->`."""
+  page: str  # Relative to the repository (or `--pages_root`).
+  name: str  # The marker's NAME.
+  family: str  # The results file it is rendered from: `<family>.json`.
+  # `render(figures) -> markdown`, or the name of such a function of the
+  # family's benchmark module.
   render: Union[str, Callable[[Dict[str, Any]], str]]
 
 _HEADER = f"""\
@@ -98,10 +66,32 @@ up better than the absolute rates. Peak memory is measured in a child process of
 (`runtime.kernel_policy: auto`, [architecture](architecture.md#kernel-policy-stock-ops-or-fast-paths)),
 as a CPU training run does.
 
+- [How FLOPs are counted](#how-flops-are-counted)
 - [YouTube-8M](#youtube-8m)
 - [AssembleNet++lite](#assemblenetlite)
 - [Multitask readout](#multitask-readout)
 - [GPUs and TPUs](#gpus-and-tpus)
+
+## How FLOPs are counted
+
+Every analytic FLOP figure (GFLOP per example or clip, achieved GFLOP/s, the XLA manifest's
+FLOPs per step) is counted by one counter from the step's traced TensorFlow graph
+(`official_ext/benchmarks/graph_flops.py`): 2 FLOPs per multiply-add of the matmuls, einsums and
+convolutions that run (their gradients included), traced with the stock ops (no CPU fast path)
+and without XLA. Element-wise work, reductions and the optimizer's update are not counted (they
+are memory-bound). The ops whose values nothing uses are left out, as TensorFlow prunes them: a
+training step needs no gradient with respect to its input features or clips. A step with gradient
+checkpointing (`recompute_grad: true`) counts the forward passes it recomputes: the work the device
+does, not the model's alone. A loop counts its
+body times its number of iterations where the trace fixes it (a static `maximum_iterations`, or
+a counter run to a static bound: a Keras RNN, once per frame, its gradient loop as often); a
+conditional counts once when both branches hold the same work; a nested `tf.function` (e.g.
+AssembleNet++lite's XLA-compiled representation flow) counts with the shapes it was traced with,
+so AssembleNet++lite is counted on a model built for the batch's exact clip shape. What it cannot
+read (an unknown dimension, a loop without a static count, branches that differ, a fused or
+quantized convolution) is an error naming the op, never a count that is silently low. Hand
+formulas from the layer shapes (`tests/benchmarks/flop_formulas.py`: DBoF + MoE, NeXtVLAD,
+AssembleNet++lite) agree with the count exactly, at tiny and at published sizes.
 """
 
 _INTROS = {
@@ -110,14 +100,12 @@ Training step, fp32, Adam, an in-memory batch; ours and Model Garden's
 `official.projects.yt8m.modeling.yt8m_model.VideoClassificationModel` are both driven by
 `YT8MTask.train_step`, Model Garden's as it runs on CPU (no XLA), its L2 regularization added
 through `model.losses` as Model Garden's YT8M task does; Model Garden + XLA is a second
-reference. `speedup` is Model Garden's step time over ours. The analytic FLOPs count only the
-work a training step needs (`yt8m.train_flops_per_example`: no gradient with respect to the
-frame features); the achieved rate is given as a fraction of the fp32 matmul peak measured at the
-start of the run and of a 3072 × 3072 matmul timed in the step's own rounds (steadier where the
-machine's speed drifts). The NeXtVLAD step runs the `yt8m_nextvlad` model at its published size
-(FLOPs from the layer shapes, `yt8m.nextvlad_train_flops_per_example`; no reference runs beside
-it: the authors' code is TF1). The input pipeline reads TFRecords into batches of the
-published size. `metrics.evaluate` (GAP, mAP, hit@1, PERR) is timed on 100,000 × 3,862
+reference. `speedup` is Model Garden's step time over ours. The analytic FLOPs are the training
+step's ([how they are counted](#how-flops-are-counted)); the achieved rate is given as a fraction
+of the fp32 matmul peak measured at the start of the run and of a 3072 × 3072 matmul timed in the
+step's own rounds (steadier where the machine's speed drifts). The NeXtVLAD step runs the
+`yt8m_nextvlad` model at its published size (no reference runs beside it: the authors' code is
+TF1). The input pipeline reads TFRecords into batches of the published size. `metrics.evaluate` (GAP, mAP, hit@1, PERR) is timed on 100,000 × 3,862
 predictions against the straightforward reference, run on 2,000 videos and scaled. The process
 runs with TensorFlow's BFC CPU allocator for both models (`TF_CPU_ALLOCATOR_USE_BFC=true`, set
 by the harness unless you set it), as `official_ext.train` runs YT8M experiments on CPU.
@@ -126,14 +114,14 @@ by the harness unless you set it), as `official_ext.train` runs YT8M experiments
 The published network (Charades experiment: 157 classes, peer attention, published edge
 weights), float32, one device. Forward pass and training step (`AssembleNetTask.train_step`,
 SGD with momentum) at the benchmark's clip size, timed interleaved with the original-width
-variant (`fusion_width_as_channels`, the TF1 code's fusion). GFLOP/s count a training step as
-three forward passes (`modeling/complexity.py`). Inference is the exported SavedModel
-(`serving_default`, uint8 frames → probabilities, with its preprocessing) loaded back into the
-process. Peak host RAM is that of a child process that builds the network with gradient
-checkpointing (`recompute_grad: true`) and runs one training step; the child fixes glibc's mmap
-threshold as CPU training does (`MALLOC_MMAP_THRESHOLD_`, a kernel-policy fast path). The TF1
-original does not run here: the `tf1_quoted` figures are its timings quoted from another
-machine, not a measurement beside ours.
+variant (`fusion_width_as_channels`, the TF1 code's fusion). GFLOP/s are the forward pass's and
+the training step's FLOPs per clip ([how they are counted](#how-flops-are-counted)) over their
+time. Inference is the exported SavedModel (`serving_default`, uint8 frames → probabilities,
+with its preprocessing) loaded back into the process. Peak host RAM is that of a child process
+that builds the network with gradient checkpointing (`recompute_grad: true`) and runs one
+training step; the child fixes glibc's mmap threshold as CPU training does
+(`MALLOC_MMAP_THRESHOLD_`, a kernel-policy fast path). The TF1 original does not run here: the
+`tf1_quoted` figures are its timings quoted from another machine, not a measurement beside ours.
 
 The input pipeline (`input_pipeline_*`, `--cases input_pipeline`): generated JPEG-frame
 SequenceExample records (256-pixel short side, 72 frames) read to training batches of 32 × 224²
@@ -144,12 +132,14 @@ process pinned to 1 core (and one pinned to all cores), both with that many tf.d
 one thread per op; clips/s per core is the rate over the child's cores. Ours decodes only the
 crop window of each sampled frame and fuses the truncation, flip and scaling in one XLA loop; the
 values equal Model Garden's for the same crop and flip. `cores_to_feed_cpu_step`: the CPU
-training step's clips/s at 32 × 224² (the step's achieved GFLOP/s at the benchmark size over
-three forward passes of that clip) over ours per core.
+training step's clips/s at 32 × 224² (its clips/s at the benchmark size scaled by the two clips'
+forward FLOPs) over ours per core.
 """,
     'readout': """\
 The readout layer alone: the same queries routed as a padded batch and chained (`varlen`), rates
-in real (non-padding) query rows per second, the outputs checked equal before timing. The whole
+in real (non-padding) query rows per second, the outputs checked equal before timing. Query counts
+per sample are skewed (most samples short, a few long, as in neural-decoding data); a padded
+batch pads to its longest sample, rounded up to a multiple of 8. The whole
 model (`model_*`): token embedding, encoder, query decoder and heads on a batch of demo trials,
 forward pass, the task's losses and every gradient (no optimizer update), padded against chained;
 `model_varlen_speedup_bound` is the speed-up if the chained queries cost nothing (the padded step
@@ -207,6 +197,8 @@ _LABELS: Dict[str, Sequence[_Row]] = {
         ('gflops_per_clip_original_width',
          'analytic GFLOP per 32 × 224² clip, original width', _f(1)),
         ('gflops_per_clip_bench', 'analytic GFLOP per benchmark clip', _f(2)),
+        ('train_gflops_per_clip_bench',
+         'analytic GFLOP per benchmark clip, training step', _f(2)),
         ('inference_size', 'inference batch (batch × frames × pixels²)', _s),
         ('inference_clips_per_sec', 'inference (SavedModel), clips/s', _f(3)),
         ('inference_sec_per_batch', 'inference, s per batch', _f(3)),
@@ -572,12 +564,27 @@ def _xla_steps_section(figures: Optional[Dict[str, Any]]) -> str:
   return '\n'.join(out)
 
 
+_ACCELERATOR_INTRO = f"""\
+`{COMMAND} accelerator` loads each case (YT8M DBoF + MoE, NeXtVLAD, AssembleNet++lite on
+Kinetics clips, the readout model) with its shipped GPU or TPU YAML (precision, loss scaling,
+model settings, per-replica batch), builds its strategy over every visible accelerator and times
+the task's own `train_step` under `strategy.run` on an in-memory batch (the input pipeline is not
+timed): `examples_per_sec`, `gflops_per_example` (counted from the traced step; absent, with
+`flops_not_counted` saying why, where the counter cannot read it) and `achieved_tflops`,
+`peak_memory_gb` (the largest device peak), and the kernel policy the run took. For families with
+fast paths the same step is timed under `runtime.kernel_policy: fast` as well (`fast_vs_stock`):
+the measurement the policy asks for before a fast path is taken on an accelerator. Without a GPU
+or TPU the command says so and exits non-zero.
+"""
+
+
 def _accelerator_section(data: Optional[Dict[str, Any]],
                          xla: Optional[Dict[str, Any]] = None,
                          xla_steps: Optional[Dict[str, Any]] = None) -> str:
   out = ['## GPUs and TPUs', '', _XLA_INTRO.rstrip(), '', xla_section(xla),
          _xla_steps_section(xla_steps),
-         '### TensorFlow on GPUs and TPUs', '']
+         '### TensorFlow on GPUs and TPUs', '', _ACCELERATOR_INTRO.rstrip(),
+         '']
   if data is None:
     out += [
         'No figures of TensorFlow itself on a GPU or TPU were recorded: its '

@@ -1,11 +1,6 @@
-"""The one timing helper of `official_ext.benchmarks`: interleaved rounds.
-
-The machines this runs on are shared and noisy, so every comparison times the
-candidates in alternating rounds in one process and reports medians; the
-ratio of two medians measured side by side is the figure to trust. Every
-benchmark module times through `interleaved_samples` (or its median,
-`interleaved_seconds`); nothing else here calls a clock around a step.
-"""
+"""The one timing helper of the benchmarks: candidates timed in alternating
+rounds in one process, medians (`interleaved_samples`, `interleaved_seconds`);
+nothing else here calls a clock around a step."""
 import statistics
 import time
 from typing import Callable, Dict, List, Mapping, Sequence
@@ -27,26 +22,19 @@ def interleaved_samples(candidates: Mapping[str, Callable[[], object]],
                         rounds: int = 5, calls_per_round: int = 1,
                         warmup: int = 2, min_seconds: float = 0.0
                         ) -> Dict[str, List[float]]:
-  """Seconds per call of each candidate, one sample per round, interleaved.
-
-  First every candidate is called `warmup` times, untimed (tracing,
-  autotuning). Then, `rounds` times, each candidate in turn (in the order of
-  `candidates`) is timed once: it is called `calls_per_round` times, and
-  again until `min_seconds` have passed, and its last output is waited for
-  (`block`); the sample is the elapsed time divided by the number of calls.
+  """Seconds per call of each candidate, one sample per round, interleaved:
+  after `warmup` untimed calls of each, every round times each candidate in
+  turn over `calls_per_round` calls and more until `min_seconds` passed, its
+  last output waited for (`block`).
 
   Args:
-    candidates: name -> zero-argument callable (one step); what it returns is
-      waited for with `block` (tensors, nests of tensors, or plain values).
-    rounds: rounds (>= 1); each round times every candidate once.
-    calls_per_round: calls per sample, at least (>= 1).
-    warmup: untimed calls of each candidate before the first round (>= 0).
-    min_seconds: a sample keeps calling until this many seconds have passed
-      (0: exactly `calls_per_round` calls).
+    candidates: name -> zero-argument callable (one step).
+    rounds, calls_per_round: >= 1.
+    warmup: untimed calls of each candidate first (>= 0).
+    min_seconds: a sample's least duration (0: exactly `calls_per_round`).
 
   Returns:
-    name -> list of `rounds` samples, seconds per call, in round order.
-  """
+    name -> `rounds` samples, seconds per call, in round order."""
   if rounds < 1 or calls_per_round < 1 or warmup < 0:
     raise ValueError(f'interleaved timing needs rounds >= 1, calls_per_round '
                      f'>= 1 and warmup >= 0; got rounds={rounds}, '
@@ -74,18 +62,8 @@ def interleaved_seconds(candidates: Mapping[str, Callable[[], object]],
                         rounds: int = 5, calls_per_round: int = 1,
                         warmup: int = 2, min_seconds: float = 0.0
                         ) -> Dict[str, float]:
-  """Median seconds per call of each candidate (`interleaved_samples`).
-
-  Args:
-    candidates: name -> zero-argument callable (one step).
-    rounds: rounds; each round times every candidate once in turn.
-    calls_per_round: calls per timing, at least (their mean is one sample).
-    warmup: untimed calls of each candidate first (tracing, autotuning).
-    min_seconds: each timing keeps calling until this many seconds passed.
-
-  Returns:
-    name -> median seconds per call.
-  """
+  """Median seconds per call of each candidate (`interleaved_samples`, whose
+  arguments these are)."""
   samples = interleaved_samples(candidates, rounds=rounds,
                                 calls_per_round=calls_per_round,
                                 warmup=warmup, min_seconds=min_seconds)
@@ -114,13 +92,9 @@ def matmul_peak_gflops(sizes: Sequence[int] = (2048, 3072), repeats: int = 8
 
 
 def matmul_candidate(n: int = 3072) -> Callable[[], tf.Tensor]:
-  """One [n, n] x [n, n] fp32 tf.matmul (`matmul_flops(n)`), as a candidate.
-
-  Timed in the same interleaved rounds as a step, its median rate is the
-  matmul rate of the moments the step was timed in: on a shared machine
-  whose speed drifts between the start of a run (`matmul_peak_gflops`) and
-  a step's rounds, the step's fraction of that rate is the steadier figure.
-  """
+  """One [n, n] x [n, n] fp32 tf.matmul, as a candidate: timed in a step's
+  rounds, the matmul rate of the moments the step was timed in (steadier on a
+  machine whose speed drifts than `matmul_peak_gflops` at the run's start)."""
   a = tf.random.uniform([n, n])
   b = tf.random.uniform([n, n])
   return tf.function(lambda: tf.matmul(a, b))

@@ -433,41 +433,18 @@ def describe(value: np.ndarray, store_all: bool) -> Dict[str, Any]:
   return {**spec, 'kind': 'normal', 'mean': float(mean), 'std': float(std)}
 
 
-def _step_flops(built: Built, case: XlaCase, step: str) -> Dict[str, Any]:
-  """Analytic FLOPs of one step (the family's counter) and where they come
-  from; None with the counter's reason where it cannot count."""
+def _step_flops(built: Built, step: str) -> Dict[str, Any]:
+  """FLOPs of one step, counted from its traced graph (`graph_flops`); None
+  with the counter's reason where it cannot count."""
   batch = built.batches[step]
-  if case.family == 'assemblenet':
-    data = built.params.task.validation_data
-    if step == 'train':
-      flops = accelerator.flops_per_example(built.params)
-    else:
-      flops = (accelerator.flops_per_example(built.params, data) / 3 *
-               data.num_test_clips * data.num_test_crops)
-    return {'flops_per_step': flops * built.examples[step],
-            'flops_source': 'assemblenet/modeling/complexity.py (forward '
-                            'of each view; training: 3 x forward)'}
-  config = built.task.task_config
-  jit = getattr(config, 'jit_compile', None)
-  if jit is not None:
-    config.jit_compile = False
   try:
-    with kernel_policy.use(kernel_policy.resolve('stock')):
-      if step == 'train':
-        sgd = tf_keras.optimizers.legacy.SGD(0.0)
-        metrics = built.task.build_metrics(training=True)
-        fn = lambda: built.task.train_step(batch, built.model, sgd, metrics)
-      else:
-        metrics = built.task.build_metrics(training=False)
-        fn = lambda: built.task.validation_step(batch, built.model, metrics)
-      flops = graph_flops.function_flops(fn)
+    flops = graph_flops.step_flops(
+        built.task, accelerator.counting_model(built.task, batch, built.model),
+        batch, training=step == 'train')
   except ValueError as e:
     return {'flops_per_step': None, 'flops_source': f'not counted: {e}'}
-  finally:
-    if jit is not None:
-      config.jit_compile = jit
   return {'flops_per_step': float(flops),
-          'flops_source': 'benchmarks/graph_flops.py (the step\'s matmuls)'}
+          'flops_source': 'benchmarks/graph_flops.py (the traced step)'}
 
 
 def step_arguments(built: Built, fn, batch, case: str, step: str
@@ -570,7 +547,7 @@ def export_one(folder: str, case: XlaCase, quick: bool, precision: str,
     built = build(case, quick, precision)
     for step in steps:
       entries.append(export_step(built, case, step, precision, folder,
-                                 values, _step_flops(built, case, step)))
+                                 values, _step_flops(built, step)))
       logging.info('Exported %s (%d arguments).', entries[-1]['name'],
                    len(entries[-1]['arguments']))
   values.write(folder)
@@ -595,12 +572,8 @@ def export(folder: str, quick: bool = False,
            steps: Sequence[str] = STEPS,
            isolate: Optional[bool] = None) -> Dict[str, Any]:
   """Exports `cases` (default all) into `folder`; returns the manifest.
-
-  With `quick` (tiny sizes) every argument's values travel; at the
-  published sizes large floating arrays travel as recipes (`describe`).
-  With `isolate` (the default at published sizes) each case and precision
-  is built in a child process, so no process holds more than one model.
-  """
+  `isolate` (default: at published sizes) builds each case and precision in
+  a child process, so that no process holds more than one model."""
   unknown = set(cases or ()) - set(case_names())
   if unknown:
     raise ValueError(f'Unknown case(s) {sorted(unknown)}; the cases are '

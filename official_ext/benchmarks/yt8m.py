@@ -1,62 +1,7 @@
-"""YT8M section of `python -m official_ext.benchmark yt8m`.
-
-Figures (all measured in one process; every time goes through
-`timing.interleaved_seconds`, speeds side by side with their reference):
-
-* training step examples/sec of our model vs Model Garden's
-  `official.projects.yt8m.modeling.yt8m_model.VideoClassificationModel` (the
-  part of Model Garden's YT8M project that ships in the pip release) at the
-  same sizes, optimizer, dtype and in-memory batch, both driven by
-  `YT8MTask.train_step` (Model Garden's own YT8M task does not import from
-  the pip release); for Model Garden's model that step adds the L2
-  regularization through `model.losses` as Model Garden's task does
-  (`analytic_l2_gradient=False`), ours computes it outside XLA. Model
-  Garden's model runs as Model Garden runs it on CPU (no XLA;
-  `runtime.enable_xla` only applies with GPUs), and with XLA as an extra
-  reference;
-* analytic FLOPs per example (only work a training step needs: no gradient
-  w.r.t. the frame features), achieved GFLOP/s and fraction of the fp32
-  matmul peak measured in the same run (`peak_fraction`: of the fastest
-  matmul sample at the start of the run), and of a [3072, 3072] matmul timed
-  in the step's own interleaved rounds (`interleaved_matmul_fraction`, its
-  median rate `interleaved_matmul_gflops`: steadier where the machine's
-  speed drifts during a run);
-* the NeXtVLAD training step (`yt8m_nextvlad`: NeXtVLAD + logistic
-  classifier, padding masked) at the published size: examples/sec, analytic
-  FLOPs per example from the layer shapes and fraction of the same matmul
-  peak (no reference implementation runs here: the authors' code is TF1);
-* the input pipeline: examples/sec from TFRecord files to batches;
-* `metrics.evaluate` on 100,000 x 3,862 predictions vs the straightforward
-  reference (`metrics_reference`) on a 2,000-video slice, scaled.
-
-Those are the 'model' case (the default). The 'zoo' case (`--cases zoo`,
-`zoo`) measures every registered YouTube-8M model, found by the experiment
-naming (`yt8m_<model>` and `yt8m_<model>_demo`; `yt8m` / `yt8m_demo` is
-DBoF + MoE), so that a model registered later gets its row without a change
-here: trainable parameters and the training step's GFLOP per video at the
-published size (`graph_flops.train_step_flops`: counted from the traced
-step, which agrees with the hand formulas above, a test checks), and the
-published-size step's examples/sec and fraction of the matmul peak
-(`bench_step`; for the model Model Garden has, DBoF + MoE of the `yt8m`
-config, `bench_train_step`: ours beside Model Garden's). The 'zoo_demos'
-case (`zoo_demos`) trains and evaluates every model's demo by
-`official_ext.train.run` on the same generated videos for the same budget of
-training videos (`zoo_demo_budget`: `yt8m_demo`'s own schedule), each in a
-child process; its table adds the published figures (`PUBLISHED_GAP`), not
-ours. `zoo_table` and `zoo_demos_table` render them; `benchmark report`
-writes those tables into docs/benchmarks.md and generated blocks of
-docs/yt8m.md.
-
-The process runs with TensorFlow's BFC CPU allocator (`PROCESS_SETTINGS`, a
-fast path of `core.kernels.kernel_policy` on CPUs, applied by the harness as by `train`;
-`figures['cpu_allocator']` says which allocator a run had):
-with the default allocator every large tensor (the 85 M-float MoE gradient,
-XLA's buffers of [batch x frames, cluster] activations) is fresh memory from
-the kernel each step, and ~16 % of the published-size step was spent in page
-faults zeroing it (perf). Both models, ours and Model Garden's, run
-in the same process, so both get it (it sped each up by 1.2-1.3x; the
-speed-up between them is unchanged).
-"""
+"""`python -m official_ext.benchmark yt8m`: case 'model' (our DBoF + MoE step
+beside Model Garden's, NeXtVLAD, the input pipeline, the metrics), 'zoo'
+(every registered YouTube-8M model's published-size step) and 'zoo_demos'
+(every model's demo trained to the same budget); docs/benchmarks.md#youtube-8m."""
 import dataclasses
 import os
 import tempfile
@@ -83,7 +28,7 @@ from official_ext.yt8m import task as yt8m_task  # pylint: disable=unused-import
 
 
 # Settings of a `benchmark yt8m` process: those a CPU training run of the
-# family takes (module docstring).
+# family takes (the BFC CPU allocator).
 PROCESS_SETTINGS = kernel_policy.cpu_process_env('yt8m')
 
 
@@ -105,21 +50,6 @@ PUBLISHED = Size('published', batch=32, frames=300, cluster=3000, hidden=2000,
                  mixtures=5, classes=3862)
 TINY = Size('tiny', batch=8, frames=8, cluster=32, hidden=32, mixtures=2,
             classes=20)
-
-
-def train_flops_per_example(size: Size) -> float:
-  """FLOPs one training example needs (multiply-add = 2 FLOPs).
-
-  Forward and weight gradients of the three matmul groups (cluster
-  [F, K] per frame, hidden [K, H], MoE gate + expert [H, C(2M+1)]) plus the
-  input gradients the backward pass needs (into the hidden and MoE layers).
-  Not counted: the gradient w.r.t. the frame features (nothing uses it),
-  batch norm / activations / pooling (O(T·K), < 1 % here), the optimizer.
-  """
-  t, f, k, h = size.frames, size.features, size.cluster, size.hidden
-  moe = h * size.classes * (2 * size.mixtures + 1)
-  cluster = 2 * t * f * k
-  return 2 * cluster + 3 * 2 * k * h + 3 * 2 * moe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,34 +81,6 @@ NEXTVLAD_TINY = NextVladSize(
     feature_sizes=(24, 8))
 
 
-def nextvlad_train_flops_per_example(size: NextVladSize) -> float:
-  """FLOPs one NeXtVLAD training example needs (multiply-add = 2 FLOPs).
-
-  Per stream of N features (λN = expansion x N, N' = λN / G, T frames):
-  the expansion [N, λN] per frame, forward and weight gradient only (no
-  gradient w.r.t. the frame features); forward, weight and input gradients
-  (x3) of the group attention [λN, G] and the assignment [λN, G K] per
-  frame and of the aggregation (T G x K by T G x N' contraction, gradients
-  w.r.t. both operands). Then x3 for the hidden layer [Σ N' K, H], the SE
-  gate's two [H, H / r] layers and the classifier [H, C]. Not counted:
-  batch norm, softmax, normalization and other element-wise work, the
-  optimizer.
-  """
-  t = size.frames
-  flops = 0
-  vlad_width = 0
-  for n, k, g in zip(size.feature_sizes, size.cluster_sizes, size.groups):
-    wide = size.expansion * n
-    flops += 2 * (2 * t * n * wide)
-    flops += 3 * (2 * t * wide * g + 2 * t * wide * g * k)
-    flops += 3 * (2 * t * g * k * (wide // g))
-    vlad_width += wide // g * k
-  h = size.hidden
-  flops += 3 * 2 * (vlad_width * h + 2 * h * (h // size.gating_reduction) +
-                    h * size.classes)
-  return flops
-
-
 def build_nextvlad_task(size: NextVladSize):
   """A `YT8MTask` of the 'yt8m_nextvlad' experiment at `size`."""
   params = exp_factory.get_exp_config('yt8m_nextvlad')
@@ -204,9 +106,10 @@ def bench_nextvlad_train_step(size: NextVladSize, peak_gflops: float,
   """Examples/sec of the NeXtVLAD training step at `size` (XLA, padding
   masked: every video has all `size.frames` frames)."""
   task = build_nextvlad_task(size)
-  return bench_step(task, task.build_model(), make_batch(size),
-                    nextvlad_train_flops_per_example(size), peak_gflops,
-                    _matmul_size(size), rounds=rounds)
+  model, batch = task.build_model(), make_batch(size)
+  return bench_step(task, model, batch,
+                    graph_flops.train_step_flops(task, model, batch),
+                    peak_gflops, _matmul_size(size), rounds=rounds)
 
 
 def bench_step(task, model: tf_keras.Model, batch: Dict[str, tf.Tensor],
@@ -218,8 +121,7 @@ def bench_step(task, model: tf_keras.Model, batch: Dict[str, tf.Tensor],
   Returns:
     {'examples_per_sec', 'gflops_per_example', 'achieved_gflops',
      'peak_fraction' (of `peak_gflops`), 'interleaved_matmul_gflops',
-     'interleaved_matmul_fraction'}.
-  """
+     'interleaved_matmul_fraction'}."""
   step = _step_fn(task, model, batch)
   seconds = timing.interleaved_seconds(
       {'step': step, 'matmul': timing.matmul_candidate(matmul_n)},
@@ -290,13 +192,10 @@ def _step_fn(task, model, batch):
 
 
 def make_batch(size, seed: int = 0) -> Dict[str, tf.Tensor]:
-  """A random in-memory training batch at `size` (a Size or NextVladSize).
-
-  Returns:
-    {'video_matrix': float32 [batch, frames, features] (dequantized uint8),
-     'num_frames': int32 [batch] (all `frames`), 'labels': float32
-     [batch, classes] with 3 positives per video}.
-  """
+  """A random in-memory training batch at `size` (a Size or NextVladSize):
+  {'video_matrix': float32 [batch, frames, features] (dequantized uint8),
+  'num_frames': int32 [batch], 'labels': float32 [batch, classes], 3
+  positives a video}."""
   rng = np.random.default_rng(seed)
   x = dataloader.dequantize(tf.constant(rng.integers(
       0, 256, [size.batch, size.frames, size.features], dtype=np.uint8)))
@@ -320,14 +219,15 @@ def bench_train_step(size: Size, peak_gflops: float, rounds: int = 5
   plain_task.analytic_l2_gradient = False
   xla_task = build_task(size, jit_compile=True)
   xla_task.analytic_l2_gradient = False
+  ours_model = ours_task.build_model()
+  flops = graph_flops.train_step_flops(ours_task, ours_model, batch)
   steps = {
-      'ours': _step_fn(ours_task, ours_task.build_model(), batch),
+      'ours': _step_fn(ours_task, ours_model, batch),
       'reference': _step_fn(plain_task, model_garden_model(size), batch),
       'reference_xla': _step_fn(xla_task, model_garden_model(size), batch),
       'matmul': timing.matmul_candidate(_matmul_size(size)),
   }
   seconds = timing.interleaved_seconds(steps, rounds=rounds)
-  flops = train_flops_per_example(size)
   ours = size.batch / seconds['ours']
   achieved = ours * flops / 1e9
   return {
@@ -444,36 +344,21 @@ QUICK_DEMO_VIDEOS = 16
 
 @dataclasses.dataclass(frozen=True)
 class ZooModel:
-  """A model of the zoo: its published-size and demo experiments.
-
-  Attributes:
-    name: the model's name: `<model>` of `yt8m_<model>`; 'dbof' for `yt8m`.
-    published: the published-size experiment.
-    demo: its demo experiment (`<published>_demo`).
-  """
-  name: str
-  published: str
-  demo: str
+  """A model of the zoo: its published-size and demo experiments."""
+  name: str  # `<model>` of `yt8m_<model>`; 'dbof' for `yt8m`.
+  published: str  # The published-size experiment.
+  demo: str  # Its demo experiment, `<published>_demo`.
 
 
 @dataclasses.dataclass(frozen=True)
 class PublishedGap:
   """A YouTube-8M GAP its authors published for a model of the zoo (not
-  ours; on the real dataset, not the demo's videos).
-
-  Attributes:
-    gap: the published GAP.
-    model: the published model, as its source names it.
-    evaluation: where it was evaluated (a validation partition, a
-      leaderboard).
-    dataset: the dataset version (its year and number of classes).
-    source: the paper or page, and where in it.
-  """
+  ours; on the real dataset, not the demo's videos)."""
   gap: float
-  model: str
-  evaluation: str
-  dataset: str
-  source: str
+  model: str  # The published model, as its source names it.
+  evaluation: str  # Where: a validation partition, a leaderboard.
+  dataset: str  # The dataset version: its year and number of classes.
+  source: str  # The paper or page, and where in it.
 
 
 _NEXTVLAD_PAPER = 'Lin, Xiao, Fan: "NeXtVLAD", ECCV 2018 workshops'
@@ -507,11 +392,9 @@ def _registered_experiments() -> List[str]:
 
 
 def zoo_models(names: Optional[Sequence[str]] = None) -> List[ZooModel]:
-  """The registered YouTube-8M models, by the experiment naming.
-
-  A model is a pair of registered experiments `yt8m_<model>` and
-  `yt8m_<model>_demo` (and `yt8m` / `yt8m_demo`: DBoF + MoE) whose task is
-  a `YT8MTask`; models registered later appear without a change here.
+  """The registered YouTube-8M models: each pair of experiments `yt8m_<model>`
+  and `yt8m_<model>_demo` (and `yt8m` / `yt8m_demo`, DBoF + MoE) of a
+  `YT8MTask`, so that a model registered later appears without a change here.
 
   Args:
     names: only these models (`ZooModel.name`, in this order); None: all,
@@ -519,8 +402,7 @@ def zoo_models(names: Optional[Sequence[str]] = None) -> List[ZooModel]:
 
   Raises:
     ValueError: a pair whose task is not YT8M's, or a name in `names` that
-      is not a model, naming it and the models found.
-  """
+      is not a model, naming it and the models found."""
   registered = set(_registered_experiments())
   models = {}
   for name in sorted(registered):
@@ -620,11 +502,8 @@ def model_garden_size(params, batch: int, name: str = 'published'
 
 
 def zoo_demo_budget() -> Dict[str, int]:
-  """The demos' training budget: `ZOO_DEMO_BUDGET_EXPERIMENT`'s schedule.
-
-  Returns:
-    {'train_examples': its steps x its batch, 'train_steps', 'batch'}.
-  """
+  """The demos' training budget, `ZOO_DEMO_BUDGET_EXPERIMENT`'s schedule:
+  {'train_examples' (its steps x its batch), 'train_steps', 'batch'}."""
   params = exp_factory.get_exp_config(ZOO_DEMO_BUDGET_EXPERIMENT)
   steps = params.trainer.train_steps
   batch = params.task.train_data.global_batch_size
@@ -635,27 +514,18 @@ def zoo_demo_budget() -> Dict[str, int]:
 def demo_gap(experiment: str, examples: int, workdir: str,
              overrides: Optional[Dict[str, Any]] = None,
              seed: int = 0) -> Dict[str, float]:
-  """The validation metrics of `experiment` (a demo) after `examples`
-  training videos, trained and evaluated by `official_ext.train.run`.
-
-  Args:
-    experiment: a registered demo experiment (its demo data: generated once,
-      cached).
-    examples: training videos; the steps are `examples` // its batch.
-    workdir: an empty folder for the run's model_dir.
-    overrides: applied to the experiment first (tests: tiny data).
-    seed: `tf_keras.utils.set_random_seed` before the run.
+  """The validation metrics of the demo `experiment` after `examples` training
+  videos, trained and evaluated by `official_ext.train.run` in `workdir`
+  (`overrides` applied first; `seed` set before the run).
 
   Returns:
-    {'gap', 'map', 'hit_at_one', 'perr' (validation, all its videos),
-     'train_steps', 'train_examples', 'wall_seconds' (the run: training
-     and evaluation)}.
+    {'gap', 'map', 'hit_at_one', 'perr' (all its validation videos),
+     'train_steps', 'train_examples', 'wall_seconds' (training and
+     evaluation)}.
 
   Raises:
-    ValueError: a budget below one batch or not a whole number of batches
-      (the demo would train on fewer videos), naming the experiment, its
-      batch and the budget.
-  """
+    ValueError: a budget below one batch or not a whole number of batches,
+      naming the experiment, its batch and the budget."""
   params = exp_factory.get_exp_config(experiment)
   if overrides:
     params.override(overrides, is_strict=True)
@@ -694,20 +564,15 @@ def demo_gap(experiment: str, examples: int, workdir: str,
 
 def zoo_model(model: ZooModel, peak_gflops: float, quick: bool = False,
               rounds: int = 5) -> Dict[str, Any]:
-  """One row of the zoo: `model`'s figures.
+  """One row of the zoo: `model`'s figures at the published size.
 
   Returns:
     {'published', 'demo' (experiments), 'backbone', 'head' (types),
-     'parameters' (trainable, at the published size), 'gflops_per_example'
-     (analytic, `graph_flops.train_step_flops`: the training step's
-     contractions at the published size), the published-size step's
-     `bench_step` figures (batch `ZOO_BATCH`: 'examples_per_sec',
-     'achieved_gflops', 'peak_fraction', 'interleaved_matmul_*'),
-     'model_garden_examples_per_sec' and 'speedup_vs_model_garden'
-     (Model Garden's model of the same config, `bench_train_step`; None
-     where Model Garden has none), 'batch', 'frames', 'features',
-     'classes'}.
-  """
+     'parameters' (trainable), 'gflops_per_example' (the traced training
+     step's), the step's `bench_step` figures at batch `ZOO_BATCH`,
+     'model_garden_examples_per_sec' and 'speedup_vs_model_garden' (None
+     where Model Garden has no such model), 'batch', 'frames', 'features',
+     'classes'}."""
   batch = QUICK_BATCH if quick else ZOO_BATCH
   params = zoo_params(model.published, batch,
                       quick_overrides(model) if quick else None)
@@ -780,22 +645,17 @@ def zoo_model_child_code(name: str, peak_gflops: float, quick: bool) -> str:
 
 def zoo(quick: bool = False, models: Optional[Sequence[str]] = None,
         peak_gflops: Optional[float] = None) -> Dict[str, Any]:
-  """The zoo's speed and size figures: `zoo_model` for each model of
-  `zoo_models(models)`.
-
-  At full size each model is measured in a child process of its own
-  (`zoo_model_child`): one process holding every published-size model's
-  weights, optimizer slots and compiled steps in turn outgrows the memory
-  of a 24 GB machine before the zoo ends. `quick` measures in this process.
+  """The zoo's speed and size figures: `zoo_model` of each of
+  `zoo_models(models)`, at full size each in a child process of its own
+  (one process would hold every published-size model in turn).
 
   Args:
-    quick: tiny sizes (`quick_overrides`).
+    quick: tiny sizes (`quick_overrides`), in this process.
     models: only these models (tests); None: every registered one.
     peak_gflops: the run's matmul peak (None: measured here).
 
   Returns:
-    {'batch', 'matmul_peak_gflops', 'models': {name: `zoo_model` figures}}.
-  """
+    {'batch', 'matmul_peak_gflops', 'models': {name: `zoo_model` figures}}."""
   if peak_gflops is None:
     peak_gflops = timing.matmul_peak_gflops(
         sizes=(512,) if quick else (2048, 3072), repeats=3 if quick else 8)
@@ -815,13 +675,9 @@ def zoo(quick: bool = False, models: Optional[Sequence[str]] = None,
 
 def zoo_demo(model: ZooModel, examples: int, workdir: str,
              quick: bool = False) -> Dict[str, Any]:
-  """One row of the demos' ranking: `model`'s demo after `examples`
-  training videos (`demo_gap`; `quick`: on `_quick_demo`'s tiny data).
-
-  Returns:
-    {'demo' (the experiment), 'backbone', 'head' (types), 'batch', and
-     `demo_gap`'s figures}.
-  """
+  """One row of the demos' ranking: `model`'s demo after `examples` training
+  videos (`demo_gap`; `quick`: on `_quick_demo`'s tiny data), with 'demo',
+  'backbone', 'head' and 'batch'."""
   overrides = _quick_demo(workdir) if quick else None
   params = exp_factory.get_exp_config(model.demo)
   if overrides:
@@ -842,27 +698,17 @@ def zoo_demo_child_code(name: str, examples: int, workdir: str) -> str:
 
 def zoo_demos(quick: bool = False, models: Optional[Sequence[str]] = None,
               workdir: Optional[str] = None) -> Dict[str, Any]:
-  """The demos' ranking: every model's demo (`zoo_models(models)`) trained
-  on the same generated videos for the same budget of training videos
-  (`zoo_demo_budget`), then evaluated on all its validation videos.
-
-  At full size each demo runs in a child process of its own (its wall
-  seconds are its own run's); `quick` trains each 2 steps of
-  `QUICK_BATCH` on `QUICK_DEMO_VIDEOS` videos, in this process.
-
-  Args:
-    quick: tiny data and budget (`_quick_demo`).
-    models: only these models (tests); None: every registered one.
-    workdir: where the demos' model_dirs (and, quick, their data) go;
-      None: a new temporary folder.
+  """The demos' ranking: every model's demo trained on the same generated
+  videos for the same budget (`zoo_demo_budget`), then evaluated; at full size
+  each in a child process of its own, `quick` in this process on tiny data
+  (`_quick_demo`). `workdir`: where the model_dirs (and quick data) go (None:
+  a temporary folder).
 
   Returns:
-    {'budget': `zoo_demo_budget()` (quick: 2 steps of `QUICK_BATCH`),
-     'budget_experiment', 'models': {name: `zoo_demo` figures}}.
+    {'budget', 'budget_experiment', 'models': {name: `zoo_demo` figures}}.
 
   Raises:
-    ValueError: a demo whose batch does not divide the budget (`demo_gap`).
-  """
+    ValueError: a demo whose batch does not divide the budget (`demo_gap`)."""
   workdir = workdir or tempfile.mkdtemp(prefix='yt8m_zoo_demos_')
   budget = ({'train_examples': 2 * QUICK_BATCH, 'train_steps': 2,
              'batch': QUICK_BATCH} if quick else zoo_demo_budget())
@@ -933,22 +779,17 @@ def zoo_demos_table(demo_figures: Dict[str, Any]) -> str:
 def run(quick: bool = False, cases: Optional[Sequence[str]] = None,
         step_figures: Optional[Dict[str, Any]] = None,
         models: Optional[Sequence[str]] = None) -> Dict[str, object]:
-  """The YT8M figures; `quick` uses tiny sizes (a smoke test).
+  """The YT8M figures.
 
   Args:
-    quick: tiny sizes.
-    cases: which of `CASES` to measure (CLI `--cases`): 'model' (the figures
-      of the module docstring; the default), 'zoo' (`zoo`: every registered
-      model's published-size step) and 'zoo_demos' (`zoo_demos`: every
-      model's demo trained to the same budget); the zoo's cases run only
-      when asked for.
-    step_figures: a recorded run's figures (the harness passes them with
-      `--cases`); unused.
+    quick: tiny sizes (a smoke test).
+    cases: which of `CASES` to measure (CLI `--cases`; default 'model'; the
+      zoo's cases run only when asked for).
+    step_figures: unused (the harness passes the recorded figures).
     models: the zoo's models (None: all), for both zoo cases.
 
   Raises:
-    ValueError: a case not in `CASES`, naming it.
-  """
+    ValueError: a case not in `CASES`, naming it."""
   del step_figures  # No case reads another's figures.
   cases = list(cases or ('model',))
   unknown = [c for c in cases if c not in CASES]

@@ -14,8 +14,10 @@ from official_ext.assemblenet.modeling import convolutions
 from official_ext.assemblenet.modeling import fusion
 from official_ext.assemblenet.modeling import representation_flow
 from official_ext.assemblenet import structures
+from official_ext.benchmarks import graph_flops
 from official_ext.core.kernels import kernel_policy
 from official_ext import registry_imports  # pylint: disable=unused-import
+from tests.benchmarks import flop_formulas
 
 T, S = 4, 32
 
@@ -291,19 +293,23 @@ def _charades_params(**backbone_overrides):
 
 def _charades_backbone(**backbone_overrides):
   """The backbone alone, as the model builder makes it (Model Garden's
-  backbone factory): the model calls the backbone again to wire the head to
-  it, which adds ~40 % to the backbone's build time."""
+  backbone factory), for one clip (a static batch: the flow's nested
+  function then has static shapes, which the FLOP count reads): the model
+  calls the backbone again to wire the head to it, which adds ~40 % to the
+  backbone's build time."""
   task = _charades_params(**backbone_overrides).task
   return backbone_factory.build_backbone(
       input_specs=tf_keras.layers.InputSpec(
-          shape=[None] + list(task.train_data.feature_shape)),
+          shape=[1] + list(task.train_data.feature_shape)),
       backbone_config=task.model.backbone, norm_activation_config=None)
 
 
-def test_published_parameter_counts():
+def test_published_parameter_and_flop_counts():
   """The published lite network (Charades: 157 classes, peer attention, the
   published edge weights, 32 x 224^2 clips), its backbone built by Model
-  Garden's backbone factory.
+  Garden's backbone factory; its FLOPs as the benchmarks count them
+  (`benchmarks/graph_flops.py`, the traced forward pass) equal the hand
+  formula (tests/benchmarks/flop_formulas.py).
 
   50,042,581 trainable parameters with the intended fusion: most of them in
   the [3, 3, 3] 432->432 convs of the 7 level-3 blocks (6 x 5.04M) and the
@@ -316,15 +322,20 @@ def test_published_parameter_counts():
   takes its projection width from the input *width*), nodes 2-9 fuse to 112
   channels (the stems' width at 224^2) and node 10 to 14 channels (the width
   of node 8): 66,192 more parameters, 50,108,773 -- the original's count at
-  224^2. The same analysis gives the original's 394.1 GFLOP per 32 x 224^2
-  clip quoted for the TF1 code (ours: 376.8).
+  224^2. The same shapes give the original's 394.1 GFLOP per 32 x 224^2
+  clip quoted for the TF1 code in its convolutions and dense layers (ours:
+  376.8), and the representation flow adds 1.0 GFLOP.
   """
   intended = complexity.analyze(fusion_width_as_channels=False)
   original = complexity.analyze(fusion_width_as_channels=True)
   assert intended.params == 50_042_581
   assert original.params == 50_108_773
   assert original.fusion_widths[2:] == [112] * 8 + [14]
-  assert round(original.flops / 1e9, 1) == 394.1
+  flops = flop_formulas.assemblenet_flops(fusion_width_as_channels=True)
+  assert round((flops['Conv3D'] + flops['MatMul']) / 1e9, 1) == 394.1
+  assert round(flops['Conv2D'] / 1e9, 1) == 1.0
+  flops = flop_formulas.assemblenet_flops()
+  assert round((flops['Conv3D'] + flops['MatMul']) / 1e9, 1) == 376.8
   # Building the network is graph construction (~17,000 ops; no forward
   # pass over a clip): its time (~25 s per network on 2 idle cores) does not
   # depend on the clip size, so the published 32 x 224^2 clip, which the
@@ -334,8 +345,11 @@ def test_published_parameter_counts():
   # against a built model in `test_tiny_model_matches_analytic_count`.
   head = 192 * 432 + 2 * 432 + 432 * 2048 + 2 * 2048 + 2048 * 157 + 157
   backbone = _charades_backbone()
-  assert backbone.input_shape == (None, 32, 224, 224, 3)
+  assert backbone.input_shape == (1, 32, 224, 224, 3)
   assert _count(backbone.trainable_variables) == intended.params - head
+  clip = tf.zeros([1, 32, 224, 224, 3])
+  assert graph_flops.forward_flops(backbone, clip) == (
+      flop_formulas.assemblenet_forward_flops(head=False))
   # The head does not depend on the fusion: the original's backbone alone.
   # Its fusion widths come from the stems and nodes, not from the number of
   # blocks inside a node, so one block per level (a tenth of the build time)
@@ -343,7 +357,11 @@ def test_published_parameter_counts():
   one_block = (1, 1, 1, 1)
   backbone = _charades_backbone(fusion_width_as_channels=True,
                                 blocks_per_level=one_block)
-  assert backbone.input_shape == (None, 32, 224, 224, 3)
+  assert backbone.input_shape == (1, 32, 224, 224, 3)
+  assert graph_flops.forward_flops(backbone, clip) == (
+      flop_formulas.assemblenet_forward_flops(
+          fusion_width_as_channels=True, blocks_per_level=one_block,
+          head=False))
   original_one_block = complexity.analyze(fusion_width_as_channels=True,
                                           blocks_per_level=one_block)
   assert original_one_block.fusion_widths == original.fusion_widths
@@ -363,7 +381,7 @@ def test_tiny_model_matches_analytic_count(tiny_models, attention_mode,
   expected = complexity.analyze(
       structures.TINY_STRUCTURE, structures.TINY_BLOCKS_PER_LEVEL,
       edge_weights_given=given, attention_mode=attention_mode,
-      num_frames=T, height=S, width=S, num_classes=NUM_CLASSES,
+      height=S, width=S, num_classes=NUM_CLASSES,
       stem_filters=8, head_filters=HEAD_FILTERS)
   assert _count(model.trainable_variables) == expected.params
 

@@ -39,9 +39,11 @@ def test_harness_times_stock_and_fast_steps():
 
 @pytest.mark.parametrize('case', accelerator.CASES, ids=lambda c: c.name)
 def test_every_case_builds_its_batch_and_flops(case):
-  """Each case's YAML, per-replica batch and analytic FLOPs at the
-  published size (no step is run): the batch has the experiment's shapes,
-  the FLOPs where the family derives them."""
+  """Each case's YAML and per-replica batch at the published size (no step
+  is run): the batch has the experiment's shapes; its training step's FLOPs
+  are counted from the traced step at the quick sizes (the published-size
+  counts: tests/benchmarks/test_graph_flops.py and
+  tests/assemblenet/test_modeling.py)."""
   from official.core import task_factory  # pylint: disable=g-import-not-at-top
   params = accelerator._params(case, 'CPU', quick=False, tpu='')  # pylint: disable=protected-access
   assert params.task.train_data.global_batch_size > 0
@@ -52,8 +54,11 @@ def test_every_case_builds_its_batch_and_flops(case):
               'assemblenet': lambda b: b[0]['image'],
               'readout': lambda b: b['input_values']}[case.family](batch)
   assert examples.shape[0] == per_replica, examples.shape
-  flops = accelerator.flops_per_example(params)
+  quick = accelerator._params(case, 'CPU', quick=True, tpu='')  # pylint: disable=protected-access
   if case.family == 'readout':
-    assert flops is None
+    # Chained (varlen) queries: a routed batch of no static shape, which
+    # the counter names (the run then reports no FLOPs).
+    with pytest.raises(ValueError, match='unknown shape'):
+      accelerator.flops_per_example(quick)
   else:
-    assert flops > 1e9, flops  # Published sizes: GFLOPs per example.
+    assert accelerator.flops_per_example(quick) > 0

@@ -1,4 +1,4 @@
-"""The AssembleNet++lite benchmark: analytic FLOPs and a quick run."""
+"""The AssembleNet++lite benchmark: a quick run, its children and cases."""
 import json
 import math
 import os
@@ -8,23 +8,22 @@ import pytest
 import tensorflow as tf
 
 from official_ext.assemblenet import structures
-from official_ext.assemblenet.modeling import complexity
 from official_ext.benchmarks import assemblenet as benchmark
 from official_ext.benchmarks import assemblenet_input
+from official_ext.benchmarks import graph_flops
 from official_ext.benchmarks import harness
 from official_ext.benchmarks import memory as memory_lib
+from tests.benchmarks import flop_formulas
 
 
-def test_conv3d_flops_by_hand():
+def test_conv3d_peak_counts_its_convolution():
   # Quick Conv3D: 1 clip x 4 frames x 8 x 8, 16 -> 16 channels, 3x3x3 SAME:
   # 4 * 8 * 8 = 256 output positions x 16 output channels, each 27 taps x 16
   # input channels multiply-adds, 2 FLOPs per multiply-add.
   assert benchmark.QUICK_CONV3D == (1, 4, 8, 16)
-  assert benchmark.conv3d_flops(1, 4, 8, 16) == 256 * 16 * 27 * 16 * 2
-  assert 256 * 16 * 27 * 16 * 2 == 3_538_944
-  # The full one: 2 x 16 x 28^2, 152 channels.
-  assert benchmark.conv3d_flops(2, 16, 28, 152) == (
-      2 * 16 * 28 * 28 * 152 * 27 * 152 * 2)
+  conv, x = benchmark._conv3d(quick=True)  # pylint: disable=protected-access
+  assert graph_flops.function_flops(lambda: conv(x)) == (
+      256 * 16 * 27 * 16 * 2) == 3_538_944
 
 
 def test_memory_child_program_calls_this_module(monkeypatch, capsys):
@@ -57,13 +56,17 @@ def test_quick_run_figures_are_consistent():
   structures.validate_structure(
       benchmark.QUICK_STRUCTURE,
       blocks_per_level=benchmark.QUICK_BLOCKS_PER_LEVEL)
+  # FLOPs counted from the traced graph (tests/benchmarks/test_graph_flops.py
+  # checks the count against the formulas).
   tiny = dict(structure=benchmark.QUICK_STRUCTURE,
               blocks_per_level=benchmark.QUICK_BLOCKS_PER_LEVEL,
-              edge_weights_given=False, stem_filters=8, head_filters=(16, 24),
-              num_classes=157)
-  assert f['gflops_per_clip'] == complexity.analyze(**tiny).flops / 1e9
-  assert f['gflops_per_clip_bench'] == complexity.analyze(
-      num_frames=4, height=32, width=32, **tiny).flops / 1e9
+              stem_filters=8, head_filters=(16, 24), flow_iterations=2)
+  assert f['gflops_per_clip'] == flop_formulas.assemblenet_forward_flops(
+      **tiny) / 1e9
+  assert f['gflops_per_clip_bench'] == flop_formulas.assemblenet_forward_flops(
+      num_frames=4, height=32, width=32, **tiny) / 1e9
+  assert f['train_gflops_per_clip_bench'] == flop_formulas.assemblenet_flops(
+      num_frames=4, height=32, width=32, **tiny)['train'] / 1e9
   assert f['gflops_per_clip_original_width'] != f['gflops_per_clip']
   # No quoted TF1 figures at quick sizes (they are for 2 x 16 x 112^2).
   assert not any(k.startswith('tf1_') or k.endswith('_tf1_quoted') for k in f)
@@ -77,7 +80,7 @@ def test_quick_run_figures_are_consistent():
   assert f['forward_model_gflops'] == approx(
       f['gflops_per_clip_bench'] / f['forward_sec_per_batch'])
   assert f['train_model_gflops'] == approx(
-      3 * f['gflops_per_clip_bench'] / f['train_sec_per_step'])
+      f['train_gflops_per_clip_bench'] / f['train_sec_per_step'])
   assert f['train_speedup_vs_original_width'] == approx(
       f['train_clips_per_sec'] /
       f['reference_original_width_train_clips_per_sec'])
@@ -188,7 +191,8 @@ def test_reference_checkout_is_refused_for_families_without_it():
 def test_input_pipeline_case_agrees_with_model_garden(monkeypatch):
   # The quick case in this process (the CLI measures in pinned children:
   # their program is checked below without running it).
-  step = {'train_model_gflops': 60.0, 'gflops_per_clip': 400.0}
+  step = {'train_clips_per_sec': 0.5, 'gflops_per_clip_bench': 40.0,
+          'gflops_per_clip': 400.0}
   batches = {}
   f = assemblenet_input.run(quick=True, core_counts=[1], step_figures=step,
                             in_process=True, first_batches=batches)

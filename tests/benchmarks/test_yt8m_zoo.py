@@ -13,85 +13,7 @@ from official_ext.benchmarks import harness
 from official_ext.benchmarks import report
 from official_ext.benchmarks import yt8m as benchmark
 from tests import cli
-
-
-def test_graph_count_equals_the_nextvlad_hand_formula():
-  # DBoF's: test_model_garden_runs_beside_the_models_it_has.
-  size = benchmark.NEXTVLAD_TINY
-  task = benchmark.build_nextvlad_task(size)
-  flops = graph_flops.train_step_flops(task, task.build_model(),
-                                       benchmark.make_batch(size))
-  assert flops == benchmark.nextvlad_train_flops_per_example(size) == 92_032
-  assert task.task_config.jit_compile  # Restored after the trace.
-
-
-def test_graph_flops_counts_each_contraction():
-  a = tf.ones([3, 4])
-  b = tf.ones([4, 5])
-  x = tf.ones([2, 3, 4])
-  y = tf.ones([2, 5, 4])
-
-  def fn():
-    return (tf.matmul(a, b), tf.matmul(b, a, transpose_a=True,
-                                       transpose_b=True),
-            tf.matmul(x, y, adjoint_b=True), tf.einsum('bij,bkj->bik', x, y))
-
-  graph = tf.function(fn).get_concrete_function().graph
-  counts = graph_flops.graph_flops(graph)
-  # 2 x (3*4*5) twice; 2 x (2*3*4*5) as a batch matmul and as an einsum.
-  assert counts == {'MatMul': 240, 'BatchMatMulV2': 240, 'Einsum': 240}
-
-
-def test_graph_flops_refuses_what_it_cannot_count():
-  unknown = tf.function(lambda m: tf.matmul(m, tf.ones([4, 2]))
-                        ).get_concrete_function(
-                            tf.TensorSpec([None, 4], tf.float32))
-  with pytest.raises(ValueError, match=r"MatMul op 'MatMul'.*unknown shape"):
-    graph_flops.graph_flops(unknown.graph)
-  with pytest.raises(ValueError, match='Conv2D op .*not counted'):
-    graph_flops.function_flops(lambda: tf.nn.conv2d(
-        tf.ones([1, 4, 4, 1]), tf.ones([2, 2, 1, 1]), 1, 'SAME'))
-  inner = tf.function(lambda: tf.matmul(tf.ones([2, 2]), tf.ones([2, 2])))
-  with pytest.raises(ValueError, match=r"function '.*' called by "
-                     r"(Stateful)?PartitionedCall op .* holds \['MatMul'\]"):
-    graph_flops.function_flops(inner)
-  x = tf.ones([2, 2])
-  with pytest.raises(ValueError, match='branches hold different'):
-    graph_flops.function_flops(lambda: tf.cond(
-        tf.reduce_sum(x) > 0, lambda: tf.matmul(x, x), lambda: x))
-  with pytest.raises(ValueError, match='number of iterations is not static'):
-    graph_flops.function_flops(lambda: tf.while_loop(
-        lambda m: tf.reduce_sum(m) < 100.0, lambda m: tf.matmul(m, x), [x]))
-
-
-def test_graph_flops_follows_loops_and_conditionals():
-  x = tf.ones([2, 3])
-  w = tf.ones([3, 3])
-  # 7 iterations of a [2, 3] x [3, 3] matmul (36 FLOPs each); a conditional
-  # with one in each branch counts it once.
-  assert graph_flops.function_flops(lambda: tf.while_loop(
-      lambda m: tf.reduce_sum(m) > -1.0, lambda m: tf.matmul(m, w), [x],
-      maximum_iterations=7)) == 7 * 36
-  assert graph_flops.function_flops(lambda: tf.cond(
-      tf.reduce_sum(x) > 0, lambda: tf.matmul(x, w),
-      lambda: 2.0 * tf.matmul(x, w))) == 36
-  # A Keras LSTM (the starter's) loops once per frame: per frame and video
-  # x [3] @ W [3, 16] and h [4] @ U [4, 16], each 2 FLOPs a multiply-add.
-  lstm = tf_keras.layers.RNN(tf_keras.layers.LSTMCell(4))
-  frames = tf.ones([2, 5, 3])
-  lstm(frames)
-  forward = 5 * 2 * 2 * (3 * 16 + 4 * 16)
-  assert graph_flops.function_flops(lambda: lstm(frames)) == forward
-
-  def train():
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_sum(lstm(frames))
-    return tape.gradient(loss, lstm.trainable_variables)
-
-  # Its gradient loop runs 5 times too: the weight gradients of W and U and
-  # the gradient into h (none into the frames, which nothing trains).
-  assert graph_flops.function_flops(train) == (
-      forward + 5 * 2 * 2 * (3 * 16 + 4 * 16 + 4 * 16))
+from tests.benchmarks import flop_formulas
 
 
 def test_zoo_lists_each_registered_pair():
@@ -259,7 +181,7 @@ def test_model_garden_runs_beside_the_models_it_has(monkeypatch):
   f = benchmark.zoo_model(benchmark.zoo_models(['dbof'])[0], 20.0,
                           quick=True)
   assert sizes == [size]
-  flops = benchmark.train_flops_per_example(size)
+  flops = flop_formulas.dbof_train_flops_per_example(size)
   assert f['gflops_per_example'] == pytest.approx(flops / 1e9)
   assert (f['examples_per_sec'], f['model_garden_examples_per_sec'],
           f['speedup_vs_model_garden']) == (30.0, 10.0, 3.0)

@@ -1,24 +1,8 @@
-"""AssembleNet++lite [Ryoo et al., ECCV 2020, supplementary] in tf_keras.
-
-A port of the TF1 "lite" AssembleNet++ (inverted-bottleneck 3-D residual
-blocks, 5-D NTHWC tensors, peer attention) with every flag a constructor
-argument / config field. Registered with Model Garden's factories:
-
-* backbone builder 'assemblenet_plus_lite'
-  (`official.vision.modeling.backbones.factory`): `AssembleNetPlusLite`,
-  inputs [B, T, H, W, 3] -> endpoints {'node_<i>': ..., 'output': ...};
-* model builder 'assemblenet_plus_lite' (`official.vision.modeling.factory_3d`):
-  `AssembleNetPlusLiteModel`, inputs {'image': [B, T, H, W, 3]} -> logits
-  [B, num_classes].
-
-Differences from the original, on purpose: the dropout layer takes a drop
-*rate* (the original passed its keep probability `dropout_keep_prob` as Keras'
-rate); fusion projects to the largest channel count (the original's 5-D code
-used the input width, reproducible with `fusion_width_as_channels`, see
-`fusion.PeerAttentionFusion`); single-input nodes get attention only when
-attention is on; object-input stems (-3) are rejected (the original had no
-object input either).
-"""
+"""AssembleNet++lite (Ryoo et al., ECCV 2020) in tf_keras, registered with Model
+Garden's factories: backbone builder 'assemblenet_plus_lite' ([B, T, H, W, 3]
+-> endpoints {'node_<i>', 'output'}) and 3-D model builder
+'assemblenet_plus_lite' ({'image': clips} -> logits [B, num_classes]); its
+differences from the TF1 code: docs/assemblenet.md#the-network."""
 import contextlib
 import json
 from typing import Any, Dict, Optional, Sequence
@@ -59,13 +43,9 @@ def _policy(precision: str):
 
 class LiteStem(layers.Layer):
   """[1, 3, 3] conv stride 2 (BN, ReLU), then a [3, 1, 1] temporal conv (BN,
-
-  ReLU), `filters` channels each. [B, T, H, W, C] -> [B, T, H/2, W/2, filters].
-  With `recompute_grad`, training calls run through
-  `recompute.recompute_grad` (only the input is kept for the backward pass;
-  the stem's four full-resolution intermediates are recomputed there; its
-  batch norms update their moving statistics once, in the forward pass).
-  """
+  ReLU), `filters` channels each: [B, T, H, W, C] -> [B, T, H/2, W/2,
+  filters]; with `recompute_grad` training calls run through
+  `recompute.recompute_grad`."""
 
   def __init__(self, filters: int, temporal_dilation: int = 1,
                bn_decay: float = blocks.BATCH_NORM_DECAY,
@@ -109,51 +89,179 @@ class LiteStem(layers.Layer):
     return config
 
 
+def _checked(model_structure, model_edge_weights, blocks_per_level,
+             attention_mode, input_specs):
+  """(structure, edge weights, input shape) of the backbone's arguments,
+  checked."""
+  if model_structure is None:
+    model_structure = structures.ASSEMBLENET_PLUS_LITE_STRUCTURE
+  structure = structures.validate_structure(
+      model_structure, model_edge_weights, blocks_per_level)
+  edge_weights = structures.normalize_edge_weights(model_edge_weights)
+  if attention_mode not in fusion.ATTENTION_MODES:
+    raise ValueError(f'attention_mode must be None, "self" or "peer"; got '
+                     f'{attention_mode!r}.')
+  for i, node in enumerate(structure):
+    if node[0] == structures.STEM_OBJECT:
+      raise ValueError(
+          f'model structure node {i} ({node!r}) is an object-input stem '
+          '(-3): this model takes only RGB clips (flow is computed from '
+          'them); object segmentation inputs are not supported.')
+  if input_specs is None:
+    input_specs = layers.InputSpec(shape=[None, 32, 224, 224, 3])
+  shape = list(input_specs.shape)
+  if len(shape) != 5 or None in shape[2:]:
+    raise ValueError('AssembleNet++lite needs input shape [batch, T, H, W, '
+                     f'C] with static H, W and C (T may be None); got '
+                     f'{shape}.')
+  if shape[1] is not None:
+    structures.check_num_frames(structure, shape[1], f'input_specs {shape}')
+  return structure, edge_weights, shape
+
+
+def _flow(structure, inputs, rep_flow_options):
+  """The flow stem's input (the clips' representation flow, in the clips'
+  dtype), or None without a flow stem."""
+  if not any(n[0] == structures.STEM_FLOW for n in structure):
+    return None
+  flow = representation_flow.RepresentationFlow(
+      name='rep_flow', **rep_flow_options)(inputs)
+  return tf.cast(flow, inputs.dtype) if flow.dtype != inputs.dtype else flow
+
+
+class _Nodes:
+  """Builds the backbone's nodes in order: stems, then each block node's
+  fusion (of its inputs, pooled, and its peers' means) and block group."""
+
+  def __init__(self, structure, edge_weights, blocks_per_level, stem_filters,
+               attention_mode, fusion_width_as_channels, recompute_grad,
+               kernel_regularizer, share_fusion_inputs, bn):
+    self.structure, self.edge_weights = structure, edge_weights
+    self.blocks_per_level, self.stem_filters = blocks_per_level, stem_filters
+    self.attention_mode = attention_mode
+    self.fusion_width_as_channels = fusion_width_as_channels
+    self.recompute_grad = recompute_grad
+    self.kernel_regularizer = kernel_regularizer
+    self.share_fusion_inputs = share_fusion_inputs
+    self.bn = bn
+    self.streams = []
+    self.shared: Dict[Any, Any] = {}  # (node, 'mean') / (node, ratio) -> x
+
+  def build(self, inputs, flow) -> Dict[str, Any]:
+    """{'node_<i>': every node's output, 'output': the first level-3
+    node's}."""
+    endpoints = {}
+    for i, node in enumerate(self.structure):
+      if node[0] < 0:
+        out = self.stem(i, node, flow if node[0] == structures.STEM_FLOW
+                        else inputs)
+      else:
+        out = self.block_node(i, node)
+      self.streams.append(out)
+      endpoints[f'node_{i}'] = out
+    first_top = next(i for i, n in enumerate(self.structure) if n[0] == 3)
+    endpoints['output'] = self.streams[first_top]
+    return endpoints
+
+  def stem(self, i, node, x):
+    return LiteStem(self.stem_filters, node[1],
+                    kernel_regularizer=self.kernel_regularizer,
+                    recompute_grad=self.recompute_grad, name=f'node_{i}',
+                    **self.bn)(x)
+
+  def block_node(self, i, node):
+    level, input_ids, filters, dilation, stride = node
+    node_inputs = self.pooled(input_ids)
+    peers = []
+    if self.attention_mode == 'peer':
+      peers = [self.peer(k)
+               for k in structures.nodes_below(self.structure, level)]
+    weights = None
+    if self.edge_weights is not None and len(input_ids) > 1:
+      weights = self.edge_weights[i][0]
+    fused = fusion.PeerAttentionFusion(
+        num_inputs=len(node_inputs), attention_mode=self.attention_mode,
+        edge_weights=weights,
+        fusion_width_as_channels=self.fusion_width_as_channels,
+        kernel_regularizer=self.kernel_regularizer,
+        recompute_grad=self.recompute_grad,
+        name=f'node_{i}_fusion')(node_inputs + peers)
+    return blocks.BlockGroup(
+        filters, self.blocks_per_level[level], stride, dilation,
+        recompute_grad=self.recompute_grad,
+        kernel_regularizer=self.kernel_regularizer, name=f'node_{i}',
+        **self.bn)(fused)
+
+  def peer(self, k):
+    """Node k's peer-attention source: its spatial mean, once."""
+    if not self.share_fusion_inputs:
+      return self.streams[k]
+    if (k, 'mean') not in self.shared:
+      self.shared[k, 'mean'] = fusion.SpatialMean(
+          name=f'node_{k}_mean')(self.streams[k])
+    return self.shared[k, 'mean']
+
+  def pooled(self, input_ids):
+    """The nodes' outputs, each max-pooled (once) to the smallest one's size
+    as the fusion pools them: ratio (H + 1) // H_min."""
+    xs = [self.streams[j] for j in input_ids]
+    if not self.share_fusion_inputs or self.fusion_width_as_channels:
+      return xs
+    h_min = min(x.shape[2] for x in xs)
+    w_min = min(x.shape[3] for x in xs)
+    out = []
+    for j, x in zip(input_ids, xs):
+      if x.shape[2] == h_min and x.shape[3] == w_min:
+        out.append(x)
+        continue
+      out.append(self.pool(j, x, (x.shape[2] + 1) // h_min))
+    return out
+
+  def pool(self, j, x, r):
+    # Node j's output x max-pooled by r, once. Where r is even and divides
+    # the frame, it is the 2 x 2 max pool of the copy pooled by r / 2: the
+    # same values (a max over an r x r window is the max of its four
+    # r/2 x r/2 maxima), and the backward pass adds this copy's gradient
+    # into the smaller copy's instead of making one more full-size
+    # gradient of x.
+    if (j, r) not in self.shared:
+      h, w = x.shape[2], x.shape[3]
+      if r > 2 and r % 2 == 0 and h % r == 0 and w % r == 0:
+        source, ratio = self.pool(j, x, r // 2), 2
+      else:
+        source, ratio = x, r
+      self.shared[j, r] = fusion.SpatialMaxPool(
+          ratio, name=f'node_{j}_pool_{r}')(source)
+    return self.shared[j, r]
+
+
 class AssembleNetPlusLite(tf_keras.Model):
-  """The AssembleNet++lite backbone (functional tf_keras.Model).
+  """The AssembleNet++lite backbone (functional tf_keras.Model): [B, T, H, W,
+  3] float -> {'node_<i>': [B, T, H_i, W_i, C_i] of every node, 'output': the
+  first level-3 node's}.
 
   Args:
-    model_structure: node list or its JSON (see `structures`).
+    model_structure: node list or its JSON (`structures`).
     model_edge_weights: per-node edge weights (or JSON); None / '' / '[]'
       make every fusion's edge weights trainable.
     blocks_per_level: blocks per block group for levels 0..3.
-    input_specs: InputSpec of [B, T, H, W, 3]; H and W must be static (the
-      fusions' pooling ratios are fixed when the model is built). T may be
-      None: the model then takes clips of any frame count its temporal
-      strides allow (`structures.min_num_frames`: all are 1; 2 frames with
-      a flow stem), as when evaluation clips are longer than training
-      clips. A static T is checked here, a None T by the flow stem when the
-      model is called.
+    input_specs: InputSpec of [B, T, H, W, 3], H and W static (the fusions'
+      pooling ratios are fixed when built); T None takes any frame count the
+      structure allows (`structures.min_num_frames`), checked by the flow
+      stem when called.
     stem_filters: filters of every stem (24 in the original).
     attention_mode: None, 'self' or 'peer'.
     fusion_width_as_channels: the original's width-as-channels fusion.
     bn_decay, bn_epsilon, use_sync_bn: batch norm settings.
-    recompute_grad: gradient checkpointing (`recompute.recompute_grad`:
-      one segment's rerun at a time) of every stem, fusion and block group: the
-      backward pass keeps only node outputs and recomputes everything inside
-      a node; batch-norm moving statistics are updated once per step, by the
-      forward pass, not again by the recomputation.
-    rep_flow_options: kwargs of `representation_flow.RepresentationFlow`
-      (num_iter, train_feature_grad, train_divergence, train_flow_grad,
-      train_hyper).
+    recompute_grad: gradient checkpointing of every stem, fusion and block
+      group (`recompute.recompute_grad`).
+    rep_flow_options: kwargs of `representation_flow.RepresentationFlow`.
     kernel_regularizer: regularizer of every conv / dense kernel.
-    share_fusion_inputs: what the fusions take from other nodes is computed
-      once per node and shared: each node's spatial mean (the peer-attention
-      source, `fusion.SpatialMean`) and each max-pooled copy of a node
-      (`fusion.SpatialMaxPool`, one per pooling ratio, an even ratio that
-      divides the frame pooled from the copy of half that ratio; not with
-      `fusion_width_as_channels`, whose fusion width depends on the unpooled
-      input widths). The same values as every fusion pooling and averaging
-      its own inputs (False), but a training step's backward pass then has
-      one full-size gradient per shared tensor instead of one per fusion
-      that reads it (for a stem output, about 17 of them in the published
-      network; the peak RSS of a 2 x 32 x 224^2 step with `recompute_grad`
-      is 5.83 GB shared, 6.02 GB not); gradients differ by float rounding
-      only (summation order; tests/assemblenet/test_recompute.py).
-
-  Call: [B, T, H, W, 3] float -> dict of endpoints: 'node_<i>' for every node
-  ([B, T, H_i, W_i, C_i]) and 'output' (the first level-3 node).
-  """
+    share_fusion_inputs: each node's spatial mean and max-pooled copies
+      computed once for every fusion that reads them (an even ratio from the
+      copy of half that ratio; not with `fusion_width_as_channels`): the same
+      values, one full-size gradient per shared tensor instead of one per
+      fusion."""
 
   def __init__(self,
                model_structure: Any = None,
@@ -172,117 +280,20 @@ class AssembleNetPlusLite(tf_keras.Model):
                kernel_regularizer=None,
                share_fusion_inputs: bool = True,
                **kwargs):
-    if model_structure is None:
-      model_structure = structures.ASSEMBLENET_PLUS_LITE_STRUCTURE
-    structure = structures.validate_structure(
-        model_structure, model_edge_weights, blocks_per_level)
-    edge_weights = structures.normalize_edge_weights(model_edge_weights)
-    if attention_mode not in fusion.ATTENTION_MODES:
-      raise ValueError(f'attention_mode must be None, "self" or "peer"; got '
-                       f'{attention_mode!r}.')
-    for i, node in enumerate(structure):
-      if node[0] == structures.STEM_OBJECT:
-        raise ValueError(
-            f'model structure node {i} ({node!r}) is an object-input stem '
-            '(-3): this model takes only RGB clips (flow is computed from '
-            'them); object segmentation inputs are not supported.')
-    if input_specs is None:
-      input_specs = layers.InputSpec(shape=[None, 32, 224, 224, 3])
-    shape = list(input_specs.shape)
-    if len(shape) != 5 or None in shape[2:]:
-      raise ValueError('AssembleNet++lite needs input shape [batch, T, H, W, '
-                       f'C] with static H, W and C (T may be None); got '
-                       f'{shape}.')
-    if shape[1] is not None:
-      structures.check_num_frames(structure, shape[1],
-                                  f'input_specs {shape}')
+    structure, edge_weights, shape = _checked(
+        model_structure, model_edge_weights, blocks_per_level,
+        attention_mode, input_specs)
     rep_flow_options = dict(rep_flow_options or {})
-    bn = dict(bn_decay=bn_decay, bn_epsilon=bn_epsilon,
-              use_sync_bn=use_sync_bn)
-
     inputs = tf_keras.Input(shape=shape[1:], batch_size=shape[0],
                             name='image')
-    flow = None
-    if any(n[0] == structures.STEM_FLOW for n in structure):
-      flow = representation_flow.RepresentationFlow(
-          name='rep_flow', **rep_flow_options)(inputs)
-      flow = tf.cast(flow, inputs.dtype) if flow.dtype != inputs.dtype else flow
-    streams = []
-    endpoints = {}
-    shared: Dict[Any, Any] = {}  # (node, 'mean') / (node, ratio) -> tensor
-
-    def peer(k):
-      if not share_fusion_inputs:
-        return streams[k]
-      if (k, 'mean') not in shared:
-        shared[k, 'mean'] = fusion.SpatialMean(
-            name=f'node_{k}_mean')(streams[k])
-      return shared[k, 'mean']
-
-    def pooled(input_ids):
-      xs = [streams[j] for j in input_ids]
-      if not share_fusion_inputs or fusion_width_as_channels:
-        return xs
-      # The fusion's pooling (`PeerAttentionFusion.build`): each input to
-      # the smallest input's size, ratio (H + 1) // H_min.
-      h_min = min(x.shape[2] for x in xs)
-      w_min = min(x.shape[3] for x in xs)
-      out = []
-      for j, x in zip(input_ids, xs):
-        if x.shape[2] == h_min and x.shape[3] == w_min:
-          out.append(x)
-          continue
-        out.append(pool(j, x, (x.shape[2] + 1) // h_min))
-      return out
-
-    def pool(j, x, r):
-      # Node j's output x max-pooled by r, once. Where r is even and divides
-      # the frame, it is the 2 x 2 max pool of the copy pooled by r / 2: the
-      # same values (a max over an r x r window is the max of its four
-      # r/2 x r/2 maxima), and the backward pass adds this copy's gradient
-      # into the smaller copy's instead of making one more full-size
-      # gradient of x.
-      if (j, r) not in shared:
-        h, w = x.shape[2], x.shape[3]
-        if r > 2 and r % 2 == 0 and h % r == 0 and w % r == 0:
-          source, ratio = pool(j, x, r // 2), 2
-        else:
-          source, ratio = x, r
-        shared[j, r] = fusion.SpatialMaxPool(
-            ratio, name=f'node_{j}_pool_{r}')(source)
-      return shared[j, r]
-
-    for i, node in enumerate(structure):
-      name = f'node_{i}'
-      if node[0] < 0:
-        x = flow if node[0] == structures.STEM_FLOW else inputs
-        out = LiteStem(stem_filters, node[1],
-                       kernel_regularizer=kernel_regularizer,
-                       recompute_grad=recompute_grad, name=name, **bn)(x)
-      else:
-        level, input_ids, filters, dilation, stride = node
-        node_inputs = pooled(input_ids)
-        peers = []
-        if attention_mode == 'peer':
-          peers = [peer(k) for k in structures.nodes_below(structure, level)]
-        weights = None
-        if edge_weights is not None and len(input_ids) > 1:
-          weights = edge_weights[i][0]
-        fused = fusion.PeerAttentionFusion(
-            num_inputs=len(node_inputs), attention_mode=attention_mode,
-            edge_weights=weights,
-            fusion_width_as_channels=fusion_width_as_channels,
-            kernel_regularizer=kernel_regularizer,
-            recompute_grad=recompute_grad,
-            name=f'{name}_fusion')(node_inputs + peers)
-        out = blocks.BlockGroup(
-            filters, blocks_per_level[level], stride, dilation,
-            recompute_grad=recompute_grad,
-            kernel_regularizer=kernel_regularizer, name=name, **bn)(fused)
-      streams.append(out)
-      endpoints[name] = out
-    first_top = next(i for i, n in enumerate(structure) if n[0] == 3)
-    endpoints['output'] = streams[first_top]
+    nodes = _Nodes(
+        structure, edge_weights, blocks_per_level, stem_filters,
+        attention_mode, fusion_width_as_channels, recompute_grad,
+        kernel_regularizer, share_fusion_inputs,
+        dict(bn_decay=bn_decay, bn_epsilon=bn_epsilon,
+             use_sync_bn=use_sync_bn))
+    endpoints = nodes.build(inputs, _flow(structure, inputs,
+                                          rep_flow_options))
     super().__init__(inputs=inputs, outputs=endpoints, **kwargs)
     self._config_dict = dict(
         model_structure=json.dumps(structure),
@@ -319,16 +330,11 @@ class AssembleNetPlusLite(tf_keras.Model):
 
 
 class LiteHead(layers.Layer):
-  """The lite head: 1x1x1 conv to filters[0] (BN, ReLU), 1x1x1 conv to
-
-  filters[1] (BN, ReLU), pooling, dropout, dense to num_classes (with bias,
-  normal(0.01) init, float32 output).
-
-  Pooling: global average over (T, H, W); with `max_pool_predictions`
-  spatial average only, the dense layer applied per frame ([B, T, classes]),
-  then `sum_t logits_t * softmax_t(logits_t / sqrt(T))`.
-  Input [B, T, H, W, C] -> float32 logits [B, num_classes].
-  """
+  """The lite head: 1x1x1 conv to filters[0] and one to filters[1] (each BN,
+  ReLU), pooling, dropout, a dense layer to num_classes (normal(0.01) init,
+  float32 output): [B, T, H, W, C] -> float32 logits [B, num_classes]. Pooling
+  is the global average, or with `max_pool_predictions` per-frame logits
+  summed with softmax_t(logits_t / sqrt(T)) weights."""
 
   def __init__(self, num_classes: int, filters: Sequence[int] = (432, 2048),
                max_pool_predictions: bool = False, dropout_rate: float = 0.0,
@@ -361,10 +367,8 @@ class LiteHead(layers.Layer):
         dtype='float32', name='final_dense')
 
   def embedding(self, inputs, training=None):
-    """The pre-logit feature: float32 [B, filters[1]], the second 1x1x1
-    conv's output (BN, ReLU) averaged over (T, H, W) -- what the dense layer
-    reads, before dropout, without `max_pool_predictions`' per-frame
-    logits."""
+    """The pre-logit feature the dense layer reads: float32 [B, filters[1]],
+    the second conv's output (BN, ReLU) averaged over (T, H, W)."""
     x = self._bn1(self._conv1(inputs), training=training)
     x = self._bn2(self._conv2(x), training=training)
     return tf.cast(tf.reduce_mean(x, axis=[1, 2, 3]), tf.float32)
@@ -438,10 +442,8 @@ class AssembleNetPlusLiteModel(tf_keras.Model):
 def build_backbone_from_config(input_specs, backbone_config,
                                kernel_regularizer=None
                                ) -> AssembleNetPlusLite:
-  """Builds the backbone from an `AssembleNetPlusLite` config (the structure
-
-  and edge weights inline or from the files its `*_path` fields name).
-  """
+  """The backbone of an `AssembleNetPlusLite` config (structure and edge
+  weights inline or from their `*_path` files)."""
   c = backbone_config
   structure, edge_weights = structures.from_backbone_config(c)
   with _policy(c.precision):
@@ -463,11 +465,8 @@ def build_backbone_from_config(input_specs, backbone_config,
 def build_assemblenet_plus_lite_backbone(
     input_specs: layers.InputSpec, backbone_config, norm_activation_config,
     l2_regularizer=None) -> AssembleNetPlusLite:
-  """Model Garden backbone builder ('assemblenet_plus_lite').
-
-  The batch-norm settings come from the backbone config (`bn_decay`,
-  `bn_epsilon`, `use_sync_bn`), not from `norm_activation_config`.
-  """
+  """Model Garden backbone builder 'assemblenet_plus_lite'; the batch-norm
+  settings come from the backbone config, not `norm_activation_config`."""
   del norm_activation_config
   if backbone_config.type != 'assemblenet_plus_lite':
     raise ValueError(f'backbone type {backbone_config.type!r} is not '

@@ -1,11 +1,7 @@
 """The residual blocks of AssembleNet++lite: `BatchNormRelu`, the lite
-inverted-bottleneck `InvertedBottleneckBlock3D`, and `BlockGroup` (a node's
-blocks, optionally checkpointed).
-
-Variable names are the checkpoint interface: a block holds `conv_a`,
-`conv_b` (and `conv_b_temporal` when strided), `conv_c`, `shortcut` and
-their `bn_*`.
-"""
+inverted-bottleneck `InvertedBottleneckBlock3D` and `BlockGroup` (a node's
+blocks); the variable names (`conv_a`, `conv_b`, `conv_b_temporal`,
+`conv_c`, `shortcut`, their `bn_*`) are the checkpoint interface."""
 import math
 from typing import Sequence
 
@@ -19,11 +15,9 @@ BATCH_NORM_EPSILON = 1e-5
 
 
 class BatchNormRelu(tf_keras.layers.Layer):
-  """Batch normalization (channels last), then an optional ReLU.
-
-  `init_zero` initializes gamma to 0 (the last BN of a residual branch, so a
-  block starts as its shortcut). `momentum` is the original's `bn_decay`.
-  """
+  """Batch normalization (channels last; `momentum` is the original's
+  `bn_decay`; `init_zero`: gamma 0, a residual branch's last BN), then an
+  optional ReLU."""
 
   def __init__(self, relu: bool = True, init_zero: bool = False,
                bn_decay: float = BATCH_NORM_DECAY,
@@ -54,17 +48,14 @@ class BatchNormRelu(tf_keras.layers.Layer):
 
 
 class InvertedBottleneckBlock3D(tf_keras.layers.Layer):
-  """The lite inverted-bottleneck 3-D residual block.
-
-  filters [f_a, f_b, f_out]: 1x1x1 conv to f_a (BN, ReLU); then, when
-  strided, a [1, 3, 3] conv with the spatial stride to f_b (BN, ReLU) and a
-  [3, 1, 1] temporal conv (dilated by `temporal_dilation`; truncated-normal
-  init with stddev sqrt(2 / (3 * f_b)) when dilated, as the original) to f_b
-  (BN, ReLU), else a [3, 3, 3] conv dilated in time to f_b (BN, ReLU); then a
-  1x1x1 conv to f_out with BN (gamma initialized to 0, no ReLU). The shortcut
-  is the input, or (`use_projection`) a strided 1x1x1 conv to f_out with BN.
-  Output: ReLU(branch + shortcut), [B, T, ceil(H / s), ceil(W / s), f_out].
-  """
+  """The lite inverted-bottleneck 3-D residual block, filters [f_a, f_b,
+  f_out]: 1x1x1 conv to f_a; strided: a [1, 3, 3] conv with the stride and a
+  [3, 1, 1] temporal conv (dilated; truncated normal sqrt(2 / (3 f_b)) when
+  dilated, as the original), else a [3, 3, 3] conv dilated in time, to f_b;
+  a 1x1x1 conv to f_out (BN gamma 0, no ReLU); each conv with BN and ReLU
+  otherwise. Shortcut: the input, or (`use_projection`) a strided 1x1x1 conv
+  with BN. Output ReLU(branch + shortcut), [B, T, ceil(H / s), ceil(W / s),
+  f_out]."""
 
   def __init__(self, filters: Sequence[int], strides: int = 1,
                use_projection: bool = False, temporal_dilation: int = 1,
@@ -145,16 +136,9 @@ class InvertedBottleneckBlock3D(tf_keras.layers.Layer):
 
 
 class BlockGroup(tf_keras.layers.Layer):
-  """`num_blocks` inverted-bottleneck blocks; the first projects and strides.
-
-  With `recompute_grad`, training calls run through
-  `recompute.recompute_grad`: only the group's input is kept for the
-  backward pass and its activations are recomputed there (gradient
-  checkpointing; less memory, about one more forward pass of compute). The recomputation runs the batch
-  norms in training mode again (same batch statistics, same gradients) but
-  does not update their moving statistics: they take one update per step,
-  as without recomputation.
-  """
+  """`num_blocks` inverted-bottleneck blocks, the first projecting and
+  striding; with `recompute_grad` training calls run through
+  `recompute.recompute_grad` (only the group's input kept)."""
 
   def __init__(self, filters: Sequence[int], num_blocks: int, strides: int,
                temporal_dilation: int = 1, recompute_grad: bool = False,

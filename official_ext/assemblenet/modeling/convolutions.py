@@ -1,14 +1,8 @@
-"""The 3-D convolutions of AssembleNet++lite, and their CPU fast paths.
-
-Every convolution of the model is a `Conv3D` (`conv3d_same_padding`):
-`tf_keras.layers.Conv3D` whose convolution is, where the kernel policy takes
-a fast path (`core.kernels.kernel_policy`: on CPUs), computed in 2-D ops
-(`conv3d_as_2d`: 2-D convolutions, matmuls and time shifts) or, for a
-temporally dilated kernel, as TensorFlow's Conv3D over the clip's time phases
-(`conv3d_native`); `conv3d_implementation` says which. Elsewhere, and under
-`runtime.kernel_policy: stock`, it is tf_keras' own. Tensors are 5-D,
-`[batch, time, height, width, channels]`.
-"""
+"""The 3-D convolutions of AssembleNet++lite (`Conv3D`, `conv3d_same_padding`)
+and their CPU fast paths (`conv3d_as_2d`, `conv3d_native`'s time phases),
+picked by `conv3d_implementation`
+(docs/assemblenet.md#gradient-checkpointing-and-the-cpu-kernels). Tensors are
+[batch, time, height, width, channels]."""
 from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf, tf_keras
@@ -22,20 +16,12 @@ def dims(x: tf.Tensor) -> List[Any]:
   return [d if d is not None else dynamic[i] for i, d in enumerate(x.shape)]
 
 
-
 # Frames of at most this many pixels are convolved as one matmul over all
-# taps (`conv3d_as_2d`): forward and backward of a 3 x 3 SAME conv of 32
-# frames with Eigen's CPU kernels (AVX2), matmul / Conv2D time:
-# 4 x 4 x 1296 -> 432: 0.6-0.7; 7 x 7 x 456 -> 152: 0.9-1.1; 14 x 14:
-# 1.5-2.0; 28 x 28: 2.1-2.4.
+# taps (`conv3d_as_2d`), faster there than Conv2D with Eigen's CPU kernels.
 MAX_IM2COL_PIXELS = 16
 # Frames of at most this many pixels take the input gradient of a stride-1
-# 2-D convolution as a forward convolution (`conv2d_same`):
-# Conv2D(flipped) / Conv2DBackpropInput time with Eigen's CPU kernels
-# (AVX2), 3 x 3 kernel, 32 frames: 7 x 7 x 456 -> 152: 0.72;
-# 14 x 14 x 162 -> 54: 0.96; 28 x 28 x 81 -> 27: 1.42.
+# 2-D convolution as a forward convolution (`conv2d_same`).
 MAX_FLIPPED_GRAD_PIXELS = 64
-
 
 
 def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
@@ -43,24 +29,13 @@ def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
   """A 'same'-padded 3-D convolution computed with 2-D ops (no Conv3D).
 
   `tf.nn.convolution(inputs, kernel, [1, sh, sw], 'SAME', dilations=[d, 1,
-  1])` (channels last, temporal stride 1), as: one 2-D convolution of every
-  frame (a matmul for a 1x1 kernel at stride 1) with the kernel as
-  [kh, kw, C, kt * F], giving each temporal tap's outputs, which are then
-  shifted in time by the tap's offset (zero outside the clip, as
-  TensorFlow's SAME padding) and summed. Frames of at most
-  `MAX_IM2COL_PIXELS` pixels (at stride 1) are one matmul instead: every
-  tap's shifted input stacked along channels. The same products, summed in
-  another order: equal to float32 rounding
-  (`tests/assemblenet/test_modeling.py`).
-
-  Why: TensorFlow's Eigen CPU Conv3D gradients (Conv3DBackpropInputV2 /
-  FilterV2, oneDNN off) are several times slower than the 2-D
-  convolution's and the matmul's (with them the training step's backward
-  pass costs about six forward passes); these ops are also all TFLite
-  builtins (no 5-D SpaceToBatchND for the dilation). A CPU fast path of the
-  kernel policy ('assemblenet.conv3d_as_2d'); with oneDNN's CPU kernels on,
-  `Conv3D` takes it only for 1x1x1 kernels and dilated ones on small frames
-  (`conv3d_implementation`, where the timings are).
+  1])` (temporal stride 1) as one 2-D convolution of every frame (a matmul
+  for 1x1 at stride 1) with the kernel as [kh, kw, C, kt * F], each temporal
+  tap's outputs then shifted in time by its offset (zero outside the clip)
+  and summed; frames of at most `MAX_IM2COL_PIXELS` pixels are one matmul
+  over every tap's shifted input. Equal to float32 rounding; its gradients
+  are much faster than Eigen's Conv3D's on CPU, and its ops are TFLite
+  builtins.
 
   Args:
     inputs: [B, T, H, W, C] (B and T may be dynamic).
@@ -69,8 +44,7 @@ def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
     temporal_dilation: d, the dilation along time.
 
   Returns:
-    [B, T, ceil(H / sh), ceil(W / sw), F], the inputs' dtype.
-  """
+    [B, T, ceil(H / sh), ceil(W / sw), F], the inputs' dtype."""
   kt, kh, kw, c, f = kernel.shape
   sh, sw = strides
   d = temporal_dilation
@@ -112,16 +86,11 @@ def conv3d_as_2d(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
 
 
 def conv2d_same(x: tf.Tensor, kernel: tf.Tensor, strides=(1, 1)) -> tf.Tensor:
-  """`tf.nn.conv2d(x, kernel, strides, 'SAME')`, [N, H, W, C] channels last.
-
-  At stride 1, for an odd kernel and frames of at most
-  `MAX_FLIPPED_GRAD_PIXELS` pixels, the input's gradient is computed as a
-  forward convolution of the output's gradient with the spatially flipped,
-  transposed kernel (the same sums: SAME padding is symmetric for an odd
-  kernel), which TensorFlow's CPU Conv2D runs faster than its
-  Conv2DBackpropInput on small frames; the kernel's gradient is
-  Conv2DBackpropFilter as usual.
-  """
+  """`tf.nn.conv2d(x, kernel, strides, 'SAME')`, channels last; at stride 1,
+  for an odd kernel on frames of at most `MAX_FLIPPED_GRAD_PIXELS` pixels, the
+  input's gradient is a forward convolution of the output's gradient with the
+  flipped, transposed kernel (the same sums), faster than
+  Conv2DBackpropInput on small frames on CPU."""
   kh, kw, _, _ = kernel.shape
   h, w = x.shape[1], x.shape[2]
   if (tuple(strides) != (1, 1) or kh % 2 == 0 or kw % 2 == 0 or
@@ -160,16 +129,11 @@ def _time_shift(x: tf.Tensor, offset: int) -> tf.Tensor:
 
 
 def shift_and_sum_taps(z: tf.Tensor, offsets: Sequence[int]) -> tf.Tensor:
-  """sum_k z_k[:, i + offsets[k]] (zero outside the clip), z_k = tap k's channels.
-
-  `z` is [B, T, H, W, K * F], tap k's outputs in channels [k * F, (k + 1) *
-  F) (as `conv3d_as_2d` computes them); the result is [B, T, H, W, F]. The
-  gradient is written out (`tf.custom_gradient`): tap k's gradient is the
-  output's gradient shifted back by its offset, and the K of them are
-  concatenated along channels, one pass; the automatic gradient of the
-  channel slices is a zero-padded copy of K * F channels per tap, summed
-  (those `Pad` ops took about 11 % of a training step's op time on CPU).
-  """
+  """sum_k z_k[:, i + offsets[k]] (zero outside the clip), z_k = tap k's
+  channels [k * F, (k + 1) * F) of `z` [B, T, H, W, K * F]; returns [B, T, H,
+  W, F]. The gradient is written out: the output's gradient shifted back by
+  each offset, concatenated along channels in one pass (the automatic
+  gradient pads K * F channels per tap)."""
   k_taps = len(offsets)
   f = z.shape[-1] // k_taps
 
@@ -194,43 +158,22 @@ def conv3d_implementation(kernel_size: Sequence[int], temporal_dilation: int,
                           ) -> str:
   """Which implementation `Conv3D` computes this kernel with.
 
-  'stock' (`tf_keras.layers.Conv3D`'s own convolution, `tf.nn.convolution`:
-  TensorFlow's Conv3D op, with SpaceToBatchND for a temporal dilation),
-  'as_2d' (`conv3d_as_2d`, fast path 'assemblenet.conv3d_as_2d') or
-  'time_phases' (`conv3d_native` of the time phases folded into the batch,
-  fast path 'assemblenet.conv3d_time_phases'). The rule below comes from
-  timings on CPUs; a fast path runs only where `policy` (default
-  `kernel_policy.current()`) takes it, else the stock op:
-
-  Where TensorFlow's oneDNN CPU kernels are on (`policy.onednn`), a kernel
-  of more than one tap is TensorFlow's Conv3D op, a temporally dilated one
-  (odd kt) on frames of more than `MAX_IM2COL_PIXELS` pixels the time
-  phases; 1x1x1 kernels and dilated ones on small frames `conv3d_as_2d`.
-  Without oneDNN (Eigen's CPU kernels, or 'fast' on another device) every
-  kernel is `conv3d_as_2d`. Native / `conv3d_as_2d` time with oneDNN on
-  (AVX-512; forward and both gradients; the shapes of the published network
-  at 2 clips x 16 x 112^2, [H x W x C -> F]):
-  3x3x3: 7^2 x 152: 0.82-0.87; 14^2 x 54: 0.88-0.89; 28^2 x 27: 0.79-0.81;
-  (4^2 x 432: 0.93). 3x1x1: 56^2 x 24: 0.55-0.64; 28^2 x 27: 0.64-0.71;
-  14^2 x 54: 0.89-0.91; 7^2 x 152: 1.01-1.06 (one layer; kept native for
-  one rule). 1x3x3 stride 2: 112^2 .. 14^2: 0.98-1.04; 7^2 x 432: 0.84-0.91.
-  1x1x1 (the matmul): stride 1: 1.1-2.0 (432 -> 2048 at 4^2: 0.85-0.92,
-  one layer); stride 2: 0.90-1.14: kept in `conv3d_as_2d`. Temporally
-  dilated, phases folded into the batch: 3x3x3 d 4,
-  7^2 x 152: 0.76-0.77; d 2, 14^2 x 54: 0.84-0.85; 3x1x1 d 4, 28^2 x 27:
-  0.74; 3x3x3 d 2, 4^2 x 432: 0.98-1.01 (the small-frame matmul, kept).
-  TensorFlow's own dilated forms are slower (SpaceToBatchND / Conv3D with
-  dilations: 3x3x3 d 2, 4^2: 1.27-1.40 / 1.81-1.95; d 4, 7^2 .. 28^2:
-  0.77-1.13 / 0.86-1.74), and TFLite cannot take a 5-D SpaceToBatchND.
-  Without oneDNN (Eigen, AVX2) `conv3d_as_2d` is the faster everywhere
-  (the whole training step 1.5x; its docstring).
+  'stock' (`tf_keras.layers.Conv3D`'s own: TensorFlow's Conv3D, with
+  SpaceToBatchND for a temporal dilation), 'as_2d' (`conv3d_as_2d`, fast path
+  'assemblenet.conv3d_as_2d') or 'time_phases' (`conv3d_native` of the time
+  phases folded into the batch, 'assemblenet.conv3d_time_phases'), by a rule
+  that follows timings on CPUs; a fast path only where `policy` (default
+  `kernel_policy.current()`) takes it. With oneDNN's CPU kernels
+  (`policy.onednn`): a kernel of more than one tap is the Conv3D op, a
+  temporally dilated one (odd kt) on frames of more than `MAX_IM2COL_PIXELS`
+  pixels the time phases, 1x1x1 kernels and dilated ones on small frames
+  `conv3d_as_2d`. Without oneDNN every kernel is `conv3d_as_2d`.
 
   Args:
     kernel_size: (kt, kh, kw).
     temporal_dilation: the dilation along time.
     frame_pixels: H * W of the input frames, None if unknown.
-    policy: the kernel policy; None: `kernel_policy.current()`.
-  """
+    policy: the kernel policy; None: `kernel_policy.current()`."""
   policy = kernel_policy.current() if policy is None else policy
   kt, kh, kw = kernel_size
   if not policy.onednn or kt * kh * kw == 1:
@@ -253,14 +196,11 @@ _CONV3D_FAST_PATHS = {'as_2d': 'assemblenet.conv3d_as_2d',
 
 def conv3d_native(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
                   temporal_dilation: int = 1) -> tf.Tensor:
-  """`conv3d_as_2d`'s convolution as TensorFlow's Conv3D op.
-
-  A temporal dilation d is computed as an undilated Conv3D of the clip's d
-  time phases (frames i, i + d, i + 2d, ...) folded into the batch (what
-  SpaceToBatchND does, as 5-D reshapes and transposes, which TFLite has);
-  for an odd kt the SAME padding of the phases is the dilated SAME padding
-  (zeros outside the clip; a frame count not divisible by d is zero-padded
-  at the end and the padding sliced off).
+  """`conv3d_as_2d`'s convolution as TensorFlow's Conv3D op: a temporal
+  dilation d as an undilated Conv3D of the clip's d time phases folded into
+  the batch (5-D reshapes and transposes, which TFLite has, not
+  SpaceToBatchND); a frame count not divisible by d is zero-padded at the end
+  and the padding sliced off.
 
   Args:
     inputs: [B, T, H, W, C] (B and T may be dynamic).
@@ -269,8 +209,7 @@ def conv3d_native(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
     temporal_dilation: d, the dilation along time.
 
   Returns:
-    [B, T, ceil(H / sh), ceil(W / sw), F], the inputs' dtype.
-  """
+    [B, T, ceil(H / sh), ceil(W / sw), F], the inputs' dtype."""
   kt = kernel.shape[0]
   d = temporal_dilation
   conv_strides = [1, 1, *strides, 1]
@@ -296,19 +235,10 @@ def conv3d_native(inputs: tf.Tensor, kernel: tf.Tensor, strides=(1, 1),
 
 
 class Conv3D(tf_keras.layers.Conv3D):
-  """`tf_keras.layers.Conv3D`, with the CPU fast paths of the kernel policy.
-
-  The same layer (variables, config, outputs to float32 rounding). For
-  padding 'same', channels last, temporal stride 1 and no spatial dilation
-  (as `conv3d_same_padding` builds it) the convolution is the one
-  `conv3d_implementation` picks when the layer is called (traced): the
-  stock op (`tf_keras.layers.Conv3D`'s own), or where the kernel policy
-  takes them (`core.kernels.kernel_policy`: on CPUs) `conv3d_as_2d` (2-D
-  convolutions and matmuls, whose gradients are much faster than Eigen's
-  Conv3D's on CPU, and TFLite builtins: no 5-D SpaceToBatchND for a temporal
-  dilation) or the time phases of a dilated kernel (`conv3d_native`).
-  Other settings use `tf_keras.layers.Conv3D`'s convolution.
-  """
+  """`tf_keras.layers.Conv3D` (the same variables, config and outputs to
+  float32 rounding) whose convolution, for padding 'same', channels last,
+  temporal stride 1 and no spatial dilation, is the one
+  `conv3d_implementation` picks when the layer is called."""
 
   def convolution_op(self, inputs, kernel):
     d = self.dilation_rate[0]
@@ -343,25 +273,20 @@ def conv3d_same_padding(filters: int,
                         kernel_initializer=None,
                         kernel_regularizer=None,
                         name: Optional[str] = None) -> tf_keras.layers.Conv3D:
-  """A bias-free 'same'-padded Conv3D, as the original `conv3d_same_padding`.
+  """A bias-free 'same'-padded `Conv3D`, as the original `conv3d_same_padding`:
+  [B, T, H, W, C] -> [B, T, ceil(H / s), ceil(W / s), filters].
 
   Args:
     filters: output channels.
-    kernel_size: int k means [1, k, k] when `do_2d_conv` else [k, k, k]; a
-      3-list is used as is ([time, height, width]).
-    strides: spatial stride (the temporal stride is always 1).
+    kernel_size: int k: [1, k, k] with `do_2d_conv`, else [k, k, k]; or a
+      3-list [time, height, width].
+    strides: spatial stride (the temporal stride is 1).
     temporal_dilation: dilation along time only.
     do_2d_conv: see `kernel_size`.
     kernel_initializer: default variance scaling (scale 1, fan_in, truncated
       normal), as TF1's `tf.variance_scaling_initializer()`.
     kernel_regularizer: optional regularizer of the kernel.
-    name: layer name.
-
-  Returns:
-    A `Conv3D` (`tf_keras.layers.Conv3D`, with the kernel policy's fast
-    paths) mapping [B, T, H, W, C] to [B, T, ceil(H / s), ceil(W / s),
-    filters].
-  """
+    name: layer name."""
   if isinstance(kernel_size, int):
     kernel_size = ([1, kernel_size, kernel_size] if do_2d_conv else
                    [kernel_size] * 3)

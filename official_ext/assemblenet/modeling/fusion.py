@@ -1,13 +1,6 @@
-"""How AssembleNet++lite joins a node's inputs: `PeerAttentionFusion` (edge
-weights, self or peer attention, 1x1x1 projections, sum), and the pooled
-copies and spatial means of node outputs it takes (`SpatialMaxPool`,
-`SpatialMean`).
-
-Variable names are the checkpoint interface: a node's fusion holds
-`agg_weights` (edge weights), `peer_dense_<k>` (peer candidate vectors),
-`attention_<i>` / `attention_<i>_peer_weights` (per-connection attention)
-and `project_<c>` (1x1x1 projection of the inputs with c channels).
-"""
+"""How AssembleNet++lite joins a node's inputs: `PeerAttentionFusion`, and the
+pooled copies and spatial means of node outputs it takes (`SpatialMaxPool`,
+`SpatialMean`); the steps and variable names: docs/assemblenet.md#the-network."""
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -20,18 +13,9 @@ ATTENTION_MODES = (None, 'self', 'peer')
 
 
 def spatial_max_pool(x: tf.Tensor, r: int) -> tf.Tensor:
-  """`tf.nn.max_pool3d(x, [1, 1, r, r, 1], [1, 1, r, r, 1], 'SAME')`.
-
-  Computed as a 2-D max pool of every frame (the window holds one frame), so
-  the values are the same, in an op TFLite has (it has no 3-D max pool).
-
-  Args:
-    x: [B, T, H, W, C].
-    r: the spatial window and stride.
-
-  Returns:
-    [B, T, ceil(H / r), ceil(W / r), C], x's dtype.
-  """
+  """`tf.nn.max_pool3d(x, [1, 1, r, r, 1], [1, 1, r, r, 1], 'SAME')` as a 2-D
+  max pool of every frame (the same values, in an op TFLite has): [B, T, H,
+  W, C] -> [B, T, ceil(H / r), ceil(W / r), C]."""
   b, t, h, w, c = convolutions.dims(x)
   pooled = tf.nn.max_pool2d(tf.reshape(x, [-1, h, w, c]), r, r, 'SAME')
   out = tf.reshape(pooled, [b, t, *convolutions.dims(pooled)[1:]])
@@ -41,12 +25,8 @@ def spatial_max_pool(x: tf.Tensor, r: int) -> tf.Tensor:
 
 
 class SpatialMaxPool(tf_keras.layers.Layer):
-  """`spatial_max_pool(x, ratio)` as a layer: [B, T, H, W, C] ->
-
-  [B, T, ceil(H / ratio), ceil(W / ratio), C]. The backbone pools a node's
-  output once per ratio and gives the pooled copy to every fusion that takes
-  the node at that size (`AssembleNetPlusLite(share_fusion_inputs=True)`).
-  """
+  """`spatial_max_pool(x, ratio)` as a layer; the backbone pools a node's
+  output once per ratio for every fusion that takes it at that size."""
 
   def __init__(self, ratio: int, **kwargs):
     super().__init__(**kwargs)
@@ -65,12 +45,8 @@ class SpatialMaxPool(tf_keras.layers.Layer):
 
 
 class SpatialMean(tf_keras.layers.Layer):
-  """Mean over height and width: [B, T, H, W, C] -> [B, T, C].
-
-  A node's peer-attention vector source: the backbone averages each node's
-  output once and gives the mean to every fusion that has the node as a
-  peer (`PeerAttentionFusion` takes peers as such means).
-  """
+  """Mean over height and width, [B, T, H, W, C] -> [B, T, C]: a node's
+  peer-attention source, computed once per node for every fusion."""
 
   def call(self, inputs):
     return tf.reduce_mean(inputs, axis=[2, 3])
@@ -78,13 +54,9 @@ class SpatialMean(tf_keras.layers.Layer):
 
 
 def original_fusion_width(shapes: Sequence[Sequence[Optional[int]]]) -> int:
-  """The original's 5-D fusion target: `shape[3]` (width), not channels.
-
-  The original loops over its inputs with `if C > lg: lg = shape[3]`, where
-  `shape[3]` of an NTHWC tensor is the width, and then uses `lg` as the
-  channel count of its 1x1x1 projections (and as "the largest channel count"
-  that needs no projection).
-  """
+  """The original's 5-D fusion width: its loop `if C > lg: lg = shape[3]`
+  takes `shape[3]`, an NTHWC tensor's width, as the projections' channel
+  count."""
   lg = 0
   for s in shapes:
     if s[-1] > lg:
@@ -95,48 +67,11 @@ def original_fusion_width(shapes: Sequence[Sequence[Optional[int]]]) -> int:
 class PeerAttentionFusion(tf_keras.layers.Layer):
   """Fuses a node's inputs: edge weights, attention, 1x1x1 projections, sum.
 
-  Called on `inputs + peers` (a list): the node's `num_inputs` input tensors
-  [B, T, H_i, W_i, C_i] (same B and T), then, for attention 'peer', the
-  tensors of every node of a lower level [B, T, H_k, W_k, C_k] (the peers),
-  or their spatial means [B, T, C_k] (`SpatialMean`; the backbone computes
-  each node's mean once and shares it among the fusions: one gradient per
-  node instead of one full-size gradient per fusion).
-
-  1. Every input is max-pooled spatially ([1, r, r], stride r, 'same',
-     r = (H_i + 1) // H_min) to the smallest input size.
-  2. With several inputs, input i is multiplied by sigmoid(w_i); the logits
-     w are `agg_weights` ([num_inputs] float32): trainable (truncated normal,
-     stddev 0.01; the one-shot connectivity search) when no `edge_weights`
-     are given, else fixed (non-trainable) at logit(edge_weights), computed
-     in float32 as the original does. A single input passes through
-     unweighted.
-  3. Attention (per frame, per connection), when `attention_mode` is set:
-     'self' uses the connection's own spatial mean [B, T, C_i]; 'peer' a
-     softmax-weighted (`attention_<i>_peer_weights`, trainable, truncated
-     normal 0.01) sum of candidate vectors, one per peer: the peer's spatial
-     mean through a dense layer (`peer_dense_<k>`, with bias, normal(0.01)
-     init) to the largest channel count among the peers. Either vector goes
-     through a dense layer (`attention_<i>`) to C_i, a sigmoid, and scales the
-     connection's channels.
-  4. Inputs with equal channel counts are summed; each group whose channel
-     count is not the fusion width is projected by a bias-free 1x1x1 conv
-     (`project_<c>`) to the fusion width; the groups are summed.
-
-  The fusion width is the largest input channel count (the intended
-  behaviour). With `fusion_width_as_channels`, it is what the original's 5-D
-  code computes (`original_fusion_width`: an input's *width*), which
-  reproduces the original's variable shapes (its parameter count then
-  depends on the input resolution). As in the original
-  (`fusion_with_peer_attention`), a group is summed before its projection,
-  and a single input is attended only when `attention_mode` is set.
-
-  Output: [B, T, H_min, W_min, fusion width].
-
-  With `recompute_grad`, training calls run through
-  `recompute.recompute_grad`: the backward pass keeps only the inputs (other
-  nodes' outputs, kept anyway) and recomputes the pooled, weighted and
-  attended copies of every input.
-  """
+  Called on `inputs + peers`: the node's `num_inputs` tensors [B, T, H_i,
+  W_i, C_i], then for 'peer' attention every lower-level node's output or its
+  spatial mean [B, T, C_k]; returns [B, T, H_min, W_min, fusion width]. With
+  `recompute_grad`, training calls run through `recompute.recompute_grad`
+  (only the inputs kept). The steps: docs/assemblenet.md#the-network."""
 
   def __init__(self, num_inputs: int, attention_mode: Optional[str] = None,
                edge_weights: Optional[Sequence[float]] = None,

@@ -1,12 +1,7 @@
 """Gradient checkpointing of AssembleNet++lite segments (stems, fusions, block
 groups): `recompute_grad`, and the batch norm that updates its moving
-statistics once per step although a segment runs twice.
-
-The backward pass reruns a checkpointed segment in training mode, and its
-batch norms must not update their moving statistics a second time in that
-rerun: `in_recomputation` marks the rerun, and `BatchNormalization` (every
-batch norm of the model) skips its update there.
-"""
+statistics once per step although a segment runs twice (its rerun is marked
+by `in_recomputation`)."""
 import threading
 from typing import Any, Callable, List
 
@@ -20,62 +15,34 @@ _RECOMPUTATION = threading.local()
 
 
 def in_recomputation() -> bool:
-  """True while this thread reruns a `recompute_grad` segment for gradients.
-
-  The flag is per thread: `MirroredStrategy` runs each replica (and its
-  backward pass) in a thread of its own. It is read when a layer is called,
-  so it holds in eager mode and while a `tf.function` (with or without XLA)
-  is traced alike.
-  """
+  """True while this thread reruns a `recompute_grad` segment for gradients
+  (per thread: `MirroredStrategy` runs each replica in one of its own; read
+  when a layer is called, eagerly or while tracing)."""
   return getattr(_RECOMPUTATION, 'depth', 0) > 0
 
 
 def recompute_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
-  """Gradient checkpointing of `forward`, like `tf.recompute_grad`, with
-
-  a backward rerun that updates no state and one segment's rerun at a time.
+  """Gradient checkpointing of `forward`, like `tf.recompute_grad`, with a
+  backward rerun that updates no state and one segment's rerun at a time.
 
   The forward pass runs `forward` once (the tape keeps only its inputs); the
-  backward pass runs it again, on the same inputs and variables, and takes
-  the gradients of that rerun. The batch norms in `forward` run in training
-  mode both times; the first run updates their moving statistics, the rerun
-  (marked by `in_recomputation`) does not (`BatchNormalization.add_update`),
-  so a step decays them by `bn_decay` once, as without recomputation, and the
-  rerun gives the same outputs and gradients as the first run.
-
-  In a graph (`tf.function`), a segment's rerun starts when its output
-  gradients exist and the previous segment's backward pass (the one whose
-  gradient the tape built before this one's) has produced its gradients
-  (control dependencies). Without that order the executor runs the backward
-  passes of independent segments (the two level-0 block groups, the two
-  level-2 block groups) at the same time, each holding all its recomputed
-  activations: at 8 x 32 x 224^2 the two level-0 block groups' reruns
-  together hold about 4 GB of the step's 9 GB live-tensor peak, and running
-  the reruns in order lowers the step's peak host memory by about a third.
-  The tape builds a gradient only after every gradient that feeds it, so
-  the order adds no cycle. Unlike `tf.recompute_grad`, the rerun's inputs
-  are not copied (`tf.recompute_grad` adds 0 to every input, a data
-  dependency for XLA, which ignores control dependencies), and inputs no
-  tape watches (the RGB stem's clip) get no gradient. The gradients are
-  those of `tf.recompute_grad`.
-
-  The ordered rerun is a CPU fast path (`core.kernels.kernel_policy`,
-  'assemblenet.ordered_recompute', measured for host memory): where the
-  kernel policy does not take it, and inside an XLA-compiled function
-  (which ignores control dependencies), the segment runs through
-  `tf.recompute_grad`, its rerun still marked by `in_recomputation`.
-
-  `forward` must otherwise be deterministic: a random op (dropout) would
-  draw a different mask in the rerun than in the forward pass and give wrong
-  gradients. No segment checkpointed here has one (the head's dropout is not
-  checkpointed).
+  backward pass reruns it on the same inputs and variables, marked by
+  `in_recomputation` (its batch norms do not update their moving statistics
+  again), and takes that rerun's gradients: those of `tf.recompute_grad`. In
+  a graph, a segment's rerun waits for its output gradients and for the
+  gradients of the segment whose backward pass was built before it (control
+  dependencies), so that independent segments never hold their recomputed
+  activations at once; the inputs are not copied and an input no tape
+  watches gets no gradient. This ordered rerun is a CPU fast path
+  ('assemblenet.ordered_recompute'); elsewhere, and inside XLA (which
+  ignores control dependencies), the segment runs through
+  `tf.recompute_grad`. `forward` must be deterministic (no dropout).
 
   Args:
     forward: f(*tensors) -> tensor or nest of tensors.
 
   Returns:
-    A function with the signature and outputs of `forward`.
-  """
+    A function with the signature and outputs of `forward`."""
 
   def rerun(*args):
     _RECOMPUTATION.depth = getattr(_RECOMPUTATION, 'depth', 0) + 1
@@ -146,13 +113,8 @@ def _previous_backward() -> List[tf.Tensor]:
 
 
 class BatchNormalization(tf_keras.layers.BatchNormalization):
-  """tf_keras `BatchNormalization` that skips its moving-statistics update
-  while a `recompute_grad` segment is rerun (`in_recomputation`).
-
-  Otherwise identical (same variables, same `synchronized` option); the
-  normalization itself (batch statistics in training mode, cross-replica
-  ones when synchronized) is computed in the rerun as in the forward pass.
-  """
+  """`tf_keras.layers.BatchNormalization` that skips its moving-statistics
+  update while a `recompute_grad` segment is rerun; otherwise identical."""
 
   def add_update(self, updates):
     if in_recomputation():

@@ -14,29 +14,14 @@ def _diff_kernel(taps: Sequence[float], axis: str) -> np.ndarray:
 
 
 class RepresentationFlow(tf_keras.layers.Layer):
-  """TV-L1-style optical flow of RGB frames ("representation flow").
+  """TV-L1-style optical flow of RGB frames ("representation flow"), as the
+  original `rep_flow` with bottleneck 1: grey frames rescaled to 0..255 by each
+  clip's min/max (`rescale_per_batch`: the batch's, as the original), flow of
+  each pair (t, t+1) by `num_iter` TV-L1 iterations (theta 0.3, lambda 0.15,
+  tau 0.25), the last flow repeated; positive x: motion right, positive y:
+  down. Kernels and hyper-parameters train only when asked (`train_*`).
 
-  As the original `rep_flow` with bottleneck 1: the frames are averaged over
-  channels to grey, rescaled to 0..255 with the min/max of each clip (a
-  constant clip is left as is instead of dividing by zero), and the flow of
-  each pair (t, t+1) is computed with `num_iter` iterations of the TV-L1
-  scheme with theta=0.3, lambda=0.15, tau=0.25, the image-gradient kernel
-  [-0.5, 0, 0.5] and the divergence/forward-gradient kernels [-1, 1]. The
-  last flow is repeated so the output keeps T frames. Positive x flow means motion to the right,
-  positive y flow motion down. Always computed in float32.
-
-  The original rescales with the min/max of the whole input *batch*, so a
-  clip's flow depends on the other clips it is batched with, and on how a
-  batch is split over replicas or grouped at serving time. Per clip is the
-  default here; `rescale_per_batch=True` restores the original.
-
-  Kernels and hyper-parameters are variables, trainable only when asked
-  (`train_feature_grad`: image gradient; `train_divergence`: divergence;
-  `train_flow_grad`: flow forward gradient; `train_hyper`: theta, lambda,
-  tau); by default none is, and the layer has no trainable parameter.
-
-  Input: [B, T, H, W, C] (T >= 2). Output: float32 [B, T, H, W, 2] (x, y).
-  """
+  Input: [B, T, H, W, C] (T >= 2). Output: float32 [B, T, H, W, 2] (x, y)."""
 
   def __init__(self, num_iter: int = 20, train_feature_grad: bool = False,
                train_divergence: bool = False, train_flow_grad: bool = False,
@@ -112,8 +97,8 @@ class RepresentationFlow(tf_keras.layers.Layer):
               '1) of the input'))
       with tf.control_dependencies([check]):
         inputs = tf.identity(inputs)
-    # One XLA program: the 20 iterations are ~40 small element-wise ops and
-    # 6 tiny convolutions each, which TensorFlow runs one kernel at a time.
+    # One XLA program: each iteration is many small element-wise ops and
+    # tiny convolutions, which TensorFlow runs one kernel at a time.
     if self._compiled is None:
       self._compiled = tf.function(self._flow, jit_compile=True)
     return self._compiled(inputs)
