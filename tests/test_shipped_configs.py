@@ -1,0 +1,183 @@
+"""Every YAML under configs/, once: it validates against the experiment its
+usage comment names (GPU and TPU runtimes as Model Garden sets them), it
+trains and evaluates at tiny sizes on its demo experiment
+(tests/shipped_configs.py), and a GPU or TPU YAML on a machine without them
+stops at once (the training CLI). Its accelerator paths:
+tests/test_accelerator_paths.py; the Cloud TPU launcher:
+tests/test_launch_cloud_tpu.py."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from official.core import config_definitions
+from official.core import exp_factory
+from official.modeling import hyperparams
+from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext.readout import configs as readout_configs
+from tests import shipped_configs
+
+REPO = shipped_configs.REPO
+YAMLS = shipped_configs.YAMLS
+TPU_CORES_PER_HOST = 8
+FAMILIES = ('yt8m', 'assemblenet', 'readout')
+
+
+def _id(path):
+  return os.path.relpath(path, REPO)
+
+
+def _batches(config):
+  for name in ('train_data', 'validation_data'):
+    data = getattr(config.task, name, None)
+    if data is not None and getattr(data, 'global_batch_size', None):
+      yield name, data.global_batch_size
+
+
+def test_every_family_ships_gpu_and_tpu_yamls():
+  names = {_id(p) for p in YAMLS}
+  for family in FAMILIES:
+    assert any(n.startswith(f'configs/{family}/') and n.endswith('_tpu.yaml')
+               for n in names), family
+    assert any(n.startswith(f'configs/{family}/') and n.endswith('_gpu.yaml')
+               for n in names), family
+
+
+def test_every_shipped_yaml_has_a_family_and_a_demo_to_start_on():
+  """What `test_shipped_yaml_trains_and_evaluates` needs of each YAML under
+  configs/: a family folder, and a demo counterpart of its experiment."""
+  assert YAMLS
+  for path in YAMLS:
+    assert shipped_configs.family(path) in FAMILIES, path
+    assert path in shipped_configs.yamls(shipped_configs.family(path))
+    assert shipped_configs.experiment(path) in shipped_configs.DEMO_OF, path
+
+
+@pytest.mark.parametrize('path', YAMLS, ids=_id)
+def test_shipped_yaml_validates_against_its_experiment(path):
+  config = exp_factory.get_exp_config(shipped_configs.experiment(path))
+  config = hyperparams.override_params_dict(config, path, is_strict=True)
+  config.validate()
+  assert isinstance(config, config_definitions.ExperimentConfig)
+  if shipped_configs.family(path) == 'readout':
+    readout_configs.validate_readouts(config.task.readouts,
+                                      config.task.task_vocabulary)
+  runtime = config.runtime
+  if path.endswith('_tpu.yaml'):
+    assert runtime.distribution_strategy == 'tpu'
+    assert runtime.mixed_precision_dtype == 'bfloat16'
+    for name, batch in _batches(config):
+      # Divisible by the cores of one host, hence of any slice.
+      assert batch % TPU_CORES_PER_HOST == 0, (name, batch)
+  elif path.endswith('_gpu.yaml'):
+    assert runtime.distribution_strategy == 'mirrored'
+    # Model Garden's value: its optimizer gets loss scaling only for it.
+    assert runtime.mixed_precision_dtype == 'float16'
+    assert runtime.loss_scale in (None, 'dynamic')
+    assert runtime.num_gpus > 0
+    for name, batch in _batches(config):
+      assert batch % runtime.num_gpus == 0, (name, batch)
+
+
+@pytest.mark.parametrize('path', YAMLS, ids=_id)
+def test_shipped_yaml_trains_and_evaluates(path, demo_cache, tmp_path):
+  """The YAML on its demo experiment at tiny sizes, with its own precision,
+  loss scale and model settings (`shipped_configs.start`)."""
+  shipped_configs.start(path, demo_cache, tmp_path / 'model')
+
+
+# The shipped accelerator YAMLs a machine without them cannot run, and what
+# the error must name: what the config asks for, what TensorFlow sees, and the
+# override that fixes it.
+_NO_DEVICE = {
+    'configs/yt8m/yt8m_gpu.yaml': (
+        "runtime.distribution_strategy='mirrored' with runtime.num_gpus=8 "
+        'asks for 8 GPUs; TensorFlow sees 0', 'runtime.num_gpus=0'),
+    'configs/readout/readout_gpu.yaml': (
+        "runtime.distribution_strategy='mirrored' with runtime.num_gpus=8 "
+        'asks for 8 GPUs; TensorFlow sees 0', 'runtime.num_gpus=0'),
+    'configs/yt8m/yt8m_tpu.yaml': (
+        "runtime.distribution_strategy='tpu' with runtime.tpu=None asks for a "
+        'TPU; TensorFlow sees none', '--tpu=NAME'),
+}
+
+# `python -m official_ext.train ARGS` for each of several argument lists,
+# each in its own process forked after the one import they share (what a
+# new interpreter spends most of its start on); each run's output goes to
+# its log, and the exit statuses are printed as a JSON list.
+_FORKED_CLI = """
+import json, os, runpy, sys, traceback
+import official_ext.train
+pids = []
+for log, *args in json.loads(sys.argv[1]):
+  pid = os.fork()
+  if pid == 0:
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.argv = ['official_ext.train', *args]
+    code = 0
+    try:
+      runpy.run_module('official_ext.train', run_name='__main__')
+    except SystemExit as e:
+      code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    except BaseException:
+      traceback.print_exc()
+      code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+  pids.append(pid)
+print(json.dumps([os.waitstatus_to_exitcode(os.waitpid(p, 0)[1])
+                  for p in pids]))
+"""
+
+
+def test_config_naming_devices_the_machine_lacks_stops_at_once(tmp_path):
+  """`official_ext.train` with a shipped GPU or TPU YAML on a machine
+  without them (CUDA_VISIBLE_DEVICES='' hides any GPU): an error at once
+  naming the config's request, what TensorFlow sees and the override, and
+  nothing written; never a run that waits for ever for GPUs that are not
+  there (it sat at "training until step 10" with MirroredStrategy over
+  GPU:0..7). Real processes, started together (`_FORKED_CLI`); a hang is
+  the timeout."""
+  env = dict(os.environ, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2',
+             PYTHONPATH=REPO)
+  runs, model_dirs = [], {}
+  for i, path in enumerate(sorted(_NO_DEVICE)):
+    demo = shipped_configs.DEMO_OF[shipped_configs.experiment(
+        os.path.join(REPO, path))]
+    tiny = tmp_path / f'tiny{i}.yaml'
+    tiny.write_text(yaml.safe_dump({'trainer': {
+        'train_steps': 10, 'steps_per_loop': 5, 'validation_interval': 10}}))
+    model_dirs[path] = tmp_path / f'model{i}'
+    runs.append([str(tmp_path / f'run{i}.log'), f'--experiment={demo}',
+                 '--mode=train', f'--model_dir={model_dirs[path]}',
+                 f'--config_file={os.path.join(REPO, path)}',
+                 f'--config_file={tiny}'])
+  # Its own session: a hang kills the forked runs with it.
+  proc = subprocess.Popen(
+      [sys.executable, '-c', _FORKED_CLI, json.dumps(runs)], cwd=str(tmp_path),
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  try:
+    stdout, stderr = proc.communicate(timeout=120)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    logs = [open(log).read()[-1500:] for log, *_ in runs]
+    pytest.fail(f'still running after 120 s: {logs}')
+  assert proc.returncode == 0, stderr[-3000:]
+  codes = json.loads(stdout.strip().splitlines()[-1])
+  for (log, *_), path, code in zip(runs, sorted(_NO_DEVICE), codes):
+    asked, fix = _NO_DEVICE[path]
+    with open(log) as f:
+      out = f.read()
+    assert code != 0, (path, out[-3000:])
+    assert asked in out, (path, out[-3000:])
+    assert fix in out, (path, out[-3000:])
+    assert not model_dirs[path].exists(), path
