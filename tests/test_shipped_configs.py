@@ -5,11 +5,7 @@ trains and evaluates at tiny sizes on its demo experiment
 stops at once (the training CLI). Its accelerator paths:
 tests/test_accelerator_paths.py; the Cloud TPU launcher:
 tests/test_launch_cloud_tpu.py."""
-import json
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -19,6 +15,7 @@ from official.core import exp_factory
 from official.modeling import hyperparams
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.readout import configs as readout_configs
+from tests import cli
 from tests import shipped_configs
 
 REPO = shipped_configs.REPO
@@ -105,37 +102,6 @@ _NO_DEVICE = {
         'TPU; TensorFlow sees none', '--tpu=NAME'),
 }
 
-# `python -m official_ext.train ARGS` for each of several argument lists,
-# each in its own process forked after the one import they share (what a
-# new interpreter spends most of its start on); each run's output goes to
-# its log, and the exit statuses are printed as a JSON list.
-_FORKED_CLI = """
-import json, os, runpy, sys, traceback
-import official_ext.train
-pids = []
-for log, *args in json.loads(sys.argv[1]):
-  pid = os.fork()
-  if pid == 0:
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    sys.argv = ['official_ext.train', *args]
-    code = 0
-    try:
-      runpy.run_module('official_ext.train', run_name='__main__')
-    except SystemExit as e:
-      code = e.code if isinstance(e.code, int) else int(e.code is not None)
-    except BaseException:
-      traceback.print_exc()
-      code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-  pids.append(pid)
-print(json.dumps([os.waitstatus_to_exitcode(os.waitpid(p, 0)[1])
-                  for p in pids]))
-"""
-
 
 def test_config_naming_devices_the_machine_lacks_stops_at_once(tmp_path):
   """`official_ext.train` with a shipped GPU or TPU YAML on a machine
@@ -143,41 +109,29 @@ def test_config_naming_devices_the_machine_lacks_stops_at_once(tmp_path):
   naming the config's request, what TensorFlow sees and the override, and
   nothing written; never a run that waits for ever for GPUs that are not
   there (it sat at "training until step 10" with MirroredStrategy over
-  GPU:0..7). Real processes, started together (`_FORKED_CLI`); a hang is
+  GPU:0..7). Real processes, started together (`cli.ForkedCLI`); a hang is
   the timeout."""
   env = dict(os.environ, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2',
              PYTHONPATH=REPO)
-  runs, model_dirs = [], {}
-  for i, path in enumerate(sorted(_NO_DEVICE)):
-    demo = shipped_configs.DEMO_OF[shipped_configs.experiment(
-        os.path.join(REPO, path))]
-    tiny = tmp_path / f'tiny{i}.yaml'
-    tiny.write_text(yaml.safe_dump({'trainer': {
-        'train_steps': 10, 'steps_per_loop': 5, 'validation_interval': 10}}))
-    model_dirs[path] = tmp_path / f'model{i}'
-    runs.append([str(tmp_path / f'run{i}.log'), f'--experiment={demo}',
-                 '--mode=train', f'--model_dir={model_dirs[path]}',
-                 f'--config_file={os.path.join(REPO, path)}',
-                 f'--config_file={tiny}'])
-  # Its own session: a hang kills the forked runs with it.
-  proc = subprocess.Popen(
-      [sys.executable, '-c', _FORKED_CLI, json.dumps(runs)], cwd=str(tmp_path),
-      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True)
-  try:
-    stdout, stderr = proc.communicate(timeout=120)
-  except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    logs = [open(log).read()[-1500:] for log, *_ in runs]
-    pytest.fail(f'still running after 120 s: {logs}')
-  assert proc.returncode == 0, stderr[-3000:]
-  codes = json.loads(stdout.strip().splitlines()[-1])
-  for (log, *_), path, code in zip(runs, sorted(_NO_DEVICE), codes):
-    asked, fix = _NO_DEVICE[path]
-    with open(log) as f:
-      out = f.read()
-    assert code != 0, (path, out[-3000:])
-    assert asked in out, (path, out[-3000:])
-    assert fix in out, (path, out[-3000:])
-    assert not model_dirs[path].exists(), path
+  with cli.ForkedCLI('official_ext.train', env=env,
+                     cwd=str(tmp_path)) as train:
+    runs = {}
+    for i, path in enumerate(sorted(_NO_DEVICE)):
+      demo = shipped_configs.DEMO_OF[shipped_configs.experiment(
+          os.path.join(REPO, path))]
+      tiny = tmp_path / f'tiny{i}.yaml'
+      tiny.write_text(yaml.safe_dump({'trainer': {
+          'train_steps': 10, 'steps_per_loop': 5, 'validation_interval': 10}}))
+      model_dir = tmp_path / f'model{i}'
+      runs[path] = model_dir, train.start(
+          [f'--experiment={demo}', '--mode=train', f'--model_dir={model_dir}',
+           f'--config_file={os.path.join(REPO, path)}',
+           f'--config_file={tiny}'], log=tmp_path / f'run{i}.log')
+    for path, (model_dir, run) in runs.items():
+      asked, fix = _NO_DEVICE[path]
+      code = run.wait(timeout=120)
+      out = run.output()
+      assert code != 0, (path, out[-3000:])
+      assert asked in out, (path, out[-3000:])
+      assert fix in out, (path, out[-3000:])
+      assert not model_dir.exists(), path
