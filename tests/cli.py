@@ -147,11 +147,11 @@ def shown_signatures(text: str) -> Dict[str, Tuple[TensorInfos, TensorInfos]]:
 
 
 # Imports the module named by its argument, then serves JSON requests, one a
-# line on stdin: {"start": [log, *args]} forks a child that runs
-# `python -m <module> *args` (the module run as __main__, as `-m` does) with
-# stdout and stderr to `log`, and exits as that command would (its status,
-# a traceback, a signal); it replies {"pid": ...}. {"poll": pid} replies
-# {"code": exit status, or null while it runs}.
+# line on stdin: {"start": [log, *args]} creates `log` and forks a child that
+# runs `python -m <module> *args` (the module run as __main__, as `-m` does)
+# with stdout and stderr to `log` and exits as that command would (its
+# status, a traceback, a signal); it replies {"pid": ...}. {"poll": pid}
+# replies {"code": the exit status, or null while it runs}.
 _FORK_SERVER = """
 import json, os, runpy, sys
 module = sys.argv[1]
@@ -160,16 +160,17 @@ for line in sys.stdin:
   request = json.loads(line)
   if 'start' in request:
     log, *args = request['start']
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     pid = os.fork()
     if pid == 0:
       os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-      fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
       os.dup2(fd, 1)
       os.dup2(fd, 2)
       os.close(fd)
       sys.argv = [module, *args]
       runpy.run_module(module, run_name='__main__', alter_sys=True)
       sys.exit(0)
+    os.close(fd)
     reply = {'pid': pid}
   else:
     pid, status = os.waitpid(request['poll'], os.WNOHANG)
