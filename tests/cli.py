@@ -147,10 +147,11 @@ def shown_signatures(text: str) -> Dict[str, Tuple[TensorInfos, TensorInfos]]:
 
 
 # Imports the module named by its argument, then serves JSON requests, one a
-# line on stdin: {"start": [log, *args]} creates `log` and forks a child that
-# runs `python -m <module> *args` (the module run as __main__, as `-m` does)
-# with stdout and stderr to `log` and exits as that command would (its
-# status, a traceback, a signal); it replies {"pid": ...}. {"poll": pid}
+# line on stdin: {"start": [[log] or [out, err], args]} creates the logs and
+# forks a child that runs `python -m <module> *args` (the module run as
+# __main__, as `-m` does) with stdout and stderr to them and exits as that
+# command would (its status, a traceback, a signal); it replies
+# {"pid": ...}. {"poll": pid}
 # replies {"code": the exit status, or null while it runs}.
 _FORK_SERVER = """
 import json, os, runpy, sys
@@ -159,18 +160,19 @@ __import__(module)
 for line in sys.stdin:
   request = json.loads(line)
   if 'start' in request:
-    log, *args = request['start']
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    logs, args = request['start']
+    fds = [os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+           for log in logs]
     pid = os.fork()
     if pid == 0:
       os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-      os.dup2(fd, 1)
-      os.dup2(fd, 2)
-      os.close(fd)
+      os.dup2(fds[0], 1)
+      os.dup2(fds[-1], 2)
       sys.argv = [module, *args]
       runpy.run_module(module, run_name='__main__', alter_sys=True)
       sys.exit(0)
-    os.close(fd)
+    for fd in fds:
+      os.close(fd)
     reply = {'pid': pid}
   else:
     pid, status = os.waitpid(request['poll'], os.WNOHANG)
@@ -184,8 +186,9 @@ class ForkedRun:
   `subprocess.Popen`'s `poll`, `wait`, `send_signal`, `kill` and
   `returncode`."""
 
-  def __init__(self, server: 'ForkedCLI', pid: int, log: str):
-    self._server, self.pid, self.log = server, pid, log
+  def __init__(self, server: 'ForkedCLI', pid: int, log: str,
+               stderr: Optional[str]):
+    self._server, self.pid, self.log, self._stderr = server, pid, log, stderr
     self.returncode: Optional[int] = None
 
   def poll(self) -> Optional[int]:
@@ -210,8 +213,14 @@ class ForkedRun:
     self.send_signal(signal.SIGKILL)
 
   def output(self) -> str:
-    """What the run wrote to stdout and stderr so far."""
+    """What the run wrote to its log so far (stdout, and stderr unless
+    `start` was given a file for it)."""
     with open(self.log, errors='replace') as f:
+      return f.read()
+
+  def errors(self) -> str:
+    """What the run wrote to stderr so far."""
+    with open(self._stderr or self.log, errors='replace') as f:
       return f.read()
 
 
@@ -245,10 +254,12 @@ class ForkedCLI:
       raise AssertionError(f'importing {self.module} failed: {error[-3000:]}')
     return json.loads(line)
 
-  def start(self, args: Sequence[str], log) -> ForkedRun:
-    """Starts `python -m <module> *args`, stdout and stderr to `log`."""
-    log = str(log)
-    return ForkedRun(self, self.ask(start=[log, *map(str, args)])['pid'], log)
+  def start(self, args: Sequence[str], log, stderr=None) -> ForkedRun:
+    """Starts `python -m <module> *args`: stdout to `log`, stderr to
+    `stderr` (default: `log` too)."""
+    logs = [str(log)] + ([str(stderr)] if stderr else [])
+    pid = self.ask(start=[logs, [str(a) for a in args]])['pid']
+    return ForkedRun(self, pid, logs[0], stderr and logs[1])
 
   def close(self) -> None:
     """Kills the server and every run still going (one process group)."""
