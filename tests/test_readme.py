@@ -1,12 +1,13 @@
 """README.md and docs/ hold true: a short guide whose links resolve and
 whose figures live on the generated benchmark page only (its commands:
-tests/test_doc_commands.py).
+tests/test_doc_commands.py); the library's docstrings and comments and the
+YAMLs' comments hold neither history nor measured figures.
 
 Each test checks one kind of statement that went wrong before: a README
-that grew into a lab notebook, history (dates, commits, the state of a
-machine) in user prose, a measured figure copied into prose where it drifts
-from its source, a link that no longer matches the code, and a
-statement about Model Garden's own driver.
+that grew into a lab notebook, history (dates, commits, issue numbers, the
+state of a machine) in user prose or the library's, a measured figure
+copied into prose where it drifts from its source, a link that no longer
+matches the code, and a statement about Model Garden's own driver.
 """
 import ast
 import glob
