@@ -82,15 +82,21 @@ def demo_cache(tmp_path_factory):
   return tmp_path_factory.mktemp('demo_cache')
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _release_module_state():
-  """After each test module: Keras' global state reset, and everything the
-  module left is frozen (`gc.freeze`) instead of collected: later
-  collections do not walk it again, and its `tf.data` iterators are never
-  destroyed. Destroying one (a training run's input, distributed over
-  replicas) can block the process for tens of seconds with the CPU idle
-  (`RootDataset::Iterator::~Iterator` waiting for its pool's threads)."""
-  yield
+def release_state() -> None:
+  """Keras' global state reset, and everything the tests so far left is
+  frozen (`gc.freeze`) instead of collected: later collections do not walk
+  it again, and its `tf.data` iterators are never destroyed. Destroying one
+  (a training run's input, distributed over replicas) can block the process
+  for tens of seconds with the CPU idle (`RootDataset::Iterator::~Iterator`
+  waiting for its pool's threads)."""
   import tf_keras  # pylint: disable=g-import-not-at-top
   tf_keras.backend.clear_session()
   gc.freeze()
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _release_module_state():
+  """After each test module: `release_state` (after each test, in modules
+  whose every test trains a model of its own)."""
+  yield
+  release_state()

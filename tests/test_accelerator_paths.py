@@ -15,6 +15,7 @@ from official.core import exp_factory
 from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import vocabulary
+from tests import conftest
 from tests import shipped_configs
 from tests.yt8m import test_zoo_backbones
 
@@ -35,6 +36,13 @@ def _tpu_yaml_steps():
       yield pytest.param(
           path, precision,
           id=f'{os.path.relpath(path, shipped_configs.REPO)}-{precision}')
+
+@pytest.fixture(autouse=True)
+def _release_state_after_each_test():
+  """Every test trains models of its own: each one's state released after it
+  (`conftest.release_state`), as after a module."""
+  yield
+  conftest.release_state()
 
 
 @pytest.mark.parametrize('family', PRECISION_CASES)

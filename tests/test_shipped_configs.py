@@ -16,6 +16,7 @@ from official.modeling import hyperparams
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.readout import configs as readout_configs
 from tests import cli
+from tests import conftest
 from tests import shipped_configs
 
 REPO = shipped_configs.REPO
@@ -33,6 +34,13 @@ def _batches(config):
     data = getattr(config.task, name, None)
     if data is not None and getattr(data, 'global_batch_size', None):
       yield name, data.global_batch_size
+
+@pytest.fixture(autouse=True)
+def _release_state_after_each_test():
+  """Every test trains models of its own: each one's state released after it
+  (`conftest.release_state`), as after a module."""
+  yield
+  conftest.release_state()
 
 
 def test_every_family_ships_gpu_and_tpu_yamls():
