@@ -10,6 +10,7 @@ copied into prose where it drifts from its source, a link that no longer
 matches the code, and a statement about Model Garden's own driver.
 """
 import ast
+import functools
 import glob
 import inspect
 import io
@@ -240,10 +241,16 @@ def _library_prose_files():
                 for p in glob.glob(os.path.join(REPO, pattern), recursive=True))
 
 
+@functools.lru_cache(maxsize=None)
+def _library_prose(path):
+  """(line, text) of each docstring and comment of `path` (read once)."""
+  full = os.path.join(REPO, path)
+  return _yaml_prose(full) if path.endswith('.yaml') else _python_prose(full)
+
+
 def library_prose_hits(path, pattern):
   """['path:line: match', ...] of `pattern` in the prose of `path`."""
-  full = os.path.join(REPO, path)
-  prose = _yaml_prose(full) if path.endswith('.yaml') else _python_prose(full)
+  prose = _library_prose(path)
   return [f'{path}:{line + text[:m.start()].count(chr(10))}: {m.group(0)!r}'
           for line, text in prose for m in pattern.finditer(text)]
 
