@@ -128,7 +128,8 @@ _DATE = re.compile(
     r'\b(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|'
     r'Aug(?:ust)?|Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|'
     r'Dec(?:ember)?)\.? (?:[0-3]?\d,? )?(?:19|20)\d\d\b|'
-    r'\b(?:on|last|this|next|since) (?:Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)day\b|'
+    r'\b(?:on|last|this|next|since) '
+    r'(?:Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)day\b|'
     r'\b(?:this|last) (?:morning|afternoon|evening|night|week|month)\b|'
     r'\b(?:yesterday|tonight)\b', re.I)
 _COMMIT = re.compile(
@@ -145,7 +146,8 @@ _N = r'(?<![\w.,/^-])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?'
 _DEC = r'(?<![\w.,/^-])\d+\.\d+'
 _RANGE = _N + r'(?:\s*[-\u2013]\s*\d+(?:\.\d+)?)?'
 _ABOUT = r'(?:~\s*|\u2248\s*|\b(?:about|around|roughly|nearly|almost) )'
-_TIME = r'\s*(?:s|secs?|seconds?|ms|\u00b5s|us|ns|min|mins|minutes?|h|hrs?|hours?)\b'
+_TIME = (r'\s*(?:s|secs?|seconds?|ms|\u00b5s|us|ns|min|mins|minutes?|h|hrs?|'
+         r'hours?)\b')
 _MEMORY = r'\s*(?:[KMGT]i?B|bytes)\b'
 _UNIT = f'(?:{_TIME}|{_MEMORY})'
 _VERSUS = r'\s+(?:against|vs\.?|versus|compared with|->|\u2192)\s+'
@@ -161,8 +163,8 @@ _FASTER = r'(?:' + _SPEED + r'|(?:less|more|fewer|lower|higher|cheaper)\b)'
 _SHARE_OF = (r'\s+of\s+(?:(?:the|a|an|its|each|one)\s+)?(?:[\w\'-]+\s+){0,3}?'
              r'(?:time|step|steps|run|runtime|peak|memory|wall|CPU|suite)\b')
 _FIGURE = re.compile('|'.join([
-    _DEC + _UNIT, _ABOUT + _N + _UNIT, _N + f'(?:{_UNIT})?' + _VERSUS + _N + _UNIT,
-    _N + _UNIT + _VERSUS + _N,
+    _DEC + _UNIT, _ABOUT + _N + _UNIT,
+    _N + f'(?:{_UNIT})?' + _VERSUS + _N + _UNIT, _N + _UNIT + _VERSUS + _N,
     _MEASURED_BY + f'(?:{_ABOUT})?' + _N + _UNIT,
     _N + _RATE,
     # 1.4x, 15x faster, 3 times slower; never a shape (2 x 16) or a product
