@@ -9,15 +9,18 @@ would from the command line, without the ~10 s of a new Python process
 importing TensorFlow. Subprocesses remain where the process boundary is the
 subject: the training CLI's output (tests/yt8m/test_train.py), SIGKILL and
 resume (tests/test_resilience.py), several workers
-(tests/test_multiworker.py) and `saved_model_cli`.
+(tests/test_multiworker.py) and `saved_model_cli`. `ForkedCLI` starts such
+processes from one that imported the CLI's module once.
 """
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
-from typing import Callable, Dict, Sequence, Tuple
+import time
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from absl import flags
 import pytest
@@ -141,3 +144,133 @@ def shown_signatures(text: str) -> Dict[str, Tuple[TensorInfos, TensorInfos]]:
   return {key: tuple({n: tuple(v) for n, v in infos.items()}
                      for infos in sides)
           for key, sides in signatures.items()}
+
+
+# Imports the module named by its argument, then serves JSON requests, one a
+# line on stdin: {"start": [[log] or [out, err], args]} creates the logs and
+# forks a child that runs `python -m <module> *args` (the module run as
+# __main__, as `-m` does) with stdout and stderr to them and exits as that
+# command would (its status, a traceback, a signal); it replies
+# {"pid": ...}. {"poll": pid}
+# replies {"code": the exit status, or null while it runs}.
+_FORK_SERVER = """
+import json, os, runpy, sys
+module = sys.argv[1]
+__import__(module)
+for line in sys.stdin:
+  request = json.loads(line)
+  if 'start' in request:
+    logs, args = request['start']
+    fds = [os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+           for log in logs]
+    pid = os.fork()
+    if pid == 0:
+      os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+      os.dup2(fds[0], 1)
+      os.dup2(fds[-1], 2)
+      sys.argv = [module, *args]
+      runpy.run_module(module, run_name='__main__', alter_sys=True)
+      sys.exit(0)
+    for fd in fds:
+      os.close(fd)
+    reply = {'pid': pid}
+  else:
+    pid, status = os.waitpid(request['poll'], os.WNOHANG)
+    reply = {'code': os.waitstatus_to_exitcode(status) if pid else None}
+  print(json.dumps(reply), flush=True)
+"""
+
+
+class ForkedRun:
+  """One run of a `ForkedCLI`: a process of its own (`pid`), with
+  `subprocess.Popen`'s `poll`, `wait`, `send_signal`, `kill` and
+  `returncode`."""
+
+  def __init__(self, server: 'ForkedCLI', pid: int, log: str,
+               stderr: Optional[str]):
+    self._server, self.pid, self.log, self._stderr = server, pid, log, stderr
+    self.returncode: Optional[int] = None
+
+  def poll(self) -> Optional[int]:
+    if self.returncode is None:
+      self.returncode = self._server.ask(poll=self.pid)['code']
+    return self.returncode
+
+  def wait(self, timeout: float) -> int:
+    deadline = time.time() + timeout
+    while self.poll() is None:
+      if time.time() > deadline:
+        raise subprocess.TimeoutExpired(f'{self._server.module} run',
+                                        timeout, output=self.output())
+      time.sleep(0.05)
+    return self.returncode
+
+  def send_signal(self, signum: int) -> None:
+    if self.poll() is None:
+      os.kill(self.pid, signum)
+
+  def kill(self) -> None:
+    self.send_signal(signal.SIGKILL)
+
+  def output(self) -> str:
+    """What the run wrote to its log so far (stdout, and stderr unless
+    `start` was given a file for it)."""
+    with open(self.log, errors='replace') as f:
+      return f.read()
+
+  def errors(self) -> str:
+    """What the run wrote to stderr so far."""
+    with open(self._stderr or self.log, errors='replace') as f:
+      return f.read()
+
+
+class ForkedCLI:
+  """`python -m <module> ARGS` runs, each a process of its own forked from
+  one that imported `module` once (most of a new interpreter's start, for
+  TensorFlow's CLIs): its own pid, signals, exit status and TensorFlow
+  runtime (the importing process never starts it). A context manager:
+  leaving it kills the runs still going.
+
+    with cli.ForkedCLI('official_ext.train', env=env) as train:
+      run = train.start(['--experiment=...'], log=tmp_path / 'run.log')
+      run.wait(timeout=120)
+  """
+
+  def __init__(self, module: str, env: Optional[Dict[str, str]] = None,
+               cwd: Optional[str] = None):
+    self.module = module
+    self._server = subprocess.Popen(
+        [sys.executable, '-c', _FORK_SERVER, module], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        cwd=cwd, start_new_session=True)
+
+  def ask(self, **request) -> Dict[str, Optional[int]]:
+    self._server.stdin.write(json.dumps(request) + '\n')
+    self._server.stdin.flush()
+    line = self._server.stdout.readline()
+    if not line:  # The server exited: its import failed.
+      error = self._server.stderr.read()
+      self.close()
+      raise AssertionError(f'importing {self.module} failed: {error[-3000:]}')
+    return json.loads(line)
+
+  def start(self, args: Sequence[str], log, stderr=None) -> ForkedRun:
+    """Starts `python -m <module> *args`: stdout to `log`, stderr to
+    `stderr` (default: `log` too)."""
+    logs = [str(log)] + ([str(stderr)] if stderr else [])
+    pid = self.ask(start=[logs, [str(a) for a in args]])['pid']
+    return ForkedRun(self, pid, logs[0], stderr and logs[1])
+
+  def close(self) -> None:
+    """Kills the server and every run still going (one process group)."""
+    try:
+      os.killpg(self._server.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    self._server.communicate()
+
+  def __enter__(self) -> 'ForkedCLI':
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()

@@ -5,8 +5,8 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # Under pytest-xdist each worker process gets one thread for an op's own
 # parallelism (TensorFlow reads the variable when it starts; child processes
 # inherit it): workers with TensorFlow's default of one per core each
-# oversubscribe the cores (measured: a pair of test files side by side ran
-# 10-18% faster). Ops still run concurrently (inter-op threads unchanged).
+# oversubscribe the cores. Ops still run concurrently (inter-op threads
+# unchanged).
 if int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1')) > 1:
   os.environ.setdefault('TF_NUM_INTRAOP_THREADS', '1')
 
@@ -14,8 +14,8 @@ if int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1')) > 1:
 # what the compiled steps compute (IEEE semantics are the same at every
 # level; XLA's own HLO passes still run), not how fast they run, and the
 # compiles (the TPU YAMLs' whole steps, YT8M's jit_compile step, AssembleNet's
-# representation flow and its training clips' post-processing) cost about a
-# third less. Benchmarks run outside pytest, with XLA's default.
+# representation flow and its training clips' post-processing) cost less.
+# Benchmarks run outside pytest, with XLA's default.
 os.environ.setdefault('XLA_FLAGS', '--xla_backend_optimization_level=0')
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -33,10 +33,9 @@ except RuntimeError:  # Already initialized (should not happen under pytest).
 # Grappler, TensorFlow's graph optimizer, does not run on the functions the
 # tests trace: its passes (constant folding, op fusion, layout, pruning)
 # keep what a graph computes and only change how fast it runs, and on the
-# tests' tiny steps optimizing each new graph costs more than it saves
-# (measured: the suite's CPU time 14% lower). Processes the tests start
-# (the training CLI, workers, `saved_model_cli`) and the benchmarks run from
-# the command line keep it.
+# tests' tiny steps optimizing each new graph costs more than it saves.
+# Processes the tests start (the training CLI, workers, `saved_model_cli`)
+# and the benchmarks run from the command line keep it.
 tf.config.optimizer.set_experimental_options({'disable_meta_optimizer': True})
 
 import gc  # pylint: disable=g-import-not-at-top,g-bad-import-order
@@ -50,8 +49,7 @@ _KEY_BASES = itertools.count(start=7000, step=1000)
 # objects (millions) are moved out of its reach (`gc.freeze`), and it runs
 # less often while tests trace graphs (which allocate many short-lived
 # objects). Each test module's garbage is still collected after it
-# (`_release_module_state`). Five heavy test files in one process, this
-# against the defaults, side by side: 1,055 s against 1,181 s.
+# (`_release_module_state`).
 gc.collect()
 gc.freeze()
 gc.set_threshold(50_000, 20, 20)
@@ -76,16 +74,29 @@ def mirrored():
   return make_mirrored()
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _release_module_state():
-  """After each test module: Keras' global state reset, and everything the
-  module left is frozen (`gc.freeze`) instead of collected: later
-  collections do not walk it again, and its `tf.data` iterators are never
-  destroyed. Destroying one (a training run's input, distributed over
-  replicas) can block the process for tens of seconds with the CPU idle
-  (`RootDataset::Iterator::~Iterator` waiting for its pool's threads): a
-  collection here cost 33-133 s in one suite run."""
-  yield
+@pytest.fixture(scope='session')
+def demo_cache(tmp_path_factory):
+  """One folder for the generated demo data of every tiny run made from a
+  shipped YAML (tests/shipped_configs.py; keyed by its parameters, so each
+  data set is generated once per process) and the small YAMLs around it."""
+  return tmp_path_factory.mktemp('demo_cache')
+
+
+def release_state() -> None:
+  """Keras' global state reset, and everything the tests so far left is
+  frozen (`gc.freeze`) instead of collected: later collections do not walk
+  it again, and its `tf.data` iterators are never destroyed. Destroying one
+  (a training run's input, distributed over replicas) can block the process
+  for tens of seconds with the CPU idle (`RootDataset::Iterator::~Iterator`
+  waiting for its pool's threads)."""
   import tf_keras  # pylint: disable=g-import-not-at-top
   tf_keras.backend.clear_session()
   gc.freeze()
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _release_module_state():
+  """After each test module: `release_state` (after each test, in modules
+  whose every test trains a model of its own)."""
+  yield
+  release_state()

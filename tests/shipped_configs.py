@@ -1,16 +1,15 @@
 """The YAMLs under configs/, made runnable on this CPU for the tests.
 
 A shipped YAML is code a user is told to run: every one is started by a test
-(`tests/<family>/test_shipped_configs.py`). `tiny_params` applies a YAML to
-its experiment's demo counterpart (generated data, no download) with tiny
-sizes around it: the demo experiment, then the family's tiny model, then the
-YAML itself (its precision, loss scale, strategy settings and model settings
-win over the tiny model), then batch 8, 2 training steps and 1 evaluation
-step on a small generated data set. The runtime strategy the YAML names is
-replaced by one that exists on this machine (`strategy_for`: one CPU
-device); the kernel
-policy is resolved for the device the YAML is written for (`policy_for`), so
-a GPU or TPU YAML runs the ops an accelerator would.
+(tests/test_shipped_configs.py). `tiny_params` applies a YAML to its
+experiment's demo counterpart (generated data, no download) with tiny sizes
+around it: the demo experiment, then the family's tiny model, then the YAML
+itself (its precision, loss scale, strategy settings and model settings win
+over the tiny model), then batch 8, 2 training steps and 1 evaluation step on
+a small generated data set. The runtime strategy the YAML names is replaced
+by one that exists on this machine (`strategy_for`: one CPU device); the
+kernel policy is resolved for the device the YAML is written for
+(`policy_for`), so a GPU or TPU YAML runs the ops an accelerator would.
 """
 import glob
 import os
@@ -150,7 +149,7 @@ def policy_for(params) -> kernel_policy.KernelPolicy:
 def strategy_for(path: str):
   """A strategy of this machine for the YAML's: one CPU device (a GPU or
   TPU YAML's several replicas are simulated by the 2-replica tests of
-  test_accelerator_paths.py, which cost twice the tracing)."""
+  tests/test_accelerator_paths.py, which cost twice the tracing)."""
   del path  # Every YAML's.
   return tf.distribute.OneDeviceStrategy('/cpu:0')
 

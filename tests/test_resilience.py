@@ -8,8 +8,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -20,6 +18,7 @@ from official.core import exp_factory
 from official_ext.core import checkpoints
 from official_ext.core.run import orbit_actions
 from official_ext import train
+from tests import cli
 from tests.yt8m.test_train import _tiny_overrides
 from tests.yt8m.test_train import _yaml
 
@@ -79,35 +78,34 @@ def test_sigkill_at_any_point_then_same_command_finishes(tmp_path):
   overrides['trainer'].update(steps_per_loop=2, checkpoint_interval=2,
                               summary_interval=2, validation_interval=total)
   config = _yaml(tmp_path / 'tiny.yaml', overrides)
-  cmd = [sys.executable, '-m', 'official_ext.train', '--experiment=yt8m_demo',
-         '--mode=train', f'--model_dir={model_dir}', f'--config_file={config}']
+  args = ['--experiment=yt8m_demo', '--mode=train', f'--model_dir={model_dir}',
+          f'--config_file={config}']
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   resumed_from = []
-  for kill_after, delay in ((0, 0.0), (4, 0.3)):
-    before = _step(tf.train.latest_checkpoint(model_dir))
-    log = open(tmp_path / f'run{len(resumed_from)}.log', 'w')
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
-    deadline = time.time() + 300
-    while _step(tf.train.latest_checkpoint(model_dir)) <= before + kill_after:
-      assert proc.poll() is None, open(log.name).read()[-3000:]
-      assert time.time() < deadline
-      time.sleep(0.05)
-    time.sleep(delay)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    log.close()
-    resumed_from.append(_step(tf.train.latest_checkpoint(model_dir)))
-  assert 0 < resumed_from[0] < resumed_from[1] < total
-  final = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                         timeout=600, check=False)
-  assert final.returncode == 0, final.stderr[-3000:]
+  with cli.ForkedCLI('official_ext.train', env=env) as train_cli:
+    for kill_after, delay in ((0, 0.0), (4, 0.3)):
+      before = _step(tf.train.latest_checkpoint(model_dir))
+      proc = train_cli.start(args,
+                             log=tmp_path / f'run{len(resumed_from)}.log')
+      deadline = time.time() + 300
+      while _step(tf.train.latest_checkpoint(model_dir)) <= before + kill_after:
+        assert proc.poll() is None, proc.output()[-3000:]
+        assert time.time() < deadline
+        time.sleep(0.05)
+      time.sleep(delay)
+      proc.kill()
+      proc.wait(timeout=60)
+      resumed_from.append(_step(tf.train.latest_checkpoint(model_dir)))
+    assert 0 < resumed_from[0] < resumed_from[1] < total
+    final = train_cli.start(args, log=tmp_path / 'final.log')
+    assert final.wait(timeout=600) == 0, final.output()[-3000:]
   assert tf.train.latest_checkpoint(model_dir).endswith(f'ckpt-{total}')
   # The last run restored the newest checkpoint and trained only the rest:
   # its first train loop ends 2 steps after the restored step.
   # Orbit prints its lines to stdout (their log copies are dropped:
   # core.run.run_logging).
   loops = [int(s) for s in re.findall(r'train \| step:\s+(\d+) \| steps/sec',
-                                      final.stdout)]
+                                      final.output())]
   assert loops[0] == resumed_from[-1] + 2, (resumed_from, loops)
   assert loops[-1] == total
 
@@ -144,40 +142,34 @@ def test_sigterm_and_sigint_save_the_step_reached_and_the_rerun_resumes(
   overrides['trainer'].update(steps_per_loop=2, checkpoint_interval=10 * total,
                               summary_interval=2, validation_interval=total)
   config = _yaml(tmp_path / 'tiny.yaml', overrides)
-  cmd = [sys.executable, '-m', 'official_ext.train', '--experiment=yt8m_demo',
-         '--mode=train', f'--model_dir={model_dir}', f'--config_file={config}']
+  args = ['--experiment=yt8m_demo', '--mode=train', f'--model_dir={model_dir}',
+          f'--config_file={config}']
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   resumed_at = 0
-  for run, (signum, extra) in enumerate((
-      (signal.SIGTERM, []),
-      (signal.SIGINT,
-       ['--params_override=runtime.distribution_strategy=mirrored']))):
-    log_path = tmp_path / f'run{run}.log'
-    with open(log_path, 'w') as log:
-      proc = subprocess.Popen(cmd + extra, env=env, stdout=log, stderr=log)
-      try:
-        loops = _wait_for_loop(proc, log_path, resumed_at + 6)
-        proc.send_signal(signum)
-        proc.wait(timeout=120)
-      finally:
-        if proc.poll() is None:
-          proc.kill()
-          proc.wait()
-    with open(log_path) as f:
-      text = f.read()
-    # The rerun resumed where the signal stopped the first run.
-    assert loops[0] == resumed_at + 2, (run, loops)
-    assert proc.returncode == 128 + signum, (run, text[-3000:])
-    name = signal.Signals(signum).name
-    match = re.search(rf'Training stopped by {name} at step (\d+): saved the '
-                      rf'checkpoint (\S+)\.', text)
-    assert match, (run, text[-3000:])
-    step = int(match.group(1))
-    assert step >= loops[-1] and step < total
-    latest = tf.train.latest_checkpoint(model_dir)
-    assert _step(latest) == step and match.group(2) == latest, (latest, step)
-    assert not os.path.exists(os.path.join(model_dir, 'writer.lock'))
-    resumed_at = step
+  with cli.ForkedCLI('official_ext.train', env=env) as train_cli:
+    for run, (signum, extra) in enumerate((
+        (signal.SIGTERM, []),
+        (signal.SIGINT,
+         ['--params_override=runtime.distribution_strategy=mirrored']))):
+      log_path = tmp_path / f'run{run}.log'
+      proc = train_cli.start(args + extra, log=log_path)
+      loops = _wait_for_loop(proc, log_path, resumed_at + 6)
+      proc.send_signal(signum)
+      proc.wait(timeout=120)
+      text = proc.output()
+      # The rerun resumed where the signal stopped the first run.
+      assert loops[0] == resumed_at + 2, (run, loops)
+      assert proc.returncode == 128 + signum, (run, text[-3000:])
+      name = signal.Signals(signum).name
+      match = re.search(rf'Training stopped by {name} at step (\d+): saved the '
+                        rf'checkpoint (\S+)\.', text)
+      assert match, (run, text[-3000:])
+      step = int(match.group(1))
+      assert step >= loops[-1] and step < total
+      latest = tf.train.latest_checkpoint(model_dir)
+      assert _step(latest) == step and match.group(2) == latest, (latest, step)
+      assert not os.path.exists(os.path.join(model_dir, 'writer.lock'))
+      resumed_at = step
 
 
 def _truncate(path):

@@ -5,8 +5,6 @@ listed in the failures file, whole-or-nothing output."""
 import functools
 import os
 import re
-import subprocess
-import sys
 
 from absl import app
 from absl import flags
@@ -298,28 +296,33 @@ def test_the_feature_pipeline_takes_the_single_process_commands_flags():
 def test_the_command_exits_0_after_converting_and_1_when_it_failed(tmp_path):
   """`python -m official_ext.assemblenet.beam_pipelines convert` in a new
   process: exit 0 when every video was written (into a folder it creates),
-  non-zero with the error when it was not."""
-  video_dir = tmp_path / 'videos'
-  videos.write_demo_videos(str(video_dir), videos_per_class=1, num_frames=4,
-                           size=32)
+  non-zero with the error when it was not. Both runs forked from one import
+  of the module (`cli.ForkedCLI`), which goes on while the videos are
+  written."""
   repo = os.path.dirname(os.path.dirname(os.path.dirname(
       os.path.abspath(__file__))))
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
              PYTHONPATH=os.pathsep.join(
                  [repo] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
-  output = tmp_path / 'new' / 'train'
-  command = [sys.executable, '-m', 'official_ext.assemblenet.beam_pipelines',
-             'convert', f'--video_dir={video_dir}', f'--output={output}',
-             '--num_shards=2']
-  done = subprocess.run(command, cwd=repo, env=env, capture_output=True,
-                        text=True, timeout=300, check=False)
-  assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-  assert 'wrote 2 shard(s)' in done.stdout and 'Result(' not in done.stdout
-  assert sorted(os.listdir(output.parent)) == [
-      'train-00000-of-00002.tfrecord', 'train-00001-of-00002.tfrecord',
-      'train.classes.txt', 'train.failures.tsv']
-  failed = subprocess.run(command + ['--num_shards=9', '--overwrite'],
-                          cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
-  assert failed.returncode == 1, failed.stdout + failed.stderr[-3000:]
-  assert '--num_shards=9 but 8 video(s) were written' in failed.stderr
+  with cli.ForkedCLI('official_ext.assemblenet.beam_pipelines', env=env,
+                     cwd=repo) as command:
+    video_dir = tmp_path / 'videos'
+    videos.write_demo_videos(str(video_dir), videos_per_class=1, num_frames=4,
+                             size=32)
+    output = tmp_path / 'new' / 'train'
+    args = ['convert', f'--video_dir={video_dir}', f'--output={output}',
+            '--num_shards=2']
+    done = command.start(args, log=tmp_path / 'done.out',
+                         stderr=tmp_path / 'done.err')
+    assert done.wait(timeout=300) == 0, done.output() + done.errors()[-3000:]
+    assert 'wrote 2 shard(s)' in done.output()
+    assert 'Result(' not in done.output()
+    assert sorted(os.listdir(output.parent)) == [
+        'train-00000-of-00002.tfrecord', 'train-00001-of-00002.tfrecord',
+        'train.classes.txt', 'train.failures.tsv']
+    failed = command.start(args + ['--num_shards=9', '--overwrite'],
+                           log=tmp_path / 'failed.out',
+                           stderr=tmp_path / 'failed.err')
+    assert failed.wait(timeout=300) == 1, (
+        failed.output() + failed.errors()[-3000:])
+    assert '--num_shards=9 but 8 video(s) were written' in failed.errors()

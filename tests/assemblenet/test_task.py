@@ -1,7 +1,7 @@
 """The AssembleNet++lite task: experiments, losses, mAP, 2-replica training.
 
-The shipped YAMLs are checked against their experiments in
-tests/test_launch_configs.py and started in test_shipped_configs.py.
+The shipped YAMLs are checked against their experiments and started in
+tests/test_shipped_configs.py.
 """
 import numpy as np
 import pytest
