@@ -17,13 +17,13 @@ from official.core import task_factory
 from official_ext.benchmarks import graph_flops
 from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
+from official_ext.benchmarks import yt8m_metrics_reference as metrics_reference
 from official_ext.core.kernels import kernel_policy
 from official_ext import train
 from official_ext.yt8m import configs  # pylint: disable=unused-import  (registers 'yt8m')
 from official_ext.yt8m import dataloader
 from official_ext.yt8m import demo_data
 from official_ext.yt8m import metrics
-from official_ext.yt8m import metrics_reference
 from official_ext.yt8m import task as yt8m_task  # pylint: disable=unused-import  (registers YT8MTask)
 
 

@@ -1,5 +1,5 @@
 """Configs compared key by key: which keys must stay the trained model's."""
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from official.modeling import hyperparams
 
@@ -85,21 +85,35 @@ def _normalized(value: Any) -> Any:
   return value
 
 
-def contradictions(trained: Dict[str, Any], final: Dict[str, Any]
-                   ) -> List[Tuple[str, Any, Any]]:
-  """Sorted (key, trained, final) of the model-affecting leaves that differ."""
+def differences(old: Dict[str, Any], new: Dict[str, Any],
+                model_only: bool = False) -> List[Tuple[str, Any, Any]]:
+  """Sorted (key, old, new) of the leaves (`config_leaves`) that differ (None
+  where absent); with `model_only`, the model-affecting ones, a one-of whose
+  `type` changed reported by its type alone."""
   missing = object()
   out = []
-  # A one-of whose `type` changed is reported by its type alone.
-  switched = [key[:-len('type')] for key in trained
-              if key.endswith('.type') and key in final and
-              trained[key] != final[key]]
-  for key in sorted(set(trained) | set(final)):
-    if not model_affecting_key(key) or any(
-        key.startswith(p) and key != p + 'type' for p in switched):
+  switched = [key[:-len('type')] for key in old
+              if model_only and key.endswith('.type') and key in new and
+              old[key] != new[key]]
+  for key in sorted(set(old) | set(new)):
+    if model_only and (not model_affecting_key(key) or any(
+        key.startswith(p) and key != p + 'type' for p in switched)):
       continue
-    va, vb = trained.get(key, missing), final.get(key, missing)
+    va, vb = old.get(key, missing), new.get(key, missing)
     if va != vb:
       out.append((key, None if va is missing else va,
                   None if vb is missing else vb))
   return out
+
+
+def contradictions(trained: Dict[str, Any], final: Dict[str, Any]
+                   ) -> List[Tuple[str, Any, Any]]:
+  """Sorted (key, trained, final) of the model-affecting leaves that differ."""
+  return differences(trained, final, model_only=True)
+
+
+def describe(found: Sequence[Tuple[str, Any, Any]], old_source: str,
+             new_source: str) -> str:
+  """One indented line per difference: `key: OLD has x, NEW has y`."""
+  return '\n  '.join(f'{key}: {old_source} has {old!r}, {new_source} has '
+                      f'{new!r}' for key, old, new in found)

@@ -188,9 +188,8 @@ def parse_flags(flags_obj, checkpoint_path: Optional[str] = None,
     differences = config_comparison.contradictions(
         parser.trained, config_comparison.config_leaves(params))
     if differences:
-      lines = '\n  '.join(
-          f'{key}: {parser.params_yaml} has {old!r}, the flags give {new!r}'
-          for key, old, new in differences)
+      lines = config_comparison.describe(differences, parser.params_yaml,
+                                         'the flags')
       raise ValueError(
           f'--config_file/--params_override contradict the config the '
           f'checkpoint was trained with in {len(differences)} model-affecting '
@@ -281,8 +280,7 @@ def check_model_params(params: config_definitions.ExperimentConfig,
       config_comparison.config_leaves(trained),
       config_comparison.config_leaves(params))
   if differences:
-    lines = '\n  '.join(f'{key}: {path} has {old!r}, the config given has '
-                         f'{new!r}' for key, old, new in differences)
+    lines = config_comparison.describe(differences, path, 'the config given')
     raise ValueError(
         f'The config given to {command} contradicts the one the model at '
         f'{model} was trained/exported with in {len(differences)} '

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
+from official_ext.benchmarks import yt8m_metrics_reference as metrics_reference
 from official_ext.yt8m import metrics
-from official_ext.yt8m import metrics_reference
 
 KEYS = ('hit_at_one', 'perr', 'gap', 'map', 'map_all_classes')
 

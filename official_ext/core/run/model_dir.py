@@ -3,7 +3,7 @@
 import os
 import re
 import tempfile
-from typing import Any, List, Optional, Tuple
+from typing import Optional
 
 from absl import logging
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
@@ -38,20 +38,6 @@ def _trained_config(params, params_yaml: str):
     ) from e
 
 
-def _differences(old: Any, new: Any) -> List[Tuple[str, Any, Any]]:
-  """(key, old, new) of every leaf that differs, one-ofs by active branch."""
-  a = config_comparison.config_leaves(old)
-  b = config_comparison.config_leaves(new)
-  missing = object()
-  out = []
-  for key in sorted(set(a) | set(b)):
-    va, vb = a.get(key, missing), b.get(key, missing)
-    if va != vb:
-      out.append((key, None if va is missing else va,
-                  None if vb is missing else vb))
-  return out
-
-
 def check_model_dir(params, model_dir: str,
                     experiment: Optional[str] = None) -> None:
   """Refuses a model_dir holding another experiment's or model's run.
@@ -77,24 +63,24 @@ def check_model_dir(params, model_dir: str,
         f'({params_yaml}); this run is experiment {experiment!r}. Use a new '
         '--model_dir (nothing was written), or --experiment='
         f'{previous} to continue that run.')
-  differences = _differences(_trained_config(params, params_yaml), params)
-  model = [d for d in differences
-           if config_comparison.model_affecting_key(d[0])]
+  trained = config_comparison.config_leaves(
+      _trained_config(params, params_yaml))
+  final = config_comparison.config_leaves(params)
+  model = config_comparison.contradictions(trained, final)
   if model:
-    lines = '\n  '.join(f'{key}: {params_yaml} has {old!r}, this run has '
-                        f'{new!r}' for key, old, new in model)
+    lines = config_comparison.describe(model, params_yaml, 'this run')
     raise ModelDirInUseError(
         f'model_dir {model_dir} holds a run of '
         f'{"experiment " + repr(previous) if previous else "another model"}'
         f' with a different model config in {len(model)} key(s):\n  {lines}\n'
         'Use a new --model_dir for a different model (nothing was written), '
         'or drop these overrides to continue that run.')
+  differences = config_comparison.differences(trained, final)
   if differences:
     logging.info(
         'model_dir %s: continuing its run with %d changed setting(s) that do '
         'not change the model:\n  %s', model_dir, len(differences),
-        '\n  '.join(f'{key}: {old!r} -> {new!r}'
-                    for key, old, new in differences))
+        config_comparison.describe(differences, params_yaml, 'this run'))
 
 
 def write_params_yaml(params, model_dir: str,

@@ -1,8 +1,6 @@
-"""A plainly correct, slow reference of the YouTube-8M metrics.
-
-The oracle of tests/yt8m/test_metrics.py and of `python -m
-official_ext.benchmark yt8m`; on no evaluation path. Small inputs only.
-"""
+"""A plainly correct, slow reference of the YouTube-8M metrics: what the
+yt8m benchmark times `yt8m.metrics` against and tests/yt8m/test_metrics.py
+checks it with; on no evaluation path. Small inputs only."""
 import math
 from typing import Dict
 
