@@ -44,7 +44,8 @@ def test_every_main_given_to_app_run_returns_none():
   files = {f for f, _, _ in commands}
   assert {'official_ext/train.py',
           'official_ext/assemblenet/beam_pipelines.py',
-          'scripts/assemblenet_videos_to_tfrecord.py'} <= files, files
+          'scripts/assemblenet_videos_to_tfrecord.py',
+          'scripts/nwb_to_readout.py'} <= files, files
   wrong = []
   for path, name, tree in commands:
     functions = [n for n in tree.body

@@ -372,7 +372,8 @@ def test_the_shell_reading():
     ('python -m official_ext.benchmark yt8m --bogus', 'bogus'),
     ('python -m official_ext.benchmark nope', 'not one of'),
     ('python scripts/nwb_to_readout.py --nwb=a.nwb --output_dir=/tmp/o '
-     '--bogus=1', 'unrecognized arguments: --bogus=1'),
+     '--bogus=1', 'bogus'),
+    ('python scripts/nwb_to_readout.py --nwb=a.nwb', 'output_dir'),
     ('python scripts/nope.py', 'no scripts/nope.py'),
     ('python scripts/assemblenet_videos_to_tfrecord.py --video_dir=/v '
      '--output=/o --bogus=1', 'bogus'),

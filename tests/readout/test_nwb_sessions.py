@@ -17,6 +17,7 @@ from official_ext.readout import configs
 from official_ext.readout import dataloader
 from official_ext.readout import nwb
 from official_ext.readout import unit_vocabulary as vocabulary_lib
+from tests import cli
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'scripts',
                        'nwb_to_readout.py')
@@ -86,9 +87,9 @@ def converted(tmp_path_factory):
   for seed, identifier in enumerate(_FILES):
     path = tmp / f'{identifier}.nwb'
     files[identifier] = (str(path),) + _write(path, identifier, seed)
-  first = _script().main(
-      [f'--nwb={files["rat1-day1"][0]},{files["rat2-day1"][0]}',
-       f'--output_dir={tmp / "ab"}'] + _FLAGS)
+  first = cli.run_main(
+      _script(), f'--nwb={files["rat1-day1"][0]},{files["rat2-day1"][0]}',
+      f'--output_dir={tmp / "ab"}', *_FLAGS, entry='convert')
   # A new recording, and one converted before, onto the first vocabulary.
   appended = nwb.convert(
       [files['rat1-day2'][0], files['rat1-day1'][0]], str(tmp / 'c'),

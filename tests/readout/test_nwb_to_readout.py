@@ -3,11 +3,13 @@ scripts/nwb_to_readout.py), on files this test writes with pynwb's own API,
 trained through `official_ext.train`."""
 import datetime
 import importlib.util
+import inspect
 import json
 import math
 import os
 import shutil
 
+from absl import flags as absl_flags
 import numpy as np
 import pynwb  # The `test` extra installs it (setup.py).
 from pynwb import behavior
@@ -18,6 +20,7 @@ from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
 from official_ext.core import experiment_params
 from official_ext.readout import nwb
+from tests import cli
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'scripts',
                        'nwb_to_readout.py')
@@ -32,6 +35,12 @@ def _script():
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def _convert(script, *args):
+  """The script's conversion run on `args` as from the command line; its
+  summary."""
+  return cli.run_main(script, *args, entry='convert')
 
 
 def _nwbfile():
@@ -103,8 +112,8 @@ def converted(tmp_path_factory):
   tmp = tmp_path_factory.mktemp('nwb')
   spikes, table = _write(tmp / 'session.nwb')
   script = _script()
-  summary = script.main([f'--nwb={tmp / "session.nwb"}',
-                         f'--output_dir={tmp / "out"}'] + _FLAGS)
+  summary = _convert(script, f'--nwb={tmp / "session.nwb"}',
+                     f'--output_dir={tmp / "out"}', *_FLAGS)
   return tmp, script, summary, spikes, table
 
 
@@ -191,8 +200,8 @@ def test_every_trial_with_its_counts_and_targets(converted, capsys):
   assert readouts['wheel_speed']['left_out_queries'] == left_out_wheel
   assert readouts['reaction_time']['left_out_queries'] == 1
   # The same flags give the same bytes (a seeded split, sorted map keys).
-  again = _script().main([f'--nwb={tmp / "session.nwb"}',
-                          f'--output_dir={tmp / "again"}'] + _FLAGS)
+  again = _convert(_script(), f'--nwb={tmp / "session.nwb"}',
+                   f'--output_dir={tmp / "again"}', *_FLAGS)
   out = capsys.readouterr().out
   assert 'stimulus: multinomial dim 3' in out and again['files']['config'] in out
   for split in ('train', 'validation'):
@@ -363,7 +372,7 @@ def test_output_dir_refused_unless_overwrite_and_written_whole(
   monkeypatch.setattr(nwb, 'read_session', no_read)
   with pytest.raises(ValueError, match=rf'{out} is not empty .*readout\.yaml'
                      r'.*--overwrite'):
-    script.main(args)
+    _convert(script, *args)
   assert contents() == before
   monkeypatch.setattr(nwb, 'read_session', read)
   dump = json.dump
@@ -374,11 +383,39 @@ def test_output_dir_refused_unless_overwrite_and_written_whole(
 
   monkeypatch.setattr(nwb.json, 'dump', failing_dump)
   with pytest.raises(OSError, match='injected'):
-    script.main(args + ['--overwrite'])
+    _convert(script, *args, '--overwrite')
   assert contents() == before  # No file replaced, nothing staged left.
   monkeypatch.setattr(nwb.json, 'dump', dump)
-  again = script.main(args + ['--overwrite'])
+  again = _convert(script, *args, '--overwrite')
   after = contents()
   assert set(after) == set(before)
   assert after['train.tfrecord'] != before['train.tfrecord']  # Another split.
   assert again['trial_ids'] != summary['trial_ids']
+
+
+def test_the_command_takes_absl_flags_with_the_converters_defaults(tmp_path):
+  """scripts/nwb_to_readout.py defines its flags with absl (`define_flags`,
+  `main(argv, flag_values)`, as the package's CLIs): one flag per argument of
+  `nwb.convert`, with its default; --nwb and --output_dir required; `main`
+  exits with a conversion error's message alone."""
+  script = _script()
+  flag_values = absl_flags.FlagValues()
+  script.define_flags(flag_values)
+  defaults = {name: None if p.default is p.empty else p.default
+              for name, p in inspect.signature(nwb.convert).parameters.items()}
+  assert {name: flag_values[name].default for name in defaults} == defaults
+  assert set(flag_values) == set(defaults)
+  assert flag_values['tokens'].parser.enum_values == nwb.TOKENS
+  for required in ('nwb', 'output_dir'):
+    with pytest.raises(absl_flags.IllegalFlagValueError, match=required):
+      cli.parse_flags(script, *[f'--{n}=x' for n in ('nwb', 'output_dir')
+                                if n != required])
+  with pytest.raises(absl_flags.IllegalFlagValueError, match='tokens'):
+    cli.parse_flags(script, '--nwb=x', '--output_dir=y', '--tokens=words')
+  out = tmp_path / 'out'
+  out.mkdir()
+  (out / 'kept.txt').write_text('x')
+  with pytest.raises(SystemExit, match=rf'^nwb_to_readout: {out} is not '
+                     'empty'):
+    cli.run_main(script, f'--nwb={tmp_path / "absent.nwb"}',
+                 f'--output_dir={out}')
