@@ -1,4 +1,5 @@
-"""AssembleNet++lite computes what the original TF1 code computes.
+"""AssembleNet++lite, AssembleNet and AssembleNet++ compute what the original
+TF1 code computes.
 
 The original (google-research `assemblenet/`: assemblenet_plus_lite.py,
 assemblenet_plus.py, assemblenet.py, rep_flow_2d_layer.py, model_structures.py,
@@ -10,8 +11,11 @@ non-trivial weights and batch-norm statistics, inference mode) and saves its
 variables and outputs; here the project's network, as Model Garden's model
 factory builds the shipped `assemblenet_plus_lite_charades` configuration,
 takes every variable by `original_variable_map` and must give the same flow,
-fusions, node outputs and logits. What is compared, the mapping and the
-settings: docs/assemblenet.md#equal-to-the-original-code.
+fusions, node outputs and logits; likewise AssembleNet-50 and
+AssembleNet++-50 with an object input (`compared_asn`), and the published
+AssembleNet(++) networks' parameter counts. What is compared, the mapping and
+the settings: docs/assemblenet.md#equal-to-the-original-code and
+#assemblenet-and-assemblenet.
 """
 import collections
 import json
