@@ -102,11 +102,51 @@ class AssembleNetPlusLite(hyperparams.Config):
   rep_flow: RepFlow = dataclasses.field(default_factory=RepFlow)
 
 
+def _asn_rep_flow() -> RepFlow:
+  return RepFlow(num_iter=40)  # The original AssembleNet's.
+
+
+@dataclasses.dataclass
+class AssembleNet(hyperparams.Config):
+  """The AssembleNet backbone (Model Garden's field names where they apply;
+  the clip's frame count comes from the input, so there is no num_frames)."""
+  model_id: str = '50'  # Depth: 26, 38, 50, 68, 77 or 101.
+  # Overrides the depth's blocks per level (4 ints) when set.
+  blocks_per_level: Tuple[int, ...] = ()
+  combine_method: str = 'sigmoid'  # Edge-weighted sum (no 'concat').
+  # The node list as JSON (one int of filters per block node); default the
+  # published AssembleNet-50 with its edge weights ('' learns them).
+  model_structure: str = json.dumps(structures.ASN50_STRUCTURE)
+  model_edge_weights: str = json.dumps(structures.ASN_EDGE_WEIGHTS)
+  model_structure_path: str = ''
+  model_edge_weights_path: str = ''
+  precision: str = ''  # As AssembleNetPlusLite.precision.
+  bn_decay: float = 0.99
+  bn_epsilon: float = 1e-5
+  use_sync_bn: bool = False
+  recompute_grad: bool = False
+  rep_flow: RepFlow = dataclasses.field(default_factory=_asn_rep_flow)
+
+
+@dataclasses.dataclass
+class AssembleNetPlus(AssembleNet):
+  """The AssembleNet++ backbone: AssembleNet with attention and object
+  inputs."""
+  attention_mode: Optional[str] = 'peer'  # None (off), 'self' or 'peer'.
+  # The model takes features['objects'] (int32 class ids [B, T, H, W]);
+  # must agree with the structure having an object stem (-3).
+  use_object_input: bool = False
+  num_object_classes: int = 151  # ADE-20K's, as the original.
+
+
 @dataclasses.dataclass
 class Backbone3D(hyperparams.OneOfConfig):
   type: Optional[str] = 'assemblenet_plus_lite'
   assemblenet_plus_lite: AssembleNetPlusLite = dataclasses.field(
       default_factory=AssembleNetPlusLite)
+  assemblenet: AssembleNet = dataclasses.field(default_factory=AssembleNet)
+  assemblenet_plus: AssembleNetPlus = dataclasses.field(
+      default_factory=AssembleNetPlus)
 
 
 @dataclasses.dataclass
@@ -114,7 +154,8 @@ class VideoClassificationModel(hyperparams.Config):
   """Backbone + the lite head."""
   model_type: str = 'assemblenet_plus_lite'  # The `factory_3d` builder.
   backbone: Backbone3D = dataclasses.field(default_factory=Backbone3D)
-  head_filters: Tuple[int, ...] = (432, 2048)  # The head's 1x1x1 convs.
+  # The lite head's 1x1x1 convs (AssembleNet's head has none).
+  head_filters: Tuple[int, ...] = (432, 2048)
   # Per-frame logits summed with softmax(logits / sqrt(T)) weights over time
   # instead of global average pooling.
   max_pool_predictions: bool = False

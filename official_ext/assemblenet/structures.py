@@ -1,6 +1,6 @@
-"""AssembleNet++lite network structures: the published one and tiny ones, their
-checks and the readers of the config's structure fields (the format:
-docs/assemblenet.md#the-network)."""
+"""AssembleNet, AssembleNet++ and AssembleNet++lite network structures: the
+published ones and tiny ones, their checks and the readers of the config's
+structure fields (the format: docs/assemblenet.md#the-network)."""
 import json
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -48,6 +48,107 @@ ASSEMBLENET_PLUS_LITE_EDGE_WEIGHTS = [
 
 ASSEMBLENET_PLUS_LITE_BLOCKS_PER_LEVEL = (3, 5, 11, 7)
 
+# AssembleNet-50 / -101 (Ryoo et al., ICLR 2020; found by evolution on
+# Moments in Time) and their learned edge weights, as published with the
+# original code (`asn50_structure`, `asn101_structure`,
+# `asn_structure_weights`). A block node's filters are one int f: its blocks
+# end with 4 f channels.
+ASN50_STRUCTURE = [
+    [-1, 4], [-1, 4], [-2, 1], [-2, 1],
+    [0, [1], 32, 1, 1, 0], [0, [0], 32, 4, 1, 0],
+    [0, [0, 1, 2, 3], 32, 1, 1, 0], [0, [2, 3], 32, 2, 1, 0],
+    [1, [0, 4, 5, 6, 7], 64, 2, 2, 0], [1, [0, 2, 4, 7], 64, 1, 2, 0],
+    [1, [0, 5, 7], 64, 4, 2, 0], [1, [0, 5], 64, 1, 2, 0],
+    [2, [4, 8, 10, 11], 256, 1, 2, 0], [2, [8, 9], 256, 4, 2, 0],
+    [3, [12, 13], 512, 2, 2, 0],
+]
+ASN101_STRUCTURE = [
+    [-1, 4], [-1, 4], [-2, 1], [-2, 1],
+    [0, [1], 32, 1, 1, 0], [0, [0], 32, 4, 1, 0],
+    [0, [0, 1, 2, 3], 32, 1, 1, 0], [0, [2, 3], 32, 2, 1, 0],
+    [1, [0, 4, 5, 6, 7], 64, 2, 2, 0], [1, [0, 2, 4, 7], 64, 1, 2, 0],
+    [1, [0, 5, 7], 64, 4, 2, 0], [1, [0, 5], 64, 1, 2, 0],
+    [2, [4, 8, 10, 11], 192, 1, 2, 0], [2, [8, 9], 192, 4, 2, 0],
+    [3, [12, 13], 256, 2, 2, 0],
+]
+ASN_EDGE_WEIGHTS = [
+    [], [], [], [], [], [],
+    [[0.13810564577579498, 0.8465337157249451, 0.3072969317436218,
+      0.2867436408996582]],
+    [[0.5846117734909058, 0.6066334843635559]],
+    [[0.16382087767124176, 0.8852924704551697, 0.4039595425128937,
+      0.6823437809944153, 0.5331538319587708]],
+    [[0.028569204732775688, 0.10333596915006638, 0.7517264485359192,
+      0.9260114431381226]],
+    [[0.28832191228866577, 0.7627848982810974, 0.404977947473526]],
+    [[0.23474831879138947, 0.7841425538063049]],
+    [[0.27616503834724426, 0.9514784812927246, 0.6568767428398132,
+      0.9547983407974243]],
+    [[0.5047007203102112, 0.8876819610595703]],
+    [[0.9892204403877258, 0.8454614877700806]],
+]
+
+# AssembleNet++-50 (Ryoo et al., ECCV 2020; found on Charades) with its
+# object-segmentation stem (node 4, [-3, 4]) and learned edge weights
+# (`full_asnp50_structure`, `full_asnp_structure_weights`).
+FULL_ASNP50_STRUCTURE = [
+    [-1, 2], [-1, 4], [-2, 2], [-2, 1], [-3, 4],
+    [0, [0, 1, 2, 3, 4], 32, 1, 1, 0],
+    [0, [0, 1, 4], 32, 4, 1, 0],
+    [0, [2, 3, 4], 32, 8, 1, 0],
+    [0, [2, 3, 4], 32, 1, 1, 0],
+    [1, [0, 1, 2, 4, 5, 6, 7, 8], 64, 4, 2, 0],
+    [1, [2, 3, 4, 7, 8], 64, 1, 2, 0],
+    [1, [0, 4, 5, 6, 7], 128, 8, 2, 0],
+    [2, [4, 11], 256, 8, 2, 0],
+    [2, [2, 3, 4, 5, 6, 7, 8, 10, 11], 256, 4, 2, 0],
+    [3, [12, 13], 512, 2, 2, 0],
+]
+FULL_ASNP_EDGE_WEIGHTS = [
+    [], [], [], [], [],
+    [[0.6143830418586731, 0.7111759185791016, 0.19351491332054138,
+      0.1701001077890396, 0.7178536653518677]],
+    [[0.5755624771118164, 0.5644599795341492, 0.7128658294677734]],
+    [[0.26563042402267456, 0.3033692538738251, 0.8244096636772156]],
+    [[0.07013848423957825, 0.07905343919992447, 0.8767927885055542]],
+    [[0.5008697509765625, 0.5020178556442261, 0.49819135665893555,
+      0.5015180706977844, 0.4987695813179016, 0.4990265369415283,
+      0.499239057302475, 0.4974501430988312]],
+    [[0.47034338116645813, 0.4694305658340454, 0.767791748046875,
+      0.5539310574531555, 0.4520096182823181]],
+    [[0.2769702076911926, 0.8116549253463745, 0.597356915473938,
+      0.6585626602172852, 0.5915306210517883]],
+    [[0.501274824142456, 0.5016682147979736]],
+    [[0.0866393893957138, 0.08469288796186447, 0.9739039540290833,
+      0.058271341025829315, 0.08397126197814941, 0.10285478830337524,
+      0.18506969511508942, 0.23874442279338837, 0.9188644886016846]],
+    [[0.4174623489379883, 0.5844835638999939]],
+]
+
+# AssembleNet / AssembleNet++ depth -> blocks per level (levels 0..3).
+ASSEMBLENET_BLOCKS_PER_DEPTH = {
+    26: (2, 2, 2, 2), 38: (2, 4, 4, 2), 50: (3, 4, 6, 3),
+    68: (3, 4, 12, 3), 77: (3, 4, 15, 3), 101: (3, 4, 23, 3),
+}
+# AssembleNet's bottleneck width (the 3x3 convolution's channels) per level.
+ASSEMBLENET_INTERMEDIATE_CHANNELS = (64, 128, 256, 512)
+
+
+def assemblenet_blocks_per_level(model_id: Union[str, int]) -> Tuple[int, ...]:
+  """The blocks per level of AssembleNet(++)-`model_id` (a depth).
+
+  Raises:
+    ValueError: an unknown depth, naming the known ones."""
+  try:
+    depth = int(model_id)
+  except (TypeError, ValueError):
+    depth = None
+  if depth not in ASSEMBLENET_BLOCKS_PER_DEPTH:
+    raise ValueError(f'model_id {model_id!r} is not an AssembleNet depth; '
+                     f'known: {sorted(ASSEMBLENET_BLOCKS_PER_DEPTH)}.')
+  return ASSEMBLENET_BLOCKS_PER_DEPTH[depth]
+
+
 # A small structure with the same topology rules (two stems, every level,
 # multi-input fusion with differing channel counts and spatial sizes), for
 # tests and the CPU demo.
@@ -84,11 +185,14 @@ def is_stem(node: Sequence[Any]) -> bool:
 
 def validate_structure(structure: StructureLike,
                        edge_weights: Optional[StructureLike] = None,
-                       blocks_per_level: Optional[Sequence[int]] = None
+                       blocks_per_level: Optional[Sequence[int]] = None,
+                       int_filters: bool = False
                        ) -> List[List[Any]]:
   """Checks a structure (node list or JSON text), and optionally edge weights
   ('' / '[]' / None: learned) and `blocks_per_level` (4 positive ints);
-  returns the structure as lists, block nodes cut to five entries.
+  returns the structure as lists, block nodes cut to five entries. A block
+  node's filters are 3 ints (AssembleNet++lite), or with `int_filters` one
+  int (AssembleNet, AssembleNet++).
 
   Raises:
     ValueError: naming the offending node (`node i`) and what was expected."""
@@ -131,8 +235,13 @@ def validate_structure(structure: StructureLike,
                          f'than the node\'s own index {i}.')
     if len(set(inputs)) != len(inputs):
       raise ValueError(f'{where}: inputs {inputs!r} repeat a node.')
-    if (not isinstance(filters, (list, tuple)) or len(filters) != 3 or
-        not all(_is_int(f) and f >= 1 for f in filters)):
+    if int_filters:
+      if not _is_int(filters) or filters < 1:
+        raise ValueError(f'{where}: filters must be one positive int (the '
+                         f'blocks end with 4 x filters channels); got '
+                         f'{filters!r}.')
+    elif (not isinstance(filters, (list, tuple)) or len(filters) != 3 or
+          not all(_is_int(f) and f >= 1 for f in filters)):
       raise ValueError(f'{where}: filters must be 3 positive ints '
                        f'[f_expand, f_expand, f_out]; got {filters!r}.')
     if not _is_int(dilation) or dilation < 1:
@@ -141,7 +250,8 @@ def validate_structure(structure: StructureLike,
     if not _is_int(stride) or stride < 1:
       raise ValueError(f'{where}: spatial_stride must be an int >= 1; got '
                        f'{stride!r}.')
-    out.append([level, list(inputs), list(filters), dilation, stride])
+    out.append([level, list(inputs),
+                filters if int_filters else list(filters), dilation, stride])
   if not any(n[0] < 0 for n in out):
     raise ValueError('model structure has no stem node ([-1, d] RGB or '
                      '[-2, d] flow).')

@@ -15,6 +15,7 @@ from official_ext.assemblenet import configs
 from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import metrics as anet_metrics
+from official_ext.assemblenet.modeling import assemblenet  # pylint: disable=unused-import  (registers builders)
 from official_ext.assemblenet.modeling import assemblenet_plus_lite  # pylint: disable=unused-import  (registers builders)
 from official_ext.assemblenet import structures
 from official_ext.core import gradients

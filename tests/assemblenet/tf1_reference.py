@@ -1,4 +1,5 @@
-"""Runs the original TF1 AssembleNet++lite for test_tf1_equivalence.py.
+"""Runs the original TF1 AssembleNet++lite, AssembleNet or AssembleNet++ for
+test_tf1_equivalence.py.
 
 A script, run by the test in a process of its own: the original
 (google-research `assemblenet/`, from `--tf1_path`) is imported unchanged
@@ -10,7 +11,8 @@ Nothing here may import the project: this process holds the original only.
 It writes an .npz: the clip, the logits, every variable's value, the tensors
 each stem, fusion, block group and the representation flow returned, the
 original's structure and edge weights, and the trainable parameter count of
-the published network (blocks [3, 5, 11, 7]) at 32 x 224^2 (graph only).
+the published network (lite: blocks [3, 5, 11, 7]; AssembleNet(++): each
+published network, objects with 151 classes) at 32 x 224^2 (graph only).
 Recipe and weight values: docs/assemblenet.md#equal-to-the-original-code.
 """
 import argparse
@@ -33,6 +35,11 @@ def _parse(argv):
                  help='batch, frames, height, width of the RGB clip')
   p.add_argument('--num_classes', type=int, default=157)
   p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--network', default='lite', choices=('lite', 'asn', 'asnp'),
+                 help='lite: AssembleNet++lite; asn: AssembleNet (asn50 '
+                 'structure); asnp: AssembleNet++ (full_asnp50 structure, '
+                 'object input)')
+  p.add_argument('--num_object_classes', type=int, default=5)
   return p.parse_args(argv)
 
 
@@ -49,6 +56,7 @@ def main(argv=None):
   # run_asn.py defines the flags the model code reads (rep_flow_2d_layer.py
   # the batch-norm ones); their defaults are the original's.
   from assemblenet import run_asn  # pylint: disable=g-import-not-at-top,unused-import
+  from assemblenet import assemblenet as asn  # pylint: disable=g-import-not-at-top
   from assemblenet import assemblenet_plus as asnp  # pylint: disable=g-import-not-at-top
   from assemblenet import assemblenet_plus_lite as lite  # pylint: disable=g-import-not-at-top
   from assemblenet import model_structures  # pylint: disable=g-import-not-at-top
@@ -56,15 +64,30 @@ def main(argv=None):
 
   FLAGS = flags.FLAGS  # pylint: disable=invalid-name
   FLAGS(['tf1_reference'])
-  # As run_asn.main does for 'assemblenet_plus_lite', with peer attention.
-  FLAGS.model_structure = json.dumps(model_structures.asnp_lite_structure)
-  FLAGS.model_edge_weights = json.dumps(
-      model_structures.asnp_lite_structure_weights)
-  FLAGS.attention_mode = 'peer'
   blocks = [int(b) for b in args.blocks_per_level.split(',')]
   batch, frames, height, width = [int(d) for d in args.clip_shape.split(',')]
+  network = args.network
+  four_d = network != 'lite'
+  if network == 'lite':
+    # As run_asn.main does for 'assemblenet_plus_lite', with peer attention.
+    structure = model_structures.asnp_lite_structure
+    edge_weights = model_structures.asnp_lite_structure_weights
+    FLAGS.attention_mode = 'peer'
+  elif network == 'asn':  # As run_asn.main does for 'assemblenet'.
+    structure = model_structures.asn50_structure
+    edge_weights = model_structures.asn_structure_weights
+  else:  # AssembleNet++-50 with its object stem, peer attention.
+    structure = model_structures.full_asnp50_structure
+    edge_weights = model_structures.full_asnp_structure_weights
+    FLAGS.attention_mode = 'peer'
+    FLAGS.use_object_input = True
+    FLAGS.num_object_classes = args.num_object_classes
+  FLAGS.model_structure = json.dumps(structure)
+  FLAGS.model_edge_weights = json.dumps(edge_weights)
+  FLAGS.num_frames = frames
+  num_objects = args.num_object_classes
 
-  # What the original's functions return is recorded (the lite module looks
+  # What the original's functions return is recorded (its modules look
   # them up at call time); their computation is theirs, unchanged.
   recorded = {}
 
@@ -78,21 +101,48 @@ def main(argv=None):
     setattr(module, name, wrapper)
 
   record(lite, 'lite_conv_stem', 'stem')
+  record(asn, 'rgb_conv_stem', 'stem')
+  record(asn, 'flow_conv_stem', 'stem')
+  record(asnp, 'object_conv_stem', 'stem')
   record(asnp, 'fusion_with_peer_attention', 'fusion')
+  record(asn, 'multi_connection_fusion', 'fusion')
   record(lite, 'block_group', 'block_group')
+  record(asn, 'block_group', 'block_group')
   record(rf, 'rep_flow', 'flow')
 
-  def build(shape, is_training, num_layers):
+  def network_fn(net, num_layers, depth=None):
+    if net == 'lite':
+      return lite.assemblenet_plus_lite(
+          num_layers=num_layers, num_classes=args.num_classes,
+          data_format='channels_last')
+    block = asn.bottleneck_block_interleave
+    if net == 'asn':
+      if depth:
+        return asn.assemblenet_v1(depth, args.num_classes)
+      return asn.assemblenet_v1_generator(block, num_layers, args.num_classes)
+    if depth:
+      return asnp.assemblenet_plus(depth, args.num_classes)
+    return asnp.assemblenet_plus_generator(block, num_layers,
+                                           args.num_classes)
+
+  def build(shape, is_training, num_layers, net=network, depth=None,
+            objects=False):
+    """(graph, placeholders {'clip'[, 'objects']}, logits, recorded)."""
     graph = tf.Graph()
     recorded.clear()
     with graph.as_default():
       tf.set_random_seed(args.seed)
-      clip = tf.placeholder(tf.float32, shape)
-      network = lite.assemblenet_plus_lite(
-          num_layers=num_layers, num_classes=args.num_classes,
-          data_format='channels_last')
-      logits = network(clip, is_training)
-    return graph, clip, logits, dict(recorded)
+      feeds = {'clip': tf.placeholder(tf.float32, shape)}
+      inputs = feeds['clip']
+      if net != 'lite':  # The original's 4-D (N*T)HWC clips.
+        inputs = tf.reshape(inputs, [shape[0] * shape[1]] + shape[2:])
+      if objects:  # One channel per object class, at the clip's size.
+        feeds['objects'] = tf.placeholder(tf.float32,
+                                          shape[:4] + [FLAGS.num_object_classes])
+        inputs = [inputs, tf.reshape(feeds['objects'], [
+            shape[0] * shape[1]] + shape[2:4] + [FLAGS.num_object_classes])]
+      logits = network_fn(net, num_layers, depth)(inputs, is_training)
+    return graph, feeds, logits, dict(recorded)
 
   start = time.time()
 
@@ -103,12 +153,46 @@ def main(argv=None):
   def count(variables):
     return int(sum(np.prod(v.shape.as_list()) for v in variables))
 
-  # The published network at the published 224^2 (its count depends on the
-  # resolution, the fusion taking its width from the input width).
-  graph, _, _, _ = build([1, 32, 224, 224, 3], False, PUBLISHED_BLOCKS)
-  with graph.as_default():
-    published_params = count(tf.trainable_variables())
-  log('published network built')
+  # The published networks' trainable counts (graphs only).
+  published = {}
+  published_params = None
+  if network == 'lite':
+    # At the published 224^2 (its count depends on the resolution, the
+    # fusion taking its width from the input width).
+    graph, _, _, _ = build([1, 32, 224, 224, 3], False, PUBLISHED_BLOCKS)
+    with graph.as_default():
+      published_params = count(tf.trainable_variables())
+  elif network == 'asn':  # Once, in the AssembleNet run: every network.
+    saved = (FLAGS.model_structure, FLAGS.model_edge_weights,
+             FLAGS.attention_mode, FLAGS.use_object_input,
+             FLAGS.num_object_classes, FLAGS.num_frames)
+    FLAGS.num_frames = 32
+    FLAGS.num_object_classes = 151
+    for name, net, depth, s, w, objects in (
+        ('asn50', 'asn', 50, model_structures.asn50_structure,
+         model_structures.asn_structure_weights, False),
+        ('asn101', 'asn', 101, model_structures.asn101_structure,
+         model_structures.asn_structure_weights, False),
+        ('asnp50_objects', 'asnp', 50, model_structures.full_asnp50_structure,
+         model_structures.full_asnp_structure_weights, True),
+        ('asnp101_objects', 'asnp', 101,
+         model_structures.full_asnp50_structure,
+         model_structures.full_asnp_structure_weights, True),
+        ('asnp50_asn50', 'asnp', 50, model_structures.asn50_structure,
+         model_structures.asn_structure_weights, False)):
+      FLAGS.model_structure, FLAGS.model_edge_weights = (json.dumps(s),
+                                                         json.dumps(w))
+      FLAGS.attention_mode = 'peer' if net == 'asnp' else None
+      FLAGS.use_object_input = objects
+      graph, _, _, _ = build([1, 32, 224, 224, 3], False, None, net, depth,
+                             objects)
+      with graph.as_default():
+        published[name] = count(tf.trainable_variables())
+      log(f'published {name} built')
+    (FLAGS.model_structure, FLAGS.model_edge_weights, FLAGS.attention_mode,
+     FLAGS.use_object_input, FLAGS.num_object_classes,
+     FLAGS.num_frames) = saved
+  log('published networks built')
 
   # One Session.run for all variables: each distinct run prunes the whole
   # graph (~17,000 ops) anew, seconds apiece for 1,206 variables one by one.
@@ -131,6 +215,22 @@ def main(argv=None):
   clip_value[1:] *= 0.5
   clip_value = clip_value.astype(np.float32)
   shape = [batch, frames, height, width, 3]
+  with_objects = network == 'asnp'
+  object_ids = None
+  if with_objects:
+    # Regions of 3 x 3 pixels of one random class each: the 4 x 4 max pool
+    # of their one-hot maps holds one to four classes a window.
+    coarse = rng.randint(0, num_objects, [batch, frames, -(-height // 3),
+                                          -(-width // 3)])
+    object_ids = np.repeat(np.repeat(coarse, 3, axis=2), 3,
+                           axis=3)[:, :, :height, :width].astype(np.int32)
+
+  def feed(placeholders):
+    out = {placeholders['clip']: clip_value}
+    if 'objects' in placeholders:
+      out[placeholders['objects']] = np.eye(
+          num_objects, dtype=np.float32)[object_ids]
+    return out
 
   # 1. Non-trivial values: batch-norm scales and offsets, attention dense
   #    layers and softmax weights drawn at random (their initial values make
@@ -141,7 +241,7 @@ def main(argv=None):
   #    sets them), so activations stay of order 1 through the network, and
   #    are then perturbed, so inference mode differs from training mode.
   FLAGS.bn_decay = 0.0
-  graph, clip, _, _ = build(shape, True, blocks)
+  graph, placeholders, _, _ = build(shape, True, blocks, objects=with_objects)
   with graph.as_default(), tf.Session(graph=graph) as sess:
     sess.run(tf.global_variables_initializer())
     values = read_all(sess)
@@ -157,7 +257,7 @@ def main(argv=None):
         value = rng.normal(0.0, 1.0, value.shape)
       values[name] = value.astype(np.float32)
     assign_all(sess, values)
-    sess.run(tf.get_collection(tf.GraphKeys.UPDATE_OPS), {clip: clip_value})
+    sess.run(tf.get_collection(tf.GraphKeys.UPDATE_OPS), feed(placeholders))
     values = read_all(sess)
   log('moving statistics calibrated')
   for name in values:
@@ -172,7 +272,8 @@ def main(argv=None):
   FLAGS.bn_decay = 0.99
 
   # 2. Inference (is_training False) with those values.
-  graph, clip, logits, rec = build(shape, False, blocks)
+  graph, placeholders, logits, rec = build(shape, False, blocks,
+                                           objects=with_objects)
   with graph.as_default(), tf.Session(graph=graph) as sess:
     sess.run(tf.global_variables_initializer())
     variables = tf.global_variables()
@@ -183,7 +284,6 @@ def main(argv=None):
     trainable = sorted(v.op.name for v in tf.trainable_variables())
     assign_all(sess, values)
     fetch = {'logits': logits, 'flow': rec['flow'][0]}
-    structure = model_structures.asnp_lite_structure
     stems = iter(rec['stem'])
     fusions = iter(rec['fusion'])
     groups = iter(rec['block_group'])
@@ -193,19 +293,26 @@ def main(argv=None):
       else:
         fetch[f'fusion/{i}'] = next(fusions)
         fetch[f'node/{i}'] = next(groups)
-    out = sess.run(fetch, {clip: clip_value})
+    out = sess.run(fetch, feed(placeholders))
   log('inference run')
+  if four_d:  # [B * T, ...] -> [B, T, ...]
+    out = {k: v if k == 'logits' else v.reshape([batch, frames] +
+                                                list(v.shape[1:]))
+           for k, v in out.items()}
 
   arrays = {f'var/{k}': v for k, v in values.items()}
   arrays.update(out)
   arrays['clip'] = clip_value
+  if object_ids is not None:
+    arrays['objects'] = object_ids
   arrays['meta'] = np.array(json.dumps(dict(
-      structure=model_structures.asnp_lite_structure,
-      edge_weights=model_structures.asnp_lite_structure_weights,
+      network=network, structure=structure, edge_weights=edge_weights,
       blocks_per_level=blocks, trainable=trainable,
       published_blocks_per_level=PUBLISHED_BLOCKS,
       published_trainable_params_224=published_params,
-      num_classes=args.num_classes)))
+      published_trainable_params=published,
+      num_classes=args.num_classes,
+      num_object_classes=num_objects if with_objects else None)))
   np.savez(args.output, **arrays)
 
 

@@ -1,7 +1,9 @@
-"""The residual blocks of AssembleNet++lite: `BatchNormRelu`, the lite
-inverted-bottleneck `InvertedBottleneckBlock3D` and `BlockGroup` (a node's
-blocks); the variable names (`conv_a`, `conv_b`, `conv_b_temporal`,
-`conv_c`, `shortcut`, their `bn_*`) are the checkpoint interface."""
+"""The residual blocks of AssembleNet++lite and AssembleNet(++):
+`BatchNormRelu`, the lite inverted-bottleneck `InvertedBottleneckBlock3D`
+and `BlockGroup` (a node's blocks), AssembleNet's (2+1)-D
+`InterleavedBottleneckBlock` and `InterleavedBlockGroup`; the variable names
+(`conv_a`, `conv_b`, `conv_b_temporal`, `conv_c`, `shortcut`, their `bn_*`)
+are the checkpoint interface."""
 import math
 from typing import Sequence
 
@@ -147,17 +149,22 @@ class BlockGroup(tf_keras.layers.Layer):
                use_sync_bn: bool = False, kernel_regularizer=None, **kwargs):
     super().__init__(**kwargs)
     self._config = dict(
-        filters=list(filters), num_blocks=num_blocks, strides=strides,
+        filters=filters if isinstance(filters, int) else list(filters),
+        num_blocks=num_blocks, strides=strides,
         temporal_dilation=temporal_dilation, recompute_grad=recompute_grad,
         bn_decay=bn_decay, bn_epsilon=bn_epsilon, use_sync_bn=use_sync_bn)
     self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
-    self._blocks = [
-        InvertedBottleneckBlock3D(
-            filters, strides=strides if b == 0 else 1,
-            use_projection=(b == 0), temporal_dilation=temporal_dilation,
-            bn_decay=bn_decay, bn_epsilon=bn_epsilon, use_sync_bn=use_sync_bn,
-            kernel_regularizer=self._kernel_regularizer, name=f'block_{b}')
-        for b in range(num_blocks)]
+    self._blocks = [self._block(b) for b in range(num_blocks)]
+
+  def _block(self, b: int) -> tf_keras.layers.Layer:
+    """Block b of the group (the first projects and strides)."""
+    c = self._config
+    return InvertedBottleneckBlock3D(
+        c['filters'], strides=c['strides'] if b == 0 else 1,
+        use_projection=(b == 0), temporal_dilation=c['temporal_dilation'],
+        bn_decay=c['bn_decay'], bn_epsilon=c['bn_epsilon'],
+        use_sync_bn=c['use_sync_bn'],
+        kernel_regularizer=self._kernel_regularizer, name=f'block_{b}')
 
   def _forward(self, x, training):
     for block in self._blocks:
@@ -176,4 +183,111 @@ class BlockGroup(tf_keras.layers.Layer):
     config['kernel_regularizer'] = (
         tf_keras.regularizers.serialize(self._kernel_regularizer)
         if self._kernel_regularizer else None)
+    return config
+
+
+class InterleavedBottleneckBlock(tf_keras.layers.Layer):
+  """AssembleNet's bottleneck block (the original's
+  `bottleneck_block_interleave`), alternating 2-D and (2+1)-D by `step`:
+  conv_a is a 1x1 conv to `filters` (step even) or a [3, 1, 1] temporal conv
+  dilated by `temporal_dilation` (step odd; truncated normal
+  sqrt(2 / (3 C_in)) when dilated, as the original); conv_b a per-frame 3x3
+  conv with the stride (`convolutions.conv2d_fixed_padding`) to
+  `inter_filters`; conv_c a 1x1 conv to 4 `filters` (BN gamma 0, no ReLU);
+  each other conv with BN and ReLU. Shortcut: the input, or
+  (`use_projection`) a strided 1x1 conv with BN. Output ReLU(branch +
+  shortcut), [B, T, ceil(H / s), ceil(W / s), 4 filters]."""
+
+  def __init__(self, filters: int, inter_filters: int, strides: int = 1,
+               use_projection: bool = False, temporal_dilation: int = 1,
+               step: int = 0, bn_decay: float = BATCH_NORM_DECAY,
+               bn_epsilon: float = BATCH_NORM_EPSILON,
+               use_sync_bn: bool = False, kernel_regularizer=None, **kwargs):
+    super().__init__(**kwargs)
+    if strides != 1 and not use_projection:
+      raise ValueError(f'{self.name}: strides > 1 needs use_projection.')
+    self._args = dict(filters=filters, inter_filters=inter_filters,
+                      strides=strides, use_projection=use_projection,
+                      temporal_dilation=temporal_dilation, step=step,
+                      bn_decay=bn_decay, bn_epsilon=bn_epsilon,
+                      use_sync_bn=use_sync_bn)
+    self._kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+    self._use_projection = use_projection
+    self._temporal = step % 2 == 1
+    reg = self._kernel_regularizer
+    bn = lambda name, **kw: BatchNormRelu(  # pylint: disable=g-long-lambda
+        bn_decay=bn_decay, bn_epsilon=bn_epsilon, use_sync_bn=use_sync_bn,
+        name=name, **kw)
+    if use_projection:
+      self._shortcut = convolutions.conv2d_fixed_padding(
+          4 * filters, 1, strides, kernel_regularizer=reg, name='shortcut')
+      self._shortcut_bn = bn('bn_shortcut', relu=False)
+    self._conv_a = None  # Built in build(): the temporal init needs C_in.
+    self._bn_a = bn('bn_a')
+    self._conv_b = convolutions.conv2d_fixed_padding(
+        inter_filters, 3, strides, kernel_regularizer=reg, name='conv_b')
+    self._bn_b = bn('bn_b')
+    self._conv_c = convolutions.conv2d_fixed_padding(
+        4 * filters, 1, kernel_regularizer=reg, name='conv_c')
+    self._bn_c = bn('bn_c', relu=False, init_zero=True)
+
+  def build(self, input_shape):
+    c = self._args
+    if self._temporal:
+      init = None
+      if c['temporal_dilation'] > 1:
+        init = tf_keras.initializers.TruncatedNormal(
+            stddev=math.sqrt(2.0 / (3 * int(input_shape[-1]))))
+      self._conv_a = convolutions.conv3d_same_padding(
+          c['filters'], [3, 1, 1], 1, c['temporal_dilation'],
+          kernel_initializer=init, kernel_regularizer=self._kernel_regularizer,
+          name='conv_a')
+    else:
+      self._conv_a = convolutions.conv2d_fixed_padding(
+          c['filters'], 1, kernel_regularizer=self._kernel_regularizer,
+          name='conv_a')
+    super().build(input_shape)
+
+  def call(self, inputs, training=None):
+    shortcut = inputs
+    if self._use_projection:
+      shortcut = self._shortcut_bn(self._shortcut(inputs), training=training)
+    x = self._bn_a(self._conv_a(inputs), training=training)
+    x = self._bn_b(self._conv_b(x), training=training)
+    x = self._bn_c(self._conv_c(x), training=training)
+    return tf.nn.relu(x + shortcut)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(self._args)
+    config['kernel_regularizer'] = (
+        tf_keras.regularizers.serialize(self._kernel_regularizer)
+        if self._kernel_regularizer else None)
+    return config
+
+
+class InterleavedBlockGroup(BlockGroup):
+  """A node's `num_blocks` AssembleNet blocks (`InterleavedBottleneckBlock`,
+  block b at step b: the first projecting and striding, the odd ones
+  temporal), `inter_filters` wide inside; output 4 `filters` channels."""
+
+  def __init__(self, filters: int, inter_filters: int, num_blocks: int,
+               strides: int, temporal_dilation: int = 1, **kwargs):
+    self._inter_filters = inter_filters
+    super().__init__(filters, num_blocks, strides, temporal_dilation,
+                     **kwargs)
+
+  def _block(self, b: int) -> tf_keras.layers.Layer:
+    c = self._config
+    return InterleavedBottleneckBlock(
+        c['filters'], self._inter_filters,
+        strides=c['strides'] if b == 0 else 1, use_projection=(b == 0),
+        temporal_dilation=c['temporal_dilation'], step=b,
+        bn_decay=c['bn_decay'], bn_epsilon=c['bn_epsilon'],
+        use_sync_bn=c['use_sync_bn'],
+        kernel_regularizer=self._kernel_regularizer, name=f'block_{b}')
+
+  def get_config(self):
+    config = super().get_config()
+    config['inter_filters'] = self._inter_filters
     return config

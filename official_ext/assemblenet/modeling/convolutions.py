@@ -301,3 +301,37 @@ def conv3d_same_padding(filters: int,
                           tf_keras.initializers.VarianceScaling()),
       kernel_regularizer=kernel_regularizer,
       name=name)
+
+
+class FixedPaddingConv3D(Conv3D):
+  """`Conv3D` of a per-frame [1, k, k] kernel padded as the original's
+  `conv2d_fixed_padding`: at spatial stride 1 'same'; at stride s > 1
+  (built with padding 'valid') each frame is zero-padded by (k - 1) // 2
+  before and k // 2 after in height and width, then convolved 'valid':
+  [B, T, H, W, C] -> [B, T, ceil(H / s), ceil(W / s), filters]."""
+
+  def call(self, inputs):
+    if self.padding == 'valid' and max(self.strides[1:]) > 1:
+      _, kh, kw = self.kernel_size
+      inputs = tf.pad(inputs, [[0, 0], [0, 0],
+                               [(kh - 1) // 2, kh // 2],
+                               [(kw - 1) // 2, kw // 2], [0, 0]])
+    return super().call(inputs)
+
+
+def conv2d_fixed_padding(filters: int, kernel_size: int, strides: int = 1,
+                         kernel_initializer=None, kernel_regularizer=None,
+                         name: Optional[str] = None) -> FixedPaddingConv3D:
+  """A bias-free per-frame k x k convolution as the original AssembleNet's
+  `conv2d_fixed_padding` (explicit symmetric padding when strided, not
+  'same'), variance scaling initializer by default."""
+  return FixedPaddingConv3D(
+      filters=filters,
+      kernel_size=[1, kernel_size, kernel_size],
+      strides=[1, strides, strides],
+      padding='same' if strides == 1 else 'valid',
+      use_bias=False,
+      kernel_initializer=(kernel_initializer or
+                          tf_keras.initializers.VarianceScaling()),
+      kernel_regularizer=kernel_regularizer,
+      name=name)

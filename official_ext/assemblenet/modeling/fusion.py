@@ -71,14 +71,24 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
   W_i, C_i], then for 'peer' attention every lower-level node's output or its
   spatial mean [B, T, C_k]; returns [B, T, H_min, W_min, fusion width]. With
   `recompute_grad`, training calls run through `recompute.recompute_grad`
-  (only the inputs kept). The steps: docs/assemblenet.md#the-network."""
+  (only the inputs kept). The inputs indexed by `width_excluded` (object
+  inputs, as AssembleNet++ leaves them out) do not count toward the fusion
+  width. The steps: docs/assemblenet.md#the-network."""
 
   def __init__(self, num_inputs: int, attention_mode: Optional[str] = None,
                edge_weights: Optional[Sequence[float]] = None,
                fusion_width_as_channels: bool = False,
                kernel_regularizer=None, recompute_grad: bool = False,
+               width_excluded: Sequence[int] = (),
                **kwargs):
     super().__init__(**kwargs)
+    self._width_excluded = tuple(sorted(int(i) for i in width_excluded))
+    if any(not 0 <= i < num_inputs for i in self._width_excluded):
+      raise ValueError(f'{self.name}: width_excluded {self._width_excluded} '
+                       f'must index the {num_inputs} inputs.')
+    if fusion_width_as_channels and self._width_excluded:
+      raise ValueError(f'{self.name}: width_excluded is not defined with '
+                       'fusion_width_as_channels.')
     self._recompute_grad = recompute_grad
     if attention_mode not in ATTENTION_MODES:
       raise ValueError(f'attention_mode must be one of {ATTENTION_MODES}; '
@@ -115,8 +125,17 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
         self._ratios.append(1)
     if self._fusion_width_as_channels:
       self._width = original_fusion_width(in_shapes)
+    elif len(in_shapes) == 1:
+      self._width = in_shapes[0][-1]  # A single input passes unprojected.
     else:
-      self._width = max(s[-1] for s in in_shapes)
+      counted = [s[-1] for i, s in enumerate(in_shapes)
+                 if i not in self._width_excluded]
+      if not counted:
+        raise ValueError(f'{self.name}: every input is excluded from the '
+                         'fusion width (width_excluded '
+                         f'{self._width_excluded}); the fusion needs one '
+                         'counted input.')
+      self._width = max(counted)
     self._channels = [s[-1] for s in in_shapes]
     groups: Dict[int, List[int]] = {}
     for i, c in enumerate(self._channels):
@@ -222,4 +241,6 @@ class PeerAttentionFusion(tf_keras.layers.Layer):
         recompute_grad=self._recompute_grad,
         kernel_regularizer=tf_keras.regularizers.serialize(
             self._kernel_regularizer) if self._kernel_regularizer else None)
+    if self._width_excluded:
+      config['width_excluded'] = list(self._width_excluded)
     return config
