@@ -43,8 +43,18 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_bool('overwrite', False, 'Replace the files of a previous '
                     'conversion to --output (once the new shards are '
                     'complete).', **define)
+  flags.DEFINE_string('object_maps_dir', None, 'Also store each frame\'s '
+                      'object class map, read from DIR/<video path without '
+                      'extension>/<frame index>.png (uint8 class ids).',
+                      **define)
+  flags.DEFINE_string('segmenter', None, 'Also store each frame\'s object '
+                      'class map computed by this SavedModel '
+                      '(serving_default: uint8 frames [N, H, W, 3] -> class '
+                      'scores [N, h, w, C] or ids [N, h, w]).', **define)
   flags.mark_flags_as_required(['video_dir', 'output'],
                                flag_values=flag_values)
+  flags.mark_flags_as_mutual_exclusive(['object_maps_dir', 'segmenter'],
+                                       flag_values=flag_values)
 
 
 def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
@@ -54,7 +64,8 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
   fv = flag_values
   files, skipped = video_records.convert(
       fv.video_dir, fv.output, fv.labels_csv, fv.num_shards, fv.fps,
-      fv.short_side, fv.jpeg_quality, fv.skip_unreadable, fv.overwrite)
+      fv.short_side, fv.jpeg_quality, fv.skip_unreadable, fv.overwrite,
+      fv.object_maps_dir, fv.segmenter)
   print(f'wrote {len(files)} shard(s): {files[0]} ...; skipped '
         f'{len(skipped)} unreadable video(s)')
 

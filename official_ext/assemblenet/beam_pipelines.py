@@ -71,24 +71,47 @@ class EncodeVideoFn(beam.DoFn if beam else object):
   the `FAILED` output (`video_records.encode_video`)."""
 
   def __init__(self, video_dir: str, fps: Optional[float],
-               short_side: Optional[int], jpeg_quality: int):
+               short_side: Optional[int], jpeg_quality: int,
+               object_maps_dir: Optional[str] = None,
+               segmenter: Optional[str] = None):
     super().__init__()
     self._video_dir = video_dir
     self._fps = fps
     self._short_side = short_side
     self._jpeg_quality = jpeg_quality
+    self._object_maps_dir = object_maps_dir
+    self._segmenter_path = segmenter
+    self._segmenter = None
+
+  def setup(self):
+    if self._segmenter_path:
+      self._segmenter = _load_segmenter(self._segmenter_path)
 
   def process(self, line: str):
     item = json.loads(line)
     try:
       record = video_records.encode_video(
           self._video_dir, item['video'], item['labels'], self._fps,
-          self._short_side, self._jpeg_quality)
+          self._short_side, self._jpeg_quality, self._object_maps_dir,
+          self._segmenter)
     except Exception as e:  # pylint: disable=broad-except
       # Listed, not raised: one bad file does not stop the corpus.
       yield beam.pvalue.TaggedOutput(FAILED, (item['video'], _error_text(e)))
       return
     yield record
+
+
+# Segmenters loaded in this process, by path.
+_SEGMENTERS = {}
+_SEGMENTERS_LOCK = threading.Lock()
+
+
+def _load_segmenter(path: str) -> video_records.Segmenter:
+  """`video_records.Segmenter(path)`, once per process."""
+  with _SEGMENTERS_LOCK:
+    if path not in _SEGMENTERS:
+      _SEGMENTERS[path] = video_records.Segmenter(path)
+    return _SEGMENTERS[path]
 
 
 def _failure_line(failure) -> str:
@@ -175,7 +198,8 @@ def _run(options, video_dir: str, output: str, num_shards: int,
 def convert(video_dir: str, output: str, labels_csv: Optional[str] = None,
             num_shards: int = 1, fps: Optional[float] = None,
             short_side: Optional[int] = None, jpeg_quality: int = 90,
-            overwrite: bool = False,
+            overwrite: bool = False, object_maps_dir: Optional[str] = None,
+            segmenter: Optional[str] = None,
             beam_pipeline_options: str = '') -> Result:
   """Runs the conversion pipeline to the end; the arguments are
   `video_records.convert`'s, plus `beam_pipeline_options` ('key=value,...';
@@ -184,20 +208,26 @@ def convert(video_dir: str, output: str, labels_csv: Optional[str] = None,
   Raises:
     ImportError: Apache Beam is not installed.
     FileExistsError: a previous conversion to `output` and not `overwrite`.
-    ValueError: a labels problem, or fewer videos converted than
-      `num_shards` (naming the flag and the failures); nothing written."""
+    ValueError: a labels problem, both object sources, a segmenter of
+      another signature, or fewer videos converted than `num_shards`
+      (naming the flag and the failures); nothing written."""
   _require_beam()
   options = pipeline_options(beam_pipeline_options)
+  video_records.check_object_source(object_maps_dir, segmenter)
   video_records.check_output(
       output, num_shards, (video_records.CLASSES_SUFFIX,
                            video_records.FAILURES_SUFFIX),
-      inputs=[('--labels_csv', labels_csv)])
+      inputs=[('--labels_csv', labels_csv)],
+      models=[('--segmenter', segmenter)])
   previous = video_records.refuse_previous_output(output, overwrite)
+  if segmenter:
+    _load_segmenter(segmenter)  # Its signature checked before the pipeline.
 
   def expand(lines, staged):
     del staged
     results = lines | 'EncodeVideos' >> beam.ParDo(EncodeVideoFn(
-        video_dir, fps, short_side, jpeg_quality)).with_outputs(
+        video_dir, fps, short_side, jpeg_quality, object_maps_dir,
+        segmenter)).with_outputs(
             FAILED, main='records')
     return results.records, results[FAILED]
 
@@ -379,7 +409,8 @@ def extract(checkpoint_path: str, video_dir: str, output: str,
 _VIDEO_FLAGS = ('video_dir', 'output', 'labels_csv', 'num_shards',
                 'short_side', 'overwrite')
 PIPELINE_FLAGS = {
-    'convert': _VIDEO_FLAGS + ('fps', 'jpeg_quality'),
+    'convert': _VIDEO_FLAGS + ('fps', 'jpeg_quality', 'object_maps_dir',
+                               'segmenter'),
     'extract_features': extract_features.SHARED_FLAGS,
 }
 _REQUIRED = {'convert': ('video_dir', 'output'),
@@ -401,6 +432,13 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_float('fps', None, 'convert: keep frames at this rate.', **d)
   flags.DEFINE_integer('jpeg_quality', 90, 'convert: JPEG quality of the '
                        'frames.', **d)
+  flags.DEFINE_string('object_maps_dir', None, 'convert: also store object '
+                      'class maps from DIR/<video path without extension>/'
+                      '<frame index>.png.', **d)
+  flags.DEFINE_string('segmenter', None, 'convert: also store object class '
+                      'maps computed by this SavedModel.', **d)
+  flags.mark_flags_as_mutual_exclusive(['object_maps_dir', 'segmenter'],
+                                       flag_values=flag_values)
 
 
 def _check_flags(fv: flags.FlagValues, pipeline: str) -> None:
@@ -430,6 +468,7 @@ def run_pipeline(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS
   if pipeline == 'convert':
     result = convert(fv.video_dir, fv.output, fv.labels_csv, fv.num_shards,
                      fv.fps, fv.short_side, fv.jpeg_quality, fv.overwrite,
+                     fv.object_maps_dir, fv.segmenter,
                      fv.beam_pipeline_options)
   else:
     result = extract(

@@ -50,6 +50,11 @@ class DataConfig(cfg.DataConfig):
   mixup_and_cutmix: Optional[common.MixupAndCutmix] = None
   image_field_key: str = 'image/encoded'
   label_field_key: str = 'clip/label/index'
+  # The object stream (docs: object stream): > 0 reads each frame's object
+  # class map (`object_field_key`; TFDS: `objects`) into features['objects']
+  # int32 [T, H, W], ids in [0, num_object_classes); 0: none.
+  num_object_classes: int = 0
+  object_field_key: str = 'image/segmentation/class/encoded'
   # A corrupt frame's error names the record's file and frame (python reads
   # of the headers); False: pure graph ops (e.g. tf.data service),
   # TensorFlow's message only.
@@ -202,6 +207,8 @@ class AssembleNetTask(cfg.TaskConfig):
 _RESTRICTIONS = [
     'task.train_data.num_classes == task.validation_data.num_classes',
     'task.train_data.is_multilabel == task.validation_data.is_multilabel',
+    'task.train_data.num_object_classes == '
+    'task.validation_data.num_object_classes',
 ]
 
 

@@ -1,6 +1,7 @@
 """The AssembleNet++lite input pipeline: video clip TFRecords (JPEG/PNG frames)
 or TFDS to batches of clips, Model Garden's training values, evaluation views
-folded into the batch (docs/assemblenet.md#experiments-and-data)."""
+folded into the batch, optionally each frame's object class map cropped and
+flipped with it (docs/assemblenet.md#experiments-and-data, #object-stream)."""
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -18,6 +19,14 @@ from official_ext.core.input import tfrecord_input
 # Keys of the decoded dict (`Decoder`).
 FRAMES = 'frames'
 LABELS = 'labels'
+OBJECTS = 'objects'  # Object class maps (with num_object_classes > 0).
+# The TFDS feature of the object class maps (uint8 [N, H, W, 1]).
+TFDS_OBJECTS = 'objects'
+MAX_OBJECT_CLASSES = 256  # The maps' uint8 (video_records.MAX_OBJECT_CLASSES).
+# The PNG signature, and an 8-bit grey image's IHDR bit depth and colour type
+# (bytes 24-25).
+_PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
+_PNG_GREY_8BIT = b'\x08\x00'
 SOURCE = tfrecord_input.SOURCE_KEY  # The record's file (or TFDS split).
 
 
@@ -38,11 +47,24 @@ def check_params(params: configs.DataConfig) -> None:
   if params.num_test_clips < 1:
     raise ValueError('DataConfig.num_test_clips must be >= 1; got '
                      f'{params.num_test_clips}.')
+  k = params.num_object_classes
+  if k < 0 or k > MAX_OBJECT_CLASSES:
+    raise ValueError(
+        f'DataConfig.num_object_classes must be in [0, {MAX_OBJECT_CLASSES}] '
+        f'(0: no object maps; the maps are uint8); got {k}.')
   if bool(params.input_path) == bool(params.tfds_name):
     raise ValueError('Set exactly one of DataConfig.input_path (TFRecords) and '
                      'DataConfig.tfds_name (TFDS); got input_path='
                      f'{params.input_path!r}, tfds_name={params.tfds_name!r}.')
   _check_augmentation(params)
+  if k:
+    for key in ('aug_type', 'mixup_and_cutmix'):
+      if getattr(params, key) is not None:
+        raise ValueError(
+            f'DataConfig.{key} and DataConfig.num_object_classes '
+            f'({k}) are both set: {key} would change the frames without '
+            'their object maps (geometric ops, mixed or pasted clips); turn '
+            'one off.')
 
 
 # RandAugment's ops and the AutoAugment policies that take a clip alone (the
@@ -163,31 +185,54 @@ def mix_clips(mix: common.MixupAndCutmix, num_classes: int,
 
 
 class Decoder:
-  """Record (or TFDS element) -> {frames, labels int64 [L], source string}."""
+  """Record (or TFDS element) -> {frames, labels int64 [L], source string},
+  with `num_object_classes` also the object maps (PNG strings [M], M = 0 if
+  the record has none; TFDS: uint8 [N, H, W])."""
 
   def __init__(self, params: configs.DataConfig):
     self._image_key = params.image_field_key
     self._label_key = params.label_field_key
+    self._object_key = (params.object_field_key if params.num_object_classes
+                        else None)
     self._tfds = bool(params.tfds_name)
     self.source = tfrecord_input.tfds_source(params)
 
   def decode_record(self, filename: tf.Tensor, record: tf.Tensor
                     ) -> Dict[str, tf.Tensor]:
+    sequence_features = {
+        self._image_key: tf.io.FixedLenSequenceFeature((), tf.string)}
+    if self._object_key:
+      # Missing: empty, refused by the parser naming the file.
+      sequence_features[self._object_key] = tf.io.FixedLenSequenceFeature(
+          (), tf.string, allow_missing=True)
     context, sequences = tf.io.parse_single_sequence_example(
         record,
         context_features={self._label_key: tf.io.VarLenFeature(tf.int64)},
-        sequence_features={
-            self._image_key: tf.io.FixedLenSequenceFeature((), tf.string)},
+        sequence_features=sequence_features,
         example_name=filename)  # Parse errors name the file.
-    return {FRAMES: sequences[self._image_key],
-            LABELS: tf.sparse.to_dense(context[self._label_key]),
-            SOURCE: filename}
+    decoded = {FRAMES: sequences[self._image_key],
+               LABELS: tf.sparse.to_dense(context[self._label_key]),
+               SOURCE: filename}
+    if self._object_key:
+      decoded[OBJECTS] = sequences[self._object_key]
+    return decoded
 
   def decode_tfds(self, features: Dict[str, tf.Tensor]
                   ) -> Dict[str, tf.Tensor]:
-    return {FRAMES: features['video'],
-            LABELS: tf.reshape(tf.cast(features['label'], tf.int64), [-1]),
-            SOURCE: tf.constant(self.source)}
+    decoded = {FRAMES: features['video'],
+               LABELS: tf.reshape(tf.cast(features['label'], tf.int64), [-1]),
+               SOURCE: tf.constant(self.source)}
+    if self._object_key:
+      if TFDS_OBJECTS not in features:
+        raise ValueError(
+            f'{self.source} has no {TFDS_OBJECTS!r} feature (its features: '
+            f'{sorted(features)}) but DataConfig.num_object_classes > 0 '
+            'needs each frame\'s object class map.')
+      objects = features[TFDS_OBJECTS]
+      if objects.shape.rank == 4:
+        objects = objects[..., 0]
+      decoded[OBJECTS] = tf.cast(objects, tf.uint8)
+    return decoded
 
 
 def _decode_frames_py(frames, source):
@@ -297,12 +342,15 @@ def _jpeg_size_py(frames, source):
 
 
 class Parser:
-  """Decoded dict -> ({'image': float32 [views*T, H, W, 3]}, labels [K])."""
+  """Decoded dict -> ({'image': float32 [views*T, H, W, 3]}, labels [K]);
+  with `num_object_classes` also 'objects': int32 [views*T, H, W], the maps
+  of the same frames, window and flip."""
 
   def __init__(self, params: configs.DataConfig):
     self._p = params
     self._num_frames, self._height, self._width, _ = params.feature_shape
     self._augmenter = build_augmenter(params.aug_type)
+    self._objects = params.num_object_classes > 0
 
   def _decode(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
     if frames.dtype != tf.string:
@@ -338,6 +386,66 @@ class Parser:
       hot = tf.reduce_max(tf.one_hot(labels, k, dtype=tf.float32), axis=0)
     return tf.ensure_shape(hot, [k])
 
+  def _object_count_check(self, frames: tf.Tensor, objects: tf.Tensor,
+                          source: tf.Tensor) -> tf.Tensor:
+    """Fails naming the file unless there is one object map a frame."""
+    p = self._p
+    n, m = tf.shape(frames)[0], tf.shape(objects)[0]
+    return graph_checks.require(tf.equal(n, m), lambda: tf.cond(
+        tf.equal(m, 0),
+        lambda: graph_checks.join(
+            'Record of file `', source, '` has no object maps (',
+            p.object_field_key, f') but DataConfig.num_object_classes='
+            f'{p.num_object_classes} needs them: convert the videos with '
+            '--object_maps_dir or --segmenter.'),
+        lambda: graph_checks.join(
+            'Record of file `', source, '` has ', m, ' object maps (',
+            p.object_field_key, ') for ', n, ' frames (',
+            p.image_field_key, ').')))
+
+  def _decode_objects(self, objects: tf.Tensor, source: tf.Tensor
+                      ) -> tf.Tensor:
+    """Sampled maps (8-bit grey PNG strings [T] or uint8 [T, H, W]) -> uint8
+    [T, H, W], after checking that every id is < num_object_classes (errors
+    name the file)."""
+    p = self._p
+    if objects.dtype == tf.string:
+      n = tf.shape(objects)[0]
+      header = tf.strings.substr(objects, 0, 8)
+      depth = tf.strings.substr(objects, 24, 2)
+      grey = tf.equal(header, _PNG_SIGNATURE) & tf.equal(depth, _PNG_GREY_8BIT)
+      is_grey = graph_checks.require(
+          tf.reduce_all(grey), lambda: graph_checks.join(
+              'Object map in a record of file `', source, '`: sampled frame ',
+              graph_checks.first_where(tf.range(n), tf.logical_not(grey)),
+              ' is not an 8-bit single-channel (grey) PNG (',
+              p.object_field_key, ').'))
+      with tf.control_dependencies([is_grey]):
+        objects = tf.map_fn(
+            lambda m: tf.io.decode_png(m, channels=1)[..., 0], objects,
+            fn_output_signature=tf.TensorSpec([None, None], tf.uint8))
+    k = p.num_object_classes
+    largest = tf.reduce_max(tf.cast(objects, tf.int32))
+    in_range = graph_checks.require(largest < k, lambda: graph_checks.join(
+        'Record of file `', source, '` has object class id ', largest,
+        f' >= DataConfig.num_object_classes={k} (', p.object_field_key,
+        ').'))
+    with tf.control_dependencies([in_range]):
+      return tf.identity(objects)
+
+  def _same_size(self, objects: tf.Tensor, frame_hw: tf.Tensor,
+                 source: tf.Tensor) -> tf.Tensor:
+    """`objects` [T, h, w] after checking that [h, w] is `frame_hw`."""
+    hw = tf.shape(objects)[1:3]
+    ok = graph_checks.require(
+        tf.reduce_all(tf.equal(hw, frame_hw)), lambda: graph_checks.join(
+            'Object maps of a record of file `', source, '` are ',
+            graph_checks.shape_text(hw), ' but its frames are ',
+            graph_checks.shape_text(frame_hw), ' (', self._p.object_field_key,
+            ' must match ', self._p.image_field_key, ').'))
+    with tf.control_dependencies([ok]):
+      return tf.identity(objects)
+
   def parse_fn(self, is_training: bool):
     p = self._p
 
@@ -349,6 +457,8 @@ class Parser:
               p.image_field_key, ' is empty).'))
       with tf.control_dependencies([has_frames]):
         frames = tf.identity(frames)
+      if self._objects:
+        return self._parse_with_objects(decoded, frames, source, is_training)
       if not is_training:
         images = self.eval_views(frames, source)
         return {'image': images}, self._labels(decoded[LABELS], source)
@@ -360,6 +470,29 @@ class Parser:
       return {'image': images}, self._labels(decoded[LABELS], source)
 
     return parse
+
+  def _parse_with_objects(self, decoded: Dict[str, tf.Tensor],
+                          frames: tf.Tensor, source: tf.Tensor,
+                          is_training: bool):
+    """`parse` with the object maps: the same frame indices, window, resize
+    (nearest neighbour) and flip as the frames."""
+    p = self._p
+    objects = decoded[OBJECTS]
+    with tf.control_dependencies([self._object_count_check(frames, objects,
+                                                           source)]):
+      objects = tf.identity(objects)
+    labels = self._labels(decoded[LABELS], source)
+    if not is_training:
+      images, objects = self.eval_views(frames, source, objects)
+      return {'image': images, 'objects': objects}, labels
+    t = self._num_frames
+    indices = preprocess_ops_3d.sample_sequence(
+        tf.range(tf.shape(frames)[0]), t, True, p.temporal_stride)
+    images, objects = self.train_clip(tf.gather(frames, indices), source,
+                                      tf.gather(objects, indices))
+    images = tf.ensure_shape(images, [t, self._height, self._width, 3])
+    objects = tf.ensure_shape(objects, [t, self._height, self._width])
+    return {'image': images, 'objects': objects}, labels
 
   def _crop_box(self, frame_shape: tf.Tensor) -> tf.Tensor:
     """The random resized crop's window [y, x, height, width] of frames of
@@ -378,10 +511,11 @@ class Parser:
         max_attempts=100, use_image_if_no_bounding_boxes=True)
     return tf.stack([begin[0], begin[1], size[0], size[1]])
 
-  def _decode_jpeg_crops(self, frames: tf.Tensor, source: tf.Tensor
-                         ) -> tf.Tensor:
+  def _decode_jpeg_crops(self, frames: tf.Tensor, source: tf.Tensor,
+                         with_box: bool = False):
     """JPEG strings [T] (T static) -> uint8 crops [T, h, w, 3] of one random
-    window, only the window decoded (`tf.io.decode_and_crop_jpeg`). Every
+    window, only the window decoded (`tf.io.decode_and_crop_jpeg`); with
+    `with_box` (crops, the window [y, x, h, w], the frames' [H, W]). Every
     frame's size must be frame 0's; with `name_file_in_decode_errors` the
     headers are read in python (`jpeg_size`) and each frame must end with the
     JPEG end marker, errors naming the file and the frame."""
@@ -415,34 +549,54 @@ class Parser:
               ', frame 0 is ', size_text(shapes[0]), '.'))]
     with tf.control_dependencies(checks):
       box = self._crop_box(tf.concat([hw, [3]], 0))
-    return tf.stack([tf.io.decode_and_crop_jpeg(frames[i], box, channels=3)
-                     for i in range(n)])
+    crops = tf.stack([tf.io.decode_and_crop_jpeg(frames[i], box, channels=3)
+                      for i in range(n)])
+    return (crops, box, tf.cast(hw, tf.int32)) if with_box else crops
 
-  def _decode_crops(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
+  def _decode_crops(self, frames: tf.Tensor, source: tf.Tensor,
+                    with_box: bool = False):
     """Sampled frames -> uint8 crops [T, h, w, 3] of one random window (the
-    frames decoded whole, `_decode`, then cut)."""
+    frames decoded whole, `_decode`, then cut); with `with_box` (crops, the
+    window [y, x, h, w], the frames' [H, W])."""
     images = self._decode(frames, source)
     box = self._crop_box(tf.shape(images)[1:])
-    return tf.slice(images, tf.stack([0, box[0], box[1], 0]),
-                    tf.stack([-1, box[2], box[3], -1]))
+    crops = tf.slice(images, tf.stack([0, box[0], box[1], 0]),
+                     tf.stack([-1, box[2], box[3], -1]))
+    return (crops, box, tf.shape(images)[1:3]) if with_box else crops
 
-  def train_clip(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
+  def train_clip(self, frames: tf.Tensor, source: tf.Tensor,
+                 objects: Optional[tf.Tensor] = None):
     """A training clip from its T sampled frames (JPEG/PNG strings [T] or uint8
     [T, H, W, 3]; `source` names the record in errors): Model Garden's
     training preprocessing (`video_input.process_image`), float32 [T, height,
-    width, 3] in [0, 1] ([-1, 1] with `zero_centering_image`)."""
+    width, 3] in [0, 1] ([-1, 1] with `zero_centering_image`). With
+    `objects` (the frames' maps, `_decode_objects`' input): (clip, int32 maps
+    [T, height, width] of the same window, resized by nearest neighbour, and
+    flip)."""
     p = self._p
+    with_box = objects is not None
     if frames.dtype == tf.string and frames.shape[0] is not None:
       # (Frames too short to hold a JPEG's markers take the generic path.)
       is_jpeg = tf.reduce_all(
           (tf.strings.length(frames) >= 4) &
           tf.equal(tf.strings.substr(frames, 0, 3), b'\xff\xd8\xff'))
-      crops = tf.cond(is_jpeg,
-                      lambda: self._decode_jpeg_crops(frames, source),
-                      lambda: self._decode_crops(frames, source))
+      crops = tf.cond(
+          is_jpeg, lambda: self._decode_jpeg_crops(frames, source, with_box),
+          lambda: self._decode_crops(frames, source, with_box))
     else:
-      crops = self._decode_crops(frames, source)
+      crops = self._decode_crops(frames, source, with_box)
     size = (self._height, self._width)
+    if with_box:
+      crops, box, frame_hw = crops
+      maps = self._same_size(self._decode_objects(objects, source), frame_hw,
+                             source)
+      maps = tf.slice(maps, tf.stack([0, box[0], box[1]]),
+                      tf.stack([-1, box[2], box[3]]))
+      maps = tf.image.resize(maps[..., tf.newaxis], size,
+                             method='nearest')[..., 0]
+      if self._augmenter is not None:  # check_params refuses it.
+        raise ValueError('DataConfig.aug_type and DataConfig.'
+                         'num_object_classes are both set.')
     if self._augmenter is not None:
       images = tf.cast(tf.image.resize(crops, size), tf.uint8)
       if p.random_flip:
@@ -455,15 +609,24 @@ class Parser:
       flip = tf.equal(tf.random.uniform((), 0, 2, dtype=tf.int32), 1)
     else:
       flip = tf.constant(False)
-    return floor_flip_normalize(tf.image.resize(crops, size), flip,
-                                p.zero_centering_image)
+    images = floor_flip_normalize(tf.image.resize(crops, size), flip,
+                                  p.zero_centering_image)
+    if not with_box:
+      return images
+    maps = tf.where(flip, tf.reverse(maps, [2]), maps)
+    return images, tf.cast(maps, tf.int32)
 
-  def eval_views(self, frames: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
+  def eval_views(self, frames: tf.Tensor, source: tf.Tensor,
+                 objects: Optional[tf.Tensor] = None):
     """Evaluation views of one video (also the SavedModel's preprocessing):
     float32 [views * T, height, width, 3] of `frames` ([T_video] strings or
-    uint8 [T_video, H, W, 3]); `source` names the record in errors."""
+    uint8 [T_video, H, W, 3]); `source` names the record in errors. With
+    `objects` (a map a frame): (views, int32 maps [views * T, height,
+    width] of the same frames and crops, resized by nearest neighbour)."""
     p = self._p
     t = self._num_frames
+    if objects is not None:
+      return self._eval_views_with_objects(frames, source, objects)
     if p.num_test_clips > 1:
       frames = preprocess_ops_3d.sample_linspace_sequence(
           frames, p.num_test_clips, t, p.temporal_stride)
@@ -477,6 +640,53 @@ class Parser:
     images = preprocess_ops_3d.normalize_image(images, p.zero_centering_image)
     views = p.num_test_clips * p.num_test_crops
     return tf.ensure_shape(images, [views * t, self._height, self._width, 3])
+
+  def _eval_views_with_objects(self, frames: tf.Tensor, source: tf.Tensor,
+                               objects: tf.Tensor
+                               ) -> Tuple[tf.Tensor, tf.Tensor]:
+    """`eval_views` of frames and maps: one sampling of frame indices, the
+    maps resized by nearest neighbour and cropped as the frames."""
+    p = self._p
+    t = self._num_frames
+    indices = tf.range(tf.shape(frames)[0])
+    if p.num_test_clips > 1:
+      indices = preprocess_ops_3d.sample_linspace_sequence(
+          indices, p.num_test_clips, t, p.temporal_stride)
+    else:
+      indices = preprocess_ops_3d.sample_sequence(indices, t, False,
+                                                  p.temporal_stride)
+    images = self._decode(tf.gather(frames, indices), source)
+    maps = self._same_size(
+        self._decode_objects(tf.gather(objects, indices), source),
+        tf.shape(images)[1:3], source)
+    images = preprocess_ops_3d.resize_smallest(images, p.min_image_size)
+    images = preprocess_ops_3d.crop_image(
+        images, self._height, self._width, False, p.num_test_crops)
+    images = preprocess_ops_3d.normalize_image(images, p.zero_centering_image)
+    maps = resize_smallest_nearest(maps[..., tf.newaxis], p.min_image_size)
+    maps = preprocess_ops_3d.crop_image(
+        maps, self._height, self._width, False, p.num_test_crops)[..., 0]
+    views = p.num_test_clips * p.num_test_crops
+    return (tf.ensure_shape(images,
+                            [views * t, self._height, self._width, 3]),
+            tf.ensure_shape(tf.cast(maps, tf.int32),
+                            [views * t, self._height, self._width]))
+
+
+def resize_smallest_nearest(maps: tf.Tensor, min_resize: int) -> tf.Tensor:
+  """`preprocess_ops_3d.resize_smallest`'s sizes, by nearest neighbour (class
+  maps [T, H, W, 1])."""
+  shape = tf.shape(maps)
+  input_h, input_w = shape[1], shape[2]
+  output_h = tf.maximum(min_resize, (input_h * min_resize) // input_w)
+  output_w = tf.maximum(min_resize, (input_w * min_resize) // input_h)
+  should_resize = tf.math.logical_or(
+      tf.not_equal(input_w, output_w), tf.not_equal(input_h, output_h))
+  return tf.cond(
+      should_resize,
+      lambda: tf.cast(tf.image.resize(maps, (output_h, output_w),
+                                      method='nearest'), maps.dtype),
+      lambda: maps)
 
 
 def build_dataset(params: configs.DataConfig,
@@ -494,10 +704,13 @@ def build_dataset(params: configs.DataConfig,
   t = params.feature_shape[0]
 
   def fold_views(features, labels):
-    # [B, views * T, H, W, 3] -> [B * views, T, H, W, 3].
+    # [B, views * T, H, W, 3] -> [B * views, T, H, W, 3] (objects: no 3).
     features = dict(features)
-    image = features['image']
-    features['image'] = tf.reshape(image, [-1, t] + image.shape[2:].as_list())
+    for key in ('image', 'objects'):
+      if key in features:
+        value = features[key]
+        features[key] = tf.reshape(value,
+                                   [-1, t] + value.shape[2:].as_list())
     return features, labels
 
   mix = params.mixup_and_cutmix  # Training data only (check_params).

@@ -1,7 +1,8 @@
 """Moving shapes: a procedurally generated video data set (8 classes of shape
 and direction) served through TFDS (`MovingShapes`, 'moving_shapes'), and
-the same videos as Model Garden SequenceExamples for tests
-(docs/assemblenet.md#experiments-and-data)."""
+the same videos as Model Garden SequenceExamples for tests; the `*objects`
+configs add each frame's exact shape mask as its object class map
+(docs/assemblenet.md#experiments-and-data, #object-stream)."""
 import dataclasses
 import io
 import os
@@ -11,6 +12,7 @@ import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 import tensorflow_datasets as tfds
 
+from official_ext.assemblenet.video_records import OBJECT_FIELD_KEY
 from official_ext.core.input import demo_cache
 
 SHAPES = ('square', 'disk')
@@ -18,11 +20,25 @@ DIRECTIONS = ('right', 'left', 'down', 'up')
 CLASS_NAMES = tuple(f'{s}_{d}' for s in SHAPES for d in DIRECTIONS)
 NUM_CLASSES = len(CLASS_NAMES)
 _VELOCITY = {'right': (0, 1), 'left': (0, -1), 'down': (1, 0), 'up': (-1, 0)}
+# Object classes of the masks: 0 background, then the shapes.
+OBJECT_CLASS_NAMES = ('background',) + SHAPES
+NUM_OBJECT_CLASSES = len(OBJECT_CLASS_NAMES)
+# The TFDS configs with object maps (`objects`: uint8 [T, S, S, 1]).
+OBJECT_CONFIGS = ('objects', 'tiny_objects')
 
 
 def render_video(rng: np.random.Generator, label: int, num_frames: int,
                  size: int) -> np.ndarray:
   """One video of class `label`: uint8 [num_frames, size, size, 3]."""
+  return render_video_and_objects(rng, label, num_frames, size)[0]
+
+
+def render_video_and_objects(rng: np.random.Generator, label: int,
+                             num_frames: int, size: int
+                             ) -> Tuple[np.ndarray, np.ndarray]:
+  """`render_video`'s video (the same draws of `rng`) and its object class
+  maps: uint8 [num_frames, size, size], each pixel the index in
+  `OBJECT_CLASS_NAMES` of what it shows (the shape's mask exactly)."""
   shape = SHAPES[label // len(DIRECTIONS)]
   dy, dx = _VELOCITY[DIRECTIONS[label % len(DIRECTIONS)]]
   speed = rng.uniform(1.5, 2.5) * size / 32.0
@@ -40,6 +56,7 @@ def render_video(rng: np.random.Generator, label: int, num_frames: int,
   colour = rng.uniform(140, 255, size=3)
   yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5
   frames = np.empty((num_frames, size, size, 3), np.float32)
+  objects = np.zeros((num_frames, size, size), np.uint8)
   for t in range(num_frames):
     cy = start[0] + dy * speed * t
     cx = start[1] + dx * speed * t
@@ -51,16 +68,29 @@ def render_video(rng: np.random.Generator, label: int, num_frames: int,
     frame[mask] = colour
     frame += rng.normal(0, 12, size=frame.shape)
     frames[t] = frame
-  return np.clip(np.rint(frames), 0, 255).astype(np.uint8)
+    objects[t][mask] = OBJECT_CLASS_NAMES.index(shape)
+  return np.clip(np.rint(frames), 0, 255).astype(np.uint8), objects
 
 
 def generate(num_videos: int, num_frames: int, size: int, seed: int
              ) -> Iterator[Tuple[int, np.ndarray, int]]:
   """Yields (index, video uint8 [T, S, S, 3], label) deterministically."""
+  for i, video, _, label in generate_with_objects(num_videos, num_frames,
+                                                  size, seed):
+    yield i, video, label
+
+
+def generate_with_objects(num_videos: int, num_frames: int, size: int,
+                          seed: int
+                          ) -> Iterator[Tuple[int, np.ndarray, np.ndarray,
+                                              int]]:
+  """`generate`'s videos with their object class maps: (index, video, maps
+  uint8 [T, S, S], label)."""
   rng = np.random.default_rng(seed)
   for i in range(num_videos):
     label = int(i % NUM_CLASSES)
-    yield i, render_video(rng, label, num_frames, size), label
+    video, objects = render_video_and_objects(rng, label, num_frames, size)
+    yield i, video, objects, label
 
 
 @dataclasses.dataclass
@@ -76,9 +106,11 @@ class MovingShapesConfig(tfds.core.BuilderConfig):
   """Sizes of the generated data set."""
 
   def __init__(self, *, num_frames: int, size: int, num_train: int,
-               num_validation: int, seed: int = 0, **kwargs):
+               num_validation: int, seed: int = 0, objects: bool = False,
+               **kwargs):
     super().__init__(version=tfds.core.Version('1.0.0'), **kwargs)
     self.sizes = _Sizes(num_frames, size, num_train, num_validation, seed)
+    self.objects = objects  # Elements carry `objects` (the masks).
 
 
 class MovingShapes(tfds.core.GeneratorBasedBuilder):
@@ -92,19 +124,29 @@ class MovingShapes(tfds.core.GeneratorBasedBuilder):
       MovingShapesConfig(name='tiny', num_frames=4, size=32, num_train=48,
                          num_validation=24,
                          description='4 frames at 32x32, 48/24 videos.'),
+      # The same videos with their masks as object class maps.
+      MovingShapesConfig(name='objects', num_frames=8, size=32,
+                         num_train=2400, num_validation=480, objects=True,
+                         description="'default' with object class maps."),
+      MovingShapesConfig(name='tiny_objects', num_frames=4, size=32,
+                         num_train=48, num_validation=24, objects=True,
+                         description="'tiny' with object class maps."),
   ]
 
   def _info(self) -> tfds.core.DatasetInfo:
     s = self.builder_config.sizes
+    features = {
+        'video': tfds.features.Video(
+            shape=(s.num_frames, s.size, s.size, 3), encoding_format='png'),
+        'label': tfds.features.ClassLabel(names=list(CLASS_NAMES)),
+    }
+    if self.builder_config.objects:
+      features['objects'] = tfds.features.Video(
+          shape=(s.num_frames, s.size, s.size, 1), encoding_format='png')
     return tfds.core.DatasetInfo(
         builder=self,
         description=__doc__.split('\n\n')[0],
-        features=tfds.features.FeaturesDict({
-            'video': tfds.features.Video(
-                shape=(s.num_frames, s.size, s.size, 3),
-                encoding_format='png'),
-            'label': tfds.features.ClassLabel(names=list(CLASS_NAMES)),
-        }),
+        features=tfds.features.FeaturesDict(features),
         supervised_keys=('video', 'label'))
 
   def _split_generators(self, dl_manager):
@@ -118,8 +160,12 @@ class MovingShapes(tfds.core.GeneratorBasedBuilder):
 
   def _generate_examples(self, num_videos: int, seed: int):
     s = self.builder_config.sizes
-    for i, video, label in generate(num_videos, s.num_frames, s.size, seed):
-      yield i, {'video': video, 'label': label}
+    for i, video, objects, label in generate_with_objects(
+        num_videos, s.num_frames, s.size, seed):
+      element = {'video': video, 'label': label}
+      if self.builder_config.objects:
+        element['objects'] = objects[..., np.newaxis]
+      yield i, element
 
 
 def default_data_dir(data_dir: str = '') -> str:
@@ -144,15 +190,28 @@ def encode_jpeg_frames(video: np.ndarray, quality: int = 95) -> List[bytes]:
   return [tf.io.encode_jpeg(f, quality=quality).numpy() for f in video]
 
 
-def make_sequence_example(frames: Sequence[bytes], labels: Sequence[int]
+def encode_png_maps(objects: np.ndarray) -> List[bytes]:
+  """uint8 object class maps [T, H, W] as single-channel PNGs, one a frame."""
+  return [tf.io.encode_png(m[..., np.newaxis]).numpy()
+          for m in np.asarray(objects, np.uint8)]
+
+
+def make_sequence_example(frames: Sequence[bytes], labels: Sequence[int],
+                          object_maps: Optional[Sequence[bytes]] = None
                           ) -> tf.train.SequenceExample:
-  """A Model Garden video record: `image/encoded` frames, `clip/label/index`."""
+  """A Model Garden video record: `image/encoded` frames, `clip/label/index`;
+  with `object_maps` (PNGs, `encode_png_maps`) also the sequence feature
+  `image/segmentation/class/encoded`."""
   ex = tf.train.SequenceExample()
   ex.context.feature['clip/label/index'].int64_list.value.extend(
       int(l) for l in labels)
   fl = ex.feature_lists.feature_list['image/encoded']
   for f in frames:
     fl.feature.add().bytes_list.value.append(f)
+  if object_maps is not None:
+    ol = ex.feature_lists.feature_list[OBJECT_FIELD_KEY]
+    for m in object_maps:
+      ol.feature.add().bytes_list.value.append(m)
   return ex
 
 
@@ -168,5 +227,6 @@ if __name__ == '__main__':
   from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string('data_dir', '', 'TFDS data dir.')
-  flags.DEFINE_string('config', 'default', "'default' or 'tiny'.")
+  flags.DEFINE_string('config', 'default', "'default', 'tiny', 'objects' or "
+                      "'tiny_objects'.")
   app.run(main)

@@ -57,12 +57,20 @@ def aggregate_views(scores: tf.Tensor, num_views: int,
 class AssembleNetTask(base_task.Task):
   """AssembleNet++lite video classification: inputs ({'image': float32
   [B * views, T, H, W, 3]}, labels float32 [B, K] one- or multi-hot), the
-  model's float32 logits [B * views, K]."""
+  model's float32 logits [B * views, K]; with `train_data.num_object_classes`
+  the model also gets 'objects' (int32 [B * views, T, H, W] class ids)."""
 
   def __init__(self, params: configs.AssembleNetTask,
                logging_dir: Optional[str] = None, name: Optional[str] = None):
     super().__init__(params, logging_dir=logging_dir, name=name)
     check_eval_aggregation(params.eval_aggregation)  # Before any evaluation.
+    train_k = params.train_data.num_object_classes
+    val_k = params.validation_data.num_object_classes
+    if train_k != val_k:
+      raise ValueError(
+          f'task.train_data.num_object_classes ({train_k}) and '
+          f'task.validation_data.num_object_classes ({val_k}) differ: the '
+          'model takes object maps in both splits or in neither.')
     if (params.train_data.mixup_and_cutmix is not None and
         not params.train_data.is_multilabel and params.losses.label_smoothing):
       raise ValueError(
@@ -172,6 +180,26 @@ class AssembleNetTask(base_task.Task):
         self._resolve_input_path(params), input_context,
         bad_records=bad_records.log_for_split(self, params.is_training))
 
+  def model_inputs(self, features: Dict[str, tf.Tensor]
+                   ) -> Dict[str, tf.Tensor]:
+    """The model's input dict of a batch's `features`: 'image', and 'objects'
+    when `train_data.num_object_classes` > 0 (other keys, e.g. `eval_mask`,
+    stay out).
+
+    Raises:
+      ValueError: the object maps are asked for but not in `features`."""
+    inputs = {'image': features['image']}
+    k = self.task_config.train_data.num_object_classes
+    if k:
+      if 'objects' not in features:
+        raise ValueError(
+            f'task.train_data.num_object_classes={k}: the model takes each '
+            "frame's object class map (features['objects']) but the input "
+            f'has only {sorted(features)}; the commands that take RGB frames '
+            'alone (export, predict, extract_features) do not serve it.')
+      inputs['objects'] = features['objects']
+    return inputs
+
   # -- losses and metrics ------------------------------------------------------
   def build_losses(self, labels: tf.Tensor, model_outputs: tf.Tensor,
                    aux_losses: Optional[List[tf.Tensor]] = None,
@@ -250,7 +278,8 @@ class AssembleNetTask(base_task.Task):
     features, labels = inputs
     num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
     with tf.GradientTape() as tape:
-      logits = tf.cast(model(features, training=True), tf.float32)
+      logits = tf.cast(model(self.model_inputs(features), training=True),
+                       tf.float32)
       losses = self.build_losses(labels, logits, aux_losses=model.losses)
       scaled_loss = gradients.scale_loss(
           optimizer, losses['total_loss'] / num_replicas)
@@ -267,11 +296,10 @@ class AssembleNetTask(base_task.Task):
   def inference_step(self, features, model):
     """Probabilities [B, K]: each video's views' probabilities combined by
     `task.eval_aggregation` (`aggregate_views`; with 'max' a single-label row no
-    longer sums to 1: the evaluation's cross-entropy normalizes it). An
-    `eval_mask` feature is not passed to the model."""
-    features = {k: v for k, v in features.items()
-                if k != eval_padding.MASK_KEY}
-    probs = self._probabilities(model(features, training=False))
+    longer sums to 1: the evaluation's cross-entropy normalizes it). The
+    model gets `model_inputs(features)` (no `eval_mask`)."""
+    probs = self._probabilities(model(self.model_inputs(features),
+                                      training=False))
     data = self.task_config.validation_data
     return aggregate_views(probs, data.num_test_clips * data.num_test_crops,
                            self.task_config.eval_aggregation)

@@ -124,6 +124,9 @@ class Video:
   frames: np.ndarray  # uint8 RGB [N, H, W, 3].
   fps: float  # Of `frames`, after resampling; 0.0 when none is stated.
   source_fps: float  # The file's stated rate (0.0 if none).
+  # Each kept frame's index among the file's decoded frames, and their count.
+  source_indices: Optional[np.ndarray] = None
+  num_source_frames: int = 0
 
   @property
   def duration(self) -> float:
@@ -150,7 +153,7 @@ def read_video(path: str, fps: Optional[float] = None,
   src_fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
   stated = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
   step = (src_fps / fps) if (fps and src_fps > fps) else 1.0
-  frames, index, next_keep = [], 0, 0.0
+  frames, kept, index, next_keep = [], [], 0, 0.0
   try:
     while True:
       ok, frame = cap.read()
@@ -167,6 +170,7 @@ def read_video(path: str, fps: Optional[float] = None,
                                        max(1, round(h * scale))),
                                interpolation=cv2.INTER_AREA)
         frames.append(frame)
+        kept.append(index)
       index += 1
   finally:
     cap.release()
@@ -178,7 +182,8 @@ def read_video(path: str, fps: Optional[float] = None,
         'container states decode (a truncated or damaged file); it is not '
         'read as a shorter video.')
   kept_fps = src_fps / step if src_fps else 0.0
-  return Video(np.stack(frames), kept_fps, src_fps)
+  return Video(np.stack(frames), kept_fps, src_fps,
+               np.asarray(kept, np.int64), index)
 
 
 def read_frames(path: str, fps: Optional[float] = None,
