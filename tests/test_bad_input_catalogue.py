@@ -24,7 +24,6 @@ import tensorflow as tf
 from official.modeling import hyperparams
 from official_ext.assemblenet import configs as anet_configs
 from official_ext.assemblenet import dataloader as anet_dataloader
-from official_ext.assemblenet import demo_data as anet_demo
 from official_ext.core.input import bad_records
 from official_ext.readout import configs as readout_configs
 from official_ext.readout import dataloader as readout_dataloader
@@ -131,18 +130,18 @@ class AssembleNet:
             for s in sizes]
 
   def good(self, i):
-    return anet_demo.make_sequence_example(self._frames(),
+    return anet_dataloader.make_sequence_example(self._frames(),
                                            [i % 8]).SerializeToString()
 
   def bad(self, kind):
     if kind == 'wrong_width':
-      return anet_demo.make_sequence_example(self._frames((16, 20)),
+      return anet_dataloader.make_sequence_example(self._frames((16, 20)),
                                              [1]).SerializeToString()
     if kind == 'label':
-      return anet_demo.make_sequence_example(self._frames(),
+      return anet_dataloader.make_sequence_example(self._frames(),
                                              [99]).SerializeToString()
     if kind == 'wrong_dtype':
-      ex = anet_demo.make_sequence_example(self._frames(), [1])
+      ex = anet_dataloader.make_sequence_example(self._frames(), [1])
       del ex.context.feature['clip/label/index'].int64_list.value[:]
       ex.context.feature['clip/label/index'].float_list.value.append(1.0)
       return ex.SerializeToString()

@@ -2,7 +2,7 @@
 or TFDS to batches of clips, Model Garden's training values, evaluation views
 folded into the batch, optionally each frame's object class map cropped and
 flipped with it (docs/assemblenet.md#experiments-and-data, #object-stream)."""
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
@@ -22,12 +22,50 @@ LABELS = 'labels'
 OBJECTS = 'objects'  # Object class maps (with num_object_classes > 0).
 # The TFDS feature of the object class maps (uint8 [N, H, W, 1]).
 TFDS_OBJECTS = 'objects'
-MAX_OBJECT_CLASSES = 256  # The maps' uint8 (video_records.MAX_OBJECT_CLASSES).
+MAX_OBJECT_CLASSES = 256  # The maps' uint8.
+# The sequence feature of the object class maps in a record: one 8-bit grey
+# PNG a frame, beside `image/encoded` (Model Garden's segmentation key).
+OBJECT_FIELD_KEY = 'image/segmentation/class/encoded'
 # The PNG signature, and an 8-bit grey image's IHDR bit depth and colour type
 # (bytes 24-25).
 _PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 _PNG_GREY_8BIT = b'\x08\x00'
 SOURCE = tfrecord_input.SOURCE_KEY  # The record's file (or TFDS split).
+
+
+
+def encode_jpeg_frames(video: np.ndarray, quality: int = 95) -> List[bytes]:
+  """uint8 RGB frames [T, H, W, 3] as JPEGs of `quality`, one a frame."""
+  return [tf.io.encode_jpeg(f, quality=quality).numpy() for f in video]
+
+
+def encode_object_maps(objects: np.ndarray) -> List[bytes]:
+  """uint8 object class maps [T, H, W] as 8-bit grey PNGs, one a frame."""
+  return [tf.io.encode_png(m[..., np.newaxis]).numpy()
+          for m in np.asarray(objects, np.uint8)]
+
+
+def make_sequence_example(frames: Sequence[bytes], labels: Sequence[int],
+                          object_maps: Optional[Sequence[bytes]] = None,
+                          clip_id: Optional[str] = None
+                          ) -> tf.train.SequenceExample:
+  """The clip record this pipeline reads: encoded `frames` under
+  `image/encoded`, `labels` under `clip/label/index`, `clip_id` under
+  `clip/id`; with `object_maps` (`encode_object_maps`) also
+  `OBJECT_FIELD_KEY`."""
+  ex = tf.train.SequenceExample()
+  ex.context.feature['clip/label/index'].int64_list.value.extend(
+      int(l) for l in labels)
+  if clip_id is not None:
+    ex.context.feature['clip/id'].bytes_list.value.append(clip_id.encode())
+  fl = ex.feature_lists.feature_list['image/encoded']
+  for f in frames:
+    fl.feature.add().bytes_list.value.append(f)
+  if object_maps is not None:
+    ol = ex.feature_lists.feature_list[OBJECT_FIELD_KEY]
+    for m in object_maps:
+      ol.feature.add().bytes_list.value.append(m)
+  return ex
 
 
 def check_params(params: configs.DataConfig) -> None:

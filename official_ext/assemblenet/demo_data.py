@@ -12,7 +12,6 @@ import numpy as np
 import tensorflow as tf, tf_keras  # pylint: disable=unused-import
 import tensorflow_datasets as tfds
 
-from official_ext.assemblenet.video_records import OBJECT_FIELD_KEY
 from official_ext.core.input import demo_cache
 
 SHAPES = ('square', 'disk')
@@ -184,35 +183,6 @@ def ensure_prepared(tfds_name: str, data_dir: str = '') -> str:
   builder = MovingShapes(config=config or 'default', data_dir=data_dir)
   builder.download_and_prepare()
   return data_dir
-
-
-def encode_jpeg_frames(video: np.ndarray, quality: int = 95) -> List[bytes]:
-  return [tf.io.encode_jpeg(f, quality=quality).numpy() for f in video]
-
-
-def encode_png_maps(objects: np.ndarray) -> List[bytes]:
-  """uint8 object class maps [T, H, W] as single-channel PNGs, one a frame."""
-  return [tf.io.encode_png(m[..., np.newaxis]).numpy()
-          for m in np.asarray(objects, np.uint8)]
-
-
-def make_sequence_example(frames: Sequence[bytes], labels: Sequence[int],
-                          object_maps: Optional[Sequence[bytes]] = None
-                          ) -> tf.train.SequenceExample:
-  """A Model Garden video record: `image/encoded` frames, `clip/label/index`;
-  with `object_maps` (PNGs, `encode_png_maps`) also the sequence feature
-  `image/segmentation/class/encoded`."""
-  ex = tf.train.SequenceExample()
-  ex.context.feature['clip/label/index'].int64_list.value.extend(
-      int(l) for l in labels)
-  fl = ex.feature_lists.feature_list['image/encoded']
-  for f in frames:
-    fl.feature.add().bytes_list.value.append(f)
-  if object_maps is not None:
-    ol = ex.feature_lists.feature_list[OBJECT_FIELD_KEY]
-    for m in object_maps:
-      ol.feature.add().bytes_list.value.append(m)
-  return ex
 
 
 def main(argv):

@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import videos as videos_lib
 from official_ext.core import output_files
 
@@ -21,10 +22,6 @@ VIDEO_EXTENSIONS = videos_lib.VIDEO_EXTENSIONS
 CLASSES_SUFFIX = '.classes.txt'
 FAILURES_SUFFIX = '.failures.tsv'
 
-# The sequence feature of the object class maps: one single-channel 8-bit
-# PNG a frame, beside `image/encoded` (Model Garden's segmentation key).
-OBJECT_FIELD_KEY = 'image/segmentation/class/encoded'
-MAX_OBJECT_CLASSES = 256  # Ids fit the maps' uint8.
 SEGMENTER_BATCH = 16  # Frames per call of a --segmenter.
 
 
@@ -33,15 +30,8 @@ def make_example(frames, labels: Sequence[int], clip_id: str,
   """The `tf.train.SequenceExample` of one video: uint8 RGB `frames` [N, H, W,
   3] as JPEGs of `jpeg_quality`, its class ids and `clip_id` (its path
   relative to the video folder); `objects` (uint8 [N, H, W] class ids) as
-  `OBJECT_FIELD_KEY` PNGs."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  ex = tf.train.SequenceExample()
-  ex.context.feature['clip/label/index'].int64_list.value.extend(labels)
-  ex.context.feature['clip/id'].bytes_list.value.append(clip_id.encode())
-  fl = ex.feature_lists.feature_list['image/encoded']
-  for frame in frames:
-    fl.feature.add().bytes_list.value.append(
-        tf.io.encode_jpeg(frame, quality=jpeg_quality).numpy())
+  object maps (`dataloader.make_sequence_example`)."""
+  maps = None
   if objects is not None:
     objects = np.asarray(objects)
     if (objects.dtype != np.uint8 or objects.ndim != 3 or
@@ -50,11 +40,10 @@ def make_example(frames, labels: Sequence[int], clip_id: str,
           f'{clip_id}: object maps must be uint8 [N, H, W] of the frames\' '
           f'{tuple(np.shape(frames)[:3])}; got {objects.dtype} '
           f'{objects.shape}')
-    ol = ex.feature_lists.feature_list[OBJECT_FIELD_KEY]
-    for m in objects:
-      ol.feature.add().bytes_list.value.append(
-          tf.io.encode_png(m[..., np.newaxis]).numpy())
-  return ex
+    maps = dataloader.encode_object_maps(objects)
+  return dataloader.make_sequence_example(
+      dataloader.encode_jpeg_frames(frames, jpeg_quality), labels, maps,
+      clip_id)
 
 
 def _resize_nearest(maps: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -159,7 +148,7 @@ class Segmenter:
   tensor of frames [N, H, W, 3] and returns one tensor: per-pixel class
   scores float [N, h, w, C] (argmax taken) or class ids int [N, h, w] (or
   [N, h, w, 1]); maps of another size are resized to the frames' by nearest
-  neighbour; ids must lie in [0, MAX_OBJECT_CLASSES).
+  neighbour; ids must lie in [0, dataloader.MAX_OBJECT_CLASSES).
 
   Raises (on loading):
     ValueError: naming --segmenter: not a SavedModel, no `serving_default`,
@@ -232,10 +221,10 @@ class Segmenter:
         raise ValueError(f'{where}: {ids.shape[0]} maps for {len(chunk)} '
                          'frames.')
       ids = ids.numpy()
-      bad = ids[(ids < 0) | (ids >= MAX_OBJECT_CLASSES)]
+      bad = ids[(ids < 0) | (ids >= dataloader.MAX_OBJECT_CLASSES)]
       if bad.size:
         raise ValueError(f'{where}: class id {bad[0]} outside [0, '
-                         f'{MAX_OBJECT_CLASSES}) (the maps are uint8).')
+                         f'{dataloader.MAX_OBJECT_CLASSES}) (the maps are uint8).')
       maps.append(ids.astype(np.uint8))
     return _resize_nearest(np.concatenate(maps), height, width)
 

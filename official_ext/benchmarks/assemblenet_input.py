@@ -15,7 +15,6 @@ from official.vision.configs import video_classification as mg_configs
 from official.vision.dataloaders import video_input
 from official_ext.assemblenet import configs
 from official_ext.assemblenet import dataloader
-from official_ext.assemblenet import demo_data
 from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
 
@@ -64,8 +63,8 @@ def write_records(directory: str, videos: int, video_frames: int,
   try:
     for i in range(videos):
       clip = _frames(rng, video_frames, height, width)
-      encoded = demo_data.encode_jpeg_frames(clip, quality=90)
-      writers[i % 2].write(demo_data.make_sequence_example(
+      encoded = dataloader.encode_jpeg_frames(clip, quality=90)
+      writers[i % 2].write(dataloader.make_sequence_example(
           encoded, [i % num_classes]).SerializeToString())
   finally:
     for w in writers:

@@ -10,7 +10,6 @@ from official.modeling.hyperparams import params_dict
 from official.vision.configs import common
 from official_ext.assemblenet import configs
 from official_ext.assemblenet import dataloader
-from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import task as task_lib
 
 T, SIZE, K, COPIES = 4, 16, 5, 6
@@ -23,11 +22,11 @@ def still_clip(tmp_path_factory):
   [0, 1]: what the training pipeline gives with no augmentation, for the
   crop below covers the whole frame and the clip is the whole video."""
   frame = np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), np.uint8)
-  jpegs = demo_data.encode_jpeg_frames(np.stack([frame] * T))
+  jpegs = dataloader.encode_jpeg_frames(np.stack([frame] * T))
   path = tmp_path_factory.mktemp('aug') / 'still.tfrecord'
   with tf.io.TFRecordWriter(str(path)) as w:
     for _ in range(COPIES):
-      w.write(demo_data.make_sequence_example(jpegs, [2]).SerializeToString())
+      w.write(dataloader.make_sequence_example(jpegs, [2]).SerializeToString())
   decoded = np.stack([tf.io.decode_jpeg(j).numpy() for j in jpegs]) / 255.0
   return str(path), decoded.astype(np.float32), jpegs
 

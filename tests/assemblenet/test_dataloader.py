@@ -12,9 +12,9 @@ from official_ext.assemblenet import demo_data
 def _write(path, videos, labels):
   with tf.io.TFRecordWriter(str(path)) as w:
     for video, label in zip(videos, labels):
-      frames = (demo_data.encode_jpeg_frames(video)
+      frames = (dataloader.encode_jpeg_frames(video)
                 if not isinstance(video, list) else video)
-      w.write(demo_data.make_sequence_example(frames, label)
+      w.write(dataloader.make_sequence_example(frames, label)
               .SerializeToString())
 
 
@@ -53,7 +53,7 @@ def test_tfrecord_train_and_eval(tmp_path):
   x = next(iter(ds))[0]['image'].numpy()
   # Middle 4 frames (of 6: frames 1-4) of video 0, no resize (short side
   # already 40), center crop 40 -> 32 pixels.
-  expected = tf.io.decode_jpeg(demo_data.encode_jpeg_frames(videos[0])[1])
+  expected = tf.io.decode_jpeg(dataloader.encode_jpeg_frames(videos[0])[1])
   np.testing.assert_allclose(x[0, 0], expected.numpy()[4:36, 4:36] / 255.0,
                              atol=1e-6)
 
@@ -96,7 +96,7 @@ def test_multilabel_records(tmp_path):
 
 def test_corrupt_jpeg_names_the_file(tmp_path):
   videos, labels = _videos(2)
-  frames = demo_data.encode_jpeg_frames(videos[1])
+  frames = dataloader.encode_jpeg_frames(videos[1])
   frames[2] = frames[2][:40]  # truncated JPEG
   _write(tmp_path / 'good.tfrecord', videos[:1], labels[:1])
   _write(tmp_path / 'bad.tfrecord', [frames], labels[1:])
@@ -238,7 +238,7 @@ def test_training_frames_of_other_sizes_name_the_file(tmp_path, name_file):
 def test_training_corrupt_jpeg_names_the_file_and_frame(tmp_path, damage,
                                                         reason):
   videos, labels = _videos(1, frames=4)
-  frames = demo_data.encode_jpeg_frames(videos[0])
+  frames = dataloader.encode_jpeg_frames(videos[0])
   frames[1] = damage(frames[1])
   _write(tmp_path / 'bad.tfrecord', [frames], labels)
   ds = dataloader.build_dataset(_params(

@@ -17,6 +17,7 @@ import tensorflow as tf, tf_keras
 
 from official.core import exp_factory
 from official.core import task_factory
+from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
 from official_ext.core.input import eval_padding
 from official_ext import registry_imports  # pylint: disable=unused-import
@@ -42,8 +43,8 @@ def _write(path, multilabel):
   videos = [v for _, v, _ in demo_data.generate(len(_LABELS), 4, 32, seed=0)]
   with tf.io.TFRecordWriter(str(path)) as w:
     for v, labels in zip(videos, _LABELS):
-      w.write(demo_data.make_sequence_example(
-          demo_data.encode_jpeg_frames(v),
+      w.write(dataloader.make_sequence_example(
+          dataloader.encode_jpeg_frames(v),
           labels if multilabel else labels[:1]).SerializeToString())
 
 
@@ -118,8 +119,8 @@ def _write_numbered_videos(path, num_videos, num_frames, width):
                            [num_videos, num_frames, 32, width, 3])
   with tf.io.TFRecordWriter(str(path)) as w:
     for i, video in enumerate(videos):
-      w.write(demo_data.make_sequence_example(
-          demo_data.encode_jpeg_frames(video), [i]).SerializeToString())
+      w.write(dataloader.make_sequence_example(
+          dataloader.encode_jpeg_frames(video), [i]).SerializeToString())
 
 
 def test_views_are_aggregated_with_their_videos_label(tmp_path, model):

@@ -17,7 +17,6 @@ from official.core import exp_factory
 from official.core import task_factory
 from official.core import train_utils
 from official_ext.assemblenet import dataloader
-from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import export
 from official_ext.assemblenet import predict
 from official_ext.assemblenet import videos
@@ -76,11 +75,11 @@ def records(exported):
   # Smooth frames: JPEG keeps them close, and the records hold what it kept.
   videos = np.repeat(np.repeat(rng.integers(
       0, 256, [2, 8, 9, 10, 3], dtype=np.uint8), 4, axis=2), 4, axis=3)
-  serialized = [demo_data.make_sequence_example(
-      demo_data.encode_jpeg_frames(v), [i]).SerializeToString()
+  serialized = [dataloader.make_sequence_example(
+      dataloader.encode_jpeg_frames(v), [i]).SerializeToString()
                 for i, v in enumerate(videos)]
   frames = np.stack([tf.map_fn(tf.io.decode_jpeg, tf.constant(
-      [f for f in demo_data.encode_jpeg_frames(v)]), fn_output_signature=
+      [f for f in dataloader.encode_jpeg_frames(v)]), fn_output_signature=
                                tf.uint8).numpy() for v in videos])
   path = str(exported['root'] / 'records.tfrecord')
   with tf.io.TFRecordWriter(path) as writer:
@@ -121,7 +120,7 @@ def _sequence_example(frames):
 def test_serve_examples_refuses_records_it_cannot_score(exported, records):
   fn = exported['loaded'].signatures['serve_examples']
   good = records['serialized'][0]
-  jpeg = demo_data.encode_jpeg_frames(records['frames'][0][:1])[0]
+  jpeg = dataloader.encode_jpeg_frames(records['frames'][0][:1])[0]
   for bad, match in (
       (b'not a record', r'input `examples`\[1\]'),
       (tf.train.Example().SerializeToString(),

@@ -25,7 +25,7 @@ from tests import cli
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'scripts',
                        'assemblenet_videos_to_tfrecord.py')
-KEY = video_records.OBJECT_FIELD_KEY
+KEY = dataloader.OBJECT_FIELD_KEY
 
 # Class id -> colour: one-hot colours, so that a frame pixel mixing two
 # classes (bilinear resize) equals no class colour.
@@ -53,8 +53,8 @@ def _write_records(path, items, encoder=tf.io.encode_png):
     for frames, labels, maps in items:
       encoded = [encoder(f).numpy() for f in frames]
       if maps is not None and not isinstance(maps, list):
-        maps = demo_data.encode_png_maps(maps)
-      w.write(demo_data.make_sequence_example(encoded, labels, maps)
+        maps = dataloader.encode_object_maps(maps)
+      w.write(dataloader.make_sequence_example(encoded, labels, maps)
               .SerializeToString())
 
 

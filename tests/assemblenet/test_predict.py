@@ -15,6 +15,7 @@ from official.core import exp_factory
 from official.core import task_factory
 from official.core import train_utils
 from official_ext import registry_imports  # pylint: disable=unused-import
+from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import predict
 from official_ext.assemblenet import videos
@@ -59,7 +60,7 @@ def tiny(tmp_path_factory):
   with tf.io.TFRecordWriter(record) as writer:
     for path in sorted(written):
       frames = videos.read_video(path).frames
-      example = demo_data.make_sequence_example(
+      example = dataloader.make_sequence_example(
           [tf.io.encode_png(f).numpy() for f in frames], [written[path]])
       video_id = os.path.relpath(path, root / 'videos')
       example.context.feature[predict.CLIP_ID_KEY].bytes_list.value.append(

@@ -12,6 +12,7 @@ from official.core import exp_factory
 from official.core import task_factory
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext import train
+from official_ext.assemblenet import dataloader
 from official_ext.assemblenet import demo_data
 from official_ext.assemblenet import metrics as anet_metrics
 from official_ext.assemblenet import structures
@@ -56,8 +57,8 @@ def _multilabel_task(tmp_path):
   path = tmp_path / 'ml.tfrecord'
   with tf.io.TFRecordWriter(str(path)) as w:
     for v, labels in zip(videos, [[0, 3], [1], [2, 3], [0]]):
-      w.write(demo_data.make_sequence_example(
-          demo_data.encode_jpeg_frames(v), labels).SerializeToString())
+      w.write(dataloader.make_sequence_example(
+          dataloader.encode_jpeg_frames(v), labels).SerializeToString())
   params = exp_factory.get_exp_config('assemblenet_plus_lite_charades')
   data = {'input_path': str(path), 'feature_shape': [4, 32, 32, 3],
           'num_classes': 4, 'global_batch_size': 2, 'min_image_size': 32}
