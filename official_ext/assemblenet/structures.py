@@ -345,11 +345,13 @@ def nodes_below(structure: Sequence[Sequence[Any]], level: int) -> List[int]:
   return out
 
 
-def dense_search_structure(structure: StructureLike) -> List[List[Any]]:
-  """The connectivity-search space of `structure`: the same nodes, every block
-  taking every lower-level node as input (the one-shot search starts from an
+def dense_search_structure(structure: StructureLike,
+                           int_filters: bool = False) -> List[List[Any]]:
+  """The connectivity-search space of `structure` (filters as
+  `validate_structure`'s `int_filters`): the same nodes, every block taking
+  every lower-level node as input (the one-shot search starts from an
   overly connected graph)."""
-  nodes = validate_structure(structure)
+  nodes = validate_structure(structure, int_filters=int_filters)
   out = []
   for node in nodes:
     if is_stem(node):
