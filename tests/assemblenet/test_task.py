@@ -246,3 +246,35 @@ def test_object_classes_of_model_and_data_must_agree():
   for name in ('assemblenet_plus_charades', 'assemblenet_plus_ucf101',
                'assemblenet50_charades'):
     task_factory.get_task(exp_factory.get_exp_config(name).task)
+
+
+@pytest.mark.parametrize('name, tiny', [
+    ('assemblenet50_demo', 'moving_shapes/tiny'),
+    ('assemblenet_plus_demo', 'moving_shapes/tiny_objects')])
+def test_asn_demos_train_and_evaluate(name, tiny, demo_cache, tmp_path):
+  """The AssembleNet and AssembleNet++ (object stem) demos, with their own
+  structures (2 flow iterations), on the tiny moving shapes' 2-frame clips:
+  2 training steps, 1 evaluation."""
+  params = exp_factory.get_exp_config(name)
+  data = {'tfds_name': tiny, 'feature_shape': [2, 32, 32, 3],
+          'global_batch_size': 8}
+  backbone = params.task.model.backbone.type
+  params.override({
+      'task': {'train_data': data, 'validation_data': dict(data),
+               'model': {'backbone': {backbone: {'rep_flow': {
+                   'num_iter': 2}}}},
+               'demo_data': {'data_dir': str(demo_cache / 'tfds')}},
+      'trainer': {'train_steps': 2, 'steps_per_loop': 1,
+                  'summary_interval': 1, 'checkpoint_interval': 2,
+                  'validation_interval': 2, 'validation_steps': 1}},
+                  is_strict=True)
+  model, metrics = train.run(params, 'train_and_eval', str(tmp_path / 'm'))
+  assert np.isfinite(float(metrics['total_loss']))
+  assert int(metrics['num_examples']) == 8
+  assert tf.train.latest_checkpoint(str(tmp_path / 'm')).endswith('ckpt-2')
+  # The AssembleNet++ demo's model took the object maps.
+  task = task_factory.get_task(params.task)
+  features, _ = next(iter(task.build_inputs(params.task.validation_data)))
+  inputs = task.model_inputs(features)
+  assert ('objects' in inputs) == (name == 'assemblenet_plus_demo')
+  assert model(inputs, training=False).shape == (8, demo_data.NUM_CLASSES)
