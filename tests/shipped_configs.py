@@ -41,6 +41,14 @@ DEMO_OF = {
     'assemblenet_plus_lite_kinetics': 'assemblenet_plus_lite_demo',
     'assemblenet_plus_lite_demo': 'assemblenet_plus_lite_demo',
     'readout_demo': 'readout_demo',
+    'assemblenet50_demo': 'assemblenet50_demo',
+    'assemblenet50_charades': 'assemblenet50_demo',
+    'assemblenet50_kinetics400': 'assemblenet50_demo',
+    'assemblenet50_ucf101': 'assemblenet50_demo',
+    'assemblenet_plus_demo': 'assemblenet_plus_demo',
+    'assemblenet_plus_charades': 'assemblenet_plus_demo',
+    'assemblenet_plus_kinetics400': 'assemblenet_plus_demo',
+    'assemblenet_plus_ucf101': 'assemblenet_plus_demo',
 }
 # The model zoo's demos (tests/yt8m/test_zoo_backbones.py starts them).
 ZOO_DEMOS = ('yt8m_frame_logistic_demo', 'yt8m_lstm_demo',
@@ -71,6 +79,10 @@ _TINY_MODEL = {
         'cluster_sizes': [4, 2], 'hidden_size': 16}}},
     'assemblenet_plus_lite_demo': {'backbone': minimal.backbone(),
                                    'head_filters': [16, 24]},
+    'assemblenet50_demo': {'backbone': {'assemblenet': minimal.asn_backbone(
+        minimal.ASN_STRUCTURE)}},
+    'assemblenet_plus_demo': {'backbone': {
+        'assemblenet_plus': minimal.asn_backbone(minimal.ASNP_STRUCTURE)}},
     'readout_demo': {'encoder': {'hidden_size': 8, 'num_heads': 2,
                                  'num_layers': 1, 'intermediate_size': 8}},
 }
@@ -102,7 +114,9 @@ def _data_overrides(demo: str, cache_dir: str) -> Dict[str, Any]:
             'demo_data': {'cache_dir': cache_dir, 'num_train_videos': 48,
                           'num_validation_videos': 32, 'num_shards': 2}}
   if demo.startswith('assemblenet'):
-    data = dict(batch, tfds_name='moving_shapes/tiny',
+    tiny = ('moving_shapes/tiny_objects' if demo == 'assemblenet_plus_demo'
+            else 'moving_shapes/tiny')
+    data = dict(batch, tfds_name=tiny,
                 feature_shape=[4, 32, 32, 3])
     return {'train_data': data, 'validation_data': dict(data),
             'demo_data': {'data_dir': os.path.join(cache_dir, 'tfds')}}

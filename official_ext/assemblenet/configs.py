@@ -19,6 +19,12 @@ CHARADES_VAL_EXAMPLES = 1863
 KINETICS400_NUM_CLASSES = 400
 KINETICS400_TRAIN_EXAMPLES = 215570
 KINETICS400_VAL_EXAMPLES = 17706
+# TFDS `ucf101` (split 1), as Model Garden's video_classification_ucf101.
+UCF101_NUM_CLASSES = 101
+UCF101_TRAIN_EXAMPLES = 9537
+UCF101_TEST_EXAMPLES = 3783
+# ADE-20K's object classes, the original AssembleNet++'s object input.
+ADE20K_NUM_OBJECT_CLASSES = 151
 
 
 @dataclasses.dataclass
@@ -234,16 +240,39 @@ def _published_backbone() -> Backbone3D:
           attention_mode='peer'))
 
 
+def _asn_backbone(backbone_type: str, structure, edge_weights,
+                  num_object_classes: int = 0, **fields) -> Backbone3D:
+  """An AssembleNet (`backbone_type` 'assemblenet') or AssembleNet++
+  ('assemblenet_plus') backbone of depth 50; `num_object_classes` > 0 takes
+  object maps of that many classes."""
+  fields = dict(model_id='50', model_structure=json.dumps(structure),
+                model_edge_weights=(json.dumps(edge_weights) if edge_weights
+                                    else ''), **fields)
+  if backbone_type == 'assemblenet':
+    return Backbone3D(type=backbone_type, assemblenet=AssembleNet(**fields))
+  if num_object_classes:
+    fields.update(use_object_input=True,
+                  num_object_classes=num_object_classes)
+  return Backbone3D(type=backbone_type,
+                    assemblenet_plus=AssembleNetPlus(**fields))
+
+
 def _full_experiment(num_classes: int, multilabel: bool, num_train: int,
                      num_val: int, epochs: int,
-                     eval_aggregation: str) -> cfg.ExperimentConfig:
+                     eval_aggregation: str,
+                     backbone: Optional[Backbone3D] = None,
+                     num_object_classes: int = 0) -> cfg.ExperimentConfig:
+  """A published-size experiment (32 x 224^2, batch 64, SGD cosine);
+  default backbone: the published AssembleNet++lite."""
+  backbone = backbone or _published_backbone()
   batch_size = 64  # 8 clips on each of 8 GPUs.
   steps_per_epoch = num_train // batch_size
   data = dict(feature_shape=(32, 224, 224, 3), num_classes=num_classes,
-              is_multilabel=multilabel, global_batch_size=batch_size)
+              is_multilabel=multilabel, global_batch_size=batch_size,
+              num_object_classes=num_object_classes)
   task = AssembleNetTask(
-      model=VideoClassificationModel(backbone=_published_backbone(),
-                                     dropout_rate=0.5),
+      model=VideoClassificationModel(model_type=backbone.type,
+                                     backbone=backbone, dropout_rate=0.5),
       train_data=DataConfig(is_training=True, drop_remainder=True,
                             num_examples=num_train, temporal_stride=2, **data),
       validation_data=DataConfig(is_training=False, drop_remainder=False,
@@ -284,12 +313,125 @@ def assemblenet_plus_lite_kinetics() -> cfg.ExperimentConfig:
                           epochs=100, eval_aggregation='mean')
 
 
+# AssembleNet-50 and AssembleNet++-50 at the published sizes
+# (docs/assemblenet.md#experiments-and-data).
+@exp_factory.register_config_factory('assemblenet50_charades')
+def assemblenet50_charades() -> cfg.ExperimentConfig:
+  """Charades (multi-label, 157 classes), AssembleNet-50 with its published
+  structure and edge weights; views aggregated by their maximum."""
+  return _full_experiment(
+      CHARADES_NUM_CLASSES, True, CHARADES_TRAIN_EXAMPLES,
+      CHARADES_VAL_EXAMPLES, epochs=50, eval_aggregation='max',
+      backbone=_asn_backbone('assemblenet', structures.ASN50_STRUCTURE,
+                             structures.ASN_EDGE_WEIGHTS))
+
+
+@exp_factory.register_config_factory('assemblenet50_kinetics400')
+def assemblenet50_kinetics400() -> cfg.ExperimentConfig:
+  """Kinetics-400 (single-label), AssembleNet-50 as published."""
+  return _full_experiment(
+      KINETICS400_NUM_CLASSES, False, KINETICS400_TRAIN_EXAMPLES,
+      KINETICS400_VAL_EXAMPLES, epochs=100, eval_aggregation='mean',
+      backbone=_asn_backbone('assemblenet', structures.ASN50_STRUCTURE,
+                             structures.ASN_EDGE_WEIGHTS))
+
+
+@exp_factory.register_config_factory('assemblenet_plus_charades')
+def assemblenet_plus_charades() -> cfg.ExperimentConfig:
+  """Charades (multi-label, 157 classes), AssembleNet++-50 with its object
+  stem (`FULL_ASNP50_STRUCTURE`, 151 ADE-20K object classes in the records'
+  object maps) and published edge weights, peer attention."""
+  return _full_experiment(
+      CHARADES_NUM_CLASSES, True, CHARADES_TRAIN_EXAMPLES,
+      CHARADES_VAL_EXAMPLES, epochs=50, eval_aggregation='max',
+      backbone=_asn_backbone(
+          'assemblenet_plus', structures.FULL_ASNP50_STRUCTURE,
+          structures.FULL_ASNP_EDGE_WEIGHTS,
+          num_object_classes=ADE20K_NUM_OBJECT_CLASSES),
+      num_object_classes=ADE20K_NUM_OBJECT_CLASSES)
+
+
+@exp_factory.register_config_factory('assemblenet_plus_kinetics400')
+def assemblenet_plus_kinetics400() -> cfg.ExperimentConfig:
+  """Kinetics-400 (single-label), AssembleNet++ (peer attention) on the
+  AssembleNet-50 structure, RGB and flow only (no object maps)."""
+  return _full_experiment(
+      KINETICS400_NUM_CLASSES, False, KINETICS400_TRAIN_EXAMPLES,
+      KINETICS400_VAL_EXAMPLES, epochs=100, eval_aggregation='mean',
+      backbone=_asn_backbone('assemblenet_plus', structures.ASN50_STRUCTURE,
+                             structures.ASN_EDGE_WEIGHTS))
+
+
+def _ucf101_experiment(backbone: Backbone3D) -> cfg.ExperimentConfig:
+  """UCF-101 from TFDS `ucf101` (split 1: train / test) with Model Garden's
+  video_classification_ucf101 data, sizes and schedule (batch 64, SGD
+  Nesterov 0.8 cosine over 100 epochs, 5 warmup epochs)."""
+  batch_size, eval_batch = 64, 16
+  epochs, warmup_epochs = 100, 5
+  steps_per_epoch = UCF101_TRAIN_EXAMPLES // batch_size
+  data = dict(feature_shape=(32, 224, 224, 3), num_classes=UCF101_NUM_CLASSES,
+              is_multilabel=False, tfds_name='ucf101', temporal_stride=2)
+  task = AssembleNetTask(
+      model=VideoClassificationModel(model_type=backbone.type,
+                                     backbone=backbone, dropout_rate=0.5),
+      train_data=DataConfig(is_training=True, tfds_split='train',
+                            drop_remainder=True, global_batch_size=batch_size,
+                            num_examples=UCF101_TRAIN_EXAMPLES, **data),
+      validation_data=DataConfig(is_training=False, tfds_split='test',
+                                 drop_remainder=False,
+                                 global_batch_size=eval_batch,
+                                 num_examples=UCF101_TEST_EXAMPLES, **data),
+      losses=Losses(l2_weight_decay=1e-4))
+  return cfg.ExperimentConfig(
+      runtime=kernel_policy.RuntimeConfig(mixed_precision_dtype='float32'),
+      task=task,
+      trainer=cfg.TrainerConfig(
+          steps_per_loop=steps_per_epoch,
+          summary_interval=steps_per_epoch,
+          checkpoint_interval=steps_per_epoch,
+          train_steps=epochs * steps_per_epoch,
+          validation_steps=-1,
+          validation_interval=steps_per_epoch,
+          optimizer_config=_sgd_cosine(0.8, epochs * steps_per_epoch,
+                                       warmup_epochs * steps_per_epoch)),
+      restrictions=list(_RESTRICTIONS))
+
+
+@exp_factory.register_config_factory('assemblenet50_ucf101')
+def assemblenet50_ucf101() -> cfg.ExperimentConfig:
+  """UCF-101 (TFDS), AssembleNet-50 as published: Model Garden's
+  assemblenet_ucf101."""
+  return _ucf101_experiment(_asn_backbone(
+      'assemblenet', structures.ASN50_STRUCTURE, structures.ASN_EDGE_WEIGHTS))
+
+
+@exp_factory.register_config_factory('assemblenet_plus_ucf101')
+def assemblenet_plus_ucf101() -> cfg.ExperimentConfig:
+  """UCF-101 (TFDS), AssembleNet++ on the AssembleNet-50 structure without
+  objects: Model Garden's assemblenetplus_ucf101."""
+  return _ucf101_experiment(_asn_backbone(
+      'assemblenet_plus', structures.ASN50_STRUCTURE,
+      structures.ASN_EDGE_WEIGHTS))
+
+
 DEMO_TFDS_NAME = 'moving_shapes'
 
 
-def _demo_experiment(model_structure) -> cfg.ExperimentConfig:
-  """The demo's data, model sizes and schedule around `model_structure`
-  (edge weights learned)."""
+def _lite_demo_backbone(model_structure) -> Backbone3D:
+  return Backbone3D(
+      type='assemblenet_plus_lite',
+      assemblenet_plus_lite=AssembleNetPlusLite(
+          model_structure=json.dumps(model_structure),
+          blocks_per_level=structures.TINY_BLOCKS_PER_LEVEL,
+          stem_filters=8, attention_mode='peer', bn_decay=0.9,
+          rep_flow=RepFlow(num_iter=10)))
+
+
+def _demo_experiment(backbone: Backbone3D, tfds_name: str = DEMO_TFDS_NAME,
+                     num_object_classes: int = 0) -> cfg.ExperimentConfig:
+  """The demo's data, model sizes and schedule around `backbone` (edge
+  weights learned); `tfds_name` a moving_shapes config (its object maps read
+  with `num_object_classes`)."""
   from official_ext.assemblenet import demo_data  # pylint: disable=g-import-not-at-top
   num_train, num_val = 2400, 480  # moving_shapes/default
   num_frames, size = 8, 32
@@ -298,18 +440,12 @@ def _demo_experiment(model_structure) -> cfg.ExperimentConfig:
   steps_per_epoch = num_train // train_batch  # 150
   train_steps = 400  # 2.7 epochs of the generated train split
   shape = (num_frames, size, size, 3)
-  common = dict(tfds_name=DEMO_TFDS_NAME, feature_shape=shape,
+  common = dict(tfds_name=tfds_name, feature_shape=shape,
                 num_classes=num_classes, is_multilabel=False,
-                min_image_size=size)
+                min_image_size=size, num_object_classes=num_object_classes)
   task = AssembleNetTask(
       model=VideoClassificationModel(
-          backbone=Backbone3D(
-              type='assemblenet_plus_lite',
-              assemblenet_plus_lite=AssembleNetPlusLite(
-                  model_structure=json.dumps(model_structure),
-                  blocks_per_level=structures.TINY_BLOCKS_PER_LEVEL,
-                  stem_filters=8, attention_mode='peer', bn_decay=0.9,
-                  rep_flow=RepFlow(num_iter=10))),
+          model_type=backbone.type, backbone=backbone,
           head_filters=(64, 128), dropout_rate=0.2),
       train_data=DataConfig(
           is_training=True, tfds_split='train', drop_remainder=True,
@@ -346,7 +482,36 @@ def _demo_experiment(model_structure) -> cfg.ExperimentConfig:
 @exp_factory.register_config_factory('assemblenet_plus_lite_demo')
 def assemblenet_plus_lite_demo() -> cfg.ExperimentConfig:
   """A tiny AssembleNet++lite on generated moving shapes (CPU, minutes)."""
-  return _demo_experiment(structures.TINY_STRUCTURE)
+  return _demo_experiment(_lite_demo_backbone(structures.TINY_STRUCTURE))
+
+
+def _asn_demo_backbone(backbone_type: str, structure,
+                       num_object_classes: int = 0) -> Backbone3D:
+  return _asn_backbone(
+      backbone_type, structure, None, num_object_classes=num_object_classes,
+      blocks_per_level=structures.TINY_BLOCKS_PER_LEVEL, bn_decay=0.9,
+      rep_flow=RepFlow(num_iter=10))
+
+
+@exp_factory.register_config_factory('assemblenet50_demo')
+def assemblenet50_demo() -> cfg.ExperimentConfig:
+  """A tiny AssembleNet (`TINY_ASN_STRUCTURE`, one block a level) on the
+  generated moving shapes (CPU)."""
+  return _demo_experiment(_asn_demo_backbone(
+      'assemblenet', structures.TINY_ASN_STRUCTURE))
+
+
+@exp_factory.register_config_factory('assemblenet_plus_demo')
+def assemblenet_plus_demo() -> cfg.ExperimentConfig:
+  """A tiny AssembleNet++ with an object stem (`TINY_ASNP_STRUCTURE`, peer
+  attention) on moving shapes with their shape masks
+  (`moving_shapes/objects`, 3 object classes; CPU)."""
+  from official_ext.assemblenet import demo_data  # pylint: disable=g-import-not-at-top
+  k = demo_data.NUM_OBJECT_CLASSES
+  return _demo_experiment(
+      _asn_demo_backbone('assemblenet_plus', structures.TINY_ASNP_STRUCTURE,
+                         num_object_classes=k),
+      tfds_name=DEMO_TFDS_NAME + '/objects', num_object_classes=k)
 
 
 @exp_factory.register_config_factory('assemblenet_plus_lite_search_demo')
@@ -354,4 +519,5 @@ def assemblenet_plus_lite_search_demo() -> cfg.ExperimentConfig:
   """Step 1 of the one-shot connectivity search on the demo: every block
   of `TINY_SEARCH_STRUCTURE` takes every lower-level node, edge weights
   learned with the filters (docs/assemblenet.md#connectivity-search)."""
-  return _demo_experiment(structures.TINY_SEARCH_STRUCTURE)
+  return _demo_experiment(
+      _lite_demo_backbone(structures.TINY_SEARCH_STRUCTURE))

@@ -130,18 +130,21 @@ class Derived:
 
 def prune(structure: Sequence[Sequence[Any]],
           weights: Sequence[Optional[Sequence[float]]],
-          threshold: float) -> Derived:
+          threshold: float, int_filters: bool = False) -> Derived:
   """Drops the edges below `threshold` (in [0, 1]), keeping the graph whole.
 
   An edge is kept at `weights` >= `threshold` (the post-sigmoid weights of
   `learned_edge_weights`); a block node with no kept input keeps its
   strongest; from the output back to node 0, a node with no kept edge to a
   node that reaches the output keeps its strongest edge to one. Nodes after
-  the output are dropped (indices below it unchanged)."""
+  the output are dropped (indices below it unchanged). `int_filters`: the
+  structure's block nodes take one int of filters (AssembleNet, AssembleNet++;
+  `structures.validate_structure`)."""
   if not 0.0 <= threshold <= 1.0:
     raise ValueError(f'--threshold is a sigmoid weight in [0, 1]; got '
                      f'{threshold}.')
-  structure = structures.validate_structure(structure)
+  structure = structures.validate_structure(structure,
+                                           int_filters=int_filters)
   output = next(i for i, n in enumerate(structure) if n[0] == 3)
   kept = {}  # (j, i) -> status
   for i, node in enumerate(structure[:output + 1]):
@@ -191,7 +194,8 @@ def prune(structure: Sequence[Sequence[Any]],
         ws.append(float(w))
     derived.append([node[0], ins] + list(node[2:5]))
     derived_weights.append([ws] if len(ins) > 1 else [])
-  derived = structures.validate_structure(derived, derived_weights)
+  derived = structures.validate_structure(derived, derived_weights,
+                                          int_filters=int_filters)
   return Derived(derived, derived_weights, edges,
                  list(range(output + 1, len(structure))))
 
@@ -286,8 +290,10 @@ def derive(params, checkpoint_path: str, threshold: float, output: str,
   Raises:
     ValueError: an output that is an input structure file or lies inside a
       model_dir or SavedModel directory (before the checkpoint is read)."""
+  backbone_type = params.task.model.backbone.type
   backbone = params.task.model.backbone.get()
-  key = 'task.model.backbone.assemblenet_plus_lite.'
+  key = structures.backbone_key(backbone_type)
+  int_filters = backbone_type in structures.INT_FILTER_TYPES
   for flag, path in (('--output', output), ('--edge_weights_output',
                                             edge_weights_output or
                                             edge_weights_output_path(output)),
@@ -299,11 +305,12 @@ def derive(params, checkpoint_path: str, threshold: float, output: str,
               (key + 'model_edge_weights_path',
                backbone.model_edge_weights_path)],
           models=[('--checkpoint', checkpoint_path)], creates_folder=True)
-  structure, _ = structures.from_backbone_config(backbone)
-  structure = structures.validate_structure(structure)
+  structure, _ = structures.from_backbone(params.task.model.backbone)
+  structure = structures.validate_structure(structure,
+                                            int_filters=int_filters)
   weights = learned_edge_weights(structure, edge_weight_logits(
       checkpoint_path), where=checkpoint_path)
-  derived = prune(structure, weights, threshold)
+  derived = prune(structure, weights, threshold, int_filters=int_filters)
   for i, node in enumerate(structure):
     if structures.is_stem(node):
       continue
@@ -360,13 +367,16 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
         f'{len(derived.edges)} edges at threshold {fv.threshold}; wrote '
         f'{fv.output} and {weights_path}'
         + (f' and {fv.png}' if fv.png else ''))
-  print(f'Train on it: {train_override(fv.output, weights_path)}')
+  print('Train on it: ' + train_override(
+      fv.output, weights_path, params.task.model.backbone.type))
 
 
-def train_override(structure_path: str, edge_weights_path: str) -> str:
+def train_override(structure_path: str, edge_weights_path: str,
+                   backbone_type: str = 'assemblenet_plus_lite') -> str:
   """The `--params_override` word (as a POSIX shell reads it: double-quoted,
-  so the inline structure stays `''`) that trains on the derived files."""
-  key = 'task.model.backbone.assemblenet_plus_lite'
+  so the inline structure stays `''`) that trains `backbone_type` on the
+  derived files."""
+  key = structures.backbone_key(backbone_type)[:-1]
   value = (f"{key}.model_structure='',"
            f'{key}.model_structure_path={structure_path},'
            f'{key}.model_edge_weights_path={edge_weights_path}')

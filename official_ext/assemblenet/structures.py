@@ -162,6 +162,25 @@ TINY_STRUCTURE = [
 ]
 TINY_BLOCKS_PER_LEVEL = (1, 1, 1, 1)
 
+# Small AssembleNet / AssembleNet++ structures (one int of filters a block
+# node) for the CPU demos: RGB and flow stems, every level, multi-input
+# fusions; the AssembleNet++ one adds an object stem (node 2) feeding levels
+# 0 and 2.
+TINY_ASN_STRUCTURE = [
+    [-1, 1], [-2, 1],
+    [0, [0, 1], 8, 1, 1, 0],
+    [1, [0, 1, 2], 16, 2, 2, 0],
+    [2, [2, 3], 16, 1, 2, 0],
+    [3, [3, 4], 16, 1, 2, 0],
+]
+TINY_ASNP_STRUCTURE = [
+    [-1, 1], [-2, 1], [-3, 1],
+    [0, [0, 1, 2], 8, 1, 1, 0],
+    [1, [0, 1, 3], 16, 2, 2, 0],
+    [2, [2, 3, 4], 16, 1, 2, 0],
+    [3, [4, 5], 16, 1, 2, 0],
+]
+
 
 StructureLike = Union[str, Sequence[Any]]
 
@@ -303,7 +322,7 @@ def min_num_frames(structure: StructureLike) -> int:
 
 
 def check_num_frames(structure: StructureLike, num_frames: int,
-                     what: str) -> None:
+                     what: str, network: str = 'AssembleNet++lite') -> None:
   """ValueError naming `what` (a config key) unless a clip of `num_frames`
   frames fits `structure`."""
   least = min_num_frames(structure)
@@ -313,7 +332,7 @@ def check_num_frames(structure: StructureLike, num_frames: int,
     why = (f'the flow stem (node {flow[0]}) computes optical flow between '
            'consecutive frames' if flow else 'a clip needs a frame')
     raise ValueError(
-        f'{what}: {num_frames} frames; AssembleNet++lite takes any frame '
+        f'{what}: {num_frames} frames; {network} takes any frame '
         f'count >= {least} (all its temporal strides are 1; {why}).')
 
 
@@ -326,11 +345,13 @@ def nodes_below(structure: Sequence[Sequence[Any]], level: int) -> List[int]:
   return out
 
 
-def dense_search_structure(structure: StructureLike) -> List[List[Any]]:
-  """The connectivity-search space of `structure`: the same nodes, every block
-  taking every lower-level node as input (the one-shot search starts from an
+def dense_search_structure(structure: StructureLike,
+                           int_filters: bool = False) -> List[List[Any]]:
+  """The connectivity-search space of `structure` (filters as
+  `validate_structure`'s `int_filters`): the same nodes, every block taking
+  every lower-level node as input (the one-shot search starts from an
   overly connected graph)."""
-  nodes = validate_structure(structure)
+  nodes = validate_structure(structure, int_filters=int_filters)
   out = []
   for node in nodes:
     if is_stem(node):
@@ -396,12 +417,41 @@ def from_config_fields(model_structure: StructureLike,
 
 BACKBONE_KEY = 'task.model.backbone.assemblenet_plus_lite.'
 
+# The backbone types whose block nodes take one int of filters.
+INT_FILTER_TYPES = ('assemblenet', 'assemblenet_plus')
+# Each backbone type's network name, for messages.
+NETWORK_NAMES = {'assemblenet_plus_lite': 'AssembleNet++lite',
+                 'assemblenet': 'AssembleNet',
+                 'assemblenet_plus': 'AssembleNet++'}
+
+
+def backbone_key(backbone_type: str) -> str:
+  """'task.model.backbone.<type>.': the config keys' prefix of a backbone
+  type.
+
+  Raises:
+    ValueError: a type that is not one of `NETWORK_NAMES`."""
+  if backbone_type not in NETWORK_NAMES:
+    raise ValueError(f'task.model.backbone.type {backbone_type!r} is not an '
+                     f'AssembleNet-family backbone; known: '
+                     f'{sorted(NETWORK_NAMES)}.')
+  return f'task.model.backbone.{backbone_type}.'
+
+
+def from_backbone(backbone) -> Tuple[List[Any], Optional[List[Any]]]:
+  """(structure, edge weights (None: learned)) of a `Backbone3D` one-of
+  config of any of the three types, errors naming its own keys: what every
+  reader of the structure (task, builders, derive_structure) takes."""
+  return from_backbone_config(backbone.get(),
+                              prefix=backbone_key(backbone.type))
+
 
 def from_backbone_config(backbone_config, prefix: str = BACKBONE_KEY
                          ) -> Tuple[List[Any], Optional[List[Any]]]:
-  """(structure, edge weights (None: learned)) of an `AssembleNetPlusLite`
-  backbone config, inline or from its files: what every reader of the
-  structure takes, so that they agree.
+  """(structure, edge weights (None: learned)) of one backbone type's config
+  (its fields `model_structure[_path]`, `model_edge_weights[_path]`), inline
+  or from its files; `prefix` names its keys in errors (`from_backbone`
+  derives it from the one-of config).
 
   Raises:
     ValueError: as `from_config_fields`, or text that is not JSON."""

@@ -53,6 +53,32 @@ def aggregate_views(scores: tf.Tensor, num_views: int,
   return reduce(scores, axis=1)
 
 
+def check_object_classes(params: configs.AssembleNetTask) -> None:
+  """ValueError naming both keys unless the data's `num_object_classes`
+  (0: no object maps) is the model's: an `assemblenet_plus` backbone's
+  `num_object_classes` when `use_object_input`, else 0."""
+  k = params.train_data.num_object_classes
+  backbone = params.model.backbone
+  key = structures.backbone_key(backbone.type)
+  takes = backbone.type == 'assemblenet_plus' and bool(
+      backbone.get().use_object_input)
+  if takes and k != backbone.get().num_object_classes:
+    raise ValueError(
+        f'{key}num_object_classes ({backbone.get().num_object_classes}) and '
+        f'task.train_data.num_object_classes ({k}) differ: with '
+        f'{key}use_object_input the model one-hot encodes the object maps '
+        'the data serves, so both must be the object class count.')
+  if not takes and k:
+    why = (f'{key}use_object_input is false' if
+           backbone.type == 'assemblenet_plus' else
+           f'the {structures.NETWORK_NAMES[backbone.type]} backbone has no '
+           'object stem')
+    raise ValueError(
+        f'task.train_data.num_object_classes ({k}) asks for object maps, but '
+        f'{why} ({key}use_object_input): set it (AssembleNet++ with an '
+        'object stem) or set num_object_classes to 0.')
+
+
 @task_factory.register_task_cls(configs.AssembleNetTask)
 class AssembleNetTask(base_task.Task):
   """AssembleNet++lite video classification: inputs ({'image': float32
@@ -71,6 +97,7 @@ class AssembleNetTask(base_task.Task):
           f'task.train_data.num_object_classes ({train_k}) and '
           f'task.validation_data.num_object_classes ({val_k}) differ: the '
           'model takes object maps in both splits or in neither.')
+    check_object_classes(params)
     if (params.train_data.mixup_and_cutmix is not None and
         not params.train_data.is_multilabel and params.losses.label_smoothing):
       raise ValueError(
@@ -93,20 +120,21 @@ class AssembleNetTask(base_task.Task):
       ValueError: naming the config key: the splits' clips differ in height,
         width or channels, or a split's frame count does not fit the network."""
     train, val = self.task_config.train_data, self.task_config.validation_data
+    backbone = self.task_config.model.backbone
+    network = structures.NETWORK_NAMES.get(backbone.type, backbone.type)
     if tuple(train.feature_shape[1:]) != tuple(val.feature_shape[1:]):
       raise ValueError(
           'task.train_data.feature_shape '
           f'{list(train.feature_shape)} and task.validation_data.feature_shape '
           f'{list(val.feature_shape)} differ in height, width or channels: '
-          'AssembleNet++lite fixes its fusions\' spatial pooling when built, '
+          f'{network} fixes its fusions\' spatial pooling when built, '
           'so both splits need the same clip size (the frame count may '
           'differ).')
-    structure, _ = structures.from_backbone_config(
-        self.task_config.model.backbone.get())
+    structure, _ = structures.from_backbone(backbone)
     for key, data in (('train_data', train), ('validation_data', val)):
       structures.check_num_frames(
           structure, data.feature_shape[0],
-          f'task.{key}.feature_shape {list(data.feature_shape)}')
+          f'task.{key}.feature_shape {list(data.feature_shape)}', network)
     num_frames = train.feature_shape[0]
     if num_frames != val.feature_shape[0]:
       num_frames = None
@@ -129,7 +157,9 @@ class AssembleNetTask(base_task.Task):
         model_config=self.task_config.model,
         num_classes=train.num_classes,
         l2_regularizer=l2)
-    logging.info('AssembleNet++lite: %d trainable parameters in %d variables.',
+    logging.info('%s: %d trainable parameters in %d variables.',
+                 structures.NETWORK_NAMES.get(
+                     self.task_config.model.backbone.type, 'model'),
                  count_params(model.trainable_variables),
                  len(model.trainable_variables))
     return model

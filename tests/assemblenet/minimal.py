@@ -26,3 +26,19 @@ def backbone(**overrides):
        'rep_flow': {'num_iter': 2}}
   b.update(overrides)
   return {'assemblenet_plus_lite': b}
+
+
+# The smallest AssembleNet (RGB stem, one strided level-3 node) and
+# AssembleNet++ with an object stem (RGB and object stems fused), one int of
+# filters a node.
+ASN_STRUCTURE = [[-1, 1], [3, [0], 4, 1, 2]]
+ASNP_STRUCTURE = [[-1, 1], [-3, 1], [3, [0, 1], 4, 1, 2]]
+
+
+def asn_backbone(structure, **overrides):
+  """An `assemblenet` / `assemblenet_plus` backbone's overrides: `structure`,
+  learned edge weights, one block a level (then `overrides`)."""
+  b = {'model_structure': json.dumps(structure), 'model_edge_weights': '',
+       'blocks_per_level': list(BLOCKS_PER_LEVEL)}
+  b.update(overrides)
+  return b

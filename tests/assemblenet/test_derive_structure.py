@@ -5,12 +5,14 @@
 """
 import json
 import os
+import re
 import shlex
 
 import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
 
+from official.core import exp_factory
 from official.core import task_factory
 from official_ext import train
 from official_ext.assemblenet import configs
@@ -270,3 +272,43 @@ def test_connectivity_search_end_to_end(tmp_path, capsys):
   model, _ = train.run(derived, 'train', str(tmp_path / 'derived_demo'))
   assert model.backbone.structure == json.loads(out.read_text())
   assert tf.train.latest_checkpoint(str(tmp_path / 'derived_demo'))
+
+
+def test_derive_an_assemblenet_search(tmp_path):
+  """An AssembleNet (one int of filters a node) search checkpoint derives
+  to a structure of its own format, read through the `assemblenet` keys."""
+  from official_ext.assemblenet.modeling import assemblenet as asn  # pylint: disable=g-import-not-at-top
+  search = structures.dense_search_structure(structures.TINY_ASN_STRUCTURE,
+                                            int_filters=True)
+  backbone = asn.AssembleNet(
+      search, None, structures.TINY_BLOCKS_PER_LEVEL,
+      input_specs=tf_keras.layers.InputSpec(shape=[None, 2, 32, 32, 3]),
+      rep_flow_options={'num_iter': 1})
+  model = asn.AssembleNetModel(backbone, 8)
+  for i, node in enumerate(search):
+    if not structures.is_stem(node) and len(node[1]) > 1:
+      backbone.get_layer(f'node_{i}_fusion').agg_weights.assign(
+          np.linspace(-3.0, 3.0, len(node[1])))
+  ckpt = tf.train.Checkpoint(model=model).write(
+      str(tmp_path / 'search' / 'ckpt-1'))
+  params = exp_factory.get_exp_config('assemblenet50_demo')
+  params.override({'task': {'model': {'backbone': {'assemblenet': {
+      'model_structure': json.dumps(search)}}}}})
+  out = tmp_path / 'structure.json'
+  derived = ds.derive(params, ckpt, 0.5, str(out))
+  got = json.loads(out.read_text())
+  assert got == derived.structure
+  structures.validate_structure(got, derived.edge_weights,
+                                structures.TINY_BLOCKS_PER_LEVEL,
+                                int_filters=True)
+  assert [n[2] for n in got if not structures.is_stem(n)] == [8, 16, 16, 16]
+  assert ds.train_override('s.json', 'w.json', 'assemblenet').startswith(
+      '--params_override="task.model.backbone.assemblenet.model_structure=')
+  bad = tmp_path / 'in.json'
+  bad.write_text('[]')
+  params.override({'task': {'model': {'backbone': {'assemblenet': {
+      'model_structure_path': str(bad)}}}}})
+  with pytest.raises(ValueError, match=re.escape(
+      'task.model.backbone.assemblenet.model_structure and '
+      'task.model.backbone.assemblenet.model_structure_path are both set')):
+    ds.derive(params, ckpt, 0.5, str(tmp_path / 'o2.json'))

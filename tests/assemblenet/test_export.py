@@ -5,6 +5,8 @@ evaluation preprocessing and to the validation step on the same records.
 The model is trained on 4-frame clips and evaluated (and served) on 6-frame
 clips: the export module's clips are the validation data's."""
 import glob
+import os
+import re
 import json
 
 import numpy as np
@@ -289,3 +291,36 @@ def test_predict_cli_scores_video_files_with_the_saved_model(exported,
     assert [e['label_id'] for e in video['top_k']] == top.tolist()
     np.testing.assert_allclose([e['score'] for e in video['top_k']],
                                expected[top], rtol=1e-6)
+
+
+@pytest.mark.parametrize('name', ['assemblenet50_demo',
+                                  'assemblenet_plus_demo'])
+def test_export_of_assemblenet_demos(name, tmp_path):
+  """AssembleNet (RGB only) exports and serves frames; AssembleNet++ with an
+  object stem is refused with an error naming the object input's key."""
+  params = exp_factory.get_exp_config(name)
+  tiny = ('moving_shapes/tiny_objects' if name == 'assemblenet_plus_demo'
+          else 'moving_shapes/tiny')
+  data = {'tfds_name': tiny, 'feature_shape': [4, 32, 32, 3],
+          'global_batch_size': 2}
+  params.override({'task': {
+      'train_data': data, 'validation_data': dict(data),
+      'demo_data': {'data_dir': str(tmp_path / 'tfds')}}}, is_strict=True)
+  task = task_factory.get_task(params.task)
+  model = task.build_model()
+  ckpt = tf.train.Checkpoint(model=model).write(str(tmp_path / 'ckpt'))
+  if name == 'assemblenet_plus_demo':
+    with pytest.raises(ValueError, match=re.escape(
+        "task.train_data.num_object_classes=3: the model takes each frame's "
+        'object class map')):
+      export_saved_model.export(params, ckpt, str(tmp_path / 'sm'))
+    assert not os.path.exists(tmp_path / 'sm')
+    return
+  export_dir = export_saved_model.export(params, ckpt, str(tmp_path / 'sm'))
+  serve = tf.saved_model.load(export_dir).signatures['serving_default']
+  frames = np.random.default_rng(0).integers(0, 256, [1, 4, 32, 32, 3],
+                                              dtype=np.uint8)
+  got = serve(frames=tf.constant(frames))['probabilities'].numpy()
+  clip = tf.constant(frames, tf.float32)[None] / 255.0
+  want = tf.nn.softmax(model({'image': clip[0]}, training=False)).numpy()
+  np.testing.assert_allclose(got, want, atol=1e-5)

@@ -498,7 +498,9 @@ class _StandIn(tf_keras.Model):
 
 
 def test_the_task_passes_the_maps_to_the_model(tmp_path):
-  params = exp_factory.get_exp_config('assemblenet_plus_lite_demo')
+  # The AssembleNet++ demo's config (its object classes the data's), with a
+  # stand-in model.
+  params = exp_factory.get_exp_config('assemblenet_plus_demo')
   data = {'tfds_name': 'moving_shapes/tiny_objects',
           'feature_shape': [4, 32, 32, 3], 'global_batch_size': 4,
           'num_object_classes': demo_data.NUM_OBJECT_CLASSES}

@@ -3,6 +3,8 @@
 The shipped YAMLs are checked against their experiments and started in
 tests/test_shipped_configs.py.
 """
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf, tf_keras
@@ -188,3 +190,92 @@ def test_train_and_eval_on_two_replicas(tmp_path, mirrored):
   assert any('agg_weights' in v.name for v in model.trainable_variables)
   assert not any('agg_weights' in v.name
                  for v in model.non_trainable_variables)
+
+
+# AssembleNet and AssembleNet++ -------------------------------------------
+
+def _asn_params(name, **backbone):
+  params = exp_factory.get_exp_config(name)
+  if backbone:
+    params.override({'task': {'model': {'backbone': {
+        params.task.model.backbone.type: backbone}}}}, is_strict=True)
+  return params
+
+
+@pytest.mark.parametrize('name, key', [
+    ('assemblenet50_demo', 'task.model.backbone.assemblenet.'),
+    ('assemblenet_plus_demo', 'task.model.backbone.assemblenet_plus.'),
+    ('assemblenet_plus_lite_demo',
+     'task.model.backbone.assemblenet_plus_lite.')])
+def test_structure_errors_name_the_backbone_type(name, key, tmp_path):
+  """The task reads every backbone type's structure (`structures.
+  from_backbone`), its errors naming that type's keys."""
+  path = tmp_path / 's.json'
+  path.write_text('[]')
+  params = _asn_params(name, model_structure_path=str(path))
+  task = task_factory.get_task(params.task)
+  with pytest.raises(ValueError, match=re.escape(
+      f'{key}model_structure and {key}model_structure_path are both set')):
+    task.model_input_shape()
+  params = _asn_params(name)
+  params.override({'task': {'train_data': {'feature_shape': [1, 32, 32, 3]}}})
+  network = structures.NETWORK_NAMES[params.task.model.backbone.type]
+  with pytest.raises(ValueError, match=re.escape(
+      f'1 frames; {network} takes any frame count >= 2')):
+    task_factory.get_task(params.task).model_input_shape()
+
+
+def test_object_classes_of_model_and_data_must_agree():
+  params = _asn_params('assemblenet_plus_demo', num_object_classes=5)
+  with pytest.raises(ValueError, match=re.escape(
+      'task.model.backbone.assemblenet_plus.num_object_classes (5) and '
+      'task.train_data.num_object_classes (3) differ')):
+    task_factory.get_task(params.task)
+  params = _asn_params('assemblenet_plus_demo', use_object_input=False)
+  with pytest.raises(ValueError, match=re.escape(
+      'task.train_data.num_object_classes (3) asks for object maps, but '
+      'task.model.backbone.assemblenet_plus.use_object_input is false')):
+    task_factory.get_task(params.task)
+  params = _asn_params('assemblenet50_demo')
+  for key in ('train_data', 'validation_data'):
+    params.override({'task': {key: {'num_object_classes': 3}}})
+  with pytest.raises(ValueError, match=re.escape(
+      'the AssembleNet backbone has no object stem '
+      '(task.model.backbone.assemblenet.use_object_input)')):
+    task_factory.get_task(params.task)
+  # The published experiments agree.
+  for name in ('assemblenet_plus_charades', 'assemblenet_plus_ucf101',
+               'assemblenet50_charades'):
+    task_factory.get_task(exp_factory.get_exp_config(name).task)
+
+
+@pytest.mark.parametrize('name, tiny', [
+    ('assemblenet50_demo', 'moving_shapes/tiny'),
+    ('assemblenet_plus_demo', 'moving_shapes/tiny_objects')])
+def test_asn_demos_train_and_evaluate(name, tiny, demo_cache, tmp_path):
+  """The AssembleNet and AssembleNet++ (object stem) demos, with their own
+  structures (2 flow iterations), on the tiny moving shapes' 2-frame clips:
+  2 training steps, 1 evaluation."""
+  params = exp_factory.get_exp_config(name)
+  data = {'tfds_name': tiny, 'feature_shape': [2, 32, 32, 3],
+          'global_batch_size': 8}
+  backbone = params.task.model.backbone.type
+  params.override({
+      'task': {'train_data': data, 'validation_data': dict(data),
+               'model': {'backbone': {backbone: {'rep_flow': {
+                   'num_iter': 2}}}},
+               'demo_data': {'data_dir': str(demo_cache / 'tfds')}},
+      'trainer': {'train_steps': 2, 'steps_per_loop': 1,
+                  'summary_interval': 1, 'checkpoint_interval': 2,
+                  'validation_interval': 2, 'validation_steps': 1}},
+                  is_strict=True)
+  model, metrics = train.run(params, 'train_and_eval', str(tmp_path / 'm'))
+  assert np.isfinite(float(metrics['total_loss']))
+  assert int(metrics['num_examples']) == 8
+  assert tf.train.latest_checkpoint(str(tmp_path / 'm')).endswith('ckpt-2')
+  # The AssembleNet++ demo's model took the object maps.
+  task = task_factory.get_task(params.task)
+  features, _ = next(iter(task.build_inputs(params.task.validation_data)))
+  inputs = task.model_inputs(features)
+  assert ('objects' in inputs) == (name == 'assemblenet_plus_demo')
+  assert model(inputs, training=False).shape == (8, demo_data.NUM_CLASSES)

@@ -483,9 +483,6 @@ def _check_object_input(inputs, takes_objects: bool) -> None:
         'object maps from the features.')
 
 
-_PREFIX = 'task.model.backbone.'
-
-
 def build_backbone_from_config(input_specs, backbone_type: str,
                                backbone_config,
                                kernel_regularizer=None) -> AssembleNet:
@@ -493,7 +490,7 @@ def build_backbone_from_config(input_specs, backbone_type: str,
   and edge weights inline or from their `*_path` files)."""
   c = backbone_config
   plus = backbone_type == 'assemblenet_plus'
-  prefix = f'{_PREFIX}{backbone_type}.'
+  prefix = structures.backbone_key(backbone_type)
   structure, edge_weights = structures.from_backbone_config(c, prefix=prefix)
   blocks_per_level = (tuple(c.blocks_per_level) if c.blocks_per_level else
                       structures.assemblenet_blocks_per_level(c.model_id))

@@ -445,7 +445,8 @@ def build_backbone_from_config(input_specs, backbone_config,
   """The backbone of an `AssembleNetPlusLite` config (structure and edge
   weights inline or from their `*_path` files)."""
   c = backbone_config
-  structure, edge_weights = structures.from_backbone_config(c)
+  structure, edge_weights = structures.from_backbone_config(
+      c, prefix=structures.backbone_key('assemblenet_plus_lite'))
   with _policy(c.precision):
     return AssembleNetPlusLite(
         model_structure=structure,
