@@ -75,7 +75,7 @@ def test_every_docs_page_exists_and_the_readme_links_it():
 
 
 @pytest.mark.parametrize('title,page', [
-    ('YouTube-8M', 'yt8m'), ('AssembleNet++lite', 'assemblenet'),
+    ('YouTube-8M', 'yt8m'), ('AssembleNet', 'assemblenet'),
     ('Multitask readout', 'readout')])
 def test_each_family_section_shows_command_results_and_link_first(title,
                                                                   page):
