@@ -12,6 +12,7 @@ kernel policy is resolved for the device the YAML is written for
 (`policy_for`), so a GPU or TPU YAML runs the ops an accelerator would.
 """
 import glob
+import json
 import os
 import re
 from typing import Any, Dict, List
@@ -150,6 +151,20 @@ def tiny_params(path: str, cache_dir: str, lock: bool = True):
   })
   return experiment_params.load_params(
       demo, config_files=[before, path, after], lock=lock)
+
+
+def same_tiny_run_as(path: str, cache_dir: str):
+  """The first YAML before `path` in `YAMLS` whose tiny run
+  (`tiny_params`) is `path`'s, key for key, or None: the YAMLs of one
+  network on several data sets differ only in what the tiny run replaces."""
+  def key(p):
+    return json.dumps(tiny_params(p, cache_dir, lock=False).as_dict(),
+                      sort_keys=True, default=str)
+  mine = key(path)
+  for other in YAMLS[:YAMLS.index(path)]:
+    if family(other) == family(path) and key(other) == mine:
+      return other
+  return None
 
 
 def policy_for(params) -> kernel_policy.KernelPolicy:

@@ -91,8 +91,23 @@ def test_shipped_yaml_validates_against_its_experiment(path):
 @pytest.mark.parametrize('path', YAMLS, ids=_id)
 def test_shipped_yaml_trains_and_evaluates(path, demo_cache, tmp_path):
   """The YAML on its demo experiment at tiny sizes, with its own precision,
-  loss scale and model settings (`shipped_configs.start`)."""
+  loss scale and model settings (`shipped_configs.start`); once per
+  distinct tiny run."""
+  same = shipped_configs.same_tiny_run_as(path, demo_cache)
+  if same:
+    pytest.skip(f'its tiny run is {_id(same)}\'s, key for key')
   shipped_configs.start(path, demo_cache, tmp_path / 'model')
+
+
+def test_tiny_runs_differ_where_the_yamls_differ_in_model_or_runtime(
+    demo_cache):
+  """What lets the test above train a tiny run once: a GPU and a TPU YAML
+  of one network never share it."""
+  gpu = os.path.join(REPO, 'configs/assemblenet/assemblenet50_charades_gpu.yaml')
+  tpu = gpu.replace('_gpu', '_tpu')
+  kinetics = gpu.replace('charades', 'kinetics400')
+  assert shipped_configs.same_tiny_run_as(kinetics, demo_cache) == gpu
+  assert shipped_configs.same_tiny_run_as(tpu, demo_cache) is None
 
 
 # The shipped accelerator YAMLs a machine without them cannot run, and what
