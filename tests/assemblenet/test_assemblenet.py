@@ -12,7 +12,7 @@ from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.assemblenet import configs
 from official_ext.assemblenet import structures
 from official_ext.assemblenet.modeling import assemblenet as asn
-from official_ext.assemblenet.modeling import complexity
+from tests.assemblenet import complexity
 from official_ext.assemblenet.modeling import convolutions
 from official_ext.assemblenet.modeling import fusion
 

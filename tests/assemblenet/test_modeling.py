@@ -9,7 +9,7 @@ from official.core import exp_factory
 from official.vision.modeling.backbones import factory as backbone_factory
 from official_ext.assemblenet.modeling import assemblenet_plus_lite as anet
 from official_ext.assemblenet.modeling import blocks
-from official_ext.assemblenet.modeling import complexity
+from tests.assemblenet import complexity
 from official_ext.assemblenet.modeling import convolutions
 from official_ext.assemblenet.modeling import fusion
 from official_ext.assemblenet.modeling import representation_flow

@@ -32,7 +32,7 @@ from official.core import exp_factory
 from official.vision.modeling import factory_3d
 from official_ext import registry_imports  # pylint: disable=unused-import
 from official_ext.assemblenet import structures
-from official_ext.assemblenet.modeling import complexity
+from tests.assemblenet import complexity
 from official_ext.assemblenet.modeling import representation_flow
 
 TF1_PATH = os.environ.get('ASSEMBLENET_TF1_PATH', '')

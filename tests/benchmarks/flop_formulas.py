@@ -5,7 +5,7 @@ import math
 from typing import Dict, Optional, Sequence
 
 from official_ext.assemblenet import structures
-from official_ext.assemblenet.modeling import complexity
+from tests.assemblenet import complexity
 
 
 def dbof_train_flops_per_example(size) -> int:
@@ -68,7 +68,7 @@ def assemblenet_flops(structure=None,
   step: every convolution and dense layer x3 (forward, weight and input
   gradients) but for the stems' first convolutions, whose input (the clip,
   the flow) takes no gradient; the flow has no gradient either. Node shapes
-  and fusion widths come from `modeling/complexity.py`.
+  and fusion widths come from `tests/assemblenet/complexity.py`.
   """
   structure = structures.validate_structure(
       structure if structure is not None else

@@ -1,4 +1,3 @@
 """AssembleNet++lite models: the backbone and model builders
-(`assemblenet_plus_lite`), their layers by role (`convolutions`, `recompute`,
-`representation_flow`, `fusion`, `blocks`) and parameter counts
-(`complexity`)."""
+(`assemblenet_plus_lite`, `assemblenet`) and their layers by role
+(`convolutions`, `recompute`, `representation_flow`, `fusion`, `blocks`)."""
