@@ -10,6 +10,9 @@ default. For a corpus too large for one process, the same conversion runs as
 an Apache Beam pipeline: `python -m official_ext.assemblenet.beam_pipelines
 convert`.
 """
+import os
+os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')  # tf_keras as tf.keras
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from typing import Sequence
 
 from absl import app

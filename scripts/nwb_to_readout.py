@@ -12,6 +12,9 @@ The command of `official_ext.readout.nwb.convert` (each flag is its keyword
 argument of the same name, with its default); prints the conversion's
 summary. What is read and written: docs/readout.md#real-recordings-nwb-files-in.
 """
+import os
+os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')  # tf_keras as tf.keras
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import sys
 from typing import Any, Dict, Sequence
 

@@ -1,4 +1,5 @@
-"""Every command exits 0 exactly when it did what was asked.
+"""Every command exits 0 exactly when it did what was asked, and starts
+without importing Keras 3 (its `tf.keras` is tf_keras).
 
 `absl.app.run(main)` prints what `main` returns and exits 1 unless it is
 None: every `main` a module hands to `app.run` returns nothing. The Beam
@@ -6,8 +7,14 @@ pipelines' exit status in a real process: tests/assemblenet/
 test_beam_pipelines.py.
 """
 import ast
+import os
 import pathlib
+import re
+import subprocess
+import sys
 from typing import Iterator, List, Tuple
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -58,3 +65,53 @@ def test_every_main_given_to_app_run_returns_none():
                      f'{ast.unparse(ret.value)}')
   assert not wrong, ('app.run prints the value and exits 1:\n' +
                      '\n'.join(wrong))
+
+
+_LEGACY = "os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')"
+
+
+def test_every_script_chooses_tf_keras_before_its_imports():
+  """A script under scripts/ is not started with `-m` (official_ext's
+  __init__ chooses for those): it sets the variable before it imports
+  anything but `os`."""
+  for path, _, tree in _commands():
+    if not path.startswith('scripts/'):
+      continue
+    first = [ast.unparse(node) for node in tree.body
+             if not isinstance(node, ast.Expr) or
+             not isinstance(node.value, ast.Constant)][:2]
+    assert first == ['import os', _LEGACY], (path, first)
+
+
+def _imported(args: List[str]) -> set:
+  """The top-level packages a real process imports (`-X importtime`) when
+  run with `args --help` (absl's help exits 1)."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=os.pathsep.join(
+      [str(ROOT)] + os.environ.get('PYTHONPATH', '').split(os.pathsep)))
+  env.pop('TF_USE_LEGACY_KERAS', None)
+  run = subprocess.run([sys.executable, '-X', 'importtime', *args, '--help'],
+                       cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300, check=False)
+  assert run.returncode in (0, 1) and 'flags' in run.stdout, (
+      run.stderr[-3000:])
+  return {name.split('.')[0] for name in
+          re.findall(r'^import time:.*\|\s*([\w.]+)$', run.stderr, re.M)}
+
+
+@pytest.mark.parametrize('args', [
+    ['-m', 'official_ext.assemblenet.predict'],
+    ['scripts/nwb_to_readout.py']], ids=lambda a: a[-1])
+def test_commands_start_without_keras_3(args):
+  imported = _imported(args)
+  assert 'tensorflow' in imported
+  assert not imported & {'keras', 'sklearn'}, imported & {'keras', 'sklearn'}
+
+
+def test_importing_the_package_leaves_the_users_keras_alone():
+  run = subprocess.run(
+      [sys.executable, '-c', 'import os, official_ext; '
+       "print(os.environ.get('TF_USE_LEGACY_KERAS'))"],
+      cwd=ROOT, env={k: v for k, v in os.environ.items()
+                     if k != 'TF_USE_LEGACY_KERAS'},
+      capture_output=True, text=True, check=True)
+  assert run.stdout.strip() == 'None'
