@@ -593,9 +593,10 @@ def _xla_steps_section(figures: Optional[Dict[str, Any]]) -> str:
 
 
 _ACCELERATOR_INTRO = f"""\
-`{COMMAND} accelerator` loads each case (YT8M DBoF + MoE, NeXtVLAD, AssembleNet++lite on
-Kinetics clips, the readout model) with its shipped GPU or TPU YAML (precision, loss scaling,
-model settings, per-replica batch), builds its strategy over every visible accelerator and times
+`{COMMAND} accelerator` loads each case (YT8M DBoF + MoE, NeXtVLAD, AssembleNet++lite and
+AssembleNet-50 on Kinetics clips, AssembleNet++-50 with object maps on Charades clips, the readout
+model) with its shipped GPU or TPU YAML (precision, loss scaling, model settings, per-replica
+batch), builds its strategy over every visible accelerator and times
 the task's own `train_step` under `strategy.run` on an in-memory batch (the input pipeline is not
 timed): `examples_per_sec`, `gflops_per_example` (counted from the traced step; absent, with
 `flops_not_counted` saying why, where the counter cannot read it) and `achieved_tflops`,
