@@ -662,8 +662,8 @@ def _failure(reason: str) -> str:
 
 def networks_table(figures: Dict[str, Any]) -> str:
   """One markdown table of the 'networks' case (`network_figures`), one row
-  a network, with a note under it for each peak-RSS child that gave no
-  figure."""
+  a network in `NETWORKS` order, with a note under it for each peak-RSS
+  child that gave no figure."""
   rows = [('network', 'experiment', 'parameters (trainable)',
            f"forward GFLOP per {figures['flops_size']} clip",
            f"forward clips/s, {figures['bench_size']}",
@@ -671,7 +671,11 @@ def networks_table(figures: Dict[str, Any]) -> str:
            f"peak host RAM, {figures['peak_rss_size']} with checkpointing, "
            'GiB')]
   notes = []
-  for f in figures['models'].values():
+  order = [n.key for n in NETWORKS]  # JSON files hold the keys sorted.
+  models = figures['models']
+  for key in sorted(models, key=lambda k: (
+      order.index(k) if k in order else len(order), k)):
+    f = models[key]
     if f.get('peak_rss_gb') is not None:
       peak = f"{f['peak_rss_gb']:.2f}"
     elif f.get('peak_rss_error'):

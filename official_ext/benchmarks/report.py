@@ -455,8 +455,12 @@ def _family_section(family: str, figures: Optional[Dict[str, Any]]) -> str:
               f'--json benchmarks/results/{family}.json`,\nthen '
               f'`{COMMAND} report`.', '']
       continue
-    out += ['Measured by:', '', environment_list(case_run(figures, case)),
-            '', markdown_safe(table), '']
+    run = case_run(figures, case)
+    if (run.get('environment') or {}).get('quick'):
+      out += ['**Quick sizes**: a smoke test of the harness, not figures to '
+              'compare.', '']
+    out += ['Measured by:', '', environment_list(run), '',
+            markdown_safe(table), '']
   return '\n'.join(out)
 
 

@@ -376,10 +376,12 @@ def test_a_failed_or_killed_memory_child_is_recorded_without_a_figure(
          'gflops_per_clip': 1.0, 'forward_clips_per_sec': 1.0,
          'train_clips_per_sec': 1.0, 'forward_model_gflops': 1.0,
          'train_model_gflops': 1.0}
+  # The rows in `NETWORKS` order, whatever the order of the keys (a JSON
+  # file holds them sorted).
   table = benchmark.networks_table({
       'bench_size': 'b', 'flops_size': 'f', 'peak_rss_size': 'p',
       'models': {n.key: dict(row, network=n.title, **f[n.key])
-                 for n in benchmark.NETWORKS}})
+                 for n in sorted(benchmark.NETWORKS, key=lambda n: n.key)}})
   lines = table.splitlines()
   assert lines[2].startswith('| AssembleNet++lite ') and ' 2.50 ' in lines[2]
   assert 'no figure (below)' in lines[3] and 'no figure (below)' in lines[4]

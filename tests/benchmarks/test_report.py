@@ -250,6 +250,7 @@ def test_assemblenet_networks_render_as_one_table(tmp_path):
   assert '| training step, clips/s | 0.500 |' in main
   assert '- date (UTC): 2030-01-02T03:04:05Z' in sub
   assert '- command: `python -m official_ext.benchmark assemblenet --cases networks`' in sub
+  assert 'Quick sizes' not in sub
   rows = [l for l in sub.splitlines() if l.startswith('| AssembleNet')]
   assert len(rows) == 2
   cells = [c.strip() for c in rows[0].strip('|').split('|')]
@@ -260,6 +261,13 @@ def test_assemblenet_networks_render_as_one_table(tmp_path):
   assert ('- AssembleNet++-50 with objects: memory child failed (exit -9; a '
           'negative code is a signal, -9 usually out of memory)') in sub
   assert 'Killed' not in sub  # The whole reason stays in the JSON.
+  # A quick run of the case says so.
+  figures['networks_environment']['quick'] = True
+  (tmp_path / 'assemblenet.json').write_text(json.dumps(figures))
+  page = report.render(str(tmp_path))
+  sub = page.split('### AssembleNet-50 and AssembleNet++-50 beside the '
+                   'lite\n', 1)[1].split('\n## ', 1)[0]
+  assert '**Quick sizes**' in sub
   # A recorded run without the case says how to add it.
   del figures['networks']
   (tmp_path / 'assemblenet.json').write_text(json.dumps(figures))
