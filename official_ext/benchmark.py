@@ -30,8 +30,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
       flag_values=flag_values)
   flags.DEFINE_list(
       'cases', None,
-      'assemblenet: only these cases (model, input_pipeline); readout: '
-      '(model, spike_tokens); yt8m: model (the default), zoo (every '
+      'assemblenet: only these cases (model, input_pipeline, networks); '
+      'readout: (model, spike_tokens); yt8m: model (the default), zoo (every '
       'registered model\'s published-size step) and zoo_demos (every '
       'model\'s demo trained to the same budget); with --json, merged into '
       'the existing file.', flag_values=flag_values)

@@ -11,6 +11,7 @@ import tensorflow as tf, tf_keras
 
 from official.core import task_factory
 from official.modeling import performance
+from official_ext.benchmarks import assemblenet as assemblenet_bench
 from official_ext.benchmarks import graph_flops
 from official_ext.benchmarks import timing
 from official_ext.benchmarks import yt8m as yt8m_bench
@@ -51,6 +52,19 @@ CASES = (
                  'model_edge_weights': '', 'blocks_per_level': [1, 1, 1, 1],
                  'stem_filters': 8, 'rep_flow': {'num_iter': 2}}},
                        'head_filters': [16, 24]},
+             'train_data': {'feature_shape': [4, 32, 32, 3]},
+             'validation_data': {'feature_shape': [4, 32, 32, 3]}}}),
+    Case('assemblenet50_kinetics', 'assemblenet50_kinetics400',
+         'assemblenet', 'assemblenet50_kinetics400', {'task': {
+             'model': {'backbone': {'assemblenet': dict(
+                 assemblenet_bench.ASN50.quick_backbone)}},
+             'train_data': {'feature_shape': [4, 32, 32, 3]},
+             'validation_data': {'feature_shape': [4, 32, 32, 3]}}}),
+    # Its batches carry object maps (151 classes, `_batch`).
+    Case('assemblenet_plus_charades', 'assemblenet_plus_charades',
+         'assemblenet', 'assemblenet_plus_charades', {'task': {
+             'model': {'backbone': {'assemblenet_plus': dict(
+                 assemblenet_bench.ASNP50.quick_backbone)}},
              'train_data': {'feature_shape': [4, 32, 32, 3]},
              'validation_data': {'feature_shape': [4, 32, 32, 3]}}}),
     Case('readout', 'readout_demo', 'readout', 'readout', {'task': {
@@ -136,8 +150,11 @@ def _batch(task, params, per_replica: int) -> Any:
     shape = [per_replica, *data.feature_shape]
     labels = np.eye(data.num_classes, dtype=np.float32)[
         rng.integers(0, data.num_classes, per_replica)]
-    return ({'image': tf.constant(rng.uniform(0, 1, shape), tf.float32)},
-            tf.constant(labels))
+    features = {'image': tf.constant(rng.uniform(0, 1, shape), tf.float32)}
+    if data.num_object_classes:
+      features['objects'] = tf.constant(assemblenet_bench.object_maps(
+          rng, shape[:-1], data.num_object_classes))
+    return features, tf.constant(labels)
   # Readout: demo trials, parsed and batched by the dataloader.
   from official_ext.benchmarks import readout as readout_bench  # pylint: disable=g-import-not-at-top
   return readout_bench.demo_batches(task, per_replica)[data.batching]

@@ -1,12 +1,16 @@
 """`python -m official_ext.benchmark assemblenet`: the published network's
 forward pass, training step (beside the original-width variant), exported
-SavedModel and peak host RAM, and the input pipeline case
-(`assemblenet_input`); what each figure is: docs/benchmarks.md#assemblenetlite."""
+SavedModel and peak host RAM ('model'), the input pipeline
+(`assemblenet_input`) and the full networks, AssembleNet-50 and
+AssembleNet++-50 with its object stem, beside the lite ('networks'); what
+each figure is: docs/benchmarks.md#assemblenetlite."""
+import dataclasses
 import json
 import os
 import statistics
+import subprocess
 import tempfile
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf, tf_keras
@@ -36,27 +40,73 @@ QUICK_STRUCTURE = [[-1, 1], [-2, 1], [3, [0, 1], [8, 8, 8], 1, 2]]
 QUICK_BLOCKS_PER_LEVEL = (1, 1, 1, 1)
 
 
-def _backbone_overrides(quick: bool, **extra) -> Dict[str, Any]:
-  b = dict(extra)
-  if quick:
-    # 2 flow iterations (20 in full runs): each is unrolled in the flow's
-    # XLA program, compiled once per network.
-    b.update(model_structure=json.dumps(QUICK_STRUCTURE),
-             model_edge_weights='',
-             blocks_per_level=list(QUICK_BLOCKS_PER_LEVEL),
-             stem_filters=8, rep_flow={'num_iter': 2})
+@dataclasses.dataclass(frozen=True)
+class Network:
+  """A network the benchmark builds: its registered experiment (the config
+  of its published size) and the backbone overrides of `--quick` runs."""
+  key: str  # The figures' key.
+  title: str  # What the report calls it.
+  experiment: str
+  quick_backbone: Dict[str, Any]  # Backbone fields at tiny sizes.
+
+
+# 2 flow iterations in quick runs (20 or 40 in full runs): each is unrolled
+# in the flow's XLA program, compiled once per network.
+LITE = Network('assemblenet_plus_lite', 'AssembleNet++lite',
+               'assemblenet_plus_lite_charades', {
+                   'model_structure': json.dumps(QUICK_STRUCTURE),
+                   'model_edge_weights': '',
+                   'blocks_per_level': list(QUICK_BLOCKS_PER_LEVEL),
+                   'stem_filters': 8, 'rep_flow': {'num_iter': 2}})
+# The full networks at quick sizes: their stems (AssembleNet++'s object stem
+# included) fused into one strided level-3 block, edge weights learned.
+QUICK_ASN_STRUCTURE = [[-1, 1], [-2, 1], [3, [0, 1], 8, 1, 2]]
+QUICK_ASNP_STRUCTURE = [[-1, 1], [-2, 1], [-3, 1], [3, [0, 1, 2], 8, 1, 2]]
+
+
+def _quick_asn(structure) -> Dict[str, Any]:
+  return {'model_structure': json.dumps(structure), 'model_edge_weights': '',
+          'blocks_per_level': list(QUICK_BLOCKS_PER_LEVEL),
+          'rep_flow': {'num_iter': 2}}
+
+
+ASN50 = Network('assemblenet50', 'AssembleNet-50', 'assemblenet50_charades',
+                _quick_asn(QUICK_ASN_STRUCTURE))
+ASNP50 = Network('assemblenet_plus50', 'AssembleNet++-50 with objects',
+                 'assemblenet_plus_charades', _quick_asn(QUICK_ASNP_STRUCTURE))
+# The networks of the 'networks' case, in the report's order.
+NETWORKS = (LITE, ASN50, ASNP50)
+
+
+def network(key: str) -> Network:
+  """The `NETWORKS` entry of `key`.
+
+  Raises:
+    ValueError: an unknown key, naming the networks."""
+  for n in NETWORKS:
+    if n.key == key:
+      return n
+  raise ValueError(f'unknown assemblenet benchmark network {key!r}; the '
+                   f'networks are {[n.key for n in NETWORKS]}.')
+
+
+def _backbone_overrides(net: Network, quick: bool, **extra) -> Dict[str, Any]:
+  b = dict(net.quick_backbone) if quick else {}
+  b.update(extra)
   return b
 
 
-def _params(batch: int, frames: int, size: int, quick: bool, **backbone):
-  """The Charades experiment's config at the given clip size; its validation
-  clips (the serving preprocessing) are the [frames, size, size] input as is,
-  normalized."""
-  params = exp_factory.get_exp_config('assemblenet_plus_lite_charades')
+def _params(batch: int, frames: int, size: int, quick: bool,
+            net: Network = LITE, **backbone):
+  """The config of `net`'s experiment (default the lite's Charades one) at
+  the given clip size; its validation clips (the serving preprocessing) are
+  the [frames, size, size] input as is, normalized."""
+  params = exp_factory.get_exp_config(net.experiment)
   data = {'feature_shape': [frames, size, size, 3], 'global_batch_size': batch}
-  model = {'backbone': {'assemblenet_plus_lite': _backbone_overrides(
-      quick, **backbone)}}
-  if quick:
+  backbone_type = params.task.model.backbone.type
+  model = {'backbone': {backbone_type: _backbone_overrides(
+      net, quick, **backbone)}}
+  if quick and backbone_type == 'assemblenet_plus_lite':
     model['head_filters'] = [16, 24]
   params.override({'task': {'model': model, 'train_data': data,
                             'validation_data': dict(
@@ -66,19 +116,39 @@ def _params(batch: int, frames: int, size: int, quick: bool, **backbone):
   return params
 
 
-def _task(batch: int, frames: int, size: int, quick: bool, **backbone):
-  """An AssembleNetTask for the Charades experiment at the given clip size."""
+def _task(batch: int, frames: int, size: int, quick: bool,
+          net: Network = LITE, **backbone):
+  """An AssembleNetTask of `net`'s experiment at the given clip size."""
   return task_factory.get_task(
-      _params(batch, frames, size, quick, **backbone).task)
+      _params(batch, frames, size, quick, net, **backbone).task)
+
+
+def object_maps(rng: np.random.Generator, shape: Sequence[int],
+                num_classes: int, block: int = 8) -> np.ndarray:
+  """Random object class maps, int32 of `shape` ([..., H, W]): ids in
+  [0, num_classes), constant over `block` x `block` pixel regions (maps of
+  regions, as a segmenter's; they also compress)."""
+  *lead, h, w = shape
+  coarse = rng.integers(0, num_classes,
+                        [*lead, -(-h // block), -(-w // block)])
+  maps = np.repeat(np.repeat(coarse, block, axis=-2), block, axis=-1)
+  return maps[..., :h, :w].astype(np.int32)
 
 
 def _inputs(task, batch, frames, size, seed=0):
+  """(features, multi-hot labels) of random clips: features {'image'} and,
+  for a task with object maps, 'objects' (`object_maps`)."""
   rng = np.random.default_rng(seed)
   k = task.task_config.train_data.num_classes
   x = tf.constant(rng.uniform(0, 1, (batch, frames, size, size, 3)),
                   tf.float32)
   y = tf.constant((rng.uniform(size=(batch, k)) < 0.05).astype(np.float32))
-  return {'image': x}, y
+  features = {'image': x}
+  num_objects = task.task_config.train_data.num_object_classes
+  if num_objects:
+    features['objects'] = tf.constant(
+        object_maps(rng, (batch, frames, size, size), num_objects))
+  return features, y
 
 
 def _train_fn(task, model):
@@ -117,14 +187,14 @@ _CLIP_FLOPS: Dict[Any, Dict[str, int]] = {}
 
 
 def clip_flops(frames: int, size: int, quick: bool, training: bool = False,
-               **backbone) -> Dict[str, int]:
-  """FLOPs of one [frames, size, size] clip through the network: 'forward'
+               net: Network = LITE, **backbone) -> Dict[str, int]:
+  """FLOPs of one [frames, size, size] clip through `net`: 'forward'
   and, with `training`, 'train' (the training step), from the traced graph
   (`graph_flops`); each counted once per process."""
   flops = _CLIP_FLOPS.setdefault(
-      (frames, size, quick, tuple(sorted(backbone.items()))), {})
+      (net.key, frames, size, quick, tuple(sorted(backbone.items()))), {})
   if 'forward' not in flops or (training and 'train' not in flops):
-    task = _task(1, frames, size, quick, **backbone)
+    task = _task(1, frames, size, quick, net, **backbone)
     model = task.build_model(input_shape=[1, frames, size, size, 3])
     inputs = _inputs(task, 1, frames, size)
     flops['forward'] = graph_flops.forward_flops(model, inputs[0])
@@ -139,18 +209,20 @@ QUICK_MEMORY = (2, 8, 64)  # clips, frames, height = width
 FULL_MEMORY = (8, 32, 224)
 
 
-def _speed(quick: bool, reference: bool) -> Dict[str, float]:
-  """Seconds per forward batch and per training step, timed interleaved:
-  'forward', 'train' and, with `reference`, the original-width network's
-  'reference_forward', 'reference_train'."""
+def _timed(quick: bool, variants: Dict[str, Tuple[Network, Dict[str, Any]]],
+           models: Optional[Dict[str, tf_keras.Model]] = None
+           ) -> Dict[str, float]:
+  """Seconds per forward batch and per training step at the speed size,
+  timed interleaved: '<prefix>forward' and '<prefix>train' of each variant
+  (prefix -> (network, backbone overrides)), and 'batch'; `models` gets
+  each prefix's model."""
   batch, frames, size = QUICK_SPEED if quick else FULL_SPEED
-  variants = {'': {}}
-  if reference:
-    variants['reference_'] = {'fusion_width_as_channels': True}
   candidates = {}
-  for prefix, backbone in variants.items():
-    task = _task(batch, frames, size, quick, **backbone)
+  for prefix, (net, backbone) in variants.items():
+    task = _task(batch, frames, size, quick, net, **backbone)
     model = task.build_model()
+    if models is not None:
+      models[prefix] = model
     inputs = _inputs(task, batch, frames, size)
     forward = tf.function(lambda f, model=model: model(f, training=False))
     step = _train_fn(task, model)
@@ -161,6 +233,15 @@ def _speed(quick: bool, reference: bool) -> Dict[str, float]:
   seconds = timing.interleaved_seconds(candidates, rounds=2 if quick else 3,
                                        warmup=1)
   return dict(seconds, batch=batch)
+
+
+def _speed(quick: bool, reference: bool) -> Dict[str, float]:
+  """The lite's `_timed` figures: 'forward', 'train' and, with `reference`,
+  the original-width network's 'reference_forward', 'reference_train'."""
+  variants = {'': (LITE, {})}
+  if reference:
+    variants['reference_'] = (LITE, {'fusion_width_as_channels': True})
+  return _timed(quick, variants)
 
 
 QUICK_INFERENCE = (1, 4, 32)  # clips, frames, height = width
@@ -201,12 +282,14 @@ def _inference(quick: bool) -> Dict[str, Any]:
 
 
 def memory_child(batch: int, frames: int, size: int, quick: bool,
-                 recompute: bool) -> Dict[str, Any]:
+                 recompute: bool, net: str = LITE.key) -> Dict[str, Any]:
   """Runs in the child process, after the task's process settings: one
-  training step; returns its peak RSS."""
+  training step of the network `net` (a `NETWORKS` key); returns its peak
+  RSS."""
   process_settings.apply(PROCESS_SETTINGS)
   threshold = os.environ.get(process_settings.MALLOC_MMAP_THRESHOLD)
-  task = _task(batch, frames, size, quick, recompute_grad=recompute)
+  task = _task(batch, frames, size, quick, network(net),
+               recompute_grad=recompute)
   model = task.build_model()
   step = _train_fn(task, model)
   loss = []
@@ -223,18 +306,20 @@ def memory_child(batch: int, frames: int, size: int, quick: bool,
 
 
 def memory_child_code(batch: int, frames: int, size: int, quick: bool,
-                      recompute: bool) -> str:
+                      recompute: bool, net: str = LITE.key) -> str:
   """The `python -c` program of the memory child: prints 'RESULT {json}'."""
   return ('from official_ext.benchmarks import assemblenet, memory; '
           f'r = assemblenet.memory_child({batch}, {frames}, {size}, {quick}, '
-          f'{recompute}); print(memory.result_line(r))')
+          f'{recompute}, {net!r}); print(memory.result_line(r))')
 
 
 def peak_rss_gb(batch: int, frames: int, size: int, quick: bool,
-                recompute: bool = True, timeout: int = 3600) -> Dict[str, Any]:
-  """Peak RSS of a training step, measured in a fresh subprocess."""
+                recompute: bool = True, timeout: int = 3600,
+                net: str = LITE.key) -> Dict[str, Any]:
+  """Peak RSS of a training step of `net`, measured in a fresh subprocess
+  (`memory_lib.run_child`, whose errors it raises)."""
   return memory_lib.run_child(
-      memory_child_code(batch, frames, size, quick, recompute), timeout)
+      memory_child_code(batch, frames, size, quick, recompute, net), timeout)
 
 
 def checkout_root() -> str:
@@ -344,20 +429,25 @@ def reference_checkout_speed(
 
 
 # The cases `run` measures ('model': the network's figures; 'input_pipeline':
-# `assemblenet_input.run`, ours against Model Garden's video_input).
-CASES = ('model', 'input_pipeline')
+# `assemblenet_input.run`, ours against Model Garden's video_input;
+# 'networks': `NETWORKS` side by side).
+CASES = ('model', 'input_pipeline', 'networks')
+# The clip of the networks' per-clip FLOPs: the published input.
+FLOPS_CLIP = (32, 224)  # frames, height = width
 
 
 def run(quick: bool = False, memory: bool = True,
         reference: bool = True, inference: bool = True,
         reference_checkout: Optional[str] = None,
         cases: Optional[Sequence[str]] = None,
-        step_figures: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-  """The figures of docs/benchmarks.md#assemblenetlite, flat, sizes included.
+        step_figures: Optional[Dict[str, Any]] = None,
+        networks: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+  """The figures of docs/benchmarks.md#assemblenetlite, flat, sizes included
+  (the 'networks' case's under 'networks': `network_figures`).
 
   Args:
     quick: `QUICK_STRUCTURE`, 2 flow iterations, tiny sizes (smoke tests).
-    memory: also run the peak-RSS child (minutes in the full run).
+    memory: also run the peak-RSS children (minutes in the full run).
     reference: also time the original-width architecture.
     inference: also export the network and time its SavedModel.
     reference_checkout: another checkout whose training step is timed beside
@@ -365,15 +455,25 @@ def run(quick: bool = False, memory: bool = True,
     cases: which of `CASES` to measure (default all; CLI `--cases`).
     step_figures: a recorded run's figures, for the input pipeline's
       cores-to-feed figure when the 'model' case is not run.
+    networks: the 'networks' case's `NETWORKS` keys (default all).
 
   Raises:
-    ValueError: a case not in `CASES`, naming it."""
+    ValueError: a case not in `CASES` or a network not in `NETWORKS`,
+      naming it."""
   cases = list(cases or CASES)
   unknown = [c for c in cases if c not in CASES]
   if unknown:
     raise ValueError(f'--cases: unknown assemblenet case(s) {unknown}; the '
                      f'cases are {list(CASES)}.')
+  nets = [network(k) for k in networks] if networks else list(NETWORKS)
   out: Dict[str, Any] = {'quick': quick}
+  net_memory = None
+  # The lite's peak RSS is the 'model' case's, when it runs.
+  shared = LITE in nets and 'model' in cases
+  if 'networks' in cases and memory:
+    # Children first, while this process holds no model.
+    net_memory = networks_peak_rss(
+        quick, [n for n in nets if not (shared and n == LITE)])
   if 'model' in cases:
     out.update(_model_figures(quick, memory, reference, inference,
                               reference_checkout))
@@ -381,7 +481,94 @@ def run(quick: bool = False, memory: bool = True,
     # The step rate of this run's figures, else of the recorded run.
     out.update(assemblenet_input.run(
         quick=quick, step_figures=out if 'model' in cases else step_figures))
+  if 'networks' in cases:
+    if net_memory is not None and shared:
+      net_memory[LITE.key] = {'peak_rss_gb': out['peak_rss_gb_8x32x224'],
+                              'peak_rss_step_sec': out['peak_rss_step_sec'],
+                              'peak_rss_error': None}
+    out['networks'] = network_figures(quick, nets, net_memory)
   return out
+
+
+def networks_peak_rss(quick: bool, nets: Sequence[Network],
+                      timeout: int = 3600) -> Dict[str, Dict[str, Any]]:
+  """Peak RSS of each network's training step at the memory size with
+  gradient checkpointing, each in a fresh child (`peak_rss_gb`): {key:
+  {'peak_rss_gb', 'peak_rss_step_sec', 'peak_rss_error'}}; a child that
+  fails, is killed (out of memory) or passes `timeout` seconds gives None
+  figures and the reason, never a number."""
+  mb, mf, ms = QUICK_MEMORY if quick else FULL_MEMORY
+  out = {}
+  for net in nets:
+    try:
+      mem = peak_rss_gb(mb, mf, ms, quick, recompute=True, timeout=timeout,
+                        net=net.key)
+      out[net.key] = {'peak_rss_gb': mem['peak_rss_gb'],
+                      'peak_rss_step_sec': mem['step_sec'],
+                      'peak_rss_error': None}
+    except subprocess.TimeoutExpired:
+      out[net.key] = {'peak_rss_gb': None, 'peak_rss_step_sec': None,
+                      'peak_rss_error': f'memory child killed after its '
+                                        f'timeout of {timeout} s'}
+    except RuntimeError as e:  # `memory_lib.run_child`: exit code, stderr.
+      out[net.key] = {'peak_rss_gb': None, 'peak_rss_step_sec': None,
+                      'peak_rss_error': str(e)}
+  return out
+
+
+def network_figures(quick: bool, nets: Sequence[Network] = NETWORKS,
+                    peak_rss: Optional[Dict[str, Dict[str, Any]]] = None
+                    ) -> Dict[str, Any]:
+  """The 'networks' case: each of `nets` on its experiment's config, its
+  forward pass and training step timed interleaved with the others'.
+
+  Args:
+    quick: each network's `quick_backbone`, tiny sizes.
+    nets: the networks.
+    peak_rss: `networks_peak_rss`' figures (None: not measured).
+
+  Returns:
+    {'bench_size', 'flops_size', 'peak_rss_size', 'peak_rss_recompute_grad',
+    'models': {key: {'network', 'experiment', 'backbone', 'parameters'
+    (model.count_params()), 'trainable_parameters', 'gflops_per_clip' (the
+    forward pass of one `FLOPS_CLIP` clip), 'gflops_per_clip_bench',
+    'train_gflops_per_clip_bench', seconds, clips/s and achieved GFLOP/s of
+    the forward pass and the training step at the speed size, and the
+    `peak_rss` figures}}}."""
+  batch, frames, size = QUICK_SPEED if quick else FULL_SPEED
+  mb, mf, ms = QUICK_MEMORY if quick else FULL_MEMORY
+  rows: Dict[str, Dict[str, Any]] = {}
+  for net in nets:
+    bench = clip_flops(frames, size, quick, training=True, net=net)
+    rows[net.key] = {
+        'network': net.title, 'experiment': net.experiment,
+        'gflops_per_clip': clip_flops(*FLOPS_CLIP, quick,
+                                      net=net)['forward'] / 1e9,
+        'gflops_per_clip_bench': bench['forward'] / 1e9,
+        'train_gflops_per_clip_bench': bench['train'] / 1e9}
+  models: Dict[str, tf_keras.Model] = {}
+  seconds = _timed(quick, {f'{n.key}/': (n, {}) for n in nets}, models)
+  for net in nets:
+    row, model = rows[net.key], models[f'{net.key}/']
+    forward, train = (seconds[f'{net.key}/forward'],
+                      seconds[f'{net.key}/train'])
+    row.update(
+        backbone=exp_factory.get_exp_config(
+            net.experiment).task.model.backbone.type,
+        parameters=int(model.count_params()),
+        trainable_parameters=assemblenet_task.count_params(
+            model.trainable_variables),
+        forward_sec_per_batch=forward, train_sec_per_step=train,
+        forward_clips_per_sec=batch / forward,
+        train_clips_per_sec=batch / train,
+        forward_model_gflops=row['gflops_per_clip_bench'] * batch / forward,
+        train_model_gflops=row['train_gflops_per_clip_bench'] * batch / train)
+    if peak_rss is not None:
+      row.update(peak_rss[net.key])
+  return {'bench_size': f'{batch}x{frames}x{size}^2',
+          'flops_size': f'{FLOPS_CLIP[0]}x{FLOPS_CLIP[1]}^2',
+          'peak_rss_size': f'{mb}x{mf}x{ms}^2',
+          'peak_rss_recompute_grad': True, 'models': rows}
 
 
 def _model_figures(quick: bool, memory: bool, reference: bool,
@@ -448,3 +635,71 @@ def _model_figures(quick: bool, memory: bool, reference: bool,
         out['forward_clips_per_sec'] / (2 / 2.4))
   return out
 
+
+
+NETWORKS_TITLE = 'AssembleNet-50 and AssembleNet++-50 beside the lite'
+NETWORKS_INTRO = """\
+From `--cases networks`: the full networks, each on its Charades experiment's model config (157
+classes; AssembleNet-50: `assemblenet50_charades`, AssembleNet++-50 with peer attention and its
+object stem over 151 object classes: `assemblenet_plus_charades`, fed random object maps of the
+clip's size) beside the lite (`assemblenet_plus_lite_charades`), float32, one device. Parameters
+are `model.count_params()` (batch-norm statistics included) and the trainable ones; forward GFLOP
+per 32 × 224² clip as above ([how they are counted](#how-flops-are-counted)). The forward pass and
+the training step (`AssembleNetTask.train_step`, SGD with momentum) of the three networks are timed
+interleaved at the benchmark's clip size. Peak host RAM: a child process per network runs one
+training step of 8 clips of 32 × 224² with gradient checkpointing, as the lite's figure above (the
+lite's row is that figure when the run measured both); a child that failed or was killed (the
+object stem one-hot encodes every pixel: 151 float32 channels at the clip's size) has no figure,
+only its reason.
+"""
+
+
+def _failure(reason: str) -> str:
+  """The first line of a child's failure, for a table's note."""
+  return reason.strip().splitlines()[0].rstrip(':') if reason.strip() else (
+      reason)
+
+
+def networks_table(figures: Dict[str, Any]) -> str:
+  """One markdown table of the 'networks' case (`network_figures`), one row
+  a network in `NETWORKS` order, with a note under it for each peak-RSS
+  child that gave no figure."""
+  rows = [('network', 'experiment', 'parameters (trainable)',
+           f"forward GFLOP per {figures['flops_size']} clip",
+           f"forward clips/s, {figures['bench_size']}",
+           'training step clips/s', 'forward GFLOP/s', 'training GFLOP/s',
+           f"peak host RAM, {figures['peak_rss_size']} with checkpointing, "
+           'GiB')]
+  notes = []
+  order = [n.key for n in NETWORKS]  # JSON files hold the keys sorted.
+  models = figures['models']
+  for key in sorted(models, key=lambda k: (
+      order.index(k) if k in order else len(order), k)):
+    f = models[key]
+    if f.get('peak_rss_gb') is not None:
+      peak = f"{f['peak_rss_gb']:.2f}"
+    elif f.get('peak_rss_error'):
+      peak = 'no figure (below)'
+      notes.append(f"- {f['network']}: {_failure(f['peak_rss_error'])}")
+    else:
+      peak = 'not measured'
+    rows.append((
+        f['network'], f"`{f['experiment']}`",
+        f"{f['parameters']:,} ({f['trainable_parameters']:,})",
+        f"{f['gflops_per_clip']:.1f}", f"{f['forward_clips_per_sec']:.3f}",
+        f"{f['train_clips_per_sec']:.3f}", f"{f['forward_model_gflops']:.1f}",
+        f"{f['train_model_gflops']:.1f}", peak))
+  text = timing.format_table(rows)
+  if notes:
+    text += ('\n\nPeak host RAM not measured (the child\'s failure; the '
+             'whole reason is in the results JSON):\n\n' + '\n'.join(notes))
+  return text
+
+
+def subsections(figures: Dict[str, Any]
+                ) -> List[Tuple[str, str, str, Optional[str]]]:
+  """(case, title, intro, table) of the report's subsections: the
+  'networks' case, its table None where `figures` holds no such run."""
+  recorded = figures.get('networks')
+  return [('networks', NETWORKS_TITLE, NETWORKS_INTRO,
+           networks_table(recorded) if recorded else None)]

@@ -194,7 +194,7 @@ def report(family: str, figures: Dict[str, Any], quick: bool = False) -> str:
   # A family's further tables (the YT8M zoo), unless `table` printed it.
   for _, title, _, sub in getattr(module, 'subsections', lambda f: [])(
       figures):
-    if sub not in text:
+    if sub is not None and sub not in text:
       text += f'\n{title}:\n{sub}'
   return text
 

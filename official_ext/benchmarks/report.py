@@ -53,6 +53,7 @@ those files. Each section says where and when its run measured. To measure on yo
 {COMMAND} yt8m --cases zoo --json benchmarks/results/yt8m.json  # every YT8M model's speed
 {COMMAND} yt8m --cases zoo_demos --json benchmarks/results/yt8m.json  # every YT8M demo
 {COMMAND} assemblenet --json benchmarks/results/assemblenet.json
+{COMMAND} assemblenet --cases networks --json benchmarks/results/assemblenet.json  # the full AssembleNets
 {COMMAND} readout --json benchmarks/results/readout.json
 {COMMAND} xla_steps --json benchmarks/results/xla_steps.json  # the XLA runner beside TensorFlow
 {COMMAND} report          # rewrites docs/benchmarks.md
@@ -134,6 +135,9 @@ crop window of each sampled frame and fuses the truncation, flip and scaling in 
 values equal Model Garden's for the same crop and flip. `cores_to_feed_cpu_step`: the CPU
 training step's clips/s at 32 × 224² (its clips/s at the benchmark size scaled by the two clips'
 forward FLOPs) over ours per core.
+
+The full networks (`--cases networks`, in the default run): AssembleNet-50 and AssembleNet++-50
+with its object stem beside the lite, in [their own table](#assemblenet-50-and-assemblenet-50-beside-the-lite).
 """,
     'readout': """\
 The readout layer alone: the same queries routed as a padded batch and chained (`varlen`), rates
@@ -348,15 +352,30 @@ def environment_list(figures: Dict[str, Any]) -> str:
 
 
 def markdown_safe(table: str) -> str:
-  """`table` (a `timing.format_table` string) with each `|` inside a cell
-  escaped, so that markdown keeps the columns (cells hold no ' | ')."""
-  rows = []
-  for j, line in enumerate(table.splitlines()):
-    if j == 1:
-      continue  # The separator line; format_table writes it again.
-    cells = line[2:-2].split(' | ')
-    rows.append([c.strip().replace('|', '\\|') for c in cells])
-  return timing.format_table(rows)
+  """`table` (a `timing.format_table` string, or text holding such tables)
+  with each `|` inside a cell escaped, so that markdown keeps the columns
+  (cells hold no ' | '); lines outside a table are kept as they are."""
+  out, block = [], []
+
+  def flush():
+    if block:
+      rows = []
+      for j, line in enumerate(block):
+        if j == 1:
+          continue  # The separator line; format_table writes it again.
+        cells = line[2:-2].split(' | ')
+        rows.append([c.strip().replace('|', '\\|') for c in cells])
+      out.append(timing.format_table(rows))
+      block.clear()
+
+  for line in table.splitlines():
+    if line.startswith('|'):
+      block.append(line)
+    else:
+      flush()
+      out.append(line)
+  flush()
+  return '\n'.join(out)
 
 
 def family_table(family: str, figures: Dict[str, Any]) -> str:
@@ -367,6 +386,10 @@ def family_table(family: str, figures: Dict[str, Any]) -> str:
     return markdown_safe(module.table(figures))
   rows = [('figure', 'value')]
   shown = set(_RUN_KEYS)
+  # A subsection's case and the run that measured it: rendered there.
+  for case, *_ in getattr(module, 'subsections', lambda f: [])(figures):
+    shown.add(case)
+    shown.update(f'{case}_{key}' for key in harness.RUN_KEYS)
   for key, label, fmt in _LABELS.get(family, ()):
     if key in figures and figures[key] is not None:
       rows.append((label, fmt(figures[key])))
@@ -426,9 +449,18 @@ def _family_section(family: str, figures: Optional[Dict[str, Any]]) -> str:
   module = harness.family_module(family)
   for case, title, intro, table in getattr(module, 'subsections',
                                            lambda f: [])(figures):
-    out += [f'### {title}', '', intro.rstrip(), '',
-            'Measured by:', '', environment_list(case_run(figures, case)),
-            '', markdown_safe(table), '']
+    out += [f'### {title}', '', intro.rstrip(), '']
+    if table is None:  # A case the recorded runs did not measure.
+      out += [f'No {case} run recorded: `{COMMAND} {family} --cases {case} '
+              f'--json benchmarks/results/{family}.json`,\nthen '
+              f'`{COMMAND} report`.', '']
+      continue
+    run = case_run(figures, case)
+    if (run.get('environment') or {}).get('quick'):
+      out += ['**Quick sizes**: a smoke test of the harness, not figures to '
+              'compare.', '']
+    out += ['Measured by:', '', environment_list(run), '',
+            markdown_safe(table), '']
   return '\n'.join(out)
 
 
@@ -565,9 +597,10 @@ def _xla_steps_section(figures: Optional[Dict[str, Any]]) -> str:
 
 
 _ACCELERATOR_INTRO = f"""\
-`{COMMAND} accelerator` loads each case (YT8M DBoF + MoE, NeXtVLAD, AssembleNet++lite on
-Kinetics clips, the readout model) with its shipped GPU or TPU YAML (precision, loss scaling,
-model settings, per-replica batch), builds its strategy over every visible accelerator and times
+`{COMMAND} accelerator` loads each case (YT8M DBoF + MoE, NeXtVLAD, AssembleNet++lite and
+AssembleNet-50 on Kinetics clips, AssembleNet++-50 with object maps on Charades clips, the readout
+model) with its shipped GPU or TPU YAML (precision, loss scaling, model settings, per-replica
+batch), builds its strategy over every visible accelerator and times
 the task's own `train_step` under `strategy.run` on an in-memory batch (the input pipeline is not
 timed): `examples_per_sec`, `gflops_per_example` (counted from the traced step; absent, with
 `flops_not_counted` saying why, where the counter cannot read it) and `achieved_tflops`,

@@ -22,6 +22,7 @@ import yaml
 from official.core import task_factory
 from official.modeling import performance
 from official_ext.benchmarks import accelerator
+from official_ext.benchmarks import assemblenet as assemblenet_bench
 from official_ext.benchmarks import graph_flops
 from official_ext.benchmarks import memory
 from official_ext.benchmarks import readout as readout_bench
@@ -160,29 +161,38 @@ def _yt8m_case(experiment: str, yaml_name: str,
   return build
 
 
-def _assemblenet_build(quick: bool, precision: str, overrides=None) -> Built:
-  case = next(c for c in accelerator.CASES
-              if c.name == 'assemblenet_kinetics')
-  path = _yaml('assemblenet', 'kinetics_gpu.yaml')
-  params = experiment_params.load_params(case.experiment, [path], lock=False)
-  _one_replica(params, case.quick, quick, precision, overrides)
-  task, model, optimizer = _task_model_optimizer(params)
-  rng = np.random.default_rng(0)
-  batches = {}
-  for step, data in (('train', params.task.train_data),
-                     ('validation', params.task.validation_data)):
-    videos = data.global_batch_size
-    views = 1 if step == 'train' else (data.num_test_clips *
-                                       data.num_test_crops)
-    labels = np.eye(data.num_classes, dtype=np.float32)[
-        rng.integers(0, data.num_classes, videos)]
-    image = rng.uniform(0, 1, [videos * views, *data.feature_shape])
-    batches[step] = ({'image': tf.constant(image, tf.float32)},
-                     tf.constant(labels))
-  return Built(task, model, optimizer, batches,
-               {s: int(b[1].shape[0]) for s, b in batches.items()},
-               case.experiment, os.path.relpath(path, accelerator.REPO),
-               params)
+def _assemblenet_case(name: str) -> Callable[..., Built]:
+  """The build of the AssembleNet accelerator case `name` on its GPU YAML:
+  random clips (a validation video's views each), one-hot labels and, for
+  an experiment with object maps, `assemblenet_bench.object_maps`."""
+
+  def build(quick: bool, precision: str, overrides=None) -> Built:
+    case = next(c for c in accelerator.CASES if c.name == name)
+    path = accelerator.yaml_path(case, 'GPU')
+    params = experiment_params.load_params(case.experiment, [path],
+                                           lock=False)
+    _one_replica(params, case.quick, quick, precision, overrides)
+    task, model, optimizer = _task_model_optimizer(params)
+    rng = np.random.default_rng(0)
+    batches = {}
+    for step, data in (('train', params.task.train_data),
+                       ('validation', params.task.validation_data)):
+      videos = data.global_batch_size
+      views = 1 if step == 'train' else (data.num_test_clips *
+                                         data.num_test_crops)
+      labels = np.eye(data.num_classes, dtype=np.float32)[
+          rng.integers(0, data.num_classes, videos)]
+      image = rng.uniform(0, 1, [videos * views, *data.feature_shape])
+      features = {'image': tf.constant(image, tf.float32)}
+      if data.num_object_classes:
+        features['objects'] = tf.constant(assemblenet_bench.object_maps(
+            rng, image.shape[:-1], data.num_object_classes))
+      batches[step] = (features, tf.constant(labels))
+    return Built(task, model, optimizer, batches,
+                 {s: int(b[1].shape[0]) for s, b in batches.items()},
+                 case.experiment, os.path.relpath(path, accelerator.REPO),
+                 params)
+  return build
 
 
 def _readout_static(params) -> None:
@@ -243,7 +253,8 @@ def _unit_tokens_build(quick: bool, precision: str, overrides=None
 
 
 # In the order the device runs them first (the bfloat16 training steps of
-# ours and Model Garden's DBoF, then AssembleNet++lite's).
+# ours and Model Garden's DBoF, then AssembleNet++lite's); the full
+# AssembleNets last.
 CASES = (
     XlaCase('yt8m_dbof', 'yt8m', _yt8m_case('yt8m', 'yt8m_gpu.yaml'),
             'DBoF + MoE, the yt8m experiment (Model Garden\'s published '
@@ -252,7 +263,8 @@ CASES = (
             _yt8m_case('yt8m', 'yt8m_gpu.yaml', model_garden=True),
             'Model Garden\'s VideoClassificationModel at the same size, '
             'trained by the same task (its L2 through model.losses)'),
-    XlaCase('assemblenet_kinetics', 'assemblenet', _assemblenet_build,
+    XlaCase('assemblenet_kinetics', 'assemblenet',
+            _assemblenet_case('assemblenet_kinetics'),
             'AssembleNet++lite on Kinetics clips (32 x 224^2), '
             'configs/assemblenet/kinetics_gpu.yaml'),
     XlaCase('yt8m_nextvlad', 'yt8m',
@@ -270,6 +282,15 @@ CASES = (
             'unit tokens: benchmark readout\'s spike-token windows (every '
             'spike a token), static shapes, the readout GPU YAML\'s '
             'optimizer'),
+    XlaCase('assemblenet50_kinetics', 'assemblenet',
+            _assemblenet_case('assemblenet50_kinetics'),
+            'AssembleNet-50 on Kinetics-400 clips (32 x 224^2), '
+            'configs/assemblenet/assemblenet50_kinetics400_gpu.yaml'),
+    XlaCase('assemblenet_plus_charades', 'assemblenet',
+            _assemblenet_case('assemblenet_plus_charades'),
+            'AssembleNet++-50 with its object stem on Charades clips '
+            '(32 x 224^2) and their object maps (151 classes), '
+            'configs/assemblenet/assemblenet_plus_charades_gpu.yaml'),
 )
 
 

@@ -2,6 +2,7 @@
 accelerator; its harness, driven on the logical CPUs at tiny sizes, times
 each shipped GPU YAML's step under the stock and the fast kernel policy."""
 import pytest
+import tensorflow as tf
 
 from official_ext import benchmark
 from official_ext.benchmarks import accelerator
@@ -54,6 +55,18 @@ def test_every_case_builds_its_batch_and_flops(case):
               'assemblenet': lambda b: b[0]['image'],
               'readout': lambda b: b['input_values']}[case.family](batch)
   assert examples.shape[0] == per_replica, examples.shape
+  if case.family == 'assemblenet':
+    # Object maps exactly for an experiment with an object stem: int32
+    # class ids at the clip's size.
+    k = params.task.train_data.num_object_classes
+    assert ('objects' in batch[0]) == bool(k) == (
+        case.name == 'assemblenet_plus_charades')
+    if k:
+      objects = batch[0]['objects']
+      assert objects.dtype == tf.int32
+      assert objects.shape == examples.shape[:-1]
+      assert 0 <= int(tf.reduce_min(objects)) and int(
+          tf.reduce_max(objects)) < k == 151
   quick = accelerator._params(case, 'CPU', quick=True, tpu='')  # pylint: disable=protected-access
   if case.family == 'readout':
     # Chained (varlen) queries: a routed batch of no static shape, which

@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from official.core import exp_factory
+from official.core import task_factory
 from official_ext.assemblenet import structures
+from official_ext.assemblenet.modeling import complexity
 from official_ext.benchmarks import assemblenet as benchmark
 from official_ext.benchmarks import assemblenet_input
 from official_ext.benchmarks import graph_flops
@@ -26,14 +29,15 @@ def test_conv3d_peak_counts_its_convolution():
       256 * 16 * 27 * 16 * 2) == 3_538_944
 
 
-def test_memory_child_program_calls_this_module(monkeypatch, capsys):
+@pytest.mark.parametrize('key', [n.key for n in benchmark.NETWORKS])
+def test_memory_child_program_calls_this_module(key, monkeypatch, capsys):
   # The child process runs this program; here it runs in this process with
   # `memory_child` replaced (the real child costs a minute or more).
   calls = []
   monkeypatch.setattr(benchmark, 'memory_child',
                       lambda *args: calls.append(args) or {'peak_rss_gb': 1.5})
-  exec(benchmark.memory_child_code(2, 8, 64, True, False), {})  # pylint: disable=exec-used
-  assert calls == [(2, 8, 64, True, False)]
+  exec(benchmark.memory_child_code(2, 8, 64, True, False, key), {})  # pylint: disable=exec-used
+  assert calls == [(2, 8, 64, True, False, key)]
   assert capsys.readouterr().out == 'RESULT {"peak_rss_gb": 1.5}\n'
 
 
@@ -264,3 +268,150 @@ def test_cases_choose_and_merge(monkeypatch):
   assert merged['environment'] == {'date': 'new'}
   assert merged['train_model_gflops'] == 81.0
   assert merged['input_pipeline_x'] == 0.5
+  # The networks case: its figures under 'networks', its run beside.
+  merged = harness.merge_cases(
+      recorded, {'networks': {'models': {}}, 'environment': {'date': 'n'},
+                 'command': 'c --cases networks', 'quick': False},
+      ['networks'])
+  assert merged['networks'] == {'models': {}}
+  assert merged['networks_environment'] == {'date': 'n'}
+  assert merged['environment'] == {'date': 'old'}
+  assert merged['input_pipeline_x'] == 0.5
+
+
+@pytest.mark.parametrize('key,structure,plus', [
+    ('assemblenet50', benchmark.QUICK_ASN_STRUCTURE, False),
+    ('assemblenet_plus50', benchmark.QUICK_ASNP_STRUCTURE, True)],
+                         ids=['assemblenet50', 'assemblenet_plus50'])
+def test_networks_case_measures_each_full_network(key, structure, plus):
+  """The 'networks' case at quick sizes, one network: its parameters are
+  the built model's and the architecture's, its per-clip FLOPs those traced
+  from a model built here at 32 x 224^2, its rates its timings'."""
+  f = benchmark.run(quick=True, memory=False, cases=['networks'],
+                    networks=[key])
+  json.dumps(f)
+  assert set(f) == {'quick', 'networks'}
+  n = f['networks']
+  assert (n['bench_size'], n['flops_size'], n['peak_rss_size']) == (
+      '1x4x32^2', '32x224^2', '2x8x64^2')
+  assert list(n['models']) == [key]
+  row = n['models'][key]
+  experiment = {'assemblenet50': 'assemblenet50_charades',
+                'assemblenet_plus50': 'assemblenet_plus_charades'}[key]
+  assert row['experiment'] == experiment
+  assert row['backbone'] == ('assemblenet_plus' if plus else 'assemblenet')
+  assert not any(k.startswith('peak_rss') for k in row)  # memory=False
+  # The quick network: the stems (objects with AssembleNet++) fused into
+  # one level-3 block, as the experiment's config builds it here.
+  assert (structures.STEM_OBJECT in [s[0] for s in structure]) == plus
+  params = exp_factory.get_exp_config(experiment)
+  params.override({'task': {'model': {'backbone': {row['backbone']: {
+      'model_structure': json.dumps(structure), 'model_edge_weights': '',
+      'blocks_per_level': [1, 1, 1, 1], 'rep_flow': {'num_iter': 2}}}}}},
+                  is_strict=True)
+  task = task_factory.get_task(params.task)
+  model = task.build_model(input_shape=[1, 32, 224, 224, 3])
+  assert row['parameters'] == model.count_params()
+  assert row['trainable_parameters'] == complexity.analyze_assemblenet(
+      structure, [1, 1, 1, 1], plus=plus,
+      attention_mode='peer' if plus else None, edge_weights_given=False,
+      num_object_classes=151, num_classes=157).params
+  features = {'image': tf.zeros([1, 32, 224, 224, 3])}
+  if plus:
+    features['objects'] = tf.zeros([1, 32, 224, 224], tf.int32)
+  assert row['gflops_per_clip'] == graph_flops.forward_flops(
+      model, features) / 1e9
+  assert 0 < row['gflops_per_clip_bench'] < row['gflops_per_clip']
+  assert row['train_gflops_per_clip_bench'] > row['gflops_per_clip_bench']
+  approx = lambda x: pytest.approx(x, rel=1e-9)
+  assert row['forward_clips_per_sec'] == approx(
+      1 / row['forward_sec_per_batch'])
+  assert row['train_clips_per_sec'] == approx(1 / row['train_sec_per_step'])
+  assert row['forward_model_gflops'] == approx(
+      row['gflops_per_clip_bench'] / row['forward_sec_per_batch'])
+  assert row['train_model_gflops'] == approx(
+      row['train_gflops_per_clip_bench'] / row['train_sec_per_step'])
+  table = benchmark.networks_table(n)
+  assert table.splitlines()[2].startswith(f"| {row['network']} ")
+  assert f"{row['parameters']:,} ({row['trainable_parameters']:,})" in table
+
+
+def test_object_maps_are_regions_of_class_ids():
+  rng = np.random.default_rng(0)
+  maps = benchmark.object_maps(rng, (2, 3, 20, 18), 151, block=8)
+  assert maps.shape == (2, 3, 20, 18) and maps.dtype == np.int32
+  assert 0 <= maps.min() and maps.max() < 151 and len(np.unique(maps)) > 10
+  # Constant over each 8 x 8 region, the edge regions cut to the map.
+  np.testing.assert_array_equal(maps[..., :8, :8],
+                                np.broadcast_to(maps[..., :1, :1],
+                                                (2, 3, 8, 8)))
+  np.testing.assert_array_equal(maps[..., 16:, 16:],
+                                np.broadcast_to(maps[..., 16:17, 16:17],
+                                                (2, 3, 4, 2)))
+
+
+def test_a_failed_or_killed_memory_child_is_recorded_without_a_figure(
+    monkeypatch):
+  """Each network's child: a result is kept; a child killed (as by the
+  kernel out of memory) or past its timeout gives None and its reason."""
+  programs = {
+      'assemblenet_plus_lite': "print('RESULT {\"peak_rss_gb\": 2.5, "
+                               "\"step_sec\": 4.0}')",
+      'assemblenet50': 'import time; time.sleep(60)',
+      'assemblenet_plus50': 'import os, signal; '
+                            'os.kill(os.getpid(), signal.SIGKILL)'}
+  monkeypatch.setattr(benchmark, 'memory_child_code',
+                      lambda *args: programs[args[-1]])
+  f = benchmark.networks_peak_rss(True, benchmark.NETWORKS, timeout=2)
+  assert f['assemblenet_plus_lite'] == {
+      'peak_rss_gb': 2.5, 'peak_rss_step_sec': 4.0, 'peak_rss_error': None}
+  assert f['assemblenet50'] == {
+      'peak_rss_gb': None, 'peak_rss_step_sec': None,
+      'peak_rss_error': 'memory child killed after its timeout of 2 s'}
+  killed = f['assemblenet_plus50']
+  assert killed['peak_rss_gb'] is None and killed['peak_rss_step_sec'] is None
+  assert killed['peak_rss_error'].startswith('memory child failed (exit -9')
+  # The table: the figure, or no figure with the reason's first line below.
+  row = {'experiment': 'x', 'parameters': 1, 'trainable_parameters': 1,
+         'gflops_per_clip': 1.0, 'forward_clips_per_sec': 1.0,
+         'train_clips_per_sec': 1.0, 'forward_model_gflops': 1.0,
+         'train_model_gflops': 1.0}
+  # The rows in `NETWORKS` order, whatever the order of the keys (a JSON
+  # file holds them sorted).
+  table = benchmark.networks_table({
+      'bench_size': 'b', 'flops_size': 'f', 'peak_rss_size': 'p',
+      'models': {n.key: dict(row, network=n.title, **f[n.key])
+                 for n in sorted(benchmark.NETWORKS, key=lambda n: n.key)}})
+  lines = table.splitlines()
+  assert lines[2].startswith('| AssembleNet++lite ') and ' 2.50 ' in lines[2]
+  assert 'no figure (below)' in lines[3] and 'no figure (below)' in lines[4]
+  assert lines[-2:] == [
+      '- AssembleNet-50: memory child killed after its timeout of 2 s',
+      '- AssembleNet++-50 with objects: memory child failed (exit -9; a '
+      'negative code is a signal, -9 usually out of memory)']
+
+
+def test_networks_case_takes_the_lite_memory_of_the_model_case(monkeypatch):
+  """With the 'model' case in the run, the lite's peak RSS is its child's
+  (one child, not two); the networks' children run before any model."""
+  log = []
+  monkeypatch.setattr(
+      benchmark, 'peak_rss_gb', lambda *a, **k: log.append(k['net']) or {
+          'peak_rss_gb': 2.0, 'step_sec': 3.0})
+  monkeypatch.setattr(benchmark, '_model_figures', lambda *a: log.append(
+      'model') or {'peak_rss_gb_8x32x224': 1.5, 'peak_rss_step_sec': 9.0})
+  got = {}
+  monkeypatch.setattr(benchmark, 'network_figures',
+                      lambda quick, nets, peak: got.update(peak) or {})
+  benchmark.run(quick=True, cases=['model', 'networks'])
+  assert log == ['assemblenet50', 'assemblenet_plus50', 'model']
+  assert got['assemblenet_plus_lite'] == {
+      'peak_rss_gb': 1.5, 'peak_rss_step_sec': 9.0, 'peak_rss_error': None}
+  assert got['assemblenet50']['peak_rss_gb'] == 2.0
+  log.clear()
+  benchmark.run(quick=True, cases=['networks'])
+  assert log == ['assemblenet_plus_lite', 'assemblenet50',
+                 'assemblenet_plus50']
+  with pytest.raises(ValueError, match="unknown assemblenet benchmark "
+                     "network 'asn'"):
+    benchmark.run(quick=True, cases=['networks'], networks=['asn'])

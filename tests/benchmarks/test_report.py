@@ -209,3 +209,69 @@ def test_xla_figures_render_with_the_ratios_on_one_device(tmp_path):
                    section), section
   assert ('- assemblenet_kinetics/train/bfloat16: XlaRuntimeError: out of '
           'memory') in section
+
+
+def _network_row(title, experiment, peak=None, error=None):
+  return {'network': title, 'experiment': experiment,
+          'parameters': 36_950_000, 'trainable_parameters': 36_900_957,
+          'gflops_per_clip': 502.94, 'forward_clips_per_sec': 0.5,
+          'train_clips_per_sec': 0.125, 'forward_model_gflops': 30.0,
+          'train_model_gflops': 25.0, 'peak_rss_gb': peak,
+          'peak_rss_error': error}
+
+
+def test_assemblenet_networks_render_as_one_table(tmp_path):
+  """The 'networks' case of assemblenet.json: one table in the
+  AssembleNet++lite section, with the run that measured it, a failed
+  memory child's reason under it; none of it among the other figures."""
+  networks = {
+      'bench_size': '2x16x112^2', 'flops_size': '32x224^2',
+      'peak_rss_size': '8x32x224^2', 'peak_rss_recompute_grad': True,
+      'models': {
+          'assemblenet50': _network_row('AssembleNet-50',
+                                        'assemblenet50_charades', peak=9.25),
+          'assemblenet_plus50': _network_row(
+              'AssembleNet++-50 with objects', 'assemblenet_plus_charades',
+              error='memory child failed (exit -9; a negative code is a '
+                    'signal, -9 usually out of memory):\nKilled')}}
+  figures = {'train_clips_per_sec': 0.5, 'networks': networks,
+             'networks_environment': {'date': '2030-01-02T03:04:05Z',
+                                      'cpu_model': 'CPU X', 'quick': False},
+             'networks_command':
+                 'python -m official_ext.benchmark assemblenet --cases networks',
+             'environment': {'date': '2029-01-01T00:00:00Z'},
+             'command': 'python -m official_ext.benchmark assemblenet'}
+  (tmp_path / 'assemblenet.json').write_text(json.dumps(figures))
+  page = report.render(str(tmp_path))
+  section = page.split('## AssembleNet++lite\n', 1)[1].split('\n## ', 1)[0]
+  main, sub = section.split(
+      '### AssembleNet-50 and AssembleNet++-50 beside the lite\n', 1)
+  assert 'networks' not in main.split('Measured by:', 1)[1]
+  assert '| training step, clips/s | 0.500 |' in main
+  assert '- date (UTC): 2030-01-02T03:04:05Z' in sub
+  assert '- command: `python -m official_ext.benchmark assemblenet --cases networks`' in sub
+  assert 'Quick sizes' not in sub
+  rows = [l for l in sub.splitlines() if l.startswith('| AssembleNet')]
+  assert len(rows) == 2
+  cells = [c.strip() for c in rows[0].strip('|').split('|')]
+  assert cells == ['AssembleNet-50', '`assemblenet50_charades`',
+                   '36,950,000 (36,900,957)', '502.9', '0.500', '0.125',
+                   '30.0', '25.0', '9.25']
+  assert rows[1].rstrip('| ').endswith('no figure (below)')
+  assert ('- AssembleNet++-50 with objects: memory child failed (exit -9; a '
+          'negative code is a signal, -9 usually out of memory)') in sub
+  assert 'Killed' not in sub  # The whole reason stays in the JSON.
+  # A quick run of the case says so.
+  figures['networks_environment']['quick'] = True
+  (tmp_path / 'assemblenet.json').write_text(json.dumps(figures))
+  page = report.render(str(tmp_path))
+  sub = page.split('### AssembleNet-50 and AssembleNet++-50 beside the '
+                   'lite\n', 1)[1].split('\n## ', 1)[0]
+  assert '**Quick sizes**' in sub
+  # A recorded run without the case says how to add it.
+  del figures['networks']
+  (tmp_path / 'assemblenet.json').write_text(json.dumps(figures))
+  page = report.render(str(tmp_path))
+  assert ('No networks run recorded: `python -m official_ext.benchmark '
+          'assemblenet --cases networks --json '
+          'benchmarks/results/assemblenet.json`') in page
