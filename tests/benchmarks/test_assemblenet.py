@@ -10,7 +10,7 @@ import tensorflow as tf
 from official.core import exp_factory
 from official.core import task_factory
 from official_ext.assemblenet import structures
-from official_ext.assemblenet.modeling import complexity
+from tests.assemblenet import complexity
 from official_ext.benchmarks import assemblenet as benchmark
 from official_ext.benchmarks import assemblenet_input
 from official_ext.benchmarks import graph_flops
