@@ -129,6 +129,30 @@ def test_object_stem_one_hot_pooled_and_checked():
     stem(tf.constant(np.full([1, 1, 4, 4], 3, np.int32)))
 
 
+def test_object_stem_equals_max_pooled_one_hot_at_odd_sizes():
+  """Eager and compiled by XLA, on sizes with 'same' padding."""
+  stem = asn.ObjectStem(5)
+  ids = tf.constant(np.random.default_rng(0).integers(0, 5, [2, 3, 10, 7]),
+                    tf.int32)
+  want = asn.frame_max_pool(tf.one_hot(ids, 5), 4, 4).numpy()
+  np.testing.assert_array_equal(stem(ids).numpy(), want)
+  compiled = tf.function(stem, jit_compile=True)
+  np.testing.assert_array_equal(compiled(ids).numpy(), want)
+
+
+def test_object_stem_never_holds_a_full_resolution_one_hot():
+  """At the published clip and 151 classes a float one-hot of the maps is
+  7.8 GB for 8 clips: no tensor of the traced stem has a tenth of its
+  elements."""
+  b, t, h, w, k = 8, 32, 224, 224, 151
+  stem = asn.ObjectStem(k)
+  graph = tf.function(stem).get_concrete_function(
+      tf.TensorSpec([b, t, h, w], tf.int32)).graph
+  largest = max(output.shape.num_elements() or 0
+                for op in graph.get_operations() for output in op.outputs)
+  assert largest < b * t * h * w * k / 10, largest
+
+
 def test_model_object_input_errors():
   backbone = _tiny_plus()
   model = asn.AssembleNetModel(backbone, NUM_CLASSES)

@@ -36,6 +36,33 @@ def frame_max_pool(x: tf.Tensor, window: int, stride: int) -> tf.Tensor:
   return out
 
 
+def pooled_one_hot(ids: tf.Tensor, depth: int, size: int) -> tf.Tensor:
+  """`frame_max_pool(tf.one_hot(ids, depth), size, size)` of int ids
+  [B, T, H, W] in [0, depth), without the full-resolution one-hot: float32
+  [B, T, ceil(H / size), ceil(W / size), depth], 1 where a window holds the
+  id."""
+  b, t, h, w = convolutions.dims(ids)
+  ho, wo = -(-h // size), -(-w // size)
+  pad_h, pad_w = ho * size - h, wo * size - w
+  # 'SAME' pads the end with the odd pixel; padding pixels take id `depth`,
+  # a column dropped at the end.
+  ids = tf.pad(ids, [[0, 0], [0, 0], [pad_h // 2, pad_h - pad_h // 2],
+                     [pad_w // 2, pad_w - pad_w // 2]], constant_values=depth)
+  windows = tf.reshape(tf.transpose(
+      tf.reshape(ids, [-1, ho, size, wo, size]), [0, 1, 3, 2, 4]),
+                       [-1, size * size])
+  n = tf.shape(windows)[0]
+  rows = tf.repeat(tf.range(n), size * size)
+  indices = tf.stack([rows, tf.reshape(windows, [-1])], axis=1)
+  present = tf.tensor_scatter_nd_max(
+      tf.zeros([n, depth + 1]), indices, tf.ones([n * size * size]))
+  out = tf.reshape(present[:, :depth], [b, t, ho, wo, depth])
+  out.set_shape([ids.shape[0], ids.shape[1],
+                 *[d if isinstance(d, int) else None for d in (ho, wo)],
+                 depth])
+  return out
+
+
 class _Stem(layers.Layer):
   """A stem's common part: runs `_forward`, through `recompute.recompute_grad`
   in training calls when `recompute_grad`."""
@@ -152,8 +179,7 @@ class ObjectStem(layers.Layer):
                              f'num_object_classes ({k})'))]
     with tf.control_dependencies(checks):
       ids = tf.identity(ids)
-    onehot = tf.one_hot(ids, k, dtype=self.compute_dtype)
-    return frame_max_pool(onehot, 4, 4)
+    return tf.cast(pooled_one_hot(ids, k, 4), self.compute_dtype)
 
   def get_config(self):
     config = super().get_config()
