@@ -648,9 +648,8 @@ per 32 × 224² clip as above ([how they are counted](#how-flops-are-counted)). 
 the training step (`AssembleNetTask.train_step`, SGD with momentum) of the three networks are timed
 interleaved at the benchmark's clip size. Peak host RAM: a child process per network runs one
 training step of 8 clips of 32 × 224² with gradient checkpointing, as the lite's figure above (the
-lite's row is that figure when the run measured both); a child that failed or was killed (the
-object stem one-hot encodes every pixel: 151 float32 channels at the clip's size) has no figure,
-only its reason.
+lite's row is that figure when the run measured both); a child that failed or was killed (out of
+memory, for one) has no figure, only its reason.
 """
 
 
