@@ -39,6 +39,14 @@ class Case:
   quick: Dict[str, Any]  # Overrides of `quick` runs (tiny sizes).
 
 
+def _quick_assemblenet(backbone_type: str, net) -> Dict[str, Any]:
+  """A full AssembleNet's quick overrides: the benchmark's tiny backbone of
+  `net` and clips of 4 x 32^2."""
+  clips = {'feature_shape': [4, 32, 32, 3]}
+  return {'task': {
+      'model': {'backbone': {backbone_type: dict(net.quick_backbone)}},
+      'train_data': dict(clips), 'validation_data': dict(clips)}}
+
 CASES = (
     Case('yt8m_dbof', 'yt8m', 'yt8m', 'yt8m',
          yt8m_bench.QUICK_PUBLISHED['yt8m']),
@@ -55,18 +63,12 @@ CASES = (
              'train_data': {'feature_shape': [4, 32, 32, 3]},
              'validation_data': {'feature_shape': [4, 32, 32, 3]}}}),
     Case('assemblenet50_kinetics', 'assemblenet50_kinetics400',
-         'assemblenet', 'assemblenet50_kinetics400', {'task': {
-             'model': {'backbone': {'assemblenet': dict(
-                 assemblenet_bench.ASN50.quick_backbone)}},
-             'train_data': {'feature_shape': [4, 32, 32, 3]},
-             'validation_data': {'feature_shape': [4, 32, 32, 3]}}}),
+         'assemblenet', 'assemblenet50_kinetics400',
+         _quick_assemblenet('assemblenet', assemblenet_bench.ASN50)),
     # Its batches carry object maps (151 classes, `_batch`).
     Case('assemblenet_plus_charades', 'assemblenet_plus_charades',
-         'assemblenet', 'assemblenet_plus_charades', {'task': {
-             'model': {'backbone': {'assemblenet_plus': dict(
-                 assemblenet_bench.ASNP50.quick_backbone)}},
-             'train_data': {'feature_shape': [4, 32, 32, 3]},
-             'validation_data': {'feature_shape': [4, 32, 32, 3]}}}),
+         'assemblenet', 'assemblenet_plus_charades',
+         _quick_assemblenet('assemblenet_plus', assemblenet_bench.ASNP50)),
     Case('readout', 'readout_demo', 'readout', 'readout', {'task': {
         'model': {'encoder': {'hidden_size': 8, 'num_heads': 2,
                               'num_layers': 1, 'intermediate_size': 8}}}}),
