@@ -28,9 +28,22 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
       'assemblenet: another checkout of this repository whose training step '
       'is timed interleaved with this one (each in a child process).',
       flag_values=flag_values)
+  flags.DEFINE_string(
+      'tf1_reference', None,
+      'assemblenet: the folder holding google-research\'s original '
+      'assemblenet/ (TF1); its AssembleNet++lite training step is timed '
+      'interleaved with ours, each in a child process.',
+      flag_values=flag_values)
+  flags.DEFINE_float(
+      'max_other_cores', None,
+      'A timed round counts only while other processes use at most this '
+      'many cores (default 0.15); busier rounds are retaken, a machine busy '
+      'for 15 minutes ends the run (quick runs only record the load).',
+      flag_values=flag_values)
   flags.DEFINE_list(
       'cases', None,
-      'assemblenet: only these cases (model, input_pipeline, networks); '
+      'assemblenet: only these cases (model, input_pipeline, networks, '
+      'tf1_reference); '
       'readout: (model, spike_tokens); yt8m: model (the default), zoo (every '
       'registered model\'s published-size step) and zoo_demos (every '
       'model\'s demo trained to the same budget); with --json, merged into '
@@ -82,7 +95,9 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
   try:
     harness.main(argv[1], quick=flag_values.quick, json_path=flag_values.json,
                  reference_checkout=flag_values.reference_checkout,
-                 tpu=flag_values.tpu, cases=flag_values.cases)
+                 tpu=flag_values.tpu, cases=flag_values.cases,
+                 tf1_reference=flag_values.tf1_reference,
+                 max_other_cores=flag_values.max_other_cores)
   except accelerator.NoAcceleratorError as e:
     raise SystemExit(f'official_ext.benchmark accelerator: {e}') from e
 

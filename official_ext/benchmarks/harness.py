@@ -33,6 +33,8 @@ FAMILIES = {
     # a held-out recording against the same model from scratch (rendered
     # into README.md and docs/readout.md, `report.BLOCKS`).
     'readout_adaptation': 'official_ext.benchmarks.readout_adaptation',
+    # The commands' start-up with and without the Keras 3 import.
+    'startup': 'official_ext.benchmarks.startup',
     # The training steps of the shipped GPU / TPU YAMLs on this machine's
     # accelerators (exits non-zero without one).
     'accelerator': 'official_ext.benchmarks.accelerator',
@@ -123,22 +125,41 @@ def family_module(family: str):
   return importlib.import_module(FAMILIES[family])
 
 
+def gate_for(quick: bool, max_other_cores: Optional[float] = None
+             ) -> Optional[timing.QuietGate]:
+  """The rounds' `timing.QuietGate` of a run: enforced in full runs (at
+  `max_other_cores`, default the gate's), recorded only in quick ones; None
+  where /proc cannot be read."""
+  if not timing.can_gate():
+    return None
+  gate = timing.QuietGate(enforce=not quick)
+  if max_other_cores is not None:
+    gate.max_other_cores = max_other_cores
+  return gate
+
+
 def run(family: str, quick: bool = False,
         reference_checkout: Optional[str] = None,
         tpu: Optional[str] = None,
         cases: Optional[List[str]] = None,
-        previous: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-  """Runs `family`'s benchmark; its figures plus 'machine'.
+        previous: Optional[Dict[str, Any]] = None,
+        tf1_reference: Optional[str] = None,
+        max_other_cores: Optional[float] = None) -> Dict[str, Any]:
+  """Runs `family`'s benchmark; its figures plus 'machine', 'environment',
+  'command' and 'timed_rounds' (`timing.rounds_summary`; every round gated by
+  `gate_for(quick, max_other_cores)`).
 
-  `reference_checkout`, `tpu` and `cases` go to the families whose `run`
-  takes them, with `previous` (the family's recorded figures) as their
-  `step_figures`."""
+  `reference_checkout`, `tf1_reference`, `tpu` and `cases` go to the families
+  whose `run` takes them, with `previous` (the family's recorded figures) as
+  their `step_figures`."""
   module = family_module(family)
   options = {}
   if cases:
     options['step_figures'] = previous
   for name, value, who in (('reference_checkout', reference_checkout,
-                            'assemblenet'), ('tpu', tpu, 'accelerator'),
+                            'assemblenet'),
+                           ('tf1_reference', tf1_reference, 'assemblenet'),
+                           ('tpu', tpu, 'accelerator'),
                            ('cases', cases, 'assemblenet, readout and yt8m')):
     if not value:
       continue
@@ -150,7 +171,14 @@ def run(family: str, quick: bool = False,
   applied = process_settings.apply(settings)
   logging.info(process_settings.describe(applied))
   logging.info('Benchmarking %s on %s', family, machine())
-  figures = module.run(quick=quick, **options)
+  gate = gate_for(quick, max_other_cores)
+  previous_gate = timing.set_gate(gate)
+  timing.take_rounds()
+  try:
+    figures = module.run(quick=quick, **options)
+  finally:
+    timing.set_gate(previous_gate)
+  figures['timed_rounds'] = timing.rounds_summary(timing.take_rounds(), gate)
   figures['machine'] = machine()
   figures['environment'] = environment(quick)
   figures['command'] = ' '.join(
@@ -158,12 +186,13 @@ def run(family: str, quick: bool = False,
       (['--quick'] if quick else []) +
       ([f'--reference_checkout {reference_checkout}']
        if reference_checkout else []) +
+      (['--tf1_reference PATH'] if tf1_reference else []) +
       ([f'--cases {",".join(cases)}'] if cases else []))
   return figures
 
 
 # What describes a run rather than a figure.
-RUN_KEYS = ('machine', 'environment', 'command')
+RUN_KEYS = ('machine', 'environment', 'command', 'timed_rounds')
 
 
 def merge_cases(previous: Dict[str, Any], figures: Dict[str, Any],
@@ -203,7 +232,9 @@ def main(family: str, quick: bool = False,
          json_path: Optional[str] = None,
          reference_checkout: Optional[str] = None,
          tpu: Optional[str] = None,
-         cases: Optional[List[str]] = None) -> Dict[str, Any]:
+         cases: Optional[List[str]] = None,
+         tf1_reference: Optional[str] = None,
+         max_other_cores: Optional[float] = None) -> Dict[str, Any]:
   """Runs, prints the report, writes the figures to `json_path` if given.
 
   With `cases` and an existing `json_path`, the run's figures are merged
@@ -213,7 +244,8 @@ def main(family: str, quick: bool = False,
     with open(json_path) as f:
       previous = json.load(f)
   figures = run(family, quick=quick, reference_checkout=reference_checkout,
-                tpu=tpu, cases=cases, previous=previous)
+                tpu=tpu, cases=cases, previous=previous,
+                tf1_reference=tf1_reference, max_other_cores=max_other_cores)
   print(report(family, figures, quick=quick))
   if previous is not None:
     figures = merge_cases(previous, figures, cases)

@@ -96,3 +96,81 @@ def test_format_table():
       '| a   | bb |\n'
       '|-----|----|\n'
       '| ccc | d  |')
+
+
+class _Machine:
+  """Fake CPU counters: this process's and every process's CPU seconds."""
+
+  def __init__(self, clock, monkeypatch):
+    self.own = 0.0
+    self.machine = 0.0
+    self.other_cores = []  # Other processes' cores in each next interval.
+    self.clock = clock
+    monkeypatch.setattr(timing, 'own_cpu_seconds', lambda: self.own)
+    monkeypatch.setattr(timing, 'machine_cpu_seconds', lambda: self.machine)
+    monkeypatch.setattr(timing.time, 'sleep', self.advance)
+
+  def advance(self, seconds, own_cores=0.0):
+    self.clock.now += seconds
+    other = self.other_cores.pop(0) if self.other_cores else 0.0
+    self.own += own_cores * seconds
+    self.machine += (own_cores + other) * seconds
+
+
+@pytest.fixture
+def gated():
+  previous = timing.set_gate(None)
+  yield
+  timing.set_gate(previous)
+  timing.take_rounds()
+
+
+def test_a_round_while_other_processes_are_busy_is_retaken(
+    clock, monkeypatch, gated):
+  machine = _Machine(clock, monkeypatch)
+  timing.set_gate(timing.QuietGate(max_other_cores=0.2, probe_s=0.5))
+  timing.take_rounds()
+  # Quiet probe, then 0.5 cores of others during the first round (retaken),
+  # quiet probe, quiet second round.
+  machine.other_cores = [0.0, 0.5, 0.0, 0.0]
+
+  def step():
+    machine.advance(2.0, own_cores=2.0)
+
+  samples = timing.interleaved_samples({'x': step}, rounds=1, warmup=0)
+  assert samples == {'x': [2.0]}
+  rounds = timing.take_rounds()
+  assert len(rounds) == 1
+  assert rounds[0]['retaken'] == 1 and rounds[0]['other_cores'] == 0.0
+  assert rounds[0]['candidates'] == ['x'] and rounds[0]['seconds'] == 2.0
+  assert {'loadavg_before', 'loadavg_after'} <= set(rounds[0])
+  summary = timing.rounds_summary(rounds, timing.QuietGate())
+  assert summary['rounds'] == 1 and summary['retaken'] == 1
+  assert summary['gate']['max_other_cores'] == 0.15
+
+
+def test_a_machine_that_stays_busy_is_refused(clock, monkeypatch, gated):
+  machine = _Machine(clock, monkeypatch)
+  timing.set_gate(timing.QuietGate(max_other_cores=0.2, probe_s=0.5,
+                                   max_wait_s=20.0))
+  machine.other_cores = [1.0] * 1000
+  with pytest.raises(timing.BusyMachineError,
+                     match=r'other processes used 1.00 cores .* threshold of '
+                     r'0.2\) for 2\d s'):
+    timing.interleaved_samples({'x': lambda: None}, rounds=1, warmup=0)
+  # Without enforcing (quick runs), the round is only recorded.
+  timing.set_gate(timing.QuietGate(max_other_cores=0.2, enforce=False))
+  timing.take_rounds()
+  timing.interleaved_samples({'x': lambda: machine.advance(1.0)}, rounds=2,
+                             warmup=0)
+  assert [r['other_cores'] for r in timing.take_rounds()] == [1.0, 1.0]
+
+
+def test_own_cpu_counts_children_and_the_machine_counts_all():
+  import subprocess, sys  # pylint: disable=g-import-not-at-top,multiple-imports
+  own, machine = timing.own_cpu_seconds(), timing.machine_cpu_seconds()
+  subprocess.run([sys.executable, '-c', 'import time\nt = time.process_time()'
+                  '\nwhile time.process_time() - t < 0.5: pass'], check=True)
+  own_used = timing.own_cpu_seconds() - own
+  assert 0.45 <= own_used <= 5.0
+  assert timing.machine_cpu_seconds() - machine >= own_used - 0.05

@@ -54,7 +54,15 @@ def test_quick_run_figures_are_consistent(tmp_path, capsys):
       'metrics_max_abs_diff_vs_reference', 'metrics_num_videos',
       'metrics_num_classes', 'metrics_reference_videos', 'sizes',
       'per_size', 'machine', 'nextvlad', 'cpu_allocator', 'environment',
-      'command'}
+      'command', 'timed_rounds'}
+  # Every timed round's load is recorded; a quick run does not wait for a
+  # quiet machine (`timing.QuietGate`, enforced in full runs).
+  rounds = f['timed_rounds']
+  assert rounds['gate']['enforce'] is False
+  assert rounds['rounds'] == len(rounds['each']) > 0
+  for r in rounds['each']:
+    assert r['other_cores'] >= 0 and r['loadavg_before'] >= 0
+    assert r['loadavg_after'] >= 0 and r['retaken'] == 0
   # Only the tiny size ran, with the sizes asked for.
   assert f['sizes'] == {'tiny': dataclasses.asdict(benchmark.TINY)}
   assert set(f['per_size']) == {'tiny'}
