@@ -24,6 +24,7 @@ from official_ext.assemblenet import task as assemblenet_task
 from official_ext.benchmarks import assemblenet_input
 from official_ext.benchmarks import graph_flops
 from official_ext.benchmarks import memory as memory_lib
+from official_ext.benchmarks import tf1_reference as tf1_lib
 from official_ext.benchmarks import timing
 from official_ext.core.kernels import kernel_policy
 from official_ext.core.kernels import process_settings
@@ -250,35 +251,39 @@ FULL_INFERENCE = (2, 32, 224)
 
 def _inference(quick: bool) -> Dict[str, Any]:
   """Seconds per call of the exported SavedModel's `serving_default` (the
-  network at initial weights, exported into a temporary directory and loaded
-  back) on uint8 clips of the inference size."""
+  network at initial weights, exported for serving on CPU and, beside it,
+  for any device (the stock ops), each loaded back), timed interleaved on
+  uint8 clips of the inference size: 'sec' (CPU export), 'stock_sec'."""
   batch, frames, size = QUICK_INFERENCE if quick else FULL_INFERENCE
   params = _params(batch, frames, size, quick)
+  rng = np.random.default_rng(0)
+  clips = tf.constant(rng.integers(0, 256, (batch, frames, size, size, 3),
+                                   dtype=np.uint8))
+  expected = (batch, params.task.train_data.num_classes)
   with tempfile.TemporaryDirectory() as tmp:
     model = task_factory.get_task(params.task).build_model()
     prefix = tf.train.Checkpoint(model=model).write(
         os.path.join(tmp, 'ckpt', 'ckpt'))
     del model
-    # Without the Keras layers' own traces (`save_traces=False`; the
-    # serving signature is the same): half the export time.
-    with keras_saved_model_utils.keras_option_scope(
-        save_traces=False, in_tf_saved_model_scope=True):
-      export_dir = export_saved_model.export(
-          params, prefix, os.path.join(tmp, 'saved_model'))
-    serve = tf.saved_model.load(export_dir).signatures['serving_default']
-    rng = np.random.default_rng(0)
-    clips = tf.constant(rng.integers(0, 256, (batch, frames, size, size, 3),
-                                     dtype=np.uint8))
-    probabilities = serve(frames=clips)['probabilities']
-    expected = (batch, params.task.train_data.num_classes)
-    if probabilities.shape != expected:
-      raise RuntimeError(f'serving_default of the exported {export_dir} '
-                         f'returned probabilities of shape '
-                         f'{probabilities.shape}; expected {expected}.')
-    sec = timing.interleaved_seconds(
-        {'serve': lambda: serve(frames=clips)['probabilities']},
-        rounds=2 if quick else 3, warmup=1)['serve']
-  return {'sec': sec, 'batch': batch, 'frames': frames, 'size': size}
+    serves = {}
+    for key, device in (('sec', 'cpu'), ('stock_sec', 'any')):
+      # Without the Keras layers' own traces (`save_traces=False`; the
+      # serving signature is the same): half the export time.
+      with keras_saved_model_utils.keras_option_scope(
+          save_traces=False, in_tf_saved_model_scope=True):
+        export_dir = export_saved_model.export(
+            params, prefix, os.path.join(tmp, f'saved_model_{device}'),
+            serving_device=device)
+      serve = tf.saved_model.load(export_dir).signatures['serving_default']
+      probabilities = serve(frames=clips)['probabilities']
+      if probabilities.shape != expected:
+        raise RuntimeError(f'serving_default of the exported {export_dir} '
+                           f'returned probabilities of shape '
+                           f'{probabilities.shape}; expected {expected}.')
+      serves[key] = (lambda serve=serve: serve(frames=clips)['probabilities'])
+    seconds = timing.interleaved_seconds(serves, rounds=2 if quick else 3,
+                                         warmup=1)
+  return dict(seconds, batch=batch, frames=frames, size=size)
 
 
 def memory_child(batch: int, frames: int, size: int, quick: bool,
@@ -428,10 +433,59 @@ def reference_checkout_speed(
   }
 
 
+def tf1_reference_speed(path: str, quick: bool,
+                        rounds: Optional[int] = None,
+                        make_ours: Optional[Callable[..., Any]] = None,
+                        make_original: Optional[Callable[..., Any]] = None
+                        ) -> Dict[str, Any]:
+  """Our lite's training step (the checkout's, `_step_child`) and the original
+  TF1 code's (`tf1_reference.child_code`, from `path`), each in a child, timed
+  interleaved at the speed size: `tf1_reference.speed`'s figures plus the
+  size, blocks per level and the original's root.
+
+  Args:
+    path: the original (`tf1_reference.original_root`).
+    quick: quick sizes, one block per level in the original, our quick lite.
+    rounds: interleaved rounds (default 2 quick, 5 full).
+    make_ours, make_original: (batch, frames, size, ...) -> child, for tests
+      (defaults: the `StepChild`s)."""
+  root = tf1_lib.original_root(path)
+  batch, frames, size = QUICK_SPEED if quick else FULL_SPEED
+  blocks = tf1_lib.QUICK_BLOCKS if quick else tf1_lib.PUBLISHED_BLOCKS
+  params = _params(batch, frames, size, quick)
+  if not quick and tuple(params.task.model.backbone.get().blocks_per_level
+                         ) != blocks:
+    raise ValueError(f'our lite has blocks per level '
+                     f'{params.task.model.backbone.get().blocks_per_level}, '
+                     f'the original\'s published network {blocks}.')
+
+  def ours():
+    return (make_ours or _step_child)(checkout_root(), batch, frames, size,
+                                      quick, 'train')
+
+  def original():
+    if make_original:
+      return make_original(root, batch, frames, size, blocks)
+    return memory_lib.StepChild(
+        tf1_lib.child_code(root, batch, frames, size,
+                           params.task.train_data.num_classes, blocks,
+                           float(params.task.losses.l2_weight_decay)),
+        'tf1_train', env=tf1_lib.child_env(PROCESS_SETTINGS))
+
+  figures = tf1_lib.speed(ours, original, root,
+                          rounds or (2 if quick else 5))
+  figures.update(bench_size=f'{batch}x{frames}x{size}^2',
+                 tf1_blocks_per_level=list(blocks), tf1_root=root)
+  return figures
+
+
 # The cases `run` measures ('model': the network's figures; 'input_pipeline':
 # `assemblenet_input.run`, ours against Model Garden's video_input;
-# 'networks': `NETWORKS` side by side).
-CASES = ('model', 'input_pipeline', 'networks')
+# 'networks': `NETWORKS` side by side; 'tf1_reference': the original TF1
+# code beside ours alone, as the 'model' case also times it), and those a
+# run without --cases measures.
+CASES = ('model', 'input_pipeline', 'networks', 'tf1_reference')
+DEFAULT_CASES = CASES[:3]
 # The clip of the networks' per-clip FLOPs: the published input.
 FLOPS_CLIP = (32, 224)  # frames, height = width
 
@@ -441,7 +495,8 @@ def run(quick: bool = False, memory: bool = True,
         reference_checkout: Optional[str] = None,
         cases: Optional[Sequence[str]] = None,
         step_figures: Optional[Dict[str, Any]] = None,
-        networks: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        networks: Optional[Sequence[str]] = None,
+        tf1_reference: Optional[str] = None) -> Dict[str, Any]:
   """The figures of docs/benchmarks.md#assemblenetlite, flat, sizes included
   (the 'networks' case's under 'networks': `network_figures`).
 
@@ -452,15 +507,19 @@ def run(quick: bool = False, memory: bool = True,
     inference: also export the network and time its SavedModel.
     reference_checkout: another checkout whose training step is timed beside
       this one's (`reference_checkout_speed`).
-    cases: which of `CASES` to measure (default all; CLI `--cases`).
+    cases: which of `CASES` to measure (default `DEFAULT_CASES`; CLI
+      `--cases`).
     step_figures: a recorded run's figures, for the input pipeline's
       cores-to-feed figure when the 'model' case is not run.
     networks: the 'networks' case's `NETWORKS` keys (default all).
+    tf1_reference: the original TF1 code, whose lite training step is timed
+      beside ours in the 'model' case (`tf1_reference_speed`; without it the
+      figures say it was not measured).
 
   Raises:
     ValueError: a case not in `CASES` or a network not in `NETWORKS`,
       naming it."""
-  cases = list(cases or CASES)
+  cases = list(cases or DEFAULT_CASES)
   unknown = [c for c in cases if c not in CASES]
   if unknown:
     raise ValueError(f'--cases: unknown assemblenet case(s) {unknown}; the '
@@ -474,9 +533,14 @@ def run(quick: bool = False, memory: bool = True,
     # Children first, while this process holds no model.
     net_memory = networks_peak_rss(
         quick, [n for n in nets if not (shared and n == LITE)])
+  if 'tf1_reference' in cases and 'model' not in cases:
+    if not tf1_reference:
+      raise ValueError('--cases tf1_reference: give the original with '
+                       '--tf1_reference=PATH.')
+    out['tf1_reference'] = tf1_reference_speed(tf1_reference, quick)
   if 'model' in cases:
     out.update(_model_figures(quick, memory, reference, inference,
-                              reference_checkout))
+                              reference_checkout, tf1_reference))
   if 'input_pipeline' in cases:
     # The step rate of this run's figures, else of the recorded run.
     out.update(assemblenet_input.run(
@@ -572,8 +636,8 @@ def network_figures(quick: bool, nets: Sequence[Network] = NETWORKS,
 
 
 def _model_figures(quick: bool, memory: bool, reference: bool,
-                   inference: bool, reference_checkout: Optional[str]
-                   ) -> Dict[str, Any]:
+                   inference: bool, reference_checkout: Optional[str],
+                   tf1_reference: Optional[str] = None) -> Dict[str, Any]:
   """The 'model' case of `run`: the figures of the module docstring."""
   out: Dict[str, Any] = {}
   batch, frames, size = QUICK_SPEED if quick else FULL_SPEED
@@ -589,6 +653,8 @@ def _model_figures(quick: bool, memory: bool, reference: bool,
         'malloc_mmap_threshold_bytes']
   if reference_checkout:
     out.update(reference_checkout_speed(reference_checkout, quick))
+  out['tf1_reference'] = (tf1_reference_speed(tf1_reference, quick)
+                          if tf1_reference else dict(tf1_lib.NOT_MEASURED))
   # Counted after the children above, which start before any model is built.
   out['gflops_per_clip'] = clip_flops(32, 224, quick)['forward'] / 1e9
   out['gflops_per_clip_original_width'] = clip_flops(
@@ -607,12 +673,15 @@ def _model_figures(quick: bool, memory: bool, reference: bool,
       'forward']
   out['train_model_gflops'] = out['train_gflops_per_clip_bench'] * b / speed[
       'train']
+  out['train_conv3d_peak_fraction'] = (out['train_model_gflops'] /
+                                       out['conv3d_peak_gflops'])
   if inference:
     inf = _inference(quick)
     ib = inf['batch']
     out['inference_size'] = f"{ib}x{inf['frames']}x{inf['size']}^2"
     out['inference_sec_per_batch'] = inf['sec']
     out['inference_clips_per_sec'] = ib / inf['sec']
+    out['inference_stock_export_clips_per_sec'] = ib / inf['stock_sec']
     # The clip the model scores (32 x 224^2 in the full run).
     out['inference_gflops_per_clip'] = clip_flops(
         inf['frames'], inf['size'], quick)['forward'] / 1e9
@@ -627,12 +696,6 @@ def _model_figures(quick: bool, memory: bool, reference: bool,
         speed['reference_train'] / speed['train'])
     out['forward_speedup_vs_original_width'] = (
         speed['reference_forward'] / speed['forward'])
-  if not quick:
-    out['tf1_quoted_forward_clips_per_sec'] = 2 / 2.4
-    out['tf1_quoted_train_clips_per_sec'] = 2 / 9.8
-    out['train_speedup_vs_tf1_quoted'] = out['train_clips_per_sec'] / (2 / 9.8)
-    out['forward_speedup_vs_tf1_quoted'] = (
-        out['forward_clips_per_sec'] / (2 / 2.4))
   return out
 
 

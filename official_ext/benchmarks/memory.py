@@ -88,15 +88,17 @@ class StepChild:
   Args:
     code: the child's program.
     name: what error messages call the child.
-    env: extra environment variables (e.g. PYTHONPATH of another checkout).
+    env: extra environment variables (e.g. PYTHONPATH of another checkout);
+      a None value removes the variable.
     cwd: the child's working directory.
     timeout: seconds to wait for READY."""
 
   def __init__(self, code: str, name: str,
-               env: Optional[Dict[str, str]] = None,
+               env: Optional[Dict[str, Optional[str]]] = None,
                cwd: Optional[str] = None, timeout: float = 3600):
     self.name = name
-    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', **(env or {}))
+    full_env = {k: v for k, v in dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
+                                      **(env or {})).items() if v is not None}
     self._stderr = tempfile.TemporaryFile(mode='w+')
     self._proc = subprocess.Popen(
         [sys.executable, '-c', code], stdin=subprocess.PIPE,

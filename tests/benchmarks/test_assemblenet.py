@@ -72,8 +72,12 @@ def test_quick_run_figures_are_consistent():
   assert f['train_gflops_per_clip_bench'] == flop_formulas.assemblenet_flops(
       num_frames=4, height=32, width=32, **tiny)['train'] / 1e9
   assert f['gflops_per_clip_original_width'] != f['gflops_per_clip']
-  # No quoted TF1 figures at quick sizes (they are for 2 x 16 x 112^2).
-  assert not any(k.startswith('tf1_') or k.endswith('_tf1_quoted') for k in f)
+  # The original TF1 code is not timed without --tf1_reference; nothing
+  # stands in for it.
+  assert f['tf1_reference'] == {'measured': False, 'why': (
+      'the original TF1 code was not given (--tf1_reference=PATH, the '
+      'google-research folder holding assemblenet/)')}
+  assert not any('tf1' in k for k in f if k != 'tf1_reference')
   # Figures agree with one another (batch 1 at quick sizes).
   approx = lambda x: pytest.approx(x, rel=1e-9)
   for key in ('forward_sec_per_batch', 'train_sec_per_step',
@@ -98,6 +102,7 @@ def test_quick_run_figures_are_consistent():
   assert f['inference_gflops_per_clip'] == f['gflops_per_clip_bench']
   assert f['inference_clips_per_sec'] == approx(
       1 / f['inference_sec_per_batch'])
+  assert f['inference_stock_export_clips_per_sec'] > 0
   assert f['inference_model_gflops'] == approx(
       f['inference_gflops_per_clip'] / f['inference_sec_per_batch'])
 
@@ -186,10 +191,88 @@ def test_reference_checkout_timing_interleaves_the_two_children(
                       ('close', 'reference_checkout_train')]
 
 
-def test_reference_checkout_is_refused_for_families_without_it():
+def test_reference_checkouts_are_refused_for_families_without_them():
   with pytest.raises(ValueError, match='--reference_checkout: the readout '
                      r'benchmark does not take it \(assemblenet does\)'):
     harness.run('readout', quick=True, reference_checkout='/tmp')
+  with pytest.raises(ValueError, match='--tf1_reference: the yt8m '
+                     r'benchmark does not take it \(assemblenet does\)'):
+    harness.run('yt8m', quick=True, tf1_reference='/tmp')
+
+
+# A stand-in of the original's interface (its modules, flags and model
+# function; a tiny network of its own): the original cannot be shipped.
+STANDIN = os.path.join(os.path.dirname(__file__), 'tf1_standin')
+
+
+def test_tf1_reference_times_the_original_as_tf1_code_beside_ours(
+    monkeypatch):
+  """The original's child runs for real on the stand-in (a TF1 graph, a
+  Session, momentum SGD after the batch-norm updates); ours is a fake that
+  only counts (its program is the reference checkout's, above)."""
+  monkeypatch.setenv(benchmark.process_settings.MALLOC_MMAP_THRESHOLD,
+                     benchmark.PROCESS_SETTINGS[
+                         benchmark.process_settings.MALLOC_MMAP_THRESHOLD])
+  made, steps = [], []
+
+  class Ours:
+    def wait_ready(self):
+      return {}
+
+    def step(self):
+      steps.append('ours')
+      return {'loss': 1.0}
+
+    def close(self):
+      steps.append('closed')
+
+  def make_ours(root, batch, frames, size, quick, name):
+    made.append((root, batch, frames, size, quick, name))
+    return Ours()
+
+  original = []
+
+  def make_original(root, batch, frames, size, blocks):
+    child = memory_lib.StepChild(
+        benchmark.tf1_lib.child_code(root, batch, frames, size, 5, blocks,
+                                     1e-4),
+        'tf1_train', env=benchmark.tf1_lib.child_env(
+            benchmark.PROCESS_SETTINGS))
+    original.append(child)
+    real_step = child.step
+    child.step = lambda: steps.append('tf1') or real_step()
+    return child
+
+  f = benchmark.tf1_reference_speed(
+      os.path.join(STANDIN, 'assemblenet'), quick=True, rounds=2,
+      make_ours=make_ours, make_original=make_original)
+  json.dumps(f)
+  assert made == [(benchmark.checkout_root(), 1, 4, 32, True, 'train')]
+  assert steps == ['ours', 'tf1', 'ours', 'tf1', 'closed']
+  assert f['tf1_root'] == STANDIN and f['measured'] is True
+  assert f['bench_size'] == '1x4x32^2' and f['tf1_blocks_per_level'] == [
+      1, 1, 1, 1]
+  # The stand-in at one block per level: 4 Conv3D kernels, 3x3x3, 3 -> 4 ->
+  # 8 -> 12 -> 16 channels, batch-norm scales and offsets, dense 16 -> 5.
+  assert f['tf1_trainable_parameters'] == (
+      27 * (3 * 4 + 4 * 8 + 8 * 12 + 12 * 16) + 2 * (4 + 8 + 12 + 16) +
+      16 * 5 + 5)
+  assert math.isfinite(f['tf1_first_loss'])
+  assert len(f['tf1_train_samples']) == len(f['train_samples']) == 2
+  assert f['train_speedup_vs_tf1'] == pytest.approx(
+      f['tf1_train_sec_per_step'] / f['train_sec_per_step'])
+  # The original trains without the process settings set for ours.
+  assert benchmark.tf1_lib.child_env(benchmark.PROCESS_SETTINGS) == {
+      benchmark.process_settings.MALLOC_MMAP_THRESHOLD: None}
+
+
+def test_tf1_reference_refuses_a_folder_without_the_original(tmp_path):
+  with pytest.raises(ValueError, match=r'--tf1_reference=.*: no original '
+                     r'assemblenet/ there \(looked for run_asn.py'):
+    benchmark.tf1_reference_speed(str(tmp_path), quick=True)
+  assert benchmark.tf1_lib.original_root(STANDIN) == STANDIN
+  assert benchmark.tf1_lib.original_root(
+      os.path.join(STANDIN, 'assemblenet')) == STANDIN
 
 
 def test_input_pipeline_case_agrees_with_model_garden(monkeypatch):
@@ -208,6 +291,10 @@ def test_input_pipeline_case_agrees_with_model_garden(monkeypatch):
   mg = f['input_pipeline_model_garden_clips_per_sec_per_core']
   assert ours > 0 and mg > 0
   assert f['input_pipeline_speedup_vs_model_garden'] == pytest.approx(ours / mg)
+  bound = f['input_pipeline_decode_bound_clips_per_sec_per_core']
+  assert bound > 0
+  assert f['input_pipeline_share_of_decode_bound'] == pytest.approx(
+      ours / bound)
   assert f['input_pipeline_cpu_step_clips_per_sec'] == pytest.approx(0.05)
   assert f['input_pipeline_cores_to_feed_cpu_step'] == pytest.approx(
       0.05 / ours)
@@ -233,10 +320,12 @@ def test_input_pipeline_case_agrees_with_model_garden(monkeypatch):
   calls = []
   monkeypatch.setattr(assemblenet_input, 'child',
                       lambda *a: calls.append(a) or {'cores': 1})
-  code = assemblenet_input.child_code('/x/*.tfrecord', 1, {'batch': 2}, 1, 0.0)
+  code = assemblenet_input.child_code('/x/*.tfrecord', 1, {'batch': 2}, 1, 0.0,
+                                      {'max_other_cores': 0.2})
   assert code.startswith('import os; os.sched_setaffinity(0, ')
   exec(code, {})  # pylint: disable=exec-used
-  assert calls == [('/x/*.tfrecord', 1, {'batch': 2}, 1, 0.0)]
+  assert calls == [('/x/*.tfrecord', 1, {'batch': 2}, 1, 0.0,
+                    {'max_other_cores': 0.2})]
 
 
 def test_cases_choose_and_merge(monkeypatch):
