@@ -21,6 +21,7 @@ from official_ext.assemblenet import configs as assemblenet_configs
 from official_ext.assemblenet import export as assemblenet_export
 from official_ext.core import checkpoints
 from official_ext.core import experiment_params
+from official_ext.core.kernels import kernel_policy
 from official_ext.core.run import run_lock
 from official_ext.joint import configs as joint_configs
 from official_ext.joint import export as joint_export
@@ -47,12 +48,14 @@ def check_exportable(params, experiment: Optional[str] = None) -> None:
 
 
 def _export_module(params: config_definitions.ExperimentConfig,
-                   model: tf_keras.Model, task, top_k: int):
+                   model: tf_keras.Model, task, top_k: int,
+                   policy: kernel_policy.KernelPolicy):
   if isinstance(params.task, yt8m_configs.YT8MTask):
     return yt8m_export.YT8MExportModule(params, model, top_k=top_k), (
         yt8m_export.SIGNATURES)
   if isinstance(params.task, assemblenet_configs.AssembleNetTask):
-    return assemblenet_export.AssembleNetExportModule(params, model, task), (
+    return assemblenet_export.AssembleNetExportModule(
+        params, model, task, policy), (
         assemblenet_export.SIGNATURES)
   if isinstance(params.task, readout_configs.ReadoutTaskConfig):
     return readout_export.ReadoutExportModule(params, model), (
@@ -256,10 +259,12 @@ def _move_into_place(staging: str, export_dir: str) -> None:
 
 
 def export_module(params: config_definitions.ExperimentConfig,
-                  checkpoint_path: str, top_k: int = 20
+                  checkpoint_path: str, top_k: int = 20,
+                  serving_device: str = 'any'
                   ) -> Tuple[export_base.ExportModule, Tuple[str, ...]]:
   """(the family's export module over the restored model in float32, its
-  signature names); shared with `export_tflite`."""
+  signature names); shared with `export_tflite`. `serving_device`: see
+  `export`."""
   check_exportable(params)
   tf_keras.mixed_precision.set_global_policy('float32')
   task = task_factory.get_task(params.task)
@@ -269,16 +274,28 @@ def export_module(params: config_definitions.ExperimentConfig,
     model = task.build_model()
   restored = checkpoints.restore_model(model, checkpoint_path)
   logging.info('Restored %s', restored)
-  return _export_module(params, model, task, top_k)
+  return _export_module(params, model, task, top_k,
+                        export_policy(params, serving_device))
+
+
+def export_policy(params: config_definitions.ExperimentConfig,
+                  serving_device: str = 'any') -> kernel_policy.KernelPolicy:
+  """The kernel policy the signatures are traced with: `runtime.
+  kernel_policy` on `serving_device` (`kernel_policy.for_export`)."""
+  return kernel_policy.for_export(kernel_policy.setting_of(params),
+                                  serving_device)
 
 
 def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
-           export_dir: str, top_k: int = 20, overwrite: bool = False) -> str:
+           export_dir: str, top_k: int = 20, overwrite: bool = False,
+           serving_device: str = 'any') -> str:
   """Restores `checkpoint_path` strictly and writes a SavedModel to
   `export_dir`.
 
   `export_dir` also receives params.yaml; `top_k`: k of YouTube-8M's `top_k_*`
-  outputs; `overwrite` replaces a previous export whole. Returns export_dir.
+  outputs; `overwrite` replaces a previous export whole; `serving_device`
+  (one of `kernel_policy.SERVING_DEVICES`): the device whose kernel policy
+  the signatures take ('any': the stock ops). Returns export_dir.
 
   Raises:
     ValueError: a task config of no family.
@@ -286,16 +303,21 @@ def export(params: config_definitions.ExperimentConfig, checkpoint_path: str,
       `overwrite`, or holds anything else (named).
   """
   check_exportable(params)
+  policy = export_policy(params, serving_device)  # Checks serving_device.
   recover_interrupted(export_dir)
   _check_export_dir(export_dir, overwrite)
-  module, signatures = export_module(params, checkpoint_path, top_k)
+  module, signatures = export_module(params, checkpoint_path, top_k,
+                                     serving_device)
+  logging.info('Exporting for serving on %s: %s', serving_device,
+               policy.describe())
   function_keys: Dict[str, str] = {
       key: key for key in signatures}
   # Beside export_dir (same file system), so the move is a rename.
   staging = staging_path(export_dir, 'partial')
   try:
-    export_base.export(module, function_keys=function_keys,
-                       export_savedmodel_dir=staging, timestamped=False)
+    with kernel_policy.use(policy):
+      export_base.export(module, function_keys=function_keys,
+                         export_savedmodel_dir=staging, timestamped=False)
     # The config travels with the SavedModel (`yt8m.predict --saved_model`
     # parses its inputs with it), as in Model Garden's vision export.
     train_utils.serialize_config(params, staging)
@@ -318,6 +340,11 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       **define)
   flags.DEFINE_integer('top_k', 20, 'k of the top_k_* serving outputs.',
                        **define)
+  flags.DEFINE_enum('serving_device', 'any', kernel_policy.SERVING_DEVICES,
+                    'Where the SavedModel will serve: its signatures take '
+                    'that device\'s kernel policy (cpu: the CPU fast paths '
+                    'for a CPU like this one; any, gpu, tpu: the stock ops).',
+                    **define)
   flags.DEFINE_bool('overwrite', False,
                     'Replace a previous export in --export_dir (whole); never '
                     'a directory holding anything else.',
@@ -333,8 +360,9 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> None:
   params = experiment_params.params_from_flags(fv)
   check_exportable(params, fv.experiment)
   path = export(params, fv.checkpoint_path, fv.export_dir, fv.top_k,
-                overwrite=fv.overwrite)
-  print(f'Exported {fv.experiment} to {path}')
+                overwrite=fv.overwrite, serving_device=fv.serving_device)
+  print(f'Exported {fv.experiment} to {path} (serving on '
+        f'{fv.serving_device})')
 
 
 if __name__ == '__main__':

@@ -2,7 +2,7 @@
 frames) and `serve_examples` (serialized training records), both the
 evaluation's preprocessing and aggregation of views, refusing what they
 cannot score (docs/assemblenet.md#export); and the TFLite function."""
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Optional
 
 import tensorflow as tf, tf_keras
 
@@ -25,9 +25,14 @@ class AssembleNetExportModule(export_base.ExportModule):
   """Export module of `official_ext.assemblenet.task.AssembleNetTask`."""
 
   def __init__(self, params: config_definitions.ExperimentConfig,
-               model: tf_keras.Model, task: base_task.Task):
-    """Args: params: experiment; model: restored model; task: its task."""
+               model: tf_keras.Model, task: base_task.Task,
+               policy: Optional[kernel_policy.KernelPolicy] = None):
+    """Args: params: experiment; model: restored model; task: its task;
+    policy: the signatures' kernel policy (default `kernel_policy.for_export`
+    of `runtime.kernel_policy` for any device)."""
     super().__init__(params, model)
+    self._policy = policy or kernel_policy.for_export(
+        kernel_policy.setting_of(params))
     data = params.task.validation_data
     self._parser = dataloader.Parser(data)
     # Records' frames decoded in graph ops (a py_function does not travel
@@ -177,9 +182,6 @@ class AssembleNetExportModule(export_base.ExportModule):
         raise ValueError(f'Unknown AssembleNet signature {key!r}; expected '
                          f'one of {SIGNATURES}.')
       fn, spec = inputs[key]
-      # Traced for devices unknown here (`kernel_policy.for_export`: the
-      # stock ops unless runtime.kernel_policy is 'fast').
-      with kernel_policy.use(kernel_policy.for_export(
-          kernel_policy.setting_of(self.params))):
+      with kernel_policy.use(self._policy):
         signatures[name] = tf.function(fn).get_concrete_function(spec)
     return signatures

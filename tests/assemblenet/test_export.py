@@ -269,6 +269,36 @@ def test_exports_trace_the_ops_of_their_targets(exported):
   assert 'Conv3D' in ops, sorted(ops)
 
 
+def test_cpu_export_takes_the_cpu_fast_paths_and_serves_the_same(exported,
+                                                                tmp_path):
+  """--serving_device=cpu traces the signatures with the CPU policy (the
+  fast paths this process's CPU kernels take); the stock export's outputs
+  are the same."""
+  params, ckpt = exported['params'], exported['ckpt']
+  ops = {}
+  for device in ('cpu', 'any'):
+    module, _ = export_saved_model.export_module(params, ckpt, 20, device)
+    ops[device] = _graph_ops(module.get_inference_signatures(
+        {'serving_default': 'serving_default'})['serving_default'].graph)
+  assert kernel_policy.for_export('auto', 'cpu').taken()
+  assert not kernel_policy.for_export('auto', 'gpu').taken()
+  assert ops['cpu'] != ops['any'], sorted(ops['cpu'] ^ ops['any'])
+  cpu_dir = export_saved_model.export(params, ckpt, str(tmp_path / 'cpu'),
+                                      serving_device='cpu')
+  cpu = tf.saved_model.load(cpu_dir).signatures['serving_default']
+  stock = exported['loaded'].signatures['serving_default']
+  frames = tf.constant(np.random.default_rng(4).integers(
+      0, 256, [3, _EVAL_FRAMES, 32, 32, 3], dtype=np.uint8))
+  want = stock(frames=frames)['probabilities'].numpy()
+  np.testing.assert_allclose(cpu(frames=frames)['probabilities'].numpy(),
+                             want, rtol=1e-4, atol=1e-7)
+  with pytest.raises(ValueError, match=r"--serving_device='npu': expected "
+                     r"one of \['any', 'cpu', 'gpu', 'tpu'\]"):
+    export_saved_model.export(params, ckpt, str(tmp_path / 'npu'),
+                              serving_device='npu')
+  assert not os.path.exists(tmp_path / 'npu')
+
+
 def test_predict_cli_scores_video_files_with_the_saved_model(exported,
                                                              tmp_path):
   """`python -m official_ext.assemblenet.predict --saved_model` (its main,

@@ -263,11 +263,23 @@ def for_strategy(params, strategy) -> KernelPolicy:
   return resolve(setting_of(params), strategy_device(strategy))
 
 
-def for_export(setting: str = 'auto') -> KernelPolicy:
-  """The policy a SavedModel is traced with: 'auto' gives the stock ops."""
-  if check_setting(setting) == 'auto':
-    setting = 'stock'
-  return resolve(setting, 'CPU')
+# Where an export will serve (`export_saved_model --serving_device`); 'any':
+# unknown, the stock ops.
+SERVING_DEVICES = ('any', 'cpu', 'gpu', 'tpu')
+
+
+def for_export(setting: str = 'auto', serving_device: str = 'any'
+               ) -> KernelPolicy:
+  """The policy a SavedModel is traced with: `setting` on `serving_device`
+  ('cpu': this process's CPU kernels, so its fast paths; 'any': 'auto' gives
+  the stock ops)."""
+  check_setting(setting)
+  if serving_device not in SERVING_DEVICES:
+    raise ValueError(f'--serving_device={serving_device!r}: expected one of '
+                     f'{list(SERVING_DEVICES)}.')
+  if serving_device == 'any':
+    return resolve('stock' if setting == 'auto' else setting, 'CPU')
+  return resolve(setting, serving_device.upper())
 
 
 # The TFLite export: every 3-D convolution in the 2-D ops and matmuls that
