@@ -2,6 +2,7 @@
 against Model Garden's `video_input` on the same generated JPEG-frame records
 and settings, clips/s per core in pinned child processes
 (docs/benchmarks.md#assemblenetlite)."""
+import dataclasses
 import os
 import tempfile
 from typing import Any, Dict, List, Optional, Sequence
@@ -13,10 +14,12 @@ from official.core import exp_factory
 from official.core import input_reader
 from official.vision.configs import video_classification as mg_configs
 from official.vision.dataloaders import video_input
+from official.vision.ops import preprocess_ops_3d
 from official_ext.assemblenet import configs
 from official_ext.assemblenet import dataloader
 from official_ext.benchmarks import memory as memory_lib
 from official_ext.benchmarks import timing
+from official_ext.core.input import tfrecord_input
 
 # Records: videos, frames per video, frame height, width; the clip:
 # frames, crop size, temporal stride; batch (one replica's batch of the
@@ -136,16 +139,40 @@ def threading_options(cores: int) -> tf.data.Options:
   return options
 
 
+def decode_bound_dataset(params: configs.DataConfig) -> tf.data.Dataset:
+  """Our training pipeline's reading, frame sampling and JPEG decoding of
+  each sampled frame's crop window alone (`tfrecord_input.build_dataset`
+  with our decoder; the parser's `_decode_jpeg_crops`), no resize, flip or
+  normalization: batches of the crops' maxima. A pipeline that decodes these
+  frames cannot be faster."""
+  decoder, parser = dataloader.Decoder(params), dataloader.Parser(params)
+  t = params.feature_shape[0]
+
+  def decode(decoded):
+    frames = preprocess_ops_3d.sample_sequence(
+        decoded[dataloader.FRAMES], t, True, params.temporal_stride)
+    crops = parser._decode_jpeg_crops(frames, decoded[dataloader.SOURCE])  # pylint: disable=protected-access
+    return {'image': tf.reduce_max(crops)}, decoded[dataloader.LABELS][:1]
+
+  stages = tfrecord_input.Stages(decoder_fn=decoder.decode_record,
+                                 parser_fn=decode)
+  return tfrecord_input.build_dataset(params, None, None,
+                                      lambda seeded_params: stages)
+
+
 def pipelines(input_path: str, cores: int, **sizes
               ) -> Dict[str, tf.data.Dataset]:
-  """{'ours': ..., 'model_garden': ...}: both training pipelines over
-  `input_path` with `threading_options(cores)`."""
+  """{'ours', 'model_garden', 'decode_bound'}: both training pipelines and
+  the decode bound (`decode_bound_dataset`) over `input_path` with
+  `threading_options(cores)`."""
   ours = training_params(input_path, **sizes)
   return {
       'ours': dataloader.build_dataset(ours).with_options(
           threading_options(cores)),
       'model_garden': model_garden_dataset(model_garden_params(ours))
                       .with_options(threading_options(cores)),
+      'decode_bound': decode_bound_dataset(ours).with_options(
+          threading_options(cores)),
   }
 
 
@@ -165,14 +192,18 @@ def measure(input_path: str, cores: int, rounds: int = 3,
     **sizes: frames, size, stride, batch (`FULL`, `QUICK`).
 
   Returns:
-    {'ours_clips_per_sec', 'model_garden_clips_per_sec', their `_per_core`,
-     'speedup_vs_model_garden', 'cores', 'batch_shapes': {name: shape}}."""
+    {'ours_clips_per_sec', 'model_garden_clips_per_sec',
+     'decode_bound_clips_per_sec', their `_per_core`,
+     'speedup_vs_model_garden', 'share_of_decode_bound' (ours over the
+     bound), 'cores', 'batch_shapes': {name: shape}}."""
   batch = sizes['batch']
   its = {k: iter(ds) for k, ds in pipelines(input_path, cores,
                                             **sizes).items()}
   shapes = {}
   for name, it in its.items():
     features, labels = next(it)
+    if name == 'decode_bound':
+      continue
     shapes[name] = [list(features['image'].shape), list(labels.shape)]
     if first_batches is not None:
       first_batches[name] = (features, labels)
@@ -186,18 +217,27 @@ def measure(input_path: str, cores: int, rounds: int = 3,
     out[f'{name}_clips_per_sec_per_core'] = rate / cores
   out['speedup_vs_model_garden'] = (out['ours_clips_per_sec'] /
                                     out['model_garden_clips_per_sec'])
+  out['share_of_decode_bound'] = (out['ours_clips_per_sec'] /
+                                  out['decode_bound_clips_per_sec'])
   return out
 
 
 def child(input_path: str, cores: int, sizes: Dict[str, Any],
-          rounds: int, min_seconds: float) -> Dict[str, Any]:
-  """In a child process pinned to `cores` CPUs: `measure`."""
-  return measure(input_path, cores, rounds=rounds, min_seconds=min_seconds,
-                 **sizes)
+          rounds: int, min_seconds: float,
+          gate: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+  """In a child process pinned to `cores` CPUs: `measure`, its rounds gated
+  by `timing.QuietGate(**gate)` (None: not gated) and returned as
+  'timed_rounds'."""
+  timing.set_gate(timing.QuietGate(**gate) if gate else None)
+  out = measure(input_path, cores, rounds=rounds, min_seconds=min_seconds,
+                **sizes)
+  out['timed_rounds'] = timing.take_rounds()
+  return out
 
 
 def child_code(input_path: str, cores: int, sizes: Dict[str, Any],
-               rounds: int, min_seconds: float) -> str:
+               rounds: int, min_seconds: float,
+               gate: Optional[Dict[str, Any]] = None) -> str:
   """The `python -c` program of a pinned child: its CPUs are fixed before
   TensorFlow is imported (its thread pools are sized by them)."""
   return (f'import os; os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))'
@@ -205,7 +245,7 @@ def child_code(input_path: str, cores: int, sizes: Dict[str, Any],
           'from official_ext.benchmarks import assemblenet_input as b, '
           'memory; '
           f'print(memory.result_line(b.child({input_path!r}, {cores}, '
-          f'{sizes!r}, {rounds}, {min_seconds})))')
+          f'{sizes!r}, {rounds}, {min_seconds}, {gate!r})))')
 
 
 def cpu_step_clips_per_sec(figures: Dict[str, Any]) -> Optional[float]:
@@ -255,13 +295,18 @@ def run(quick: bool = False, core_counts: Optional[Sequence[int]] = None,
         m = measure(pattern, n, rounds=rounds, min_seconds=min_seconds,
                     warmup=1, first_batches=first_batches, **sizes)
       else:
-        m = memory_lib.run_child(child_code(pattern, n, sizes, rounds,
-                                            min_seconds))
+        gate = timing.current_gate()
+        m = memory_lib.run_child(child_code(
+            pattern, n, sizes, rounds, min_seconds,
+            dataclasses.asdict(gate) if gate else None))
+        timing.add_rounds(m.pop('timed_rounds'))
       for k, v in m.items():
         out[f'input_pipeline_{n}core_{k}'] = v
   first = counts[0]
   for k in ('ours_clips_per_sec_per_core',
-            'model_garden_clips_per_sec_per_core', 'speedup_vs_model_garden'):
+            'model_garden_clips_per_sec_per_core',
+            'decode_bound_clips_per_sec_per_core', 'speedup_vs_model_garden',
+            'share_of_decode_bound'):
     out[f'input_pipeline_{k}'] = out[f'input_pipeline_{first}core_{k}']
   out['input_pipeline_size'] = (
       f"{sizes['batch']}x{sizes['frames']}x{sizes['size']}^2 from "
