@@ -24,8 +24,9 @@ TITLES = {
     'yt8m': 'YouTube-8M',
     'assemblenet': 'AssembleNet++lite',
     'readout': 'Multitask readout',
+    'startup': 'Command start-up',
 }
-ORDER = ('yt8m', 'assemblenet', 'readout')
+ORDER = ('yt8m', 'assemblenet', 'readout', 'startup')
 
 
 class Block(NamedTuple):
@@ -56,13 +57,20 @@ those files. Each section says where and when its run measured. To measure on yo
 {COMMAND} assemblenet --cases networks --json benchmarks/results/assemblenet.json  # the full AssembleNets
 {COMMAND} readout --json benchmarks/results/readout.json
 {COMMAND} xla_steps --json benchmarks/results/xla_steps.json  # the XLA runner beside TensorFlow
+{COMMAND} startup --json benchmarks/results/startup.json  # the commands' start-up
 {COMMAND} report          # rewrites docs/benchmarks.md
 ```
 
 `--quick` runs tiny sizes (a smoke test of the harness; its figures mean nothing). Speeds are
 timed in one process side by side with their reference, in interleaved rounds, and the medians
 reported (`official_ext/benchmarks/timing.py`): on a shared or drifting machine the ratios hold
-up better than the absolute rates. Peak memory is measured in a child process of its own
+up better than the absolute rates. A full run times a round only on a quiet machine: other
+processes (not the benchmark, not its children) may use at most 0.15 cores on average over the
+round and over half a second before it (`--max_other_cores`); a busier round is retaken once the
+machine is quiet, and a machine busy for 15 minutes ends the run without a figure. The 1-minute
+load average before and after each round is recorded beside it in the JSON (it counts the
+benchmark's own threads, so the gate reads the CPU time of the other processes instead); each run's
+line below gives the busiest round. Peak memory is measured in a child process of its own
 (`official_ext/benchmarks/memory.py`). The CPU runs take the kernel policy's CPU fast paths
 (`runtime.kernel_policy: auto`, [architecture](architecture.md#kernel-policy-stock-ops-or-fast-paths)),
 as a CPU training run does.
@@ -71,6 +79,7 @@ as a CPU training run does.
 - [YouTube-8M](#youtube-8m)
 - [AssembleNet++lite](#assemblenetlite)
 - [Multitask readout](#multitask-readout)
+- [Command start-up](#command-start-up)
 - [GPUs and TPUs](#gpus-and-tpus)
 
 ## How FLOPs are counted
@@ -96,6 +105,14 @@ AssembleNet++lite) agree with the count exactly, at tiny and at published sizes.
 """
 
 _INTROS = {
+    'startup': """\
+Seconds from starting a command to its exit after printing its help (`--helpshort`), each start a
+new process, timed in interleaved rounds after one untimed start of each (the file cache warm):
+with `TF_USE_LEGACY_KERAS=0`, which imports Keras 3 (and scikit-learn with it) as `tf.keras`, as
+every command did before it set the variable, and without the variable, where the command sets it
+to 1 before TensorFlow is imported and `tf.keras` is `tf_keras`
+([architecture](architecture.md#commands-and-keras)).
+""",
     'yt8m': """\
 Training step, fp32, Adam, an in-memory batch; ours and Model Garden's
 `official.projects.yt8m.modeling.yt8m_model.VideoClassificationModel` are both driven by
@@ -118,11 +135,18 @@ SGD with momentum) at the benchmark's clip size, timed interleaved with the orig
 variant (`fusion_width_as_channels`, the TF1 code's fusion). GFLOP/s are the forward pass's and
 the training step's FLOPs per clip ([how they are counted](#how-flops-are-counted)) over their
 time. Inference is the exported SavedModel (`serving_default`, uint8 frames → probabilities,
-with its preprocessing) loaded back into the process. Peak host RAM is that of a child process
+with its preprocessing) loaded back into the process, exported for serving on CPU
+(`export_saved_model --serving_device=cpu`: the CPU fast paths) and, beside it, for any device
+(the stock ops). Peak host RAM is that of a child process
 that builds the network with gradient checkpointing (`recompute_grad: true`) and runs one
 training step; the child fixes glibc's mmap threshold as CPU training does
-(`MALLOC_MMAP_THRESHOLD_`, a kernel-policy fast path). The TF1 original does not run here: the
-`tf1_quoted` figures are its timings quoted from another machine, not a measurement beside ours.
+(`MALLOC_MMAP_THRESHOLD_`, a kernel-policy fast path). The TF1 original (google-research's
+`assemblenet/`, which this package cannot ship) runs only where a run is given it
+(`--tf1_reference=PATH`): then its AssembleNet++lite training step and ours run in two child
+processes, each as it trains (the original as a `tf.compat.v1` graph and Session, momentum SGD
+after its batch-norm updates, mean sigmoid cross-entropy plus the same L2 weight decay; ours
+through `AssembleNetTask.train_step` with its CPU process settings, which the original's child
+does not get), timed in interleaved rounds at the benchmark's clip size.
 
 The input pipeline (`input_pipeline_*`, `--cases input_pipeline`): generated JPEG-frame
 SequenceExample records (256-pixel short side, 72 frames) read to training batches of 32 × 224²
@@ -132,7 +156,10 @@ and PostBatchProcessor through Model Garden's InputReader, timed interleaved in 
 process pinned to 1 core (and one pinned to all cores), both with that many tf.data threads and
 one thread per op; clips/s per core is the rate over the child's cores. Ours decodes only the
 crop window of each sampled frame and fuses the truncation, flip and scaling in one XLA loop; the
-values equal Model Garden's for the same crop and flip. `cores_to_feed_cpu_step`: the CPU
+values equal Model Garden's for the same crop and flip. The decode bound is timed in the same
+rounds: our pipeline's reading and frame sampling with the JPEG decodes of each sampled frame's
+crop window and nothing after them (no resize, flip, normalization or clip batch), the rate no
+pipeline that decodes those frames can pass; ours is given as a share of it. `cores_to_feed_cpu_step`: the CPU
 training step's clips/s at 32 × 224² (its clips/s at the benchmark size scaled by the two clips'
 forward FLOPs) over ours per core.
 
@@ -197,6 +224,8 @@ _LABELS: Dict[str, Sequence[_Row]] = {
          'forward pass, speed-up over the original width', _x),
         ('conv3d_peak_gflops',
          'Conv3D peak in the same process (3×3×3, 152 → 152 channels), GFLOP/s', _f(1)),
+        ('train_conv3d_peak_fraction',
+         'training step: achieved GFLOP/s over that Conv3D peak', _pct),
         ('gflops_per_clip', 'analytic GFLOP per 32 × 224² clip', _f(1)),
         ('gflops_per_clip_original_width',
          'analytic GFLOP per 32 × 224² clip, original width', _f(1)),
@@ -204,9 +233,13 @@ _LABELS: Dict[str, Sequence[_Row]] = {
         ('train_gflops_per_clip_bench',
          'analytic GFLOP per benchmark clip, training step', _f(2)),
         ('inference_size', 'inference batch (batch × frames × pixels²)', _s),
-        ('inference_clips_per_sec', 'inference (SavedModel), clips/s', _f(3)),
-        ('inference_sec_per_batch', 'inference, s per batch', _f(3)),
-        ('inference_model_gflops', 'inference, achieved GFLOP/s', _f(1)),
+        ('inference_clips_per_sec',
+         'inference (SavedModel exported for CPU), clips/s', _f(3)),
+        ('inference_stock_export_clips_per_sec',
+         'inference, SavedModel exported for any device (stock ops), clips/s',
+         _f(3)),
+        ('inference_sec_per_batch', 'inference (CPU export), s per batch', _f(3)),
+        ('inference_model_gflops', 'inference (CPU export), achieved GFLOP/s', _f(1)),
         ('inference_gflops_per_clip', 'inference, analytic GFLOP per clip', _f(1)),
         ('peak_rss_size', 'peak-memory step (batch × frames × pixels²)', _s),
         ('peak_rss_gb_8x32x224',
@@ -228,18 +261,25 @@ _LABELS: Dict[str, Sequence[_Row]] = {
          "input pipeline, Model Garden's video_input: clips/s per core (1 core)", _f(2)),
         ('input_pipeline_speedup_vs_model_garden',
          "input pipeline: ours over Model Garden's, per core", _x),
+        ('input_pipeline_decode_bound_clips_per_sec_per_core',
+         'decode bound: the sampled frames\' crop windows decoded alone, '
+         'clips/s per core (1 core)', _f(2)),
+        ('input_pipeline_share_of_decode_bound',
+         'input pipeline, ours: share of the decode bound', _pct),
         ('input_pipeline_cpu_step_clips_per_sec',
          'CPU training step at 32 × 224², clips/s (from the figures above)', _f(3)),
         ('input_pipeline_cores_to_feed_cpu_step',
          'input pipeline: cores that feed that training step', _f(3)),
-        ('tf1_quoted_train_clips_per_sec',
-         'TF1 original, training step, clips/s (quoted, not measured here)', _f(3)),
-        ('tf1_quoted_forward_clips_per_sec',
-         'TF1 original, forward pass, clips/s (quoted, not measured here)', _f(3)),
-        ('train_speedup_vs_tf1_quoted',
-         'training step against the quoted TF1 figure (not side by side)', _x),
-        ('forward_speedup_vs_tf1_quoted',
-         'forward pass against the quoted TF1 figure (not side by side)', _x),
+        ('tf1_reference.bench_size',
+         'TF1 original beside ours: clip size (batch × frames × pixels²)', _s),
+        ('tf1_reference.tf1_train_sec_per_step',
+         'TF1 original (google-research, tf.compat.v1), training step in a '
+         'child process, s', _f(3)),
+        ('tf1_reference.train_sec_per_step',
+         'ours, training step in a child process beside it, s', _f(3)),
+        ('tf1_reference.train_speedup_vs_tf1',
+         'training step: ours over the TF1 original, side by side', _x),
+        ('tf1_reference.why', 'TF1 original', lambda v: f'not measured: {v}'),
     ),
     'readout': (
         ('num_samples', 'readout layer: samples in the batch', _s),
@@ -326,29 +366,72 @@ def flat_table(figures: Dict[str, Any]) -> str:
   return timing.format_table(rows)
 
 
-def environment_list(figures: Dict[str, Any]) -> str:
-  """Where and when a family's run measured (`harness.environment`), as a
-  markdown list."""
-  env = figures.get('environment') or {}
-  items = []
-  if figures.get('command'):
-    items.append(('command', f"`{figures['command']}`"))
-  labels = (('date', 'date (UTC)'), ('cpu_model', 'CPU'),
-            ('cpu_flags', 'CPU vector flags'), ('cores', 'cores'),
-            ('cpu_devices', 'TensorFlow CPU devices'), ('gpus', 'GPUs'),
-            ('onednn_cpu_kernels', "TensorFlow's oneDNN CPU kernels"),
-            ('tensorflow', 'TensorFlow'), ('python', 'Python'),
-            ('platform', 'platform'),
-            ('loadavg', 'system load (1, 5, 15 min) as the run ended'))
-  for key, label in labels:
-    if key in env:
-      value = env[key]
-      if key == 'gpus' and not value:
-        value = 'none'
-      items.append((label, _value(value)))
+def _load_text(run: Dict[str, Any]) -> str:
+  """How quiet the machine was in a run's timed rounds."""
+  rounds = run.get('timed_rounds')
+  env = run.get('environment') or {}
+  if not rounds or not rounds.get('gate'):
+    loadavg = env.get('loadavg')
+    return ('rounds not gated' + (f', load average {loadavg[0]:.2f} as the '
+                                  'run ended' if loadavg else ''))
+  gate = rounds['gate']
+  worst = rounds.get('max_other_cores')
+  n = rounds['rounds']
+  text = (f"{n} timed round{'s' if n != 1 else ''}, other processes at most "
+          f"{worst:.2f} cores in one" if worst is not None else
+          'no timed round')
+  if not gate.get('enforce'):
+    return text + ' (recorded, not gated)'
+  return (text + f" (gate {gate['max_other_cores']}; {rounds['retaken']} "
+          f"retaken, {rounds['waited_s']:.0f} s waited)")
+
+
+def run_line(run: Dict[str, Any]) -> str:
+  """A run on one list line: its command, date, machine and how quiet the
+  machine was (`harness.environment`, `timing.rounds_summary`)."""
+  env = run.get('environment') or {}
+  command = f"`{run['command']}`" if run.get('command') else 'a run'
   if not env:
-    items.append(('machine', str(figures.get('machine', 'not recorded'))))
-  return '\n'.join(f'- {label}: {value}' for label, value in items)
+    return f"- {command}: {run.get('machine') or 'machine not recorded'}"
+  flags = set(env.get('cpu_flags') or ())
+  units = [u for u, f in (('AVX-512', 'avx512f'), ('AMX', 'amx_tile'))
+           if f in flags]
+  parts = []
+  if env.get('date'):
+    parts.append(f"{env['date']} (UTC)")
+  cpu = ', '.join(str(p) for p in (
+      env.get('cpu_model'), env.get('cores') and f"{env['cores']} cores")
+                  if p)
+  if cpu:
+    parts.append(cpu + (f" ({', '.join(units)})" if units else ''))
+  if env.get('tensorflow'):
+    parts.append(f"TensorFlow {env['tensorflow']}" + (
+        ', oneDNN CPU kernels' if env.get('onednn_cpu_kernels') else ''))
+  if env.get('gpus'):
+    parts.append('GPUs: ' + ', '.join(env['gpus']))
+  parts.append(_load_text(run))
+  return f'- {command}: ' + '; '.join(parts)
+
+
+def environment_list(figures: Dict[str, Any],
+                     cases: Sequence[str] = ()) -> str:
+  """The runs whose figures a table shows, one line each (`run_line`): the
+  file's own and those of `cases` merged into it (`harness.merge_cases`)."""
+  runs = [run_line(figures)] if (figures.get('command') or
+                                 figures.get('environment') or
+                                 figures.get('machine')) else []
+  for case in cases:
+    if f'{case}_command' in figures:
+      runs.append(run_line(case_run(figures, case)))
+  return '\n'.join(runs) or '- not recorded'
+
+
+def merged_cases(figures: Dict[str, Any], skip: Sequence[str] = ()
+                 ) -> List[str]:
+  """The cases merged into a results file (their `<case>_command` keys),
+  less `skip`."""
+  return sorted(k[:-len('_command')] for k in figures
+                if k.endswith('_command') and k[:-len('_command')] not in skip)
 
 
 def markdown_safe(table: str) -> str:
@@ -380,7 +463,8 @@ def markdown_safe(table: str) -> str:
 
 def family_table(family: str, figures: Dict[str, Any]) -> str:
   """The figures of a family's run: its module's own `table` where it has
-  one, else the labelled rows, then every other figure."""
+  one, else the labelled rows (`_LABELS`; nested figures by dotted key);
+  every other figure stays in the JSON."""
   module = harness.family_module(family)
   if hasattr(module, 'table'):
     return markdown_safe(module.table(figures))
@@ -390,18 +474,11 @@ def family_table(family: str, figures: Dict[str, Any]) -> str:
   for case, *_ in getattr(module, 'subsections', lambda f: [])(figures):
     shown.add(case)
     shown.update(f'{case}_{key}' for key in harness.RUN_KEYS)
+  flat = flatten({k: v for k, v in figures.items() if k not in shown})
   for key, label, fmt in _LABELS.get(family, ()):
-    if key in figures and figures[key] is not None:
-      rows.append((label, fmt(figures[key])))
-      shown.add(key)
-    elif key in figures:
-      shown.add(key)
-  rest = {k: v for k, v in figures.items() if k not in shown}
-  table = timing.format_table(rows) if len(rows) > 1 else ''
-  if rest:
-    table += ('\n\nOther figures of the run:\n\n' if table else '') + (
-        flat_table(rest))
-  return table
+    if flat.get(key) is not None:
+      rows.append((label, fmt(flat[key])))
+  return timing.format_table(rows) if len(rows) > 1 else ''
 
 
 def load(results_dir: str) -> Dict[str, Dict[str, Any]]:
@@ -444,11 +521,12 @@ def _family_section(family: str, figures: Optional[Dict[str, Any]]) -> str:
   if figures.get('environment', {}).get('quick') or figures.get('quick'):
     out += ['**Quick sizes**: a smoke test of the harness, not figures to '
             'compare.', '']
-  out += ['Measured by:', '', environment_list(figures), '',
-            family_table(family, figures), '']
   module = harness.family_module(family)
-  for case, title, intro, table in getattr(module, 'subsections',
-                                           lambda f: [])(figures):
+  subsections = getattr(module, 'subsections', lambda f: [])(figures)
+  own = merged_cases(figures, [case for case, *_ in subsections])
+  out += ['Measured by:', '', environment_list(figures, own), '',
+          family_table(family, figures), '']
+  for case, title, intro, table in subsections:
     out += [f'### {title}', '', intro.rstrip(), '']
     if table is None:  # A case the recorded runs did not measure.
       out += [f'No {case} run recorded: `{COMMAND} {family} --cases {case} '
@@ -461,6 +539,8 @@ def _family_section(family: str, figures: Optional[Dict[str, Any]]) -> str:
               'compare.', '']
     out += ['Measured by:', '', environment_list(run), '',
             markdown_safe(table), '']
+  out += [f'Every figure of these runs, with their samples and each timed '
+          f"round's load: `benchmarks/results/{family}.json`.", '']
   return '\n'.join(out)
 
 

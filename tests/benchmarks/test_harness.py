@@ -10,6 +10,7 @@ def test_families_are_the_benchmark_modules():
       'assemblenet': 'official_ext.benchmarks.assemblenet',
       'readout': 'official_ext.benchmarks.readout',
       'readout_adaptation': 'official_ext.benchmarks.readout_adaptation',
+      'startup': 'official_ext.benchmarks.startup',
       'accelerator': 'official_ext.benchmarks.accelerator',
       'xla_steps': 'official_ext.benchmarks.xla_steps',
   }
@@ -18,7 +19,7 @@ def test_families_are_the_benchmark_modules():
 def test_unknown_family_names_the_known_ones():
   with pytest.raises(ValueError, match=r"'nope'.*\['accelerator', "
                      r"'assemblenet', 'readout', 'readout_adaptation', "
-                     r"'xla_steps', 'yt8m'\]"):
+                     r"'startup', 'xla_steps', 'yt8m'\]"):
     harness.family_module('nope')
 
 
@@ -42,3 +43,30 @@ def test_benchmark_modules_take_a_cpu_runs_settings():
         exp_factory.get_exp_config(experiment)), family
   assert harness.family_module('yt8m').PROCESS_SETTINGS == {
       'TF_CPU_ALLOCATOR_USE_BFC': 'true'}
+
+
+def test_startup_times_each_command_with_and_without_keras_3(monkeypatch):
+  """The start-up benchmark's rounds and figures, on a stand-in command that
+  prints the variable it was started with (the real commands' Keras import:
+  tests/test_commands.py)."""
+  from official_ext.benchmarks import startup  # pylint: disable=g-import-not-at-top
+  seen = []
+  real = startup.command_candidate
+
+  def candidate(args, value):
+    seen.append(value)
+    return real(args, value)
+
+  monkeypatch.setattr(startup, 'command_candidate', candidate)
+  probe = ['-c', 'import os; print("flags", os.environ.get('
+           '"TF_USE_LEGACY_KERAS"))']
+  f = startup.run(quick=True, commands={'probe': probe})
+  assert seen == ['0', None]
+  assert f['commands'] == {'probe': 'python ' + ' '.join(probe)}
+  probe_figures = f['probe']
+  assert probe_figures['keras3_sec'] > 0 and probe_figures['tf_keras_sec'] > 0
+  assert probe_figures['saved_sec'] == pytest.approx(
+      probe_figures['keras3_sec'] - probe_figures['tf_keras_sec'])
+  assert '| `python -c import os' in startup.table(f)
+  with pytest.raises(RuntimeError, match='printed no help'):
+    startup.command_candidate(['-c', 'pass'], None)()

@@ -8,6 +8,7 @@ import pytest
 from official_ext import benchmark
 from official_ext.benchmarks import harness
 from official_ext.benchmarks import report
+from official_ext.benchmarks import timing
 from tests import cli
 
 _ENVIRONMENT_KEYS = {'cpu_model', 'cpu_flags', 'cores', 'tensorflow', 'date',
@@ -248,8 +249,8 @@ def test_assemblenet_networks_render_as_one_table(tmp_path):
       '### AssembleNet-50 and AssembleNet++-50 beside the lite\n', 1)
   assert 'networks' not in main.split('Measured by:', 1)[1]
   assert '| training step, clips/s | 0.500 |' in main
-  assert '- date (UTC): 2030-01-02T03:04:05Z' in sub
-  assert '- command: `python -m official_ext.benchmark assemblenet --cases networks`' in sub
+  assert ('- `python -m official_ext.benchmark assemblenet --cases networks`: '
+          '2030-01-02T03:04:05Z (UTC); CPU X; rounds not gated') in sub
   assert 'Quick sizes' not in sub
   rows = [l for l in sub.splitlines() if l.startswith('| AssembleNet')]
   assert len(rows) == 2
@@ -275,3 +276,51 @@ def test_assemblenet_networks_render_as_one_table(tmp_path):
   assert ('No networks run recorded: `python -m official_ext.benchmark '
           'assemblenet --cases networks --json '
           'benchmarks/results/assemblenet.json`') in page
+
+
+def test_runs_say_how_quiet_the_machine_was_and_nothing_is_dumped(tmp_path):
+  """One line per run (the file's and each case merged into it), with the
+  busiest timed round; only the labelled figures are tabled (the rest stays
+  in the JSON); the TF1 original's figures, or why there are none."""
+  env = {'date': '2030-01-02T03:04:05Z', 'cpu_model': 'CPU X', 'cores': 2,
+         'cpu_flags': ['avx512f'], 'tensorflow': '2.20.0',
+         'onednn_cpu_kernels': True, 'gpus': [], 'quick': False}
+  rounds = timing.rounds_summary([
+      {'candidates': ['a'], 'seconds': 1.0, 'loadavg_before': 0.2,
+       'loadavg_after': 1.1, 'other_cores': 0.04, 'waited_s': 3.0,
+       'retaken': 1}], timing.QuietGate())
+  figures = {
+      'train_clips_per_sec': 0.5,
+      'input_pipeline_1core_batch_shapes': {'ours': [[8, 32]]},
+      'tf1_reference': {'measured': True, 'bench_size': '2x16x112^2',
+                        'tf1_train_sec_per_step': 2.0,
+                        'train_sec_per_step': 1.0,
+                        'train_speedup_vs_tf1': 2.0, 'train_samples': [1.0]},
+      'timed_rounds': rounds, 'environment': env,
+      'command': 'python -m official_ext.benchmark assemblenet',
+      'input_pipeline_command':
+          'python -m official_ext.benchmark assemblenet --cases input_pipeline',
+      'input_pipeline_environment': dict(env, date='2030-02-03T00:00:00Z',
+                                         loadavg=[1.5, 1.0, 0.5]),
+      'input_pipeline_timed_rounds': None}
+  (tmp_path / 'assemblenet.json').write_text(json.dumps(figures))
+  page = report.render(str(tmp_path))
+  section = page.split('## AssembleNet++lite\n', 1)[1].split('\n## ', 1)[0]
+  main = section.split('\n### ', 1)[0]
+  assert ('- `python -m official_ext.benchmark assemblenet`: '
+          '2030-01-02T03:04:05Z (UTC); CPU X, 2 cores (AVX-512); TensorFlow '
+          '2.20.0, oneDNN CPU kernels; 1 timed round, other processes at '
+          'most 0.04 cores in one (gate 0.15; 1 retaken, 3 s waited)') in main
+  assert ('- `python -m official_ext.benchmark assemblenet --cases '
+          'input_pipeline`: 2030-02-03T00:00:00Z (UTC); CPU X, 2 cores '
+          '(AVX-512); TensorFlow 2.20.0, oneDNN CPU kernels; rounds not '
+          'gated, load average 1.50 as the run ended') in main
+  assert 'Other figures' not in page and 'batch_shapes' not in page
+  assert re.search(r'\| training step: ours over the TF1 original, side by '
+                   r'side +\| 2\.00× +\|', main)
+  assert '| TF1 original (google-research, tf.compat.v1), training step' in main
+  figures['tf1_reference'] = {'measured': False, 'why': 'not given'}
+  (tmp_path / 'assemblenet.json').write_text(json.dumps(figures))
+  page = report.render(str(tmp_path))
+  assert re.search(r'\| TF1 original +\| not measured: not given +\|', page)
+  assert 'side by side |' not in page.split('## AssembleNet++lite\n', 1)[1]
