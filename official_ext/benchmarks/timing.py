@@ -97,7 +97,7 @@ class QuietGate:
   the machine is quiet again; a machine not quiet within `max_wait_s`, or a
   round retaken `retries` times, raises `BusyMachineError`. With `enforce`
   False, rounds are recorded, never waited for or retaken (quick runs).
-  The 1-minute load average is recorded before and after every round; it
+  `os.getloadavg()` (1 minute) is recorded before and after every round; it
   counts this process's own threads, so it is not what the gate reads."""
   max_other_cores: float = 0.15
   probe_s: float = 0.5
