@@ -214,6 +214,17 @@ def merge_cases(previous: Dict[str, Any], figures: Dict[str, Any],
   return merged
 
 
+def other_cases_figures(module, previous: Dict[str, Any]) -> Dict[str, Any]:
+  """The figures of `previous` (a results file) that a run without --cases
+  leaves alone: those of the module's cases outside its `DEFAULT_CASES`
+  (`<case>` and `<case>_*` keys), e.g. YT8M's zoo."""
+  cases = getattr(module, 'CASES', ())
+  others = [c for c in cases if c not in getattr(module, 'DEFAULT_CASES',
+                                                 cases)]
+  return {k: v for k, v in previous.items()
+          if any(k == c or k.startswith(c + '_') for c in others)}
+
+
 def report(family: str, figures: Dict[str, Any], quick: bool = False) -> str:
   """The printed report: a header line and the family's table."""
   module = family_module(family)
@@ -238,17 +249,22 @@ def main(family: str, quick: bool = False,
   """Runs, prints the report, writes the figures to `json_path` if given.
 
   With `cases` and an existing `json_path`, the run's figures are merged
-  into that file's (`merge_cases`) instead of replacing them."""
+  into that file's (`merge_cases`) instead of replacing them; without, they
+  replace them but for the cases the run did not measure
+  (`other_cases_figures`)."""
   previous = None
-  if cases and json_path and os.path.exists(json_path):
+  if json_path and os.path.exists(json_path):
     with open(json_path) as f:
       previous = json.load(f)
   figures = run(family, quick=quick, reference_checkout=reference_checkout,
-                tpu=tpu, cases=cases, previous=previous,
+                tpu=tpu, cases=cases, previous=previous if cases else None,
                 tf1_reference=tf1_reference, max_other_cores=max_other_cores)
   print(report(family, figures, quick=quick))
-  if previous is not None:
+  if previous is not None and cases:
     figures = merge_cases(previous, figures, cases)
+  elif previous is not None:
+    figures = {**other_cases_figures(family_module(family), previous),
+               **figures}
   if json_path:
     os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
     with open(json_path, 'w') as f:

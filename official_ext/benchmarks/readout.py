@@ -489,6 +489,7 @@ def run_spike_tokens(quick: bool = False, memory: bool = True
 # `run`'s cases (`--cases`): the readout layer and the whole demo model
 # ('model'), a training step on spike tokens ('spike_tokens').
 CASES = ('model', 'spike_tokens')
+DEFAULT_CASES = CASES  # A run without --cases.
 
 
 def run(quick: bool = False, memory: bool = True,
@@ -506,7 +507,7 @@ def run(quick: bool = False, memory: bool = True,
   Raises:
     ValueError: a case not in `CASES`, naming it."""
   del step_figures  # The cases measure independently.
-  cases = list(cases or CASES)
+  cases = list(cases or DEFAULT_CASES)
   unknown = [c for c in cases if c not in CASES]
   if unknown:
     raise ValueError(f'--cases: unknown readout case(s) {unknown}; the '

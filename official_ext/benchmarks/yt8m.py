@@ -305,6 +305,7 @@ def bench_metrics(num_videos: int = 100_000, num_classes: int = 3862,
 # ---------------------------------------------------------------------------
 
 CASES = ('model', 'zoo', 'zoo_demos')
+DEFAULT_CASES = ('model',)  # A run without --cases.
 # The published-size training step of the zoo: batch 32, as the DBoF and
 # NeXtVLAD figures above.
 ZOO_BATCH = 32
@@ -791,7 +792,7 @@ def run(quick: bool = False, cases: Optional[Sequence[str]] = None,
   Raises:
     ValueError: a case not in `CASES`, naming it."""
   del step_figures  # No case reads another's figures.
-  cases = list(cases or ('model',))
+  cases = list(cases or DEFAULT_CASES)
   unknown = [c for c in cases if c not in CASES]
   if unknown:
     raise ValueError(f'--cases: unknown yt8m case(s) {unknown}; the cases '

@@ -70,3 +70,22 @@ def test_startup_times_each_command_with_and_without_keras_3(monkeypatch):
   assert '| `python -c import os' in startup.table(f)
   with pytest.raises(RuntimeError, match='printed no help'):
     startup.command_candidate(['-c', 'pass'], None)()
+
+
+def test_a_run_without_cases_keeps_the_cases_it_did_not_measure(
+    monkeypatch, tmp_path, capsys):
+  """`benchmark yt8m --json FILE` replaces the model's figures and keeps the
+  zoo's, which only `--cases zoo` measures."""
+  import json  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'yt8m.json'
+  path.write_text(json.dumps({
+      'speedup': 1.0, 'stale_model_figure': 2.0, 'zoo': {'dbof': 1},
+      'zoo_command': 'c', 'zoo_demos': {'x': 1}, 'command': 'old'}))
+  monkeypatch.setattr(harness, 'run', lambda family, **kw: {
+      'speedup': 1.5, 'command': 'new', 'machine': 'm'})
+  monkeypatch.setattr(harness, 'report', lambda *a, **k: 'report')
+  harness.main('yt8m', json_path=str(path))
+  assert json.loads(path.read_text()) == {
+      'speedup': 1.5, 'command': 'new', 'machine': 'm', 'zoo': {'dbof': 1},
+      'zoo_command': 'c', 'zoo_demos': {'x': 1}}
+  capsys.readouterr()
