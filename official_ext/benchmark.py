@@ -10,6 +10,7 @@ from absl import flags
 from official_ext.benchmarks import accelerator
 from official_ext.benchmarks import harness
 from official_ext.benchmarks import report
+from official_ext.benchmarks import timing
 from official_ext.benchmarks import xla_export
 
 REPORT = 'report'
@@ -37,8 +38,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_float(
       'max_other_cores', None,
       'A timed round counts only while other processes use at most this '
-      'many cores (default 0.15); busier rounds are retaken, a machine busy '
-      'for 15 minutes ends the run (quick runs only record the load).',
+      f'many cores (default {timing.QuietGate.max_other_cores}); busier '
+      'rounds are retaken, a machine busy for '
+      f'{timing.QuietGate.max_wait_s / 60:.0f} minutes ends the run (quick '
+      'runs only record the load).',
       flag_values=flag_values)
   flags.DEFINE_list(
       'cases', None,

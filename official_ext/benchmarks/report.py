@@ -39,6 +39,8 @@ class Block(NamedTuple):
   # family's benchmark module.
   render: Union[str, Callable[[Dict[str, Any]], str]]
 
+_GATE = timing.QuietGate()  # The default gate, as the header states it.
+
 _HEADER = f"""\
 # Benchmarks
 
@@ -65,9 +67,9 @@ those files. Each section says where and when its run measured. To measure on yo
 timed in one process side by side with their reference, in interleaved rounds, and the medians
 reported (`official_ext/benchmarks/timing.py`): on a shared or drifting machine the ratios hold
 up better than the absolute rates. A full run times a round only on a quiet machine: other
-processes (not the benchmark, not its children) may use at most 0.15 cores on average over the
-round and over half a second before it (`--max_other_cores`); a busier round is retaken once the
-machine is quiet, and a machine busy for 15 minutes ends the run without a figure. The 1-minute
+processes (not the benchmark, not its children) may use at most {_GATE.max_other_cores} cores on average over the
+round and over {_GATE.probe_s} s before it (`--max_other_cores`); a busier round is retaken once the
+machine is quiet, and a machine busy for {_GATE.max_wait_s / 60:.0f} minutes ends the run without a figure. The 1-minute
 load average before and after each round is recorded beside it in the JSON (it counts the
 benchmark's own threads, so the gate reads the CPU time of the other processes instead); each run's
 line below gives the busiest round. Peak memory is measured in a child process of its own
