@@ -70,7 +70,7 @@ up better than the absolute rates. A full run times a round only on a quiet mach
 processes (not the benchmark, not its children) may use at most {_GATE.max_other_cores} cores on average over the
 round and over {_GATE.probe_s} s before it (`--max_other_cores`); a busier round is retaken once the
 machine is quiet, and a machine busy for {_GATE.max_wait_s / 60:.0f} minutes ends the run without a figure. The 1-minute
-load average before and after each round is recorded beside it in the JSON (it counts the
+`os.getloadavg()` before and after each round is recorded beside it in the JSON (it counts the
 benchmark's own threads, so the gate reads the CPU time of the other processes instead); each run's
 line below gives the busiest round. Peak memory is measured in a child process of its own
 (`official_ext/benchmarks/memory.py`). The CPU runs take the kernel policy's CPU fast paths
@@ -374,8 +374,8 @@ def _load_text(run: Dict[str, Any]) -> str:
   env = run.get('environment') or {}
   if not rounds or not rounds.get('gate'):
     loadavg = env.get('loadavg')
-    return ('rounds not gated' + (f', load average {loadavg[0]:.2f} as the '
-                                  'run ended' if loadavg else ''))
+    return ('rounds not gated' + (f', 1-minute loadavg {loadavg[0]:.2f} as '
+                                  'the run ended' if loadavg else ''))
   gate = rounds['gate']
   worst = rounds.get('max_other_cores')
   n = rounds['rounds']

@@ -124,7 +124,7 @@ class QuietGate:
         raise BusyMachineError(
             f'other processes used {cores:.2f} cores (more than the '
             f'benchmark\'s threshold of {self.max_other_cores}) for '
-            f'{waited:.0f} s, load average {os.getloadavg()[0]:.2f}; no '
+            f'{waited:.0f} s (1-minute loadavg {os.getloadavg()[0]:.2f}); no '
             'figure taken. Stop them, or run later.')
       time.sleep(min(5.0, self.max_wait_s - waited))
 

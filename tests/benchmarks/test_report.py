@@ -314,7 +314,7 @@ def test_runs_say_how_quiet_the_machine_was_and_nothing_is_dumped(tmp_path):
   assert ('- `python -m official_ext.benchmark assemblenet --cases '
           'input_pipeline`: 2030-02-03T00:00:00Z (UTC); CPU X, 2 cores '
           '(AVX-512); TensorFlow 2.20.0, oneDNN CPU kernels; rounds not '
-          'gated, load average 1.50 as the run ended') in main
+          'gated, 1-minute loadavg 1.50 as the run ended') in main
   assert 'Other figures' not in page and 'batch_shapes' not in page
   assert re.search(r'\| training step: ours over the TF1 original, side by '
                    r'side +\| 2\.00× +\|', main)
