@@ -404,22 +404,20 @@ def reference_checkout_speed(
   batch, frames, size = QUICK_SPEED if quick else FULL_SPEED
   roots = {'checkout_train': checkout_root(),
            'reference_checkout_train': checkout}
-  children = {}
-  try:
-    for key, root in roots.items():
-      children[key] = make_child(root, batch, frames, size, quick, key)
-    for key, child in children.items():
-      imported = child.wait_ready().get('official_ext', '')
-      want = os.path.join(roots[key], 'official_ext') + os.sep
-      if not os.path.abspath(imported).startswith(want):
-        raise ValueError(f'{key} child imported official_ext from '
-                         f'{imported!r}, not from {roots[key]}.')
-    samples = timing.interleaved_samples(
-        {k: c.step for k, c in children.items()},
-        rounds=rounds or (2 if quick else 5), warmup=0)
-  finally:
-    for child in children.values():
-      child.close()
+
+  def check(key, ready):
+    imported = ready.get('official_ext', '')
+    want = os.path.join(roots[key], 'official_ext') + os.sep
+    if not os.path.abspath(imported).startswith(want):
+      return (f'{key} child imported official_ext from {imported!r}, not '
+              f'from {roots[key]}.')
+    return None
+
+  samples, _ = timing.interleaved_children(
+      {key: (lambda key=key, root=root: make_child(root, batch, frames, size,
+                                                   quick, key))
+       for key, root in roots.items()},
+      rounds or (2 if quick else 5), check)
   median = {k: statistics.median(v) for k, v in samples.items()}
   return {
       'checkout_train_sec_per_step': median['checkout_train'],

@@ -5,7 +5,7 @@ commands set `TF_USE_LEGACY_KERAS=1` and without it, timed interleaved
 import os
 import subprocess
 import sys
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from official_ext.benchmarks import timing
 
@@ -46,7 +46,7 @@ def command_candidate(args: Sequence[str], value) -> Any:
 
 
 def run(quick: bool = False,
-        commands: Dict[str, List[str]] = None) -> Dict[str, Any]:
+        commands: Optional[Dict[str, List[str]]] = None) -> Dict[str, Any]:
   """Per command, seconds to start and print the help with Keras 3
   ('<name>_keras3_sec') and without ('<name>_tf_keras_sec'), medians of
   interleaved rounds after one untimed start of each, and 'saved_sec'."""

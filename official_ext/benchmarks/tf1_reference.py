@@ -120,20 +120,16 @@ def speed(ours: Callable[[], Any], original: Callable[[], Any], root: str,
   Raises:
     ValueError: the original's child imported `assemblenet` from elsewhere
       than `root` (its READY 'assemblenet')."""
-  children = {}
-  try:
-    children['train'] = ours()
-    children['tf1_train'] = original()
-    ready = {k: c.wait_ready() for k, c in children.items()}
-    imported = os.path.abspath(ready['tf1_train'].get('assemblenet', ''))
-    if not imported.startswith(os.path.join(root, 'assemblenet') + os.sep):
-      raise ValueError(f'the TF1 child imported assemblenet from '
-                       f'{imported!r}, not from {root}.')
-    samples = timing.interleaved_samples(
-        {k: c.step for k, c in children.items()}, rounds=rounds, warmup=0)
-  finally:
-    for child in children.values():
-      child.close()
+  def check(name, ready):
+    imported = os.path.abspath(ready.get('assemblenet', ''))
+    if name == 'tf1_train' and not imported.startswith(
+        os.path.join(root, 'assemblenet') + os.sep):
+      return (f'the TF1 child imported assemblenet from {imported!r}, not '
+              f'from {root}.')
+    return None
+
+  samples, ready = timing.interleaved_children(
+      {'train': ours, 'tf1_train': original}, rounds, check)
   median = {k: statistics.median(v) for k, v in samples.items()}
   return {'measured': True,
           'train_sec_per_step': median['train'],

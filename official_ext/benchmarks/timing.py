@@ -6,7 +6,8 @@ import dataclasses
 import os
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
+                    Tuple)
 
 import tensorflow as tf
 
@@ -254,6 +255,35 @@ def interleaved_samples(candidates: Mapping[str, Callable[[], object]],
     for name, sec in timed.items():
       samples[name].append(sec)
   return samples
+
+
+def interleaved_children(
+    makers: Mapping[str, Callable[[], Any]], rounds: int,
+    check: Optional[Callable[[str, Dict[str, Any]], Optional[str]]] = None
+) -> Tuple[Dict[str, List[float]], Dict[str, Dict[str, Any]]]:
+  """Long-lived children (`memory.StepChild`s, or anything with
+  `wait_ready`, `step` and `close`), made in order by `makers`, their steps
+  timed in interleaved rounds (no warm-up: a child warms up before READY),
+  every child closed after: (samples, each child's READY dict).
+
+  Raises:
+    ValueError: `check(name, ready)` said why a child is not the one asked
+      for."""
+  children = {}
+  try:
+    for name, make in makers.items():
+      children[name] = make()
+    ready = {k: c.wait_ready() for k, c in children.items()}
+    for name, r in ready.items():
+      problem = check(name, r) if check else None
+      if problem:
+        raise ValueError(problem)
+    samples = interleaved_samples({k: c.step for k, c in children.items()},
+                                  rounds=rounds, warmup=0)
+  finally:
+    for child in children.values():
+      child.close()
+  return samples, ready
 
 
 def interleaved_seconds(candidates: Mapping[str, Callable[[], object]],
