@@ -132,6 +132,8 @@ class AssembleNet(hyperparams.Config):
   model_structure_path: str = ''
   model_edge_weights_path: str = ''
   precision: str = ''  # As AssembleNetPlusLite.precision.
+  # Filters of every stem; None: 128 // the number of stems, as the original.
+  stem_filters: Optional[int] = None
   bn_decay: float = 0.99
   bn_epsilon: float = 1e-5
   use_sync_bn: bool = False

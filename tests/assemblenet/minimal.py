@@ -37,8 +37,9 @@ ASNP_STRUCTURE = [[-1, 1], [-3, 1], [3, [0, 1], 4, 1, 2]]
 
 def asn_backbone(structure, **overrides):
   """An `assemblenet` / `assemblenet_plus` backbone's overrides: `structure`,
-  learned edge weights, one block a level (then `overrides`)."""
+  learned edge weights, one block a level, 8 stem filters (then
+  `overrides`)."""
   b = {'model_structure': json.dumps(structure), 'model_edge_weights': '',
-       'blocks_per_level': list(BLOCKS_PER_LEVEL)}
+       'blocks_per_level': list(BLOCKS_PER_LEVEL), 'stem_filters': 8}
   b.update(overrides)
   return b

@@ -220,3 +220,19 @@ def test_config_checks():
                                   int_filters=True)
   with pytest.raises(ValueError, match='3 positive ints'):
     structures.validate_structure(structures.ASN50_STRUCTURE)
+
+
+def test_stem_filters_from_the_config_reach_every_stem():
+  """`stem_filters` (None: the original's 128 // the number of stems) sets
+  the filters of every stem the structure has (an RGB and a flow stem)."""
+  structure = [[-1, 1], [-2, 1], [3, [0, 1], 4, 1, 2]]
+
+  def stem_filters(**extra):
+    model = _build('assemblenet', structure, None, blocks_per_level=[1] * 4,
+                   model_edge_weights='', **extra)
+    return {v.shape[-1] for v in model.trainable_variables
+            if v.name.split('/')[0] in ('node_0', 'node_1')
+            and v.name.endswith('kernel:0')}
+
+  assert stem_filters() == {64}
+  assert stem_filters(stem_filters=8) == {8}
