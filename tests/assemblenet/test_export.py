@@ -324,13 +324,18 @@ def test_predict_cli_scores_video_files_with_the_saved_model(exported,
                                   'assemblenet_plus_demo'])
 def test_export_of_assemblenet_demos(name, tmp_path):
   """AssembleNet (RGB only) exports and serves frames; AssembleNet++ with an
-  object stem is refused with an error naming the object input's key."""
+  object stem is refused with an error naming the object input's key. The
+  minimal networks of each (tests/assemblenet/minimal.py)."""
   params = exp_factory.get_exp_config(name)
-  tiny = ('moving_shapes/tiny_objects' if name == 'assemblenet_plus_demo'
-          else 'moving_shapes/tiny')
+  plus = name == 'assemblenet_plus_demo'
+  tiny = 'moving_shapes/tiny_objects' if plus else 'moving_shapes/tiny'
   data = {'tfds_name': tiny, 'feature_shape': [4, 32, 32, 3],
           'global_batch_size': 2}
+  backbone = ({'assemblenet_plus': minimal.asn_backbone(minimal.ASNP_STRUCTURE)}
+              if plus else
+              {'assemblenet': minimal.asn_backbone(minimal.ASN_STRUCTURE)})
   params.override({'task': {
+      'model': {'backbone': backbone},
       'train_data': data, 'validation_data': dict(data),
       'demo_data': {'data_dir': str(tmp_path / 'tfds')}}}, is_strict=True)
   task = task_factory.get_task(params.task)
