@@ -38,6 +38,10 @@ except RuntimeError:  # Already initialized (should not happen under pytest).
 # and the benchmarks run from the command line keep it.
 tf.config.optimizer.set_experimental_options({'disable_meta_optimizer': True})
 
+# Every experiment registered, and AutoGraph leaving the package's functions
+# as written, as in the commands (docs/architecture.md#autograph).
+from official_ext import registry_imports  # pylint: disable=g-import-not-at-top,unused-import,g-bad-import-order
+
 import gc  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import itertools  # pylint: disable=g-import-not-at-top,g-bad-import-order
 

@@ -15,6 +15,7 @@ from official.modeling import hyperparams
 from official.modeling.hyperparams import params_dict
 from official_ext.core import config_checks
 from official_ext.core import config_comparison
+from official_ext.core import tf_internals
 
 PARAMS_YAML = 'params.yaml'
 
@@ -182,6 +183,8 @@ def parse_flags(flags_obj, checkpoint_path: Optional[str] = None,
       fails (each naming the key and values).
     KeyError: a flag names an unknown key (naming it and its file).
   """
+  # The package's functions traced as written (docs/architecture.md#autograph).
+  tf_internals.exclude_from_autograph('official_ext')
   parser = ExperimentParser(flags_obj, checkpoint_path=checkpoint_path)
   params = parser.parse()
   if parser.trained is not None:

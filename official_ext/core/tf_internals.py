@@ -109,3 +109,14 @@ def control_flow_graphs(op: Any) -> dict:
   graphs = {key: getattr(op, attr, None)
             for key, attr in _CONTROL_FLOW_GRAPHS[op.type]}
   return graphs if all(g is not None for g in graphs.values()) else {}
+
+
+def exclude_from_autograph(package: str) -> None:
+  """AutoGraph leaves the functions of `package` as written (as it does
+  TensorFlow's and Keras'), so their tensor control flow must be explicit
+  (`tf.cond`, `tf.while_loop`); repeated calls add one rule."""
+  config = _private('tensorflow.python.autograph.core.config')
+  if not any(isinstance(rule, config.DoNotConvert) and rule.matches(package)
+             for rule in config.CONVERSION_RULES):
+    config.CONVERSION_RULES = (
+        (config.DoNotConvert(package),) + tuple(config.CONVERSION_RULES))

@@ -1,7 +1,10 @@
 """core.tf_internals: TensorFlow's private APIs, each behind a version check."""
+import types
+
 import pytest
 import tensorflow as tf, tf_keras
 
+from official_ext.core import experiment_params
 from official_ext.core import tf_internals
 
 # Each accessor and the private module it uses.
@@ -20,6 +23,8 @@ ACCESSORS = {
         tf_internals.trackable_object_graph],
     'tensorflow.lite.python.convert_phase': [
         tf_internals.tflite_converter_error],
+    'tensorflow.python.autograph.core.config': [
+        lambda: tf_internals.exclude_from_autograph('official_ext')],
     'tf_keras OptimizerV2._create_all_weights': [
         lambda: tf_internals.create_optimizer_weights(
             tf_keras.optimizers.legacy.Adam(), [tf.Variable(1.0)])],
@@ -92,3 +97,38 @@ def test_an_untested_version_fails_naming_it_and_the_api(
   assert f'private API {api}, tested with TensorFlow 2.20.x only' in message
   assert 'this is TensorFlow 2.21.0' in message
   assert 'tensorflow~=2.20.0' in message
+
+
+def _magnitude(x):
+  if x < 0:  # Python control flow on a tensor: AutoGraph's to convert.
+    return -x
+  return x
+
+
+def _called_in_a_function(module: str) -> float:
+  """`_magnitude` as a function of `module`, called by a `tf.function` (as a
+  task's step is called by Orbit's training loop)."""
+  fn = types.FunctionType(_magnitude.__code__, _magnitude.__globals__)
+  fn.__module__ = module
+  return float(tf.function(lambda x: fn(x))(tf.constant(-2.0)))  # pylint: disable=unnecessary-lambda
+
+
+@pytest.mark.parametrize('how', ['registry_imports', 'load_params'])
+def test_autograph_leaves_the_package_as_written(how, monkeypatch):
+  """Once `registry_imports` is imported or an experiment loaded (every
+  command's config), AutoGraph converts no function of the package, as it
+  converts none of TensorFlow's or Keras': a Python `if` on a tensor there
+  fails when traced, where the same function in another package is
+  converted."""
+  from official_ext import registry_imports  # pylint: disable=g-import-not-at-top,unused-import
+  from tensorflow.python.autograph.core import config  # pylint: disable=g-import-not-at-top
+  assert any(isinstance(r, config.DoNotConvert) and r.matches('official_ext')
+             for r in config.CONVERSION_RULES)
+  if how == 'load_params':  # As before either.
+    monkeypatch.setattr(config, 'CONVERSION_RULES', tuple(
+        r for r in config.CONVERSION_RULES if not r.matches('official_ext')))
+    assert _called_in_a_function('official_ext.registry_imports') == 2.0
+    experiment_params.load_params('yt8m_demo', lock=False)
+  assert _called_in_a_function(__name__) == 2.0
+  with pytest.raises(TypeError, match='tf.Tensor` as a Python `bool`'):
+    _called_in_a_function('official_ext.registry_imports')
