@@ -114,7 +114,7 @@ def control_flow_graphs(op: Any) -> dict:
 def exclude_from_autograph(package: str) -> None:
   """AutoGraph leaves the functions of `package` as written (as it does
   TensorFlow's and Keras'), so their tensor control flow must be explicit
-  (`tf.cond`, `tf.while_loop`); repeated calls add one rule."""
+  (`tf.cond`, `tf.while_loop`); a second call changes nothing."""
   config = _private('tensorflow.python.autograph.core.config')
   if not any(isinstance(rule, config.DoNotConvert) and rule.matches(package)
              for rule in config.CONVERSION_RULES):
