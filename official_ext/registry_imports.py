@@ -10,4 +10,4 @@ from official_ext.assemblenet import task as assemblenet_task
 from official_ext.joint import configs as joint_configs
 from official_ext.joint import task as joint_task
 
-tf_internals.exclude_from_autograph('official_ext')
+tf_internals.exclude_from_autograph()

@@ -184,7 +184,7 @@ def parse_flags(flags_obj, checkpoint_path: Optional[str] = None,
     KeyError: a flag names an unknown key (naming it and its file).
   """
   # The package's functions traced as written (docs/architecture.md#autograph).
-  tf_internals.exclude_from_autograph('official_ext')
+  tf_internals.exclude_from_autograph()
   parser = ExperimentParser(flags_obj, checkpoint_path=checkpoint_path)
   params = parser.parse()
   if parser.trained is not None:

@@ -111,10 +111,11 @@ def control_flow_graphs(op: Any) -> dict:
   return graphs if all(g is not None for g in graphs.values()) else {}
 
 
-def exclude_from_autograph(package: str) -> None:
-  """AutoGraph leaves the functions of `package` as written (as it does
-  TensorFlow's and Keras'), so their tensor control flow must be explicit
-  (`tf.cond`, `tf.while_loop`); a second call changes nothing."""
+def exclude_from_autograph(package: str = __name__.split('.')[0]) -> None:
+  """AutoGraph leaves the functions of `package` (default: this one) as
+  written, as it does TensorFlow's and Keras', so their tensor control flow
+  must be explicit (`tf.cond`, `tf.while_loop`); a second call changes
+  nothing."""
   config = _private('tensorflow.python.autograph.core.config')
   if not any(isinstance(rule, config.DoNotConvert) and rule.matches(package)
              for rule in config.CONVERSION_RULES):

@@ -261,8 +261,8 @@ def test_connectivity_search_end_to_end(tmp_path, capsys):
   search = experiment_params.load_params('assemblenet_plus_lite_search_demo',
                                          lock=False)
   search.override(tiny, is_strict=True)
-  # The search space of the minimal network (a fusion of both stems): the
-  # demo's 7-node search costs four times the tracing and derives alike.
+  # The search space of the minimal network (a fusion of both stems): it
+  # derives as the demo's 7-node search does, at a fraction of the tracing.
   search.override({'task': {'model': {'backbone': {'assemblenet_plus_lite': {
       'model_structure': json.dumps(structures.dense_search_structure(
           minimal.STRUCTURE))}}}}}, is_strict=True)

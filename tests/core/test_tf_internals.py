@@ -24,7 +24,7 @@ ACCESSORS = {
     'tensorflow.lite.python.convert_phase': [
         tf_internals.tflite_converter_error],
     'tensorflow.python.autograph.core.config': [
-        lambda: tf_internals.exclude_from_autograph('official_ext')],
+        tf_internals.exclude_from_autograph],
     'tf_keras OptimizerV2._create_all_weights': [
         lambda: tf_internals.create_optimizer_weights(
             tf_keras.optimizers.legacy.Adam(), [tf.Variable(1.0)])],
