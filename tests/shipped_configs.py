@@ -11,6 +11,7 @@ by one that exists on this machine (`strategy_for`: one CPU device); the
 kernel policy is resolved for the device the YAML is written for
 (`policy_for`), so a GPU or TPU YAML runs the ops an accelerator would.
 """
+import functools
 import glob
 import json
 import os
@@ -157,14 +158,19 @@ def same_tiny_run_as(path: str, cache_dir: str):
   """The first YAML before `path` in `YAMLS` whose tiny run
   (`tiny_params`) is `path`'s, key for key, or None: the YAMLs of one
   network on several data sets differ only in what the tiny run replaces."""
-  def key(p):
-    return json.dumps(tiny_params(p, cache_dir, lock=False).as_dict(),
-                      sort_keys=True, default=str)
-  mine = key(path)
+  mine = _tiny_run_key(path, str(cache_dir))
   for other in YAMLS[:YAMLS.index(path)]:
-    if family(other) == family(path) and key(other) == mine:
+    if (family(other) == family(path)
+        and _tiny_run_key(other, str(cache_dir)) == mine):
       return other
   return None
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_run_key(path: str, cache_dir: str) -> str:
+  """`tiny_params` of `path` as sorted JSON, computed once per process."""
+  return json.dumps(tiny_params(path, cache_dir, lock=False).as_dict(),
+                    sort_keys=True, default=str)
 
 
 def policy_for(params) -> kernel_policy.KernelPolicy:
