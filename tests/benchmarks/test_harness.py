@@ -1,4 +1,8 @@
 """The harness: family lookup and the generic table."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 from official_ext.benchmarks import harness
@@ -60,7 +64,7 @@ def test_startup_times_each_command_with_and_without_keras_3(monkeypatch):
   monkeypatch.setattr(startup, 'command_candidate', candidate)
   probe = ['-c', 'import os; print("flags", os.environ.get('
            '"TF_USE_LEGACY_KERAS"))']
-  f = startup.run(quick=True, commands={'probe': probe})
+  f = startup.run(quick=True, commands={'probe': probe}, experiments=())
   assert seen == ['0', None]
   assert f['commands'] == {'probe': 'python ' + ' '.join(probe)}
   probe_figures = f['probe']
@@ -70,6 +74,59 @@ def test_startup_times_each_command_with_and_without_keras_3(monkeypatch):
   assert '| `python -c import os' in startup.table(f)
   with pytest.raises(RuntimeError, match='printed no help'):
     startup.command_candidate(['-c', 'pass'], None)()
+
+
+def test_startup_times_each_demos_first_step_in_both_autograph_variants(
+    monkeypatch):
+  """The one-step runs' rounds and figures, on stand-in starts (the
+  programs' AutoGraph: the next test)."""
+  from official_ext.benchmarks import startup  # pylint: disable=g-import-not-at-top
+  seen = []
+
+  def candidate(experiment, variant, root):
+    seen.append((experiment, variant, os.path.isdir(root)))
+    return lambda: None
+
+  monkeypatch.setattr(startup, 'first_step_candidate', candidate)
+  f = startup.run(quick=True, commands={}, experiments=('a_demo', 'b_demo'))
+  assert seen == [(e, v, True) for e in ('a_demo', 'b_demo')
+                  for v in ('converted', 'as_written')]
+  for e in ('a_demo', 'b_demo'):
+    figures = f['first_step'][e]
+    assert figures['saved_sec'] == pytest.approx(
+        figures['converted_sec'] - figures['as_written_sec'])
+  assert startup.FIRST_STEP_OVERRIDE in f['first_step_cli']
+  assert '| `b_demo`' in startup.table(f)
+
+
+@pytest.mark.parametrize('variant', ['converted', 'as_written'])
+def test_first_step_programs_run_the_module_with_their_autograph(variant):
+  """`module_program` runs a module as `python -m` would, with its
+  arguments; 'converted' has AutoGraph convert the package although the
+  config is loaded (which otherwise leaves it as written)."""
+  from official_ext.benchmarks import startup  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  run = subprocess.run(
+      [sys.executable, '-c', startup.module_program(
+          'tests.benchmarks.autograph_probe', variant)],
+      env=dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL='2'),
+      capture_output=True, text=True, check=False, cwd=repo)
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert run.stdout.split()[-1] == variant
+
+
+def test_a_first_step_run_without_its_checkpoint_is_an_error(monkeypatch,
+                                                            tmp_path):
+  from official_ext.benchmarks import startup  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(startup.subprocess, 'run', lambda *a, **k: (
+      subprocess.CompletedProcess(a, 0, 'trained?', '')))
+  with pytest.raises(RuntimeError, match=r'--experiment=yt8m_demo '
+                     r'\(as_written\) did not train one step \(exit 0\)'
+                     r':\ntrained\?'):
+    startup.first_step_candidate('yt8m_demo', 'as_written', str(tmp_path))()
+  with pytest.raises(ValueError, match='AutoGraph variant'):
+    startup.module_program('official_ext.train', 'off')
 
 
 def test_a_run_without_cases_keeps_the_cases_it_did_not_measure(
