@@ -42,6 +42,25 @@ tf.config.optimizer.set_experimental_options({'disable_meta_optimizer': True})
 # as written, as in the commands (docs/architecture.md#autograph).
 from official_ext import registry_imports  # pylint: disable=g-import-not-at-top,unused-import,g-bad-import-order
 
+# Model Garden's configs look up their fields' types with
+# `typing.get_type_hints` each time they set a field
+# (`base_config.Config._get_annotations`), most of what building a config
+# costs, and the tests build thousands. A class's fields do not change once
+# it is defined: the tests keep each class's, which changes no value.
+from official.modeling.hyperparams import base_config  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+_ANNOTATIONS = {}
+_get_annotations = base_config.Config._get_annotations.__func__  # pylint: disable=protected-access
+
+
+def _kept_annotations(cls):
+  if cls not in _ANNOTATIONS:
+    _ANNOTATIONS[cls] = _get_annotations(cls)
+  return dict(_ANNOTATIONS[cls])
+
+
+base_config.Config._get_annotations = classmethod(_kept_annotations)  # pylint: disable=protected-access
+
 import gc  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import itertools  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
