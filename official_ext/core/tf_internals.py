@@ -111,13 +111,22 @@ def control_flow_graphs(op: Any) -> dict:
   return graphs if all(g is not None for g in graphs.values()) else {}
 
 
-def exclude_from_autograph(package: str = __name__.split('.')[0]) -> None:
+_PACKAGE = __name__.split('.')[0]
+
+
+def excluded_from_autograph(package: str = _PACKAGE) -> bool:
+  """Whether AutoGraph leaves the functions of `package` as written."""
+  config = _private('tensorflow.python.autograph.core.config')
+  return any(isinstance(rule, config.DoNotConvert) and rule.matches(package)
+             for rule in config.CONVERSION_RULES)
+
+
+def exclude_from_autograph(package: str = _PACKAGE) -> None:
   """AutoGraph leaves the functions of `package` (default: this one) as
   written, as it does TensorFlow's and Keras', so their tensor control flow
   must be explicit (`tf.cond`, `tf.while_loop`); a second call changes
   nothing."""
-  config = _private('tensorflow.python.autograph.core.config')
-  if not any(isinstance(rule, config.DoNotConvert) and rule.matches(package)
-             for rule in config.CONVERSION_RULES):
+  if not excluded_from_autograph(package):
+    config = _private('tensorflow.python.autograph.core.config')
     config.CONVERSION_RULES = (
         (config.DoNotConvert(package),) + tuple(config.CONVERSION_RULES))

@@ -7,7 +7,5 @@ from official_ext.core import tf_internals
 
 if __name__ == '__main__':
   experiment_params.load_params('yt8m_demo')
-  config = tf_internals._private('tensorflow.python.autograph.core.config')  # pylint: disable=protected-access
-  print('as_written' if any(
-      isinstance(rule, config.DoNotConvert) and rule.matches('official_ext')
-      for rule in config.CONVERSION_RULES) else 'converted')
+  print('as_written' if tf_internals.excluded_from_autograph()
+        else 'converted')

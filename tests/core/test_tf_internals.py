@@ -24,7 +24,8 @@ ACCESSORS = {
     'tensorflow.lite.python.convert_phase': [
         tf_internals.tflite_converter_error],
     'tensorflow.python.autograph.core.config': [
-        tf_internals.exclude_from_autograph],
+        tf_internals.exclude_from_autograph,
+        tf_internals.excluded_from_autograph],
     'tf_keras OptimizerV2._create_all_weights': [
         lambda: tf_internals.create_optimizer_weights(
             tf_keras.optimizers.legacy.Adam(), [tf.Variable(1.0)])],
@@ -122,8 +123,7 @@ def test_autograph_leaves_the_package_as_written(how, monkeypatch):
   converted."""
   from official_ext import registry_imports  # pylint: disable=g-import-not-at-top,unused-import
   from tensorflow.python.autograph.core import config  # pylint: disable=g-import-not-at-top
-  assert any(isinstance(r, config.DoNotConvert) and r.matches('official_ext')
-             for r in config.CONVERSION_RULES)
+  assert tf_internals.excluded_from_autograph()
   if how == 'load_params':  # As before either.
     monkeypatch.setattr(config, 'CONVERSION_RULES', tuple(
         r for r in config.CONVERSION_RULES if not r.matches('official_ext')))
