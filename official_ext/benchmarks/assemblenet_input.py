@@ -180,13 +180,16 @@ def measure(input_path: str, cores: int, rounds: int = 3,
             min_seconds: float = 5.0, warmup: int = 3,
             first_batches: Optional[Dict[str, Any]] = None,
             **sizes) -> Dict[str, Any]:
-  """Clips/s of both pipelines in this process, interleaved (one call = one
-  batch).
+  """Clips/s of both pipelines and the decode bound in this process, in
+  interleaved rounds (one call = one batch), one pipeline live at a time: each
+  round gets a new iterator, `warmup` batches taken untimed, deleted after
+  (another pipeline's prefetching would run in its time).
 
   Args:
     input_path: the records (`write_records`).
     cores: CPUs this process may use (the threading of both pipelines).
-    rounds, min_seconds, warmup: `timing.interleaved_samples`'.
+    rounds, min_seconds: `timing.interleaved_samples`'.
+    warmup: untimed batches at the start of each round.
     first_batches: if given, gets each pipeline's first batch ({name:
       (features, labels)}).
     **sizes: frames, size, stride, batch (`FULL`, `QUICK`).
@@ -197,19 +200,19 @@ def measure(input_path: str, cores: int, rounds: int = 3,
      'speedup_vs_model_garden', 'share_of_decode_bound' (ours over the
      bound), 'cores', 'batch_shapes': {name: shape}}."""
   batch = sizes['batch']
-  its = {k: iter(ds) for k, ds in pipelines(input_path, cores,
-                                            **sizes).items()}
+  datasets = pipelines(input_path, cores, **sizes)
   shapes = {}
-  for name, it in its.items():
-    features, labels = next(it)
+  for name, ds in datasets.items():
+    features, labels = next(iter(ds))
     if name == 'decode_bound':
       continue
     shapes[name] = [list(features['image'].shape), list(labels.shape)]
     if first_batches is not None:
       first_batches[name] = (features, labels)
   samples = timing.interleaved_samples(
-      {k: (lambda it=it: next(it)) for k, it in its.items()},
-      rounds=rounds, warmup=warmup, min_seconds=min_seconds)
+      {k: timing.per_round_iterator(ds, warmup)
+       for k, ds in datasets.items()},
+      rounds=rounds, warmup=1, min_seconds=min_seconds)
   out: Dict[str, Any] = {'cores': cores, 'batch_shapes': shapes}
   for name, s in samples.items():
     rate = batch / float(np.median(s))

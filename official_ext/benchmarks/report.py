@@ -161,16 +161,18 @@ The input pipeline (`input_pipeline_*`, `--cases input_pipeline`): generated JPE
 SequenceExample records (256-pixel short side, 72 frames) read to training batches of 32 × 224²
 clips (stride 2, random resized crop, random flip: the Kinetics experiment's training data) by
 our `assemblenet.dataloader.build_dataset` and by Model Garden's `video_input` Decoder, Parser
-and PostBatchProcessor through Model Garden's InputReader, timed interleaved in one child
-process pinned to 1 core (and one pinned to all cores), both with that many tf.data threads and
-one thread per op; clips/s per core is the rate over the child's cores. Ours decodes only the
-crop window of each sampled frame and fuses the truncation, flip and scaling in one XLA loop; the
-values equal Model Garden's for the same crop and flip. The decode bound is timed in the same
-rounds: our pipeline's reading and frame sampling with the JPEG decodes of each sampled frame's
-crop window and nothing after them (no resize, flip, normalization or clip batch), the rate no
-pipeline that decodes those frames can pass; ours is given as a share of it. `cores_to_feed_cpu_step`: the CPU
-training step's clips/s at 32 × 224² (its clips/s at the benchmark size scaled by the two clips'
-forward FLOPs) over ours per core.
+and PostBatchProcessor through Model Garden's InputReader, timed in interleaved rounds in one child
+process pinned to 1 core (and one pinned to all cores), both with that many tf.data threads and one
+thread per op; clips/s per core is the rate over the child's cores. Only the pipeline being timed
+is live: each round makes it a new iterator, takes its first batches untimed and deletes the
+iterator after (another pipeline's prefetching threads would take its cores and fill their own
+buffers ahead). Ours decodes only the crop window of each sampled frame and fuses the truncation,
+flip and scaling in one XLA loop; the values equal Model Garden's for the same crop and flip. The
+decode bound is timed in the same rounds: our pipeline's reading and frame sampling with the JPEG
+decodes of each sampled frame's crop window and nothing after them (no resize, flip, normalization
+or clip batch), the rate no pipeline that decodes those frames can pass; ours is given as a share
+of it. `cores_to_feed_cpu_step`: the CPU training step's clips/s at 32 × 224² (its clips/s at the
+benchmark size scaled by the two clips' forward FLOPs) over ours per core.
 
 The full networks (`--cases networks`, in the default run): AssembleNet-50 and AssembleNet++-50
 with its object stem beside the lite, in [their own table](#assemblenet-50-and-assemblenet-50-beside-the-lite).

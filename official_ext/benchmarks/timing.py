@@ -3,6 +3,7 @@ rounds in one process, medians (`interleaved_samples`, `interleaved_seconds`),
 each round on a quiet machine (`QuietGate`); nothing else here calls a clock
 around a step."""
 import dataclasses
+import gc
 import os
 import statistics
 import time
@@ -20,6 +21,39 @@ def block(value) -> None:
   for t in tf.nest.flatten(value):
     if hasattr(t, 'numpy'):
       t.numpy()
+
+
+@dataclasses.dataclass
+class PerRound:
+  """A candidate made anew for each of its rounds and closed after it, so that
+  none of its work runs while another candidate is timed (a `tf.data`
+  iterator's prefetching threads): `open()` returns the zero-argument step,
+  called `warmup` times untimed before the round's timing starts."""
+  open: Callable[[], Callable[[], object]]
+  close: Callable[[], None]
+  warmup: int = 0
+
+  def start(self) -> Callable[[], object]:
+    step = self.open()
+    for _ in range(self.warmup):
+      block(step())
+    return step
+
+
+def per_round_iterator(dataset: tf.data.Dataset, warmup: int) -> PerRound:
+  """`dataset` as a `PerRound` candidate: each round a new iterator (one
+  element per call, `warmup` taken first), deleted after the round."""
+  live = []
+
+  def open_():
+    live.append(iter(dataset))
+    return lambda: next(live[-1])
+
+  def close():
+    live.clear()
+    gc.collect()  # The iterator's threads stop when it is deleted.
+
+  return PerRound(open_, close, warmup)
 
 
 class BusyMachineError(RuntimeError):
@@ -179,17 +213,22 @@ def rounds_summary(rounds: Sequence[Dict[str, Any]],
 
 def _timed_round(candidates, calls_per_round, min_seconds):
   out = {}
-  for name, fn in candidates.items():
-    calls = 0
-    start = time.perf_counter()
-    while True:
-      result = fn()
-      calls += 1
-      if (calls >= calls_per_round and
-          time.perf_counter() - start >= min_seconds):
-        break
-    block(result)
-    out[name] = (time.perf_counter() - start) / calls
+  for name, candidate in candidates.items():
+    fn = candidate.start() if isinstance(candidate, PerRound) else candidate
+    try:
+      calls = 0
+      start = time.perf_counter()
+      while True:
+        result = fn()
+        calls += 1
+        if (calls >= calls_per_round and
+            time.perf_counter() - start >= min_seconds):
+          break
+      block(result)
+      out[name] = (time.perf_counter() - start) / calls
+    finally:
+      if isinstance(candidate, PerRound):
+        candidate.close()
   return out
 
 
@@ -232,7 +271,8 @@ def interleaved_samples(candidates: Mapping[str, Callable[[], object]],
   last output waited for (`block`).
 
   Args:
-    candidates: name -> zero-argument callable (one step).
+    candidates: name -> zero-argument callable (one step), or a `PerRound`
+      (opened for each round; its warm-up is a round of its own, untimed).
     rounds, calls_per_round: >= 1.
     warmup: untimed calls of each candidate first (>= 0).
     min_seconds: a sample's least duration (0: exactly `calls_per_round`).
@@ -246,9 +286,13 @@ def interleaved_samples(candidates: Mapping[str, Callable[[], object]],
     raise ValueError(f'interleaved timing needs rounds >= 1, calls_per_round '
                      f'>= 1 and warmup >= 0; got rounds={rounds}, '
                      f'calls_per_round={calls_per_round}, warmup={warmup}')
-  for fn in candidates.values():
+  for candidate in candidates.values():
+    if isinstance(candidate, PerRound):
+      if warmup:
+        _timed_round({'warmup': candidate}, warmup, 0.0)
+      continue
     for _ in range(warmup):
-      block(fn())
+      block(candidate())
   samples: Dict[str, List[float]] = {name: [] for name in candidates}
   for _ in range(rounds):
     timed = _gated_round(candidates, calls_per_round, min_seconds, _GATE)

@@ -275,6 +275,34 @@ def test_tf1_reference_refuses_a_folder_without_the_original(tmp_path):
       os.path.join(STANDIN, 'assemblenet')) == STANDIN
 
 
+def test_input_pipelines_are_timed_one_at_a_time(monkeypatch):
+  # Prefetching pipelines, each logging the elements it makes: while one is
+  # timed, no other may be making elements (its threads would take the
+  # timed one's cores and give itself a head start).
+  made = []
+
+  def stand_in(name):
+    def make(i):
+      made.append(name)
+      return i
+    ds = tf.data.Dataset.range(10 ** 6).map(
+        lambda i: tf.py_function(make, [i], tf.int64))
+    return ds.map(lambda i: ({'image': tf.fill([4], i)}, tf.fill([1], i))
+                  ).batch(2).prefetch(4)
+
+  names = ('ours', 'model_garden', 'decode_bound')
+  monkeypatch.setattr(assemblenet_input, 'pipelines',
+                      lambda *a, **k: {n: stand_in(n) for n in names})
+  f = assemblenet_input.measure('x', 1, rounds=2, min_seconds=0.05,
+                                warmup=1, batch=2)
+  assert f['batch_shapes'] == {'ours': [[2, 4], [2, 1]],
+                               'model_garden': [[2, 4], [2, 1]]}
+  runs = [n for i, n in enumerate(made) if i == 0 or made[i - 1] != n]
+  # The first batches, the warm-up round and 2 timed rounds, each pipeline
+  # alone in turn.
+  assert runs == list(names) * 4
+
+
 def test_input_pipeline_case_agrees_with_model_garden(monkeypatch):
   # The quick case in this process (the CLI measures in pinned children:
   # their program is checked below without running it).

@@ -79,6 +79,29 @@ def test_the_last_output_of_a_sample_is_waited_for(clock):
   assert samples == {'x': [3.0]}
 
 
+def test_a_per_round_candidate_is_opened_warmed_and_closed_each_round(clock):
+  events = []
+
+  def per_round(name, seconds):
+    def open_():
+      events.append(f'open {name}')
+
+      def step():
+        events.append(name)
+        clock.now += seconds
+      return step
+    return timing.PerRound(open_, lambda: events.append(f'close {name}'),
+                           warmup=1)
+
+  samples = timing.interleaved_samples(
+      {'a': per_round('a', 1.0), 'b': per_round('b', 2.0)}, rounds=2,
+      warmup=1)
+  one_round = ['open a', 'a', 'a', 'close a', 'open b', 'b', 'b', 'close b']
+  # An untimed round of each first; its warm-up call is outside the sample.
+  assert events == one_round * 3
+  assert samples == {'a': [1.0, 1.0], 'b': [2.0, 2.0]}
+
+
 @pytest.mark.parametrize('kwargs', [{'rounds': 0}, {'calls_per_round': 0},
                                     {'warmup': -1}])
 def test_bad_counts_are_refused(kwargs):
