@@ -18,6 +18,7 @@ from tf_keras.src.saving.legacy.saved_model import utils as keras_saved_model_ut
 
 from official.core import exp_factory
 from official.core import task_factory
+from official.core import train_utils
 from official_ext import export_saved_model
 # (Also registers the experiment and the task.)
 from official_ext.assemblenet import task as assemblenet_task
@@ -152,8 +153,11 @@ def _inputs(task, batch, frames, size, seed=0):
   return features, y
 
 
-def _train_fn(task, model):
-  optimizer = tf_keras.optimizers.SGD(learning_rate=1e-3, momentum=0.9)
+def _train_fn(task, model, net: Network = LITE):
+  """`AssembleNetTask.train_step` with the optimizer that training builds
+  for `net`'s experiment (`train_utils.create_optimizer`), as a function."""
+  optimizer = train_utils.create_optimizer(
+      task, exp_factory.get_exp_config(net.experiment))
 
   @tf.function
   def step(inputs):
@@ -226,7 +230,7 @@ def _timed(quick: bool, variants: Dict[str, Tuple[Network, Dict[str, Any]]],
       models[prefix] = model
     inputs = _inputs(task, batch, frames, size)
     forward = tf.function(lambda f, model=model: model(f, training=False))
-    step = _train_fn(task, model)
+    step = _train_fn(task, model, net)
     candidates[prefix + 'forward'] = (
         lambda forward=forward, inputs=inputs: forward(inputs[0]))
     candidates[prefix + 'train'] = (
@@ -296,7 +300,7 @@ def memory_child(batch: int, frames: int, size: int, quick: bool,
   task = _task(batch, frames, size, quick, network(net),
                recompute_grad=recompute)
   model = task.build_model()
-  step = _train_fn(task, model)
+  step = _train_fn(task, model, network(net))
   loss = []
 
   def first_step():  # Inputs, tracing and the step: one call, no warm-up.
@@ -706,11 +710,11 @@ object stem over 151 object classes: `assemblenet_plus_charades`, fed random obj
 clip's size) beside the lite (`assemblenet_plus_lite_charades`), float32, one device. Parameters
 are `model.count_params()` (batch-norm statistics included) and the trainable ones; forward GFLOP
 per 32 × 224² clip as above ([how they are counted](#how-flops-are-counted)). The forward pass and
-the training step (`AssembleNetTask.train_step`, SGD with momentum) of the three networks are timed
-interleaved at the benchmark's clip size. Peak host RAM: a child process per network runs one
-training step of 8 clips of 32 × 224² with gradient checkpointing, as the lite's figure above (the
-lite's row is that figure when the run measured both); a child that failed or was killed (out of
-memory, for one) has no figure, only its reason.
+the training step (`AssembleNetTask.train_step`, each experiment's optimizer as above) of the three
+networks are timed interleaved at the benchmark's clip size. Peak host RAM: a child process per
+network runs one training step of 8 clips of 32 × 224² with gradient checkpointing, as the lite's
+figure above (the lite's row is that figure when the run measured both); a child that failed or was
+killed (out of memory, for one) has no figure, only its reason.
 """
 
 

@@ -139,8 +139,9 @@ by the harness unless you set it), as `official_ext.train` runs YT8M experiments
 """,
     'assemblenet': """\
 The published network (Charades experiment: 157 classes, peer attention, published edge
-weights), float32, one device. Forward pass and training step (`AssembleNetTask.train_step`,
-SGD with momentum) at the benchmark's clip size, timed interleaved with the original-width
+weights), float32, one device. Forward pass and training step (`AssembleNetTask.train_step`
+with the optimizer training builds, `train_utils.create_optimizer`: the experiment's SGD with
+Nesterov momentum) at the benchmark's clip size, timed interleaved with the original-width
 variant (`fusion_width_as_channels`, the TF1 code's fusion). GFLOP/s are the forward pass's and
 the training step's FLOPs per clip ([how they are counted](#how-flops-are-counted)) over their
 time. Inference is the exported SavedModel (`serving_default`, uint8 frames → probabilities,

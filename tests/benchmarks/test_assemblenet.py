@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from official.core import exp_factory
 from official.core import task_factory
@@ -39,6 +40,29 @@ def test_memory_child_program_calls_this_module(key, monkeypatch, capsys):
   exec(benchmark.memory_child_code(2, 8, 64, True, False, key), {})  # pylint: disable=exec-used
   assert calls == [(2, 8, 64, True, False, key)]
   assert capsys.readouterr().out == 'RESULT {"peak_rss_gb": 1.5}\n'
+
+
+@pytest.mark.parametrize('net', benchmark.NETWORKS, ids=lambda n: n.key)
+def test_training_step_takes_the_optimizer_its_experiment_trains_with(
+    net, monkeypatch):
+  # The step timed is the one `official_ext.train` runs: Model Garden's
+  # `train_utils.create_optimizer` on the experiment's trainer config.
+  built = []
+  create = benchmark.train_utils.create_optimizer
+
+  def recording(task, params):
+    built.append(create(task, params))
+    return built[-1]
+
+  monkeypatch.setattr(benchmark.train_utils, 'create_optimizer', recording)
+  task = benchmark._task(1, 4, 32, True, net)  # pylint: disable=protected-access
+  benchmark._train_fn(task, task.build_model(), net)  # pylint: disable=protected-access
+  trainer = exp_factory.get_exp_config(net.experiment).trainer
+  expected = trainer.optimizer_config.optimizer.get()
+  assert len(built) == 1
+  assert isinstance(built[0], tf_keras.optimizers.legacy.SGD)
+  assert built[0].get_config()['momentum'] == expected.momentum
+  assert built[0].get_config()['nesterov'] == expected.nesterov
 
 
 def test_quick_run_figures_are_consistent():
