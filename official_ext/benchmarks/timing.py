@@ -214,8 +214,9 @@ def rounds_summary(rounds: Sequence[Dict[str, Any]],
 def _timed_round(candidates, calls_per_round, min_seconds):
   out = {}
   for name, candidate in candidates.items():
-    fn = candidate.start() if isinstance(candidate, PerRound) else candidate
+    per_round = isinstance(candidate, PerRound)
     try:
+      fn = candidate.start() if per_round else candidate
       calls = 0
       start = time.perf_counter()
       while True:
@@ -227,7 +228,7 @@ def _timed_round(candidates, calls_per_round, min_seconds):
       block(result)
       out[name] = (time.perf_counter() - start) / calls
     finally:
-      if isinstance(candidate, PerRound):
+      if per_round:
         candidate.close()
   return out
 

@@ -102,6 +102,21 @@ def test_a_per_round_candidate_is_opened_warmed_and_closed_each_round(clock):
   assert samples == {'a': [1.0, 1.0], 'b': [2.0, 2.0]}
 
 
+def test_a_per_round_candidate_whose_warmup_fails_is_closed(clock):
+  events = []
+
+  def open_():
+    def step():
+      raise StopIteration('empty')
+    return step
+
+  candidate = timing.PerRound(open_, lambda: events.append('close'),
+                              warmup=1)
+  with pytest.raises(StopIteration):
+    timing.interleaved_samples({'a': candidate}, rounds=1, warmup=0)
+  assert events == ['close']
+
+
 @pytest.mark.parametrize('kwargs', [{'rounds': 0}, {'calls_per_round': 0},
                                     {'warmup': -1}])
 def test_bad_counts_are_refused(kwargs):
